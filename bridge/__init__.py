@@ -1,0 +1,17 @@
+"""tqbridge.bridge: block formats both runtimes agree on to the byte, and conversions between them.
+
+Public API::
+
+    formats() -> list[str]                      every addressable format name
+    get_format(name) -> Format                  block size, type size, bits per value, type ids
+    quantize(fmt, x) / dequantize(fmt, blocks, n)          numpy reference
+    mlx_quantize(fmt, x) / mlx_dequantize(fmt, blocks, n)  MLX arrays, byte-identical
+"""
+
+from .api import dequantize, mlx_dequantize, mlx_quantize, quantize
+from .registry import Format, FormatError, all_formats, display_name, formats, get_format
+
+__all__ = [
+    "Format", "FormatError", "all_formats", "display_name", "formats", "get_format",
+    "quantize", "dequantize", "mlx_quantize", "mlx_dequantize",
+]

@@ -1,0 +1,132 @@
+"""The format registry: every block format tqbridge speaks, by name.
+
+A format is addressed as ``name`` (its default variant) or ``name@variant``. Each entry knows its
+block size (values per block), type size (bytes per block), bits per value, the ggml type id it has
+in each runtime or fork where it exists, and the codec class that implements it.
+
+Codec classes follow gguf-py's ``quants.py`` shape: class methods working on whole blocks,
+
+    quantize_blocks(x: (n_blocks, block_size) float32) -> (n_blocks, type_size) uint8
+    dequantize_blocks(b: (n_blocks, type_size) uint8, **options) -> (n_blocks, block_size) float32
+
+and, when MLX is available, ``mlx_quantize_blocks`` / ``mlx_dequantize_blocks`` with the same
+contract on ``mlx.core`` arrays (byte-identical to the numpy reference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+class FormatError(ValueError):
+    """Unknown format, bad shape or malformed blocks; the message says which."""
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str                       # the base name, e.g. "q8_0", "turbo3"
+    variant: str | None             # e.g. "fork-pr197"; None for formats with one variant
+    kind: str                       # "float" | "ggml" | "turbo"
+    block_size: int                 # values per block
+    type_size: int                  # bytes per block
+    codec: Any = field(repr=False, compare=False)
+    type_ids: Mapping[str, int] = field(default_factory=dict, compare=False)  # runtime/fork -> ggml type id
+    description: str = field(default="", compare=False)
+    extension: bool = False         # a tqbridge extension no other runtime reads
+
+    @property
+    def key(self) -> str:
+        """The fully qualified name, ``name@variant`` where there is a variant."""
+        return f"{self.name}@{self.variant}" if self.variant else self.name
+
+    @property
+    def bits_per_value(self) -> float:
+        return self.type_size * 8 / self.block_size
+
+    @property
+    def compression_vs_f16(self) -> float:
+        return 16.0 / self.bits_per_value
+
+    def row_bytes(self, n: int) -> int:
+        """Bytes of one row of ``n`` values (``n`` must be a multiple of the block size)."""
+        self.check_length(n)
+        return n // self.block_size * self.type_size
+
+    def check_length(self, n: int) -> None:
+        if n <= 0 or n % self.block_size:
+            raise FormatError(
+                f"{self.key}: row length {n} is not a positive multiple of its block size {self.block_size}"
+            )
+
+
+_FORMATS: dict[str, Format] = {}      # key -> Format
+_DEFAULT_VARIANT: dict[str, str] = {}  # base name -> default variant
+_ORDER: list[str] = []                 # listing order of addressable names
+
+
+def register(fmt: Format, *, default: bool = False) -> Format:
+    if fmt.key in _FORMATS:
+        raise FormatError(f"format {fmt.key} registered twice")
+    _FORMATS[fmt.key] = fmt
+    if fmt.variant is not None and (default or fmt.name not in _DEFAULT_VARIANT):
+        _DEFAULT_VARIANT[fmt.name] = fmt.variant
+    _ORDER.append(fmt.key)
+    return fmt
+
+
+def _ensure_loaded() -> None:
+    # Import the modules that register formats (kept lazy so importing the registry is cheap).
+    from . import formats_ggml  # noqa: F401
+    try:
+        from . import turbo  # noqa: F401
+    except ImportError as e:  # pragma: no cover - only while the turbo module is absent
+        if "turbo" not in str(e):
+            raise
+
+
+def get_format(name: "str | Format") -> Format:
+    """Resolve ``name`` or ``name@variant`` to its :class:`Format`; a clear error otherwise."""
+    if isinstance(name, Format):
+        return name
+    _ensure_loaded()
+    if not isinstance(name, str):
+        raise FormatError(f"format must be a name, got {type(name).__name__}")
+    key = name.strip().lower()
+    if key in _FORMATS:
+        return _FORMATS[key]
+    base, _, variant = key.partition("@")
+    if not variant and base in _DEFAULT_VARIANT:
+        return _FORMATS[f"{base}@{_DEFAULT_VARIANT[base]}"]
+    known = ", ".join(formats())
+    if variant:
+        variants = sorted(f.variant for f in _FORMATS.values() if f.name == base and f.variant)
+        if variants:
+            raise FormatError(f"unknown variant {variant!r} of {base}; known variants: {', '.join(variants)}")
+    raise FormatError(f"unknown format {name!r}; known formats: {known}")
+
+
+def formats() -> list[str]:
+    """Every addressable format name: ``name`` for a default variant, ``name@variant`` otherwise."""
+    _ensure_loaded()
+    out = []
+    for key in _ORDER:
+        fmt = _FORMATS[key]
+        if fmt.variant is not None and _DEFAULT_VARIANT.get(fmt.name) == fmt.variant:
+            out.append(fmt.name)
+        else:
+            out.append(key)
+    return out
+
+
+def all_formats() -> list[Format]:
+    _ensure_loaded()
+    return [_FORMATS[k] for k in _ORDER]
+
+
+def display_name(fmt: "str | Format") -> str:
+    """The short name users type for ``fmt`` (``turbo3`` for the default variant)."""
+    fmt = get_format(fmt)
+    if fmt.variant is not None and _DEFAULT_VARIANT.get(fmt.name) == fmt.variant:
+        return fmt.name
+    return fmt.key

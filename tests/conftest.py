@@ -1,0 +1,24 @@
+"""Test configuration: hypothesis profiles and markers.
+
+Profiles (select with ``TQBRIDGE_PROFILE=<name>`` or pytest's ``--hypothesis-profile=<name>``):
+
+- ``ci``   derandomized and bounded: what CI (2 cores, no GPU) runs; the default.
+- ``dev``  random seeds, a few more examples, for local work.
+- ``deep`` long fuzz campaigns (thousands of examples per property).
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("ci", max_examples=60, derandomize=True, print_blob=True, **_COMMON)
+settings.register_profile("dev", max_examples=150, print_blob=True, **_COMMON)
+settings.register_profile("deep", max_examples=3000, print_blob=True, **_COMMON)
+settings.load_profile(os.environ.get("TQBRIDGE_PROFILE", "ci"))
+
+
+def pytest_report_header(config):
+    return f"tqbridge hypothesis profile: {settings._current_profile}"

@@ -1,0 +1,1 @@
+"""tqbridge.tools: the `tqbridge` command line (thin: parse, call, print)."""

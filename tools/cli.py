@@ -1,0 +1,59 @@
+"""The ``tqbridge`` command: one module per subcommand (``tqbridge.tools.cmd_<name>``).
+
+Each subcommand module defines ``add_arguments(parser)`` and ``run(args) -> int``. Modules are
+imported only when their subcommand runs, so ``tqbridge --help`` stays fast and a missing optional
+dependency only affects the subcommand that needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "formats": ("cmd_formats", "list the block format registry"),
+    "selfcheck": ("cmd_selfcheck", "check our quantizers byte-for-byte against ggml's C code"),
+}
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit code 2."""
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    parser = argparse.ArgumentParser(prog="tqbridge", description=__doc__.splitlines()[0])
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("tqbridge")
+    except PackageNotFoundError:  # pragma: no cover
+        ver = "unknown"
+    parser.add_argument("--version", action="version", version=f"tqbridge {ver}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # Build only the parser of the subcommand being run (keeps imports lazy).
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        if name == chosen:
+            mod = importlib.import_module(f"tqbridge.tools.{module}")
+            mod.add_arguments(p)
+            p.set_defaults(_run=mod.run)
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 0 if args.command is None else 2
+    try:
+        return int(args._run(args) or 0)
+    except CliError as e:
+        print(f"tqbridge {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # pragma: no cover
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
