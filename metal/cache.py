@@ -1,0 +1,305 @@
+"""TQCache: an mlx-lm KV cache that stores K and V as blocks of any registered format pair.
+
+K and V may use different formats (asymmetric, e.g. ``q8_0`` keys with ``turbo3`` values). Rows are
+quantized when they are appended and kept as raw block bytes, laid out as ``tqbridge.bridge.quantize``
+lays them out: ``(B, n_kv_heads, capacity, row_bytes)`` uint8. A head dim that is not a multiple of
+the format's block size is zero-padded to the next multiple (the TurboQuant forks' rule: 64 -> 128).
+
+``update_and_fetch`` returns float K/V (the dequantized blocks, lazily built), so mlx-lm's own
+attention works unchanged; :mod:`tqbridge.metal.routing` sends decode steps to the fused kernel
+instead. The class follows mlx-lm 0.32's cache protocol (``offset``, ``state``, ``meta_state``,
+``from_state``, ``trim``, ``nbytes``, ``make_mask``, ``empty``), so ``save_prompt_cache`` /
+``load_prompt_cache`` work; importing this module registers the class where mlx-lm's loader looks
+classes up by name.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable
+
+import mlx.core as mx
+from mlx_lm.models import cache as _mlx_cache
+
+from tqbridge.bridge import FormatError, display_name, get_format
+
+__all__ = ["TQCache", "make_cache", "cache_report", "padded_dim", "parse_kv"]
+
+# Formats stored directly as MLX float bytes (byte-identical to the numpy reference: IEEE
+# round-to-nearest-even casts, as ggml's F16/F32 rows).
+_FLOAT_VIEW = {"f16": mx.float16, "f32": mx.float32}
+
+
+def padded_dim(fmt, dim: int) -> int:
+    """``dim`` rounded up to a multiple of the format's block size (zero padding)."""
+    bs = get_format(fmt).block_size
+    return -(-int(dim) // bs) * bs
+
+
+def parse_kv(spec: str) -> tuple[str, str]:
+    """``"q8_0/turbo3"`` -> ``("q8_0", "turbo3")``; ``"q8_0"`` means the same format for K and V."""
+    parts = [p.strip() for p in str(spec).split("/")]
+    if len(parts) == 1:
+        parts = parts * 2
+    if len(parts) != 2 or not all(parts):
+        raise FormatError(f"bad K/V format pair {spec!r}: write K/V, e.g. q8_0/turbo3")
+    return display_name(get_format(parts[0])), display_name(get_format(parts[1]))
+
+
+# ---------------------------------------------------------------- codecs: rows <-> blocks
+# Each returns (function, name of the path). The first usable path wins and is remembered.
+
+def _metal_quantize_append():
+    try:
+        from tqbridge.metal import quantize_append  # the append kernel, when installed
+    except ImportError:
+        return None
+    return quantize_append
+
+
+def _quantizer(fmt) -> tuple[Callable[[mx.array], mx.array], str]:
+    fmt = get_format(fmt)
+    if fmt.key in _FLOAT_VIEW:
+        dt = _FLOAT_VIEW[fmt.key]
+        return (lambda x: x.astype(dt).view(mx.uint8)), "mlx-view"
+    qa = _metal_quantize_append()
+    if qa is not None:
+        def via_kernel(x):
+            out = qa(fmt.key, x)
+            return out if isinstance(out, mx.array) else mx.array(out)
+        return via_kernel, "append-kernel"
+    if getattr(fmt.codec, "mlx_quantize_blocks", None) is not None:
+        from tqbridge.bridge import mlx_quantize
+        return (lambda x: mlx_quantize(fmt, x)), "mlx-ops"
+    import numpy as np
+    from tqbridge.bridge import quantize
+
+    return (lambda x: mx.array(quantize(fmt, np.array(x.astype(mx.float32))))), "numpy"
+
+
+def _dequantizer(fmt) -> tuple[Callable[[mx.array, int], mx.array], str]:
+    fmt = get_format(fmt)
+    if fmt.key in _FLOAT_VIEW:
+        dt = _FLOAT_VIEW[fmt.key]
+        return (lambda b, n: b.view(dt)), "mlx-view"
+    if getattr(fmt.codec, "mlx_dequantize_blocks", None) is not None:
+        from tqbridge.bridge import mlx_dequantize
+        return (lambda b, n: mlx_dequantize(fmt, b, n)), "mlx-ops"
+    import numpy as np
+    from tqbridge.bridge import dequantize
+
+    return (lambda b, n: mx.array(dequantize(fmt, np.array(b), n))), "numpy"
+
+
+class TQCache(_mlx_cache._BaseCache):
+    """K/V cache of quantized blocks (one layer). ``window``: sliding-window size, or None.
+
+    A windowed cache keeps every row (the window is applied by the mask and by the decode
+    routing), so a sliding layer's memory grows with the context like a global layer's.
+    """
+
+    step = 256
+
+    def __init__(self, k_format: str = "q8_0", v_format: str = "q8_0", window: "int | None" = None):
+        self._setup(k_format, v_format, window)
+        self.keys = None
+        self.values = None
+        self.offset = 0
+        self.k_dim = None
+        self.v_dim = None
+
+    def _setup(self, k_format, v_format, window) -> None:
+        self.k_format = display_name(get_format(k_format))
+        self.v_format = display_name(get_format(v_format))
+        if window is not None and int(window) <= 0:
+            raise ValueError(f"window must be a positive number of positions, got {window}")
+        self.window = None if window is None else int(window)
+        self._kq, kq_path = _quantizer(self.k_format)
+        self._vq, vq_path = _quantizer(self.v_format)
+        self._kd, kd_path = _dequantizer(self.k_format)
+        self._vd, vd_path = _dequantizer(self.v_format)
+        self.codec_paths = {"k_append": kq_path, "v_append": vq_path,
+                            "k_fetch": kd_path, "v_fetch": vd_path}
+        self.paths: Counter = Counter()      # attention paths taken, filled by the routing
+        self.decode_fallback: "str | None" = None
+
+    # ------------------------------------------------------------ storage
+    def _encode(self, x: mx.array, fmt: str, quant) -> mx.array:
+        d = x.shape[-1]
+        dp = padded_dim(fmt, d)
+        if dp != d:
+            x = mx.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, dp - d)])
+        return quant(x)
+
+    def _decode(self, blocks: mx.array, fmt: str, deq, dim: int, dtype) -> mx.array:
+        out = deq(blocks, padded_dim(fmt, dim))
+        if out.shape[-1] != dim:
+            out = out[..., :dim]
+        return out.astype(dtype)
+
+    def _grow(self, B: int, H: int, need: int, krb: int, vrb: int) -> None:
+        cap = 0 if self.keys is None else self.keys.shape[2]
+        if need <= cap:
+            return
+        new_cap = -(-need // self.step) * self.step
+        k_new = mx.zeros((B, H, new_cap - cap, krb), mx.uint8)
+        v_new = mx.zeros((B, H, new_cap - cap, vrb), mx.uint8)
+        if self.keys is None:
+            self.keys, self.values = k_new, v_new
+        else:
+            self.keys = mx.concatenate([self.keys[..., :cap, :], k_new], axis=2)
+            self.values = mx.concatenate([self.values[..., :cap, :], v_new], axis=2)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        B, H, S, dk = keys.shape
+        dv = values.shape[-1]
+        if self.k_dim is None:
+            self.k_dim, self.v_dim = int(dk), int(dv)
+        elif (dk, dv) != (self.k_dim, self.v_dim):
+            raise ValueError(f"head dims changed from {(self.k_dim, self.v_dim)} to {(dk, dv)}")
+        kb = self._encode(keys, self.k_format, self._kq)
+        vb = self._encode(values, self.v_format, self._vq)
+        prev = self.offset
+        self._grow(B, H, prev + S, kb.shape[-1], vb.shape[-1])
+        self.keys[..., prev:prev + S, :] = kb
+        self.values[..., prev:prev + S, :] = vb
+        self.offset = prev + S
+        self.paths["append"] += 1
+        self._dtype = keys.dtype
+        return self.fetch(keys.dtype)
+
+    def blocks(self, start: int = 0) -> tuple[mx.array, mx.array]:
+        """The valid K and V blocks, rows ``start:offset``."""
+        return self.keys[..., start:self.offset, :], self.values[..., start:self.offset, :]
+
+    def fetch(self, dtype=mx.float32, start: int = 0) -> tuple[mx.array, mx.array]:
+        """Dequantized K and V, rows ``start:offset`` (lazy: costs nothing if unused)."""
+        kb, vb = self.blocks(start)
+        return (self._decode(kb, self.k_format, self._kd, self.k_dim, dtype),
+                self._decode(vb, self.v_format, self._vd, self.v_dim, dtype))
+
+    # ------------------------------------------------------------ mlx-lm protocol
+    def size(self) -> int:
+        return self.offset
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        n = min(self.offset, int(n))
+        self.offset -= n
+        return n
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: "int | None" = None):
+        window_size = window_size if window_size is not None else self.window
+        return _mlx_cache.create_attention_mask(
+            N, offset=self.offset, return_array=return_array, window_size=window_size)
+
+    @property
+    def meta_state(self) -> tuple:
+        return (str(self.offset), self.k_format, self.v_format, str(self.k_dim or 0),
+                str(self.v_dim or 0), str(self.window or 0))
+
+    @meta_state.setter
+    def meta_state(self, v) -> None:
+        offset, kf, vf, kd, vd, window = v
+        self._setup(kf, vf, int(window) or None)
+        self.offset = int(offset)
+        self.k_dim = int(kd) or None
+        self.v_dim = int(vd) or None
+
+    @property
+    def state(self):
+        """(K blocks, V blocks, *meta_state): the valid rows only, so a saved cache is compact."""
+        if self.keys is None:
+            return (None, None, *self.meta_state)
+        kb, vb = self.blocks()
+        return (kb, vb, *self.meta_state)
+
+    @state.setter
+    def state(self, v) -> None:
+        keys, values, *meta = v
+        if len(meta) != 6:
+            raise ValueError(f"TQCache state has 8 entries, got {len(meta) + 2}")
+        self.meta_state = tuple(str(m) for m in meta)
+        self.keys, self.values = keys, values
+        if keys is not None:
+            rows = keys.shape[2]
+            if keys.dtype != mx.uint8 or values.dtype != mx.uint8 or values.shape[2] != rows:
+                raise ValueError("TQCache state: K and V blocks must be uint8 with equal row counts")
+            if self.offset > rows:
+                raise ValueError(f"TQCache state: offset {self.offset} exceeds the {rows} stored rows")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated by the live block arrays (including preallocated rows)."""
+        if self.keys is None:
+            return 0
+        return self.keys.nbytes + self.values.nbytes
+
+    @property
+    def used_nbytes(self) -> int:
+        """Bytes of the valid rows of the live block arrays."""
+        if self.keys is None:
+            return 0
+        kb, vb = self.blocks()
+        return kb.nbytes + vb.nbytes
+
+    def __repr__(self) -> str:
+        w = f", window={self.window}" if self.window else ""
+        return f"TQCache({self.k_format}/{self.v_format}{w}, offset={self.offset})"
+
+
+# mlx-lm's load_prompt_cache looks cache classes up by name in its cache module.
+if getattr(_mlx_cache, "TQCache", TQCache) is not TQCache:  # pragma: no cover
+    raise ImportError("mlx_lm.models.cache already defines a different TQCache")
+_mlx_cache.TQCache = TQCache
+
+
+def make_cache(model: Any, k_format: str = "q8_0", v_format: "str | None" = None,
+               *, sliding: str = "quantize") -> list:
+    """A prompt cache for ``model`` with K in ``k_format`` and V in ``v_format``.
+
+    Layers mlx-lm gives a plain ``KVCache`` get a :class:`TQCache`. Sliding-window layers
+    (``RotatingKVCache``, e.g. Gemma 3's local layers) get a windowed TQCache when
+    ``sliding="quantize"`` or keep mlx-lm's float rotating cache when ``sliding="float"``;
+    :func:`cache_report` says which. Other cache kinds (SSM state) are kept as they are.
+    """
+    if sliding not in ("quantize", "float"):
+        raise ValueError(f"sliding must be 'quantize' or 'float', got {sliding!r}")
+    v_format = k_format if v_format is None else v_format
+    base = _mlx_cache.make_prompt_cache(model)
+    out = []
+    for c in base:
+        if type(c) is _mlx_cache.KVCache:
+            out.append(TQCache(k_format, v_format))
+        elif type(c) is _mlx_cache.RotatingKVCache and sliding == "quantize":
+            if c.keep:
+                raise ValueError("rotating caches that keep leading tokens are not supported")
+            out.append(TQCache(k_format, v_format, window=c.max_size))
+        else:
+            out.append(c)
+    return out
+
+
+def cache_report(cache: list) -> dict:
+    """What each layer holds and which paths ran: for reports and the CLI."""
+    layers = []
+    paths: Counter = Counter()
+    for i, c in enumerate(cache):
+        if isinstance(c, TQCache):
+            layers.append({"layer": i, "kind": "tqbridge", "kv": f"{c.k_format}/{c.v_format}",
+                           "window": c.window, "codecs": dict(c.codec_paths),
+                           "decode_fallback": c.decode_fallback})
+            paths.update(c.paths)
+        else:
+            layers.append({"layer": i, "kind": type(c).__name__, "kv": "float",
+                           "window": getattr(c, "max_size", None)})
+    kinds = Counter(l["kind"] for l in layers)
+    return {"layers": layers, "layer_kinds": dict(kinds), "paths": dict(paths),
+            "nbytes": sum(c.nbytes for c in cache if not c.empty()),
+            "used_nbytes": sum(getattr(c, "used_nbytes", c.nbytes if not c.empty() else 0)
+                               for c in cache)}
