@@ -6,12 +6,15 @@ Public API::
     get_format(name) -> Format                  block size, type size, bits per value, type ids
     quantize(fmt, x) / dequantize(fmt, blocks, n)          numpy reference
     mlx_quantize(fmt, x) / mlx_dequantize(fmt, blocks, n)  MLX arrays, byte-identical
+    padded_dim(fmt, d) / pad_rows(fmt, x) / unpad_rows(fmt, y, d)   explicit zero padding to whole blocks
 """
 
 from .api import dequantize, mlx_dequantize, mlx_quantize, quantize
+from .padding import pad_rows, padded_dim, unpad_rows
 from .registry import Format, FormatError, all_formats, display_name, formats, get_format
 
 __all__ = [
     "Format", "FormatError", "all_formats", "display_name", "formats", "get_format",
     "quantize", "dequantize", "mlx_quantize", "mlx_dequantize",
+    "padded_dim", "pad_rows", "unpad_rows",
 ]
