@@ -1,0 +1,192 @@
+"""Fused decode attention over a quantized K/V cache: the public entry point.
+
+``decode_attention(q, k_blocks, v_blocks, k_format=..., v_format=..., length=...)`` computes softmax
+attention of a few query rows against K and V caches stored as blocks of any registered format
+pair, on the backend the dispatcher picks (the fused kernel on Metal / CUDA / the CPU emulator, or
+the MLX-ops reference). :mod:`.attention_ref` holds the float64 oracle it is judged against.
+
+Cache layout: ``(B, Hkv, L_max, row_bytes)`` uint8, one row per position and KV head, each row the
+blocks :func:`tqbridge.bridge.quantize` makes of one head vector zero-padded to ``padded_dim``
+values (a multiple of the format's block size: :func:`tqbridge.bridge.padding.pad_rows`; turbo
+rows are padded per rotation group exactly as the fork pads them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..bridge import FormatError, get_format
+from ..bridge.padding import pad_rows, padded_dim
+from ..bridge.registry import Format
+
+MAX_QUERY_ROWS = 4          # speculative decoding: at most 4 new query rows per call
+BACKENDS = ("auto", "reference", "kernel", "cpu-emulator", "cuda", "metal")
+LAST_RUN: dict = {}         # what the most recent call ran: backend, dispatches, splits
+
+
+class AttentionError(ValueError):
+    """Bad arguments to :func:`decode_attention`; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Validated, normalised arguments of one attention call (shapes and options, no data)."""
+
+    batch: int
+    q_heads: int
+    kv_heads: int
+    rows: int                 # query rows T (1 for plain decode)
+    head_dim: int             # D, the real head dimension (of q and of the output)
+    l_max: int
+    lengths: tuple[int, ...]  # one per batch row
+    k_format: Format
+    v_format: Format
+    k_dim: int                # values stored per K row (padded)
+    v_dim: int                # values stored per V row (padded)
+    scale: float
+    window: int               # 0: no sliding window
+    softcap: float            # 0: no soft-capping
+    has_sinks: bool
+    squeeze_rows: bool        # q came as (B, Hq, D)
+
+    @property
+    def group(self) -> int:
+        return self.q_heads // self.kv_heads
+
+
+def _shape(a: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in a.shape)
+
+
+def _dtype_name(a: Any) -> str:
+    return str(a.dtype).replace("mlx.core.", "")
+
+
+def _row_values(fmt: Format, row_bytes: int, what: str) -> int:
+    if row_bytes <= 0 or row_bytes % fmt.type_size:
+        raise AttentionError(
+            f"{what}: last axis of {row_bytes} bytes is not a whole number of {fmt.key} blocks ({fmt.type_size} bytes each)"
+        )
+    return row_bytes // fmt.type_size * fmt.block_size
+
+
+def check_problem(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_format: Any, length: Any,
+                  scale: "float | None" = None, window: "int | None" = None, softcap: "float | None" = None,
+                  sinks: Any = None) -> Problem:
+    """Validate every argument of :func:`decode_attention`; one clear error per problem."""
+    try:
+        kf, vf = get_format(k_format), get_format(v_format)
+    except FormatError as e:
+        raise AttentionError(str(e)) from None
+    qs = _shape(q)
+    if len(qs) not in (3, 4):
+        raise AttentionError(f"q must be (B, Hq, D) or (B, Hq, T, D); got shape {qs}")
+    if not any(t in _dtype_name(q) for t in ("float", "bfloat")):
+        raise AttentionError(f"q must be a float array; got dtype {_dtype_name(q)}")
+    squeeze = len(qs) == 3
+    b, hq = qs[0], qs[1]
+    t = 1 if squeeze else qs[2]
+    d = qs[-1]
+    if not 1 <= t <= MAX_QUERY_ROWS:
+        raise AttentionError(f"q has {t} query rows; 1 to {MAX_QUERY_ROWS} are supported")
+    if b < 1 or hq < 1 or d < 1:
+        raise AttentionError(f"q has an empty axis: shape {qs}")
+    for name, blk in (("k_blocks", k_blocks), ("v_blocks", v_blocks)):
+        if len(_shape(blk)) != 4:
+            raise AttentionError(f"{name} must be (B, Hkv, L_max, row_bytes); got shape {_shape(blk)}")
+        if _dtype_name(blk) != "uint8":
+            raise AttentionError(f"{name} must be uint8 blocks; got dtype {_dtype_name(blk)}")
+    ks, vs = _shape(k_blocks), _shape(v_blocks)
+    if ks[:3] != vs[:3]:
+        raise AttentionError(f"k_blocks {ks} and v_blocks {vs} disagree on (B, Hkv, L_max)")
+    if ks[0] != b:
+        raise AttentionError(f"q has batch {b} but the cache has batch {ks[0]}")
+    hkv, l_max = ks[1], ks[2]
+    if hkv < 1 or hq % hkv:
+        raise AttentionError(f"{hq} query heads are not a multiple of {hkv} KV heads")
+    kd, vd = _row_values(kf, ks[3], "k_blocks"), _row_values(vf, vs[3], "v_blocks")
+    for fmt, got, what in ((kf, kd, "k_blocks"), (vf, vd, "v_blocks")):
+        want = padded_dim(fmt, d)
+        if got != want:
+            raise AttentionError(
+                f"{what}: rows hold {got} {fmt.key} values, but head dim {d} is stored as {want} "
+                f"(padded to the block size {fmt.block_size}; see tqbridge.bridge.padding.pad_rows)"
+            )
+    if isinstance(length, (int, np.integer)):
+        lengths = (int(length),) * b
+    else:
+        try:
+            lengths = tuple(int(x) for x in np.asarray(length).reshape(-1))
+        except (TypeError, ValueError):
+            raise AttentionError(f"length must be an int or one int per batch row; got {length!r}") from None
+        if len(lengths) != b:
+            raise AttentionError(f"length has {len(lengths)} entries for a batch of {b}")
+    for x in lengths:
+        if not 0 <= x <= l_max:
+            raise AttentionError(f"length {x} is outside 0..{l_max} (the cache's L_max)")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise AttentionError(f"scale must be finite; got {scale}")
+    window = 0 if window is None else int(window)
+    if window < 0:
+        raise AttentionError(f"window must be positive (or None for no window); got {window}")
+    softcap = 0.0 if softcap is None else float(softcap)
+    if softcap < 0 or not math.isfinite(softcap):
+        raise AttentionError(f"softcap must be a positive finite number (or None); got {softcap}")
+    if sinks is not None:
+        ss = _shape(sinks)
+        if ss != (hq,):
+            raise AttentionError(f"sinks must hold one logit per query head, shape ({hq},); got {ss}")
+    return Problem(b, hq, hkv, t, d, l_max, lengths, kf, vf, kd, vd, scale, window, softcap,
+                   sinks is not None, squeeze)
+
+
+def visible_range(length: int, rows: int, t: int, window: int) -> tuple[int, int]:
+    """Key positions ``[lo, hi)`` that query row ``t`` (of ``rows``) sees in a cache of ``length``.
+
+    The ``rows`` query rows are the last positions of the sequence: row ``t`` sits at position
+    ``length - rows + t`` and sees itself and everything before it (causal), or only the last
+    ``window`` positions up to itself with a sliding window. An empty range gives a zero output.
+    """
+    hi = length - rows + t + 1
+    lo = max(0, hi - window) if window else 0
+    return lo, max(lo, hi)
+
+
+def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_format: Any, length: Any,
+                     scale: "float | None" = None, backend: str = "auto", window: "int | None" = None,
+                     softcap: "float | None" = None, sinks: Any = None, **options: Any) -> Any:
+    """Softmax attention of ``q`` over quantized K/V caches, fp32 accumulation, output in q's dtype.
+
+    q: ``(B, Hq, D)`` or ``(B, Hq, T, D)`` with T ≤ 4 (the last T positions, causal mask).
+    k_blocks / v_blocks: ``(B, Hkv, L_max, row_bytes)`` uint8; ``length``: valid positions (int or
+    one per batch row). Options: ``window`` (sliding window, positions), ``softcap`` (logits become
+    ``softcap * tanh(logit / softcap)``), ``sinks`` (one logit per query head, an extra key with a
+    zero value). ``backend``: ``"auto"`` (the fused kernel on the best backend here), ``"kernel"``,
+    ``"metal"``, ``"cuda"``, ``"cpu-emulator"`` or ``"reference"`` (MLX ops). numpy in, numpy out;
+    MLX arrays in, MLX arrays out. Returns an array shaped like q.
+    """
+    if backend not in BACKENDS:
+        raise AttentionError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    prob = check_problem(q, k_blocks, v_blocks, k_format=k_format, v_format=v_format, length=length,
+                         scale=scale, window=window, softcap=softcap, sinks=sinks)
+    if backend == "reference":
+        if options:
+            raise AttentionError(f"unknown options for the reference path: {', '.join(sorted(options))}")
+        from .attention_ref import reference_attention
+
+        return reference_attention(q, k_blocks, v_blocks, prob, sinks)
+    from .attention_kernel import kernel_attention
+
+    return kernel_attention(q, k_blocks, v_blocks, prob, sinks, backend=backend, **options)
+
+
+def last_run() -> dict:
+    """What the most recent :func:`decode_attention` call ran: ``backend``, ``dispatches`` ..."""
+    return dict(LAST_RUN)

@@ -1,0 +1,220 @@
+"""What the fused attention kernel is judged against: a float64 oracle, its error bound, and the
+MLX-ops reference path (``decode_attention(..., backend="reference")``).
+
+Both dequantize the caches with :mod:`tqbridge.bridge` (values in the original basis, padding
+dropped) and compute plain softmax attention; the oracle in float64 numpy, the reference in
+float32 MLX ops.
+
+Error bound (per output row, per component ``d``), for a float32 implementation vs the oracle::
+
+    |o - o64|_d <= SAFETY * [ (exp(2*Δ) - 1 + 2*u*(chain + R_v + 2)) * vs_d ]  +  u_out * |o64|_d
+    Δ = scale * u * (n_dot + 2 + R_k) * |q|_2 * max_i |k_i|_2      (logit error of one key)
+      + u * (6 * s_max + 16)                                      (exp arguments, rescaling)
+      + 4 * u * softcap                                           (tanh evaluation)
+
+where u = 2**-24 (float32 unit roundoff). Derivation: a dot product of n_dot terms accumulated in
+float32 is off by at most n_dot*u*Σ|q_d k_d| <= n_dot*u*|q|_2*|k|_2 (Cauchy-Schwarz; +2 for the
+dequantization products); a turbo rotation (log2(n) butterfly stages and 2 scalings, n the
+rotation group) moves a vector by at most R = log2(n) + 2 relative roundings, once in the kernel
+(q) and once in the bridge's dequantization (k): R_k = 2*(log2(n) + 2). softcap is 1-Lipschitz, so
+it does not amplify Δ. Subtracting the running max and the online-softmax rescaling perturb exp's
+argument by u times at most 3 differences of logits (each <= 2*s_max), plus a few ulp of exp. If
+every logit moves by at most Δ, every softmax weight moves by a factor within exp(±2Δ), so the
+weighted mean moves by at most (exp(2Δ) - 1) * max_i |v_i,d|. The float32 sums of the weights and
+of the weighted values over a serial chain of ``chain`` additions add 2*u*chain relative error each
+(numerator and denominator). For turbo V the output is rotated back once (R_v = log2(n) + 2), and
+component errors in the rotated basis mix: vs_d is then the 2-norm over d of max_i |y_i,d| (y the
+stored rotated values); otherwise vs_d = max_i |v_i,d| over visible keys. u_out is the unit
+roundoff of the output dtype (0 for float32 beyond the terms above). The bound is first order;
+SAFETY = 2 covers the second-order terms.
+
+``chain`` is the longest serial accumulation: the MLX reference reduces over up to L terms (we do
+not know its order, so L); the kernel reports its own (keys per lane + tree depth + splits).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import bridge
+from .attention import Problem, check_problem, visible_range
+
+U32 = 2.0 ** -24                     # float32 unit roundoff
+UNIT_ROUNDOFF = {"float32": 0.0, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}  # output rounding
+SAFETY = 2.0                         # covers the second-order terms of the first-order bound
+
+
+def _np(a: Any) -> np.ndarray:
+    if isinstance(a, np.ndarray):
+        return a
+    try:
+        import mlx.core as mx
+    except ImportError:  # pragma: no cover
+        return np.asarray(a)
+    if isinstance(a, mx.array):
+        if a.dtype == mx.bfloat16:
+            a = a.astype(mx.float32)
+        return np.array(a)
+    return np.asarray(a)
+
+
+def _is_turbo(fmt) -> bool:
+    return getattr(fmt, "kind", "") == "turbo"
+
+
+def _rot_terms(fmt) -> float:
+    return math.log2(fmt.block_size) + 2 if _is_turbo(fmt) else 0.0
+
+
+def dequantized_cache(fmt, blocks: np.ndarray, n: int, l_used: int, head_dim: int, *, rotated: bool = False) -> np.ndarray:
+    """Float32 (B, H, l_used, head_dim) values of a cache, in the original basis (or stored, rotated)."""
+    blocks = np.ascontiguousarray(_np(blocks)[:, :, :l_used])
+    if l_used == 0:
+        return np.zeros(blocks.shape[:3] + (head_dim,), np.float32)
+    kw = {"rotated": True} if rotated and _is_turbo(fmt) else {}
+    x = bridge.dequantize(fmt, blocks, n, **kw)
+    return x if rotated else x[..., :head_dim]
+
+
+def _q4(q: np.ndarray, prob: Problem) -> np.ndarray:
+    return q.reshape(prob.batch, prob.q_heads, prob.rows, prob.head_dim)
+
+
+def oracle(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = None, *,
+           chain: "int | None" = None) -> tuple[np.ndarray, np.ndarray]:
+    """float64 attention and its error bound (both (B, Hq, T, D)) for a float32 kernel.
+
+    ``chain`` is the implementation's longest serial accumulation (default: the cache length).
+    """
+    qn = _q4(_np(q).astype(np.float64), prob)
+    l_used = max(prob.lengths) if prob.lengths else 0
+    k = dequantized_cache(prob.k_format, k_blocks, prob.k_dim, l_used, prob.head_dim).astype(np.float64)
+    v = dequantized_cache(prob.v_format, v_blocks, prob.v_dim, l_used, prob.head_dim).astype(np.float64)
+    v_rot = (dequantized_cache(prob.v_format, v_blocks, prob.v_dim, l_used, prob.head_dim, rotated=True)
+             .astype(np.float64) if _is_turbo(prob.v_format) else None)
+    sk = None if sinks is None else _np(sinks).astype(np.float64).reshape(-1)
+    out = np.zeros(qn.shape, np.float64)
+    bound = np.zeros(qn.shape, np.float64)
+    g = prob.group
+    u_out = UNIT_ROUNDOFF.get(str(getattr(q, "dtype", "float32")).replace("mlx.core.", ""), 0.0)
+    n_dot = prob.k_dim
+    r_k = 2 * _rot_terms(prob.k_format)
+    r_v = _rot_terms(prob.v_format)
+    for b in range(prob.batch):
+        for t in range(prob.rows):
+            lo, hi = visible_range(prob.lengths[b], prob.rows, t, prob.window)
+            if hi <= lo:
+                continue  # no visible key: the output is zero by contract
+            kh = np.repeat(k[b, :, lo:hi], g, axis=0)          # (Hq, n, D)
+            vh = np.repeat(v[b, :, lo:hi], g, axis=0)
+            qv = qn[b, :, t]                                    # (Hq, D)
+            s = prob.scale * np.einsum("hnd,hd->hn", kh, qv)
+            if prob.softcap:
+                s = prob.softcap * np.tanh(s / prob.softcap)
+            m = s.max(axis=1)
+            if sk is not None:
+                m = np.maximum(m, sk)
+            w = np.exp(s - m[:, None])
+            den = w.sum(axis=1) + (np.exp(sk - m) if sk is not None else 0.0)
+            o = np.einsum("hn,hnd->hd", w, vh) / den[:, None]
+            out[b, :, t] = o
+            # the bound
+            smax = np.abs(s).max(axis=1)
+            if sk is not None:
+                smax = np.maximum(smax, np.abs(sk))
+            knorm = np.sqrt((kh ** 2).sum(axis=2)).max(axis=1)
+            qnorm = np.sqrt((qv ** 2).sum(axis=1))
+            delta = (prob.scale * U32 * (n_dot + 2 + r_k) * qnorm * knorm
+                     + U32 * (6 * smax + 16) + 4 * U32 * prob.softcap)
+            if v_rot is not None:
+                yh = np.abs(v_rot[b, :, lo:hi]).max(axis=1)      # (Hkv, Dpad)
+                vs = np.repeat(np.sqrt((yh ** 2).sum(axis=1)), g)[:, None] * np.ones((1, prob.head_dim))
+            else:
+                vs = np.repeat(np.abs(v[b, :, lo:hi]).max(axis=1), g, axis=0)  # (Hq, D)
+            c = chain if chain is not None else hi - lo
+            rel = np.expm1(2 * delta) + 2 * U32 * (c + r_v + 2)
+            bound[b, :, t] = SAFETY * rel[:, None] * vs + u_out * np.abs(o)
+    return out, bound
+
+
+def attention_oracle(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_format: Any, length: Any,
+                     scale: "float | None" = None, window: "int | None" = None, softcap: "float | None" = None,
+                     sinks: Any = None) -> np.ndarray:
+    """Plain softmax attention in float64 over the bridge's dequantization; shaped like q."""
+    prob = check_problem(q, k_blocks, v_blocks, k_format=k_format, v_format=v_format, length=length,
+                         scale=scale, window=window, softcap=softcap, sinks=sinks)
+    out, _ = oracle(q, k_blocks, v_blocks, prob, sinks)
+    return out[:, :, 0] if prob.squeeze_rows else out
+
+
+# --------------------------------------------------------------------------- MLX reference path
+
+
+def _mlx_cache(fmt, blocks, n: int, l_used: int, head_dim: int):
+    import mlx.core as mx
+
+    blk = blocks if isinstance(blocks, mx.array) else mx.array(np.ascontiguousarray(blocks))
+    blk = blk[:, :, :l_used]
+    if l_used == 0:
+        return mx.zeros(tuple(blk.shape[:3]) + (head_dim,), mx.float32)
+    try:
+        x = bridge.mlx_dequantize(fmt, blk, n)
+    except bridge.FormatError:
+        # This format has no MLX decoder yet: decode with the numpy reference (same values).
+        x = mx.array(bridge.dequantize(fmt, np.array(blk), n))
+    return x[..., :head_dim]
+
+
+def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = None) -> Any:
+    """float32 MLX ops: dequantize both caches, scores, masked softmax (with sinks), weighted sum."""
+    import mlx.core as mx
+
+    from . import attention
+
+    was_numpy = not isinstance(q, mx.array)
+    qm = mx.array(q) if was_numpy else q
+    out_dtype = qm.dtype
+    b, hq, hkv, t, d, g = prob.batch, prob.q_heads, prob.kv_heads, prob.rows, prob.head_dim, prob.group
+    l_used = max(prob.lengths)
+    k = _mlx_cache(prob.k_format, k_blocks, prob.k_dim, l_used, d)       # (B, Hkv, L, D)
+    v = _mlx_cache(prob.v_format, v_blocks, prob.v_dim, l_used, d)
+    qq = qm.astype(mx.float32).reshape(b, hkv, g * t, d)                 # rows ordered (head, t)
+    s = (qq @ k.transpose(0, 1, 3, 2)) * prob.scale                      # (B, Hkv, G*T, L)
+    if prob.softcap:
+        s = prob.softcap * mx.tanh(s / prob.softcap)
+    # visibility mask from the per-row ranges
+    lo = np.zeros((b, t), np.int64)
+    hi = np.zeros((b, t), np.int64)
+    for bi in range(b):
+        for ti in range(t):
+            lo[bi, ti], hi[bi, ti] = visible_range(prob.lengths[bi], t, ti, prob.window)
+    pos = mx.arange(l_used).reshape(1, 1, 1, 1, l_used)
+    lo_m = mx.array(lo).reshape(b, 1, 1, t, 1)
+    hi_m = mx.array(hi).reshape(b, 1, 1, t, 1)
+    vis = ((pos >= lo_m) & (pos < hi_m))                                  # (B, 1, 1, T, L)
+    vis = mx.broadcast_to(vis, (b, hkv, g, t, l_used)).reshape(b, hkv, g * t, l_used)
+    neg = mx.array(-np.inf, mx.float32)
+    sm = mx.where(vis, s, neg)
+    m = sm.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        sk = (sinks if isinstance(sinks, mx.array) else mx.array(np.asarray(sinks))).astype(mx.float32)
+        sk = mx.broadcast_to(sk.reshape(hkv, g, 1, 1), (hkv, g, t, 1)).reshape(1, hkv, g * t, 1)
+        m = mx.maximum(m, sk)
+    m = mx.where(mx.isinf(m), mx.zeros_like(m), m)
+    w = mx.where(vis, mx.exp(sm - m), mx.zeros_like(sm))
+    den = w.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        den = den + mx.exp(sk - m)
+    o = (w @ v) / mx.where(den > 0, den, mx.ones_like(den))
+    o = o.reshape(b, hq, t, d)
+    if prob.squeeze_rows:
+        o = o.reshape(b, hq, d)
+    o = o.astype(out_dtype)
+    attention.LAST_RUN.update(backend="reference", dispatches=0)
+    if was_numpy:
+        mx.eval(o)
+        return _np(o).astype(np.asarray(q).dtype, copy=False)
+    return o
