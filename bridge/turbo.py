@@ -140,8 +140,12 @@ class TurboCodec:
             g = np.sqrt(_seq_sum(x * x))
             inv = np.where(g > sp.zero_threshold, np.float32(1) / g, np.float32(0)).astype(np.float32)
             u = rotation.forward(x * inv[:, None], sp.group)
-        idx = np.searchsorted(sp.midpoints, u, side="right").astype(np.uint8)  # midpoints <= u
-        return g, idx
+        return g, self.nearest(u)
+
+    def nearest(self, u: np.ndarray) -> np.ndarray:
+        """Index of the nearest centroid of rotated, normalised values ``u``: the number of midpoints
+        ``<= u`` (C: strict ``u < midpoint`` tested from the lowest, so a tie takes the upper index)."""
+        return np.searchsorted(self.spec.midpoints, u, side="right").astype(np.uint8)
 
     def corrected_norm(self, g: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """The stored norm (float32, before fp16 rounding): ``g / ||c[idx]||`` (or ``g`` if that is ~0)."""
@@ -225,8 +229,7 @@ class TurboCodec:
         thr = mx.array(sp.zero_threshold)
         inv = mx.where(g > thr, mx.array(1.0, mx.float32) / g, mx.array(0.0, mx.float32))
         u = rotation.mlx_forward(x * inv[:, None], sp.group)
-        mids = mx.array(sp.midpoints)
-        idx = (u[:, :, None] >= mids).astype(mx.uint8).sum(axis=-1).astype(mx.uint8)
+        idx = self.mlx_nearest(u)
         c = mx.array(sp.centroids)[idx.astype(mx.int32)]
         c2 = c * c
         r2 = mx.zeros((x.shape[0],), dtype=mx.float32)
@@ -235,6 +238,12 @@ class TurboCodec:
         r = mx.sqrt(r2)
         norm = mx.where(r > thr, g / r, g)
         return self._mlx_pack(mx, norm, idx)
+
+    def mlx_nearest(self, u: Any) -> Any:
+        """MLX twin of :meth:`nearest`."""
+        import mlx.core as mx
+
+        return (u[..., None] >= mx.array(self.spec.midpoints)).astype(mx.uint8).sum(axis=-1).astype(mx.uint8)
 
     def _mlx_pack(self, mx: Any, norm: Any, idx: Any) -> Any:
         sp = self.spec
