@@ -13,7 +13,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
-from .registry import Format, register
+from .registry import Format, FormatError, register
 
 
 class F32:
@@ -29,37 +29,122 @@ class F32:
 
 
 class F16:
-    """One IEEE half per block, round to nearest even (ggml ``GGML_TYPE_F16``)."""
+    """One IEEE half per block, round to nearest even (ggml ``GGML_TYPE_F16``).
+
+    NaN follows ggml's ``ggml_compute_fp32_to_fp16``: any NaN becomes ``sign | 0x7e00`` (numpy
+    would keep payload bits); decoding quiets a signalling NaN as ggml's conversion does.
+    """
 
     @staticmethod
     def quantize_blocks(x: np.ndarray) -> np.ndarray:
-        with np.errstate(over="ignore"):
-            return np.ascontiguousarray(x, dtype=np.float32).astype("<f2").view(np.uint8)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            h = x.astype("<f2").view("<u2")
+        nan = np.isnan(x)
+        if nan.any():
+            sign = (x.view(np.uint32) >> 31).astype(np.uint16) << 15
+            h = np.where(nan, sign | np.uint16(0x7E00), h).astype("<u2")
+        return np.ascontiguousarray(h).view(np.uint8)
 
     @staticmethod
     def dequantize_blocks(b: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(b).view("<f2").astype(np.float32)
+        h = np.ascontiguousarray(b).view("<u2")
+        with np.errstate(invalid="ignore"):
+            y = h.view("<f2").astype(np.float32)
+        nan = (h & 0x7FFF) > 0x7C00
+        if nan.any():
+            y = np.where(nan, (y.view(np.uint32) | np.uint32(0x00400000)).view(np.float32), y)
+        return y
+
+
+def refuse_nonfinite(name: str, x: np.ndarray) -> None:
+    """FormatError naming the first NaN/inf value: ggml's C result for it is undefined."""
+    bad = ~np.isfinite(x)
+    if bad.any():
+        blk, j = (int(i) for i in np.argwhere(bad)[0])
+        raise FormatError(
+            f"{name}: value {j} of block {blk} is {x[blk, j]}; non-finite input has no defined "
+            f"{name} encoding in ggml (float-to-int of NaN/inf), so tqbridge refuses it")
 
 
 class _GgufCodec:
-    """Delegates to the gguf-py class for ``qtype`` (bit-exact with ggml's C reference)."""
+    """Delegates to the gguf-py class for ``qtype`` (bit-exact with ggml's C reference, up to the
+    sign of zero scales, which :meth:`_fix_zero_signs` sets as C's scans do)."""
 
     qtype: T
+    mlx_name: str
 
     @classmethod
     def quantize_blocks(cls, x: np.ndarray) -> np.ndarray:
         impl = gq._type_traits[cls.qtype]
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if cls.qtype != T.BF16:
+            refuse_nonfinite(cls.qtype.name.lower(), x)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return impl.quantize_blocks(np.ascontiguousarray(x, dtype=np.float32))
+            out = impl.quantize_blocks(x)
+        return cls._fix_zero_signs(x, out)
+
+    @classmethod
+    def _fix_zero_signs(cls, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        # gguf-py takes numpy's min/max/argmax, whose zero signs differ from C's first-wins scans:
+        # q4_0/q5_0 keep max = +0.0 for an all-zero block (so d = +0.0 / -8 = -0.0); q4_1/q5_1 take
+        # min and max as the first element with that value (x[0] for an all-zero block, d = +0.0).
+        if cls.qtype in (T.Q4_0, T.Q5_0):
+            zero = (np.abs(x) == 0).all(axis=1)
+            if zero.any():
+                out = out.copy()
+                out[zero, 0:2] = (0x00, 0x80)
+        elif cls.qtype in (T.Q4_1, T.Q5_1):
+            mn = x.min(axis=1, keepdims=True)
+            zmin = mn[:, 0] == 0
+            if zmin.any():
+                out = out.copy()
+                first = np.argmax(x == mn, axis=1)
+                neg = np.signbit(x[np.arange(x.shape[0]), first])
+                out[zmin, 3] = np.where(neg[zmin], out[zmin, 3] | 0x80, out[zmin, 3] & 0x7F)
+                allzero = zmin & (x.max(axis=1) == 0)
+                out[allzero, 0:2] = 0
+        return out
 
     @classmethod
     def dequantize_blocks(cls, b: np.ndarray) -> np.ndarray:
         impl = gq._type_traits[cls.qtype]
-        return impl.dequantize_blocks(np.ascontiguousarray(b, dtype=np.uint8)).astype(np.float32, copy=False)
+        with np.errstate(invalid="ignore", over="ignore"):
+            return impl.dequantize_blocks(np.ascontiguousarray(b, dtype=np.uint8)).astype(np.float32, copy=False)
+
+
+def _mlx_ops(name: str, refuse: bool) -> dict:
+    """``mlx_quantize_blocks`` / ``mlx_dequantize_blocks`` for a codec, from :mod:`.mlx_ggml`."""
+
+    def mlx_quantize_blocks(x):
+        import mlx.core as mx
+
+        from . import mlx_ggml
+
+        x = x.astype(mx.float32)
+        if refuse and not bool(mx.all(mx.isfinite(x)).item()):
+            refuse_nonfinite(name, np.array(x))
+        return getattr(mlx_ggml, f"{name}_quantize")(x)
+
+    def mlx_dequantize_blocks(b):
+        from . import mlx_ggml
+
+        return getattr(mlx_ggml, f"{name}_dequantize")(b)
+
+    return {"mlx_quantize_blocks": staticmethod(mlx_quantize_blocks),
+            "mlx_dequantize_blocks": staticmethod(mlx_dequantize_blocks)}
+
+
+def _with_mlx(cls: type, name: str, refuse: bool) -> type:
+    for k, v in _mlx_ops(name, refuse).items():
+        setattr(cls, k, v)
+    return cls
 
 
 def _gguf_codec(qtype: T) -> type:
-    return type(f"{qtype.name}Codec", (_GgufCodec,), {"qtype": qtype})
+    name = qtype.name.lower()
+    cls = type(f"{qtype.name}Codec", (_GgufCodec,), {"qtype": qtype})
+    return _with_mlx(cls, name, refuse=qtype != T.BF16)
 
 
 def _sizes(qtype: T) -> tuple[int, int]:
@@ -79,6 +164,9 @@ def _ggml(name: str, qtype: T, codec: type, kind: str, description: str) -> Form
 def _register_all() -> None:
     from .iq4_nl import IQ4NL
 
+    _with_mlx(F32, "f32", refuse=False)
+    _with_mlx(F16, "f16", refuse=False)
+    _with_mlx(IQ4NL, "iq4_nl", refuse=True)
     _ggml("f32", T.F32, F32, "float", "IEEE float32")
     _ggml("f16", T.F16, F16, "float", "IEEE float16 (round to nearest even)")
     _ggml("bf16", T.BF16, _gguf_codec(T.BF16), "float", "bfloat16 (round to nearest even, NaN kept quiet)")

@@ -57,7 +57,10 @@ class IQ4NL:
 
     @staticmethod
     def quantize_blocks(x: np.ndarray) -> np.ndarray:
+        from .formats_ggml import refuse_nonfinite
+
         x = np.ascontiguousarray(x, dtype=np.float32)
+        refuse_nonfinite("iq4_nl", x)
         n = x.shape[0]
         with np.errstate(all="ignore"):
             w = x * x
