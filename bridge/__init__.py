@@ -7,8 +7,11 @@ Public API::
     quantize(fmt, x) / dequantize(fmt, blocks, n)          numpy reference
     mlx_quantize(fmt, x) / mlx_dequantize(fmt, blocks, n)  MLX arrays, byte-identical
     padded_dim(fmt, d) / pad_rows(fmt, x) / unpad_rows(fmt, y, d)   explicit zero padding to whole blocks
+    to_mlx_affine(fmt, blocks, n) / from_mlx_affine(fmt, w, scales, biases, group_size, bits)
+                                                lossless ggml <-> MLX affine (q8_0, q4_0, q4_1, q5_0, q5_1)
 """
 
+from .affine import from_mlx_affine, to_mlx_affine
 from .api import dequantize, mlx_dequantize, mlx_quantize, quantize
 from .padding import pad_rows, padded_dim, unpad_rows
 from .registry import Format, FormatError, all_formats, display_name, formats, get_format
@@ -17,4 +20,5 @@ __all__ = [
     "Format", "FormatError", "all_formats", "display_name", "formats", "get_format",
     "quantize", "dequantize", "mlx_quantize", "mlx_dequantize",
     "padded_dim", "pad_rows", "unpad_rows",
+    "to_mlx_affine", "from_mlx_affine",
 ]
