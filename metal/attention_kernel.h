@@ -1,0 +1,125 @@
+// Fused decode attention: device helpers (tqbridge kernel dialect; see docs/kernels.md).
+//
+// Inline dequantization of 4 consecutive values of one cache row, for every block format the
+// attention kernel reads. `e` is a multiple of 4, so the 4 values never straddle a block. Turbo
+// values stay in the rotated basis (the kernel rotates q and the output instead). `tab` holds the
+// 16-entry value table of iq4_nl or the centroids of a turbo format (index 0 most negative).
+// Format ids (TQA_*) are the constants the builder passes as template values; every argument
+// but `row` and `e` is a compile-time constant at the call sites, so the switch folds away.
+
+#define TQA_F32 0
+#define TQA_F16 1
+#define TQA_BF16 2
+#define TQA_Q8_0 3
+#define TQA_Q4_0 4
+#define TQA_Q4_1 5
+#define TQA_Q5_0 6
+#define TQA_Q5_1 7
+#define TQA_IQ4_NL 8
+#define TQA_TURBO2 9
+#define TQA_TURBO3 10
+#define TQA_TURBO4 11
+
+#define TQA_NEG_BIG (-3.0e38f)
+
+// q and the output travel in q's element type: float32, or fp16 / bf16 bits (TQA_QTYPE 0 / 1 / 2)
+#if TQA_QTYPE == 1
+#define TQA_QLOAD(x) tq_f16_bits_to_f32(x)
+#define TQA_QSTORE(x) tq_f32_to_f16_bits(x)
+#elif TQA_QTYPE == 2
+#define TQA_QLOAD(x) tq_bf16_bits_to_f32(x)
+#define TQA_QSTORE(x) tq_f32_to_bf16_bits(x)
+#else
+#define TQA_QLOAD(x) (x)
+#define TQA_QSTORE(x) (x)
+#endif
+
+struct tqa_f4 { float v[4]; };
+
+// tanh from exp (the dialect has exp): exact limits +-1, absolute error a few ulp of 1.
+TQ_FUNC float tqa_tanh(float x) { return 1.0f - 2.0f / (tq_exp(2.0f * x) + 1.0f); }
+
+TQ_FUNC uint tqa_u16(TQ_CONST_DEVICE uchar* p, int off) {
+    return (uint)p[off] | ((uint)p[off + 1] << 8);
+}
+
+TQ_FUNC uint tqa_u32(TQ_CONST_DEVICE uchar* p, int off) {
+    return (uint)p[off] | ((uint)p[off + 1] << 8) | ((uint)p[off + 2] << 16) | ((uint)p[off + 3] << 24);
+}
+
+TQ_FUNC float tqa_half(TQ_CONST_DEVICE uchar* p, int off) { return tq_f16_bits_to_f32((ushort)tqa_u16(p, off)); }
+
+// bb: bytes per block, group: values per block, qso / sgo: offsets of the turbo index fields.
+TQ_FUNC tqa_f4 tqa_dq4(const int fmt, const int bb, const int group, const int qso, const int sgo,
+                       TQ_CONST_DEVICE uchar* row, int e, TQ_SHARED const float* tab) {
+    tqa_f4 r;
+    if (fmt == TQA_F32) {
+        for (int i = 0; i < 4; ++i) r.v[i] = tq_as_float(tqa_u32(row, 4 * (e + i)));
+    } else if (fmt == TQA_F16) {
+        for (int i = 0; i < 4; ++i) r.v[i] = tqa_half(row, 2 * (e + i));
+    } else if (fmt == TQA_BF16) {
+        for (int i = 0; i < 4; ++i) r.v[i] = tq_bf16_bits_to_f32((ushort)tqa_u16(row, 2 * (e + i)));
+    } else {
+        const int blk = e / group;
+        const int j = e - blk * group;        // first value's index inside its block
+        TQ_CONST_DEVICE uchar* p = row + blk * bb;
+        const float d = tqa_half(p, 0);
+        if (fmt == TQA_Q8_0) {                 // fp16 d, int8 qs[32]: x = d * q
+            for (int i = 0; i < 4; ++i) r.v[i] = d * (float)(((int)p[2 + j + i] ^ 0x80) - 0x80);
+        } else if (fmt == TQA_Q4_0 || fmt == TQA_IQ4_NL) {  // fp16 d, qs[16]: low nibbles 0..15, high 16..31
+            for (int i = 0; i < 4; ++i) {
+                const int k = j + i;
+                const uint nib = k < 16 ? (p[2 + k] & 15u) : (p[2 + k - 16] >> 4);
+                r.v[i] = fmt == TQA_Q4_0 ? d * (float)((int)nib - 8) : d * tab[nib];
+            }
+        } else if (fmt == TQA_Q4_1) {          // fp16 d, fp16 m, qs[16]: x = d * q + m
+            const float m = tqa_half(p, 2);
+            for (int i = 0; i < 4; ++i) {
+                const int k = j + i;
+                const uint nib = k < 16 ? (p[4 + k] & 15u) : (p[4 + k - 16] >> 4);
+                r.v[i] = d * (float)nib + m;
+            }
+        } else if (fmt == TQA_Q5_0 || fmt == TQA_Q5_1) {  // fp16 d, [fp16 m], u32 qh, qs[16]
+            const int o = fmt == TQA_Q5_0 ? 2 : 4;
+            const float m = fmt == TQA_Q5_1 ? tqa_half(p, 2) : 0.0f;
+            const uint qh = tqa_u32(p, o);
+            for (int i = 0; i < 4; ++i) {
+                const int k = j + i;
+                const uint nib = k < 16 ? (p[o + 4 + k] & 15u) : (p[o + 4 + k - 16] >> 4);
+                const uint q = nib | (((qh >> k) & 1u) << 4);
+                r.v[i] = fmt == TQA_Q5_0 ? d * (float)((int)q - 16) : d * (float)q + m;
+            }
+        } else if (fmt == TQA_TURBO2 || fmt == TQA_TURBO3) {  // fp16 norm, 2-bit qs, [1-bit signs]
+            const uint lo = p[qso + j / 4];   // j % 4 == 0: one byte holds the 4 low fields
+            const uint hi = fmt == TQA_TURBO3 ? (uint)(p[sgo + j / 8] >> (j & 7)) : 0u;
+            for (int i = 0; i < 4; ++i) {
+                const uint idx = ((lo >> (2 * i)) & 3u) | (((hi >> i) & 1u) << 2);
+                r.v[i] = tab[idx] * d;
+            }
+        } else {                               // turbo4: fp16 norm, [fp16 rnorm], 4-bit qs
+            const uint w = tqa_u16(p, qso + j / 2);
+            for (int i = 0; i < 4; ++i) r.v[i] = tab[(w >> (4 * i)) & 15u] * d;
+        }
+    }
+    return r;
+}
+
+// In-place rotation of n values in threadgroup memory, per group of `group` values (turbo's
+// randomised Hadamard transform): x *= first; butterfly; x *= scale * last. Forward: first = s1,
+// last = s2; inverse: first = s2, last = s1. Every thread of the threadgroup must call it.
+TQ_FUNC void tqa_rotate(TQ_SHARED float* x, const int n, const int group, TQ_CONST_DEVICE float* first,
+                        TQ_CONST_DEVICE float* last, const float scale, uint tid, uint nthreads) {
+    for (uint i = tid; i < (uint)n; i += nthreads) x[i] = x[i] * first[i % (uint)group];
+    tq_barrier();
+    for (int h = 1; h < group; h <<= 1) {
+        for (uint k = tid; k < (uint)(n / 2); k += nthreads) {
+            const uint a = (k / (uint)h) * (uint)(2 * h) + k % (uint)h;
+            const float u = x[a], v = x[a + (uint)h];
+            x[a] = u + v;
+            x[a + (uint)h] = u - v;
+        }
+        tq_barrier();
+    }
+    for (uint i = tid; i < (uint)n; i += nthreads) x[i] = x[i] * (scale * last[i % (uint)group]);
+    tq_barrier();
+}
