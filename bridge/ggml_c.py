@@ -87,6 +87,11 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
+def load() -> ctypes.CDLL:
+    """The loaded library (cached); GgmlUnavailable with the reason when it cannot be loaded."""
+    return _lib()
+
+
 def available() -> bool:
     """True when ggml's C library can be loaded."""
     try:

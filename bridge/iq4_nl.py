@@ -87,10 +87,13 @@ class IQ4NL:
             inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
             L = best_index(inv[:, None] * x)
         out = np.empty((n, 18), dtype=np.uint8)
-        out[:, :2] = d.astype("<f2").view(np.uint8).reshape(n, 2)
+        with np.errstate(over="ignore"):
+            out[:, :2] = d.astype("<f2").view(np.uint8).reshape(n, 2)
         out[:, 2:] = L[:, :16] | (L[:, 16:] << 4)
         return out
 
     @staticmethod
     def dequantize_blocks(b: np.ndarray) -> np.ndarray:
-        return gq.IQ4_NL.dequantize_blocks(np.ascontiguousarray(b, dtype=np.uint8)).astype(np.float32, copy=False)
+        with np.errstate(invalid="ignore", over="ignore"):
+            y = gq.IQ4_NL.dequantize_blocks(np.ascontiguousarray(b, dtype=np.uint8))
+        return y.astype(np.float32, copy=False)
