@@ -1,0 +1,140 @@
+"""A kernel written once in the tqbridge dialect, and its source for each backend.
+
+A :class:`Kernel` is a name, typed input and output buffers, an optional ``header`` (helper
+functions, declared with ``TQ_FUNC``) and a ``body`` (the kernel function's body). Static
+parameters (format codes, block sizes) become ``#define NAME value`` lines in front of the header;
+values that change per call travel in an input buffer. See docs/kernels.md for the dialect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping
+
+HERE = Path(__file__).resolve().parent
+BODY_MARKER = "//== body =="
+
+# dialect dtype -> C type (the same spelling on every backend)
+CTYPES = {"float32": "float", "int32": "int", "uint32": "uint", "uint16": "ushort", "uint8": "uchar"}
+BACKENDS = ("metal", "cuda", "cpu-emulator")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SYNC = re.compile(r"\btq_(barrier|simd_\w+)\s*\(")
+
+
+class KernelError(ValueError):
+    """A malformed kernel definition or launch; the message says which."""
+
+
+@lru_cache(maxsize=None)
+def _read(name: str) -> str:
+    return (HERE / name).read_text()
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    inputs: tuple[tuple[str, str], ...]   # (buffer name, dtype)
+    outputs: tuple[tuple[str, str], ...]
+    body: str
+    header: str = ""
+    static_names: tuple[str, ...] = field(default=())  # the static parameters the source expects
+
+    def __post_init__(self):
+        if not _IDENT.match(self.name):
+            raise KernelError(f"kernel name {self.name!r} is not a C identifier")
+        seen = set()
+        for buf, dtype in self.inputs + self.outputs:
+            if not _IDENT.match(buf) or buf in seen:
+                raise KernelError(f"kernel {self.name}: bad or repeated buffer name {buf!r}")
+            if dtype not in CTYPES:
+                raise KernelError(f"kernel {self.name}: buffer {buf} has dtype {dtype}; the dialect "
+                                  f"takes {', '.join(CTYPES)}")
+            seen.add(buf)
+        if not self.outputs:
+            raise KernelError(f"kernel {self.name}: needs at least one output")
+
+    @classmethod
+    def from_file(cls, path: "str | Path", name: str, inputs, outputs, static_names=()) -> "Kernel":
+        """Read a kernel file: helper functions, a line ``//== body ==``, then the body."""
+        text = Path(path).read_text()
+        if BODY_MARKER not in text:
+            raise KernelError(f"{path}: no '{BODY_MARKER}' line separates the header from the body")
+        header, body = text.split(BODY_MARKER, 1)
+        return cls(name, tuple(map(tuple, inputs)), tuple(map(tuple, outputs)), body, header,
+                   tuple(static_names))
+
+    @property
+    def uses_sync(self) -> bool:
+        """Whether the kernel has barriers or SIMD ops (the emulator then runs threads as fibers)."""
+        return bool(_SYNC.search(self.header) or _SYNC.search(self.body))
+
+    def check_static(self, static: Mapping[str, int]) -> dict[str, int]:
+        out = {}
+        for k, v in static.items():
+            if not _IDENT.match(k):
+                raise KernelError(f"kernel {self.name}: static parameter name {k!r} is not an identifier")
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise KernelError(f"kernel {self.name}: static parameter {k} must be an int, got {v!r}")
+            out[k] = int(v)
+        missing = [k for k in self.static_names if k not in out]
+        if missing:
+            raise KernelError(f"kernel {self.name}: missing static parameter(s) {', '.join(missing)}")
+        return out
+
+    def header_source(self, backend: str, static: Mapping[str, int]) -> str:
+        prelude = {"metal": "prelude_metal.h", "cuda": "prelude_cuda.h", "cpu-emulator": "prelude_cpu.h"}
+        if backend not in prelude:
+            raise KernelError(f"no kernel source for backend {backend!r}; known: {', '.join(BACKENDS)}")
+        defines = "".join(f"#define {k} ({v})\n" for k, v in sorted(self.check_static(static).items()))
+        return (_read(prelude[backend]) + "\n" + _read("prelude_common.h") + "\n// static parameters\n"
+                + defines + "\n" + self.header + "\n")
+
+    def body_source(self, backend: str) -> str:
+        """The body with the thread-id bindings of ``backend`` in front of it."""
+        return _ids(backend) + self.body
+
+    def cpu_source(self, static: Mapping[str, int]) -> str:
+        """One C++ translation unit for the emulator."""
+        args = []
+        for i, (buf, dtype) in enumerate(self.inputs):
+            args.append(f"    const {CTYPES[dtype]}* {buf} = (const {CTYPES[dtype]}*)tqemu::g_bufs[{i}]; (void){buf};\n")
+        for j, (buf, dtype) in enumerate(self.outputs):
+            i = len(self.inputs) + j
+            args.append(f"    {CTYPES[dtype]}* {buf} = ({CTYPES[dtype]}*)tqemu::g_bufs[{i}]; (void){buf};\n")
+        return (
+            self.header_source("cpu-emulator", static)
+            + f'#define TQ_KERNEL_NAME "{self.name}"\n#define TQ_USES_SYNC {int(self.uses_sync)}\n'
+            + "static void tq_kernel_body();\n" + _read("emu_runtime.h") + "\n"
+            + "static void tq_kernel_body() {\n" + "".join(args) + self.body_source("cpu-emulator") + "\n}\n"
+        )
+
+    def digest(self, backend: str, static: Mapping[str, int]) -> str:
+        text = self.cpu_source(static) if backend == "cpu-emulator" else (
+            self.header_source(backend, static) + self.body_source(backend))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+_ID_NAMES = ("tq_tid", "tq_tg_size", "tq_lane", "tq_simd", "tq_nsimd", "tq_gx", "tq_gy", "tq_gz",
+             "tq_ngx", "tq_ngy", "tq_ngz")
+
+
+def _ids(backend: str) -> str:
+    if backend == "metal":
+        vals = ("thread_index_in_threadgroup", "threads_per_threadgroup.x", "thread_index_in_simdgroup",
+                "simdgroup_index_in_threadgroup", "(threads_per_threadgroup.x + 31) / 32",
+                "threadgroup_position_in_grid.x", "threadgroup_position_in_grid.y",
+                "threadgroup_position_in_grid.z", "threadgroups_per_grid.x", "threadgroups_per_grid.y",
+                "threadgroups_per_grid.z")
+    elif backend == "cuda":
+        vals = ("threadIdx.x", "blockDim.x", "(threadIdx.x & 31u)", "(threadIdx.x >> 5)",
+                "((blockDim.x + 31u) >> 5)", "blockIdx.x", "blockIdx.y", "blockIdx.z",
+                "gridDim.x", "gridDim.y", "gridDim.z")
+    else:
+        vals = tuple(f"tqemu::ids().{f}" for f in ("tid", "tg_size", "lane", "simd", "nsimd", "gx", "gy",
+                                                   "gz", "ngx", "ngy", "ngz"))
+    lines = "".join(f"    const uint {n} = {v}; (void){n};\n" for n, v in zip(_ID_NAMES, vals))
+    return "    // thread ids (tqbridge dialect)\n" + lines
