@@ -15,6 +15,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "formats": ("cmd_formats", "list the block format registry"),
     "selfcheck": ("cmd_selfcheck", "check our quantizers byte-for-byte against ggml's C code"),
+    "inspect": ("cmd_inspect", "tensors and metadata of a GGUF file; decode one block"),
 }
 
 
