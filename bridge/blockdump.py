@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .gguf_io import GGUFFile, TensorInfo
+from .gguf_io import GGUFError, GGUFFile, TensorInfo
 from .legacy_fields import LAYOUTS, split_blocks
 from .registry import FormatError, all_formats
 
@@ -33,6 +33,8 @@ def _plain(v):
 def describe_block(g: GGUFFile, name: str, index: int) -> dict[str, Any]:
     """Fields and decoded values of block ``index`` of tensor ``name``."""
     t = g.tensor(name)
+    if g.byte_order != "<":
+        raise GGUFError(f"{g.path}: decoding blocks of a big-endian GGUF file is not supported (the table is)")
     raw = g.block_bytes(name, index)
     index %= t.n_blocks
     per_row = t.shape[0] // t.block_size if t.shape else 1

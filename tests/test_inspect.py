@@ -303,6 +303,22 @@ def test_subprocess_entry_point(tmp_path):
         assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
 
 
+def test_big_endian_table_but_no_block_dump(tmp_path, capsys):
+    p = tmp_path / "be.gguf"
+    w = gguf.GGUFWriter(str(p), "llama", endianess=gguf.GGUFEndian.BIG)
+    w.add_block_count(2)
+    w.add_tensor("f.weight", np.arange(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    rc, out, _ = _run(capsys, p, "--json")
+    data = json.loads(out)
+    assert rc == 0 and data["byte_order"] == "big" and data["metadata"]["llama.block_count"] == 2
+    assert data["tensors"][0]["shape"] == [4]
+    _assert_one_line_error(*_run(capsys, p, "--block", "f.weight:1"), "big-endian")
+
+
 def test_validate_api_reports_layout(small):
     src, tensors = small
     g = validate(src)
