@@ -68,7 +68,23 @@ ZERO_SIGNS = np.where(np.arange(32) % 3 == 0, np.float32(-0.0), np.float32(0.0))
 FIRST_NEG_ZERO = np.concatenate([[-0.0], np.abs(np.linspace(0, 3, 31))]).astype(np.float32)[None]
 TINY_SCALE = (np.arange(32, dtype=np.float32) - 16) * np.float32(1e-44)            # 1/d overflows in C
 HUGE_RANGE = np.where(np.arange(32) % 2 == 0, 3e38, -3e38).astype(np.float32)[None]   # max - min overflows
-TIES = ((np.arange(32) - 16) + 0.5).astype(np.float32)[None] * np.float32(2.0**-3)
+
+
+def _tie_rows() -> np.ndarray:
+    # One block per scale-search extreme P (q8_0: 127; q4_0: -8; q5_0: -16; q4_1 with min 0: 15;
+    # q5_1: 31; iq4_nl: -127): x[0] = P * s fixes the scale to exactly s = 2^-3, the rest are
+    # half-integer multiples of s, so x * id lands exactly on .5 (C's roundf rounds away from zero).
+    s = 2.0**-3
+    rows = []
+    for peak in (127, -127, -8, 8, -16, 16, 15, 31):
+        k = np.resize(np.arange(-abs(peak), abs(peak)) + 0.5, 31)
+        if peak in (15, 31):
+            k = np.abs(k)
+        rows.append(np.concatenate([[peak], k]) * s)
+    return np.array(rows, np.float32)
+
+
+TIES = _tie_rows()
 
 
 # Three times the profile's example count: these are the properties the whole project rests on.
