@@ -16,6 +16,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "formats": ("cmd_formats", "list the block format registry"),
     "selfcheck": ("cmd_selfcheck", "check our quantizers byte-for-byte against ggml's C code"),
     "inspect": ("cmd_inspect", "tensors and metadata of a GGUF file; decode one block"),
+    "convert": ("cmd_convert", "GGUF -> mlx-lm model directory, or GGUF with every tensor in F32"),
+    "parity": ("cmd_parity", "llama.cpp vs MLX on the same GGUF: logits KL, top-1, max |delta|"),
+    "demo": ("cmd_demo", "the parity table on SmolLM2-135M with a default KV matrix"),
 }
 
 

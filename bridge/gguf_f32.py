@@ -1,0 +1,101 @@
+"""Exact-weights GGUF: every tensor dequantized to F32 (gguf-py), all metadata kept.
+
+llama.cpp quantizes activations inside matmuls with quantized weights; on an F32 copy of the same
+weights both runtimes compute with identical values, so only the KV cache and the kernels differ.
+Writes are atomic (temporary file + rename) and never replace the input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .gguf_model import GGUFModelError
+
+# gguf-py's LlamaFileType value for "all F32" (llama.h: LLAMA_FTYPE_ALL_F32 = 0).
+_FTYPE_ALL_F32 = 0
+
+
+def file_sha256(path: "str | os.PathLike[str]") -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def write_f32_gguf(src: "str | os.PathLike[str]", dst: "str | os.PathLike[str]") -> Path:
+    """Write ``dst``: ``src`` with every tensor as F32. Returns ``dst``."""
+    import gguf
+
+    src, dst = Path(src), Path(dst)
+    if not src.is_file():
+        raise GGUFModelError(f"{src}: no such file")
+    if _same_file(src, dst):
+        raise GGUFModelError(f"{dst}: refusing to overwrite the input file")
+    try:
+        reader = gguf.GGUFReader(src)
+    except Exception as e:
+        raise GGUFModelError(f"{src}: not a readable GGUF file ({e})") from e
+    arch = reader.fields["general.architecture"].contents()
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    os.close(fd)
+    try:
+        writer = gguf.GGUFWriter(tmp, arch)
+        for key, fld in reader.fields.items():
+            if key.startswith("GGUF.") or key == "general.architecture":
+                continue  # written by GGUFWriter itself
+            vtype = fld.types[0]
+            if key == "general.file_type":
+                writer.add_key_value(key, _FTYPE_ALL_F32, vtype)
+                continue
+            sub = fld.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, fld.contents(), vtype, sub_type=sub)
+        if "general.file_type" not in reader.fields:
+            writer.add_file_type(_FTYPE_ALL_F32)
+        for t in reader.tensors:
+            try:
+                arr = gguf.quants.dequantize(t.data, t.tensor_type)
+            except NotImplementedError as e:
+                raise GGUFModelError(f"{src.name}: tensor {t.name} has type {t.tensor_type.name}, "
+                                     "which gguf-py cannot dequantize") from e
+            shape = tuple(int(s) for s in reversed(t.shape))
+            writer.add_tensor(t.name, np.ascontiguousarray(arr, dtype=np.float32).reshape(shape))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, dst)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return dst
+
+
+def cache_dir() -> Path:
+    """Where converted files are kept: ``$TQBRIDGE_CACHE`` or ``~/.cache/tqbridge``."""
+    base = os.environ.get("TQBRIDGE_CACHE")
+    return Path(base) if base else Path.home() / ".cache" / "tqbridge"
+
+
+def cached_f32_gguf(src: "str | os.PathLike[str]") -> Path:
+    """The F32 copy of ``src`` in the cache (converted on first use, keyed by the input's sha256)."""
+    src = Path(src)
+    digest = file_sha256(src)[:16]
+    dst = cache_dir() / "f32" / f"{src.stem}.{digest}.f32.gguf"
+    if not dst.exists():
+        write_f32_gguf(src, dst)
+    return dst

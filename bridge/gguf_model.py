@@ -1,0 +1,337 @@
+"""GGUF file -> mlx-lm model with identical weights.
+
+Every tensor is dequantized to float32 with gguf-py (all ggml types, K-quants included), so the MLX
+model computes with exactly the values llama.cpp dequantizes. Hyper-parameters come from the
+``{arch}.*`` metadata. Supported architectures: llama, qwen2, qwen3, gemma3.
+
+Two layouts of the attention Q/K rows (see ``qk_rows``, the one place that handles them):
+
+- ``"ggml"``: GGUF's rows as stored (llama's rows are permuted for adjacent-pair RoPE) with MLX's
+  ``rope_traditional=True``; K then has exactly llama.cpp's cache layout. Default in memory.
+- ``"hf"``: rows in Hugging Face order with half-split RoPE; what ``convert --to mlx`` writes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .mlx_blas import prefer_fast_blas
+
+
+class GGUFModelError(ValueError):
+    """The GGUF file cannot be turned into an mlx-lm model (one line says why)."""
+
+
+# GGUF architecture -> mlx-lm model_type
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+# llama.cpp's convert_hf_to_gguf permutes attn_q/attn_k rows only for these (NEOX-RoPE families are not).
+_PERMUTED_QK = {"llama"}
+# Gemma 3 values llama.cpp hard-codes (src/llama-model.cpp) and the GGUF does not carry.
+_GEMMA3_SWA_PATTERN = 6
+_GEMMA3_LOCAL_ROPE_BASE = 10000.0
+
+_LAYER_NAMES_COMMON = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_NAMES = {
+    "llama": {**_LAYER_NAMES_COMMON, "ffn_norm": "post_attention_layernorm"},
+    "qwen2": {**_LAYER_NAMES_COMMON, "ffn_norm": "post_attention_layernorm"},
+    "qwen3": {**_LAYER_NAMES_COMMON, "ffn_norm": "post_attention_layernorm"},
+    "gemma3": {**_LAYER_NAMES_COMMON, "post_attention_norm": "post_attention_layernorm",
+               "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
+}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+@dataclass
+class GGUFContents:
+    """What a GGUF file holds: architecture, metadata values and float32 tensors (numpy order)."""
+
+    path: Path
+    arch: str
+    metadata: dict[str, Any]
+    tensors: dict[str, np.ndarray] = field(repr=False)
+    tensor_types: dict[str, str] = field(repr=False)
+
+
+def read_gguf(path: "str | os.PathLike[str]") -> GGUFContents:
+    """Read metadata and dequantize every tensor to float32 (exact: gguf-py's dequantizers)."""
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise GGUFModelError(f"{path}: no such file")
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # gguf-py raises ValueError/struct errors for non-GGUF input
+        raise GGUFModelError(f"{path}: not a readable GGUF file ({e})") from e
+    meta: dict[str, Any] = {}
+    for key, fld in reader.fields.items():
+        if key.startswith("GGUF.") or key.startswith("tokenizer.ggml."):
+            continue  # tokenizer arrays are large; the tokenizer reads them itself
+        try:
+            meta[key] = fld.contents()
+        except Exception:  # pragma: no cover - exotic field types are not needed here
+            continue
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise GGUFModelError(
+            f"{path.name}: architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
+    tensors, types = {}, {}
+    for t in reader.tensors:
+        try:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as e:
+            raise GGUFModelError(f"{path.name}: tensor {t.name} has type {t.tensor_type.name}, "
+                                 f"which gguf-py cannot dequantize") from e
+        shape = tuple(int(s) for s in reversed(t.shape))  # GGUF lists ne0 first
+        tensors[t.name] = np.ascontiguousarray(arr, dtype=np.float32).reshape(shape)
+        types[t.name] = t.tensor_type.name
+    return GGUFContents(path, arch, meta, tensors, types)
+
+
+def _meta(c: GGUFContents, key: str, default: Any = None, required: bool = True) -> Any:
+    full = f"{c.arch}.{key}"
+    if full in c.metadata:
+        return c.metadata[full]
+    if required and default is None:
+        raise GGUFModelError(f"{c.path.name}: metadata {full} is missing")
+    return default
+
+
+def model_config(c: GGUFContents, layout: str = "ggml") -> dict[str, Any]:
+    """The mlx-lm ``config.json`` dictionary for these hyper-parameters."""
+    if layout not in ("ggml", "hf"):
+        raise GGUFModelError(f"unknown Q/K layout {layout!r} (use 'ggml' or 'hf')")
+    n_embd = int(_meta(c, "embedding_length"))
+    n_head = int(_meta(c, "attention.head_count"))
+    n_head_kv = int(_meta(c, "attention.head_count_kv", n_head))
+    head_dim = int(_meta(c, "attention.key_length", n_embd // n_head))
+    if int(_meta(c, "attention.value_length", head_dim)) != head_dim:
+        raise GGUFModelError(f"{c.path.name}: key_length != value_length is not supported")
+    if head_dim != int(_meta(c, "rope.dimension_count", head_dim)):
+        raise GGUFModelError(f"{c.path.name}: partial RoPE (rope.dimension_count != head dim) is not supported")
+    scaling = _meta(c, "rope.scaling.type", "none", required=False)
+    rope_scaling = None
+    if scaling == "linear":
+        rope_scaling = {"type": "linear", "factor": float(_meta(c, "rope.scaling.factor"))}
+    elif scaling not in ("none", None):
+        raise GGUFModelError(f"{c.path.name}: RoPE scaling {scaling!r} is not supported")
+    if "rope_freqs.weight" in c.tensors:
+        raise GGUFModelError(f"{c.path.name}: per-frequency RoPE factors (rope_freqs.weight) are not supported")
+    cfg: dict[str, Any] = {
+        "model_type": ARCHITECTURES[c.arch],
+        "hidden_size": n_embd,
+        "num_hidden_layers": int(_meta(c, "block_count")),
+        "intermediate_size": int(_meta(c, "feed_forward_length")),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": n_head_kv,
+        "head_dim": head_dim,
+        "rms_norm_eps": float(_meta(c, "attention.layer_norm_rms_epsilon")),
+        "vocab_size": int(c.tensors["token_embd.weight"].shape[0]),
+        "rope_theta": float(_meta(c, "rope.freq_base", 10000.0, required=False)),
+        "max_position_embeddings": int(_meta(c, "context_length", 4096, required=False)),
+        "tie_word_embeddings": "output.weight" not in c.tensors,
+    }
+    if rope_scaling:
+        cfg["rope_scaling"] = rope_scaling
+    if c.arch == "llama":
+        cfg["rope_traditional"] = layout == "ggml"
+        cfg["attention_bias"] = "blk.0.attn_q.bias" in c.tensors
+        cfg["mlp_bias"] = "blk.0.ffn_up.bias" in c.tensors
+    elif c.arch == "qwen2":
+        if head_dim * n_head != n_embd:
+            raise GGUFModelError(f"{c.path.name}: qwen2 with head_dim * heads != embedding_length is not supported")
+    elif c.arch == "gemma3":
+        cfg.update({
+            "query_pre_attn_scalar": head_dim,
+            "sliding_window": int(_meta(c, "attention.sliding_window")),
+            "sliding_window_pattern": _GEMMA3_SWA_PATTERN,
+            "rope_local_base_freq": _GEMMA3_LOCAL_ROPE_BASE,
+        })
+    return cfg
+
+
+def qk_rows(w: np.ndarray, n_head: int, arch: str, layout: str) -> np.ndarray:
+    """Q or K projection rows (weight or bias) in the requested layout; the one place that permutes.
+
+    llama.cpp's converter reorders each head's rows from HF's half-split pairs (i, i + d/2) to
+    adjacent pairs (2i, 2i + 1). ``layout="hf"`` undoes that for the architectures that have it.
+    """
+    if layout == "ggml" or arch not in _PERMUTED_QK:
+        return w
+    rows = w.shape[0]
+    d = rows // n_head
+    return w.reshape(n_head, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def mlx_weights(c: GGUFContents, cfg: dict[str, Any], layout: str = "ggml") -> dict[str, np.ndarray]:
+    """GGUF tensor names -> mlx-lm parameter names, float32 numpy arrays."""
+    names = _LAYER_NAMES[c.arch]
+    out: dict[str, np.ndarray] = {}
+    for name, arr in c.tensors.items():
+        parts = name.split(".")
+        if parts[0] == "blk" and len(parts) == 4 and parts[2] in names:
+            layer, kind, suffix = parts[1], parts[2], parts[3]
+            target = f"model.layers.{layer}.{names[kind]}.{suffix}"
+        elif len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
+            kind, suffix = parts[0], parts[1]
+            target = f"{_GLOBAL_NAMES[kind]}.{suffix}"
+        else:
+            raise GGUFModelError(f"{c.path.name}: tensor {name} has no place in an mlx-lm {c.arch} model")
+        if kind == "attn_q":
+            arr = qk_rows(arr, cfg["num_attention_heads"], c.arch, layout)
+        elif kind == "attn_k":
+            arr = qk_rows(arr, cfg["num_key_value_heads"], c.arch, layout)
+        if c.arch == "gemma3" and kind.endswith("norm"):
+            # The GGUF stores (1 + w); mlx-lm's Gemma RMSNorm adds the 1 itself.
+            shifted = arr - np.float32(1.0)
+            if not np.array_equal(shifted + np.float32(1.0), arr):
+                raise GGUFModelError(f"{c.path.name}: {name}: (w + 1) - 1 is not exact in float32")
+            arr = shifted
+        out[target] = arr
+    return out
+
+
+def build_model(c: GGUFContents, layout: str = "ggml", match_llama_cpp: bool = True):
+    """An mlx-lm model (float32) with the GGUF's weights. Returns ``(model, config)``.
+
+    ``match_llama_cpp`` makes the model compute what llama.cpp's CPU backend computes where mlx-lm
+    differs on purpose: Gemma's embedding scale (mlx-lm rounds sqrt(d) to bfloat16, llama.cpp uses
+    float32) and Gemma's GELU (ggml looks it up in an fp16 table).
+    """
+    prefer_fast_blas()
+    import mlx.core as mx
+    from mlx_lm.utils import _get_classes
+
+    cfg = model_config(c, layout)
+    weights = mlx_weights(c, cfg, layout)
+    model_cls, args_cls = _get_classes(cfg)
+    model = model_cls(args_cls.from_dict(cfg))
+    arrays = {k: mx.array(v) for k, v in weights.items()}
+    arrays = model.sanitize(arrays) if hasattr(model, "sanitize") else arrays
+    try:
+        model.load_weights(list(arrays.items()), strict=True)
+    except ValueError as e:
+        raise GGUFModelError(f"{c.path.name}: weights do not fit the mlx-lm {cfg['model_type']} model: {e}") from e
+    if c.arch == "gemma3" and match_llama_cpp:
+        _use_float32_embedding_scale(model, cfg["hidden_size"])
+        _use_ggml_gelu(model)
+    mx.eval(model.parameters())
+    return model, cfg
+
+
+def load_gguf_model(path: "str | os.PathLike[str]", layout: str = "ggml", match_llama_cpp: bool = True):
+    """Read ``path`` and build its mlx-lm model: ``(model, config)``."""
+    return build_model(read_gguf(path), layout, match_llama_cpp)
+
+
+def _use_float32_embedding_scale(model, hidden_size: int) -> None:
+    """Make mlx-lm's Gemma embedding scale sqrt(d) in float32, as llama.cpp does.
+
+    mlx-lm multiplies the looked-up rows by bfloat16(sqrt(d)); we pre-multiply them by
+    float32(sqrt(d)) / bfloat16(sqrt(d)) (one extra rounding, <= 1 ulp). The tied output head keeps
+    the unscaled table.
+    """
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    inner = model.model.embed_tokens
+    ratio = float(np.float32(np.sqrt(np.float32(hidden_size)))) / float(
+        mx.array(hidden_size ** 0.5, mx.bfloat16).astype(mx.float32).item())
+
+    class _ScaledEmbedding(nn.Module):
+        def __init__(self, emb):
+            super().__init__()
+            self.emb = emb
+
+        def __call__(self, ids):
+            return self.emb(ids) * mx.array(ratio, mx.float32)
+
+        def as_linear(self, x):
+            return self.emb.as_linear(x)
+
+    model.model.embed_tokens = _ScaledEmbedding(inner)
+
+
+def write_mlx_dir(src: "str | os.PathLike[str]", out_dir: "str | os.PathLike[str]") -> Path:
+    """Write an mlx-lm model directory (``config.json`` + ``model.safetensors``, float32, HF row order).
+
+    ``mlx_lm.utils.load_model(out_dir)`` loads it; token ids come from the GGUF's tokenizer
+    (:class:`tqbridge.bridge.tokenizer.GGUFTokenizer`), so no tokenizer files are written. The
+    directory appears atomically (built beside it, then renamed); an existing one is refused.
+    """
+    import json
+    import shutil
+    import tempfile
+
+    prefer_fast_blas()
+    import mlx.core as mx
+
+    src, out = Path(src), Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise GGUFModelError(f"{out}: already exists; choose a new directory")
+    c = read_gguf(src)
+    cfg = model_config(c, layout="hf")
+    weights = mlx_weights(c, cfg, layout="hf")
+    cfg["tqbridge"] = {"source": src.name, "dtype": "float32", "tokenizer": "the source GGUF (llama.cpp)"}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        mx.save_safetensors(str(tmp / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()},
+                            metadata={"format": "mlx"})
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        os.chmod(tmp, 0o755)
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def ggml_cpu_gelu(x):
+    """GELU (tanh form) as ggml's CPU backend computes it for float32 (GGML_GELU_FP16 builds).
+
+    Fact from ggml-cpu's vec.h: x <= -10 -> 0, x >= 10 -> x, otherwise the input is rounded to
+    fp16 and looked up in a table of fp16(gelu(fp16 value)). The table is reproduced with MLX ops.
+    """
+    import mlx.core as mx
+
+    h = x.astype(mx.float16).astype(mx.float32)
+    c = mx.array(0.7978845608028654, mx.float32)   # sqrt(2 / pi)
+    a = mx.array(0.044715, mx.float32)
+    g = 0.5 * h * (1.0 + mx.tanh(c * h * (1.0 + a * h * h)))
+    g = g.astype(mx.float16).astype(x.dtype)
+    return mx.where(x <= -10.0, mx.zeros_like(x), mx.where(x >= 10.0, x, g))
+
+
+def _use_ggml_gelu(model) -> None:
+    """Give every Gemma MLP llama.cpp's CPU GELU (see :func:`ggml_cpu_gelu`)."""
+    import mlx.nn as nn
+
+    class _GgmlGeluMLP(nn.Module):
+        def __init__(self, mlp):
+            super().__init__()
+            self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+        def __call__(self, x):
+            return self.down_proj(ggml_cpu_gelu(self.gate_proj(x)) * self.up_proj(x))
+
+    for layer in model.model.layers:
+        layer.mlp = _GgmlGeluMLP(layer.mlp)

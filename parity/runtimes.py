@@ -1,0 +1,191 @@
+"""The two runtimes behind one small interface: ``logits(tokens, kv) -> (n, vocab) float32``.
+
+- :class:`LlamaCppRuntime`: llama.cpp through llama-cpp-python (``type_k``/``type_v``, flash
+  attention, logits for every position, the KV state blob, its automatic KV rotation on or off).
+- :class:`MLXRuntime`: the mlx-lm model built from the same GGUF (:mod:`tqbridge.bridge.gguf_model`)
+  with a pluggable cache factory ``(model, k_format, v_format) -> list of per-layer caches``;
+  the default is tqbridge's block cache (:func:`tqbridge.metal.cache.make_cache`).
+
+A KV configuration is a pair of format names, written ``K/V`` (``"f16"`` means ``f16/f16``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from tqbridge.bridge.mlx_blas import prefer_fast_blas
+
+# KV types llama.cpp's CPU backend accepts for its cache (ggml names).
+LLAMA_KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+
+
+class RuntimeError_(RuntimeError):
+    """A runtime cannot run the requested configuration (one line says why)."""
+
+
+@dataclass(frozen=True)
+class KV:
+    """A K/V format pair."""
+
+    k: str
+    v: str
+
+    @classmethod
+    def parse(cls, spec: str) -> "KV":
+        parts = [p.strip().lower() for p in str(spec).split("/")]
+        if len(parts) == 1:
+            parts = parts * 2
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"bad K/V pair {spec!r}: write K/V, e.g. q8_0/q4_0")
+        return cls(parts[0], parts[1])
+
+    @property
+    def name(self) -> str:
+        return self.k if self.k == self.v else f"{self.k}/{self.v}"
+
+    @property
+    def is_float(self) -> bool:
+        return self.k in ("f32", "f16", "bf16") and self.v in ("f32", "f16", "bf16")
+
+
+@contextlib.contextmanager
+def _env(name: str, value: "str | None"):
+    old = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+class LlamaCppRuntime:
+    """llama.cpp (CPU) via llama-cpp-python, one context per call.
+
+    ``rotation``: llama.cpp's automatic Hadamard rotation of quantized KV caches (read from
+    ``LLAMA_ATTN_ROT_DISABLE`` when a context is created). ``False`` turns it off so the cache
+    holds plain quantized rows, as tqbridge's cache does.
+    """
+
+    name = "llama.cpp"
+
+    def __init__(self, gguf_path: "str | os.PathLike[str]", *, flash_attn: bool = True,
+                 rotation: bool = False, n_threads: "int | None" = None):
+        self.path = Path(gguf_path)
+        self.flash_attn = flash_attn
+        self.rotation = rotation
+        self.n_threads = n_threads or os.cpu_count() or 1
+        self._vocab = None
+        self.last_state: "bytes | None" = None
+
+    def _type_id(self, fmt: str) -> int:
+        import gguf
+
+        if fmt not in LLAMA_KV_TYPES:
+            raise RuntimeError_(f"llama.cpp has no KV cache type {fmt!r} (has: {', '.join(LLAMA_KV_TYPES)})")
+        return int(gguf.GGMLQuantizationType[fmt.upper()])
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        from tqbridge.bridge.tokenizer import GGUFTokenizer
+
+        if self._vocab is None:
+            self._vocab = GGUFTokenizer(self.path)
+        return self._vocab.encode(text, add_bos=add_bos)
+
+    def _context(self, n_tokens: int, kv: KV):
+        from llama_cpp import Llama
+
+        if not kv.is_float and not self.flash_attn and kv.v not in ("f16", "f32", "bf16"):
+            raise RuntimeError_("llama.cpp needs flash attention for a quantized V cache")
+        n_ctx = max(256, -(-n_tokens // 256) * 256)
+        with _env("LLAMA_ATTN_ROT_DISABLE", None if self.rotation else "1"):
+            return Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
+                         n_threads=self.n_threads, n_threads_batch=self.n_threads, logits_all=True,
+                         flash_attn=self.flash_attn, type_k=self._type_id(kv.k), type_v=self._type_id(kv.v),
+                         verbose=False)
+
+    def logits(self, tokens: "list[int]", kv: KV, keep_state: bool = False) -> np.ndarray:
+        llm = self._context(len(tokens), kv)
+        try:
+            llm.eval([int(t) for t in tokens])
+            out = np.array(llm.scores[: len(tokens)], dtype=np.float32, copy=True)
+            if keep_state:
+                self.last_state = self.state_blob(llm)
+        finally:
+            llm.close()
+        return out
+
+    @staticmethod
+    def state_blob(llm) -> bytes:
+        """The sequence-0 KV state blob of a live context (see tqbridge.bridge.llama_state)."""
+        import ctypes
+
+        import llama_cpp
+
+        ctx = llm._ctx.ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        got = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
+        return bytes(buf[:got])
+
+    def info(self) -> dict[str, Any]:
+        from importlib.metadata import version
+
+        return {"runtime": self.name, "llama_cpp_python": version("llama_cpp_python"),
+                "flash_attn": self.flash_attn, "kv_rotation": self.rotation, "n_threads": self.n_threads,
+                "model": str(self.path.name)}
+
+
+CacheFactory = Callable[[Any, str, str], list]
+
+
+def tqbridge_cache_factory(model, k_format: str, v_format: str) -> list:
+    """tqbridge's block cache for every layer (sliding-window layers included)."""
+    from tqbridge.metal.cache import make_cache
+
+    return make_cache(model, k_format, v_format)
+
+
+class MLXRuntime:
+    """The mlx-lm model built from a GGUF file, float32, one full-prompt forward pass per call."""
+
+    name = "mlx"
+
+    def __init__(self, gguf_path: "str | os.PathLike[str]", *, cache_factory: "CacheFactory | None" = None,
+                 layout: str = "ggml", match_llama_cpp: bool = True):
+        self.blas = prefer_fast_blas()
+        from tqbridge.bridge.gguf_model import load_gguf_model
+
+        self.path = Path(gguf_path)
+        self.model, self.config = load_gguf_model(self.path, layout=layout, match_llama_cpp=match_llama_cpp)
+        self.cache_factory = cache_factory or tqbridge_cache_factory
+        self.last_cache: "list | None" = None
+
+    def logits(self, tokens: "list[int]", kv: KV, keep_cache: bool = False) -> np.ndarray:
+        import mlx.core as mx
+
+        cache = self.cache_factory(self.model, kv.k, kv.v)
+        out = self.model(mx.array([int(t) for t in tokens], dtype=mx.int32)[None], cache=cache)
+        out = np.array(out[0].astype(mx.float32))
+        self.last_cache = cache if keep_cache else None
+        return out
+
+    def info(self) -> dict[str, Any]:
+        from importlib.metadata import version
+
+        import mlx.core as mx
+
+        return {"runtime": self.name, "mlx": version("mlx"), "mlx_lm": version("mlx_lm"),
+                "device": str(mx.default_device()), "blas": self.blas,
+                "model_type": self.config["model_type"], "model": str(self.path.name)}

@@ -1,0 +1,39 @@
+"""``tqbridge convert MODEL.gguf --to mlx DIR | --to gguf-f32 OUT.gguf``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tqbridge.tools.cli import CliError
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", help="input .gguf file (or a model name: smollm2, gemma3)")
+    p.add_argument("--to", required=True, choices=["mlx", "gguf-f32"],
+                   help="mlx: an mlx-lm model directory; gguf-f32: every tensor dequantized to F32")
+    p.add_argument("out", help="output directory (--to mlx) or .gguf file (--to gguf-f32)")
+
+
+def run(args) -> int:
+    from tqbridge.bridge.gguf_f32 import write_f32_gguf
+    from tqbridge.bridge.gguf_model import GGUFModelError, write_mlx_dir
+    from tqbridge.parity.models import ModelUnavailable, model_path
+
+    try:
+        src = model_path(args.model)
+    except (FileNotFoundError, ModelUnavailable) as e:
+        raise CliError(str(e)) from e
+    out = Path(args.out)
+    t0 = time.perf_counter()
+    try:
+        if args.to == "mlx":
+            write_mlx_dir(src, out)
+        else:
+            if out.exists():
+                raise CliError(f"{out}: already exists; choose a new file name")
+            write_f32_gguf(src, out)
+    except GGUFModelError as e:
+        raise CliError(str(e)) from e
+    print(f"wrote {out} ({args.to}) from {src.name} in {time.perf_counter() - t0:.1f} s")
+    return 0
