@@ -262,3 +262,28 @@ def test_mlx_gguf_loader_agrees(tmp_path):
         if fin.all():
             assert np.array_equal(from_mlx_affine(fmt, w_l, s_l, b_l, 32, bits), blocks), name
     assert checked_biases > 0
+
+
+# --- on a GPU backend (Metal or CUDA): MLX's dequantize kernel, not the CPU fallback -------------
+
+_HAS_GPU = mx.is_available(mx.gpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _HAS_GPU, reason="no MLX GPU backend (Metal or CUDA) on this machine")
+@pytest.mark.parametrize("fmt", AFFINE_FORMATS)
+def test_gpu_dequantize_exact(fmt):
+    """The exactness argument does not depend on FMA or evaluation order: check the GPU kernel."""
+    f = get_format(fmt)
+    x = adversarial_rows(block_size=32, n_blocks=4)
+    x = x[np.abs(x).max(axis=-1) < 8 * 65504 * 0.99]
+    rng = np.random.default_rng(8)
+    raw = rng.integers(0, 256, size=(256, 4 * f.type_size), dtype=np.uint8)
+    for blocks in (quantize(fmt, x), raw):
+        keep = ~np.array([_inf_d(fmt, r[None]) for r in blocks]) if fmt in SYMMETRIC else slice(None)
+        blocks = blocks[keep]
+        w, s, b, g, bits = to_mlx_affine(fmt, blocks, 128)
+        with np.errstate(all="ignore"):
+            ref = dequantize(fmt, blocks, 128)
+        got = np.array(mx.dequantize(w, s, b, group_size=g, bits=bits, stream=mx.gpu))
+        assert np.array_equal(got, ref, equal_nan=True)
