@@ -5,10 +5,12 @@ Public API::
     backends() -> list[str]             usable backends, best first ("metal"/"cuda", "cpu-emulator", "reference")
     Kernel, build(kernel, static, backend)  compile a dialect kernel once per static parameter set
     last_path() -> str | None           which backend the latest dispatch in this thread ran
+    quantize_append(fmt, rows, backend="auto")  float rows -> blocks, byte-identical to bridge.quantize
 """
 
 from .dispatch import backends, build, last_path, resolve
 from .emulator import EmulatorError
 from .kernel import Kernel, KernelError
+from .quantize_append import quantize_append
 
-__all__ = ["backends", "build", "last_path", "resolve", "Kernel", "KernelError", "EmulatorError"]
+__all__ = ["backends", "build", "last_path", "resolve", "Kernel", "KernelError", "EmulatorError", "quantize_append"]

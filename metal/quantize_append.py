@@ -1,0 +1,150 @@
+"""Quantize-on-append: new K/V rows (any float dtype) -> blocks of any registered format, in one
+kernel dispatch, byte-identical to :func:`tqbridge.bridge.quantize`.
+
+Inputs and outputs: numpy in, numpy out on ``cpu-emulator`` and ``reference``; on ``metal`` and
+``cuda`` an ``mx.array`` (or numpy, converted) in and an ``mx.array`` out. float32, float16 and
+bfloat16 rows are read as they are (16-bit rows as raw bits, widened in the kernel); other real
+dtypes are converted to float32 first, as the reference does.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ..bridge import FormatError, get_format, quantize
+from ..bridge.registry import Format
+from .dispatch import build, record_path, resolve
+from .kernel import HERE, Kernel, KernelError
+
+THREADS = 64
+_CODES = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7, "iq4_nl": 8}
+_TURBO = 9
+_SRC = {"float32": 0, "float16": 1, "bfloat16": 2}
+_BUFS_IN = (("tab", "float32"), ("params", "uint32"))
+
+
+@lru_cache(maxsize=None)
+def _kernel(src16: bool) -> Kernel:
+    x = ("x", "uint16" if src16 else "float32")
+    return Kernel.from_file(HERE / "quantize_append.h", "quantize_append" + ("_u16" if src16 else "_f32"),
+                            (x,) + _BUFS_IN, (("out", "uint8"),),
+                            static_names=("QA_FMT", "QA_SRC", "QA_BLOCK", "QA_TYPE_SIZE"))
+
+
+def supported(fmt: "str | Format") -> bool:
+    """Whether the kernel handles ``fmt`` (every legacy ggml, float and turbo format)."""
+    f = get_format(fmt)
+    return f.name in _CODES or (f.kind == "turbo" and hasattr(f.codec, "spec"))
+
+
+def _static_and_table(f: Format) -> tuple[dict[str, int], np.ndarray]:
+    static = {"QA_BLOCK": f.block_size, "QA_TYPE_SIZE": f.type_size, "QA_BITS": 0, "QA_QS_OFF": 0,
+              "QA_SIGNS_OFF": 0, "QA_RNORM": 0}
+    if f.name in _CODES:
+        static["QA_FMT"] = _CODES[f.name]
+        return static, np.zeros(1, np.float32)
+    if not supported(f):
+        raise KernelError(f"no quantize-on-append kernel for format {f.key}; use backend='reference'")
+    sp = f.codec.spec
+    tab = np.zeros(32 + 2 * sp.group, np.float32)
+    tab[: sp.levels] = sp.centroids
+    tab[16:16 + sp.levels - 1] = sp.midpoints
+    tab[32:32 + sp.group] = sp.s1
+    tab[32 + sp.group:] = (sp.scale * sp.s2).astype(np.float32)  # C: x[i] *= inv_sqrt * s2[i]
+    static.update(QA_FMT=_TURBO, QA_BITS=sp.bits, QA_QS_OFF=sp.qs_offset,
+                  QA_SIGNS_OFF=sp.signs_offset or 0, QA_RNORM=int(sp.rnorm_offset is not None))
+    return static, tab
+
+
+def _is_mx(a: Any) -> bool:
+    return type(a).__module__.startswith("mlx")
+
+
+def _dtype_name(a: Any) -> str:
+    return str(a.dtype).replace("mlx.core.", "")
+
+
+def _widen(bits: np.ndarray, dt: str) -> np.ndarray:
+    """float32 values of float16 / bfloat16 bits (exact)."""
+    if dt == "float16":
+        return bits.view(np.float16).astype(np.float32)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _refuse_nonfinite(f: Format, x_np: np.ndarray) -> None:
+    # the reference's own check raises its FormatError (quantized formats refuse NaN/inf)
+    f.codec.quantize_blocks(np.ascontiguousarray(x_np, dtype=np.float32).reshape(-1, f.block_size))
+    raise FormatError(f"{f.key}: non-finite input")  # pragma: no cover - the codec raised above
+
+
+def quantize_append(fmt: "str | Format", rows: Any, *, backend: str = "auto", check_finite: bool = True,
+                    **run_options: Any) -> Any:
+    """Quantize float ``rows`` (..., D) to uint8 blocks (..., D // block_size * type_size).
+
+    ``backend``: "auto" | "metal" | "cuda" | "cpu-emulator" | "reference"; :func:`last_path` tells
+    which ran. Quantized formats refuse NaN/inf with the reference's FormatError; on a GPU this
+    check costs a synchronisation, ``check_finite=False`` skips it (non-finite rows then give
+    unspecified blocks). ``run_options`` go to the emulator (``seed``, ``runs``).
+    """
+    f = get_format(fmt)
+    path = resolve(backend)
+    dt = _dtype_name(rows) if hasattr(rows, "dtype") else np.asarray(rows).dtype.name
+    if not (dt in _SRC or dt.startswith(("float", "int", "uint"))):
+        raise FormatError(f"{f.key}: expected a float array, got dtype {dt}")
+    shape = tuple(int(s) for s in getattr(rows, "shape", np.shape(rows)))
+    if not shape:
+        raise FormatError(f"{f.key}: cannot quantize a 0-d array; give at least one row")
+    f.check_length(shape[-1])
+    out_shape = (*shape[:-1], f.row_bytes(shape[-1]))
+
+    if path == "reference":
+        if _is_mx(rows):
+            import mlx.core as mx
+
+            rows = np.array(rows.astype(mx.float32))
+        x = rows
+        record_path("reference")
+        return quantize(f, x)
+
+    static, tab = _static_and_table(f)
+    src16 = dt in ("float16", "bfloat16")
+    static["QA_SRC"] = _SRC.get(dt, 0)
+    n_blocks = int(np.prod(shape, dtype=np.int64)) // f.block_size
+    kern = build(_kernel(src16), static, path)
+    params = np.array([n_blocks], np.uint32)
+    grid = (max(1, -(-n_blocks // THREADS)), 1, 1)
+
+    if path == "cpu-emulator":
+        if _is_mx(rows):
+            import mlx.core as mx
+
+            x = np.array(rows.view(mx.uint16)) if src16 else np.array(rows.astype(mx.float32))
+        else:
+            x = np.asarray(rows)
+            x = x.view(np.uint16) if src16 else np.asarray(x, dtype=np.float32)
+        if check_finite and f.kind != "float":
+            xf = _widen(x, dt) if src16 else x
+            if not np.isfinite(xf).all():
+                _refuse_nonfinite(f, xf)
+        record_path(path)
+        if n_blocks == 0:
+            return np.zeros(out_shape, np.uint8)
+        (out,) = kern([x.reshape(-1), tab, params], [(n_blocks * f.type_size,)], grid, THREADS, **run_options)
+        return out.reshape(out_shape)
+
+    import mlx.core as mx
+
+    x = rows if _is_mx(rows) else mx.array(np.asarray(rows))
+    x = x.view(mx.uint16) if src16 else x.astype(mx.float32)
+    if check_finite and f.kind != "float":
+        xf = (rows if _is_mx(rows) else mx.array(np.asarray(rows))).astype(mx.float32)
+        if not bool(mx.all(mx.isfinite(xf)).item()):
+            _refuse_nonfinite(f, np.array(xf))
+    record_path(path)
+    if n_blocks == 0:
+        return mx.zeros(out_shape, dtype=mx.uint8)
+    (out,) = kern([x.reshape(-1), mx.array(tab), mx.array(params)], [(n_blocks * f.type_size,)], grid, THREADS)
+    return out.reshape(out_shape)
