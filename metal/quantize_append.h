@@ -6,7 +6,7 @@
 // Static parameters: QA_FMT (format code below), QA_SRC (0 float32 rows, 1 float16 bits, 2 bfloat16
 // bits), QA_BLOCK (values per block), QA_TYPE_SIZE (bytes per block); turbo formats also QA_BITS,
 // QA_QS_OFF, QA_SIGNS_OFF, QA_RNORM (1: a zero fp16 at bytes 2..3).
-// Buffers: x (rows), tab (float32 tables; turbo: centroids at 0, midpoints at 16, s1 at 32,
+// Buffers: x (rows), tab (float32 tables; iq4_nl: the host's default NaN at 0; turbo: centroids at 0, midpoints at 16, s1 at 32,
 // s2 * scale at 32 + QA_BLOCK), params (uint32: [0] number of blocks), out (uint8 blocks).
 
 #define QA_F32 0
@@ -163,6 +163,9 @@ TQ_FUNC uchar qa_round_i8(float n) {
             }
         }
         if (!live) d = 0.0f;
+        // a NaN scale (inf - inf in the sums of huge rows) is stored as the host CPU's default NaN
+        // (tab[0]), the NaN the reference computes; GPUs make NaNs with other sign and payload bits
+        if (tq_isnan(d)) d = tab[0];
         float inv = d != 0.0f ? tq_div(1.0f, d) : 0.0f;
         qa_put16(o, 0u, tq_f32_to_f16_bits(d));
         for (uint j = 0u; j < 16u; ++j) {
