@@ -47,7 +47,19 @@ TQ_FUNC uint tqa_u32(TQ_CONST_DEVICE uchar* p, int off) {
     return (uint)p[off] | ((uint)p[off + 1] << 8) | ((uint)p[off + 2] << 16) | ((uint)p[off + 3] << 24);
 }
 
-TQ_FUNC float tqa_half(TQ_CONST_DEVICE uchar* p, int off) { return tq_f16_bits_to_f32((ushort)tqa_u16(p, off)); }
+// binary16 bits -> float32, exact, without a loop: normals by re-biasing the exponent, subnormals
+// as an exact integer times 2^-24, inf / NaN by bits.
+TQ_FUNC float tqa_half_bits(uint h) {
+    const uint sign = (h & 0x8000u) << 16;
+    const uint e = h & 0x7c00u;
+    float mag;
+    if (e == 0u) mag = (float)(h & 0x3ffu) * 5.9604644775390625e-8f;
+    else if (e == 0x7c00u) mag = tq_as_float(0x7f800000u | ((h & 0x3ffu) << 13));
+    else mag = tq_as_float(((h & 0x7fffu) << 13) + (112u << 23));
+    return tq_as_float(tq_as_uint(mag) | sign);
+}
+
+TQ_FUNC float tqa_half(TQ_CONST_DEVICE uchar* p, int off) { return tqa_half_bits(tqa_u16(p, off)); }
 
 // bb: bytes per block, group: values per block, qso / sgo: offsets of the turbo index fields.
 TQ_FUNC tqa_f4 tqa_dq4(const int fmt, const int bb, const int group, const int qso, const int sgo,

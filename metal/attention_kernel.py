@@ -83,7 +83,7 @@ def _lanes_per_key(dk: int, dv: int) -> int:
     ok = [n for n in (4, 8, 16, 32) if dk % (4 * n) == 0 and dv % (4 * n) == 0]
     if not ok:
         raise AttentionError(f"head rows of {dk} / {dv} values are not multiples of 16")
-    small = [n for n in ok if max(dk, dv) // n <= 16]
+    small = [n for n in ok if max(dk, dv) // n <= 8]
     return small[0] if small else ok[-1]
 
 
@@ -109,17 +109,32 @@ def make_plan(prob: Problem, backend: str, *, splits: "int | None" = None, lanes
     return Plan(lpk, nw, splits, -(-l_used // splits))
 
 
-def _static(prob: Problem, plan: Plan, qtype: int) -> tuple[dict, dict]:
+DYN_MAX_ROWS = 32            # TQA_QA: query rows per group a format-generic (TQA_DYN) build holds
+
+
+def _fmt_consts(prob: Problem) -> dict:
     ks, *_ = _fmt_params(prob.k_format)
     vs, *_ = _fmt_params(prob.v_format)
-    split = dict(TQA_KF=ks["ID"], TQA_VF=vs["ID"], TQA_KBB=ks["BB"], TQA_VBB=vs["BB"], TQA_KGRP=ks["GRP"],
-                 TQA_VGRP=vs["GRP"], TQA_KQS=ks["QS"], TQA_VQS=vs["QS"], TQA_KSG=ks["SG"], TQA_VSG=vs["SG"],
-                 TQA_DK=prob.k_dim, TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_G=prob.group, TQA_T=prob.rows,
-                 TQA_LPK=plan.lanes_per_key, TQA_NW=plan.warps, TQA_KROT=ks["ROT"], TQA_VROT=vs["ROT"],
-                 TQA_QTYPE=qtype)
-    combine = dict(TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_T=prob.rows, TQA_VGRP=vs["GRP"],
-                   TQA_VROT=vs["ROT"], TQA_NT=COMBINE_THREADS, TQA_QTYPE=qtype)
-    return split, combine
+    return dict(TQA_KF=ks["ID"], TQA_VF=vs["ID"], TQA_KBB=ks["BB"], TQA_VBB=vs["BB"], TQA_KGRP=ks["GRP"],
+                TQA_VGRP=vs["GRP"], TQA_KQS=ks["QS"], TQA_VQS=vs["QS"], TQA_KSG=ks["SG"], TQA_VSG=vs["SG"],
+                TQA_KROT=ks["ROT"], TQA_VROT=vs["ROT"], TQA_G=prob.group, TQA_T=prob.rows)
+
+
+def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dict, list, list]:
+    """Static parameters of both passes and the extra int parameters they read (TQA_DYN builds)."""
+    fc = _fmt_consts(prob)
+    split = dict(TQA_DK=prob.k_dim, TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_LPK=plan.lanes_per_key,
+                 TQA_NW=plan.warps, TQA_QTYPE=qtype, TQA_DYN=int(dyn))
+    combine = dict(TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_NT=COMBINE_THREADS, TQA_QTYPE=qtype,
+                   TQA_DYN=int(dyn))
+    order = ["TQA_KF", "TQA_VF", "TQA_KBB", "TQA_VBB", "TQA_KGRP", "TQA_VGRP", "TQA_KQS", "TQA_VQS",
+             "TQA_KSG", "TQA_VSG", "TQA_KROT", "TQA_VROT", "TQA_G", "TQA_T"]
+    extra1 = [fc[k] for k in order]
+    extra2 = [fc["TQA_T"], fc["TQA_VGRP"], fc["TQA_VROT"]]
+    if not dyn:
+        split.update(fc)
+        combine.update(TQA_T=fc["TQA_T"], TQA_VGRP=fc["TQA_VGRP"], TQA_VROT=fc["TQA_VROT"])
+    return split, combine, extra1, extra2
 
 
 @lru_cache(maxsize=None)
@@ -130,8 +145,7 @@ def _kernel_defs(qtype: int):
     qdt = "float32" if qtype == 0 else "uint16"
     split = Kernel(
         "tq_attention_split",
-        (("q", qdt), ("kb", "uint8"), ("vb", "uint8"), ("lens", "int32"), ("ip", "int32"), ("fp", "float32"),
-         ("tabs", "float32")),
+        (("q", qdt), ("kb", "uint8"), ("vb", "uint8"), ("ip", "int32"), ("fp", "float32"), ("tabs", "float32")),
         (("po", "float32"), ("pml", "float32")),
         (HERE / "attention_kernel_split.cpp").read_text(), header)
     combine = Kernel(
@@ -173,8 +187,8 @@ def _np(a: Any) -> np.ndarray:
     return conv(a)
 
 
-def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=None):
-    split_s, comb_s = _static(prob, plan, qtype)
+def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=None, dyn=True):
+    split_s, comb_s, extra1, extra2 = _static(prob, plan, qtype, dyn and prob.group * prob.rows <= DYN_MAX_ROWS)
     if qtype == 2:  # bfloat16 exists only as MLX arrays: take the bits
         import mlx.core as mx
 
@@ -186,18 +200,18 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
     qn = np.ascontiguousarray(qn)
     rows = prob.batch * prob.q_heads * prob.rows
     np_ = plan.partials
-    ip1 = np.array([prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads], np.int32)
+    ip1 = np.array([prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1, *prob.lengths],
+                   np.int32)
     fp1 = np.array([prob.scale, prob.softcap], np.float32)
     tabs = tables(prob)
-    lens = np.array(prob.lengths, np.int32)
     k1 = _emulated(0, qtype, tuple(sorted(split_s.items())))
-    po, pml = k1([qn, np.ascontiguousarray(_np(kb)), np.ascontiguousarray(_np(vb)), lens, ip1, fp1, tabs],
+    po, pml = _launch(k1, [qn, np.ascontiguousarray(_np(kb)), np.ascontiguousarray(_np(vb)), ip1, fp1, tabs],
                  [(rows, np_, prob.v_dim), (rows, np_, 2)],
                  (prob.batch * prob.kv_heads * plan.splits, 1, 1), 32 * plan.warps, seed=seed)
-    ip2 = np.array([np_, prob.q_heads, int(sinks is not None)], np.int32)
+    ip2 = np.array([np_, prob.q_heads, int(sinks is not None), *extra2], np.int32)
     sk = np.zeros(prob.q_heads, np.float32) if sinks is None else _np(sinks).astype(np.float32).reshape(-1)
     k2 = _emulated(1, qtype, tuple(sorted(comb_s.items())))
-    (out,) = k2([po, pml, ip2, sk, tabs], [(rows, prob.head_dim)], (rows, 1, 1), COMBINE_THREADS, seed=seed)
+    (out,) = _launch(k2, [po, pml, ip2, sk, tabs], [(rows, prob.head_dim)], (rows, 1, 1), COMBINE_THREADS, seed=seed)
     return out
 
 
@@ -205,6 +219,13 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
 
 
 _MLX_KERNELS: dict = {}
+_CONSTS: dict = {}           # per-problem constant parameter arrays (built once, not per token)
+LAUNCHES = [0]               # kernel launches made by this module (what the dispatch count reports)
+
+
+def _launch(kernel, *args, **kw):
+    LAUNCHES[0] += 1
+    return kernel(*args, **kw)
 
 
 def _mlx_kernel(backend: str, which: int, qtype: int, static: dict):
@@ -225,7 +246,7 @@ def _mlx_kernel(backend: str, which: int, qtype: int, static: dict):
 def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: str):
     import mlx.core as mx
 
-    split_s, comb_s = _static(prob, plan, qtype)
+    split_s, comb_s, extra1, extra2 = _static(prob, plan, qtype, False)
     qm = q if isinstance(q, mx.array) else mx.array(_np(q))
     if qtype:
         qm = mx.view(qm, mx.uint16)
@@ -233,22 +254,30 @@ def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: s
     vbm = vb if isinstance(vb, mx.array) else mx.array(np.ascontiguousarray(_np(vb)))
     rows = prob.batch * prob.q_heads * prob.rows
     np_ = plan.partials
-    ip1 = mx.array(np.array([prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads], np.int32))
-    fp1 = mx.array(np.array([prob.scale, prob.softcap], np.float32))
-    tabs = mx.array(tables(prob))
-    lens = mx.array(np.array(prob.lengths, np.int32))
+    ip1 = mx.array(np.array([prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1,
+                             *prob.lengths], np.int32))
+    ckey = (prob.k_format.key, prob.v_format.key, prob.scale, prob.softcap, np_, prob.q_heads, tuple(extra2),
+            sinks is None)
+    consts = _CONSTS.get(ckey)
+    if consts is None:
+        consts = (mx.array(np.array([prob.scale, prob.softcap], np.float32)), mx.array(tables(prob)),
+                  mx.array(np.array([np_, prob.q_heads, int(sinks is not None), *extra2], np.int32)),
+                  mx.zeros((prob.q_heads,), mx.float32))
+        if len(_CONSTS) > 256:
+            _CONSTS.clear()
+        _CONSTS[ckey] = consts
+    fp1, tabs, ip2, zero_sinks = consts
     n1 = prob.batch * prob.kv_heads * plan.splits
     k1 = _mlx_kernel(backend, 0, qtype, split_s)
-    po, pml = k1(inputs=[qm, kbm, vbm, lens, ip1, fp1, tabs], output_shapes=[(rows, np_, prob.v_dim), (rows, np_, 2)],
+    po, pml = _launch(k1, inputs=[qm, kbm, vbm, ip1, fp1, tabs], output_shapes=[(rows, np_, prob.v_dim), (rows, np_, 2)],
                  output_dtypes=[mx.float32, mx.float32], grid=(n1 * 32 * plan.warps, 1, 1),
                  threadgroup=(32 * plan.warps, 1, 1))
-    ip2 = mx.array(np.array([np_, prob.q_heads, int(sinks is not None)], np.int32))
     if sinks is None:
-        sk = mx.zeros((prob.q_heads,), mx.float32)
+        sk = zero_sinks
     else:
         sk = (sinks if isinstance(sinks, mx.array) else mx.array(_np(sinks))).astype(mx.float32).reshape(-1)
     k2 = _mlx_kernel(backend, 1, qtype, comb_s)
-    (out,) = k2(inputs=[po, pml, ip2, sk, tabs], output_shapes=[(rows, prob.head_dim)],
+    (out,) = _launch(k2, inputs=[po, pml, ip2, sk, tabs], output_shapes=[(rows, prob.head_dim)],
                 output_dtypes=[mx.uint16 if qtype else mx.float32], grid=(rows * COMBINE_THREADS, 1, 1),
                 threadgroup=(COMBINE_THREADS, 1, 1))
     if qtype:
@@ -258,18 +287,23 @@ def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: s
 
 def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backend: str = "auto",
                      splits: "int | None" = None, lanes_per_key: "int | None" = None, warps: "int | None" = None,
-                     seed: "int | None" = None):
-    """Run the two kernel passes on ``backend`` and return the output shaped like q."""
+                     seed: "int | None" = None, generic: bool = True):
+    """Run the two kernel passes on ``backend`` and return the output shaped like q.
+
+    On the emulator, ``generic=True`` (default) builds the format-generic variant (format constants
+    in the parameter buffer: one build for every format pair); GPUs always build per format pair.
+    """
     bk = pick_backend("auto" if backend == "kernel" else backend)
     qdt = str(q.dtype).replace("mlx.core.", "")
     if qdt not in QTYPES:
         raise AttentionError(f"the attention kernel takes float32, float16 or bfloat16 q; got {qdt}")
     qtype = QTYPES[qdt]
     plan = make_plan(prob, bk, splits=splits, lanes_per_key=lanes_per_key, warps=warps)
+    launches0 = LAUNCHES[0]
     shape = (prob.batch, prob.q_heads, prob.head_dim) if prob.squeeze_rows else (
         prob.batch, prob.q_heads, prob.rows, prob.head_dim)
     if bk == "cpu-emulator":
-        out = _run_emulator(q, k_blocks, v_blocks, prob, sinks, plan, qtype, seed)
+        out = _run_emulator(q, k_blocks, v_blocks, prob, sinks, plan, qtype, seed, generic)
         if qtype == 1:
             out = out.view(np.float16)
         out = out.reshape(shape)
@@ -285,7 +319,7 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
             mx.eval(out)
             out = _np(out)
     attention.LAST_RUN.clear()
-    attention.LAST_RUN.update(backend=bk, dispatches=2, splits=plan.splits, lanes_per_key=plan.lanes_per_key,
+    attention.LAST_RUN.update(backend=bk, dispatches=LAUNCHES[0] - launches0, splits=plan.splits, lanes_per_key=plan.lanes_per_key,
                               warps=plan.warps, chain=plan.chain(max(prob.lengths)))
     return out
 

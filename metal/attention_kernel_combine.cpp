@@ -4,11 +4,16 @@
 // first D values in q's element type. A row that sees no key (and no sink mass) is zero.
 //
 // Compile-time (each name prefixed TQA_): DV, D, T, VGRP, VROT, NT (threads), QTYPE. Buffers: po (rows, NP, DV), pml (rows,
-// NP, 2), ip = {NP, Hq, has_sinks}, sinks (Hq), tabs (as in pass 1). Out: out (rows, D).
+// NP, 2), ip = {NP, Hq, has_sinks, [T, VGRP, VROT with TQA_DYN]}, sinks (Hq), tabs (as in pass 1). Out: out (rows, D).
 const uint tid = tq_tid;
 const uint row = tq_gx;
 const int np = ip[0], hq_all = ip[1], has_sinks = ip[2];
-const int hq = (int)(row / (uint)TQA_T) % hq_all;
+#if TQA_DYN  // T, VGRP, VROT from ip[3..5]
+const int T = ip[3], vgrp = ip[4], vrot = ip[5];
+#else
+const int T = TQA_T, vgrp = TQA_VGRP, vrot = TQA_VROT;
+#endif
+const int hq = (int)(row / (uint)T) % hq_all;
 TQ_SHARED_ARRAY(float, osh, TQA_DV);
 TQ_SHARED_ARRAY(float, wsh, 1024);
 float mx = TQA_NEG_BIG;
@@ -25,5 +30,5 @@ for (int d = (int)tid; d < TQA_DV; d += TQA_NT) {
     osh[d] = den > 0.0f ? a / den : 0.0f;
 }
 tq_barrier();
-if (TQA_VROT) tqa_rotate(osh, TQA_DV, TQA_VGRP, tabs + 416, tabs + 288, tabs[545], tid, (uint)TQA_NT);
+if (vrot) tqa_rotate(osh, TQA_DV, vgrp, tabs + 416, tabs + 288, tabs[545], tid, (uint)TQA_NT);
 for (int d = (int)tid; d < TQA_D; d += TQA_NT) out[(size_t)row * TQA_D + d] = TQA_QSTORE(osh[d]);

@@ -1,0 +1,173 @@
+"""``tqbridge bench attention``: the fused decode-attention kernel against MLX's paths, side by side.
+
+For each context length: the fused kernel on quantized K/V blocks, ``mx.fast.scaled_dot_product_attention``
+on fp16 K/V, MLX affine dequantize + SDPA, and mlx-lm's quantized SDPA, each over ``--layers``
+distinct caches chained in one evaluation (layer i's output is layer i+1's query), so launch and
+sync costs are amortised as in a model. Reports time per attention call (median of ``--repeats``),
+speed-ups, the kernel's bandwidth on the bytes it reads, and a device-copy bandwidth measured in
+the same run. Needs MLX on a GPU (CUDA or Metal).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+
+from .cli import CliError
+
+
+def add_arguments(p):
+    p.add_argument("what", choices=["attention"], help="what to benchmark")
+    p.add_argument("--context", default="4096,32768,131072", help="comma-separated context lengths")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--q-heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--k-format", default="q8_0")
+    p.add_argument("--v-format", default="turbo3")
+    p.add_argument("--layers", type=int, default=16, help="distinct layers chained per evaluation")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--tune", default="", help="kernel configs to try, e.g. '8x4,16x2' (lanes_per_key x warps)")
+    p.add_argument("--splits", type=int, default=None, help="force the number of context splits")
+    p.add_argument("--json", default=None, help="write the results to this file")
+
+
+def _timed(mx, fn, repeats: int) -> float:
+    mx.eval(fn())  # warm up (JIT builds)
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mx.eval(fn())
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _copy_bandwidth(mx, repeats: int) -> dict:
+    n = 1 << 28  # 1 GiB of float32
+    x = mx.random.uniform(shape=(n,), dtype=mx.float32)
+    mx.eval(x)
+    t = _timed(mx, lambda: x + 0, repeats)
+    out = {"mlx_copy_GBps": 2 * 4 * n / t / 1e9}
+    try:
+        import cupy as cp
+
+        a = cp.ones(n, cp.float32)
+        b = cp.empty_like(a)
+        ts = []
+        for _ in range(repeats + 1):
+            cp.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+            b[...] = a
+            cp.cuda.Device().synchronize()
+            ts.append(time.perf_counter() - t0)
+        out["cupy_copy_GBps"] = 2 * 4 * n / statistics.median(ts[1:]) / 1e9
+        del a, b
+    except Exception as e:  # cupy is optional
+        out["cupy_copy_error"] = f"{type(e).__name__}: {e}"[:200]
+    return out
+
+
+def run(args) -> int:
+    try:
+        import mlx.core as mx
+        from mlx_lm.models.base import quantized_scaled_dot_product_attention
+    except ImportError as e:
+        raise CliError(f"needs mlx and mlx-lm: {e}")
+    from ..bridge import get_format, mlx_quantize
+    from ..metal import attention_kernel
+    from ..metal.attention import LAST_RUN, decode_attention
+
+    backend = attention_kernel.pick_backend("auto")
+    if backend not in ("cuda", "metal"):
+        raise CliError("bench attention needs MLX on a GPU (CUDA or Metal); this machine has none")
+    b, hq, hkv, d, nl = args.batch, args.q_heads, args.kv_heads, args.head_dim, args.layers
+    kf, vf = get_format(args.k_format), get_format(args.v_format)
+    scale = d ** -0.5
+    configs = [(None, None)]
+    for c in filter(None, args.tune.split(",")):
+        lpk, nw = c.split("x")
+        configs.append((int(lpk), int(nw)))
+    results = {"hardware": platform.node(), "device": str(mx.default_device()), "backend": backend,
+               "mlx": mx.__version__, "shape": dict(batch=b, q_heads=hq, kv_heads=hkv, head_dim=d),
+               "formats": [kf.key, vf.key], "layers_per_eval": nl, "repeats": args.repeats,
+               "copy": _copy_bandwidth(mx, args.repeats), "contexts": []}
+    print(json.dumps(results["copy"]))
+    for ctx in [int(x) for x in args.context.split(",")]:
+        mx.random.seed(ctx)
+        kx = mx.random.normal((b, hkv, ctx, d)).astype(mx.float16)
+        vx = mx.random.normal((b, hkv, ctx, d)).astype(mx.float16)
+        kb0 = mlx_quantize(kf, kx.astype(mx.float32))
+        vb0 = mlx_quantize(vf, vx.astype(mx.float32))
+        kq0 = mx.quantize(kx, group_size=64, bits=8)
+        vq0 = mx.quantize(vx, group_size=64, bits=4)
+        kq40 = mx.quantize(kx, group_size=64, bits=4)
+        mx.eval(kb0, vb0, kq0, vq0, kq40)
+        # distinct buffers per layer (so no layer reads another's data from cache)
+        kb = [kb0 + 0 for _ in range(nl)]
+        vb = [vb0 + 0 for _ in range(nl)]
+        kh = [kx + 0 for _ in range(nl)]
+        vh = [vx + 0 for _ in range(nl)]
+        kq = [tuple(a + 0 for a in kq0) for _ in range(nl)]
+        vq = [tuple(a + 0 for a in vq0) for _ in range(nl)]
+        kq4 = [tuple(a + 0 for a in kq40) for _ in range(nl)]
+        mx.eval(kb, vb, kh, vh, kq, vq, kq4)
+        del kx, vx
+        q0 = mx.random.normal((b, hq, 1, d)).astype(mx.float16)
+
+        def fused(lpk=None, nw=None):
+            q = q0[:, :, 0]
+            for i in range(nl):
+                q = decode_attention(q, kb[i], vb[i], k_format=kf, v_format=vf, length=ctx, backend=backend,
+                                     lanes_per_key=lpk, warps=nw, splits=args.splits)
+            return q
+
+        def sdpa():
+            q = q0
+            for i in range(nl):
+                q = mx.fast.scaled_dot_product_attention(q, kh[i], vh[i], scale=scale)
+            return q
+
+        def deq_sdpa():
+            q = q0
+            for i in range(nl):
+                k = mx.dequantize(*kq[i], group_size=64, bits=8)
+                v = mx.dequantize(*vq[i], group_size=64, bits=4)
+                q = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)
+            return q
+
+        def mlxlm():
+            q = q0
+            for i in range(nl):
+                # mlx-lm takes one width for K and V: 4-bit (its common setting, fewer bytes than ours)
+                q = quantized_scaled_dot_product_attention(q, kq4[i], vq[i], scale=scale, mask=None, group_size=64,
+                                                           bits=4)
+            return q
+
+        row = {"context": ctx}
+        kernel_bytes = b * hkv * ctx * (kb0.shape[-1] + vb0.shape[-1])
+        for lpk, nw in configs:
+            t = _timed(mx, lambda: fused(lpk, nw), args.repeats) / nl
+            tag = "fused" if lpk is None else f"fused_{lpk}x{nw}"
+            row[tag + "_us"] = t * 1e6
+            row[tag + "_GBps"] = kernel_bytes / t / 1e9
+            row[tag + "_plan"] = {k: LAST_RUN.get(k) for k in ("splits", "lanes_per_key", "warps", "dispatches")}
+        row["sdpa_fp16_us"] = _timed(mx, sdpa, args.repeats) / nl * 1e6
+        row["dequant_sdpa_us"] = _timed(mx, deq_sdpa, args.repeats) / nl * 1e6
+        row["mlx_lm_quantized_sdpa_us"] = _timed(mx, mlxlm, args.repeats) / nl * 1e6
+        row["kernel_bytes"] = kernel_bytes
+        row["fp16_bytes"] = b * hkv * ctx * d * 2 * 2
+        best = min(v for k, v in row.items() if k.startswith("fused") and k.endswith("_us"))
+        row["best_fused_us"] = best
+        for base in ("sdpa_fp16", "dequant_sdpa", "mlx_lm_quantized_sdpa"):
+            row[f"speedup_vs_{base}"] = row[f"{base}_us"] / best
+        cp = results["copy"].get("cupy_copy_GBps") or results["copy"]["mlx_copy_GBps"]
+        row["fraction_of_copy_bw"] = kernel_bytes / (best * 1e-6) / 1e9 / cp
+        results["contexts"].append(row)
+        print(json.dumps(row))
+        del kb, vb, kh, vh, kq, vq, kq4
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
