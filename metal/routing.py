@@ -7,7 +7,8 @@ on exit.
 
 Paths (recorded per cache in ``cache.paths``):
 
-- ``decode:kernel`` — one query row: ``tqbridge.metal.decode_attention`` on the K/V blocks.
+- ``decode:<backend>`` — one query row: ``tqbridge.metal.decode_attention`` on the K/V blocks
+  (``<backend>`` as its dispatcher reports it: ``cuda``, ``metal``, ``cpu-emulator`` ...).
 - ``decode:reference`` / ``prefill:reference`` — dequantize the blocks, then
   ``mx.fast.scaled_dot_product_attention``. Prefill attends to the *quantized* rows of the chunk
   itself too (as llama.cpp does: it writes the cache, then reads it), so results do not depend on
@@ -37,10 +38,19 @@ _mode = "auto"
 def decode_kernel():
     """``tqbridge.metal.decode_attention`` when it is installed, else None."""
     try:
-        from tqbridge.metal import decode_attention
+        from tqbridge.metal.attention import decode_attention
     except ImportError:
         return None
     return decode_attention
+
+
+def _kernel_backend() -> str:
+    try:
+        from tqbridge.metal.attention import last_backend
+
+        return last_backend() or "kernel"
+    except ImportError:  # pragma: no cover
+        return "kernel"
 
 
 def _auto_uses_kernel() -> bool:
@@ -51,7 +61,7 @@ def _auto_uses_kernel() -> bool:
     return os.environ.get("TQBRIDGE_CPU_DECODE", "reference") == "kernel"
 
 
-def _kernel_decode(cache: TQCache, q: mx.array, scale: float):
+def _kernel_decode(cache: TQCache, q: mx.array, scale: float, sinks=None):
     kernel = decode_kernel()
     if kernel is None or cache.decode_fallback:
         return None
@@ -61,7 +71,7 @@ def _kernel_decode(cache: TQCache, q: mx.array, scale: float):
     qd = q.reshape(B, Hq, D)
     try:
         out = kernel(qd, kb, vb, k_format=cache.k_format, v_format=cache.v_format,
-                     length=cache.offset - start, scale=scale)
+                     length=cache.offset - start, scale=scale, sinks=sinks)
     except Exception as e:  # a format or shape the kernel does not take: say so once, then fall back
         cache.decode_fallback = f"{type(e).__name__}: {e}"
         return None
@@ -77,14 +87,14 @@ def attend(cache: TQCache, queries, keys, values, *, scale: float, mask=None, si
     if mode not in DECODE_MODES:
         raise ValueError(f"decode mode must be one of {DECODE_MODES}, got {mode!r}")
     decode = queries.shape[2] == 1
-    if decode and sinks is None and (mode == "kernel" or (mode == "auto" and _auto_uses_kernel())):
-        out = _kernel_decode(cache, queries, scale)
+    if decode and (mode == "kernel" or (mode == "auto" and _auto_uses_kernel())):
+        out = _kernel_decode(cache, queries, scale, sinks)
         if out is not None:
-            cache.paths["decode:kernel"] += 1
+            cache.paths[f"decode:{_kernel_backend()}"] += 1
             return out
-        if mode == "kernel" and decode_kernel() is None:
-            raise RuntimeError("decode mode 'kernel' asked for, but tqbridge.metal.decode_attention "
-                               "is not available")
+        if mode == "kernel":
+            why = cache.decode_fallback or "tqbridge.metal.decode_attention is not installed"
+            raise RuntimeError(f"decode mode 'kernel' asked for, but the kernel cannot run: {why}")
     cache.paths["decode:reference" if decode else "prefill:reference"] += 1
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask,
                                                 sinks=sinks)

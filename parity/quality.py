@@ -1,0 +1,205 @@
+"""KV-cache quality: KL divergence of next-token distributions vs the f16 cache, and bytes per token.
+
+Every configuration (a K/V format pair) reads the same tokens in the same fixed chunks; the
+reference is the same model with an ``f16/f16`` :class:`~tqbridge.metal.cache.TQCache`. Per
+position: ``KL(P_f16 || P_kv)`` of the softmax of the logits (natural log, nats) and whether the top-1
+tokens agree. Bytes per token are measured from the live cache arrays after the last chunk (the
+valid rows of every layer's K and V arrays, divided by the number of tokens).
+
+All configurations advance chunk by chunk in lockstep, so only one chunk of logits per
+configuration is alive at a time (vocabularies of 262k entries make whole-text logits too large).
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import sys
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+__all__ = ["REFERENCE_KV", "default_text", "evaluate", "to_markdown", "plot", "GGUFTokenizer"]
+
+REFERENCE_KV = "f16/f16"
+
+
+def default_text() -> str:
+    """The stdlib's ``pydoc_data.topics`` help texts, joined in sorted topic order (fixed text)."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+class GGUFTokenizer:
+    """llama.cpp's own tokenizer for a GGUF file (llama-cpp-python, vocabulary only)."""
+
+    def __init__(self, path: str):
+        try:
+            from llama_cpp import Llama
+        except ImportError as e:  # pragma: no cover - depends on the install
+            raise ImportError("the GGUF tokenizer needs llama-cpp-python: pip install 'tqbridge[llama]'") from e
+        self._llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
+        self.eos_token_ids = {int(self._llm.token_eos())}
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        return [int(t) for t in self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)]
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        return self._llm.detokenize(list(ids))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+
+def _log_softmax(x: mx.array) -> mx.array:
+    x = x.astype(mx.float32)
+    return x - mx.logsumexp(x, axis=-1, keepdims=True)
+
+
+def _bytes_per_token(cache: list, n_tokens: int) -> tuple[float, int]:
+    """(used bytes / token, values / token) from the live arrays of every layer."""
+    total = 0
+    values = 0
+    for c in cache:
+        used = getattr(c, "used_nbytes", None)
+        if used is None:   # a float cache kept by mlx-lm (e.g. a rotating window)
+            used = 0 if c.empty() else c.nbytes
+        total += int(used)
+        if getattr(c, "k_dim", None):
+            values += c.keys.shape[0] * c.keys.shape[1] * (c.k_dim + c.v_dim)
+    return total / max(1, n_tokens), values
+
+
+def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: int = 256,
+             sliding: str = "quantize", progress: "Callable[[int], None] | None" = None,
+             decode_mode: str = "auto") -> list[dict]:
+    """Quality of each K/V configuration in ``kvs`` against the f16 cache on ``tokens``.
+
+    Returns one dict per configuration, the reference (``f16/f16``) first: kv, kl_mean, kl_max,
+    top1, bytes_per_token, bits_per_value, compression_vs_f16, positions, paths, layers.
+    ``progress(n)`` is called after each chunk with the number of positions done.
+    """
+    from tqbridge.metal.cache import cache_report, make_cache, parse_kv
+    from tqbridge.metal.routing import route_attention
+
+    if chunk <= 0:
+        raise ValueError(f"chunk must be a positive number of tokens, got {chunk}")
+    tokens = [int(t) for t in tokens]
+    if len(tokens) < 2:
+        raise ValueError(f"need at least 2 tokens to score next-token distributions, got {len(tokens)}")
+    names = [REFERENCE_KV] + [f"{k}/{v}" for k, v in (parse_kv(s) for s in kvs)
+                              if f"{k}/{v}" != REFERENCE_KV]
+    names = list(dict.fromkeys(names))
+    caches = {n: make_cache(model, *parse_kv(n), sliding=sliding) for n in names}
+    stats = {n: {"kl_sum": 0.0, "kl_max": 0.0, "agree": 0, "n": 0, "seconds": 0.0} for n in names}
+    ids = mx.array(tokens)[None]
+    with route_attention(decode_mode):
+        for start in range(0, len(tokens), chunk):
+            x = ids[:, start:start + chunk]
+            ref = None
+            for n in names:
+                t0 = time.perf_counter()
+                logp = _log_softmax(model(x, cache=caches[n])[0])
+                mx.eval(logp)
+                stats[n]["seconds"] += time.perf_counter() - t0
+                if ref is None:
+                    ref = logp
+                    ref_p = mx.exp(ref)
+                    ref_top = mx.argmax(ref, axis=-1)
+                kl = mx.sum(ref_p * (ref - logp), axis=-1)
+                agree = mx.sum(mx.argmax(logp, axis=-1) == ref_top)
+                mx.eval(kl, agree)
+                s = stats[n]
+                s["kl_sum"] += float(mx.sum(kl).item())
+                s["kl_max"] = max(s["kl_max"], float(mx.max(kl).item()))
+                s["agree"] += int(agree.item())
+                s["n"] += kl.shape[0]
+            if progress is not None:
+                progress(min(len(tokens), start + chunk))
+    rows = []
+    f16_bpt = None
+    for n in names:
+        s = stats[n]
+        rep = cache_report(caches[n])
+        bpt, values = _bytes_per_token(caches[n], len(tokens))
+        if f16_bpt is None:
+            f16_bpt = bpt
+        rows.append({
+            "kv": n,
+            "k_format": n.split("/")[0],
+            "v_format": n.split("/")[1],
+            "kl_mean": s["kl_sum"] / s["n"],
+            "kl_max": s["kl_max"],
+            "top1": s["agree"] / s["n"],
+            "bytes_per_token": bpt,
+            "bits_per_value": bpt * 8 / values if values else None,
+            "compression_vs_f16": f16_bpt / bpt if bpt else None,
+            "positions": s["n"],
+            "seconds": round(s["seconds"], 3),
+            "paths": rep["paths"],
+            "layers": rep["layer_kinds"],
+            "decode_fallback": sorted({l["decode_fallback"] for l in rep["layers"]
+                                       if l.get("decode_fallback")}),
+        })
+    return rows
+
+
+def environment() -> dict:
+    """Versions and machine, recorded with every report."""
+    import mlx_lm
+
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        tq = version("tqbridge")
+    except PackageNotFoundError:  # pragma: no cover
+        tq = "unknown"
+    from tqbridge.bridge.mlx_blas import blas_in_use
+
+    return {"tqbridge": tq, "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "blas": blas_in_use(),
+            "python": sys.version.split()[0], "machine": platform.machine(),
+            "device": str(mx.default_device())}
+
+
+def to_markdown(rows: list[dict], title: str = "") -> str:
+    head = "| K / V | KL mean | KL max | top-1 | bytes/token | bits/value | vs f16 |"
+    out = [f"### {title}", ""] if title else []
+    out += [head, "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        bits = "-" if r["bits_per_value"] is None else f"{r['bits_per_value']:.3f}"
+        comp = "-" if r["compression_vs_f16"] is None else f"{r['compression_vs_f16']:.2f}x"
+        out.append(f"| {r['kv']} | {r['kl_mean']:.3g} | {r['kl_max']:.3g} | {100 * r['top1']:.1f}% "
+                   f"| {r['bytes_per_token']:.0f} | {bits} | {comp} |")
+    return "\n".join(out) + "\n"
+
+
+def plot(rows: list[dict], path: str, title: str = "") -> None:
+    """KL mean vs bits per value (log y), one labelled point per configuration (f16 omitted: KL 0)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        if r["kv"] == REFERENCE_KV or r["bits_per_value"] is None:
+            continue
+        kl = max(r["kl_mean"], 1e-12)
+        ax.scatter([r["bits_per_value"]], [kl], s=24)
+        ax.annotate(r["kv"], (r["bits_per_value"], kl), textcoords="offset points", xytext=(4, 4),
+                    fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xlabel("cache bits per value (measured from live arrays)")
+    ax.set_ylabel("mean KL vs f16 cache (nats)")
+    ax.set_title(title or "KV cache quality")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def is_finite_row(r: dict) -> bool:
+    return all(math.isfinite(r[k]) for k in ("kl_mean", "kl_max", "top1", "bytes_per_token"))

@@ -1,0 +1,339 @@
+"""TQCache: mlx-lm's cache protocol over block formats, prompt-cache save/load, attention routing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core", reason="MLX is not installed")
+pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
+
+from hypothesis import example, given, strategies as st  # noqa: E402
+from mlx_lm.models import cache as mlx_cache  # noqa: E402
+from mlx_lm.models import gemma3_text, llama  # noqa: E402
+
+from tqbridge.bridge import FormatError, dequantize, formats, get_format, quantize  # noqa: E402
+from tqbridge.metal import cache as tqc  # noqa: E402
+from tqbridge.metal import routing  # noqa: E402
+from tqbridge.metal.cache import TQCache, cache_report, make_cache, padded_dim, parse_kv  # noqa: E402
+from tqbridge.metal.routing import route_attention  # noqa: E402
+
+_WANTED = ["f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl",
+           "turbo2", "turbo3", "turbo4", "turbo3@fork-69d8e4b", "turbo3@g64", "turbo4@g64"]
+FORMATS = [f for f in _WANTED if f in formats() or f.split("@")[0] in formats()]
+# Turbo dequantization applies the inverse rotation; MLX and numpy sum the butterfly in different
+# orders, so float32 results may differ by a few ulps (bytes are still compared exactly).
+TURBO_FETCH_RTOL = 1e-5
+TURBO_FETCH_ATOL = 1e-6
+# Same float math in two shapes (one chunk vs many; mx.fast SDPA vs masked SDPA): float32 rounding.
+LOGIT_ATOL = 1e-4
+
+
+def _fmt_key(name):
+    return get_format(name).key
+
+
+def _reference_blocks(fmt, x):
+    x = np.asarray(x, np.float32)
+    d = x.shape[-1]
+    dp = padded_dim(fmt, d)
+    if dp != d:
+        x = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, dp - d)])
+    return quantize(fmt, x)
+
+
+def _reference_rows(fmt, blocks, d):
+    return dequantize(fmt, blocks, padded_dim(fmt, d))[..., :d]
+
+
+def _check_fetch(fmt, got, blocks, d):
+    want = _reference_rows(fmt, blocks, d)
+    got = np.array(got)
+    if get_format(fmt).kind == "turbo":
+        np.testing.assert_allclose(got, want, rtol=TURBO_FETCH_RTOL, atol=TURBO_FETCH_ATOL)
+    else:
+        assert np.array_equal(got, want, equal_nan=True)
+
+
+@given(kf=st.sampled_from(FORMATS), vf=st.sampled_from(FORMATS),
+       dims=st.sampled_from([(64, 64), (128, 128), (80, 80), (64, 128)]),
+       chunks=st.lists(st.integers(1, 20), min_size=1, max_size=5),
+       trim=st.integers(0, 30), more=st.integers(0, 5), seed=st.integers(0, 2**16))
+@example(kf="q8_0", vf="turbo3", dims=(64, 64), chunks=[1], trim=1, more=1, seed=0)
+def test_cache_protocol_matches_the_reference(kf, vf, dims, chunks, trim, more, seed):
+    """Appended rows are the numpy reference's bytes; fetch, offset, trim and growth behave."""
+    rng = np.random.default_rng(seed)
+    dk, dv = dims
+    B, H = 1, 2
+    c = TQCache(kf, vf)
+    assert c.empty() and c.offset == 0 and c.nbytes == 0
+    ks, vs = [], []
+    for n in chunks:
+        k = rng.standard_normal((B, H, n, dk)).astype(np.float32)
+        v = rng.standard_normal((B, H, n, dv)).astype(np.float32)
+        ks.append(k)
+        vs.append(v)
+        out_k, out_v = c.update_and_fetch(mx.array(k), mx.array(v))
+        assert out_k.shape == (B, H, c.offset, dk) and out_v.shape == (B, H, c.offset, dv)
+    total = sum(chunks)
+    assert c.offset == total == c.size()
+    assert c.keys.shape[2] % TQCache.step == 0 and c.keys.shape[2] >= total  # grown in steps
+    kall, vall = np.concatenate(ks, axis=2), np.concatenate(vs, axis=2)
+    kb, vb = c.blocks()
+    assert np.array_equal(np.array(kb), _reference_blocks(kf, kall))
+    assert np.array_equal(np.array(vb), _reference_blocks(vf, vall))
+    fk, fv = c.fetch()
+    _check_fetch(kf, fk, np.array(kb), dk)
+    _check_fetch(vf, fv, np.array(vb), dv)
+    # trim, then append again: the new rows replace the trimmed ones
+    assert c.is_trimmable()
+    t = c.trim(trim)
+    assert t == min(trim, total) and c.offset == total - t
+    kall, vall = kall[:, :, :total - t], vall[:, :, :total - t]
+    if more:
+        k = rng.standard_normal((B, H, more, dk)).astype(np.float32)
+        v = rng.standard_normal((B, H, more, dv)).astype(np.float32)
+        c.update_and_fetch(mx.array(k), mx.array(v))
+        kall = np.concatenate([kall, k], axis=2)
+        vall = np.concatenate([vall, v], axis=2)
+    kb, vb = c.blocks()
+    assert np.array_equal(np.array(kb), _reference_blocks(kf, kall))
+    assert np.array_equal(np.array(vb), _reference_blocks(vf, vall))
+    # measured bytes agree with the registry's row sizes
+    rows = c.offset
+    want = B * H * rows * (get_format(kf).row_bytes(padded_dim(kf, dk)) + get_format(vf).row_bytes(padded_dim(vf, dv)))
+    assert c.used_nbytes == want
+
+
+def test_decode_steps_do_not_reallocate():
+    c = TQCache("q8_0", "q4_0")
+    k = mx.zeros((1, 2, 1, 64))
+    c.update_and_fetch(k, k)
+    first = c.keys.shape
+    for _ in range(TQCache.step - 1):
+        c.update_and_fetch(k, k)
+    assert c.keys.shape == first and c.offset == TQCache.step
+    c.update_and_fetch(k, k)
+    assert c.keys.shape[2] == 2 * TQCache.step
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(FormatError):
+        parse_kv("q8_0/nope")
+    with pytest.raises(FormatError):
+        parse_kv("q8_0/q4_0/q4_1")
+    assert parse_kv("q8_0") == ("q8_0", "q8_0")
+    assert parse_kv(" Q8_0 / q4_0 ") == ("q8_0", "q4_0")
+    c = TQCache("q8_0", "q8_0")
+    c.update_and_fetch(mx.zeros((1, 1, 2, 64)), mx.zeros((1, 1, 2, 64)))
+    with pytest.raises(ValueError, match="head dims"):
+        c.update_and_fetch(mx.zeros((1, 1, 1, 128)), mx.zeros((1, 1, 1, 128)))
+    with pytest.raises(ValueError, match="window"):
+        TQCache("q8_0", "q8_0", window=0)
+    with pytest.raises(ValueError, match="offset"):
+        TQCache.from_state([mx.zeros((1, 1, 2, 34), mx.uint8), mx.zeros((1, 1, 2, 34), mx.uint8),
+                            "5", "q8_0", "q8_0", "64", "64", "0"])
+
+
+# ------------------------------------------------------------------ tiny random models
+
+def _tiny_llama(head_dim=64):
+    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97,
+                           head_dim=head_dim, rope_theta=10000.0)
+    mx.random.seed(1)
+    m = llama.Model(args)
+    mx.eval(m.parameters())
+    return m
+
+
+def _tiny_gemma3(window=8):
+    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=64, num_hidden_layers=4,
+                                 intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+                                 head_dim=64, vocab_size=97, sliding_window=window, sliding_window_pattern=2,
+                                 query_pre_attn_scalar=64)
+    mx.random.seed(2)
+    m = gemma3_text.Model(args)
+    mx.eval(m.parameters())
+    return m
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return _tiny_llama()
+
+
+def _tokens(n, seed=0):
+    return mx.array(np.random.default_rng(seed).integers(0, 97, (1, n)))
+
+
+def _run(model, cache, toks, chunk, mode="reference"):
+    """Logits of every position, the prompt fed in chunks of ``chunk`` (1 = token by token)."""
+    outs = []
+    with route_attention(mode):
+        for s in range(0, toks.shape[1], chunk):
+            outs.append(model(toks[:, s:s + chunk], cache=cache))
+    out = mx.concatenate(outs, axis=1)
+    mx.eval(out)
+    return out
+
+
+def test_f32_cache_matches_mlx_lm_kv_cache(tiny):
+    toks = _tokens(30)
+    want = _run(tiny, mlx_cache.make_prompt_cache(tiny), toks, 10)
+    c = make_cache(tiny, "f32", "f32")
+    got = _run(tiny, c, toks, 10)
+    np.testing.assert_allclose(np.array(got), np.array(want), atol=LOGIT_ATOL, rtol=0)
+    assert cache_report(c)["layer_kinds"] == {"tqbridge": 2}
+
+
+@pytest.mark.parametrize("kv", ["q8_0/q4_0", "turbo3/q8_0"])
+def test_prefill_does_not_depend_on_chunking(tiny, kv):
+    """Prefill attends to the quantized rows of its own chunk, so chunking changes nothing."""
+    toks = _tokens(24, seed=3)
+    one = _run(tiny, make_cache(tiny, *parse_kv(kv)), toks, 24)
+    few = _run(tiny, make_cache(tiny, *parse_kv(kv)), toks, 5)
+    steps = _run(tiny, make_cache(tiny, *parse_kv(kv)), toks, 1)
+    np.testing.assert_allclose(np.array(few), np.array(one), atol=LOGIT_ATOL, rtol=0)
+    np.testing.assert_allclose(np.array(steps), np.array(one), atol=LOGIT_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("kv", ["q8_0/turbo3", "q4_1/f16"])
+def test_prompt_cache_save_load_continue(tiny, tmp_path, kv):
+    toks = _tokens(40, seed=4)
+    prompt, rest = toks[:, :33], toks[:, 33:]
+    c = make_cache(tiny, *parse_kv(kv))
+    _run(tiny, c, prompt, 16)
+    path = str(tmp_path / "prompt.safetensors")
+    mlx_cache.save_prompt_cache(path, c, metadata={"kv": kv})
+    loaded, meta = mlx_cache.load_prompt_cache(path, return_metadata=True)
+    assert meta == {"kv": kv}
+    assert [type(x) for x in loaded] == [TQCache] * len(c)
+    for a, b in zip(c, loaded):
+        assert (b.k_format, b.v_format, b.offset, b.k_dim, b.v_dim, b.window) == \
+            (a.k_format, a.v_format, a.offset, a.k_dim, a.v_dim, a.window)
+        assert np.array_equal(np.array(a.blocks()[0]), np.array(b.blocks()[0]))
+        assert np.array_equal(np.array(a.blocks()[1]), np.array(b.blocks()[1]))
+    want = _run(tiny, c, rest, 1)
+    got = _run(tiny, loaded, rest, 1)
+    assert np.array_equal(np.array(got), np.array(want))
+    # mlx-lm's trim helpers work on the loaded cache too
+    assert mlx_cache.can_trim_prompt_cache(loaded)
+    assert mlx_cache.trim_prompt_cache(loaded, 3) == 3 and loaded[0].offset == 37
+
+
+def test_empty_cache_round_trips(tmp_path):
+    path = str(tmp_path / "empty.safetensors")
+    mlx_cache.save_prompt_cache(path, [TQCache("q4_0", "turbo2", window=16)])
+    (c,) = mlx_cache.load_prompt_cache(path)
+    assert c.empty() and c.offset == 0 and (c.k_format, c.v_format, c.window) == ("q4_0", "turbo2", 16)
+
+
+def test_routing_sends_decode_to_the_kernel_and_restores(tiny, monkeypatch):
+    """Decode steps call decode_attention on the blocks; prefill takes the dequantize + SDPA path."""
+    from mlx_lm.models import base
+
+    calls = []
+
+    def fake_kernel(q, k_blocks, v_blocks, *, k_format, v_format, length, scale, sinks=None):
+        calls.append((q.shape, k_blocks.shape, v_blocks.shape, k_format, v_format, length))
+        # plain attention over the bridge's dequantization of the same blocks
+        d = q.shape[-1]
+        k = mx.array(_reference_rows(k_format, np.array(k_blocks), d))[:, :, :length]
+        v = mx.array(_reference_rows(v_format, np.array(v_blocks), d))[:, :, :length]
+        o = mx.fast.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale)
+        return o[:, :, 0]
+
+    monkeypatch.setattr(routing, "decode_kernel", lambda: fake_kernel)
+    monkeypatch.setattr(routing, "_kernel_backend", lambda: "fake")
+    toks = _tokens(20, seed=5)
+    original = llama.scaled_dot_product_attention
+    c = make_cache(tiny, "q8_0", "q4_0")
+    got = _run(tiny, c, toks[:, :16], 16, mode="kernel")
+    got = mx.concatenate([got, _run(tiny, c, toks[:, 16:], 1, mode="kernel")], axis=1)
+    assert llama.scaled_dot_product_attention is original and base.scaled_dot_product_attention is original
+    paths = cache_report(c)["paths"]
+    assert paths == {"append": 2 * 5, "prefill:reference": 2, "decode:fake": 2 * 4}
+    assert len(calls) == 8
+    assert calls[-1] == ((1, 4, 64), (1, 2, 20, 68), (1, 2, 20, 36), "q8_0", "q4_0", 20)
+    want = _run(tiny, make_cache(tiny, "q8_0", "q4_0"), toks, 1, mode="reference")
+    np.testing.assert_allclose(np.array(got), np.array(want), atol=LOGIT_ATOL, rtol=0)
+
+
+def test_kernel_mode_without_a_kernel_is_an_error(tiny, monkeypatch):
+    monkeypatch.setattr(routing, "decode_kernel", lambda: None)
+    c = make_cache(tiny, "q8_0", "q8_0")
+    _run(tiny, c, _tokens(4), 4, mode="kernel")  # prefill is fine
+    with pytest.raises(RuntimeError, match="kernel cannot run"):
+        _run(tiny, c, _tokens(1), 1, mode="kernel")
+    with pytest.raises(ValueError, match="decode mode"):
+        with route_attention("fast"):
+            pass
+
+
+def test_real_decode_kernel_matches_the_reference(tiny):
+    """The fused kernel (on this machine's backend) through the cache: same logits as the reference."""
+    if routing.decode_kernel() is None:
+        pytest.skip("tqbridge.metal.attention.decode_attention is not installed")
+    toks = _tokens(12, seed=6)
+    for kv in ["q8_0/turbo3", "turbo4/q4_0"]:
+        c = make_cache(tiny, *parse_kv(kv))
+        _run(tiny, c, toks[:, :9], 9)
+        try:
+            got = _run(tiny, c, toks[:, 9:], 1, mode="kernel")
+        except RuntimeError as e:
+            if "EmulatorError" in str(e) or "compiler" in str(e):
+                pytest.skip(f"the decode kernel does not build here: {str(e).splitlines()[0][:200]}")
+            raise
+        assert any(p.startswith("decode:") and p != "decode:reference" for p in cache_report(c)["paths"])
+        ref = make_cache(tiny, *parse_kv(kv))
+        _run(tiny, ref, toks[:, :9], 9)
+        want = _run(tiny, ref, toks[:, 9:], 1)
+        np.testing.assert_allclose(np.array(got), np.array(want), atol=LOGIT_ATOL, rtol=0)
+
+
+# ------------------------------------------------------------------ sliding windows (Gemma 3)
+
+def test_sliding_window_layers_quantized_or_float():
+    m = _tiny_gemma3(window=8)
+    toks = _tokens(30, seed=7)
+    want = _run(m, mlx_cache.make_prompt_cache(m), toks, 1)   # mlx-lm's own rotating caches
+    q = make_cache(m, "f32", "f32")
+    assert [c.window for c in q] == [8, None, 8, None]
+    got = _run(m, q, toks, 1)
+    np.testing.assert_allclose(np.array(got), np.array(want), atol=LOGIT_ATOL, rtol=0)
+    # a longer prompt chunk over the window: masks built from the windowed TQCache
+    got2 = _run(m, make_cache(m, "f32", "f32"), toks, 13)
+    np.testing.assert_allclose(np.array(got2), np.array(want), atol=LOGIT_ATOL, rtol=0)
+    f = make_cache(m, "q8_0", "q8_0", sliding="float")
+    rep = cache_report(f)
+    assert rep["layer_kinds"] == {"RotatingKVCache": 2, "tqbridge": 2}
+    _run(m, f, toks, 10)
+    assert cache_report(f)["paths"]["prefill:reference"] == 2 * 3
+    with pytest.raises(ValueError, match="sliding"):
+        make_cache(m, "q8_0", "q8_0", sliding="drop")
+
+
+def test_windowed_decode_passes_only_the_window_to_the_kernel(monkeypatch):
+    m = _tiny_gemma3(window=8)
+    seen = []
+
+    def fake_kernel(q, k_blocks, v_blocks, *, k_format, v_format, length, scale, sinks=None):
+        seen.append(length)
+        d = q.shape[-1]
+        k = mx.array(_reference_rows(k_format, np.array(k_blocks), d))
+        v = mx.array(_reference_rows(v_format, np.array(v_blocks), d))
+        return mx.fast.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale)[:, :, 0]
+
+    monkeypatch.setattr(routing, "decode_kernel", lambda: fake_kernel)
+    toks = _tokens(14, seed=8)
+    got = _run(m, make_cache(m, "q8_0", "q8_0"), toks, 1, mode="kernel")
+    want = _run(m, make_cache(m, "q8_0", "q8_0"), toks, 1, mode="reference")
+    np.testing.assert_allclose(np.array(got), np.array(want), atol=LOGIT_ATOL, rtol=0)
+    # per step: two windowed layers (at most 8 rows) and two global layers (all rows)
+    assert seen[-4:] == [8, 14, 8, 14]
+    assert seen[:4] == [1, 1, 1, 1]
+
+
+def test_mlx_lm_finds_the_class_by_name():
+    assert mlx_cache.TQCache is TQCache and tqc.TQCache is TQCache

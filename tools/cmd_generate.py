@@ -1,0 +1,129 @@
+"""``tqbridge generate MODEL.gguf --kv K/V --prompt ...``: stream text through the tqbridge KV cache."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from .cli import CliError
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", help="GGUF model file")
+    p.add_argument("--kv", default="q8_0/q8_0", help="K/V cache formats, e.g. q8_0/turbo3 (default q8_0/q8_0)")
+    p.add_argument("--prompt", required=True, help="prompt text ('-' reads standard input)")
+    p.add_argument("--max-tokens", type=int, default=100, help="tokens to generate (default 100)")
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for sampling")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as one user turn of the model's chat template")
+    p.add_argument("--sliding", choices=["quantize", "float"], default="quantize",
+                   help="sliding-window layers: quantized like the rest, or mlx-lm's float rotating cache")
+    p.add_argument("--decode", choices=["auto", "kernel", "reference"], default="auto",
+                   help="decode attention: auto (fused kernel on a GPU), kernel, or the ops reference")
+    p.add_argument("--stats", action="store_true", help="print cache paths, bytes and peak memory at the end")
+
+
+def chat_prompt(path: str, text: str) -> str:
+    """The GGUF's chat template applied to one user message (llama-cpp-python's formatter)."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
+    template = llm.metadata.get("tokenizer.chat_template")
+    if not template:
+        raise CliError(f"{path}: the GGUF has no chat template; drop --chat")
+    fmt = Jinja2ChatFormatter(template, eos_token="", bos_token="")
+    return fmt(messages=[{"role": "user", "content": text}]).prompt
+
+
+def run(args) -> int:
+    from tqbridge.bridge.mlx_blas import prefer_fast_blas
+
+    prefer_fast_blas()  # before MLX is imported: OpenBLAS for float32 matmuls on Linux CPUs
+    import mlx.core as mx
+
+    from tqbridge.bridge import FormatError
+    from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
+    from tqbridge.metal.cache import cache_report, make_cache, parse_kv
+    from tqbridge.metal.routing import route_attention
+    from tqbridge.parity.quality import GGUFTokenizer
+
+    if args.max_tokens < 0:
+        raise CliError(f"--max-tokens must be >= 0, got {args.max_tokens}")
+    try:
+        kf, vf = parse_kv(args.kv)
+    except FormatError as e:
+        raise CliError(str(e)) from e
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    try:
+        model, _ = load_gguf_model(args.model)
+    except GGUFModelError as e:
+        raise CliError(str(e)) from e
+    tok = GGUFTokenizer(args.model)
+    if args.chat:
+        prompt = chat_prompt(args.model, prompt)
+    ids = tok.encode(prompt, add_bos=True)
+    cache = make_cache(model, kf, vf, sliding=args.sliding)
+    mx.random.seed(args.seed)
+    mx.reset_peak_memory()
+    t0 = time.perf_counter()
+    n_gen, pending, t_first = 0, b"", None
+    with route_attention(args.decode):
+        for token in generate_tokens(model, ids, cache, args.max_tokens, args.temp):
+            if t_first is None:
+                t_first = time.perf_counter()
+            if token in tok.eos_token_ids:
+                break
+            n_gen += 1
+            pending += tok.decode_bytes([token])
+            text, pending = _utf8_prefix(pending)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    sys.stdout.write(pending.decode("utf-8", errors="replace") + "\n")
+    t1 = time.perf_counter()
+    if args.stats:
+        rep = cache_report(cache)
+        prefill = (t_first or t1) - t0
+        rate = (n_gen - 1) / (t1 - t_first) if t_first and n_gen > 1 else float("nan")
+        print(f"--- kv {kf}/{vf}: prompt {len(ids)} tokens ({prefill:.2f} s), generated {n_gen} "
+              f"({rate:.1f} tok/s)", file=sys.stderr)
+        print(f"--- layers {rep['layer_kinds']}, paths {rep['paths']}", file=sys.stderr)
+        print(f"--- cache {rep['used_nbytes'] / 2**20:.2f} MiB used, {rep['nbytes'] / 2**20:.2f} MiB "
+              f"allocated; peak memory {mx.get_peak_memory() / 2**20:.1f} MiB", file=sys.stderr)
+    return 0
+
+
+def _utf8_prefix(b: bytes) -> tuple[str, bytes]:
+    """Decode the longest complete UTF-8 prefix of ``b``; keep an unfinished character for later."""
+    for cut in range(len(b), max(-1, len(b) - 4), -1):
+        try:
+            return b[:cut].decode("utf-8"), b[cut:]
+        except UnicodeDecodeError:
+            continue
+    return b.decode("utf-8", errors="replace"), b""
+
+
+def generate_tokens(model, ids, cache, max_tokens: int, temp: float = 0.0, prefill_step: int = 512):
+    """Yield generated token ids: chunked prefill, then one token per step (greedy or sampled)."""
+    import mlx.core as mx
+
+    if not ids:
+        raise CliError("the prompt encodes to no tokens")
+    if max_tokens == 0:
+        return
+    x = mx.array(ids)[None]
+    for s in range(0, x.shape[1] - 1, prefill_step):
+        model(x[:, s:min(s + prefill_step, x.shape[1] - 1)], cache=cache)
+        mx.eval([a for c in cache for a in (getattr(c, 'keys', None), getattr(c, 'values', None))
+                 if a is not None])
+    y = x[:, -1:]
+    for _ in range(max_tokens):
+        logits = model(y, cache=cache)[:, -1, :]
+        if temp > 0:
+            nxt = mx.random.categorical(logits * (1.0 / temp))
+        else:
+            nxt = mx.argmax(logits, axis=-1)
+        mx.eval(nxt)
+        t = int(nxt.item())
+        yield t
+        y = nxt.reshape(1, 1)

@@ -1,0 +1,107 @@
+"""``tqbridge quality MODEL.gguf --kv q8_0/turbo3 ...``: KL vs the f16 cache, top-1, bytes per token."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+from .cli import CliError
+
+DEFAULT_KVS = ["q8_0/q8_0", "q8_0/q4_0", "q4_0/q4_0", "q8_0/turbo4", "q8_0/turbo3", "q8_0/turbo2",
+               "turbo4/turbo3", "turbo3/turbo3"]
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", help="GGUF model file")
+    p.add_argument("--kv", action="append", default=None,
+                   help="a K/V format pair (repeatable); default: the standard table. f16/f16 is always included")
+    p.add_argument("--tokens", type=int, default=2048, help="tokens of text to score (default 2048)")
+    p.add_argument("--chunk", type=int, default=256, help="fixed prefill chunk size (default 256)")
+    p.add_argument("--text", default=None, help="a text file to score instead of pydoc_data.topics")
+    p.add_argument("--sliding", choices=["quantize", "float"], default="quantize",
+                   help="sliding-window layers: quantized like the rest, or kept in float")
+    p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
+    p.add_argument("--markdown", default=None, help="write a Markdown table here")
+    p.add_argument("--plot", default=None, help="write a PNG plot of KL vs bits per value here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _write_atomic(path: str, data: "str | bytes") -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
+    with os.fdopen(fd, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    os.replace(tmp, path)
+
+
+def run(args) -> int:
+    from tqbridge.bridge.mlx_blas import prefer_fast_blas
+
+    prefer_fast_blas()  # before MLX is imported: OpenBLAS for float32 matmuls on Linux CPUs
+    from tqbridge.bridge import FormatError
+    from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
+    from tqbridge.metal.cache import parse_kv
+    from tqbridge.parity import quality as q
+
+    kvs = args.kv or DEFAULT_KVS
+    try:
+        for s in kvs:
+            parse_kv(s)
+    except FormatError as e:
+        raise CliError(str(e)) from e
+    if args.tokens < 2:
+        raise CliError(f"--tokens must be >= 2, got {args.tokens}")
+    if args.chunk < 1:
+        raise CliError(f"--chunk must be >= 1, got {args.chunk}")
+    if args.text:
+        try:
+            with open(args.text, encoding="utf-8") as f:
+                text, source = f.read(), os.path.basename(args.text)
+        except OSError as e:
+            raise CliError(f"{args.text}: {e.strerror}") from e
+    else:
+        text, source = q.default_text(), "pydoc_data.topics"
+    try:
+        model, cfg = load_gguf_model(args.model)
+    except GGUFModelError as e:
+        raise CliError(str(e)) from e
+    tok = q.GGUFTokenizer(args.model)
+    ids = tok.encode(text, add_bos=True)
+    if len(ids) < args.tokens:
+        raise CliError(f"the text has only {len(ids)} tokens, fewer than --tokens {args.tokens}")
+    ids = ids[:args.tokens]
+    bar = None
+    if not args.no_progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(ids), unit="tok", desc="quality", file=sys.stderr)
+        except ImportError:  # pragma: no cover
+            bar = None
+    done = [0]
+
+    def progress(n: int) -> None:
+        if bar is not None:
+            bar.update(n - done[0])
+        done[0] = n
+
+    rows = q.evaluate(model, ids, kvs, chunk=args.chunk, sliding=args.sliding, progress=progress)
+    if bar is not None:
+        bar.close()
+    env = q.environment()
+    model_name = os.path.basename(args.model)
+    for r in rows:
+        r.update(model=model_name, text=source, tokens=len(ids), chunk=args.chunk, sliding=args.sliding,
+                 environment=env)
+    title = f"{model_name}, {len(ids)} tokens of {source}, chunk {args.chunk}"
+    md = q.to_markdown(rows, title)
+    print(md)
+    if args.json_out:
+        _write_atomic(args.json_out, json.dumps(rows, indent=2))
+    if args.markdown:
+        _write_atomic(args.markdown, md)
+    if args.plot:
+        q.plot(rows, args.plot, title)
+    return 0
