@@ -16,8 +16,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "formats": ("cmd_formats", "list the block format registry"),
     "selfcheck": ("cmd_selfcheck", "check our quantizers byte-for-byte against ggml's C code"),
     "inspect": ("cmd_inspect", "tensors and metadata of a GGUF file; decode one block"),
+    "generate": ("cmd_generate", "generate text from a GGUF model through the tqbridge KV cache"),
+    "quality": ("cmd_quality", "KL and top-1 of K/V cache formats vs the f16 cache, with bytes per token"),
     "convert": ("cmd_convert", "GGUF -> mlx-lm model directory, or GGUF with every tensor in F32"),
     "parity": ("cmd_parity", "llama.cpp vs MLX on the same GGUF: logits KL, top-1, max |delta|"),
+    "bench": ("cmd_bench", "time the fused decode-attention kernel against MLX's attention paths (GPU)"),
     "demo": ("cmd_demo", "the parity table on SmolLM2-135M with a default KV matrix"),
 }
 
