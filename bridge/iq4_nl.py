@@ -87,8 +87,12 @@ class IQ4NL:
             inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
             L = best_index(inv[:, None] * x)
         out = np.empty((n, 18), dtype=np.uint8)
-        with np.errstate(over="ignore"):
-            out[:, :2] = d.astype("<f2").view(np.uint8).reshape(n, 2)
+        with np.errstate(over="ignore", invalid="ignore"):
+            h = d.astype("<f2").view("<u2")
+        # A NaN scale (only from overflowing arithmetic on huge finite input) is stored as x86-64's
+        # negative default NaN, 0xfe00, whatever NaN sign this CPU produced.
+        h = np.where(np.isnan(d), np.uint16(0xFE00), h).astype("<u2")
+        out[:, :2] = h.view(np.uint8).reshape(n, 2)
         out[:, 2:] = L[:, :16] | (L[:, 16:] << 4)
         return out
 

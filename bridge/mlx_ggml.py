@@ -59,12 +59,20 @@ def _first_of(x: mx.array, value: mx.array) -> mx.array:
     return mx.take_along_axis(x, _first_index(x == value), axis=1)
 
 
-def _f16_bytes(v: mx.array) -> mx.array:
-    """float32 (n, 1) -> fp16 little-endian bytes (n, 2), round to nearest even; NaN -> sign|0x7e00
-    (ggml's ``ggml_compute_fp32_to_fp16``)."""
+def _f16_bytes(v: mx.array, *, computed: bool = True) -> mx.array:
+    """float32 (n, 1) -> fp16 little-endian bytes (n, 2), round to nearest even (ggml's
+    ``ggml_compute_fp32_to_fp16``: a NaN becomes sign | 0x7e00).
+
+    ``computed``: ``v`` is a scale computed from finite input, so a NaN in it was produced by the
+    arithmetic (inf - inf, 0 * inf ...). x86-64 produces the negative default NaN (0xffc00000,
+    stored as 0xfe00); GPUs produce a positive one. We store 0xfe00 everywhere, as ggml does on x86-64.
+    """
     h = mx.view(v.astype(mx.float16), mx.uint16).astype(mx.uint32)
-    sign = (mx.view(v, mx.uint32) >> 31) << 15
-    h = mx.where(mx.isnan(v), sign | 0x7E00, h)
+    if computed:
+        nan_bits = mx.array(0xFE00, dtype=mx.uint32)
+    else:
+        nan_bits = ((mx.view(v, mx.uint32) >> 31) << 15) | 0x7E00
+    h = mx.where(mx.isnan(v), nan_bits, h)
     return mx.concatenate([h & 0xFF, h >> 8], axis=1).astype(mx.uint8)
 
 
@@ -114,7 +122,7 @@ def f32_dequantize(b):
 
 
 def f16_quantize(x):
-    return _f16_bytes(x.reshape(-1, 1)).reshape(x.shape[0], 2 * x.shape[1])
+    return _f16_bytes(x.reshape(-1, 1), computed=False).reshape(x.shape[0], 2 * x.shape[1])
 
 
 def f16_dequantize(b):
