@@ -15,6 +15,26 @@
 #include <ucontext.h>
 #include <vector>
 
+// Context switch: a few instructions of assembly on x86-64 (no signal-mask system call; about 10x
+// faster than swapcontext, measured); ucontext elsewhere, or when TQ_EMU_UCONTEXT is defined.
+#if defined(__x86_64__) && !defined(TQ_EMU_UCONTEXT)
+#define TQ_EMU_ASM_SWITCH 1
+#if defined(__APPLE__)
+#define TQ_EMU_SYM "_tqemu_switch"
+#define TQ_EMU_HIDE ".private_extern _tqemu_switch\n"
+#else
+#define TQ_EMU_SYM "tqemu_switch"
+#define TQ_EMU_HIDE ".hidden tqemu_switch\n"
+#endif
+// tqemu_switch(save, to): push the callee-saved registers, store the stack pointer in *save,
+// continue on the stack `to` (popping the registers it saved, or a fresh frame).
+extern "C" void tqemu_switch(void** save, void* to);
+__asm__(".text\n.globl " TQ_EMU_SYM "\n" TQ_EMU_HIDE ".p2align 4\n" TQ_EMU_SYM ":\n"
+        "pushq %rbp\npushq %rbx\npushq %r12\npushq %r13\npushq %r14\npushq %r15\n"
+        "movq %rsp, (%rdi)\nmovq %rsi, %rsp\n"
+        "popq %r15\npopq %r14\npopq %r13\npopq %r12\npopq %rbx\npopq %rbp\nret\n");
+#endif
+
 namespace tqemu {
 
 enum { ST_READY = 0, ST_BARRIER, ST_SIMD, ST_DONE };
@@ -25,7 +45,11 @@ static const size_t SHARED_GUARD = 64;
 static const unsigned char POISON = 0xFF, CANARY = 0xA5;
 
 struct Thread {
+#ifdef TQ_EMU_ASM_SWITCH
+    void* sp;
+#else
     ucontext_t ctx;
+#endif
     int state;
     Ids id;
     int line;
@@ -41,7 +65,11 @@ struct Launch {
     uint gx, gy, gz, tg;
     std::vector<Thread> th;
     Thread* cur;
+#ifdef TQ_EMU_ASM_SWITCH
+    void* sched_sp;
+#else
     ucontext_t sched;
+#endif
     unsigned char arena[SHARED_LIMIT + SHARED_GUARD];
     size_t arena_used;
     std::vector<size_t> arr_off, arr_bytes;
@@ -87,7 +115,11 @@ const Ids& ids() { return g->cur->id; }
 
 static void yield_to_scheduler() {
     Thread* t = g->cur;
+#ifdef TQ_EMU_ASM_SWITCH
+    tqemu_switch(&t->sp, g->sched_sp);
+#else
     swapcontext(&t->ctx, &g->sched);
+#endif
 }
 
 uint sync_simd(int op, int ty, uint val, uint arg, int line) {
@@ -138,7 +170,38 @@ void* shared_alloc(size_t bytes, size_t align, int line) {
 static void trampoline() {
     tq_kernel_body();
     g->cur->state = ST_DONE;
-    // returning resumes g->sched through uc_link
+#ifdef TQ_EMU_ASM_SWITCH
+    tqemu_switch(&g->cur->sp, g->sched_sp);  // never resumed
+    std::abort();
+#endif
+    // (ucontext) returning resumes g->sched through uc_link
+}
+
+static void start_thread(Thread& t) {
+#ifdef TQ_EMU_ASM_SWITCH
+    // a fresh frame: six zero registers, then `ret` into trampoline with the stack pointer at
+    // 8 mod 16, as after a call
+    uintptr_t top = ((uintptr_t)(t.stack + STACK_BYTES)) & ~(uintptr_t)15;
+    void** f = (void**)(top - 64);
+    for (int i = 0; i < 6; ++i) f[i] = nullptr;
+    f[6] = (void*)&trampoline;
+    f[7] = nullptr;
+    t.sp = (void*)f;
+#else
+    getcontext(&t.ctx);
+    t.ctx.uc_stack.ss_sp = t.stack;
+    t.ctx.uc_stack.ss_size = STACK_BYTES;
+    t.ctx.uc_link = &g->sched;
+    makecontext(&t.ctx, trampoline, 0);
+#endif
+}
+
+static void enter_thread(Thread& t) {
+#ifdef TQ_EMU_ASM_SWITCH
+    tqemu_switch(&g->sched_sp, t.sp);
+#else
+    swapcontext(&g->sched, &t.ctx);
+#endif
 }
 
 static const char* state_name(int s) {
@@ -253,11 +316,7 @@ static void run_group(uint gx, uint gy, uint gz) {
         Thread& t = g->th[i];
         t.stack = g_stacks + (size_t)i * STACK_BYTES;
         std::memset(t.stack, CANARY, STACK_GUARD);
-        getcontext(&t.ctx);
-        t.ctx.uc_stack.ss_sp = t.stack;
-        t.ctx.uc_stack.ss_size = STACK_BYTES;
-        t.ctx.uc_link = &g->sched;
-        makecontext(&t.ctx, trampoline, 0);
+        start_thread(t);
     }
     const uint nsimd = (tg + 31) / 32;
     std::vector<uint> pool(order);     // runnable threads; one is picked at random each time
@@ -270,7 +329,7 @@ static void run_group(uint gx, uint gy, uint gz) {
             pool.pop_back();
             Thread& t = g->th[i];
             g->cur = &t;
-            swapcontext(&g->sched, &t.ctx);
+            enter_thread(t);
             if (g->failed) return;
             if (t.state == ST_SIMD) {
                 // a simdgroup whose lanes have all arrived goes on at once, while other

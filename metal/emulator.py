@@ -30,6 +30,11 @@ _FLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fa
           "-fvisibility=hidden", "-w"]
 if sys.platform == "darwin":  # ucontext is deprecated there but still works
     _FLAGS += ["-D_XOPEN_SOURCE=700"]
+
+
+def _flags() -> list[str]:
+    # TQBRIDGE_EMU_UCONTEXT=1 switches threads with ucontext instead of the x86-64 assembly switch
+    return _FLAGS + (["-DTQ_EMU_UCONTEXT"] if os.environ.get("TQBRIDGE_EMU_UCONTEXT") == "1" else [])
 _DTYPES = {"float32": np.float32, "int32": np.int32, "uint32": np.uint32, "uint16": np.uint16,
            "uint8": np.uint8}
 DEFAULT_SEED = 0x7B1D6E
@@ -78,7 +83,8 @@ class EmulatedKernel:
         cxx = find_compiler()
         import hashlib
 
-        key = hashlib.sha256((src + "\0" + " ".join(_FLAGS) + "\0" + cxx).encode()).hexdigest()[:24]
+        flags = _flags()
+        key = hashlib.sha256((src + "\0" + " ".join(flags) + "\0" + cxx).encode()).hexdigest()[:24]
         d = cache_dir()
         d.mkdir(parents=True, exist_ok=True)
         lib = d / f"{kernel.name}-{key}.so"
@@ -87,7 +93,7 @@ class EmulatedKernel:
             srcfile.write_text(src)
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
             os.close(fd)
-            proc = subprocess.run([cxx, *_FLAGS, str(srcfile), "-o", tmp], capture_output=True, text=True)
+            proc = subprocess.run([cxx, *flags, str(srcfile), "-o", tmp], capture_output=True, text=True)
             if proc.returncode != 0:
                 os.unlink(tmp)
                 msg = "\n".join((proc.stderr or proc.stdout).splitlines()[:40])

@@ -1,6 +1,6 @@
 // tqbridge kernel dialect on the CPU SIMT emulator (see docs/kernels.md).
 //
-// The kernel body becomes a function run once per thread; threads are coroutines (ucontext)
+// The kernel body becomes a function run once per thread; threads are coroutines
 // scheduled by emu_runtime.h, and every barrier or SIMD op is a scheduling point. Compiled with
 // -ffp-contract=off -fno-fast-math, so tq_add/tq_mul/... and plain float operators round each
 // operation to float32, as the reference does.

@@ -47,6 +47,19 @@ def test_barrier_and_simd_sum_are_exact():
     assert np.array_equal(y.view(np.uint32), want.view(np.uint32))
 
 
+def test_ucontext_switch_gives_the_same_results(monkeypatch):
+    # the portable thread switch (used off x86-64) against the assembly one
+    x = _x(256 * 4, 5)
+    kern = Kernel("reverse_sum_uc", X, Y, REVERSE_SUM)
+    (fast,) = EmulatedKernel(kern, {})([x], [x.shape], (4, 1, 1), 256)
+    monkeypatch.setenv("TQBRIDGE_EMU_UCONTEXT", "1")
+    (slow,) = EmulatedKernel(kern, {})([x], [x.shape], (4, 1, 1), 256)
+    assert np.array_equal(fast.view(np.uint32), slow.view(np.uint32))
+    with pytest.raises(EmulatorError, match="depends on the thread order"):
+        body = REVERSE_SUM.replace("tq_barrier();", "").replace("tq_simd_sum(v)", "v")
+        EmulatedKernel(Kernel("no_barrier_uc", X, Y, body), {})([x], [x.shape], (4, 1, 1), 256, runs=2)
+
+
 def test_simd_max_min_shuffle_broadcast():
     body = """
     uint i = tq_gx * tq_tg_size + tq_tid;
