@@ -8,9 +8,9 @@ on exit.
 Paths (recorded per cache in ``cache.paths``):
 
 - ``decode:<backend>`` — one query row: ``tqbridge.metal.decode_attention`` on the K/V blocks
-  (``<backend>`` as its dispatcher reports it: ``cuda``, ``metal``, ``cpu-emulator`` ...).
-- ``decode:reference`` / ``prefill:reference`` — dequantize the blocks, then
-  ``mx.fast.scaled_dot_product_attention``. Prefill attends to the *quantized* rows of the chunk
+  (``<backend>`` as its dispatcher reports it: ``cuda``, ``metal``, ``cpu-emulator``, ``reference``).
+- ``prefill:dequant-sdpa`` (and ``decode:dequant-sdpa`` when decode_attention is absent or refuses a
+  shape, or in mode ``sdpa``) — dequantize the blocks, then ``mx.fast.scaled_dot_product_attention``. Prefill attends to the *quantized* rows of the chunk
   itself too (as llama.cpp does: it writes the cache, then reads it), so results do not depend on
   how a prompt is chunked and every position sees the cache decode would see.
 """
@@ -28,7 +28,7 @@ from .cache import TQCache
 
 __all__ = ["route_attention", "attend", "decode_kernel", "DECODE_MODES"]
 
-DECODE_MODES = ("auto", "kernel", "reference")
+DECODE_MODES = ("auto", "kernel", "reference", "sdpa")
 _lock = threading.Lock()
 _depth = 0
 _saved: dict = {}
@@ -45,34 +45,40 @@ def decode_kernel():
 
 
 def _kernel_backend() -> str:
-    try:
-        from tqbridge.metal.attention import last_backend
+    from tqbridge.metal import attention
 
-        return last_backend() or "kernel"
-    except ImportError:  # pragma: no cover
-        return "kernel"
+    if hasattr(attention, "last_run"):
+        return attention.last_run().get("backend") or "kernel"
+    if hasattr(attention, "last_backend"):  # pragma: no cover - older name
+        return attention.last_backend() or "kernel"
+    return "kernel"  # pragma: no cover
 
 
-def _auto_uses_kernel() -> bool:
-    # On a GPU the fused kernel; on CPU the ops reference unless asked otherwise
-    # (TQBRIDGE_CPU_DECODE=kernel runs the kernel's CPU emulator instead).
+def _decode_backend(mode: str) -> "str | None":
+    """The ``backend`` to pass to decode_attention for ``mode``, or None for dequantize + SDPA."""
+    if mode == "sdpa":
+        return None
+    if mode in ("kernel", "reference"):
+        return mode
+    # auto: the fused kernel on a GPU; on CPU the dispatcher's MLX-ops reference, which measured
+    # 2-25x faster than the kernel's CPU emulator (TQBRIDGE_CPU_DECODE=kernel picks the emulator).
     if mx.default_device() == mx.gpu:
-        return True
-    return os.environ.get("TQBRIDGE_CPU_DECODE", "reference") == "kernel"
+        return "auto"
+    return "kernel" if os.environ.get("TQBRIDGE_CPU_DECODE") == "kernel" else "reference"
 
 
-def _kernel_decode(cache: TQCache, q: mx.array, scale: float, sinks=None):
+def _kernel_decode(cache: TQCache, q: mx.array, scale: float, sinks, backend: str):
     kernel = decode_kernel()
     if kernel is None or cache.decode_fallback:
         return None
     start = max(0, cache.offset - cache.window) if cache.window else 0
     kb, vb = cache.blocks(start)
     B, Hq, _, D = q.shape
-    qd = q.reshape(B, Hq, D)
+    kwargs = {"sinks": sinks} if sinks is not None else {}
     try:
-        out = kernel(qd, kb, vb, k_format=cache.k_format, v_format=cache.v_format,
-                     length=cache.offset - start, scale=scale, sinks=sinks)
-    except Exception as e:  # a format or shape the kernel does not take: say so once, then fall back
+        out = kernel(q.reshape(B, Hq, D), kb, vb, k_format=cache.k_format, v_format=cache.v_format,
+                     length=cache.offset - start, scale=scale, backend=backend, **kwargs)
+    except Exception as e:  # a format or shape it does not take: say so once, then fall back
         cache.decode_fallback = f"{type(e).__name__}: {e}"
         return None
     out = mx.array(out) if not isinstance(out, mx.array) else out
@@ -83,19 +89,24 @@ def _kernel_decode(cache: TQCache, q: mx.array, scale: float, sinks=None):
 
 def attend(cache: TQCache, queries, keys, values, *, scale: float, mask=None, sinks=None,
            mode: str = "auto"):
-    """Attention for one TQCache layer; records the path in ``cache.paths``."""
+    """Attention for one TQCache layer; records the path in ``cache.paths``.
+
+    ``keys`` / ``values`` are what ``cache.update_and_fetch`` returned (lazy dequantized rows);
+    the decode path reads the blocks instead, so they are never computed there.
+    """
     if mode not in DECODE_MODES:
         raise ValueError(f"decode mode must be one of {DECODE_MODES}, got {mode!r}")
     decode = queries.shape[2] == 1
-    if decode and (mode == "kernel" or (mode == "auto" and _auto_uses_kernel())):
-        out = _kernel_decode(cache, queries, scale, sinks)
+    backend = _decode_backend(mode) if decode else None
+    if backend is not None:
+        out = _kernel_decode(cache, queries, scale, sinks, backend)
         if out is not None:
             cache.paths[f"decode:{_kernel_backend()}"] += 1
             return out
         if mode == "kernel":
             why = cache.decode_fallback or "tqbridge.metal.decode_attention is not installed"
             raise RuntimeError(f"decode mode 'kernel' asked for, but the kernel cannot run: {why}")
-    cache.paths["decode:reference" if decode else "prefill:reference"] += 1
+    cache.paths["decode:dequant-sdpa" if decode else "prefill:dequant-sdpa"] += 1
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask,
                                                 sinks=sinks)
 
@@ -115,8 +126,10 @@ def _routed(original):
 def route_attention(mode: str = "auto"):
     """Route attention of TQCache layers while the block runs (re-entrant; restores on exit).
 
-    ``mode``: ``auto`` (kernel on a GPU, ops reference on CPU unless ``TQBRIDGE_CPU_DECODE=kernel``),
-    ``kernel`` (always the fused kernel; an error if it is not installed) or ``reference``.
+    ``mode`` (decode steps): ``auto`` (the fused kernel on a GPU; on CPU decode_attention's ops
+    reference unless ``TQBRIDGE_CPU_DECODE=kernel``), ``kernel`` (always the fused kernel; an error
+    if it cannot run), ``reference`` (decode_attention's ops reference) or ``sdpa`` (dequantize +
+    ``mx.fast.scaled_dot_product_attention``, as prefill).
     """
     global _depth, _mode
     if mode not in DECODE_MODES:

@@ -167,7 +167,7 @@ def _tokens(n, seed=0):
     return mx.array(np.random.default_rng(seed).integers(0, 97, (1, n)))
 
 
-def _run(model, cache, toks, chunk, mode="reference"):
+def _run(model, cache, toks, chunk, mode="sdpa"):
     """Logits of every position, the prompt fed in chunks of ``chunk`` (1 = token by token)."""
     outs = []
     with route_attention(mode):
@@ -235,7 +235,7 @@ def test_routing_sends_decode_to_the_kernel_and_restores(tiny, monkeypatch):
 
     calls = []
 
-    def fake_kernel(q, k_blocks, v_blocks, *, k_format, v_format, length, scale, sinks=None):
+    def fake_kernel(q, k_blocks, v_blocks, *, k_format, v_format, length, scale, backend=None, sinks=None):
         calls.append((q.shape, k_blocks.shape, v_blocks.shape, k_format, v_format, length))
         # plain attention over the bridge's dequantization of the same blocks
         d = q.shape[-1]
@@ -253,10 +253,10 @@ def test_routing_sends_decode_to_the_kernel_and_restores(tiny, monkeypatch):
     got = mx.concatenate([got, _run(tiny, c, toks[:, 16:], 1, mode="kernel")], axis=1)
     assert llama.scaled_dot_product_attention is original and base.scaled_dot_product_attention is original
     paths = cache_report(c)["paths"]
-    assert paths == {"append": 2 * 5, "prefill:reference": 2, "decode:fake": 2 * 4}
+    assert paths == {"append": 2 * 5, "prefill:dequant-sdpa": 2, "decode:fake": 2 * 4}
     assert len(calls) == 8
     assert calls[-1] == ((1, 4, 64), (1, 2, 20, 68), (1, 2, 20, 36), "q8_0", "q4_0", 20)
-    want = _run(tiny, make_cache(tiny, "q8_0", "q4_0"), toks, 1, mode="reference")
+    want = _run(tiny, make_cache(tiny, "q8_0", "q4_0"), toks, 1, mode="sdpa")
     np.testing.assert_allclose(np.array(got), np.array(want), atol=LOGIT_ATOL, rtol=0)
 
 
@@ -309,7 +309,7 @@ def test_sliding_window_layers_quantized_or_float():
     rep = cache_report(f)
     assert rep["layer_kinds"] == {"RotatingKVCache": 2, "tqbridge": 2}
     _run(m, f, toks, 10)
-    assert cache_report(f)["paths"]["prefill:reference"] == 2 * 3
+    assert cache_report(f)["paths"]["prefill:dequant-sdpa"] == 2 * 3
     with pytest.raises(ValueError, match="sliding"):
         make_cache(m, "q8_0", "q8_0", sliding="drop")
 
@@ -318,7 +318,7 @@ def test_windowed_decode_passes_only_the_window_to_the_kernel(monkeypatch):
     m = _tiny_gemma3(window=8)
     seen = []
 
-    def fake_kernel(q, k_blocks, v_blocks, *, k_format, v_format, length, scale, sinks=None):
+    def fake_kernel(q, k_blocks, v_blocks, *, k_format, v_format, length, scale, backend=None, sinks=None):
         seen.append(length)
         d = q.shape[-1]
         k = mx.array(_reference_rows(k_format, np.array(k_blocks), d))
@@ -328,7 +328,7 @@ def test_windowed_decode_passes_only_the_window_to_the_kernel(monkeypatch):
     monkeypatch.setattr(routing, "decode_kernel", lambda: fake_kernel)
     toks = _tokens(14, seed=8)
     got = _run(m, make_cache(m, "q8_0", "q8_0"), toks, 1, mode="kernel")
-    want = _run(m, make_cache(m, "q8_0", "q8_0"), toks, 1, mode="reference")
+    want = _run(m, make_cache(m, "q8_0", "q8_0"), toks, 1, mode="sdpa")
     np.testing.assert_allclose(np.array(got), np.array(want), atol=LOGIT_ATOL, rtol=0)
     # per step: two windowed layers (at most 8 rows) and two global layers (all rows)
     assert seen[-4:] == [8, 14, 8, 14]
@@ -337,3 +337,15 @@ def test_windowed_decode_passes_only_the_window_to_the_kernel(monkeypatch):
 
 def test_mlx_lm_finds_the_class_by_name():
     assert mlx_cache.TQCache is TQCache and tqc.TQCache is TQCache
+
+
+def test_auto_mode_on_cpu_uses_the_dispatchers_reference(tiny):
+    """On a CPU-only machine decode goes to decode_attention's ops reference (measured faster than
+    the kernel's emulator); the path is recorded."""
+    if mx.default_device() == mx.gpu:
+        pytest.skip("this machine has a GPU: auto mode runs the fused kernel there")
+    if routing.decode_kernel() is None:
+        pytest.skip("tqbridge.metal.attention.decode_attention is not installed")
+    c = make_cache(tiny, "q8_0", "turbo3")
+    _run(tiny, c, _tokens(6), 5, mode="auto")
+    assert cache_report(c)["paths"] == {"append": 2 * 2, "prefill:dequant-sdpa": 2, "decode:reference": 2}

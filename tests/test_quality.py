@@ -62,7 +62,7 @@ def test_evaluate_on_a_tiny_model(tiny, tmp_path):
     assert rows[2]["bytes_per_token"] == per_token("q4_0", "turbo3", 64, 128)
     assert math.isclose(rows[1]["compression_vs_f16"], 16 / 8.5)
     assert rows[1]["kl_mean"] > 0.0   # a quantized cache changes the distributions
-    assert rows[1]["paths"]["prefill:reference"] == 2 * 5
+    assert rows[1]["paths"]["prefill:dequant-sdpa"] == 2 * 5
     md = q.to_markdown(rows, "tiny")
     assert md.count("\n| ") == 4 and "q4_0/turbo3" in md
     json.dumps(rows)

@@ -68,8 +68,16 @@ def run(args) -> int:
     mx.reset_peak_memory()
     t0 = time.perf_counter()
     n_gen, pending, t_first = 0, b"", None
+    mem = {}
+
+    def prefill_done():
+        mem["prefill_peak"] = mx.get_peak_memory()
+        mem["prefill_cache"] = cache_report(cache)["used_nbytes"]
+        mx.reset_peak_memory()
+
     with route_attention(args.decode):
-        for token in generate_tokens(model, ids, cache, args.max_tokens, args.temp):
+        for token in generate_tokens(model, ids, cache, args.max_tokens, args.temp,
+                                     on_prefill_done=prefill_done):
             if t_first is None:
                 t_first = time.perf_counter()
             if token in tok.eos_token_ids:
@@ -88,8 +96,11 @@ def run(args) -> int:
         print(f"--- kv {kf}/{vf}: prompt {len(ids)} tokens ({prefill:.2f} s), generated {n_gen} "
               f"({rate:.1f} tok/s)", file=sys.stderr)
         print(f"--- layers {rep['layer_kinds']}, paths {rep['paths']}", file=sys.stderr)
-        print(f"--- cache {rep['used_nbytes'] / 2**20:.2f} MiB used, {rep['nbytes'] / 2**20:.2f} MiB "
-              f"allocated; peak memory {mx.get_peak_memory() / 2**20:.1f} MiB", file=sys.stderr)
+        mib = 2 ** 20
+        print(f"--- cache {rep['used_nbytes'] / mib:.2f} MiB used ({rep['used_nbytes'] / max(1, cache[0].offset):.0f} "
+              f"bytes/token), {rep['nbytes'] / mib:.2f} MiB allocated; peak memory: prefill "
+              f"{mem.get('prefill_peak', 0) / mib:.1f} MiB, decode {mx.get_peak_memory() / mib:.1f} MiB; "
+              f"active {mx.get_active_memory() / mib:.1f} MiB", file=sys.stderr)
     return 0
 
 
@@ -103,8 +114,12 @@ def _utf8_prefix(b: bytes) -> tuple[str, bytes]:
     return b.decode("utf-8", errors="replace"), b""
 
 
-def generate_tokens(model, ids, cache, max_tokens: int, temp: float = 0.0, prefill_step: int = 512):
-    """Yield generated token ids: chunked prefill, then one token per step (greedy or sampled)."""
+def generate_tokens(model, ids, cache, max_tokens: int, temp: float = 0.0, prefill_step: int = 512,
+                    on_prefill_done=None):
+    """Yield generated token ids: chunked prefill, then one token per step (greedy or sampled).
+
+    ``on_prefill_done()`` is called once the prompt (all but its last token) is in the cache.
+    """
     import mlx.core as mx
 
     if not ids:
@@ -116,6 +131,8 @@ def generate_tokens(model, ids, cache, max_tokens: int, temp: float = 0.0, prefi
         model(x[:, s:min(s + prefill_step, x.shape[1] - 1)], cache=cache)
         mx.eval([a for c in cache for a in (getattr(c, 'keys', None), getattr(c, 'values', None))
                  if a is not None])
+    if on_prefill_done is not None:
+        on_prefill_done()
     y = x[:, -1:]
     for _ in range(max_tokens):
         logits = model(y, cache=cache)[:, -1, :]
