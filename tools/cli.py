@@ -63,4 +63,7 @@ def main(argv: "list[str] | None" = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # Run through the package module so subcommands raise the same CliError class this module catches.
+    from tqbridge.tools.cli import main as _main
+
+    sys.exit(_main())
