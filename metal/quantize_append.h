@@ -5,7 +5,8 @@
 //
 // Static parameters: QA_FMT (format code below), QA_SRC (0 float32 rows, 1 float16 bits, 2 bfloat16
 // bits), QA_BLOCK (values per block), QA_TYPE_SIZE (bytes per block); turbo formats also QA_BITS,
-// QA_QS_OFF, QA_SIGNS_OFF, QA_RNORM (1: a zero fp16 at bytes 2..3).
+// QA_QS_OFF, QA_SIGNS_OFF, QA_RNORM (1: a zero fp16 at bytes 2..3), QA_VPL (values per lane).
+// Turbo formats take one simdgroup per block, the others one thread per block.
 // Buffers: x (rows), tab (float32 tables; iq4_nl: the host's default NaN at 0; turbo: centroids at 0, midpoints at 16, s1 at 32,
 // s2 * scale at 32 + QA_BLOCK), params (uint32: [0] number of blocks), out (uint8 blocks).
 
@@ -61,6 +62,95 @@ TQ_FUNC uchar qa_round_i8(float n) {
     return tq_f32_to_u8_np(tq_mul(s, b));
 }
 //== body ==
+#if QA_FMT == QA_TURBO
+    // One simdgroup per block: lane l holds the QA_VPL consecutive values l*QA_VPL + i. Sums stay
+    // sequential over j = 0, 1, ... (every lane adds the broadcast terms in the same order).
+    uint b = tq_gx * tq_nsimd + tq_simd;
+    if (b >= params[0]) return;  // uniform in the simdgroup
+    TQ_DEVICE uchar* o = out + b * (uint)QA_TYPE_SIZE;
+    const uint l = tq_lane;
+    const uint nlev = 1u << QA_BITS;
+    float v[QA_VPL], sq[QA_VPL];
+    for (uint i = 0u; i < (uint)QA_VPL; ++i) {
+        v[i] = qa_load(x, b * (uint)QA_BLOCK + l * (uint)QA_VPL + i);
+        sq[i] = tq_mul(v[i], v[i]);
+    }
+    // 1. norm_sq = x[0]^2 + x[1]^2 + ... in this order; g = sqrt; inv = g > 1e-10 ? 1/g : 0
+    float nsq = 0.0f;
+    for (uint j = 0u; j < (uint)QA_BLOCK; ++j)
+        nsq = tq_add(nsq, tq_simd_broadcast(sq[j % (uint)QA_VPL], j / (uint)QA_VPL));
+    float g = tq_sqrt(nsq);
+    float inv = g > 1e-10f ? tq_div(1.0f, g) : 0.0f;
+    // 2. rotation: s1, the butterfly (h < QA_VPL inside a lane, then across lanes), s2 * scale
+    for (uint i = 0u; i < (uint)QA_VPL; ++i) v[i] = tq_mul(tq_mul(v[i], inv), tab[QA_TAB_S1 + l * (uint)QA_VPL + i]);
+    for (uint h = 1u; h < (uint)QA_VPL; h <<= 1) {
+        for (uint i = 0u; i < (uint)QA_VPL; ++i) {
+            if ((i & h) == 0u) {
+                float a = v[i], c = v[i + h];
+                v[i] = tq_add(a, c);
+                v[i + h] = tq_sub(a, c);
+            }
+        }
+    }
+    for (uint m = 1u; m < 32u; m <<= 1) {  // partner lane l ^ m holds j ^ (m * QA_VPL)
+        for (uint i = 0u; i < (uint)QA_VPL; ++i) {
+            float other = tq_simd_shuffle_xor(v[i], m);
+            v[i] = (l & m) == 0u ? tq_add(v[i], other) : tq_sub(other, v[i]);
+        }
+    }
+    // 3. nearest centroid: the number of midpoints <= u
+    uint idx[QA_VPL];
+    float c2[QA_VPL];
+    for (uint i = 0u; i < (uint)QA_VPL; ++i) {
+        float u = tq_mul(v[i], tab[QA_TAB_S1 + QA_BLOCK + l * (uint)QA_VPL + i]);
+        uint k = 0u;
+        for (uint m = 0u; m + 1u < nlev; ++m) k += tab[QA_TAB_M + m] <= u ? 1u : 0u;
+        idx[i] = k;
+        float c = tab[QA_TAB_C + k];
+        c2[i] = tq_mul(c, c);
+    }
+    // 4. corrected norm g / ||c[idx]|| (sequential sum of squares), stored as fp16
+    float rsq = 0.0f;
+    for (uint j = 0u; j < (uint)QA_BLOCK; ++j)
+        rsq = tq_add(rsq, tq_simd_broadcast(c2[j % (uint)QA_VPL], j / (uint)QA_VPL));
+    float r = tq_sqrt(rsq);
+    float norm = r > 1e-10f ? tq_div(g, r) : g;
+    if (l == 0u) {
+        qa_put16(o, 0u, tq_f32_to_f16_bits(norm));
+        if (QA_RNORM) qa_put16(o, 2u, (ushort)0u);
+    }
+    // packing: `bits` bits per value; lanes OR their fields together until one lane holds a byte
+    uint q4 = 0u, q2 = 0u, hb = 0u;
+    for (uint i = 0u; i < (uint)QA_VPL; ++i) {
+        q4 |= (idx[i] & 15u) << (4u * i);
+        q2 |= (idx[i] & 3u) << (2u * i);
+        hb |= ((idx[i] >> 2) & 1u) << i;
+    }
+    if (QA_BITS == 4) {
+        for (uint k = 0u; k < (uint)QA_VPL / 2u; ++k)
+            o[QA_QS_OFF + l * (uint)QA_VPL / 2u + k] = (uchar)((q4 >> (8u * k)) & 0xffu);
+    } else {
+        // 2-bit fields: 4 per byte; a lane has 2 * QA_VPL bits
+        for (uint m = 1u; m * (uint)QA_VPL < 4u; m <<= 1) {
+            uint other = tq_simd_shuffle_xor(q2, m);
+            if ((l & m) == 0u) q2 |= other << (2u * (uint)QA_VPL * m);
+        }
+        const uint lanes2 = (4u + (uint)QA_VPL - 1u) / (uint)QA_VPL;  // lanes per qs byte (1 or 2)
+        if (l % lanes2 == 0u) {
+            for (uint k = 0u; k < (uint)QA_VPL * lanes2 / 4u; ++k)
+                o[QA_QS_OFF + l * (uint)QA_VPL / 4u + k] = (uchar)((q2 >> (8u * k)) & 0xffu);
+        }
+        if (QA_BITS == 3) {
+            // high bits: 8 per byte
+            for (uint m = 1u; m * (uint)QA_VPL < 8u; m <<= 1) {
+                uint other = tq_simd_shuffle_xor(hb, m);
+                if ((l & m) == 0u) hb |= other << ((uint)QA_VPL * m);
+            }
+            const uint lanes3 = 8u / (uint)QA_VPL;
+            if (l % lanes3 == 0u) o[QA_SIGNS_OFF + l / lanes3] = (uchar)(hb & 0xffu);
+        }
+    }
+#else
     uint b = tq_gx * tq_tg_size + tq_tid;
     if (b >= params[0]) return;
     TQ_DEVICE uchar* o = out + b * (uint)QA_TYPE_SIZE;
@@ -173,53 +263,5 @@ TQ_FUNC uchar qa_round_i8(float n) {
             uint hi = qa_best_index(tq_mul(inv, v[j + 16u]));
             o[2u + j] = (uchar)(lo | (hi << 4));
         }
-    } else if (QA_FMT == QA_TURBO) {
-        // 1. norm: sequential sum of squares; 2. normalise, rotate (s1, butterfly, s2 * scale);
-        // 3. nearest centroid (count of midpoints <= u); 4. corrected norm g / ||c[idx]||.
-        const uint nlev = 1u << QA_BITS;
-        float nsq = 0.0f;
-        for (uint j = 0u; j < (uint)QA_BLOCK; ++j) nsq = tq_add(nsq, tq_mul(v[j], v[j]));
-        float g = tq_sqrt(nsq);
-        float inv = g > 1e-10f ? tq_div(1.0f, g) : 0.0f;
-        for (uint j = 0u; j < (uint)QA_BLOCK; ++j) v[j] = tq_mul(tq_mul(v[j], inv), tab[QA_TAB_S1 + j]);
-        for (uint h = 1u; h < (uint)QA_BLOCK; h <<= 1) {
-            for (uint j = 0u; j < (uint)QA_BLOCK; ++j) {
-                if ((j & h) == 0u) {
-                    float a = v[j], c = v[j + h];
-                    v[j] = tq_add(a, c);
-                    v[j + h] = tq_sub(a, c);
-                }
-            }
-        }
-        uchar idx[QA_BLOCK];
-        float rsq = 0.0f;
-        for (uint j = 0u; j < (uint)QA_BLOCK; ++j) {
-            float u = tq_mul(v[j], tab[QA_TAB_S1 + QA_BLOCK + j]);
-            uint k = 0u;
-            for (uint m = 0u; m + 1u < nlev; ++m) k += tab[QA_TAB_M + m] <= u ? 1u : 0u;
-            idx[j] = (uchar)k;
-            float c = tab[QA_TAB_C + k];
-            rsq = tq_add(rsq, tq_mul(c, c));
-        }
-        float r = tq_sqrt(rsq);
-        float norm = r > 1e-10f ? tq_div(g, r) : g;
-        qa_put16(o, 0u, tq_f32_to_f16_bits(norm));
-        if (QA_RNORM) qa_put16(o, 2u, (ushort)0u);
-        if (QA_BITS == 4) {
-            for (uint k = 0u; k < (uint)QA_BLOCK / 2u; ++k)
-                o[QA_QS_OFF + k] = (uchar)(idx[2u * k] | (idx[2u * k + 1u] << 4));
-        } else {
-            for (uint k = 0u; k < (uint)QA_BLOCK / 4u; ++k) {
-                uint p = 0u;
-                for (uint i = 0u; i < 4u; ++i) p |= ((uint)idx[4u * k + i] & 3u) << (2u * i);
-                o[QA_QS_OFF + k] = (uchar)p;
-            }
-            if (QA_BITS == 3) {
-                for (uint k = 0u; k < (uint)QA_BLOCK / 8u; ++k) {
-                    uint p = 0u;
-                    for (uint i = 0u; i < 8u; ++i) p |= (((uint)idx[8u * k + i] >> 2) & 1u) << i;
-                    o[QA_SIGNS_OFF + k] = (uchar)p;
-                }
-            }
-        }
     }
+#endif

@@ -1,5 +1,6 @@
 """Quantize-on-append: new K/V rows (any float dtype) -> blocks of any registered format, in one
-kernel dispatch, byte-identical to :func:`tqbridge.bridge.quantize`.
+kernel dispatch, byte-identical to :func:`tqbridge.bridge.quantize` (turbo formats: one simdgroup
+per block; the others: one thread per block).
 
 Inputs and outputs: numpy in, numpy out on ``cpu-emulator`` and ``reference``; on ``metal`` and
 ``cuda`` an ``mx.array`` (or numpy, converted) in and an ``mx.array`` out. float32, float16 and
@@ -43,7 +44,7 @@ def supported(fmt: "str | Format") -> bool:
 @lru_cache(maxsize=None)
 def _static_and_table(f: Format) -> tuple[dict[str, int], np.ndarray]:
     static = {"QA_BLOCK": f.block_size, "QA_TYPE_SIZE": f.type_size, "QA_BITS": 0, "QA_QS_OFF": 0,
-              "QA_SIGNS_OFF": 0, "QA_RNORM": 0}
+              "QA_SIGNS_OFF": 0, "QA_RNORM": 0, "QA_VPL": 1}
     if f.name in _CODES:
         static["QA_FMT"] = _CODES[f.name]
         with np.errstate(invalid="ignore"):  # the NaN this CPU makes for inf - inf (x86-64: 0xFFC00000)
@@ -57,7 +58,9 @@ def _static_and_table(f: Format) -> tuple[dict[str, int], np.ndarray]:
     tab[16:16 + sp.levels - 1] = sp.midpoints
     tab[32:32 + sp.group] = sp.s1
     tab[32 + sp.group:] = (sp.scale * sp.s2).astype(np.float32)  # C: x[i] *= inv_sqrt * s2[i]
-    static.update(QA_FMT=_TURBO, QA_BITS=sp.bits, QA_QS_OFF=sp.qs_offset,
+    if sp.group % 32 or sp.group // 32 not in (2, 4):
+        raise KernelError(f"{f.key}: the turbo kernel takes groups of 64 or 128 values, not {sp.group}")
+    static.update(QA_FMT=_TURBO, QA_BITS=sp.bits, QA_QS_OFF=sp.qs_offset, QA_VPL=sp.group // 32,
                   QA_SIGNS_OFF=sp.signs_offset or 0, QA_RNORM=int(sp.rnorm_offset is not None))
     return static, tab
 
@@ -133,7 +136,8 @@ def quantize_append(fmt: "str | Format", rows: Any, *, backend: str = "auto", ch
     n_blocks = int(np.prod(shape, dtype=np.int64)) // f.block_size
     kern = build(_kernel(src16), static, path)
     params = np.array([n_blocks], np.uint32)
-    grid = (max(1, -(-n_blocks // THREADS)), 1, 1)
+    per_group = THREADS // 32 if static["QA_FMT"] == _TURBO else THREADS  # turbo: a simdgroup per block
+    grid = (max(1, -(-n_blocks // per_group)), 1, 1)
 
     if path == "cpu-emulator":
         if _is_mx(rows):
