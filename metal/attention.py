@@ -26,6 +26,7 @@ from ..bridge.registry import Format
 MAX_QUERY_ROWS = 4          # speculative decoding: at most 4 new query rows per call
 BACKENDS = ("auto", "reference", "kernel", "cpu-emulator", "cuda", "metal")
 LAST_RUN: dict = {}         # what the most recent call ran: backend, dispatches, splits
+_CHECKED: dict = {}         # call signature -> validated Problem
 
 
 class AttentionError(ValueError):
@@ -174,8 +175,20 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
     """
     if backend not in BACKENDS:
         raise AttentionError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    prob = check_problem(q, k_blocks, v_blocks, k_format=k_format, v_format=v_format, length=length,
-                         scale=scale, window=window, softcap=softcap, sinks=sinks)
+    key = None
+    if isinstance(length, int) and isinstance(k_format, (str, Format)) and isinstance(v_format, (str, Format)):
+        # decoding calls repeat the same shapes: validate once per distinct call signature
+        key = (tuple(q.shape), str(q.dtype), tuple(k_blocks.shape), str(k_blocks.dtype), tuple(v_blocks.shape),
+               str(v_blocks.dtype), k_format, v_format, length, scale, window, softcap,
+               None if sinks is None else tuple(sinks.shape))
+    prob = _CHECKED.get(key) if key is not None else None
+    if prob is None:
+        prob = check_problem(q, k_blocks, v_blocks, k_format=k_format, v_format=v_format, length=length,
+                             scale=scale, window=window, softcap=softcap, sinks=sinks)
+        if key is not None:
+            if len(_CHECKED) > 1024:
+                _CHECKED.clear()
+            _CHECKED[key] = prob
     if backend == "reference":
         if options:
             raise AttentionError(f"unknown options for the reference path: {', '.join(sorted(options))}")

@@ -39,13 +39,14 @@ struct tqa_f4 { float v[4]; };
 // tanh from exp (the dialect has exp): exact limits +-1, absolute error a few ulp of 1.
 TQ_FUNC float tqa_tanh(float x) { return 1.0f - 2.0f / (tq_exp(2.0f * x) + 1.0f); }
 
-TQ_FUNC uint tqa_u16(TQ_CONST_DEVICE uchar* p, int off) {
-    return (uint)p[off] | ((uint)p[off + 1] << 8);
+// Rows are decoded from a tile staged in threadgroup memory (tqa_stage). Every block size and
+// field offset the kernel reads is even, and staged rows start at even offsets, so 16-bit fields
+// are read with one aligned 16-bit load (little-endian on every backend).
+TQ_FUNC uint tqa_u16(TQ_SHARED const uchar* p, int off) {
+    return (uint)((TQ_SHARED const ushort*)(p + off))[0];
 }
 
-TQ_FUNC uint tqa_u32(TQ_CONST_DEVICE uchar* p, int off) {
-    return (uint)p[off] | ((uint)p[off + 1] << 8) | ((uint)p[off + 2] << 16) | ((uint)p[off + 3] << 24);
-}
+TQ_FUNC uint tqa_u32(TQ_SHARED const uchar* p, int off) { return tqa_u16(p, off) | (tqa_u16(p, off + 2) << 16); }
 
 // binary16 bits -> float32, exact, without a loop: normals by re-biasing the exponent, subnormals
 // as an exact integer times 2^-24, inf / NaN by bits.
@@ -59,11 +60,11 @@ TQ_FUNC float tqa_half_bits(uint h) {
     return tq_as_float(tq_as_uint(mag) | sign);
 }
 
-TQ_FUNC float tqa_half(TQ_CONST_DEVICE uchar* p, int off) { return tqa_half_bits(tqa_u16(p, off)); }
+TQ_FUNC float tqa_half(TQ_SHARED const uchar* p, int off) { return tqa_half_bits(tqa_u16(p, off)); }
 
 // bb: bytes per block, group: values per block, qso / sgo: offsets of the turbo index fields.
 TQ_FUNC tqa_f4 tqa_dq4(const int fmt, const int bb, const int group, const int qso, const int sgo,
-                       TQ_CONST_DEVICE uchar* row, int e, TQ_SHARED const float* tab) {
+                       TQ_SHARED const uchar* row, int e, TQ_SHARED const float* tab) {
     tqa_f4 r;
     if (fmt == TQA_F32) {
         for (int i = 0; i < 4; ++i) r.v[i] = tq_as_float(tqa_u32(row, 4 * (e + i)));
@@ -74,10 +75,11 @@ TQ_FUNC tqa_f4 tqa_dq4(const int fmt, const int bb, const int group, const int q
     } else {
         const int blk = e / group;
         const int j = e - blk * group;        // first value's index inside its block
-        TQ_CONST_DEVICE uchar* p = row + blk * bb;
+        TQ_SHARED const uchar* p = row + blk * bb;
         const float d = tqa_half(p, 0);
         if (fmt == TQA_Q8_0) {                 // fp16 d, int8 qs[32]: x = d * q
-            for (int i = 0; i < 4; ++i) r.v[i] = d * (float)(((int)p[2 + j + i] ^ 0x80) - 0x80);
+            const uint w = tqa_u32(p, 2 + j);  // j % 4 == 0: 4 int8 in two aligned 16-bit loads
+            for (int i = 0; i < 4; ++i) r.v[i] = d * (float)((int)(((w >> (8 * i)) & 0xffu) ^ 0x80u) - 0x80);
         } else if (fmt == TQA_Q4_0 || fmt == TQA_IQ4_NL) {  // fp16 d, qs[16]: low nibbles 0..15, high 16..31
             for (int i = 0; i < 4; ++i) {
                 const int k = j + i;
@@ -114,6 +116,34 @@ TQ_FUNC tqa_f4 tqa_dq4(const int fmt, const int bb, const int group, const int q
         }
     }
     return r;
+}
+
+// Copy nbytes (even) of device memory starting at byte `off` (even) of `src` into threadgroup
+// words `dst`, all threads together: 32-bit loads when `off` is 4-aligned (8 in flight per thread),
+// else 16-bit loads. Never reads past src[off + nbytes - 1].
+TQ_FUNC void tqa_stage(TQ_SHARED uint* dst, TQ_CONST_DEVICE uchar* src, size_t off, int nbytes, uint tid, uint nt) {
+    if ((off & 3u) == 0u) {
+        TQ_CONST_DEVICE uint* s32 = (TQ_CONST_DEVICE uint*)(src + off);
+        const int nw = nbytes >> 2;
+        for (int i = (int)tid; i < nw; i += 8 * (int)nt) {
+            uint w[8];
+            for (int k = 0; k < 8; ++k) { const int j = i + k * (int)nt; w[k] = j < nw ? s32[j] : 0u; }
+            for (int k = 0; k < 8; ++k) { const int j = i + k * (int)nt; if (j < nw) dst[j] = w[k]; }
+        }
+        if ((nbytes & 2) && tid == 0u) {  // the last 16 bits of an odd number of halfwords
+            const int last = (nbytes >> 1) - 1;
+            ((TQ_SHARED ushort*)dst)[last] = ((TQ_CONST_DEVICE ushort*)(src + off))[last];
+        }
+    } else {
+        TQ_CONST_DEVICE ushort* s16 = (TQ_CONST_DEVICE ushort*)(src + off);
+        TQ_SHARED ushort* d16 = (TQ_SHARED ushort*)dst;
+        const int nh = nbytes >> 1;
+        for (int i = (int)tid; i < nh; i += 8 * (int)nt) {
+            uint w[8];
+            for (int k = 0; k < 8; ++k) { const int j = i + k * (int)nt; w[k] = j < nh ? (uint)s16[j] : 0u; }
+            for (int k = 0; k < 8; ++k) { const int j = i + k * (int)nt; if (j < nh) d16[j] = (ushort)w[k]; }
+        }
+    }
 }
 
 // In-place rotation of n values in threadgroup memory, per group of `group` values (turbo's

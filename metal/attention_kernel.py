@@ -22,9 +22,10 @@ from .attention import AttentionError, Problem
 
 HERE = Path(__file__).resolve().parent
 MAX_PARTIALS = 1024          # pass 2 keeps one weight per partial in threadgroup memory
-COMBINE_THREADS = 128
+COMBINE_THREADS = 256        # >= the largest row (256 values), a power of 2
 TARGET_GROUPS_GPU = 1056     # pass-1 threadgroups to aim for on a GPU (H200: 132 SMs x 8)
 EMU_SPLIT_KEYS = 256         # on the emulator: about this many keys per split
+TILE_BYTES = 16384           # K + V bytes staged per tile in threadgroup memory
 
 # format name -> kernel format id (attention_kernel.h, TQA_*)
 FORMAT_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7,
@@ -38,6 +39,7 @@ class Plan:
     warps: int
     splits: int
     split_len: int
+    tile: int = 0             # keys staged per tile (0: chosen from the row sizes)
 
     @property
     def partials(self) -> int:
@@ -88,25 +90,31 @@ def _lanes_per_key(dk: int, dv: int) -> int:
 
 
 def make_plan(prob: Problem, backend: str, *, splits: "int | None" = None, lanes_per_key: "int | None" = None,
-              warps: "int | None" = None) -> Plan:
+              warps: "int | None" = None, tile: "int | None" = None) -> Plan:
+    if max(prob.k_dim, prob.v_dim) > COMBINE_THREADS:
+        raise AttentionError(f"the attention kernel takes rows of at most {COMBINE_THREADS} values; "
+                             f"got {prob.k_dim} (K) / {prob.v_dim} (V)")
     lpk = _lanes_per_key(prob.k_dim, prob.v_dim) if lanes_per_key is None else int(lanes_per_key)
     if lpk not in (4, 8, 16, 32) or prob.k_dim % (4 * lpk) or prob.v_dim % (4 * lpk):
         raise AttentionError(f"lanes_per_key={lpk} does not divide rows of {prob.k_dim} / {prob.v_dim} values in chunks of 4")
     nw = 4 if warps is None else int(warps)
     if not 1 <= nw <= 8:
         raise AttentionError(f"warps must be 1..8, got {nw}")
+    tl = 0 if tile is None else int(tile)
+    if tl and (tl < 2 or tl > 256 or tl & (tl - 1)):
+        raise AttentionError(f"tile must be a power of two in 2..256, got {tl}")
     l_used = max(max(prob.lengths), 1)
     if splits is None:
         if backend == "cpu-emulator":
             splits = -(-l_used // EMU_SPLIT_KEYS)
         else:
-            per_group = nw * (32 // lpk) * 4     # at least 4 key steps per SIMD group
+            per_group = nw * (32 // lpk) * 4     # at least 4 steps per lane slot
             splits = max(1, min(-(-l_used // per_group), TARGET_GROUPS_GPU // (prob.batch * prob.kv_heads)))
     splits = int(splits)
     if splits < 1:
         raise AttentionError(f"splits must be positive, got {splits}")
     splits = min(splits, MAX_PARTIALS // nw, l_used)
-    return Plan(lpk, nw, splits, -(-l_used // splits))
+    return Plan(lpk, nw, splits, -(-l_used // splits), tl)
 
 
 DYN_MAX_ROWS = 32            # TQA_QA: query rows per group a format-generic (TQA_DYN) build holds
@@ -120,13 +128,25 @@ def _fmt_consts(prob: Problem) -> dict:
                 TQA_KROT=ks["ROT"], TQA_VROT=vs["ROT"], TQA_G=prob.group, TQA_T=prob.rows)
 
 
+@lru_cache(maxsize=256)
+def _plan_cached(prob: Problem, backend: str, splits, lanes_per_key, warps, tile) -> Plan:
+    return make_plan(prob, backend, splits=splits, lanes_per_key=lanes_per_key, warps=warps, tile=tile)
+
+
 def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dict, list, list]:
     """Static parameters of both passes and the extra int parameters they read (TQA_DYN builds)."""
     fc = _fmt_consts(prob)
+    if dyn:   # room for the widest format (f32), so one build serves every pair
+        krb, vrb = 4 * prob.k_dim, 4 * prob.v_dim
+    else:
+        krb = prob.k_dim // fc["TQA_KGRP"] * fc["TQA_KBB"]
+        vrb = prob.v_dim // fc["TQA_VGRP"] * fc["TQA_VBB"]
+    tile = plan.tile or max(2, min(64, 1 << int(math.log2(TILE_BYTES // (krb + vrb)))))
     split = dict(TQA_DK=prob.k_dim, TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_LPK=plan.lanes_per_key,
-                 TQA_NW=plan.warps, TQA_QTYPE=qtype, TQA_DYN=int(dyn))
+                 TQA_NW=plan.warps, TQA_QTYPE=qtype, TQA_DYN=int(dyn), TQA_TILE=tile,
+                 TQA_KTB=-(-tile * krb // 4) * 4, TQA_VTB=-(-tile * vrb // 4) * 4)
     combine = dict(TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_NT=COMBINE_THREADS, TQA_QTYPE=qtype,
-                   TQA_DYN=int(dyn))
+                   TQA_DYN=int(dyn), TQA_MAXP=MAX_PARTIALS)
     order = ["TQA_KF", "TQA_VF", "TQA_KBB", "TQA_VBB", "TQA_KGRP", "TQA_VGRP", "TQA_KQS", "TQA_VQS",
              "TQA_KSG", "TQA_VSG", "TQA_KROT", "TQA_VROT", "TQA_G", "TQA_T"]
     extra1 = [fc[k] for k in order]
@@ -219,7 +239,6 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
 
 
 _MLX_KERNELS: dict = {}
-_CONSTS: dict = {}           # per-problem constant parameter arrays (built once, not per token)
 LAUNCHES = [0]               # kernel launches made by this module (what the dispatch count reports)
 
 
@@ -243,10 +262,28 @@ def _mlx_kernel(backend: str, which: int, qtype: int, static: dict):
     return k
 
 
-def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: str):
+@lru_cache(maxsize=256)
+def _mlx_setup(prob: Problem, plan: Plan, qtype: int, backend: str, has_sinks: bool):
+    """Kernels and parameter buffers of one (problem, plan): built once, reused by every repeat call."""
     import mlx.core as mx
 
     split_s, comb_s, extra1, extra2 = _static(prob, plan, qtype, False)
+    np_ = plan.partials
+    ip1 = mx.array(np.array([prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1,
+                             *prob.lengths], np.int32))
+    fp1 = mx.array(np.array([prob.scale, prob.softcap], np.float32))
+    tabs = mx.array(tables(prob))
+    ip2 = mx.array(np.array([np_, prob.q_heads, int(has_sinks), *extra2], np.int32))
+    zero_sinks = mx.zeros((prob.q_heads,), mx.float32)
+    k1 = _mlx_kernel(backend, 0, qtype, split_s)
+    k2 = _mlx_kernel(backend, 1, qtype, comb_s)
+    return k1, k2, ip1, fp1, tabs, ip2, zero_sinks
+
+
+def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: str):
+    import mlx.core as mx
+
+    k1, k2, ip1, fp1, tabs, ip2, zero_sinks = _mlx_setup(prob, plan, qtype, backend, sinks is not None)
     qm = q if isinstance(q, mx.array) else mx.array(_np(q))
     if qtype:
         qm = mx.view(qm, mx.uint16)
@@ -254,32 +291,17 @@ def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: s
     vbm = vb if isinstance(vb, mx.array) else mx.array(np.ascontiguousarray(_np(vb)))
     rows = prob.batch * prob.q_heads * prob.rows
     np_ = plan.partials
-    ip1 = mx.array(np.array([prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1,
-                             *prob.lengths], np.int32))
-    ckey = (prob.k_format.key, prob.v_format.key, prob.scale, prob.softcap, np_, prob.q_heads, tuple(extra2),
-            sinks is None)
-    consts = _CONSTS.get(ckey)
-    if consts is None:
-        consts = (mx.array(np.array([prob.scale, prob.softcap], np.float32)), mx.array(tables(prob)),
-                  mx.array(np.array([np_, prob.q_heads, int(sinks is not None), *extra2], np.int32)),
-                  mx.zeros((prob.q_heads,), mx.float32))
-        if len(_CONSTS) > 256:
-            _CONSTS.clear()
-        _CONSTS[ckey] = consts
-    fp1, tabs, ip2, zero_sinks = consts
     n1 = prob.batch * prob.kv_heads * plan.splits
-    k1 = _mlx_kernel(backend, 0, qtype, split_s)
     po, pml = _launch(k1, inputs=[qm, kbm, vbm, ip1, fp1, tabs], output_shapes=[(rows, np_, prob.v_dim), (rows, np_, 2)],
-                 output_dtypes=[mx.float32, mx.float32], grid=(n1 * 32 * plan.warps, 1, 1),
-                 threadgroup=(32 * plan.warps, 1, 1))
+                      output_dtypes=[mx.float32, mx.float32], grid=(n1 * 32 * plan.warps, 1, 1),
+                      threadgroup=(32 * plan.warps, 1, 1))
     if sinks is None:
         sk = zero_sinks
     else:
         sk = (sinks if isinstance(sinks, mx.array) else mx.array(_np(sinks))).astype(mx.float32).reshape(-1)
-    k2 = _mlx_kernel(backend, 1, qtype, comb_s)
     (out,) = _launch(k2, inputs=[po, pml, ip2, sk, tabs], output_shapes=[(rows, prob.head_dim)],
-                output_dtypes=[mx.uint16 if qtype else mx.float32], grid=(rows * COMBINE_THREADS, 1, 1),
-                threadgroup=(COMBINE_THREADS, 1, 1))
+                     output_dtypes=[mx.uint16 if qtype else mx.float32], grid=(rows * COMBINE_THREADS, 1, 1),
+                     threadgroup=(COMBINE_THREADS, 1, 1))
     if qtype:
         out = mx.view(out, mx.float16 if qtype == 1 else mx.bfloat16)
     return out
@@ -287,7 +309,7 @@ def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: s
 
 def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backend: str = "auto",
                      splits: "int | None" = None, lanes_per_key: "int | None" = None, warps: "int | None" = None,
-                     seed: "int | None" = None, generic: bool = True):
+                     tile: "int | None" = None, seed: "int | None" = None, generic: bool = True):
     """Run the two kernel passes on ``backend`` and return the output shaped like q.
 
     On the emulator, ``generic=True`` (default) builds the format-generic variant (format constants
@@ -298,7 +320,7 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
     if qdt not in QTYPES:
         raise AttentionError(f"the attention kernel takes float32, float16 or bfloat16 q; got {qdt}")
     qtype = QTYPES[qdt]
-    plan = make_plan(prob, bk, splits=splits, lanes_per_key=lanes_per_key, warps=warps)
+    plan = _plan_cached(prob, bk, splits, lanes_per_key, warps, tile)
     launches0 = LAUNCHES[0]
     shape = (prob.batch, prob.q_heads, prob.head_dim) if prob.squeeze_rows else (
         prob.batch, prob.q_heads, prob.rows, prob.head_dim)
@@ -320,7 +342,7 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
             out = _np(out)
     attention.LAST_RUN.clear()
     attention.LAST_RUN.update(backend=bk, dispatches=LAUNCHES[0] - launches0, splits=plan.splits, lanes_per_key=plan.lanes_per_key,
-                              warps=plan.warps, chain=plan.chain(max(prob.lengths)))
+                              warps=plan.warps, tile=plan.tile, chain=plan.chain(max(prob.lengths)))
     return out
 
 

@@ -8,7 +8,8 @@
 //
 // Compile-time (each name prefixed TQA_): KF VF (format ids), KBB VBB (bytes per block), KGRP VGRP (values per block),
 // KQS VQS KSG VSG (turbo field offsets), DK DV (values per cache row), D (head dim), G (query heads
-// per KV head), T (query rows), LPK (lanes per key), NW (SIMD groups), KROT VROT (turbo: 1),
+// per KV head), T (query rows), LPK (lanes per key), NW (SIMD groups), TILE (keys per staged tile),
+// KTB VTB (tile bytes: at least TILE rows, a multiple of 4), KROT VROT (turbo: 1),
 // QTYPE (q's element type). Buffers: q (B, Hq, T, D); kb, vb (B, Hkv, L_max, row bytes);
 // ip = {L_max, split_len, n_splits, window, Hkv, 14 format ints (see TQA_DYN), lengths (B)}; fp = {scale, softcap}; tabs: K table [0, 16),
 // V table [16, 32), K s1/s2 at 32/160, V s1/s2 at 288/416, K/V rotation scales at 544/545. Out: po (rows, NP, DV), pml (rows, NP, 2)
@@ -76,53 +77,68 @@ for (int r = 0; r < Q; ++r) {
     m[r] = TQA_NEG_BIG; l[r] = 0.0f;
     for (int j = 0; j < CV; ++j) o[r][j] = 0.0f;
 }
-TQ_CONST_DEVICE uchar* kbase = kb + (size_t)(b * hkv + h) * (size_t)l_max * KRB;
-TQ_CONST_DEVICE uchar* vbase = vb + (size_t)(b * hkv + h) * (size_t)l_max * VRB;
+const size_t koff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)KRB;   // this head's first row
+const size_t voff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)VRB;
+TQ_SHARED_ARRAY(uint, ktile, TQA_KTB / 4);
+TQ_SHARED_ARRAY(uint, vtile, TQA_VTB / 4);
+TQ_SHARED const uchar* kts = (TQ_SHARED const uchar*)ktile;
+TQ_SHARED const uchar* vts = (TQ_SHARED const uchar*)vtile;
 
-for (int p0 = start + (int)warp * KPW; p0 < end; p0 += TQA_NW * KPW) {   // uniform per SIMD group
-    const int p = p0 + sub;
-    const bool valid = p < end;
-    float kv[CK], vv[CV];
-    if (valid) {   // issue the K and the V loads of this key together
-        TQ_CONST_DEVICE uchar* krow = kbase + (size_t)p * KRB;
-        TQ_CONST_DEVICE uchar* vrow = vbase + (size_t)p * VRB;
-        for (int j = 0; j < CK; j += 4) {
-            const tqa_f4 f = tqa_dq4(kf, kbb, kgrp, kqs, ksg, krow, c * CK + j, ktab);
-            kv[j] = f.v[0]; kv[j + 1] = f.v[1]; kv[j + 2] = f.v[2]; kv[j + 3] = f.v[3];
+// Tiles of TQA_TILE keys (starting at an even position, so every row starts at an even byte) are
+// staged into threadgroup memory with wide coalesced loads by all threads, then decoded from there.
+for (int t0 = start - (start & 1); t0 < end; t0 += TQA_TILE) {   // uniform across the threadgroup
+    const int n = end - t0 < TQA_TILE ? end - t0 : TQA_TILE;
+    tqa_stage(ktile, kb, koff + (size_t)t0 * (size_t)KRB, n * KRB, tid, (uint)(TQA_NW * 32));
+    tqa_stage(vtile, vb, voff + (size_t)t0 * (size_t)VRB, n * VRB, tid, (uint)(TQA_NW * 32));
+    tq_barrier();
+    for (int i0 = (int)warp * KPW; i0 < n; i0 += TQA_NW * KPW) {   // uniform per SIMD group
+        const int i = i0 + sub;
+        const int p = t0 + i;
+        const bool valid = i < n && p >= start;
+        float kv[CK], vv[CV];
+        if (valid) {
+            TQ_SHARED const uchar* krow = kts + i * KRB;
+            TQ_SHARED const uchar* vrow = vts + i * VRB;
+            for (int j = 0; j < CK; j += 4) {
+                const tqa_f4 f = tqa_dq4(kf, kbb, kgrp, kqs, ksg, krow, c * CK + j, ktab);
+                kv[j] = f.v[0]; kv[j + 1] = f.v[1]; kv[j + 2] = f.v[2]; kv[j + 3] = f.v[3];
+            }
+            for (int j = 0; j < CV; j += 4) {
+                const tqa_f4 f = tqa_dq4(vf, vbb, vgrp, vqs, vsg, vrow, c * CV + j, vtab);
+                vv[j] = f.v[0]; vv[j + 1] = f.v[1]; vv[j + 2] = f.v[2]; vv[j + 3] = f.v[3];
+            }
+        } else {
+            for (int j = 0; j < CK; ++j) kv[j] = 0.0f;
+            for (int j = 0; j < CV; ++j) vv[j] = 0.0f;
         }
-        for (int j = 0; j < CV; j += 4) {
-            const tqa_f4 f = tqa_dq4(vf, vbb, vgrp, vqs, vsg, vrow, c * CV + j, vtab);
-            vv[j] = f.v[0]; vv[j + 1] = f.v[1]; vv[j + 2] = f.v[2]; vv[j + 3] = f.v[3];
-        }
-    } else {
-        for (int j = 0; j < CK; ++j) kv[j] = 0.0f;
-        for (int j = 0; j < CV; ++j) vv[j] = 0.0f;
-    }
-    float s[TQA_QA];
-    for (int r = 0; r < Q; ++r) {
-        float a = 0.0f;
-        for (int j = 0; j < CK; ++j) a += qr[r][j] * kv[j];
-        for (int off = TQA_LPK / 2; off > 0; off >>= 1) a += tq_simd_shuffle_xor(a, off);
-        s[r] = softcap > 0.0f ? softcap * tqa_tanh(a / softcap) : a;
-    }
-    if (valid) {
+        float s[TQA_QA];
         for (int r = 0; r < Q; ++r) {
-            const int t = r % T;
-            const int hi_t = len - T + t + 1;
-            const int lo_t = window > 0 ? hi_t - window : 0;
-            if (p >= hi_t || p < lo_t) continue;
-            if (s[r] > m[r]) {       // new running max: rescale what we have (one exp)
-                const float alpha = tq_exp(m[r] - s[r]);
-                l[r] = l[r] * alpha + 1.0f;
-                for (int j = 0; j < CV; ++j) o[r][j] = o[r][j] * alpha + vv[j];
-                m[r] = s[r];
-            } else {                 // the common case: one exp, no rescale
-                const float e = tq_exp(s[r] - m[r]);
-                l[r] = l[r] + e;
-                for (int j = 0; j < CV; ++j) o[r][j] = o[r][j] + e * vv[j];
+            float a = 0.0f;
+            for (int j = 0; j < CK; ++j) a += qr[r][j] * kv[j];
+            for (int off = TQA_LPK / 2; off > 0; off >>= 1) a += tq_simd_shuffle_xor(a, off);
+            s[r] = softcap > 0.0f ? softcap * tqa_tanh(a / softcap) : a;
+        }
+        if (valid) {
+            for (int r = 0; r < Q; ++r) {
+                const int t = r % T;
+                const int hi_t = len - T + t + 1;
+                const int lo_t = window > 0 ? hi_t - window : 0;
+                if (p >= hi_t || p < lo_t) continue;
+                const float sc = s[r];
+                if (sc > m[r]) {         // new running max: rescale what we have (one exp)
+                    const float alpha = tq_exp(m[r] - sc);
+                    l[r] = l[r] * alpha + 1.0f;
+                    for (int j = 0; j < CV; ++j) o[r][j] = o[r][j] * alpha + vv[j];
+                    m[r] = sc;
+                } else {                 // the common case: one exp, no rescale
+                    const float e = tq_exp(sc - m[r]);
+                    l[r] = l[r] + e;
+                    for (int j = 0; j < CV; ++j) o[r][j] = o[r][j] + e * vv[j];
+                }
             }
         }
     }
+    tq_barrier();
 }
 
 // merge the 32/TQA_LPK key slots of this SIMD group (lanes with the same c)

@@ -29,7 +29,8 @@ def add_arguments(p):
     p.add_argument("--v-format", default="turbo3")
     p.add_argument("--layers", type=int, default=16, help="distinct layers chained per evaluation")
     p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--tune", default="", help="kernel configs to try, e.g. '8x4,16x2' (lanes_per_key x warps)")
+    p.add_argument("--tune", default="", help="kernel configs to try besides the default, e.g. '8x4x2,16x2x4' "
+                   "(lanes_per_key x warps x keys per staged tile)")
     p.add_argument("--splits", type=int, default=None, help="force the number of context splits")
     p.add_argument("--json", default=None, help="write the results to this file")
 
@@ -85,10 +86,12 @@ def run(args) -> int:
     b, hq, hkv, d, nl = args.batch, args.q_heads, args.kv_heads, args.head_dim, args.layers
     kf, vf = get_format(args.k_format), get_format(args.v_format)
     scale = d ** -0.5
-    configs = [(None, None)]
+    configs = [(None, None, None)]
     for c in filter(None, args.tune.split(",")):
-        lpk, nw = c.split("x")
-        configs.append((int(lpk), int(nw)))
+        parts = [int(x) for x in c.split("x")]
+        if len(parts) not in (2, 3):
+            raise CliError(f"--tune: {c!r} is not LPKxWARPS or LPKxWARPSxTILE")
+        configs.append(tuple(parts) + (None,) * (3 - len(parts)))
     results = {"hardware": platform.node(), "device": str(mx.default_device()), "backend": backend,
                "mlx": mx.__version__, "shape": dict(batch=b, q_heads=hq, kv_heads=hkv, head_dim=d),
                "formats": [kf.key, vf.key], "layers_per_eval": nl, "repeats": args.repeats,
@@ -116,11 +119,11 @@ def run(args) -> int:
         del kx, vx
         q0 = mx.random.normal((b, hq, 1, d)).astype(mx.float16)
 
-        def fused(lpk=None, nw=None):
+        def fused(lpk=None, nw=None, un=None):
             q = q0[:, :, 0]
             for i in range(nl):
                 q = decode_attention(q, kb[i], vb[i], k_format=kf, v_format=vf, length=ctx, backend=backend,
-                                     lanes_per_key=lpk, warps=nw, splits=args.splits)
+                                     lanes_per_key=lpk, warps=nw, tile=un, splits=args.splits)
             return q
 
         def sdpa():
@@ -147,12 +150,12 @@ def run(args) -> int:
 
         row = {"context": ctx}
         kernel_bytes = b * hkv * ctx * (kb0.shape[-1] + vb0.shape[-1])
-        for lpk, nw in configs:
-            t = _timed(mx, lambda: fused(lpk, nw), args.repeats) / nl
-            tag = "fused" if lpk is None else f"fused_{lpk}x{nw}"
+        for lpk, nw, un in configs:
+            t = _timed(mx, lambda: fused(lpk, nw, un), args.repeats) / nl
+            tag = "fused" if lpk is None else "fused_" + "x".join(str(x) for x in (lpk, nw, un) if x)
             row[tag + "_us"] = t * 1e6
             row[tag + "_GBps"] = kernel_bytes / t / 1e9
-            row[tag + "_plan"] = {k: LAST_RUN.get(k) for k in ("splits", "lanes_per_key", "warps", "dispatches")}
+            row[tag + "_plan"] = {k: LAST_RUN.get(k) for k in ("splits", "lanes_per_key", "warps", "tile", "dispatches")}
         row["sdpa_fp16_us"] = _timed(mx, sdpa, args.repeats) / nl * 1e6
         row["dequant_sdpa_us"] = _timed(mx, deq_sdpa, args.repeats) / nl * 1e6
         row["mlx_lm_quantized_sdpa_us"] = _timed(mx, mlxlm, args.repeats) / nl * 1e6
