@@ -9,7 +9,7 @@ from .cli import CliError
 
 
 def add_arguments(p) -> None:
-    p.add_argument("model", help="GGUF model file")
+    p.add_argument("model", help="GGUF model file, or a model name: smollm2, gemma3")
     p.add_argument("--kv", default="q8_0/q8_0", help="K/V cache formats, e.g. q8_0/turbo3 (default q8_0/q8_0)")
     p.add_argument("--prompt", required=True, help="prompt text ('-' reads standard input)")
     p.add_argument("--max-tokens", type=int, default=100, help="tokens to generate (default 100)")
@@ -21,6 +21,16 @@ def add_arguments(p) -> None:
     p.add_argument("--decode", choices=["auto", "kernel", "reference"], default="auto",
                    help="decode attention: auto (fused kernel on a GPU), kernel, or the ops reference")
     p.add_argument("--stats", action="store_true", help="print cache paths, bytes and peak memory at the end")
+
+
+def resolve_model(name: str) -> str:
+    """A GGUF path from a path or a model name (``tqbridge.parity.models``); a CliError otherwise."""
+    from tqbridge.parity.models import ModelUnavailable, model_path
+
+    try:
+        return str(model_path(name))
+    except (ModelUnavailable, FileNotFoundError) as e:
+        raise CliError(str(e)) from e
 
 
 def chat_prompt(path: str, text: str) -> str:
@@ -55,6 +65,7 @@ def run(args) -> int:
     except FormatError as e:
         raise CliError(str(e)) from e
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    args.model = resolve_model(args.model)
     try:
         model, _ = load_gguf_model(args.model)
     except GGUFModelError as e:

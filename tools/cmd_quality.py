@@ -8,13 +8,14 @@ import sys
 import tempfile
 
 from .cli import CliError
+from .cmd_generate import resolve_model
 
 DEFAULT_KVS = ["q8_0/q8_0", "q8_0/q4_0", "q4_0/q4_0", "q8_0/turbo4", "q8_0/turbo3", "q8_0/turbo2",
                "turbo4/turbo3", "turbo3/turbo3"]
 
 
 def add_arguments(p) -> None:
-    p.add_argument("model", help="GGUF model file")
+    p.add_argument("model", help="GGUF model file, or a model name: smollm2, gemma3")
     p.add_argument("--kv", action="append", default=None,
                    help="a K/V format pair (repeatable); default: the standard table. f16/f16 is always included")
     p.add_argument("--tokens", type=int, default=2048, help="tokens of text to score (default 2048)")
@@ -63,6 +64,7 @@ def run(args) -> int:
             raise CliError(f"{args.text}: {e.strerror}") from e
     else:
         text, source = q.default_text(), "pydoc_data.topics"
+    args.model = resolve_model(args.model)
     try:
         model, cfg = load_gguf_model(args.model)
     except GGUFModelError as e:
