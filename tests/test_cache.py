@@ -349,3 +349,17 @@ def test_auto_mode_on_cpu_uses_the_dispatchers_reference(tiny):
     c = make_cache(tiny, "q8_0", "turbo3")
     _run(tiny, c, _tokens(6), 5, mode="auto")
     assert cache_report(c)["paths"] == {"append": 2 * 2, "prefill:dequant-sdpa": 2, "decode:reference": 2}
+
+
+def test_mlx_lm_generate_step_runs_on_the_cache(tiny):
+    """mlx-lm's own generation loop takes a TQCache prompt cache, routed or not, same tokens."""
+    from mlx_lm.generate import generate_step
+
+    prompt = _tokens(12, seed=9)[0]
+    c = make_cache(tiny, "q8_0", "turbo3")
+    with route_attention():
+        routed = [int(t) for t, _ in generate_step(prompt, tiny, max_tokens=6, prompt_cache=c)]
+    plain = [int(t) for t, _ in generate_step(prompt, tiny, max_tokens=6,
+                                              prompt_cache=make_cache(tiny, "q8_0", "turbo3"))]
+    assert routed == plain and len(routed) == 6
+    assert any(p.startswith("decode:") for p in cache_report(c)["paths"])
