@@ -109,8 +109,20 @@ class _GgufCodec:
     @classmethod
     def dequantize_blocks(cls, b: np.ndarray) -> np.ndarray:
         impl = gq._type_traits[cls.qtype]
+        b = np.ascontiguousarray(b, dtype=np.uint8)
         with np.errstate(invalid="ignore", over="ignore"):
-            return impl.dequantize_blocks(np.ascontiguousarray(b, dtype=np.uint8)).astype(np.float32, copy=False)
+            y = impl.dequantize_blocks(b).astype(np.float32, copy=False)
+            if cls.qtype in (T.Q4_1, T.Q5_1):
+                # C computes x*d + m; when both x*d and m are NaN, x86-64 returns the first operand's
+                # NaN, while numpy's SIMD add may return m's. Recompute those blocks' x*d (m := 0).
+                m_nan = (b[:, 2:4].copy().view("<u2")[:, 0] & 0x7FFF) > 0x7C00
+                if m_nan.any():
+                    bz = b[m_nan].copy()
+                    bz[:, 2:4] = 0
+                    xd = impl.dequantize_blocks(bz).astype(np.float32, copy=False)
+                    y = y.copy()
+                    y[m_nan] = np.where(np.isnan(xd), xd, y[m_nan])
+        return y
 
 
 def _mlx_ops(name: str, refuse: bool) -> dict:

@@ -106,6 +106,11 @@ def _unpack_nibbles(qs: mx.array) -> mx.array:
     return mx.concatenate([q & 0x0F, q >> 4], axis=1)
 
 
+def _plus_m(xd: mx.array, m: mx.array) -> mx.array:
+    """C's ``x*d + m``; when both are NaN x86-64 returns the first operand's NaN, so we do too."""
+    return mx.where(mx.isnan(xd), xd, xd + m)
+
+
 def _recip(d: mx.array) -> mx.array:
     """C: ``id = d ? 1.0f/d : 0.0f``."""
     return mx.where(d != 0, 1.0 / mx.where(d != 0, d, 1.0), 0.0)
@@ -211,7 +216,7 @@ def q4_1_quantize(x):
 def q4_1_dequantize(b):
     d = _f16_from(b[:, :2])
     m = _f16_from(b[:, 2:4])
-    return _unpack_nibbles(b[:, 4:]).astype(mx.float32) * d + m
+    return _plus_m(_unpack_nibbles(b[:, 4:]).astype(mx.float32) * d, m)
 
 
 def q5_1_quantize(x):
@@ -226,7 +231,7 @@ def q5_1_dequantize(b):
     d = _f16_from(b[:, :2])
     m = _f16_from(b[:, 2:4])
     q = _unpack_nibbles(b[:, 8:]) | (_qh_bits(b[:, 4:8]) << 4)
-    return q.astype(mx.float32) * d + m
+    return _plus_m(q.astype(mx.float32) * d, m)
 
 
 # ---- iq4_nl ----------------------------------------------------------------------------------

@@ -120,6 +120,20 @@ def test_dequantize_matches_c_on_any_bytes(fmt, backend, data):
     assert np.array_equal(bits(got), bits(ref)), f"{fmt}: decoded values differ from ggml's to_float"
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fmt", ["q4_1", "q5_1"])
+@pytest.mark.parametrize("d, m", [(0x7C00, 0x7D00), (0x7C00, 0x7E00), (0x7E01, 0xFD00), (0xFC00, 0x7C01)])
+def test_decode_nan_scale_and_nan_min_as_c(fmt, backend, d, m):
+    # Regression (deep profile): x*d + m with both NaN; x86-64 C returns x*d's NaN, numpy returned m's.
+    f = bridge.get_format(fmt)
+    b = np.zeros((1, f.type_size), np.uint8)
+    b[0, 0:2] = (d & 0xFF, d >> 8)
+    b[0, 2:4] = (m & 0xFF, m >> 8)
+    b[0, -16:] = (np.arange(16) * 17 % 256).astype(np.uint8)  # q = 0 (x*d NaN for d = inf) and others
+    ref = ggml_c.c_dequantize(fmt, b, 32)
+    assert np.array_equal(bits(ours_dequantize(backend, fmt, b, 32)), bits(ref))
+
+
 @pytest.mark.parametrize("fmt", LEGACY)
 def test_720_adversarial_rows(fmt):
     x = adversarial_rows()  # 9 families x 80 rows x 128 values
