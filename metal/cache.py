@@ -94,8 +94,9 @@ def _dequantizer(fmt) -> tuple[Callable[[mx.array, int], mx.array], str]:
 class TQCache(_mlx_cache._BaseCache):
     """K/V cache of quantized blocks (one layer). ``window``: sliding-window size, or None.
 
-    A windowed cache keeps every row (the window is applied by the mask and by the decode
-    routing), so a sliding layer's memory grows with the context like a global layer's.
+    A windowed cache stores the positions ``[start, offset)``: rows no future query can see
+    (older than ``offset - window + 1``) are dropped in batches of at least ``step`` rows, so
+    its memory stays below ``window + step`` rows plus one prompt chunk, however long the context.
     """
 
     step = 256
@@ -105,6 +106,7 @@ class TQCache(_mlx_cache._BaseCache):
         self.keys = None
         self.values = None
         self.offset = 0
+        self.start = 0        # absolute position of stored row 0 (> 0 once a window dropped rows)
         self.k_dim = None
         self.v_dim = None
 
@@ -137,6 +139,22 @@ class TQCache(_mlx_cache._BaseCache):
             out = out[..., :dim]
         return out.astype(dtype)
 
+    def _keep_from(self, pos: int) -> int:
+        """First position to keep when rows for position ``pos`` onwards are appended."""
+        if not self.window:
+            return self.start
+        need = max(0, pos - self.window + 1)
+        return need if need - self.start >= self.step else self.start
+
+    def _compact(self, pos: int) -> None:
+        keep = self._keep_from(pos)
+        if keep == self.start or self.keys is None:
+            return
+        a, b = keep - self.start, pos - self.start
+        self.keys = mx.contiguous(self.keys[..., a:b, :])
+        self.values = mx.contiguous(self.values[..., a:b, :])
+        self.start = keep
+
     def _grow(self, B: int, H: int, need: int, krb: int, vrb: int) -> None:
         cap = 0 if self.keys is None else self.keys.shape[2]
         if need <= cap:
@@ -160,20 +178,23 @@ class TQCache(_mlx_cache._BaseCache):
         kb = self._encode(keys, self.k_format, self._kq)
         vb = self._encode(values, self.v_format, self._vq)
         prev = self.offset
-        self._grow(B, H, prev + S, kb.shape[-1], vb.shape[-1])
-        self.keys[..., prev:prev + S, :] = kb
-        self.values[..., prev:prev + S, :] = vb
+        self._compact(prev)
+        r = prev - self.start
+        self._grow(B, H, r + S, kb.shape[-1], vb.shape[-1])
+        self.keys[..., r:r + S, :] = kb
+        self.values[..., r:r + S, :] = vb
         self.offset = prev + S
         self.paths["append"] += 1
         self._dtype = keys.dtype
         return self.fetch(keys.dtype)
 
     def blocks(self, start: int = 0) -> tuple[mx.array, mx.array]:
-        """The valid K and V blocks, rows ``start:offset``."""
-        return self.keys[..., start:self.offset, :], self.values[..., start:self.offset, :]
+        """The K and V blocks of positions ``max(start, self.start):offset``."""
+        a, b = max(0, start - self.start), self.offset - self.start
+        return self.keys[..., a:b, :], self.values[..., a:b, :]
 
     def fetch(self, dtype=mx.float32, start: int = 0) -> tuple[mx.array, mx.array]:
-        """Dequantized K and V, rows ``start:offset`` (lazy: costs nothing if unused)."""
+        """Dequantized K and V of the stored positions from ``start`` (lazy: free if unused)."""
         kb, vb = self.blocks(start)
         return (self._decode(kb, self.k_format, self._kd, self.k_dim, dtype),
                 self._decode(vb, self.v_format, self._vd, self.v_dim, dtype))
@@ -186,28 +207,32 @@ class TQCache(_mlx_cache._BaseCache):
         return self.keys is None
 
     def is_trimmable(self) -> bool:
-        return True
+        return self.start == 0   # once a window dropped rows, re-appending would need them
 
     def trim(self, n: int) -> int:
-        n = min(self.offset, int(n))
+        n = min(self.offset - self.start, int(n))
         self.offset -= n
         return n
 
     def make_mask(self, N: int, return_array: bool = False, window_size: "int | None" = None):
+        # Keys are the stored positions [start, offset + N): offsets count from the start the
+        # next update will keep (the rule is deterministic, so every windowed layer agrees).
         window_size = window_size if window_size is not None else self.window
         return _mlx_cache.create_attention_mask(
-            N, offset=self.offset, return_array=return_array, window_size=window_size)
+            N, offset=self.offset - self._keep_from(self.offset), return_array=return_array,
+            window_size=window_size)
 
     @property
     def meta_state(self) -> tuple:
         return (str(self.offset), self.k_format, self.v_format, str(self.k_dim or 0),
-                str(self.v_dim or 0), str(self.window or 0))
+                str(self.v_dim or 0), str(self.window or 0), str(self.start))
 
     @meta_state.setter
     def meta_state(self, v) -> None:
-        offset, kf, vf, kd, vd, window = v
+        offset, kf, vf, kd, vd, window, start = v
         self._setup(kf, vf, int(window) or None)
         self.offset = int(offset)
+        self.start = int(start)
         self.k_dim = int(kd) or None
         self.v_dim = int(vd) or None
 
@@ -222,16 +247,17 @@ class TQCache(_mlx_cache._BaseCache):
     @state.setter
     def state(self, v) -> None:
         keys, values, *meta = v
-        if len(meta) != 6:
-            raise ValueError(f"TQCache state has 8 entries, got {len(meta) + 2}")
+        if len(meta) != 7:
+            raise ValueError(f"TQCache state has 9 entries, got {len(meta) + 2}")
         self.meta_state = tuple(str(m) for m in meta)
         self.keys, self.values = keys, values
         if keys is not None:
             rows = keys.shape[2]
             if keys.dtype != mx.uint8 or values.dtype != mx.uint8 or values.shape[2] != rows:
                 raise ValueError("TQCache state: K and V blocks must be uint8 with equal row counts")
-            if self.offset > rows:
-                raise ValueError(f"TQCache state: offset {self.offset} exceeds the {rows} stored rows")
+            if not 0 <= self.offset - self.start <= rows:
+                raise ValueError(f"TQCache state: positions {self.start}..{self.offset} do not fit the "
+                                 f"{rows} stored rows")
 
     @property
     def nbytes(self) -> int:
@@ -250,7 +276,7 @@ class TQCache(_mlx_cache._BaseCache):
 
     def __repr__(self) -> str:
         w = f", window={self.window}" if self.window else ""
-        return f"TQCache({self.k_format}/{self.v_format}{w}, offset={self.offset})"
+        return f"TQCache({self.k_format}/{self.v_format}{w}, offset={self.offset}, start={self.start})"
 
 
 # mlx-lm's load_prompt_cache looks cache classes up by name in its cache module.

@@ -77,7 +77,7 @@ def _kernel_decode(cache: TQCache, q: mx.array, scale: float, sinks, backend: st
     kwargs = {"sinks": sinks} if sinks is not None else {}
     try:
         out = kernel(q.reshape(B, Hq, D), kb, vb, k_format=cache.k_format, v_format=cache.v_format,
-                     length=cache.offset - start, scale=scale, backend=backend, **kwargs)
+                     length=kb.shape[2], scale=scale, backend=backend, **kwargs)
     except Exception as e:  # a format or shape it does not take: say so once, then fall back
         cache.decode_fallback = f"{type(e).__name__}: {e}"
         return None

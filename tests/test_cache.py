@@ -130,9 +130,9 @@ def test_bad_input_is_refused():
         c.update_and_fetch(mx.zeros((1, 1, 1, 128)), mx.zeros((1, 1, 1, 128)))
     with pytest.raises(ValueError, match="window"):
         TQCache("q8_0", "q8_0", window=0)
-    with pytest.raises(ValueError, match="offset"):
+    with pytest.raises(ValueError, match="do not fit"):
         TQCache.from_state([mx.zeros((1, 1, 2, 34), mx.uint8), mx.zeros((1, 1, 2, 34), mx.uint8),
-                            "5", "q8_0", "q8_0", "64", "64", "0"])
+                            "5", "q8_0", "q8_0", "64", "64", "0", "0"])
 
 
 # ------------------------------------------------------------------ tiny random models
@@ -363,3 +363,28 @@ def test_mlx_lm_generate_step_runs_on_the_cache(tiny):
                                               prompt_cache=make_cache(tiny, "q8_0", "turbo3"))]
     assert routed == plain and len(routed) == 6
     assert any(p.startswith("decode:") for p in cache_report(c)["paths"])
+
+
+def test_windowed_cache_drops_rows_nobody_can_see(tmp_path, monkeypatch):
+    """With a small step the window drops old rows; results still equal mlx-lm's rotating cache,
+    memory stays bounded, and a saved cache continues identically."""
+    monkeypatch.setattr(TQCache, "step", 4)
+    m = _tiny_gemma3(window=8)
+    toks = _tokens(60, seed=10)
+    want = _run(m, mlx_cache.make_prompt_cache(m), toks, 1)
+    for chunk in (1, 7, 13):
+        c = make_cache(m, "f32", "f32")
+        got = _run(m, c, toks, chunk)
+        np.testing.assert_allclose(np.array(got), np.array(want), atol=LOGIT_ATOL, rtol=0)
+        sliding = [x for x in c if x.window]
+        assert all(x.start > 0 for x in sliding) and not sliding[0].is_trimmable()
+        assert all(x.offset - x.start <= 8 + 4 + chunk for x in sliding)
+        assert all(x.start == 0 and x.offset == 60 for x in c if not x.window)
+    # save after rows were dropped, load, continue: identical logits
+    c = make_cache(m, "q8_0", "q4_0")
+    _run(m, c, toks[:, :50], 1)
+    path = str(tmp_path / "w.safetensors")
+    mlx_cache.save_prompt_cache(path, c)
+    loaded = mlx_cache.load_prompt_cache(path)
+    assert [(x.start, x.offset) for x in loaded] == [(x.start, x.offset) for x in c]
+    assert np.array_equal(np.array(_run(m, loaded, toks[:, 50:], 1)), np.array(_run(m, c, toks[:, 50:], 1)))
