@@ -1,0 +1,139 @@
+"""Level 4, logits: llama.cpp vs MLX on the same tokens, for a list of K/V cache configurations.
+
+For every configuration both runtimes produce logits at every position; we report
+KL(llama.cpp || MLX), top-1 agreement and max |delta logit|. Claims (they set the exit code):
+
+- float caches (f16, f32, bf16) on exact weights: ``kl_mean <= FLOAT_KL_GOAL`` and
+  ``top1 >= FLOAT_TOP1_GOAL``. On quantized weights llama.cpp quantizes activations inside its
+  matmuls, so the float rows are reported but not judged.
+- quantized caches: the cross-runtime KL is judged against that cache's own KL vs f16 inside
+  llama.cpp (``kl_mean <= BASELINE_RATIO * own``): the two implementations of a quantized cache
+  may differ from each other by at most what the reference's own quantization costs, twice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .metrics import compare_logits
+from .runtimes import KV, LlamaCppRuntime, MLXRuntime
+
+# The issue's goal for identical weights and an f16 cache.
+FLOAT_KL_GOAL = 1e-5
+FLOAT_TOP1_GOAL = 0.999
+# FlashAttention's own test rule: an implementation's error may be at most twice the error of the
+# reference computed in lower precision (there: fp16/bf16 PyTorch vs fp32). Here "lower precision"
+# is the quantized cache inside llama.cpp, measured against llama.cpp's f16 cache.
+BASELINE_RATIO = 2.0
+
+DEFAULT_KV = ("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0/q4_0", "q8_0/iq4_nl")
+
+
+def parity_text() -> tuple[str, str]:
+    """The fixed text: the stdlib's ``pydoc_data.topics``, topics in sorted order. (text, source)."""
+    from pydoc_data import topics
+
+    keys = sorted(topics.topics)
+    return "\n\n".join(topics.topics[k] for k in keys), f"pydoc_data.topics ({len(keys)} topics, sorted, joined)"
+
+
+@dataclass
+class LogitsResult:
+    rows: list[dict]
+    tokens: int
+    info: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(r["pass"] is not False for r in self.rows)
+
+
+def _judge(kv: KV, row: dict, exact: bool) -> None:
+    if kv.is_float:
+        if not exact:
+            row["claim"], row["pass"] = "not judged: quantized weights (llama.cpp quantizes activations)", None
+            return
+        row["claim"] = f"kl_mean <= {FLOAT_KL_GOAL:g} and top1 >= {FLOAT_TOP1_GOAL:.1%}"
+        row["pass"] = bool(row["kl_mean"] <= FLOAT_KL_GOAL and row["top1"] >= FLOAT_TOP1_GOAL)
+    else:
+        own = row["baseline"]["llama_kl_mean"]
+        row["claim"] = f"kl_mean <= {BASELINE_RATIO:g} x llama.cpp's own KL vs f16 ({own:.3g})"
+        row["pass"] = bool(row["kl_mean"] <= BASELINE_RATIO * own)
+
+
+def run_logits(model: "str | Path", kv_list: "list[str]", *, n_tokens: int = 256, exact_weights: bool = False,
+               llama_rotation: bool = False, progress: "Callable[[str], None] | None" = None,
+               cache_factory=None) -> LogitsResult:
+    """Run the matrix. ``model`` is a .gguf path (already resolved)."""
+    from tqbridge.bridge.gguf_f32 import cached_f32_gguf
+
+    say = progress or (lambda msg: None)
+    kvs = [KV.parse(s) for s in kv_list]
+    if not kvs:
+        raise ValueError("give at least one K/V configuration")
+    src = Path(model)
+    t0 = time.perf_counter()
+    if exact_weights:
+        say("exact weights: converting to F32 (cached)")
+        path = cached_f32_gguf(src)
+    else:
+        path = src
+    llama = LlamaCppRuntime(path, rotation=llama_rotation)
+    text, text_source = parity_text()
+    ids = llama.tokenize(text)
+    if len(ids) < n_tokens:
+        raise ValueError(f"the text has only {len(ids)} tokens, fewer than --tokens {n_tokens}")
+    ids = ids[:n_tokens]
+    say("loading the MLX model")
+    mlx = MLXRuntime(path, cache_factory=cache_factory)
+    f16 = KV.parse("f16")
+    plan = [f16] + [kv for kv in kvs if kv != f16]
+    steps, done = 2 * len(plan), 0
+    L: dict[KV, np.ndarray] = {}
+    M: dict[KV, np.ndarray] = {}
+    paths: dict[str, dict] = {}
+    for kv in plan:
+        say(f"[{done + 1}/{steps}] llama.cpp {kv.name}")
+        L[kv] = llama.logits(ids, kv)
+        done += 1
+        say(f"[{done + 1}/{steps}] mlx {kv.name}")
+        M[kv] = mlx.logits(ids, kv, keep_cache=True)
+        paths[kv.name] = _cache_paths(mlx.last_cache)
+        mlx.last_cache = None
+        done += 1
+    rows = []
+    for kv in kvs:
+        cross = compare_logits(L[kv], M[kv])
+        row = {"kv": kv.name, "k": kv.k, "v": kv.v}
+        row.update({k: v for k, v in cross.items() if k != "kl_per_position"})
+        row["kl_per_position"] = [float(f"{x:.4g}") for x in cross["kl_per_position"]]
+        if kv != f16:
+            own_l = compare_logits(L[f16], L[kv])
+            own_m = compare_logits(M[f16], M[kv])
+            row["baseline"] = {"llama_kl_mean": own_l["kl_mean"], "llama_top1": own_l["top1"],
+                               "mlx_kl_mean": own_m["kl_mean"], "mlx_top1": own_m["top1"]}
+        row["mlx_cache"] = paths[kv.name]
+        _judge(kv, row, exact_weights)
+        rows.append(row)
+    info = {"model": src.name, "weights": "exact (F32 copy of every tensor)" if exact_weights else "as stored",
+            "weights_file": path.name, "text": text_source, "tokens": len(ids),
+            "llama_cpp": llama.info(), "mlx": mlx.info(), "seconds": round(time.perf_counter() - t0, 1)}
+    return LogitsResult(rows, len(ids), info)
+
+
+def _cache_paths(cache) -> dict:
+    try:
+        from tqbridge.metal.cache import cache_report
+    except ImportError:  # a custom cache factory without tqbridge's cache
+        return {}
+    try:
+        rep = cache_report(cache or [])
+    except Exception:  # a cache list cache_report does not understand
+        return {}
+    codecs = sorted({tuple(sorted(l.get("codecs", {}).items())) for l in rep["layers"] if "codecs" in l})
+    return {"layer_kinds": rep["layer_kinds"], "codecs": [dict(c) for c in codecs], "paths": rep["paths"]}

@@ -1,0 +1,105 @@
+"""Parity reports: a terminal table, Markdown and JSON (written atomically)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for pkg in ("tqbridge", "mlx", "mlx-lm", "llama_cpp_python", "gguf", "numpy"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _verdict(row: dict) -> str:
+    return {True: "pass", False: "FAIL", None: "-"}[row["pass"]]
+
+
+def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    head = ["K/V", "KL(llama.cpp||MLX)", "top-1", "max |dlogit|", "llama.cpp KL vs f16", "verdict"]
+    body = []
+    for r in rows:
+        base = r.get("baseline")
+        body.append([r["kv"], f"{r['kl_mean']:.3g}", f"{r['top1']:.2%}", f"{r['max_abs']:.3g}",
+                     f"{base['llama_kl_mean']:.3g}" if base else "(reference)", _verdict(r)])
+    return head, body
+
+
+def text_table(rows: list[dict]) -> str:
+    head, body = table_rows(rows)
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    return "\n".join(lines)
+
+
+def markdown(report: dict) -> str:
+    head, body = table_rows(report["logits"])
+    info = report["info"]
+    out = [f"# Parity: llama.cpp vs MLX on {info['model']}", "",
+           f"- weights: {info['weights']}; text: {info['text']}, {info['tokens']} tokens",
+           f"- llama.cpp: flash attention {info['llama_cpp']['flash_attn']}, "
+           f"KV rotation {'on' if info['llama_cpp']['kv_rotation'] else 'off'}; "
+           f"MLX {info['mlx']['mlx']} on {info['mlx']['device']} ({info['mlx']['blas']})",
+           f"- command: `{report['command']}`", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(b) + " |" for b in body]
+    out += ["", "Claims: " + "; ".join(sorted({f"{r['kv']}: {r['claim']}" for r in report["logits"]})), ""]
+    return "\n".join(out)
+
+
+def write_atomic(path: "str | os.PathLike[str]", text: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_json(path, report: dict) -> Path:
+    return write_atomic(path, json.dumps(report, indent=1) + "\n")
+
+
+def plot_kl(path, report: dict) -> "Path | None":
+    """Per-position KL(llama.cpp || MLX) for every configuration (PNG); None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in report["logits"]:
+        ax.plot([max(x, 1e-12) for x in r["kl_per_position"]], label=r["kv"], lw=0.8)
+    ax.set_yscale("log")
+    ax.set_xlabel("position")
+    ax.set_ylabel("KL(llama.cpp || MLX)")
+    ax.set_title(f"{report['info']['model']}: {report['info']['weights']}")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path
