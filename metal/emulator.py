@@ -38,6 +38,8 @@ def _flags() -> list[str]:
 _DTYPES = {"float32": np.float32, "int32": np.int32, "uint32": np.uint32, "uint16": np.uint16,
            "uint8": np.uint8}
 DEFAULT_SEED = 0x7B1D6E
+_LOCKS: dict[str, threading.Lock] = {}  # one per loaded library: its launch state is global
+_LOCKS_GUARD = threading.Lock()
 
 
 class EmulatorError(RuntimeError):
@@ -105,7 +107,8 @@ class EmulatedKernel:
         fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint, ctypes.c_uint,
                        ctypes.c_uint, ctypes.c_uint, ctypes.c_ulonglong, ctypes.c_char_p, ctypes.c_int]
         self._fn = fn
-        self._lock = threading.Lock()
+        with _LOCKS_GUARD:
+            self._lock = _LOCKS.setdefault(str(lib), threading.Lock())
 
     def __call__(self, inputs: Sequence[np.ndarray], output_shapes: Sequence[tuple[int, ...]], grid,
                  threads: int, *, init: "float | None" = None, seed: "int | None" = None,
