@@ -6,11 +6,14 @@ Public API::
     Kernel, build(kernel, static, backend)  compile a dialect kernel once per static parameter set
     last_path() -> str | None           which backend the latest dispatch in this thread ran
     quantize_append(fmt, rows, backend="auto")  float rows -> blocks, byte-identical to bridge.quantize
+    decode_attention(q, k_blocks, v_blocks, k_format=, v_format=, length=)  fused attention over any K/V pair
 """
 
 from .dispatch import backends, build, last_path, resolve
 from .emulator import EmulatorError
 from .kernel import Kernel, KernelError
 from .quantize_append import quantize_append
+from .attention import AttentionError, decode_attention
 
-__all__ = ["backends", "build", "last_path", "resolve", "Kernel", "KernelError", "EmulatorError", "quantize_append"]
+__all__ = ["backends", "build", "last_path", "resolve", "Kernel", "KernelError", "EmulatorError", "quantize_append",
+           "AttentionError", "decode_attention"]
