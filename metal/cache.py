@@ -23,7 +23,9 @@ from mlx_lm.models import cache as _mlx_cache
 
 from tqbridge.bridge import FormatError, display_name, get_format
 
-__all__ = ["TQCache", "make_cache", "cache_report", "padded_dim", "parse_kv"]
+__all__ = ["TQCache", "make_cache", "cache_report", "padded_dim", "parse_kv", "ROTATIONS"]
+
+ROTATIONS = ("llama", "none")
 
 # Formats stored directly as MLX float bytes (byte-identical to the numpy reference: IEEE
 # round-to-nearest-even casts, as ggml's F16/F32 rows).
@@ -91,6 +93,47 @@ def _dequantizer(fmt) -> tuple[Callable[[mx.array, int], mx.array], str]:
     return (lambda b, n: mx.array(dequantize(fmt, np.array(b), n))), "numpy"
 
 
+def rotation_group(fmt, dim: int, side: str) -> int:
+    """The Hadamard group llama.cpp rotates a ``side`` ("k"/"v") of ``dim`` values with, or 0.
+
+    llama.cpp (src/llama-kv-cache.cpp, PR #21038) rotates K and V rows of ggml quantized types when
+    the head dim is a multiple of 64: K by the largest power of two dividing it, V by 64 (block
+    diagonal). Float formats are not rotated; turbo formats rotate inside the format instead.
+    """
+    if get_format(fmt).kind != "ggml" or dim % 64:
+        return 0
+    if side == "v":
+        return 64
+    n = 64
+    while dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+_HADAMARD: dict = {}
+
+
+def _hadamard(n: int) -> mx.array:
+    """Orthonormal Sylvester Hadamard matrix of order ``n`` (symmetric: its own inverse)."""
+    if n not in _HADAMARD:
+        import numpy as np
+
+        h = np.ones((1, 1), np.float64)
+        while h.shape[0] < n:
+            h = np.block([[h, h], [h, -h]])
+        _HADAMARD[n] = mx.array((h / np.sqrt(n)).astype(np.float32))
+    return _HADAMARD[n]
+
+
+def hadamard_rotate(x: mx.array, n: int) -> mx.array:
+    """``x`` (..., D) times the block-diagonal Hadamard of order ``n`` (``n`` = 0: unchanged)."""
+    if not n:
+        return x
+    shape = x.shape
+    y = x.astype(mx.float32).reshape(*shape[:-1], shape[-1] // n, n) @ _hadamard(n)
+    return y.reshape(shape).astype(x.dtype)
+
+
 class TQCache(_mlx_cache._BaseCache):
     """K/V cache of quantized blocks (one layer). ``window``: sliding-window size, or None.
 
@@ -101,16 +144,22 @@ class TQCache(_mlx_cache._BaseCache):
 
     step = 256
 
-    def __init__(self, k_format: str = "q8_0", v_format: str = "q8_0", window: "int | None" = None):
-        self._setup(k_format, v_format, window)
+    def __init__(self, k_format: str = "q8_0", v_format: str = "q8_0", window: "int | None" = None,
+                 rotation: str = "llama"):
+        self._setup(k_format, v_format, window, rotation)
         self.keys = None
         self.values = None
         self.offset = 0
         self.start = 0        # absolute position of stored row 0 (> 0 once a window dropped rows)
         self.k_dim = None
         self.v_dim = None
+        self.k_rot = 0        # Hadamard group applied to K rows before quantizing (0: none)
+        self.v_rot = 0
 
-    def _setup(self, k_format, v_format, window) -> None:
+    def _setup(self, k_format, v_format, window, rotation="llama") -> None:
+        if rotation not in ROTATIONS:
+            raise ValueError(f"rotation must be one of {ROTATIONS}, got {rotation!r}")
+        self.rotation = rotation
         self.k_format = display_name(get_format(k_format))
         self.v_format = display_name(get_format(v_format))
         if window is not None and int(window) <= 0:
@@ -173,10 +222,13 @@ class TQCache(_mlx_cache._BaseCache):
         dv = values.shape[-1]
         if self.k_dim is None:
             self.k_dim, self.v_dim = int(dk), int(dv)
+            if self.rotation == "llama":
+                self.k_rot = rotation_group(self.k_format, self.k_dim, "k")
+                self.v_rot = rotation_group(self.v_format, self.v_dim, "v")
         elif (dk, dv) != (self.k_dim, self.v_dim):
             raise ValueError(f"head dims changed from {(self.k_dim, self.v_dim)} to {(dk, dv)}")
-        kb = self._encode(keys, self.k_format, self._kq)
-        vb = self._encode(values, self.v_format, self._vq)
+        kb = self._encode(hadamard_rotate(keys, self.k_rot), self.k_format, self._kq)
+        vb = self._encode(hadamard_rotate(values, self.v_rot), self.v_format, self._vq)
         prev = self.offset
         self._compact(prev)
         r = prev - self.start
@@ -185,7 +237,6 @@ class TQCache(_mlx_cache._BaseCache):
         self.values[..., r:r + S, :] = vb
         self.offset = prev + S
         self.paths["append"] += 1
-        self._dtype = keys.dtype
         return self.fetch(keys.dtype)
 
     def blocks(self, start: int = 0) -> tuple[mx.array, mx.array]:
@@ -196,8 +247,9 @@ class TQCache(_mlx_cache._BaseCache):
     def fetch(self, dtype=mx.float32, start: int = 0) -> tuple[mx.array, mx.array]:
         """Dequantized K and V of the stored positions from ``start`` (lazy: free if unused)."""
         kb, vb = self.blocks(start)
-        return (self._decode(kb, self.k_format, self._kd, self.k_dim, dtype),
-                self._decode(vb, self.v_format, self._vd, self.v_dim, dtype))
+        k = hadamard_rotate(self._decode(kb, self.k_format, self._kd, self.k_dim, mx.float32), self.k_rot)
+        v = hadamard_rotate(self._decode(vb, self.v_format, self._vd, self.v_dim, mx.float32), self.v_rot)
+        return k.astype(dtype), v.astype(dtype)
 
     # ------------------------------------------------------------ mlx-lm protocol
     def size(self) -> int:
@@ -225,14 +277,16 @@ class TQCache(_mlx_cache._BaseCache):
     @property
     def meta_state(self) -> tuple:
         return (str(self.offset), self.k_format, self.v_format, str(self.k_dim or 0),
-                str(self.v_dim or 0), str(self.window or 0), str(self.start))
+                str(self.v_dim or 0), str(self.window or 0), str(self.start), self.rotation,
+                str(self.k_rot), str(self.v_rot))
 
     @meta_state.setter
     def meta_state(self, v) -> None:
-        offset, kf, vf, kd, vd, window, start = v
-        self._setup(kf, vf, int(window) or None)
+        offset, kf, vf, kd, vd, window, start, rotation, k_rot, v_rot = v
+        self._setup(kf, vf, int(window) or None, rotation)
         self.offset = int(offset)
         self.start = int(start)
+        self.k_rot, self.v_rot = int(k_rot), int(v_rot)
         self.k_dim = int(kd) or None
         self.v_dim = int(vd) or None
 
@@ -247,8 +301,8 @@ class TQCache(_mlx_cache._BaseCache):
     @state.setter
     def state(self, v) -> None:
         keys, values, *meta = v
-        if len(meta) != 7:
-            raise ValueError(f"TQCache state has 9 entries, got {len(meta) + 2}")
+        if len(meta) != 10:
+            raise ValueError(f"TQCache state has 12 entries, got {len(meta) + 2}")
         self.meta_state = tuple(str(m) for m in meta)
         self.keys, self.values = keys, values
         if keys is not None:
@@ -286,13 +340,15 @@ _mlx_cache.TQCache = TQCache
 
 
 def make_cache(model: Any, k_format: str = "q8_0", v_format: "str | None" = None,
-               *, sliding: str = "quantize") -> list:
+               *, sliding: str = "quantize", rotation: str = "llama") -> list:
     """A prompt cache for ``model`` with K in ``k_format`` and V in ``v_format``.
 
     Layers mlx-lm gives a plain ``KVCache`` get a :class:`TQCache`. Sliding-window layers
     (``RotatingKVCache``, e.g. Gemma 3's local layers) get a windowed TQCache when
     ``sliding="quantize"`` or keep mlx-lm's float rotating cache when ``sliding="float"``;
     :func:`cache_report` says which. Other cache kinds (SSM state) are kept as they are.
+    ``rotation="llama"`` rotates K/V rows of ggml quantized formats by a Hadamard matrix before
+    quantizing, as llama.cpp does by default (see :func:`rotation_group`); ``"none"`` does not.
     """
     if sliding not in ("quantize", "float"):
         raise ValueError(f"sliding must be 'quantize' or 'float', got {sliding!r}")
@@ -301,11 +357,11 @@ def make_cache(model: Any, k_format: str = "q8_0", v_format: "str | None" = None
     out = []
     for c in base:
         if type(c) is _mlx_cache.KVCache:
-            out.append(TQCache(k_format, v_format))
+            out.append(TQCache(k_format, v_format, rotation=rotation))
         elif type(c) is _mlx_cache.RotatingKVCache and sliding == "quantize":
             if c.keep:
                 raise ValueError("rotating caches that keep leading tokens are not supported")
-            out.append(TQCache(k_format, v_format, window=c.max_size))
+            out.append(TQCache(k_format, v_format, window=c.max_size, rotation=rotation))
         else:
             out.append(c)
     return out
@@ -319,6 +375,7 @@ def cache_report(cache: list) -> dict:
         if isinstance(c, TQCache):
             layers.append({"layer": i, "kind": "tqbridge", "kv": f"{c.k_format}/{c.v_format}",
                            "window": c.window, "codecs": dict(c.codec_paths),
+                           "rotation": [c.k_rot, c.v_rot],
                            "decode_fallback": c.decode_fallback})
             paths.update(c.paths)
         else:

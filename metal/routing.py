@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 import mlx.core as mx
 
-from .cache import TQCache
+from .cache import TQCache, hadamard_rotate
 
 __all__ = ["route_attention", "attend", "decode_kernel", "DECODE_MODES"]
 
@@ -75,6 +75,7 @@ def _kernel_decode(cache: TQCache, q: mx.array, scale: float, sinks, backend: st
     kb, vb = cache.blocks(start)
     B, Hq, _, D = q.shape
     kwargs = {"sinks": sinks} if sinks is not None else {}
+    q = hadamard_rotate(q, cache.k_rot)     # scores are invariant: (Hq).(Hk) = q.k
     try:
         out = kernel(q.reshape(B, Hq, D), kb, vb, k_format=cache.k_format, v_format=cache.v_format,
                      length=kb.shape[2], scale=scale, backend=backend, **kwargs)
@@ -84,6 +85,7 @@ def _kernel_decode(cache: TQCache, q: mx.array, scale: float, sinks, backend: st
     out = mx.array(out) if not isinstance(out, mx.array) else out
     if out.shape[-1] != cache.v_dim:
         out = out[..., :cache.v_dim]
+    out = hadamard_rotate(out, cache.v_rot)  # the cache holds H.v: rotate the output back
     return out.reshape(B, Hq, 1, cache.v_dim).astype(q.dtype)
 
 

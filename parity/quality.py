@@ -74,7 +74,8 @@ def _bytes_per_token(cache: list, n_tokens: int) -> tuple[float, int]:
 
 
 def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: int = 256,
-             sliding: str = "quantize", progress: "Callable[[int], None] | None" = None,
+             sliding: str = "quantize", rotation: str = "llama",
+             progress: "Callable[[int], None] | None" = None,
              decode_mode: str = "auto") -> list[dict]:
     """Quality of each K/V configuration in ``kvs`` against the f16 cache on ``tokens``.
 
@@ -93,7 +94,7 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
     names = [REFERENCE_KV] + [f"{k}/{v}" for k, v in (parse_kv(s) for s in kvs)
                               if f"{k}/{v}" != REFERENCE_KV]
     names = list(dict.fromkeys(names))
-    caches = {n: make_cache(model, *parse_kv(n), sliding=sliding) for n in names}
+    caches = {n: make_cache(model, *parse_kv(n), sliding=sliding, rotation=rotation) for n in names}
     stats = {n: {"kl_sum": 0.0, "kl_max": 0.0, "agree": 0, "n": 0, "seconds": 0.0} for n in names}
     ids = mx.array(tokens)[None]
     with route_attention(decode_mode):

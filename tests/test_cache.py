@@ -65,7 +65,7 @@ def test_cache_protocol_matches_the_reference(kf, vf, dims, chunks, trim, more, 
     rng = np.random.default_rng(seed)
     dk, dv = dims
     B, H = 1, 2
-    c = TQCache(kf, vf)
+    c = TQCache(kf, vf, rotation="none")
     assert c.empty() and c.offset == 0 and c.nbytes == 0
     ks, vs = [], []
     for n in chunks:
@@ -105,6 +105,29 @@ def test_cache_protocol_matches_the_reference(kf, vf, dims, chunks, trim, more, 
     assert c.used_nbytes == want
 
 
+def test_rotation_follows_llama_cpp():
+    """K/V rows of ggml quantized formats are rotated by a Hadamard matrix before quantizing, with
+    llama.cpp's group sizes; float and turbo formats are not; fetch rotates back."""
+    from tqbridge.metal.cache import hadamard_rotate, rotation_group
+
+    assert [rotation_group("q8_0", d, "k") for d in (64, 128, 192, 256, 80)] == [64, 128, 64, 256, 0]
+    assert [rotation_group("q4_0", d, "v") for d in (64, 128, 256)] == [64, 64, 64]
+    assert rotation_group("f16", 128, "k") == rotation_group("turbo3", 128, "k") == 0
+    rng = np.random.default_rng(1)
+    x = mx.array(rng.standard_normal((1, 2, 5, 256)).astype(np.float32))
+    # orthonormal and its own inverse
+    np.testing.assert_allclose(np.array(hadamard_rotate(hadamard_rotate(x, 256), 256)), np.array(x), atol=1e-5)
+    c = TQCache("q8_0", "q4_0")
+    c.update_and_fetch(x, x)
+    assert (c.k_rot, c.v_rot) == (256, 64)
+    kb, vb = c.blocks()
+    assert np.array_equal(np.array(kb), quantize("q8_0", np.array(hadamard_rotate(x, 256))))
+    assert np.array_equal(np.array(vb), quantize("q4_0", np.array(hadamard_rotate(x, 64))))
+    k, _ = c.fetch()
+    want = hadamard_rotate(mx.array(dequantize("q8_0", np.array(kb), 256)), 256)
+    np.testing.assert_allclose(np.array(k), np.array(want), atol=1e-6)
+
+
 def test_decode_steps_do_not_reallocate():
     c = TQCache("q8_0", "q4_0")
     k = mx.zeros((1, 2, 1, 64))
@@ -130,9 +153,11 @@ def test_bad_input_is_refused():
         c.update_and_fetch(mx.zeros((1, 1, 1, 128)), mx.zeros((1, 1, 1, 128)))
     with pytest.raises(ValueError, match="window"):
         TQCache("q8_0", "q8_0", window=0)
+    with pytest.raises(ValueError, match="rotation"):
+        TQCache("q8_0", "q8_0", rotation="random")
     with pytest.raises(ValueError, match="do not fit"):
         TQCache.from_state([mx.zeros((1, 1, 2, 34), mx.uint8), mx.zeros((1, 1, 2, 34), mx.uint8),
-                            "5", "q8_0", "q8_0", "64", "64", "0", "0"])
+                            "5", "q8_0", "q8_0", "64", "64", "0", "0", "llama", "64", "64"])
 
 
 # ------------------------------------------------------------------ tiny random models
@@ -248,7 +273,7 @@ def test_routing_sends_decode_to_the_kernel_and_restores(tiny, monkeypatch):
     monkeypatch.setattr(routing, "_kernel_backend", lambda: "fake")
     toks = _tokens(20, seed=5)
     original = llama.scaled_dot_product_attention
-    c = make_cache(tiny, "q8_0", "q4_0")
+    c = make_cache(tiny, "q8_0", "q4_0")   # rotated K and V: the routing rotates q and the output
     got = _run(tiny, c, toks[:, :16], 16, mode="kernel")
     got = mx.concatenate([got, _run(tiny, c, toks[:, 16:], 1, mode="kernel")], axis=1)
     assert llama.scaled_dot_product_attention is original and base.scaled_dot_product_attention is original

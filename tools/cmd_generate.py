@@ -16,6 +16,8 @@ def add_arguments(p) -> None:
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as one user turn of the model's chat template")
+    p.add_argument("--rotation", choices=["llama", "none"], default="llama",
+                   help="Hadamard-rotate K/V rows of ggml quantized formats as llama.cpp does (default), or not")
     p.add_argument("--sliding", choices=["quantize", "float"], default="quantize",
                    help="sliding-window layers: quantized like the rest, or mlx-lm's float rotating cache")
     p.add_argument("--decode", choices=["auto", "kernel", "reference"], default="auto",
@@ -74,7 +76,7 @@ def run(args) -> int:
     if args.chat:
         prompt = chat_prompt(args.model, prompt)
     ids = tok.encode(prompt, add_bos=True)
-    cache = make_cache(model, kf, vf, sliding=args.sliding)
+    cache = make_cache(model, kf, vf, sliding=args.sliding, rotation=args.rotation)
     mx.random.seed(args.seed)
     mx.reset_peak_memory()
     t0 = time.perf_counter()

@@ -21,6 +21,8 @@ def add_arguments(p) -> None:
     p.add_argument("--tokens", type=int, default=2048, help="tokens of text to score (default 2048)")
     p.add_argument("--chunk", type=int, default=256, help="fixed prefill chunk size (default 256)")
     p.add_argument("--text", default=None, help="a text file to score instead of pydoc_data.topics")
+    p.add_argument("--rotation", choices=["llama", "none"], default="llama",
+                   help="Hadamard-rotate K/V rows of ggml quantized formats as llama.cpp does (default), or not")
     p.add_argument("--sliding", choices=["quantize", "float"], default="quantize",
                    help="sliding-window layers: quantized like the rest, or kept in float")
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
@@ -89,15 +91,17 @@ def run(args) -> int:
             bar.update(n - done[0])
         done[0] = n
 
-    rows = q.evaluate(model, ids, kvs, chunk=args.chunk, sliding=args.sliding, progress=progress)
+    rows = q.evaluate(model, ids, kvs, chunk=args.chunk, sliding=args.sliding, rotation=args.rotation,
+                      progress=progress)
     if bar is not None:
         bar.close()
     env = q.environment()
     model_name = os.path.basename(args.model)
     for r in rows:
         r.update(model=model_name, text=source, tokens=len(ids), chunk=args.chunk, sliding=args.sliding,
+                 rotation=args.rotation,
                  environment=env)
-    title = f"{model_name}, {len(ids)} tokens of {source}, chunk {args.chunk}"
+    title = f"{model_name}, {len(ids)} tokens of {source}, chunk {args.chunk}, rotation {args.rotation}"
     md = q.to_markdown(rows, title)
     print(md)
     if args.json_out:
