@@ -1,0 +1,319 @@
+"""Fuzz campaigns: tqbridge's own kernels or a user's, over several processes, with a persistent
+example database, a progress line and a summary.
+
+Targets: ``quantize`` (MLX codecs vs the numpy reference, bytes), ``dequantize`` (same, values),
+``append`` (the quantize-on-append kernel on a backend, bytes), ``decode-attention`` (the fused kernel
+on a backend vs the float64 oracle and its bound), or ``module:function`` (a user's callable; its op
+and formats come from :func:`tqbridge.parity.byok.claims` or from the caller).
+
+Each worker process runs rounds of :func:`tqbridge.parity.byok.fuzz_kernel` with its own seed
+against one shared :class:`hypothesis.database.DirectoryBasedExampleDatabase` (one file per example,
+safe for concurrent writers), so a counterexample found once is replayed first by every later run.
+The first counterexample stops the campaign.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import random
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+OUR_TARGETS = ("quantize", "dequantize", "append", "decode-attention")
+PROFILES = {"ci": 100, "dev": 300, "deep": 3000}      # examples per campaign when --examples is not given
+ROUND = 25                                            # examples per round when the campaign is timed
+DEFAULT_DB = Path(".hypothesis") / "tqbridge-fuzz"
+
+
+class FuzzError(ValueError):
+    """A campaign cannot start (unknown target, bad claim); one line says why."""
+
+
+# ----------------------------------------------------------------------------------- targets
+
+
+def _np(a):
+    import numpy as np
+
+    return np.asarray(a) if not hasattr(a, "tolist") or isinstance(a, np.ndarray) else np.array(a)
+
+
+def our_target(name: str, backend: str):
+    """``(fn, claim)`` of one of tqbridge's own kernels."""
+    from .. import bridge
+    from .byok import make_claim
+
+    if name == "quantize":
+        return (lambda x, fmt: _np(bridge.mlx_quantize(fmt, x))), make_claim("quantize")
+    if name == "dequantize":
+        return (lambda b, n, fmt: _np(bridge.mlx_dequantize(fmt, b, n))), make_claim("dequantize")
+    if name == "append":
+        from ..metal import quantize_append
+
+        return (lambda rows, fmt: _np(quantize_append(fmt, rows, backend=backend))), make_claim("append")
+    if name == "decode-attention":
+        from ..metal.attention import decode_attention, last_run
+
+        def attn(q, k_blocks, v_blocks, **kw):
+            return _np(decode_attention(q, k_blocks, v_blocks, backend=backend, **kw))
+
+        return attn, make_claim("decode-attention", chain=lambda: last_run().get("chain"))
+    raise FuzzError(f"unknown target {name!r}: use one of {', '.join(OUR_TARGETS)} or module:function")
+
+
+def user_target(spec: str, op: "str | None", fmt: "list[str] | None", k_format: "list[str] | None",
+                v_format: "list[str] | None"):
+    """``(fn, claim)`` for ``module:function`` (the module importable from the current directory)."""
+    from .byok import KernelClaimError, make_claim
+
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise FuzzError(f"target {spec!r}: write module:function, e.g. mykernels:dequantize_q4_0")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise FuzzError(f"target {spec!r}: cannot import {mod_name}: {e}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise FuzzError(f"target {spec!r}: {mod_name} has no attribute {attr}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise FuzzError(f"target {spec!r}: {attr} is not callable")
+    recorded = getattr(obj, "__tqbridge_claim__", None)
+    try:
+        if op is None and recorded is None:
+            raise FuzzError(f"target {spec!r}: say what it implements with --op (and --format), "
+                            "or decorate it with tqbridge.parity.byok.claims(...)")
+        if op is None:
+            return obj, recorded
+        return obj, make_claim(op, fmt, k_format=k_format, v_format=v_format)
+    except KernelClaimError as e:
+        raise FuzzError(f"target {spec!r}: {e}") from None
+
+
+def resolve_target(spec: dict):
+    t = spec["target"]
+    if t in OUR_TARGETS:
+        if any(spec.get(k) for k in ("op", "fmt", "k_format", "v_format")):
+            fn, c = our_target(t, spec["backend"])
+            from .byok import Claim, make_claim
+
+            c2 = make_claim(c.op, spec.get("fmt") if c.op != "decode-attention" else None,
+                            k_format=spec.get("k_format"), v_format=spec.get("v_format"))
+            return fn, Claim(c2.op, c2.formats, c2.k_formats, c2.v_formats, c.chain)
+        return our_target(t, spec["backend"])
+    if ":" in t:
+        return user_target(t, spec.get("op"), spec.get("fmt"), spec.get("k_format"), spec.get("v_format"))
+    raise FuzzError(f"unknown target {t!r}: use one of {', '.join(OUR_TARGETS)} or module:function")
+
+
+def db_path(root: "str | os.PathLike[str]", target: str) -> Path:
+    """The example database of one target under ``root`` (one directory per target)."""
+    return Path(root) / re.sub(r"[^A-Za-z0-9_.-]+", "_", target)
+
+
+# ----------------------------------------------------------------------------------- workers
+
+
+def _worker(spec: dict, worker: int, out: Any, stop: Any) -> None:
+    """Run rounds of fuzz_kernel until the budget or the deadline; report through ``out.put``."""
+    try:
+        from hypothesis.database import DirectoryBasedExampleDatabase
+
+        from .byok import fuzz_kernel
+
+        fn, claim = resolve_target(spec)
+        db = DirectoryBasedExampleDatabase(str(spec["db"]))
+        sent_shapes: set = set()
+        sent_formats: set = set()
+        state = {"examples": 0, "worst": 0.0, "last": 0.0}
+        base = 0
+
+        def report(r, force=False):
+            now = time.monotonic()
+            if not force and now - state["last"] < 0.5:
+                return
+            state["last"] = now
+            new_s, new_f = r.shapes - sent_shapes, r.formats - sent_formats
+            sent_shapes.update(new_s)
+            sent_formats.update(new_f)
+            out.put(("progress", worker, base + r.examples, sorted(new_s), sorted(new_f), max(state["worst"], r.worst_ratio)))
+
+        budget = spec.get("examples_per_worker")
+        deadline = spec.get("deadline")
+        rnd = 0
+        while not stop.is_set():
+            if deadline is not None:
+                if time.time() >= deadline:
+                    break
+                n = ROUND
+            else:
+                n = budget - state["examples"]
+                if n <= 0 or rnd >= 20:
+                    break
+            r = fuzz_kernel(fn, claim.op, claim.formats if claim.op != "decode-attention" else None,
+                            k_format=claim.k_formats, v_format=claim.v_formats, chain=claim.chain,
+                            max_examples=n, seed=spec["seed"] * 1_000_003 + worker * 7919 + rnd, database=db,
+                            on_example=lambda r: report(r))
+            report(r, force=True)
+            base += r.examples
+            state["examples"] += r.examples
+            state["worst"] = max(state["worst"], r.worst_ratio)
+            rnd += 1
+            if not r.ok:
+                out.put(("failure", worker, repr(r.failure), r.message, r.snippet))
+                break
+        out.put(("done", worker, state["examples"]))
+    except BaseException as e:  # noqa: BLE001 - report, never hang the parent
+        out.put(("error", worker, f"{type(e).__name__}: {e}"))
+
+
+class _Inline:
+    """A queue for one in-process worker: messages go straight to the campaign."""
+
+    def __init__(self, handle: Callable):
+        self.handle = handle
+
+    def put(self, msg) -> None:
+        self.handle(msg)
+
+
+class _NeverStop:
+    def is_set(self) -> bool:
+        return False
+
+
+# ----------------------------------------------------------------------------------- campaign
+
+
+@dataclass
+class Campaign:
+    """Totals of a campaign, merged from the workers' reports."""
+
+    target: str
+    backend: str
+    jobs: int
+    seed: int
+    db: str
+    examples_per_worker: dict = field(default_factory=dict)
+    shapes: set = field(default_factory=set)
+    formats: set = field(default_factory=set)
+    worst_ratio: float = 0.0
+    seconds: float = 0.0
+    failure: "dict | None" = None
+    errors: list = field(default_factory=list)
+
+    @property
+    def examples(self) -> int:
+        return sum(self.examples_per_worker.values())
+
+    def handle(self, msg) -> None:
+        kind, worker = msg[0], msg[1]
+        if kind == "progress":
+            self.examples_per_worker[worker] = msg[2]
+            self.shapes.update(tuple(s) for s in msg[3])
+            self.formats.update(msg[4])
+            self.worst_ratio = max(self.worst_ratio, msg[5])
+        elif kind == "failure" and self.failure is None:
+            self.failure = {"worker": worker, "case": msg[2], "message": msg[3], "snippet": msg[4]}
+        elif kind == "error":
+            self.errors.append(f"worker {worker}: {msg[2]}")
+
+    def progress_line(self) -> str:
+        return (f"fuzz {self.target} [{self.backend}, {self.jobs} job{'s' if self.jobs > 1 else ''}]: "
+                f"{self.examples} examples, {len(self.shapes)} shapes, {len(self.formats)} formats, "
+                f"worst error/allowed {self.worst_ratio:.3g}, {self.seconds:.0f} s")
+
+    def summary(self) -> dict:
+        return {"target": self.target, "backend": self.backend, "jobs": self.jobs, "seed": self.seed,
+                "database": self.db, "examples": self.examples, "shapes": len(self.shapes),
+                "formats": sorted(self.formats), "worst_error_over_allowed": self.worst_ratio,
+                "seconds": round(self.seconds, 2), "ok": self.failure is None and not self.errors,
+                "failure": self.failure, "errors": self.errors}
+
+
+def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" = None, minutes: "float | None" = None,
+                 profile: str = "ci", jobs: int = 1, seed: "int | None" = None, db: "str | os.PathLike[str] | None" = None,
+                 op: "str | None" = None, fmt: "list[str] | None" = None, k_format: "list[str] | None" = None,
+                 v_format: "list[str] | None" = None, progress: "Callable[[Campaign], None] | None" = None) -> Campaign:
+    """Run one campaign and return its totals (never raises for a counterexample: see ``failure``)."""
+    if profile not in PROFILES:
+        raise FuzzError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    if examples is not None and minutes is not None:
+        raise FuzzError("give --examples or --minutes, not both")
+    if examples is not None and examples < 1:
+        raise FuzzError(f"--examples must be at least 1, got {examples}")
+    if minutes is not None and not minutes > 0:
+        raise FuzzError(f"--minutes must be positive, got {minutes}")
+    if jobs < 1:
+        raise FuzzError(f"--jobs must be at least 1, got {jobs}")
+    if backend != "auto" and target in ("append", "decode-attention"):
+        from ..metal import backends as usable
+
+        if backend not in usable():
+            raise FuzzError(f"backend {backend!r} is not usable here (usable: {', '.join(usable())})")
+    seed = (0 if profile == "ci" else random.randrange(1 << 30)) if seed is None else int(seed)
+    root = Path(db) if db is not None else DEFAULT_DB
+    path = db_path(root, target if op is None else f"{target}-{op}")
+    path.mkdir(parents=True, exist_ok=True)
+    spec = {"target": target, "backend": backend, "op": op, "fmt": fmt, "k_format": k_format, "v_format": v_format,
+            "db": str(path), "seed": seed}
+    resolve_target(spec)          # fail fast, in this process, with a clear message
+    total = PROFILES[profile] if examples is None and minutes is None else examples
+    if minutes is not None:
+        spec["deadline"] = time.time() + 60.0 * minutes
+    else:
+        spec["examples_per_worker"] = -(-total // jobs)
+    camp = Campaign(target, backend, jobs, seed, str(path))
+    t0 = time.monotonic()
+
+    def tick():
+        camp.seconds = time.monotonic() - t0
+        if progress is not None:
+            progress(camp)
+
+    if jobs == 1:
+        def handle(msg):
+            camp.handle(msg)
+            tick()
+
+        _worker(spec, 0, _Inline(handle), _NeverStop())
+    else:
+        ctx = mp.get_context("spawn")
+        q, stop = ctx.Queue(), ctx.Event()
+        procs = [ctx.Process(target=_worker, args=(spec, w, q, stop), daemon=True) for w in range(jobs)]
+        for p in procs:
+            p.start()
+        done = 0
+        try:
+            while done < jobs:
+                try:
+                    msg = q.get(timeout=1.0)
+                except queue_mod.Empty:
+                    if not any(p.is_alive() for p in procs):
+                        break
+                    tick()
+                    continue
+                camp.handle(msg)
+                if msg[0] == "failure":
+                    stop.set()
+                if msg[0] in ("done", "error"):
+                    done += 1
+                tick()
+        finally:
+            stop.set()
+            for p in procs:
+                p.join(timeout=30)
+    camp.seconds = time.monotonic() - t0
+    if camp.failure:
+        (path / "counterexample.py").write_text(camp.failure["snippet"])
+    return camp
