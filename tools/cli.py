@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "parity": ("cmd_parity", "llama.cpp vs MLX on the same GGUF: logits KL, top-1, max |delta|"),
     "bench": ("cmd_bench", "time the fused decode-attention kernel against MLX's attention paths (GPU)"),
     "demo": ("cmd_demo", "the parity table on SmolLM2-135M with a default KV matrix"),
+    "fuzz": ("cmd_fuzz", "hypothesis campaign against tqbridge's kernels or your own (module:function)"),
 }
 
 
