@@ -13,6 +13,7 @@ rows are padded per rotation group exactly as the fork pads them).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -177,12 +178,15 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
         raise AttentionError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     key = None
     if isinstance(length, int) and isinstance(k_format, (str, Format)) and isinstance(v_format, (str, Format)):
-        # decoding calls repeat the same shapes: validate once per distinct call signature
+        # decoding calls repeat the same shapes with a growing length: validate the shapes once per
+        # call signature, the length every time
         key = (tuple(q.shape), str(q.dtype), tuple(k_blocks.shape), str(k_blocks.dtype), tuple(v_blocks.shape),
-               str(v_blocks.dtype), k_format, v_format, length, scale, window, softcap,
+               str(v_blocks.dtype), k_format, v_format, scale, window, softcap,
                None if sinks is None else tuple(sinks.shape))
-    prob = _CHECKED.get(key) if key is not None else None
-    if prob is None:
+    base = _CHECKED.get(key) if key is not None else None
+    if base is not None and 0 <= length <= base.l_max:
+        prob = dataclasses.replace(base, lengths=(length,) * base.batch)
+    else:
         prob = check_problem(q, k_blocks, v_blocks, k_format=k_format, v_format=v_format, length=length,
                              scale=scale, window=window, softcap=softcap, sinks=sinks)
         if key is not None:

@@ -9,6 +9,7 @@ scale, softcap) travel in small parameter buffers, so a new token never builds a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -176,18 +177,29 @@ def _kernel_defs(qtype: int):
     return split, combine
 
 
-def pick_backend(requested: str) -> str:
-    if requested in ("cpu-emulator", "cuda", "metal"):
-        return requested
+@lru_cache(maxsize=1)
+def _gpu_kind() -> "str | None":
     try:
         import mlx.core as mx
     except ImportError:
-        return "cpu-emulator"
-    if mx.default_device() == mx.gpu:
-        if mx.metal.is_available():
-            return "metal"
-        if getattr(mx, "cuda", None) is not None and mx.cuda.is_available():
-            return "cuda"
+        return None
+    if mx.metal.is_available():
+        return "metal"
+    if getattr(mx, "cuda", None) is not None and mx.cuda.is_available():
+        return "cuda"
+    return None
+
+
+def pick_backend(requested: str) -> str:
+    """``auto``: Metal or CUDA when MLX's default device is that GPU, else the CPU emulator."""
+    if requested in ("cpu-emulator", "cuda", "metal"):
+        return requested
+    gpu = _gpu_kind()
+    if gpu is not None:
+        import mlx.core as mx
+
+        if mx.default_device() == mx.gpu:
+            return gpu
     return "cpu-emulator"
 
 
@@ -263,34 +275,44 @@ def _mlx_kernel(backend: str, which: int, qtype: int, static: dict):
 
 
 @lru_cache(maxsize=256)
-def _mlx_setup(prob: Problem, plan: Plan, qtype: int, backend: str, has_sinks: bool):
-    """Kernels and parameter buffers of one (problem, plan): built once, reused by every repeat call."""
+def _mlx_setup(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, has_sinks: bool):
+    """Kernels and constant buffers of one call signature (lengths and splits left out)."""
     import mlx.core as mx
 
-    split_s, comb_s, extra1, extra2 = _static(prob, plan, qtype, False)
-    np_ = plan.partials
-    ip1 = mx.array(np.array([prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1,
-                             *prob.lengths], np.int32))
-    fp1 = mx.array(np.array([prob.scale, prob.softcap], np.float32))
-    tabs = mx.array(tables(prob))
-    ip2 = mx.array(np.array([np_, prob.q_heads, int(has_sinks), *extra2], np.int32))
-    zero_sinks = mx.zeros((prob.q_heads,), mx.float32)
+    split_s, comb_s, extra1, extra2 = _static(shape_prob, shape_plan, qtype, False)
+    fp1 = mx.array(np.array([shape_prob.scale, shape_prob.softcap], np.float32))
+    tabs = mx.array(tables(shape_prob))
+    zero_sinks = mx.zeros((shape_prob.q_heads,), mx.float32)
     k1 = _mlx_kernel(backend, 0, qtype, split_s)
     k2 = _mlx_kernel(backend, 1, qtype, comb_s)
-    return k1, k2, ip1, fp1, tabs, ip2, zero_sinks
+    return k1, k2, fp1, tabs, zero_sinks, tuple(extra1), tuple(extra2)
+
+
+@lru_cache(maxsize=1024)
+def _int_buffer(values: tuple):
+    """An int32 parameter buffer, made once per distinct content."""
+    import mlx.core as mx
+
+    return mx.array(np.array(values, np.int32))
 
 
 def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: str):
     import mlx.core as mx
 
-    k1, k2, ip1, fp1, tabs, ip2, zero_sinks = _mlx_setup(prob, plan, qtype, backend, sinks is not None)
+    shape_prob = dataclasses.replace(prob, lengths=())
+    shape_plan = dataclasses.replace(plan, splits=0, split_len=0)
+    k1, k2, fp1, tabs, zero_sinks, extra1, extra2 = _mlx_setup(shape_prob, shape_plan, qtype, backend,
+                                                               sinks is not None)
+    np_ = plan.partials
+    ip1 = _int_buffer((prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1,
+                       *prob.lengths))
+    ip2 = _int_buffer((np_, prob.q_heads, int(sinks is not None), *extra2))
     qm = q if isinstance(q, mx.array) else mx.array(_np(q))
     if qtype:
         qm = mx.view(qm, mx.uint16)
     kbm = kb if isinstance(kb, mx.array) else mx.array(np.ascontiguousarray(_np(kb)))
     vbm = vb if isinstance(vb, mx.array) else mx.array(np.ascontiguousarray(_np(vb)))
     rows = prob.batch * prob.q_heads * prob.rows
-    np_ = plan.partials
     n1 = prob.batch * prob.kv_heads * plan.splits
     po, pml = _launch(k1, inputs=[qm, kbm, vbm, ip1, fp1, tabs], output_shapes=[(rows, np_, prob.v_dim), (rows, np_, 2)],
                       output_dtypes=[mx.float32, mx.float32], grid=(n1 * 32 * plan.warps, 1, 1),
