@@ -132,3 +132,17 @@ def test_bad_arguments_are_clear_errors(over, match):
     a = _args(**over)
     with pytest.raises(AttentionError, match=match):
         decode_attention(a.pop("q"), a.pop("k_blocks"), a.pop("v_blocks"), backend=a.pop("backend", "reference"), **a)
+
+
+def test_repeated_signature_still_checks_the_length():
+    # the second call hits the per-signature cache of validated shapes; its length is still checked
+    a = _args()
+    q, kb, vb = a.pop("q"), a.pop("k_blocks"), a.pop("v_blocks")
+    a.pop("length")
+    first = decode_attention(q, kb, vb, backend="reference", length=8, **a)
+    again = decode_attention(q, kb, vb, backend="reference", length=5, **a)
+    assert first.shape == again.shape
+    with pytest.raises(AttentionError, match="outside 0..8"):
+        decode_attention(q, kb, vb, backend="reference", length=9, **a)
+    with pytest.raises(AttentionError, match="outside 0..8"):
+        decode_attention(q, kb, vb, backend="reference", length=-1, **a)
