@@ -151,7 +151,7 @@ def assert_attention_close(actual: Any, expected: Any, bound: Any = None, *, rto
         name = tolerance_name or f"rtol={rtol:.3g} of the row max"
     if not np.isfinite(a).all():
         i = np.unravel_index(int(np.flatnonzero(~np.isfinite(a))[0]), a.shape)
-        raise AssertionError(f"attention{where}: non-finite output {a[i]!r} at {tuple(int(x) for x in i)} "
+        raise AssertionError(f"attention{where}: non-finite output {float(a[i])!r} at {tuple(int(x) for x in i)} "
                              f"(expected {e[i]:.6g})")
     err = np.abs(a - e)
     ratio = np.where(allowed > 0, err / np.where(allowed > 0, allowed, 1.0), np.where(err > 0, np.inf, 0.0))

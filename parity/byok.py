@@ -363,11 +363,13 @@ def fuzz_kernel(fn: Callable, op: "str | None" = None, fmt: Any = None, *, k_for
             on_example(result)
 
     test = given(case=strat)(body)
+    if seed is not None:
+        # @seed alone switches the database off; settings applied after it switch it back on, so a
+        # seeded campaign still saves its failures and replays them first.
+        test = hyp_seed(seed)(test)
     test = settings(max_examples=max_examples, deadline=None, database=database, derandomize=derandomize,
                     report_multiple_bugs=False, print_blob=False,
                     suppress_health_check=list(HealthCheck))(test)
-    if seed is not None:
-        test = hyp_seed(seed)(test)
     try:
         test()
     except BaseException as e:  # noqa: BLE001 - any failure of the kernel is the finding

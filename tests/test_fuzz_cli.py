@@ -1,0 +1,82 @@
+"""``tqbridge fuzz``: a short campaign on the decode kernel (CPU emulator), a user's module:function,
+the planted bugs found and replayed from the example database, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tqbridge.metal import backends
+
+EMU = pytest.mark.skipif("cpu-emulator" not in backends(), reason="no C++ compiler for the CPU emulator")
+
+
+def fuzz(*args, cwd):
+    p = subprocess.run([sys.executable, "-m", "tqbridge.tools.cli", "fuzz", *args], cwd=cwd,
+                       capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+@EMU
+def test_decode_attention_campaign_on_the_emulator(tmp_path):
+    rc, out, err = fuzz("decode-attention", "--backend", "cpu-emulator", "--examples", "30", "--jobs", "2",
+                        "--db", "db", "--json", "summary.json", cwd=tmp_path)
+    assert rc == 0, out + err
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["ok"] and s["backend"] == "cpu-emulator" and s["jobs"] == 2
+    assert s["examples"] >= 30 and s["shapes"] >= 5 and len(s["formats"]) >= 5
+    assert 0 <= s["worst_error_over_allowed"] <= 1
+    assert "no counterexample" in out and f"examples     {s['examples']}" in out
+    assert (tmp_path / "db" / "decode-attention").is_dir()
+
+
+def test_planted_gqa_bug_is_found_then_replayed_from_the_database(tmp_path):
+    target = "tqbridge.parity.fuzz_demo:attention_missing_gqa_index"
+    rc, out, err = fuzz(target, "--db", "db", "--json", "first.json", cwd=tmp_path)
+    assert rc == 1, out + err
+    assert "COUNTEREXAMPLE Case(decode-attention" in out and "@example(case=CASE)" in out
+    saved = tmp_path / "db" / "tqbridge.parity.fuzz_demo_attention_missing_gqa_index" / "counterexample.py"
+    assert saved.is_file() and "tqt.check_case(fn, CASE)" in saved.read_text()
+    first = json.loads((tmp_path / "first.json").read_text())
+    rc, out, err = fuzz(target, "--db", "db", "--json", "second.json", cwd=tmp_path)
+    second = json.loads((tmp_path / "second.json").read_text())
+    assert rc == 1 and second["failure"]["case"] == first["failure"]["case"]
+    assert second["examples"] < first["examples"]          # the saved failure runs first
+
+
+def test_user_function_with_the_claim_on_the_command_line(tmp_path):
+    (tmp_path / "mine.py").write_text(
+        "import numpy as np\n"
+        "def deq(blocks, n):\n"
+        "    b = np.asarray(blocks, np.uint8).reshape(-1, 34)\n"
+        "    d = b[:, :2].copy().view('<f2').astype(np.float32)\n"
+        "    return (d * b[:, 2:].view(np.int8).astype(np.float32)).reshape(-1, n)\n")
+    rc, out, err = fuzz("mine:deq", "--op", "dequantize", "--format", "q8_0", "--examples", "20", "--db", "db",
+                        cwd=tmp_path)
+    assert rc == 0, out + err
+    assert "formats      1: q8_0" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["attention"], "unknown target 'attention'"),
+    (["mine"], "unknown target 'mine'"),
+    (["nosuchmodule:f"], "cannot import nosuchmodule"),
+    (["json:dumps"], "say what it implements with --op"),
+    (["json:dumps", "--op", "decode-attention", "--format", "q8_0"], "format pair"),
+    (["decode-attention", "--jobs", "0"], "--jobs must be at least 1"),
+])
+def test_errors_are_one_line(tmp_path, args, message):
+    rc, out, err = fuzz(*args, "--db", "db", cwd=tmp_path)
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+@EMU
+def test_timed_campaign_of_the_append_kernel(tmp_path):
+    rc, out, err = fuzz("append", "--backend", "cpu-emulator", "--minutes", "0.05", "--db", "db",
+                        "--json", "s.json", cwd=tmp_path)
+    assert rc == 0, out + err
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["examples"] >= 1 and s["seconds"] >= 3.0 and s["formats"]
