@@ -4,7 +4,8 @@ Every configuration (a K/V format pair) reads the same tokens in the same fixed 
 reference is the same model with an ``f16/f16`` :class:`~tqbridge.metal.cache.TQCache`. Per
 position: ``KL(P_f16 || P_kv)`` of the softmax of the logits (natural log, nats) and whether the top-1
 tokens agree. Bytes per token are measured from the live cache arrays after the last chunk (the
-valid rows of every layer's K and V arrays, divided by the number of tokens).
+valid rows of every layer's K and V arrays, divided by the number of tokens; sliding-window layers
+hold only their window), bits per value from the same bytes over the values they hold.
 
 All configurations advance chunk by chunk in lockstep, so only one chunk of logits per
 configuration is alive at a time (vocabularies of 262k entries make whole-text logits too large).
@@ -59,18 +60,26 @@ def _log_softmax(x: mx.array) -> mx.array:
     return x - mx.logsumexp(x, axis=-1, keepdims=True)
 
 
-def _bytes_per_token(cache: list, n_tokens: int) -> tuple[float, int]:
-    """(used bytes / token, values / token) from the live arrays of every layer."""
+def _cache_bytes(cache: list) -> tuple[int, int]:
+    """(bytes, values) held by the valid rows of every layer's live K and V arrays.
+
+    Sliding-window layers hold only their window, so bytes per token at a given context is
+    ``bytes / tokens`` while bits per value is ``8 * bytes / values``.
+    """
     total = 0
     values = 0
     for c in cache:
-        used = getattr(c, "used_nbytes", None)
-        if used is None:   # a float cache kept by mlx-lm (e.g. a rotating window)
-            used = 0 if c.empty() else c.nbytes
-        total += int(used)
-        if getattr(c, "k_dim", None):
-            values += c.keys.shape[0] * c.keys.shape[1] * (c.k_dim + c.v_dim)
-    return total / max(1, n_tokens), values
+        if isinstance(getattr(c, "used_nbytes", None), int):
+            total += c.used_nbytes
+            if c.k_dim:
+                b, h = c.keys.shape[:2]
+                values += b * h * (c.offset - c.start) * (c.k_dim + c.v_dim)
+        elif not c.empty():   # a float cache kept by mlx-lm (e.g. a rotating window)
+            k, v = c.state[0], c.state[1]
+            rows = min(c.offset, k.shape[2])
+            total += (k.nbytes + v.nbytes) * rows // k.shape[2]
+            values += k.shape[0] * k.shape[1] * rows * (k.shape[3] + v.shape[3])
+    return total, values
 
 
 def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: int = 256,
@@ -125,7 +134,8 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
     for n in names:
         s = stats[n]
         rep = cache_report(caches[n])
-        bpt, values = _bytes_per_token(caches[n], len(tokens))
+        nbytes, values = _cache_bytes(caches[n])
+        bpt = nbytes / len(tokens)
         if f16_bpt is None:
             f16_bpt = bpt
         rows.append({
@@ -136,7 +146,7 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
             "kl_max": s["kl_max"],
             "top1": s["agree"] / s["n"],
             "bytes_per_token": bpt,
-            "bits_per_value": bpt * 8 / values if values else None,
+            "bits_per_value": nbytes * 8 / values if values else None,
             "compression_vs_f16": f16_bpt / bpt if bpt else None,
             "positions": s["n"],
             "seconds": round(s["seconds"], 3),

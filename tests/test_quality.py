@@ -129,3 +129,26 @@ def test_cli_errors_are_one_line(tmp_path):
                            timeout=120)
         assert r.returncode == 2, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and "error" in r.stderr
+
+
+def test_bits_per_value_counts_what_sliding_layers_hold(monkeypatch):
+    from mlx_lm.models import gemma3_text
+
+    from tqbridge.metal.cache import TQCache
+
+    monkeypatch.setattr(TQCache, "step", 4)   # let the windowed layers drop rows within 40 tokens
+    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=64, num_hidden_layers=4,
+                                 intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+                                 head_dim=64, vocab_size=97, sliding_window=8, sliding_window_pattern=2,
+                                 query_pre_attn_scalar=64)
+    mx.random.seed(4)
+    m = gemma3_text.Model(args)
+    mx.eval(m.parameters())
+    toks = np.random.default_rng(1).integers(0, 97, 40).tolist()
+    rows = q.evaluate(m, toks, ["q8_0/q8_0"], chunk=16)
+    assert [r["bits_per_value"] for r in rows] == [16.0, 8.5]
+    assert rows[0]["bytes_per_token"] < 4 * 64 * 2 * 2   # windowed layers hold fewer rows than tokens
+    floats = q.evaluate(m, toks, ["q8_0/q8_0"], chunk=16, sliding="float")
+    # mlx-lm's rotating caches hold the model's float32 rows: between the formats' and 32 bits
+    assert 16.0 < floats[0]["bits_per_value"] < 32.0 and 8.5 < floats[1]["bits_per_value"] < 32.0
+    assert floats[1]["layers"] == {"tqbridge": 2, "RotatingKVCache": 2}
