@@ -308,6 +308,7 @@ def snippet(fn: Callable, case: Case, claim: Claim) -> str:
     wrapped = "\n".join(f"    {text[i:i + 96]!r}" for i in range(0, len(text), 96))
     return (
         f"# {case!r}\n"
+        "# Run it: python <this file> (the failing call), or pytest <this file> (the case kept by @example).\n"
         "from hypothesis import example, given\n"
         "from tqbridge.parity import testing as tqt\n"
         f"{imp}\n"

@@ -40,9 +40,9 @@ class FuzzError(ValueError):
 
 
 def _np(a):
-    import numpy as np
+    from .assertions import _np as to_numpy
 
-    return np.asarray(a) if not hasattr(a, "tolist") or isinstance(a, np.ndarray) else np.array(a)
+    return to_numpy(a)
 
 
 def our_target(name: str, backend: str):

@@ -49,7 +49,8 @@ def pytest_configure(config):
 
 def pytest_report_header(config):
     name = config.getoption("--tqbridge-profile")
-    return f"tqbridge plugin: hypothesis profile {('tqbridge-' + name) if name else settings._current_profile}"
+    current = getattr(settings, "get_current_profile_name", lambda: getattr(settings, "_current_profile", "?"))()
+    return f"tqbridge plugin: hypothesis profile {('tqbridge-' + name) if name else current}"
 
 
 def _profile_examples(config) -> int:

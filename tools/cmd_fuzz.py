@@ -23,7 +23,8 @@ def _list(v):
 def add_arguments(p) -> None:
     p.add_argument("target", help="quantize | dequantize | append | decode-attention | module:function")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
-                   help="kernel backend for append and decode-attention (default: auto)")
+                   help="kernel backend for append and decode-attention (default: auto); quantize and "
+                        "dequantize check the MLX codecs on MLX's default device")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--examples", type=int, help="examples in all (default: from --profile)")
     g.add_argument("--minutes", type=float, help="run for this long instead of a number of examples")
@@ -67,7 +68,8 @@ def run(args) -> int:
     print(f"  examples     {s['examples']}")
     print(f"  shapes       {s['shapes']} distinct")
     print(f"  formats      {len(s['formats'])}: {', '.join(s['formats'])}")
-    print(f"  worst error  {s['worst_error_over_allowed']:.3g} of the allowed (hypothesis.target 'error / allowed')")
+    print(f"  worst error  {s['worst_error_over_allowed']:.3g} of the allowed, over passing examples "
+          "(hypothesis.target 'error / allowed')")
     print(f"  time         {s['seconds']:.1f} s")
     print(f"  database     {c.db}")
     for e in c.errors:
