@@ -51,7 +51,7 @@ def markdown(report: dict) -> str:
            f"KV rotation {'on' if info['llama_cpp']['kv_rotation'] else 'off'}; "
            f"MLX {info['mlx']['mlx']} on {info['mlx']['device']} ({info['mlx']['blas']})",
            f"- command: `{report['command']}`", "",
-           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+           "| " + " | ".join(h.replace("|", "\\|") for h in head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(b) + " |" for b in body]
     out += ["", "Claims: " + "; ".join(sorted({f"{r['kv']}: {r['claim']}" for r in report["logits"]})), ""]
     return "\n".join(out)
