@@ -34,7 +34,7 @@ import math
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings, target

@@ -168,8 +168,8 @@ class Malformed:
     """Broken input for a dequantizer: ``data`` is wrong in the way ``kind`` says.
 
     ``n`` is the row length the data claims; ``raises``: whether :func:`tqbridge.bridge.dequantize`
-    refuses it (with ``FormatError``), else it decodes and ``nan_rows`` / ``inf_rows`` say which rows
-    the reference fills with NaN / ±inf values.
+    refuses it (with ``FormatError``); else it decodes, and ``nonfinite_blocks`` lists the blocks
+    (flat indices) whose values the reference makes NaN or ±inf.
     """
 
     fmt: str
