@@ -35,6 +35,8 @@
 #endif
 
 struct tqa_f4 { float v[4]; };
+// 4 floats on a 16-byte boundary: one wide load from threadgroup memory where the backend has one
+struct alignas(16) tqa_f4a { float v[4]; };
 
 // tanh from exp (the dialect has exp): exact limits +-1, absolute error a few ulp of 1.
 TQ_FUNC float tqa_tanh(float x) { return 1.0f - 2.0f / (tq_exp(2.0f * x) + 1.0f); }
@@ -62,6 +64,54 @@ TQ_FUNC float tqa_half_bits(uint h) {
 
 TQ_FUNC float tqa_half(TQ_SHARED const uchar* p, int off) { return tqa_half_bits(tqa_u16(p, off)); }
 
+// 4 consecutive values starting at index j (a multiple of 4) of the block at `p`, for the block
+// formats (not f32 / f16 / bf16). d (and m for q4_1 / q5_1) are the block's decoded fp16 fields,
+// read once per block by the caller. qso / sgo: offsets of the turbo index fields.
+TQ_FUNC tqa_f4 tqa_dq4_blk(const int fmt, const int qso, const int sgo, TQ_SHARED const uchar* p, const int j,
+                           const float d, const float m, TQ_SHARED const float* tab) {
+    tqa_f4 r;
+    if (fmt == TQA_Q8_0) {                 // fp16 d, int8 qs[32]: x = d * q
+        const uint w = tqa_u32(p, 2 + j);  // j % 4 == 0: 4 int8 in two aligned 16-bit loads
+        for (int i = 0; i < 4; ++i) r.v[i] = d * (float)((int)(((w >> (8 * i)) & 0xffu) ^ 0x80u) - 0x80);
+    } else if (fmt == TQA_Q4_0 || fmt == TQA_IQ4_NL) {  // fp16 d, qs[16]: low nibbles 0..15, high 16..31
+        for (int i = 0; i < 4; ++i) {
+            const int k = j + i;
+            const uint nib = k < 16 ? (p[2 + k] & 15u) : (p[2 + k - 16] >> 4);
+            r.v[i] = fmt == TQA_Q4_0 ? d * (float)((int)nib - 8) : d * tab[nib];
+        }
+    } else if (fmt == TQA_Q4_1) {          // fp16 d, fp16 m, qs[16]: x = d * q + m
+        for (int i = 0; i < 4; ++i) {
+            const int k = j + i;
+            const uint nib = k < 16 ? (p[4 + k] & 15u) : (p[4 + k - 16] >> 4);
+            r.v[i] = d * (float)nib + m;
+        }
+    } else if (fmt == TQA_Q5_0 || fmt == TQA_Q5_1) {  // fp16 d, [fp16 m], u32 qh, qs[16]
+        const int o = fmt == TQA_Q5_0 ? 2 : 4;
+        const uint qh = tqa_u32(p, o);
+        for (int i = 0; i < 4; ++i) {
+            const int k = j + i;
+            const uint nib = k < 16 ? (p[o + 4 + k] & 15u) : (p[o + 4 + k - 16] >> 4);
+            const uint q = nib | (((qh >> k) & 1u) << 4);
+            r.v[i] = fmt == TQA_Q5_0 ? d * (float)((int)q - 16) : d * (float)q + m;
+        }
+    } else if (fmt == TQA_TURBO2 || fmt == TQA_TURBO3) {  // fp16 norm, 2-bit qs, [1-bit signs]
+        const uint lo = p[qso + j / 4];   // j % 4 == 0: one byte holds the 4 low fields
+        const uint hi = fmt == TQA_TURBO3 ? (uint)(p[sgo + j / 8] >> (j & 7)) : 0u;
+        for (int i = 0; i < 4; ++i) {
+            const uint idx = ((lo >> (2 * i)) & 3u) | (((hi >> i) & 1u) << 2);
+            r.v[i] = tab[idx] * d;
+        }
+    } else {                               // turbo4: fp16 norm, [fp16 rnorm], 4-bit qs
+        const uint w = tqa_u16(p, qso + j / 2);
+        for (int i = 0; i < 4; ++i) r.v[i] = tab[(w >> (4 * i)) & 15u] * d;
+    }
+    return r;
+}
+
+// The block formats with a second fp16 field (the offset m).
+TQ_FUNC bool tqa_has_m(const int fmt) { return fmt == TQA_Q4_1 || fmt == TQA_Q5_1; }
+
+// 4 consecutive values of a row starting at index e (a multiple of 4), any format.
 // bb: bytes per block, group: values per block, qso / sgo: offsets of the turbo index fields.
 TQ_FUNC tqa_f4 tqa_dq4(const int fmt, const int bb, const int group, const int qso, const int sgo,
                        TQ_SHARED const uchar* row, int e, TQ_SHARED const float* tab) {
@@ -74,46 +124,10 @@ TQ_FUNC tqa_f4 tqa_dq4(const int fmt, const int bb, const int group, const int q
         for (int i = 0; i < 4; ++i) r.v[i] = tq_bf16_bits_to_f32((ushort)tqa_u16(row, 2 * (e + i)));
     } else {
         const int blk = e / group;
-        const int j = e - blk * group;        // first value's index inside its block
         TQ_SHARED const uchar* p = row + blk * bb;
         const float d = tqa_half(p, 0);
-        if (fmt == TQA_Q8_0) {                 // fp16 d, int8 qs[32]: x = d * q
-            const uint w = tqa_u32(p, 2 + j);  // j % 4 == 0: 4 int8 in two aligned 16-bit loads
-            for (int i = 0; i < 4; ++i) r.v[i] = d * (float)((int)(((w >> (8 * i)) & 0xffu) ^ 0x80u) - 0x80);
-        } else if (fmt == TQA_Q4_0 || fmt == TQA_IQ4_NL) {  // fp16 d, qs[16]: low nibbles 0..15, high 16..31
-            for (int i = 0; i < 4; ++i) {
-                const int k = j + i;
-                const uint nib = k < 16 ? (p[2 + k] & 15u) : (p[2 + k - 16] >> 4);
-                r.v[i] = fmt == TQA_Q4_0 ? d * (float)((int)nib - 8) : d * tab[nib];
-            }
-        } else if (fmt == TQA_Q4_1) {          // fp16 d, fp16 m, qs[16]: x = d * q + m
-            const float m = tqa_half(p, 2);
-            for (int i = 0; i < 4; ++i) {
-                const int k = j + i;
-                const uint nib = k < 16 ? (p[4 + k] & 15u) : (p[4 + k - 16] >> 4);
-                r.v[i] = d * (float)nib + m;
-            }
-        } else if (fmt == TQA_Q5_0 || fmt == TQA_Q5_1) {  // fp16 d, [fp16 m], u32 qh, qs[16]
-            const int o = fmt == TQA_Q5_0 ? 2 : 4;
-            const float m = fmt == TQA_Q5_1 ? tqa_half(p, 2) : 0.0f;
-            const uint qh = tqa_u32(p, o);
-            for (int i = 0; i < 4; ++i) {
-                const int k = j + i;
-                const uint nib = k < 16 ? (p[o + 4 + k] & 15u) : (p[o + 4 + k - 16] >> 4);
-                const uint q = nib | (((qh >> k) & 1u) << 4);
-                r.v[i] = fmt == TQA_Q5_0 ? d * (float)((int)q - 16) : d * (float)q + m;
-            }
-        } else if (fmt == TQA_TURBO2 || fmt == TQA_TURBO3) {  // fp16 norm, 2-bit qs, [1-bit signs]
-            const uint lo = p[qso + j / 4];   // j % 4 == 0: one byte holds the 4 low fields
-            const uint hi = fmt == TQA_TURBO3 ? (uint)(p[sgo + j / 8] >> (j & 7)) : 0u;
-            for (int i = 0; i < 4; ++i) {
-                const uint idx = ((lo >> (2 * i)) & 3u) | (((hi >> i) & 1u) << 2);
-                r.v[i] = tab[idx] * d;
-            }
-        } else {                               // turbo4: fp16 norm, [fp16 rnorm], 4-bit qs
-            const uint w = tqa_u16(p, qso + j / 2);
-            for (int i = 0; i < 4; ++i) r.v[i] = tab[(w >> (4 * i)) & 15u] * d;
-        }
+        const float m = tqa_has_m(fmt) ? tqa_half(p, 2) : 0.0f;
+        r = tqa_dq4_blk(fmt, qso, sgo, p, e - blk * group, d, m, tab);
     }
     return r;
 }

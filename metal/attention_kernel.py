@@ -1,7 +1,10 @@
 """The fused decode-attention kernel: static parameters, launch plan and the two dispatches.
 
-Pass 1 (``attention_kernel_split.cpp``) runs one threadgroup per (batch row, KV head, split);
-pass 2 (``attention_kernel_combine.cpp``) one per output row. Both are tqbridge-dialect kernels
+Pass 1 runs one threadgroup per (batch row, KV head, split): ``attention_kernel_split_v2.cpp``
+(kernel "v2", the default: one key per thread for the scores, column chunks per lane for V) or
+``attention_kernel_split.cpp`` (kernel "v1": several lanes per key), used when v2's threadgroup
+memory does not fit (many query rows with wide heads) or on request. Pass 2
+(``attention_kernel_combine.cpp``) runs one threadgroup per output row. Both are tqbridge-dialect kernels
 (:mod:`.kernel`) with the helpers of ``attention_kernel.h``; the same source runs on Metal, on
 CUDA (MLX's CUDA backend) and on the CPU SIMT emulator. Per-call values (lengths, split size,
 scale, softcap) travel in small parameter buffers, so a new token never builds a new kernel.
@@ -27,6 +30,11 @@ COMBINE_THREADS = 256        # >= the largest row (256 values), a power of 2
 TARGET_GROUPS_GPU = 1056     # pass-1 threadgroups to aim for on a GPU (H200: 132 SMs x 8)
 EMU_SPLIT_KEYS = 256         # on the emulator: about this many keys per split
 TILE_BYTES = 16384           # K + V bytes staged per tile in threadgroup memory
+SHARED_BYTES = 32768         # threadgroup memory of one threadgroup (Metal's limit, the emulator's too)
+TARGET_GROUPS_V2 = 396       # v2 pass-1 threadgroups to aim for on a GPU (H200: 132 SMs x 3)
+V2_MIN_TILES = 2             # v2 on a GPU: at least this many tiles per split
+V2_MIN_TILE = 2              # v2 needs room for at least this many keys per tile, else v1 runs
+KERNELS = ("v1", "v2")
 
 # format name -> kernel format id (attention_kernel.h, TQA_*)
 FORMAT_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7,
@@ -41,13 +49,21 @@ class Plan:
     splits: int
     split_len: int
     tile: int = 0             # keys staged per tile (0: chosen from the row sizes)
+    kernel: str = "v1"        # pass-1 kernel: "v1" (lanes share a key) or "v2" (one key per thread)
+    rows_room: int = 0        # v2: query rows the build holds (TQA_QA)
 
     @property
     def partials(self) -> int:
-        return self.splits * self.warps
+        return self.splits if self.kernel == "v2" else self.splits * self.warps
 
     def chain(self, length: int) -> int:
         """Longest serial accumulation (for the error bound): keys per lane slot + merges."""
+        if self.kernel == "v2":
+            keys = min(self.split_len, max(length, 1)) + 1
+            tiles = -(-keys // self.tile)
+            # per SIMD group: its keys' products, one rescale per tile; the sum: keys per lane of a
+            # tile + 5 butterfly steps, one step per tile; then the SIMD groups and the partials
+            return -(-keys // self.warps) + 2 * tiles + -(-self.tile // 32) + 5 + self.warps + self.partials
         keys_per_slot = -(-min(self.split_len, max(length, 1)) // (self.warps * (32 // self.lanes_per_key)))
         return keys_per_slot + int(math.log2(32 // self.lanes_per_key)) + self.partials
 
@@ -90,11 +106,57 @@ def _lanes_per_key(dk: int, dv: int) -> int:
     return small[0] if small else ok[-1]
 
 
+def _row_bytes(prob: Problem, dyn: bool) -> tuple[int, int]:
+    if dyn:   # room for the widest format (f32), so one build serves every pair
+        return 4 * prob.k_dim, 4 * prob.v_dim
+    ks, *_ = _fmt_params(prob.k_format)
+    vs, *_ = _fmt_params(prob.v_format)
+    return prob.k_dim // ks["GRP"] * ks["BB"], prob.v_dim // vs["GRP"] * vs["BB"]
+
+
+def _rows_room(prob: Problem, dyn: bool) -> int:
+    """TQA_QA of a v2 build: the group's query rows (a power of two in format-generic builds)."""
+    q = prob.group * prob.rows
+    return 1 << (q - 1).bit_length() if dyn else q
+
+
+def v2_shared_bytes(prob: Problem, warps: int, tile: int, dyn: bool) -> int:
+    """Threadgroup memory of a v2 pass-1 build: each array rounded up to 16 bytes, plus the
+    emulator's 64 guard bytes after each (so a plan that fits runs on every backend)."""
+    krb, vrb = _row_bytes(prob, dyn)
+    qa = _rows_room(prob, dyn)
+    sizes = [64, 64, 4 * qa * prob.k_dim, 4 * qa * tile, 4 * qa, 4 * qa, 4 * qa, 4 * warps * prob.v_dim,
+             -(-tile * krb // 4) * 4, -(-tile * vrb // 4) * 4]
+    return sum(-(-x // 16) * 16 + 64 for x in sizes)
+
+
+def _v2_tile(prob: Problem, warps: int, dyn: bool, tile: "int | None") -> int:
+    """Keys per tile for v2: the requested one if it fits, else the largest power of two <= 32 * warps
+    that fits the threadgroup memory; 0 when not even V2_MIN_TILE keys fit."""
+    if tile:
+        return tile if v2_shared_bytes(prob, warps, tile, dyn) <= SHARED_BYTES else 0
+    t = 32 * warps
+    while t >= V2_MIN_TILE and v2_shared_bytes(prob, warps, t, dyn) > SHARED_BYTES:
+        t //= 2
+    return t if t >= V2_MIN_TILE else 0
+
+
 def make_plan(prob: Problem, backend: str, *, splits: "int | None" = None, lanes_per_key: "int | None" = None,
-              warps: "int | None" = None, tile: "int | None" = None) -> Plan:
+              warps: "int | None" = None, tile: "int | None" = None, kernel: "str | None" = None,
+              dyn: bool = False) -> Plan:
+    """Launch plan. ``kernel``: None (v2 when it fits, else v1), "v1" or "v2"; ``dyn``: the build is
+    format-generic (the emulator's default), which sizes threadgroup memory for f32 rows."""
     if max(prob.k_dim, prob.v_dim) > COMBINE_THREADS:
         raise AttentionError(f"the attention kernel takes rows of at most {COMBINE_THREADS} values; "
                              f"got {prob.k_dim} (K) / {prob.v_dim} (V)")
+    if kernel is not None and kernel not in KERNELS:
+        raise AttentionError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    if kernel != "v1" and lanes_per_key is None:
+        plan = _make_plan_v2(prob, backend, splits, warps, tile, dyn, required=kernel == "v2")
+        if plan is not None:
+            return plan
+    elif kernel == "v2":
+        raise AttentionError("lanes_per_key is an option of kernel v1 only")
     lpk = _lanes_per_key(prob.k_dim, prob.v_dim) if lanes_per_key is None else int(lanes_per_key)
     if lpk not in (4, 8, 16, 32) or prob.k_dim % (4 * lpk) or prob.v_dim % (4 * lpk):
         raise AttentionError(f"lanes_per_key={lpk} does not divide rows of {prob.k_dim} / {prob.v_dim} values in chunks of 4")
@@ -118,6 +180,36 @@ def make_plan(prob: Problem, backend: str, *, splits: "int | None" = None, lanes
     return Plan(lpk, nw, splits, -(-l_used // splits), tl)
 
 
+def _make_plan_v2(prob: Problem, backend: str, splits, warps, tile, dyn: bool, required: bool) -> "Plan | None":
+    nw = 4 if warps is None else int(warps)
+    if not 1 <= nw <= 8:
+        raise AttentionError(f"warps must be 1..8, got {nw}")
+    if tile is not None and (int(tile) < 2 or int(tile) > 256 or int(tile) & (int(tile) - 1)):
+        raise AttentionError(f"tile must be a power of two in 2..256, got {tile}")
+    tl = _v2_tile(prob, nw, dyn, None if tile is None else int(tile))
+    if not tl:
+        if required:
+            raise AttentionError(f"kernel v2 does not fit {SHARED_BYTES} bytes of threadgroup memory for "
+                                 f"{prob.group * prob.rows} query rows of {prob.k_dim} values"
+                                 + (f" with tile={tile}" if tile else ""))
+        return None
+    l_used = max(max(prob.lengths), 1)
+    if splits is None:
+        if backend == "cpu-emulator":
+            splits = -(-l_used // EMU_SPLIT_KEYS)
+        else:
+            splits = max(1, min(-(-l_used // (V2_MIN_TILES * tl)), TARGET_GROUPS_V2 // (prob.batch * prob.kv_heads)))
+    splits = int(splits)
+    if splits < 1:
+        raise AttentionError(f"splits must be positive, got {splits}")
+    splits = min(splits, MAX_PARTIALS, l_used)
+    split_len = -(-l_used // splits)
+    if backend != "cpu-emulator":   # whole tiles per split (aligned staging, no short tiles)
+        split_len = -(-split_len // tl) * tl
+        splits = -(-l_used // split_len)
+    return Plan(1, nw, splits, split_len, tl, "v2", _rows_room(prob, dyn))
+
+
 DYN_MAX_ROWS = 32            # TQA_QA: query rows per group a format-generic (TQA_DYN) build holds
 
 
@@ -130,22 +222,22 @@ def _fmt_consts(prob: Problem) -> dict:
 
 
 @lru_cache(maxsize=256)
-def _plan_cached(prob: Problem, backend: str, splits, lanes_per_key, warps, tile) -> Plan:
-    return make_plan(prob, backend, splits=splits, lanes_per_key=lanes_per_key, warps=warps, tile=tile)
+def _plan_cached(prob: Problem, backend: str, splits, lanes_per_key, warps, tile, kernel, dyn) -> Plan:
+    return make_plan(prob, backend, splits=splits, lanes_per_key=lanes_per_key, warps=warps, tile=tile,
+                     kernel=kernel, dyn=dyn)
 
 
 def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dict, list, list]:
     """Static parameters of both passes and the extra int parameters they read (TQA_DYN builds)."""
     fc = _fmt_consts(prob)
-    if dyn:   # room for the widest format (f32), so one build serves every pair
-        krb, vrb = 4 * prob.k_dim, 4 * prob.v_dim
-    else:
-        krb = prob.k_dim // fc["TQA_KGRP"] * fc["TQA_KBB"]
-        vrb = prob.v_dim // fc["TQA_VGRP"] * fc["TQA_VBB"]
+    krb, vrb = _row_bytes(prob, dyn)
     tile = plan.tile or max(2, min(64, 1 << int(math.log2(TILE_BYTES // (krb + vrb)))))
-    split = dict(TQA_DK=prob.k_dim, TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_LPK=plan.lanes_per_key,
-                 TQA_NW=plan.warps, TQA_QTYPE=qtype, TQA_DYN=int(dyn), TQA_TILE=tile,
-                 TQA_KTB=-(-tile * krb // 4) * 4, TQA_VTB=-(-tile * vrb // 4) * 4)
+    split = dict(TQA_DK=prob.k_dim, TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_NW=plan.warps, TQA_QTYPE=qtype,
+                 TQA_DYN=int(dyn), TQA_TILE=tile, TQA_KTB=-(-tile * krb // 4) * 4, TQA_VTB=-(-tile * vrb // 4) * 4)
+    if plan.kernel == "v2":
+        split.update(TQA_QA=plan.rows_room or _rows_room(prob, dyn))
+    else:
+        split.update(TQA_LPK=plan.lanes_per_key)
     combine = dict(TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_NT=COMBINE_THREADS, TQA_QTYPE=qtype,
                    TQA_DYN=int(dyn), TQA_MAXP=MAX_PARTIALS)
     order = ["TQA_KF", "TQA_VF", "TQA_KBB", "TQA_VBB", "TQA_KGRP", "TQA_VGRP", "TQA_KQS", "TQA_VQS",
@@ -159,16 +251,18 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
 
 
 @lru_cache(maxsize=None)
-def _kernel_defs(qtype: int):
+def _kernel_defs(qtype: int, version: str = "v1"):
+    """(pass 1, pass 2) kernel definitions for q's element type and the pass-1 kernel version."""
     from .kernel import Kernel
 
     header = (HERE / "attention_kernel.h").read_text()
     qdt = "float32" if qtype == 0 else "uint16"
     split = Kernel(
-        "tq_attention_split",
+        "tq_attention_split" + ("_v2" if version == "v2" else ""),
         (("q", qdt), ("kb", "uint8"), ("vb", "uint8"), ("ip", "int32"), ("fp", "float32"), ("tabs", "float32")),
         (("po", "float32"), ("pml", "float32")),
-        (HERE / "attention_kernel_split.cpp").read_text(), header)
+        (HERE / ("attention_kernel_split_v2.cpp" if version == "v2" else "attention_kernel_split.cpp")).read_text(),
+        header)
     combine = Kernel(
         "tq_attention_combine",
         (("po", "float32"), ("pml", "float32"), ("ip", "int32"), ("sinks", "float32"), ("tabs", "float32")),
@@ -207,10 +301,10 @@ def pick_backend(requested: str) -> str:
 
 
 @lru_cache(maxsize=64)
-def _emulated(which: int, qtype: int, static_items: tuple):
+def _emulated(which: int, qtype: int, static_items: tuple, version: str = "v1"):
     from .emulator import EmulatedKernel
 
-    return EmulatedKernel(_kernel_defs(qtype)[which], dict(static_items))
+    return EmulatedKernel(_kernel_defs(qtype, version)[which], dict(static_items))
 
 
 def _np(a: Any) -> np.ndarray:
@@ -220,7 +314,7 @@ def _np(a: Any) -> np.ndarray:
 
 
 def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=None, dyn=True):
-    split_s, comb_s, extra1, extra2 = _static(prob, plan, qtype, dyn and prob.group * prob.rows <= DYN_MAX_ROWS)
+    split_s, comb_s, extra1, extra2 = _static(prob, plan, qtype, _dyn_build(prob, plan, dyn))
     if qtype == 2:  # bfloat16 exists only as MLX arrays: take the bits
         import mlx.core as mx
 
@@ -236,7 +330,7 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
                    np.int32)
     fp1 = np.array([prob.scale, prob.softcap], np.float32)
     tabs = tables(prob)
-    k1 = _emulated(0, qtype, tuple(sorted(split_s.items())))
+    k1 = _emulated(0, qtype, tuple(sorted(split_s.items())), plan.kernel)
     po, pml = _launch(k1, [qn, np.ascontiguousarray(_np(kb)), np.ascontiguousarray(_np(vb)), ip1, fp1, tabs],
                  [(rows, np_, prob.v_dim), (rows, np_, 2)],
                  (prob.batch * prob.kv_heads * plan.splits, 1, 1), 32 * plan.warps, seed=seed)
@@ -259,13 +353,13 @@ def _launch(kernel, *args, **kw):
     return kernel(*args, **kw)
 
 
-def _mlx_kernel(backend: str, which: int, qtype: int, static: dict):
+def _mlx_kernel(backend: str, which: int, qtype: int, static: dict, version: str = "v1"):
     import mlx.core as mx
 
-    key = (backend, which, qtype, tuple(sorted(static.items())))
+    key = (backend, which, qtype, tuple(sorted(static.items())), version)
     k = _MLX_KERNELS.get(key)
     if k is None:
-        kdef = _kernel_defs(qtype)[which]
+        kdef = _kernel_defs(qtype, version)[which]
         make = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
         name = f"{kdef.name}_{kdef.digest(backend, static)}"
         k = make(name=name, input_names=[n for n, _ in kdef.inputs], output_names=[n for n, _ in kdef.outputs],
@@ -283,7 +377,7 @@ def _mlx_setup(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, 
     fp1 = mx.array(np.array([shape_prob.scale, shape_prob.softcap], np.float32))
     tabs = mx.array(tables(shape_prob))
     zero_sinks = mx.zeros((shape_prob.q_heads,), mx.float32)
-    k1 = _mlx_kernel(backend, 0, qtype, split_s)
+    k1 = _mlx_kernel(backend, 0, qtype, split_s, shape_plan.kernel)
     k2 = _mlx_kernel(backend, 1, qtype, comb_s)
     return k1, k2, fp1, tabs, zero_sinks, tuple(extra1), tuple(extra2)
 
@@ -331,18 +425,20 @@ def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: s
 
 def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backend: str = "auto",
                      splits: "int | None" = None, lanes_per_key: "int | None" = None, warps: "int | None" = None,
-                     tile: "int | None" = None, seed: "int | None" = None, generic: bool = True):
+                     tile: "int | None" = None, kernel: "str | None" = None, seed: "int | None" = None,
+                     generic: bool = True):
     """Run the two kernel passes on ``backend`` and return the output shaped like q.
 
     On the emulator, ``generic=True`` (default) builds the format-generic variant (format constants
     in the parameter buffer: one build for every format pair); GPUs always build per format pair.
+    ``kernel``: the pass-1 kernel, "v2" or "v1" (default: v2 when its threadgroup memory fits).
     """
     bk = pick_backend("auto" if backend == "kernel" else backend)
     qdt = str(q.dtype).replace("mlx.core.", "")
     if qdt not in QTYPES:
         raise AttentionError(f"the attention kernel takes float32, float16 or bfloat16 q; got {qdt}")
     qtype = QTYPES[qdt]
-    plan = _plan_cached(prob, bk, splits, lanes_per_key, warps, tile)
+    plan = _plan_cached(prob, bk, splits, lanes_per_key, warps, tile, kernel, bk == "cpu-emulator" and generic)
     launches0 = LAUNCHES[0]
     shape = (prob.batch, prob.q_heads, prob.head_dim) if prob.squeeze_rows else (
         prob.batch, prob.q_heads, prob.rows, prob.head_dim)
@@ -363,9 +459,15 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
             mx.eval(out)
             out = _np(out)
     attention.LAST_RUN.clear()
-    attention.LAST_RUN.update(backend=bk, dispatches=LAUNCHES[0] - launches0, splits=plan.splits, lanes_per_key=plan.lanes_per_key,
-                              warps=plan.warps, tile=plan.tile, chain=plan.chain(max(prob.lengths)))
+    attention.LAST_RUN.update(backend=bk, dispatches=LAUNCHES[0] - launches0, kernel=plan.kernel, splits=plan.splits,
+                              lanes_per_key=plan.lanes_per_key, warps=plan.warps, tile=plan.tile,
+                              chain=plan.chain(max(prob.lengths)))
     return out
+
+
+def _dyn_build(prob: Problem, plan: Plan, generic: bool) -> bool:
+    """Whether the emulator builds the format-generic variant (v1 holds at most DYN_MAX_ROWS rows)."""
+    return generic and (plan.kernel == "v2" or prob.group * prob.rows <= DYN_MAX_ROWS)
 
 
 def _is_mlx(a) -> bool:

@@ -6,6 +6,8 @@ serial-accumulation depth.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import example, given
@@ -14,7 +16,7 @@ from hypothesis import strategies as st
 from tqbridge import bridge
 from tqbridge.bridge.padding import pad_rows
 from tqbridge.metal import attention_kernel
-from tqbridge.metal.attention import check_problem, decode_attention, last_run
+from tqbridge.metal.attention import AttentionError, check_problem, decode_attention, last_run
 from tqbridge.metal.attention_ref import oracle
 
 
@@ -56,7 +58,7 @@ def _cache(rng, fmt, shape, kind="normal", scale=1.0):
 
 
 def _check(backend, q, kb, vb, **kw):
-    opts = {k: kw.pop(k) for k in ("splits", "lanes_per_key", "warps", "generic") if k in kw}
+    opts = {k: kw.pop(k) for k in ("splits", "lanes_per_key", "warps", "generic", "kernel", "tile") if k in kw}
     got = decode_attention(q, kb, vb, backend=backend, **kw, **opts)
     run = last_run()
     assert run["backend"] == backend and run["dispatches"] <= 2
@@ -102,9 +104,10 @@ def problems(draw):
     softcap = draw(st.one_of(st.none(), st.floats(1.0, 50.0)))
     sinks = draw(st.booleans())
     splits = draw(st.one_of(st.none(), st.integers(1, 7)))
+    kernel = draw(st.sampled_from([None, None, None, "v1"]))   # None: v2 where it fits
     seed = draw(st.integers(0, 2**32 - 1))
     return dict(d=d, hkv=hkv, g=g, t=t, b=b, l_max=l_max, lengths=lengths, kf=kf, vf=vf, kind=kind,
-                window=window, softcap=softcap, sinks=sinks, splits=splits, seed=seed)
+                window=window, softcap=softcap, sinks=sinks, splits=splits, kernel=kernel, seed=seed)
 
 
 def _run_problem(backend, p):
@@ -115,13 +118,15 @@ def _run_problem(backend, p):
     vb = _cache(rng, p["vf"], (b, hkv, p["l_max"], d), p["kind"])
     sinks = rng.standard_normal(hq).astype(np.float32) if p["sinks"] else None
     _check(backend, q if t > 1 else q[:, :, 0], kb, vb, k_format=p["kf"], v_format=p["vf"], length=p["lengths"],
-           window=p["window"], softcap=p["softcap"], sinks=sinks, splits=p["splits"])
+           window=p["window"], softcap=p["softcap"], sinks=sinks, splits=p["splits"], kernel=p.get("kernel"))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @given(p=problems())
 @example(p=dict(d=128, hkv=2, g=4, t=1, b=1, l_max=513, lengths=[513], kf="q8_0", vf="turbo3", kind="normal",
                 window=None, softcap=None, sinks=False, splits=None, seed=1))
+@example(p=dict(d=256, hkv=1, g=8, t=3, b=1, l_max=45, lengths=[45], kf="f32", vf="turbo2@g64", kind="normal",
+                window=7, softcap=None, sinks=True, splits=2, seed=3))
 @example(p=dict(d=80, hkv=1, g=6, t=4, b=2, l_max=37, lengths=[0, 37], kf="turbo4@g64", vf="q5_1",
                 kind="spike", window=5, softcap=30.0, sinks=True, splits=3, seed=2))
 def test_kernel_matches_oracle(backend, p):
@@ -159,11 +164,13 @@ def test_two_dispatches_whatever_the_split(monkeypatch):
     kb = _cache(rng, "q4_0", (1, 1, 700, 64))
     vb = _cache(rng, "q4_0", (1, 1, 700, 64))
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
-    for splits in (1, 5, 64):
-        calls.clear()
-        decode_attention(q, kb, vb, k_format="q4_0", v_format="q4_0", length=700, backend="cpu-emulator",
-                         splits=splits)
-        assert len(calls) == 2 and last_run()["dispatches"] == 2 and last_run()["splits"] == splits
+    for kernel in ("v1", "v2"):
+        for splits in (1, 5, 64):
+            calls.clear()
+            decode_attention(q, kb, vb, k_format="q4_0", v_format="q4_0", length=700, backend="cpu-emulator",
+                             splits=splits, kernel=kernel)
+            run = last_run()
+            assert len(calls) == 2 and run["dispatches"] == 2 and run["splits"] == splits and run["kernel"] == kernel
 
 
 def test_format_specialised_build_on_the_emulator():
@@ -172,7 +179,43 @@ def test_format_specialised_build_on_the_emulator():
     kb = _cache(rng, "q8_0", (1, 2, 300, 128))
     vb = _cache(rng, "turbo3", (1, 2, 300, 128))
     q = rng.standard_normal((1, 8, 128)).astype(np.float32)
-    _check("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=290, splits=3, generic=False)
+    for kernel in ("v1", "v2"):
+        _check("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=290, splits=3, generic=False,
+               kernel=kernel)
+        assert last_run()["kernel"] == kernel
+    # v2 with the tile a GPU gets for this shape (128 keys: several full tiles and a short one)
+    _check("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=299, splits=1, generic=False)
+    assert last_run()["tile"] == 128
+
+
+def test_v2_falls_back_to_v1_when_threadgroup_memory_is_short():
+    # 8 query heads x 4 rows of 256 values: q alone fills the 32 KiB of threadgroup memory
+    rng = np.random.default_rng(10)
+    kb = _cache(rng, "q8_0", (1, 1, 20, 256))
+    vb = _cache(rng, "q4_0", (1, 1, 20, 256))
+    q = rng.standard_normal((1, 8, 4, 256)).astype(np.float32)
+    _check("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="q4_0", length=20)
+    assert last_run()["kernel"] == "v1"
+    with pytest.raises(AttentionError, match="kernel v2 does not fit"):
+        decode_attention(q, kb, vb, k_format="q8_0", v_format="q4_0", length=20, backend="cpu-emulator", kernel="v2")
+    with pytest.raises(AttentionError, match="unknown kernel"):
+        decode_attention(q, kb, vb, k_format="q8_0", v_format="q4_0", length=20, backend="cpu-emulator", kernel="v3")
+
+
+def test_gpu_plan_of_the_benchmark_shape():
+    # the plan a GPU gets for q8_0 K + turbo3 V, Hq 32 / Hkv 8, D 128: v2, whole tiles per split,
+    # every key covered, one partial per threadgroup, within the combine pass's limit
+    q = np.zeros((1, 32, 128), np.float32)
+    kb = bridge.quantize("q8_0", np.zeros((1, 8, 4, 128)))
+    vb = bridge.quantize("turbo3", np.zeros((1, 8, 4, 128)))
+    for n in (1, 4096, 32768, 131072):
+        prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=4)
+        prob = dataclasses.replace(prob, l_max=n, lengths=(n,))
+        plan = attention_kernel.make_plan(prob, "cuda")
+        assert plan.kernel == "v2" and plan.tile == 128 and plan.split_len % plan.tile == 0
+        assert plan.splits * plan.split_len >= n > (plan.splits - 1) * plan.split_len
+        assert plan.partials == plan.splits <= attention_kernel.MAX_PARTIALS
+        assert attention_kernel.v2_shared_bytes(prob, plan.warps, plan.tile, False) <= attention_kernel.SHARED_BYTES
 
 
 def test_metal_source_is_well_formed(tmp_path):
@@ -190,12 +233,13 @@ def test_metal_source_is_well_formed(tmp_path):
         kb = bridge.quantize(kf, np.zeros((1, 1, 8, 128)))
         vb = bridge.quantize(vf, np.zeros((1, 1, 8, 128)))
         prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=8)
-        plan = attention_kernel.make_plan(prob, "metal")
-        for dyn in (False, True):
-            statics = attention_kernel._static(prob, plan, qtype, dyn)[:2]
-            for kern, static in zip(attention_kernel._kernel_defs(qtype), statics):
-                src = tmp_path / f"{kern.name}.cpp"
-                src.write_text(te._metal_as_cpp(kern, static))
-                proc = subprocess.run([find_compiler(), "-std=c++17", "-fsyntax-only", "-w", "-I", str(tmp_path),
-                                       str(src)], capture_output=True, text=True)
-                assert proc.returncode == 0, f"{kern.name} ({kf}, {vf}, dyn={dyn}):\n{proc.stderr[:2000]}"
+        for version in attention_kernel.KERNELS:
+            plan = attention_kernel.make_plan(prob, "metal", kernel=version)
+            for dyn in (False, True):
+                statics = attention_kernel._static(prob, plan, qtype, dyn)[:2]
+                for kern, static in zip(attention_kernel._kernel_defs(qtype, version), statics):
+                    src = tmp_path / f"{kern.name}.cpp"
+                    src.write_text(te._metal_as_cpp(kern, static))
+                    proc = subprocess.run([find_compiler(), "-std=c++17", "-fsyntax-only", "-w", "-I", str(tmp_path),
+                                           str(src)], capture_output=True, text=True)
+                    assert proc.returncode == 0, f"{kern.name} ({kf}, {vf}, dyn={dyn}):\n{proc.stderr[:2000]}"

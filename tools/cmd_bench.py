@@ -5,7 +5,9 @@ on fp16 K/V, MLX affine dequantize + SDPA, and mlx-lm's quantized SDPA, each ove
 distinct caches chained in one evaluation (layer i's output is layer i+1's query), so launch and
 sync costs are amortised as in a model. Reports time per attention call (median of ``--repeats``),
 speed-ups, the kernel's bandwidth on the bytes it reads, and a device-copy bandwidth measured in
-the same run. Needs MLX on a GPU (CUDA or Metal).
+the same run. ``--kernel`` picks the pass-1 kernels timed (default: v2, then v1 for comparison);
+before timing, each kernel's output on one layer is compared with the MLX-ops reference path.
+Needs MLX on a GPU (CUDA or Metal).
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ import statistics
 import time
 
 from .cli import CliError
+
+# fp16 q and output: the kernel and the reference path each round the output to fp16 (2^-11
+# relative) and accumulate in different orders; 4e-3 of the largest |output| leaves room for both
+CHECK_TOLERANCE = 4e-3
 
 
 def add_arguments(p):
@@ -29,8 +35,10 @@ def add_arguments(p):
     p.add_argument("--v-format", default="turbo3")
     p.add_argument("--layers", type=int, default=16, help="distinct layers chained per evaluation")
     p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--tune", default="", help="kernel configs to try besides the default, e.g. '8x4x2,16x2x4' "
-                   "(lanes_per_key x warps x keys per staged tile)")
+    p.add_argument("--kernel", default="v2,v1", help="comma-separated pass-1 kernels to time with their default "
+                   "plan (v2: one key per thread; v1: lanes share a key); the first is the headline")
+    p.add_argument("--tune", default="", help="extra kernel configs, e.g. 'v2:8x128,v2:4x64,v1:16x4x64' "
+                   "(v2:warps x keys per tile; v1: lanes_per_key x warps [x tile]; no prefix: v1)")
     p.add_argument("--splits", type=int, default=None, help="force the number of context splits")
     p.add_argument("--json", default=None, help="write the results to this file")
 
@@ -86,12 +94,27 @@ def run(args) -> int:
     b, hq, hkv, d, nl = args.batch, args.q_heads, args.kv_heads, args.head_dim, args.layers
     kf, vf = get_format(args.k_format), get_format(args.v_format)
     scale = d ** -0.5
-    configs = [(None, None, None)]
+    configs = []   # (tag, kernel, lanes_per_key, warps, tile)
+    for k in filter(None, args.kernel.split(",")):
+        if k not in attention_kernel.KERNELS:
+            raise CliError(f"--kernel: unknown kernel {k!r}; choose from {', '.join(attention_kernel.KERNELS)}")
+        configs.append(("fused" if not configs else f"fused_{k}", k, None, None, None))
+    if not configs:
+        raise CliError("--kernel: name at least one kernel")
     for c in filter(None, args.tune.split(",")):
-        parts = [int(x) for x in c.split("x")]
-        if len(parts) not in (2, 3):
-            raise CliError(f"--tune: {c!r} is not LPKxWARPS or LPKxWARPSxTILE")
-        configs.append(tuple(parts) + (None,) * (3 - len(parts)))
+        kern, _, spec = c.rpartition(":")
+        kern = kern or "v1"
+        try:
+            parts = [int(x) for x in spec.split("x")]
+        except ValueError:
+            raise CliError(f"--tune: {c!r} is not v2:WARPSxTILE or v1:LPKxWARPS[xTILE]") from None
+        if kern == "v2" and len(parts) == 2:
+            configs.append((f"fused_v2_{spec}", "v2", None, parts[0], parts[1]))
+        elif kern == "v1" and len(parts) in (2, 3):
+            parts += [None] * (3 - len(parts))
+            configs.append((f"fused_v1_{spec}", "v1", *parts))
+        else:
+            raise CliError(f"--tune: {c!r} is not v2:WARPSxTILE or v1:LPKxWARPS[xTILE]")
     results = {"hardware": platform.node(), "device": str(mx.default_device()), "backend": backend,
                "mlx": mx.__version__, "shape": dict(batch=b, q_heads=hq, kv_heads=hkv, head_dim=d),
                "formats": [kf.key, vf.key], "layers_per_eval": nl, "repeats": args.repeats,
@@ -119,11 +142,11 @@ def run(args) -> int:
         del kx, vx
         q0 = mx.random.normal((b, hq, 1, d)).astype(mx.float16)
 
-        def fused(lpk=None, nw=None, un=None):
+        def fused(kern="v2", lpk=None, nw=None, un=None, layers=nl):
             q = q0[:, :, 0]
-            for i in range(nl):
+            for i in range(layers):
                 q = decode_attention(q, kb[i], vb[i], k_format=kf, v_format=vf, length=ctx, backend=backend,
-                                     lanes_per_key=lpk, warps=nw, tile=un, splits=args.splits)
+                                     kernel=kern, lanes_per_key=lpk, warps=nw, tile=un, splits=args.splits)
             return q
 
         def sdpa():
@@ -150,19 +173,29 @@ def run(args) -> int:
 
         row = {"context": ctx}
         kernel_bytes = b * hkv * ctx * (kb0.shape[-1] + vb0.shape[-1])
-        for lpk, nw, un in configs:
-            t = _timed(mx, lambda: fused(lpk, nw, un), args.repeats) / nl
-            tag = "fused" if lpk is None else "fused_" + "x".join(str(x) for x in (lpk, nw, un) if x)
+        ref = decode_attention(q0[:, :, 0], kb[0], vb[0], k_format=kf, v_format=vf, length=ctx, backend="reference")
+        ref_max = mx.max(mx.abs(ref.astype(mx.float32))).item()
+        for tag, kern, lpk, nw, un in configs:
+            # one layer against the MLX-ops reference first: a wrong kernel must not look fast
+            got = fused(kern, lpk, nw, un, layers=1)
+            diff = mx.max(mx.abs(got.astype(mx.float32) - ref.astype(mx.float32))).item()
+            row[tag + "_max_abs_diff_vs_reference"] = diff
+            if not diff <= CHECK_TOLERANCE * max(ref_max, 1.0):
+                print(f"WARNING: {tag} differs from the reference path by {diff:.3g} (|ref| max {ref_max:.3g})")
+            t = _timed(mx, lambda: fused(kern, lpk, nw, un), args.repeats) / nl
             row[tag + "_us"] = t * 1e6
             row[tag + "_GBps"] = kernel_bytes / t / 1e9
-            row[tag + "_plan"] = {k: LAST_RUN.get(k) for k in ("splits", "lanes_per_key", "warps", "tile", "dispatches")}
+            row[tag + "_plan"] = {k: LAST_RUN.get(k) for k in ("kernel", "splits", "lanes_per_key", "warps", "tile",
+                                                                 "dispatches")}
         row["sdpa_fp16_us"] = _timed(mx, sdpa, args.repeats) / nl * 1e6
         row["dequant_sdpa_us"] = _timed(mx, deq_sdpa, args.repeats) / nl * 1e6
         row["mlx_lm_quantized_sdpa_us"] = _timed(mx, mlxlm, args.repeats) / nl * 1e6
         row["kernel_bytes"] = kernel_bytes
         row["fp16_bytes"] = b * hkv * ctx * d * 2 * 2
-        best = min(v for k, v in row.items() if k.startswith("fused") and k.endswith("_us"))
+        best_tag, best = min(((k[:-3], v) for k, v in row.items() if k.startswith("fused") and k.endswith("_us")),
+                             key=lambda kv: kv[1])
         row["best_fused_us"] = best
+        row["best_fused"] = best_tag
         for base in ("sdpa_fp16", "dequant_sdpa", "mlx_lm_quantized_sdpa"):
             row[f"speedup_vs_{base}"] = row[f"{base}_us"] / best
         cp = results["copy"].get("cupy_copy_GBps") or results["copy"]["mlx_copy_GBps"]

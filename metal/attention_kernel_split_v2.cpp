@@ -1,0 +1,205 @@
+// Fused decode attention, pass 1 of 2, key-per-lane layout (tqbridge kernel dialect): one
+// threadgroup per (batch row, KV head, split of the context). All Q = G*T query rows of the GQA
+// group are scored from ONE read of each K/V row. Per tile of TQA_TILE keys staged in threadgroup
+// memory:
+//   A. scores: each thread owns one key, decodes its whole K row once and computes the Q dot
+//      products in registers against q rows read from threadgroup memory (the same address in every
+//      lane: broadcasts); scores (softcap, masks applied) go to s[row][key];
+//   B. per query row, one SIMD group: tile max, new running max, p = exp(s - m) in place, the
+//      tile's sum and the rescale factor of the accumulators, computed once per row and tile;
+//   C. V: SIMD groups take turns over the tile's keys; each lane owns 4-value column chunks of the
+//      output (chunk lane, lane + 32, ...) for all Q rows and accumulates p[row][key] * v.
+// All SIMD groups share one running max and sum per row, so their accumulators add up at the end;
+// each threadgroup writes ONE partial (max m, sum l, unnormalised output in the rotated basis for
+// turbo V) that the combine pass merges.
+//
+// Compile-time (each name prefixed TQA_): KF VF (format ids), KBB VBB (bytes per block), KGRP VGRP
+// (values per block), KQS VQS KSG VSG (turbo field offsets), DK DV (values per cache row), D (head
+// dim), G T (query heads per KV head, query rows), QA (room for query rows, >= G*T), NW (SIMD
+// groups), TILE (keys per staged tile), KTB VTB (tile bytes, multiples of 4), KROT VROT (turbo: 1),
+// QTYPE (q's element type). Buffers as in pass 1 of attention_kernel_split.cpp; out: po (rows,
+// n_splits, DV), pml (rows, n_splits, 2). With TQA_DYN = 1 the format constants, G and T come from
+// ip[5..18] (one build serves every format pair; used by the emulator).
+#if TQA_DYN
+const int kf = ip[5], vf = ip[6], kbb = ip[7], vbb = ip[8], kgrp = ip[9], vgrp = ip[10], kqs = ip[11];
+const int vqs = ip[12], ksg = ip[13], vsg = ip[14], krot = ip[15], vrot = ip[16], G = ip[17], T = ip[18];
+#else
+const int kf = TQA_KF, vf = TQA_VF, kbb = TQA_KBB, vbb = TQA_VBB, kgrp = TQA_KGRP, vgrp = TQA_VGRP;
+const int kqs = TQA_KQS, vqs = TQA_VQS, ksg = TQA_KSG, vsg = TQA_VSG, krot = TQA_KROT, vrot = TQA_VROT;
+const int G = TQA_G, T = TQA_T;
+#endif
+(void)vrot;
+const int Q = G * T;
+constexpr int NT = TQA_NW * 32;
+constexpr int NCH = (TQA_DV / 4 + 31) / 32;   // 4-value column chunks per lane in phase C
+const int KRB = TQA_DK / kgrp * kbb;
+const int VRB = TQA_DV / vgrp * vbb;
+const uint tid = tq_tid;
+const uint lane = tid & 31u;
+const uint warp = tid >> 5;
+const int l_max = ip[0], split_len = ip[1], n_splits = ip[2], window = ip[3], hkv = ip[4];
+const float scale = fp[0], softcap = fp[1];
+const int split = (int)(tq_gx % (uint)n_splits);
+const int bh = (int)(tq_gx / (uint)n_splits);
+const int h = bh % hkv;
+const int b = bh / hkv;
+const int hq_all = hkv * G;
+const int len = ip[19 + b];
+
+TQ_SHARED_ARRAY(float, ktab, 16);
+TQ_SHARED_ARRAY(float, vtab, 16);
+TQ_SHARED_ARRAY(tqa_f4a, qsh4, TQA_QA * TQA_DK / 4);   // q rows: rotated for turbo K, scale folded in
+TQ_SHARED_ARRAY(float, ssh, TQA_QA * TQA_TILE);   // scores, then p, of the current tile
+TQ_SHARED_ARRAY(float, msh, TQA_QA);              // running max per query row
+TQ_SHARED_ARRAY(float, lsh, TQA_QA);              // running sum per query row
+TQ_SHARED_ARRAY(float, ash, TQA_QA);              // this tile's rescale factor per query row
+TQ_SHARED_ARRAY(float, red, TQA_NW * TQA_DV);     // the SIMD groups' outputs, summed at the end
+TQ_SHARED_ARRAY(uint, ktile, TQA_KTB / 4);
+TQ_SHARED_ARRAY(uint, vtile, TQA_VTB / 4);
+TQ_SHARED const uchar* kts = (TQ_SHARED const uchar*)ktile;
+TQ_SHARED const uchar* vts = (TQ_SHARED const uchar*)vtile;
+
+TQ_SHARED float* qsh = (TQ_SHARED float*)qsh4;
+if (tid < 16u) { ktab[tid] = tabs[tid]; vtab[tid] = tabs[16u + tid]; }
+if ((int)tid < Q) { msh[tid] = TQA_NEG_BIG; lsh[tid] = 0.0f; ash[tid] = 1.0f; }
+for (int x = (int)tid; x < Q * TQA_DK; x += NT) {
+    const int r = x / TQA_DK, i = x % TQA_DK;
+    const int hq = h * G + r / T, t = r % T;
+    qsh[x] = i < TQA_D ? TQA_QLOAD(q[((b * hq_all + hq) * T + t) * TQA_D + i]) : 0.0f;
+}
+tq_barrier();
+if (krot) tqa_rotate(qsh, Q * TQA_DK, kgrp, tabs + 32, tabs + 160, tabs[544], tid, (uint)NT);
+for (int x = (int)tid; x < Q * TQA_DK; x += NT) qsh[x] = qsh[x] * scale;
+tq_barrier();
+
+// keys this split may need: the union of the query rows' visible ranges
+const int lo_all = window > 0 ? (len - T + 1 - window > 0 ? len - T + 1 - window : 0) : 0;
+int start = split * split_len;
+int end = start + split_len;
+if (start < lo_all) start = lo_all;
+if (end > len) end = len;
+
+float o[TQA_QA][NCH * 4];
+for (int r = 0; r < Q; ++r)
+    for (int c = 0; c < NCH * 4; ++c) o[r][c] = 0.0f;
+const size_t koff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)KRB;   // this head's first row
+const size_t voff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)VRB;
+
+// tiles start at an even position, so every staged row starts at an even byte
+for (int t0 = start - (start & 1); t0 < end; t0 += TQA_TILE) {   // uniform across the threadgroup
+    const int n = end - t0 < TQA_TILE ? end - t0 : TQA_TILE;
+    tqa_stage(ktile, kb, koff + (size_t)t0 * (size_t)KRB, n * KRB, tid, (uint)NT);
+    tqa_stage(vtile, vb, voff + (size_t)t0 * (size_t)VRB, n * VRB, tid, (uint)NT);
+    tq_barrier();
+
+    // A. one key per thread: Q scores from one decode of the K row
+    for (int i = (int)tid; i < TQA_TILE; i += NT) {
+        const int p = t0 + i;
+        if (i < n && p >= start) {
+            TQ_SHARED const uchar* krow = kts + i * KRB;
+            float acc[TQA_QA];
+            for (int r = 0; r < Q; ++r) acc[r] = 0.0f;
+            if (kf <= TQA_BF16) {
+                for (int e = 0; e < TQA_DK; e += 4) {
+                    const tqa_f4 f = tqa_dq4(kf, kbb, kgrp, kqs, ksg, krow, e, ktab);
+                    for (int r = 0; r < Q; ++r) {
+                        const tqa_f4a qq = qsh4[(r * TQA_DK + e) / 4];
+                        acc[r] += qq.v[0] * f.v[0] + qq.v[1] * f.v[1] + qq.v[2] * f.v[2] + qq.v[3] * f.v[3];
+                    }
+                }
+            } else {
+                // every block format but q4_1 / q5_1 is d times a raw value: the block's dot
+                // product is taken on the raw values and multiplied by d once
+                const bool fold = !tqa_has_m(kf);
+                for (int blk = 0; blk < TQA_DK / kgrp; ++blk) {
+                    TQ_SHARED const uchar* pb = krow + blk * kbb;
+                    const float d = tqa_half(pb, 0);
+                    const float mm = fold ? 0.0f : tqa_half(pb, 2);
+                    float pa[TQA_QA];
+                    for (int r = 0; r < Q; ++r) pa[r] = 0.0f;
+                    for (int j = 0; j < kgrp; j += 4) {
+                        const tqa_f4 f = tqa_dq4_blk(kf, kqs, ksg, pb, j, fold ? 1.0f : d, mm, ktab);
+                        for (int r = 0; r < Q; ++r) {
+                            const tqa_f4a qq = qsh4[(r * TQA_DK + blk * kgrp + j) / 4];
+                            pa[r] += qq.v[0] * f.v[0] + qq.v[1] * f.v[1] + qq.v[2] * f.v[2] + qq.v[3] * f.v[3];
+                        }
+                    }
+                    for (int r = 0; r < Q; ++r) acc[r] += fold ? d * pa[r] : pa[r];
+                }
+            }
+            for (int r = 0; r < Q; ++r) {
+                const int hi_t = len - T + r % T + 1;
+                const int lo_t = window > 0 ? hi_t - window : 0;
+                const float a = softcap > 0.0f ? softcap * tqa_tanh(acc[r] / softcap) : acc[r];
+                ssh[r * TQA_TILE + i] = (p >= hi_t || p < lo_t) ? TQA_NEG_BIG : a;
+            }
+        } else {
+            for (int r = 0; r < Q; ++r) ssh[r * TQA_TILE + i] = TQA_NEG_BIG;
+        }
+    }
+    tq_barrier();
+
+    // B. per query row, one SIMD group: running max, p = exp(s - m), sum, rescale factor
+    for (int r = (int)warp; r < Q; r += TQA_NW) {   // uniform per SIMD group
+        TQ_SHARED float* sr = ssh + r * TQA_TILE;
+        float mt = TQA_NEG_BIG;
+        for (int i = (int)lane; i < TQA_TILE; i += 32) mt = sr[i] > mt ? sr[i] : mt;
+        mt = tq_simd_max(mt);
+        const float mo = msh[r];
+        const float mn = mt > mo ? mt : mo;
+        float ps = 0.0f;
+        for (int i = (int)lane; i < TQA_TILE; i += 32) {
+            const float e = sr[i] > TQA_NEG_BIG ? tq_exp(sr[i] - mn) : 0.0f;
+            sr[i] = e;
+            ps += e;
+        }
+        ps = tq_simd_sum(ps);
+        if (lane == 0u) {
+            const float alpha = tq_exp(mo - mn);
+            ash[r] = alpha;
+            lsh[r] = lsh[r] * alpha + ps;
+            msh[r] = mn;
+        }
+    }
+    tq_barrier();
+
+    // C. V: SIMD groups take turns over the keys; each lane owns column chunks for all rows
+    for (int r = 0; r < Q; ++r) {
+        const float alpha = ash[r];
+        for (int c = 0; c < NCH * 4; ++c) o[r][c] = o[r][c] * alpha;
+    }
+    for (int i = (int)warp; i < n; i += TQA_NW) {
+        if (t0 + i < start) continue;
+        TQ_SHARED const uchar* vrow = vts + i * VRB;
+        for (int k = 0; k < NCH; ++k) {
+            const int e = ((int)lane + 32 * k) * 4;
+            if (e < TQA_DV) {
+                const tqa_f4 f = tqa_dq4(vf, vbb, vgrp, vqs, vsg, vrow, e, vtab);
+                for (int r = 0; r < Q; ++r) {
+                    const float pr = ssh[r * TQA_TILE + i];
+                    for (int u = 0; u < 4; ++u) o[r][4 * k + u] += pr * f.v[u];
+                }
+            }
+        }
+    }
+    tq_barrier();
+}
+
+// the SIMD groups' accumulators share the running max and sum: add them up, one row at a time
+const size_t row0 = (size_t)((b * hq_all + h * G) * T);   // first output row of this group
+for (int r = 0; r < Q; ++r) {
+    for (int k = 0; k < NCH; ++k) {
+        const int e = ((int)lane + 32 * k) * 4;
+        if (e < TQA_DV)
+            for (int u = 0; u < 4; ++u) red[(int)warp * TQA_DV + e + u] = o[r][4 * k + u];
+    }
+    tq_barrier();
+    const size_t pi = (row0 + (size_t)r) * (size_t)n_splits + (size_t)split;
+    for (int e = (int)tid; e < TQA_DV; e += NT) {
+        float a = red[e];
+        for (int w = 1; w < TQA_NW; ++w) a += red[w * TQA_DV + e];
+        po[pi * TQA_DV + e] = a;
+    }
+    if (tid == 0u) { pml[pi * 2] = msh[r]; pml[pi * 2 + 1] = lsh[r]; }
+    tq_barrier();
+}
