@@ -10,6 +10,7 @@ Fixtures (each skips with the reason when what it needs is missing):
 - ``smollm2_gguf`` / ``gemma3_gguf``: the real models' files (:mod:`tqbridge.parity.models`).
 - ``kernel_backend``: the backend ``"auto"`` picks for kernels (metal, cuda or cpu-emulator);
   ``gpu_backend``: metal or cuda only.
+- ``tqbridge_settings``: the hypothesis settings of the loaded profile.
 - ``tqbridge_fuzz``: ``tqbridge_fuzz(fn, op, fmt=..., ...)`` fuzzes a kernel
   (:func:`tqbridge.parity.byok.fuzz_kernel`) with the profile's example count and fails the test
   with the shrunk counterexample and a runnable snippet.
@@ -141,6 +142,12 @@ def gpu_backend(kernel_backend):
     if kernel_backend not in ("metal", "cuda"):
         pytest.skip(f"no MLX GPU backend (Metal or CUDA) here; kernels run on {kernel_backend}")
     return kernel_backend
+
+
+@pytest.fixture
+def tqbridge_settings():
+    """The hypothesis settings in force (the loaded profile): e.g. ``tqbridge_settings.max_examples``."""
+    return settings()
 
 
 @pytest.fixture

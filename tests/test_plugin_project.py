@@ -68,6 +68,10 @@ def test_append_kernel_on_this_machine(kernel_backend, x):
     tqt.assert_blocks_equal(np.asarray(got), tqt.reference_quantize("q8_0", x), "q8_0")
 
 
+def test_profile_fixture(tqbridge_settings):
+    assert tqbridge_settings.max_examples == 100 and tqbridge_settings.derandomize
+
+
 def test_llama_runtime_fixture(llama_cpp_runtime, tqbridge_gguf):
     assert llama_cpp_runtime.path == tqbridge_gguf and tqbridge_gguf.is_file()
 '''
@@ -95,6 +99,7 @@ def test_a_separate_project_finds_the_planted_bug(tmp_path):
         results[case.get("name")] = (state, (kids.get("failure") or kids.get("skipped") or case).get("message", ""))
     assert results["test_q8_0_matches_the_reference"][0] == "passed"
     assert results["test_append_kernel_on_this_machine"][0] == "passed"
+    assert results["test_profile_fixture"][0] == "passed"
     state, msg = results["test_llama_runtime_fixture"]
     assert state == "passed" or "not installed" in msg or "unavailable" in msg, msg
     assert results["test_q4_0_matches_the_reference"][0] == "failed"
