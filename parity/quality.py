@@ -214,3 +214,72 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
 
 def is_finite_row(r: dict) -> bool:
     return all(math.isfinite(r[k]) for k in ("kl_mean", "kl_max", "top1", "bytes_per_token"))
+
+
+def measure_memory(model: Any, prompt: Sequence[int], kvs: Iterable[str], *, new_tokens: int = 16,
+                   chunk: int = 512, baselines: bool = True) -> list[dict]:
+    """Cache bytes and peak memory of prefill + greedy decode at a long context, per cache kind.
+
+    For each configuration (mlx-lm's float ``KVCache`` and 8-bit ``QuantizedKVCache`` first when
+    ``baselines``, then each K/V pair as a TQCache) it feeds ``prompt`` in chunks, then decodes
+    ``new_tokens`` tokens. Memory is MLX's own accounting (``mx.get_active_memory`` /
+    ``mx.get_peak_memory``), measured relative to the memory in use before the cache existed.
+    """
+    import gc
+
+    from mlx_lm.models import cache as mlx_cache
+
+    from tqbridge.metal.cache import cache_report, make_cache, parse_kv
+    from tqbridge.metal.routing import route_attention
+
+    names = (["mlx-lm KVCache", "mlx-lm QuantizedKVCache 8-bit"] if baselines else [])
+    names += [f"{k}/{v}" for k, v in (parse_kv(s) for s in kvs)]
+    ids = mx.array([int(t) for t in prompt])[None]
+    rows = []
+    for name in names:
+        gc.collect()
+        mx.clear_cache()
+        base = mx.get_active_memory()
+        if name == "mlx-lm KVCache":
+            cache = mlx_cache.make_prompt_cache(model)
+        elif name.startswith("mlx-lm QuantizedKVCache"):
+            cache = [mlx_cache.QuantizedKVCache(group_size=64, bits=8) for _ in mlx_cache.make_prompt_cache(model)]
+        else:
+            cache = make_cache(model, *parse_kv(name))
+        mx.reset_peak_memory()
+        t0 = time.perf_counter()
+        with route_attention():
+            for s in range(0, ids.shape[1] - 1, chunk):
+                model(ids[:, s:min(s + chunk, ids.shape[1] - 1)], cache=cache)
+                mx.eval([a for c in cache for a in _arrays(c)])
+            prefill_peak = mx.get_peak_memory() - base
+            after_prefill = mx.get_active_memory() - base
+            t1 = time.perf_counter()
+            mx.reset_peak_memory()
+            y = ids[:, -1:]
+            for _ in range(new_tokens):
+                y = mx.argmax(model(y, cache=cache)[:, -1, :], axis=-1).reshape(1, 1)
+                mx.eval(y)
+            decode_peak = mx.get_peak_memory() - base
+            t2 = time.perf_counter()
+        cache_nbytes = sum(a.nbytes for c in cache for a in _arrays(c))
+        rep = cache_report(cache) if any(hasattr(c, "k_format") for c in cache) else {"paths": {}}
+        rows.append({"cache": name, "context": int(ids.shape[1]) + new_tokens - 1,
+                     "cache_nbytes": cache_nbytes, "active_after_prefill": after_prefill,
+                     "prefill_peak": prefill_peak, "decode_peak": decode_peak,
+                     "prefill_s": round(t1 - t0, 2), "decode_tok_s": round(new_tokens / (t2 - t1), 2),
+                     "paths": rep["paths"]})
+        del cache
+    return rows
+
+
+def _arrays(c) -> list:
+    """The live arrays of one layer's cache (any mlx-lm cache kind or a TQCache)."""
+    out = []
+    for name in ("keys", "values"):
+        a = getattr(c, name, None)
+        if isinstance(a, mx.array):
+            out.append(a)
+        elif isinstance(a, (tuple, list)):
+            out.extend(x for x in a if isinstance(x, mx.array))
+    return out

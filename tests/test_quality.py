@@ -152,3 +152,17 @@ def test_bits_per_value_counts_what_sliding_layers_hold(monkeypatch):
     # mlx-lm's rotating caches hold the model's float32 rows: between the formats' and 32 bits
     assert 16.0 < floats[0]["bits_per_value"] < 32.0 and 8.5 < floats[1]["bits_per_value"] < 32.0
     assert floats[1]["layers"] == {"tqbridge": 2, "RotatingKVCache": 2}
+
+
+def test_measure_memory_on_a_tiny_model(tiny):
+    prompt = np.random.default_rng(2).integers(0, 97, 40).tolist()
+    rows = q.measure_memory(tiny, prompt, ["f16/f16", "q8_0/q4_0"], new_tokens=3, chunk=16)
+    assert [r["cache"] for r in rows] == ["mlx-lm KVCache", "mlx-lm QuantizedKVCache 8-bit", "f16/f16", "q8_0/q4_0"]
+    by = {r["cache"]: r for r in rows}
+    # allocated rows: 256 (one growth step) x 2 layers x 2 KV heads x (K + V) row bytes
+    assert by["mlx-lm KVCache"]["cache_nbytes"] == 256 * 2 * 2 * 2 * 64 * 4
+    assert by["f16/f16"]["cache_nbytes"] == 256 * 2 * 2 * 2 * 64 * 2
+    assert by["q8_0/q4_0"]["cache_nbytes"] == 256 * 2 * 2 * (68 + 36)
+    for r in rows:
+        assert r["context"] == 42 and r["prefill_peak"] >= r["active_after_prefill"] > 0
+    assert by["q8_0/q4_0"]["paths"]["decode:reference"] == 2 * 3
