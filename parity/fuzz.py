@@ -14,6 +14,7 @@ The first counterexample stops the campaign.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import multiprocessing as mp
 import os
@@ -109,6 +110,8 @@ def resolve_target(spec: dict):
 
             c2 = make_claim(c.op, spec.get("fmt") if c.op != "decode-attention" else None,
                             k_format=spec.get("k_format"), v_format=spec.get("v_format"))
+            if c2.formats is not None and len(c2.formats) == 1:   # one format: it is no longer passed
+                fn = functools.partial(fn, fmt=c2.formats[0])
             return fn, Claim(c2.op, c2.formats, c2.k_formats, c2.v_formats, c.chain)
         return our_target(t, spec["backend"])
     if ":" in t:

@@ -74,9 +74,13 @@ def test_errors_are_one_line(tmp_path, args, message):
 
 
 @EMU
-def test_timed_campaign_of_the_append_kernel(tmp_path):
-    rc, out, err = fuzz("append", "--backend", "cpu-emulator", "--minutes", "0.05", "--db", "db",
-                        "--json", "s.json", cwd=tmp_path)
+def test_timed_campaign_of_the_append_kernel_on_chosen_formats(tmp_path):
+    rc, out, err = fuzz("append", "--backend", "cpu-emulator", "--minutes", "0.05", "--format", "turbo3",
+                        "--db", "db", "--json", "s.json", cwd=tmp_path)
     assert rc == 0, out + err
     s = json.loads((tmp_path / "s.json").read_text())
-    assert s["examples"] >= 1 and s["seconds"] >= 3.0 and s["formats"]
+    assert s["examples"] >= 1 and s["seconds"] >= 3.0 and s["formats"] == ["turbo3@fork-pr197"]
+    rc, out, err = fuzz("decode-attention", "--backend", "cpu-emulator", "--examples", "5", "--k-format", "q8_0",
+                        "--v-format", "turbo4@g64,q4_1", "--db", "db", "--json", "a.json", cwd=tmp_path)
+    assert rc == 0, out + err
+    assert set(json.loads((tmp_path / "a.json").read_text())["formats"]) <= {"q8_0", "turbo4@g64", "q4_1"}
