@@ -9,8 +9,9 @@ Paths (recorded per cache in ``cache.paths``):
 
 - ``decode:<backend>`` — one query row: ``tqbridge.metal.decode_attention`` on the K/V blocks
   (``<backend>`` as its dispatcher reports it: ``cuda``, ``metal``, ``cpu-emulator``, ``reference``).
-- ``prefill:dequant-sdpa`` (and ``decode:dequant-sdpa`` when decode_attention is absent or refuses a
-  shape, or in mode ``sdpa``) — dequantize the blocks, then ``mx.fast.scaled_dot_product_attention``. Prefill attends to the *quantized* rows of the chunk
+- ``prefill:dequant-sdpa`` (and ``decode:dequant-sdpa`` when decode_attention is absent or refuses
+  a shape, or in mode ``sdpa``) — dequantize the blocks, then
+  ``mx.fast.scaled_dot_product_attention``. Prefill attends to the *quantized* rows of the chunk
   itself too (as llama.cpp does: it writes the cache, then reads it), so results do not depend on
   how a prompt is chunked and every position sees the cache decode would see.
 """
