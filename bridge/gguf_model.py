@@ -81,8 +81,9 @@ def read_gguf(path: "str | os.PathLike[str]") -> GGUFContents:
         raise GGUFModelError(f"{path}: not a readable GGUF file ({e})") from e
     meta: dict[str, Any] = {}
     for key, fld in reader.fields.items():
-        if key.startswith("GGUF.") or key.startswith("tokenizer.ggml."):
-            continue  # tokenizer arrays are large; the tokenizer reads them itself
+        if key.startswith("GGUF.") or (key.startswith("tokenizer.ggml.")
+                                       and fld.types[0] == gguf.GGUFValueType.ARRAY):
+            continue  # vocabulary arrays are large; the tokenizer reads them itself
         try:
             meta[key] = fld.contents()
         except Exception:  # pragma: no cover - exotic field types are not needed here
@@ -271,9 +272,11 @@ def _use_float32_embedding_scale(model, hidden_size: int) -> None:
 def write_mlx_dir(src: "str | os.PathLike[str]", out_dir: "str | os.PathLike[str]") -> Path:
     """Write an mlx-lm model directory (``config.json`` + ``model.safetensors``, float32, HF row order).
 
-    ``mlx_lm.utils.load_model(out_dir)`` loads it; token ids come from the GGUF's tokenizer
-    (:class:`tqbridge.bridge.tokenizer.GGUFTokenizer`), so no tokenizer files are written. The
-    directory appears atomically (built beside it, then renamed); an existing one is refused.
+    Byte-level BPE tokenizers (SmolLM2's kind) are also written as Hugging Face tokenizer files,
+    after checking their ids against llama.cpp's on a sample text; then ``mlx_lm.load(out_dir)``
+    works. Otherwise (``tokenizer_note`` in config.json says why) load the weights with
+    ``mlx_lm.utils.load_model`` and take ids from :class:`tqbridge.bridge.tokenizer.GGUFTokenizer`.
+    The directory appears atomically (built beside it, then renamed); an existing one is refused.
     """
     import json
     import shutil
@@ -288,13 +291,27 @@ def write_mlx_dir(src: "str | os.PathLike[str]", out_dir: "str | os.PathLike[str
     c = read_gguf(src)
     cfg = model_config(c, layout="hf")
     weights = mlx_weights(c, cfg, layout="hf")
-    cfg["tqbridge"] = {"source": src.name, "dtype": "float32", "tokenizer": "the source GGUF (llama.cpp)"}
+    from .tokenizer import TokenizerExportError, hf_tokenizer_files
+
+    try:
+        from pydoc_data.topics import topics
+        sample = "\n\n".join(topics[k] for k in sorted(topics))[:20000]
+        tok_files = hf_tokenizer_files(src, sample)
+        note = "tokenizer.json rebuilt from the GGUF; ids checked against llama.cpp on 20,000 characters"
+    except TokenizerExportError as e:
+        tok_files, note = {}, f"no tokenizer files: {e}"
+    for key in ("bos_token_id", "eos_token_id"):
+        if f"tokenizer.ggml.{key}" in c.metadata:
+            cfg[key] = int(c.metadata[f"tokenizer.ggml.{key}"])
+    cfg["tqbridge"] = {"source": src.name, "dtype": "float32", "tokenizer_note": note}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         mx.save_safetensors(str(tmp / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()},
                             metadata={"format": "mlx"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        for name, text in tok_files.items():
+            (tmp / name).write_text(text)
         os.chmod(tmp, 0o755)
         if out.exists():
             out.rmdir()  # empty, checked above

@@ -35,3 +35,70 @@ class GGUFTokenizer:
 
     def close(self) -> None:
         self._llm.close()
+
+
+# llama.cpp pre-tokenizer names (tokenizer.ggml.pre) -> whether digits are split one by one before
+# GPT-2's byte-level regex. Only byte-level BPE vocabularies are exported; every export is checked
+# against llama.cpp on a sample text before it is written.
+_BYTE_LEVEL_PRE = {"smollm": True, "gpt2": False, "default": False}
+
+
+class TokenizerExportError(ValueError):
+    """The GGUF's tokenizer cannot be written as Hugging Face tokenizer files (one line says why)."""
+
+
+def hf_tokenizer_files(gguf_path: "str | os.PathLike[str]", sample: str) -> dict[str, str]:
+    """``tokenizer.json`` and ``tokenizer_config.json`` contents reproducing the GGUF's tokenizer.
+
+    Raises :class:`TokenizerExportError` for vocabularies we do not rebuild, or when the rebuilt
+    tokenizer's ids differ from llama.cpp's on ``sample``.
+    """
+    import json
+
+    import gguf
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    r = gguf.GGUFReader(gguf_path)
+    f = r.fields
+
+    def get(key, default=None):
+        return f[key].contents() if key in f else default
+
+    kind, pre = get("tokenizer.ggml.model"), get("tokenizer.ggml.pre", "default")
+    if kind != "gpt2" or pre not in _BYTE_LEVEL_PRE:
+        raise TokenizerExportError(f"tokenizer {kind!r} with pre-tokenizer {pre!r} is not exported "
+                                   f"(supported: byte-level BPE with {', '.join(_BYTE_LEVEL_PRE)})")
+    toks = get("tokenizer.ggml.tokens")
+    types = get("tokenizer.ggml.token_type", [1] * len(toks))
+    merges = [tuple(m.split(" ", 1)) for m in get("tokenizer.ggml.merges", [])]
+    tk = Tokenizer(models.BPE({t: i for i, t in enumerate(toks)}, merges))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tk.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                        if _BYTE_LEVEL_PRE[pre] else byte_level)
+    tk.decoder = decoders.ByteLevel()
+    control = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                           for t, ty in zip(toks, types) if ty == control])
+
+    def tok(key):
+        i = get(key)
+        return None if i is None or not 0 <= int(i) < len(toks) else toks[int(i)]
+
+    bos = tok("tokenizer.ggml.bos_token_id")
+    add_bos = bool(get("tokenizer.ggml.add_bos_token", False))
+    if add_bos and bos is not None:
+        tk.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", special_tokens=[(bos, int(get("tokenizer.ggml.bos_token_id")))])
+    ours = tk.encode(sample).ids
+    ref = GGUFTokenizer(gguf_path).encode(sample, add_bos=True)
+    if ours != ref:
+        first = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
+        raise TokenizerExportError(f"rebuilt tokenizer differs from llama.cpp's at token {first} of the sample")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": add_bos, "add_eos_token": False,
+              "bos_token": bos, "eos_token": tok("tokenizer.ggml.eos_token_id"),
+              "unk_token": tok("tokenizer.ggml.unknown_token_id"),
+              "pad_token": tok("tokenizer.ggml.padding_token_id"), "clean_up_tokenization_spaces": False}
+    template = get("tokenizer.chat_template")
+    if template:
+        config["chat_template"] = template
+    return {"tokenizer.json": tk.to_str(), "tokenizer_config.json": json.dumps(config, indent=2) + "\n"}

@@ -85,3 +85,23 @@ def test_gemma3_exact_weights_f16():
     row = res.rows[0]
     print({k: row[k] for k in ("kl_mean", "kl_max", "top1", "max_abs")})
     assert row["kl_mean"] <= FLOAT_KL_GOAL and row["top1"] >= FLOAT_TOP1_GOAL
+
+
+def test_convert_smollm2_to_mlx_lm_directory(smollm2, tmp_path):
+    """`tqbridge convert --to mlx` gives a directory mlx_lm.load takes, tokenizer included."""
+    import mlx.core as mx
+    import mlx_lm
+    import numpy as np
+
+    from tqbridge.bridge.gguf_model import load_gguf_model
+    from tqbridge.bridge.tokenizer import GGUFTokenizer
+    from tqbridge.tools.cli import main
+
+    out = tmp_path / "smollm2-mlx"
+    assert main(["convert", str(smollm2), "--to", "mlx", str(out)]) == 0
+    model, tok = mlx_lm.load(str(out))
+    text = parity_text()[0][20000:40000]  # not the part the export was checked on
+    ids = GGUFTokenizer(smollm2).encode(text)
+    assert tok.encode(text) == ids
+    x = mx.array([ids[:32]])
+    assert np.array_equal(np.array(model(x)), np.array(load_gguf_model(smollm2, layout="hf")[0](x)))
