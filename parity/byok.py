@@ -290,7 +290,10 @@ def _fn_ref(fn: Callable) -> "tuple[str, str] | None":
 def snippet(fn: Callable, case: Case, claim: Claim) -> str:
     """A runnable test that keeps ``case`` forever (``@example``) and the plain call that fails."""
     ref = _fn_ref(fn)
-    if ref:
+    source = getattr(fn, "__tqbridge_source__", None) or getattr(getattr(fn, "func", None), "__tqbridge_source__", None)
+    if source:
+        imp = source
+    elif ref:
         mod, qual = ref
         head = qual.split(".")[0]
         imp = f"from {mod} import {head}\n" + (f"fn = {qual}\n" if qual != head else f"fn = {head}\n")
@@ -325,13 +328,15 @@ def snippet(fn: Callable, case: Case, claim: Claim) -> str:
 def fuzz_kernel(fn: Callable, op: "str | None" = None, fmt: Any = None, *, k_format: Any = None, v_format: Any = None,
                 max_examples: int = 100, seed: "int | None" = None, database: Any = None,
                 derandomize: bool = False, on_example: "Callable[[FuzzResult], None] | None" = None,
+                before_each: "Callable[[Case], None] | None" = None,
                 chain: "Callable[[], int] | None" = None, strategy_options: "dict | None" = None) -> FuzzResult:
     """Fuzz ``fn`` against the reference for the claimed op and format(s); never raises for a found bug:
     the :class:`FuzzResult` holds the shrunk counterexample, the failure message and a snippet.
 
     ``op`` / ``fmt`` / ``k_format`` / ``v_format`` default to the claim recorded by :func:`claims`.
     ``database``: a hypothesis example database (failures replay first next time); ``seed`` or
-    ``derandomize`` fix the run.
+    ``derandomize`` fix the run. ``on_example(result)`` runs after each passing example,
+    ``before_each(case)`` before each call (e.g. to save the case in case the kernel crashes the process).
     """
     recorded = getattr(fn, "__tqbridge_claim__", None)
     if op is None:
@@ -352,6 +357,8 @@ def fuzz_kernel(fn: Callable, op: "str | None" = None, fmt: Any = None, *, k_for
         result.examples += 1
         result.shapes.add(case.shape)
         result.formats.update(case.formats)
+        if before_each is not None:
+            before_each(case)
         try:
             ratio = check_case(fn, case, claim)
         except BaseException as e:

@@ -47,26 +47,31 @@ def _np(a):
 
 
 def our_target(name: str, backend: str):
-    """``(fn, claim)`` of one of tqbridge's own kernels."""
+    """``(fn, claim)`` of one of tqbridge's own kernels; ``fn`` carries its claim and the source line
+    that rebuilds it (for counterexample snippets)."""
     from .. import bridge
     from .byok import make_claim
 
     if name == "quantize":
-        return (lambda x, fmt: _np(bridge.mlx_quantize(fmt, x))), make_claim("quantize")
-    if name == "dequantize":
-        return (lambda b, n, fmt: _np(bridge.mlx_dequantize(fmt, b, n))), make_claim("dequantize")
-    if name == "append":
+        fn, claim = (lambda x, fmt: _np(bridge.mlx_quantize(fmt, x))), make_claim("quantize")
+    elif name == "dequantize":
+        fn, claim = (lambda b, n, fmt: _np(bridge.mlx_dequantize(fmt, b, n))), make_claim("dequantize")
+    elif name == "append":
         from ..metal import quantize_append
 
-        return (lambda rows, fmt: _np(quantize_append(fmt, rows, backend=backend))), make_claim("append")
-    if name == "decode-attention":
+        fn, claim = (lambda rows, fmt: _np(quantize_append(fmt, rows, backend=backend))), make_claim("append")
+    elif name == "decode-attention":
         from ..metal.attention import decode_attention, last_run
 
-        def attn(q, k_blocks, v_blocks, **kw):
+        def fn(q, k_blocks, v_blocks, **kw):
             return _np(decode_attention(q, k_blocks, v_blocks, backend=backend, **kw))
 
-        return attn, make_claim("decode-attention", chain=lambda: last_run().get("chain"))
-    raise FuzzError(f"unknown target {name!r}: use one of {', '.join(OUR_TARGETS)} or module:function")
+        claim = make_claim("decode-attention", chain=lambda: last_run().get("chain"))
+    else:
+        raise FuzzError(f"unknown target {name!r}: use one of {', '.join(OUR_TARGETS)} or module:function")
+    fn.__tqbridge_claim__ = claim
+    fn.__tqbridge_source__ = f"from tqbridge.parity.fuzz import our_target\nfn, _ = our_target({name!r}, {backend!r})\n"
+    return fn, claim
 
 
 def user_target(spec: str, op: "str | None", fmt: "list[str] | None", k_format: "list[str] | None",
@@ -151,6 +156,11 @@ def _worker(spec: dict, worker: int, out: Any, stop: Any) -> None:
             sent_formats.update(new_f)
             out.put(("progress", worker, base + r.examples, sorted(new_s), sorted(new_f), max(state["worst"], r.worst_ratio)))
 
+        current = Path(spec["db"]) / f"running-{worker}.case"
+
+        def save_current(case) -> None:
+            current.write_text(case.to_text())
+
         budget = spec.get("examples_per_worker")
         deadline = spec.get("deadline")
         rnd = 0
@@ -166,7 +176,7 @@ def _worker(spec: dict, worker: int, out: Any, stop: Any) -> None:
             r = fuzz_kernel(fn, claim.op, claim.formats if claim.op != "decode-attention" else None,
                             k_format=claim.k_formats, v_format=claim.v_formats, chain=claim.chain,
                             max_examples=n, seed=spec["seed"] * 1_000_003 + worker * 7919 + rnd, database=db,
-                            on_example=lambda r: report(r))
+                            on_example=lambda r: report(r), before_each=save_current)
             report(r, force=True)
             base += r.examples
             state["examples"] += r.examples
@@ -175,24 +185,10 @@ def _worker(spec: dict, worker: int, out: Any, stop: Any) -> None:
             if not r.ok:
                 out.put(("failure", worker, repr(r.failure), r.message, r.snippet))
                 break
+        current.unlink(missing_ok=True)
         out.put(("done", worker, state["examples"]))
     except BaseException as e:  # noqa: BLE001 - report, never hang the parent
         out.put(("error", worker, f"{type(e).__name__}: {e}"))
-
-
-class _Inline:
-    """A queue for one in-process worker: messages go straight to the campaign."""
-
-    def __init__(self, handle: Callable):
-        self.handle = handle
-
-    def put(self, msg) -> None:
-        self.handle(msg)
-
-
-class _NeverStop:
-    def is_set(self) -> bool:
-        return False
 
 
 # ----------------------------------------------------------------------------------- campaign
@@ -244,6 +240,22 @@ class Campaign:
                 "failure": self.failure, "errors": self.errors}
 
 
+def _crashed(camp: Campaign, spec: dict, worker: int, exitcode: int) -> None:
+    """A worker died without reporting (a crash inside the kernel): report the case it was running."""
+    how = f"signal {-exitcode}" if exitcode < 0 else f"exit code {exitcode}"
+    saved = Path(spec["db"]) / f"running-{worker}.case"
+    if camp.failure is not None or not saved.is_file():
+        camp.errors.append(f"worker {worker} died ({how})")
+        return
+    from .byok import Case, snippet
+
+    fn, claim = resolve_target(spec)
+    case = Case.from_text(saved.read_text())
+    camp.failure = {"worker": worker, "case": repr(case),
+                    "message": f"the kernel crashed its process ({how}) on this case (not shrunk)",
+                    "snippet": snippet(fn, case, claim)}
+
+
 def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" = None, minutes: "float | None" = None,
                  profile: str = "ci", jobs: int = 1, seed: "int | None" = None, db: "str | os.PathLike[str] | None" = None,
                  op: "str | None" = None, fmt: "list[str] | None" = None, k_format: "list[str] | None" = None,
@@ -284,38 +296,36 @@ def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" =
         if progress is not None:
             progress(camp)
 
-    if jobs == 1:
-        def handle(msg):
-            camp.handle(msg)
-            tick()
-
-        _worker(spec, 0, _Inline(handle), _NeverStop())
-    else:
-        ctx = mp.get_context("spawn")
-        q, stop = ctx.Queue(), ctx.Event()
-        procs = [ctx.Process(target=_worker, args=(spec, w, q, stop), daemon=True) for w in range(jobs)]
-        for p in procs:
-            p.start()
-        done = 0
-        try:
-            while done < jobs:
-                try:
-                    msg = q.get(timeout=1.0)
-                except queue_mod.Empty:
-                    if not any(p.is_alive() for p in procs):
-                        break
-                    tick()
-                    continue
-                camp.handle(msg)
-                if msg[0] == "failure":
-                    stop.set()
-                if msg[0] in ("done", "error"):
-                    done += 1
+    # Workers are processes even for one job: a kernel that crashes takes down its worker, not the
+    # campaign, and the case it was running is reported.
+    ctx = mp.get_context("spawn")
+    q, stop = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_worker, args=(spec, w, q, stop), daemon=True) for w in range(jobs)]
+    for p in procs:
+        p.start()
+    finished: set = set()
+    try:
+        while len(finished) < jobs:
+            try:
+                msg = q.get(timeout=1.0)
+            except queue_mod.Empty:
+                if all(not p.is_alive() for p in procs):
+                    break
                 tick()
-        finally:
-            stop.set()
-            for p in procs:
-                p.join(timeout=30)
+                continue
+            camp.handle(msg)
+            if msg[0] == "failure":
+                stop.set()
+            if msg[0] in ("done", "error"):
+                finished.add(msg[1])
+            tick()
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(timeout=30)
+    for w, p in enumerate(procs):
+        if w not in finished and p.exitcode not in (0, None):
+            _crashed(camp, spec, w, p.exitcode)
     camp.seconds = time.monotonic() - t0
     if camp.failure:
         (path / "counterexample.py").write_text(camp.failure["snippet"])

@@ -84,3 +84,22 @@ def test_timed_campaign_of_the_append_kernel_on_chosen_formats(tmp_path):
                         "--v-format", "turbo4@g64,q4_1", "--db", "db", "--json", "a.json", cwd=tmp_path)
     assert rc == 0, out + err
     assert set(json.loads((tmp_path / "a.json").read_text())["formats"]) <= {"q8_0", "turbo4@g64", "q4_1"}
+
+
+def test_a_kernel_that_crashes_its_process_is_reported_with_the_case(tmp_path):
+    (tmp_path / "crashy.py").write_text(
+        "import ctypes\n"
+        "from tqbridge import bridge\n"
+        "def deq(blocks, n):\n"
+        "    if blocks.shape[0] >= 2:\n"
+        "        ctypes.string_at(0)          # reads address 0: the process dies\n"
+        "    return bridge.dequantize('q8_0', blocks, n)\n")
+    rc, out, err = fuzz("crashy:deq", "--op", "dequantize", "--format", "q8_0", "--examples", "40", "--db", "db",
+                        cwd=tmp_path)
+    assert rc == 1, out + err
+    assert "the kernel crashed its process (signal 11) on this case" in out
+    (path,) = (tmp_path / "db").glob("*/counterexample.py")
+    saved = path.read_text()
+    assert "from crashy import deq" in saved
+    case = saved.split("# ")[1].splitlines()[0]
+    assert case.startswith("Case(dequantize, q8_0, blocks=(") and not case.startswith("Case(dequantize, q8_0, blocks=(1,")

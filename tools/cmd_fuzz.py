@@ -87,6 +87,8 @@ def run(args) -> int:
         from tqbridge.parity.report import write_json
 
         write_json(args.json, s)
+    if c.failure:
+        return 1
     if c.errors:
         raise CliError(c.errors[0])
-    return 1 if c.failure else 0
+    return 0
