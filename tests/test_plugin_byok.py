@@ -79,3 +79,19 @@ def test_claims_are_checked():
     if "metal" not in backends():
         with pytest.raises(KernelClaimError, match="needs MLX's metal backend"):
             mlx_source_kernel("y[0] = 0;", op="dequantize", fmt="q8_0", backend="metal")
+
+
+def test_snippet_of_our_own_kernel_rebuilds_it_and_runs(tmp_path):
+    from tqbridge.parity.fuzz import our_target
+
+    fn, claim = our_target("append", "reference")
+    rng = np.random.default_rng(3)
+    case = tqt.Case("append", ("q5_1",), {"k0": rng.standard_normal((1, 2, 3, 64)).astype(np.float32),
+                                          "v0": rng.standard_normal((1, 2, 3, 64)).astype(np.float32)})
+    assert tqt.check_case(fn, case) == 0.0
+    text = tqt.snippet(fn, case, claim)
+    assert "our_target('append', 'reference')" in text
+    script = tmp_path / "repro.py"
+    script.write_text(text)
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
