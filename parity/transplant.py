@@ -1,0 +1,202 @@
+"""KV transplant: move a prompt's KV cache between llama.cpp and tqbridge's MLX cache, keep decoding.
+
+Forward: llama.cpp prefills the prompt; its sequence state blob is parsed
+(:mod:`tqbridge.bridge.llama_state`) and its raw blocks become the rows of one
+:class:`tqbridge.metal.cache.TQCache` per layer — no re-quantization, the bytes are llama.cpp's.
+MLX then decodes greedily from that cache. Reverse: MLX prefills into TQCache; its blocks are written
+as a sequence blob and restored into a llama.cpp context, which decodes on.
+
+Both directions need a cache llama.cpp holds as rows: a K/V pair of ggml types and flash attention on
+(V not transposed). llama.cpp's Hadamard rotation of quantized caches and TQCache's must agree: on
+in both (llama.cpp's default, TQCache ``rotation="llama"``) or off in both
+(``LLAMA_ATTN_ROT_DISABLE=1``, ``rotation="none"``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from tqbridge.bridge import get_format
+from tqbridge.bridge.llama_state import LlamaState, load_seq_state, parse_state, read_seq_state, seq_state
+
+
+class TransplantError(ValueError):
+    """The state cannot be moved (format, layout or shape mismatch); the message says which."""
+
+
+def llama_context(gguf_path: str, k_format: str, v_format: str, n_ctx: int = 512, n_threads: "int | None" = None,
+                  rotation: bool = True):
+    """A llama.cpp context whose cache TQCache can mirror (flash attention on; KV rotation on or off)."""
+    from llama_cpp import Llama
+
+    old = os.environ.get("LLAMA_ATTN_ROT_DISABLE")
+    if rotation:
+        os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
+    else:
+        os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
+    try:
+        return Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True, verbose=False,
+                     flash_attn=True, n_threads=n_threads or os.cpu_count() or 1,
+                     type_k=_type_id(k_format), type_v=_type_id(v_format))
+    finally:
+        if old is None:
+            os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
+        else:
+            os.environ["LLAMA_ATTN_ROT_DISABLE"] = old
+
+
+def _type_id(fmt: str) -> int:
+    f = get_format(fmt)
+    if "ggml" not in f.type_ids:
+        raise TransplantError(f"{f.key} is not a ggml type; llama.cpp cannot hold it in its KV cache")
+    return f.type_ids["ggml"]
+
+
+def state_to_tqcache(state: LlamaState, model, n_kv_heads: int, head_dim: int, rotation: bool = True) -> list:
+    """One TQCache per layer holding llama.cpp's blocks (layout (1, Hkv, cells, row bytes)).
+
+    ``rotation`` must say whether the llama.cpp context rotated its cache (its default: yes).
+    """
+    import mlx.core as mx
+
+    from tqbridge.metal.cache import TQCache, make_cache, rotation_group
+
+    layers = state.layers()
+    stream = state.caches[0].stream()
+    n = stream.cell_count
+    if stream.pos.tolist() != list(range(n)):
+        raise TransplantError("the state's cells are not positions 0..n-1 of one sequence in order")
+    rot = "llama" if rotation else "none"
+    cache = make_cache(model, layers[0].k_format.name, layers[0].v_format.name, rotation=rot)
+    if len(cache) != len(layers):
+        raise TransplantError(f"the model has {len(cache)} cache layers, the state {len(layers)}")
+    for i, (c, L) in enumerate(zip(cache, layers)):
+        if not isinstance(c, TQCache):
+            raise TransplantError(f"layer {i}: the model's cache is {type(c).__name__}, not a TQCache")
+        if L.v_trans:
+            raise TransplantError("the state holds transposed V (flash attention was off); rows are needed")
+        kf, vf = L.k_format, L.v_format
+        if kf.row_bytes(head_dim) * n_kv_heads != L.k.shape[1] or vf.row_bytes(head_dim) * n_kv_heads != L.v.shape[1]:
+            raise TransplantError(f"layer {i}: rows of {L.k.shape[1]}/{L.v.shape[1]} bytes do not hold "
+                                  f"{n_kv_heads} heads of {head_dim} values")
+        kb = mx.array(np.ascontiguousarray(L.k_blocks(n_kv_heads).transpose(1, 0, 2))[None])
+        vb = mx.array(np.ascontiguousarray(L.v_blocks(n_kv_heads).transpose(1, 0, 2))[None])
+        k_rot = rotation_group(kf, head_dim, "k") if rotation else 0
+        v_rot = rotation_group(vf, head_dim, "v") if rotation else 0
+        # TQCache's saved-state layout: offset, formats, head dims, window, start, rotation, groups.
+        meta = (n, kf.name, vf.name, head_dim, head_dim, c.window or 0, 0, rot, k_rot, v_rot)
+        if len(meta) != len(c.meta_state):
+            raise TransplantError(f"TQCache's state has {len(c.meta_state)} metadata fields; this transplant writes {len(meta)}")
+        c.state = (kb, vb, *(str(m) for m in meta))
+    return cache
+
+
+def tqcache_to_state(cache: list, seq_id: int = 0) -> LlamaState:
+    """A llama.cpp sequence state from TQCache layers (positions 0..offset-1, one sequence)."""
+    from tqbridge.parity.level_cache import tq_rows
+
+    layers = []
+    n = None
+    for i, c in enumerate(cache):
+        kf, vf = get_format(c.k_format), get_format(c.v_format)
+        for f, d in ((kf, c.k_dim), (vf, c.v_dim)):
+            if d is None or d % f.block_size:
+                raise TransplantError(f"layer {i}: head dim {d} is not whole {f.key} blocks; llama.cpp cannot hold it")
+        k, v = tq_rows(c)
+        n = k.shape[0] if n is None else n
+        if k.shape[0] != n:
+            raise TransplantError(f"layer {i} holds {k.shape[0]} positions, layer 0 {n}")
+        layers.append((_type_id(kf.key), k, _type_id(vf.key), v))
+    return seq_state(layers, np.arange(n), seq_id=seq_id)
+
+
+def greedy_mlx(model, cache: list, first: int, n: int) -> list[int]:
+    """Feed ``first`` then greedy tokens through the MLX model; the ``n`` tokens after ``first``."""
+    import mlx.core as mx
+
+    out = []
+    tok = int(first)
+    for _ in range(n):
+        logits = model(mx.array([[tok]], dtype=mx.int32), cache=cache)
+        tok = int(mx.argmax(logits[0, -1]).item())
+        out.append(tok)
+    return out
+
+
+def greedy_llama(llm, first: int, n: int) -> list[int]:
+    """Feed ``first`` then greedy tokens through a llama.cpp context; the ``n`` tokens after it."""
+    out = []
+    tok = int(first)
+    for _ in range(n):
+        llm.eval([tok])
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        out.append(tok)
+    return out
+
+
+def _agree(a: list[int], b: list[int]) -> int:
+    k = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        k += 1
+    return k
+
+
+def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = "q8_0", n_new: int = 16,
+                   mlx_runtime=None, reverse: bool = True, rotation: bool = True) -> dict[str, Any]:
+    """Both directions for one K/V pair; returns the token streams and how long they agree."""
+    import mlx.core as mx
+
+    from tqbridge.metal.cache import make_cache
+    from tqbridge.parity.level_cache import gguf_head_dim
+    from tqbridge.parity.runtimes import KV, MLXRuntime
+
+    pair = KV.parse(kv)
+    mr = mlx_runtime or MLXRuntime(gguf_path)
+    model, cfg = mr.model, mr.config
+    n_kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+    head_dim = gguf_head_dim(gguf_path)
+    n_ctx = max(256, -(-(len(tokens) + n_new + 1) // 256) * 256)
+
+    # Forward: llama.cpp prefill -> MLX decode.
+    llm = llama_context(gguf_path, pair.k, pair.v, n_ctx=n_ctx, rotation=rotation)
+    try:
+        llm.eval(list(tokens))
+        first = int(np.argmax(llm.scores[len(tokens) - 1]))
+        blob = read_seq_state(llm._ctx.ctx)
+        llama_cont = greedy_llama(llm, first, n_new)
+    finally:
+        llm.close()
+    state = parse_state(blob)
+    moved = state_to_tqcache(state, model, n_kv_heads, head_dim, rotation=rotation)
+    mlx_from_llama = greedy_mlx(model, moved, first, n_new)
+    # MLX on its own (its own prefill), for comparison.
+    own = make_cache(model, pair.k, pair.v, rotation="llama" if rotation else "none")
+    mlx_logits = model(mx.array(list(tokens), dtype=mx.int32)[None], cache=own)
+    mlx_first = int(mx.argmax(mlx_logits[0, -1]).item())
+    own_blob = tqcache_to_state(own).to_bytes() if reverse else None
+    mlx_cont = greedy_mlx(model, own, mlx_first, n_new)
+    res: dict[str, Any] = {
+        "kv": pair.name, "rotation": rotation, "prompt_tokens": len(tokens), "new_tokens": n_new,
+        "first_token": {"llama.cpp": first, "mlx": mlx_first},
+        "llama.cpp": llama_cont, "mlx_from_llama_state": mlx_from_llama, "mlx_own_prefill": mlx_cont,
+        "forward_agree": _agree(llama_cont, mlx_from_llama),
+        "independent_agree": _agree(llama_cont, mlx_cont) if first == mlx_first else 0,
+    }
+    if reverse:
+        # Reverse: MLX prefill -> llama.cpp decode from MLX's blocks.
+        llm = llama_context(gguf_path, pair.k, pair.v, n_ctx=n_ctx, rotation=rotation)
+        try:
+            load_seq_state(llm._ctx.ctx, own_blob)
+            llm.n_tokens = len(tokens)
+            llm.input_ids[: len(tokens)] = tokens
+            llama_from_mlx = greedy_llama(llm, mlx_first, n_new)
+        finally:
+            llm.close()
+        res["llama_from_mlx_state"] = llama_from_mlx
+        res["reverse_agree"] = _agree(mlx_cont, llama_from_mlx)
+    return res
