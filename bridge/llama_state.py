@@ -155,6 +155,25 @@ class LlamaState:
             raise StateError(f"no cache record {cache}; the blob has {len(self.caches)}")
         return self.caches[cache].stream().layers
 
+    def model_layers(self, swa: "list[bool] | None" = None) -> "dict[int, LayerKV]":
+        """Model layer index -> its K/V. ``swa``: per model layer, True where it is a sliding-window
+        layer (iSWA models store the non-SWA cache first, then the SWA one); None for one cache."""
+        if swa is None:
+            if len(self.caches) != 1:
+                raise StateError(f"the blob has {len(self.caches)} cache records; give the sliding-window pattern")
+            return dict(enumerate(self.layers()))
+        groups = [[i for i, w in enumerate(swa) if not w], [i for i, w in enumerate(swa) if w]]
+        groups = [g for g in groups if g]
+        if len(groups) != len(self.caches):
+            raise StateError(f"the pattern gives {len(groups)} kinds of layer, the blob {len(self.caches)} cache records")
+        out: dict[int, LayerKV] = {}
+        for c, idx in enumerate(groups):
+            layers = self.layers(c)
+            if len(layers) != len(idx):
+                raise StateError(f"cache record {c} holds {len(layers)} layers, the pattern says {len(idx)}")
+            out.update(zip(idx, layers))
+        return dict(sorted(out.items()))
+
     def to_bytes(self) -> bytes:
         """Serialise back into llama.cpp's layout (the inverse of :func:`parse_state`)."""
         return write_state(self)

@@ -283,3 +283,35 @@ def test_cache_across_runtimes(f32_model):
     assert layers[0]["v"]["share_blocks"] <= LAYER0_MAX_SHARE
     for L in layers:
         assert L["k"]["nmse"] <= DEEP_MAX_NMSE and L["v"]["nmse"] <= DEEP_MAX_NMSE, L
+
+
+@pytest.mark.model
+def test_gemma3_iswa_blob():
+    """Gemma 3 (iSWA): two cache records, global layers first; mapped back to model layer indices."""
+    try:
+        from llama_cpp import Llama
+
+        from tqbridge.parity.models import ModelUnavailable, model_path
+    except ImportError as e:
+        pytest.skip(f"needs llama-cpp-python: {e}")
+    from tqbridge.bridge.llama_state import read_seq_state
+
+    try:
+        path = model_path("gemma3")
+    except (FileNotFoundError, ModelUnavailable) as e:
+        pytest.skip(f"Gemma 3 270M is not installed: {e}")
+    llm = Llama(model_path=str(path), n_ctx=128, n_threads=2, verbose=False, flash_attn=True, type_k=8, type_v=2)
+    try:
+        llm.eval(llm.tokenize(b"The quick brown fox jumps over the lazy dog.", add_bos=True))
+        blob = read_seq_state(llm._ctx.ctx)
+    finally:
+        llm.close()
+    s = parse_state(blob)
+    assert write_state(s) == blob
+    assert [len(s.layers(c)) for c in range(len(s.caches))] == [3, 15]
+    swa = [(i + 1) % 6 != 0 for i in range(18)]          # every 6th layer is global (Gemma 3)
+    by_layer = s.model_layers(swa)
+    assert sorted(by_layer) == list(range(18))
+    assert by_layer[5] is s.layers(0)[0] and by_layer[17] is s.layers(0)[2] and by_layer[0] is s.layers(1)[0]
+    with pytest.raises(StateError, match="sliding-window pattern"):
+        s.model_layers()
