@@ -35,8 +35,13 @@
 #endif
 
 struct tqa_f4 { float v[4]; };
-// 4 floats on a 16-byte boundary: one wide load from threadgroup memory where the backend has one
+// 4 floats on a 16-byte boundary: one wide load from threadgroup memory on the GPUs (the
+// emulator's coroutine stacks and arena do not promise 16-byte alignment to the host compiler)
+#ifdef TQ_EMULATOR
+struct tqa_f4a { float v[4]; };
+#else
 struct alignas(16) tqa_f4a { float v[4]; };
+#endif
 
 // tanh from exp (the dialect has exp): exact limits +-1, absolute error a few ulp of 1.
 TQ_FUNC float tqa_tanh(float x) { return 1.0f - 2.0f / (tq_exp(2.0f * x) + 1.0f); }

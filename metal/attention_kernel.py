@@ -63,7 +63,7 @@ class Plan:
             tiles = -(-keys // self.tile)
             # per SIMD group: its keys' products, one rescale per tile; the sum: keys per lane of a
             # tile + 5 butterfly steps, one step per tile; then the SIMD groups and the partials
-            return -(-keys // self.warps) + 2 * tiles + -(-self.tile // 32) + 5 + self.warps + self.partials
+            return -(-keys // self.warps) + 2 * tiles + -(-self.tile // 32) + 6 + self.warps + self.partials
         keys_per_slot = -(-min(self.split_len, max(length, 1)) // (self.warps * (32 // self.lanes_per_key)))
         return keys_per_slot + int(math.log2(32 // self.lanes_per_key)) + self.partials
 
@@ -128,6 +128,12 @@ def v2_shared_bytes(prob: Problem, warps: int, tile: int, dyn: bool) -> int:
     sizes = [64, 64, 4 * qa * prob.k_dim, 4 * qa * tile, 4 * qa, 4 * qa, 4 * qa, 4 * warps * prob.v_dim,
              -(-tile * krb // 4) * 4, -(-tile * vrb // 4) * 4]
     return sum(-(-x // 16) * 16 + 64 for x in sizes)
+
+
+def v2_key_slots(prob: Problem) -> int:
+    """Keys a SIMD group takes at once in v2's V phase: 2 (16 lanes of 8+ values each) for rows of
+    up to 128 values, else 1; fewer, longer chunks per lane spread the per-key work."""
+    return 2 if prob.v_dim <= 128 else 1
 
 
 def _v2_tile(prob: Problem, warps: int, dyn: bool, tile: "int | None") -> int:
@@ -235,7 +241,7 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
     split = dict(TQA_DK=prob.k_dim, TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_NW=plan.warps, TQA_QTYPE=qtype,
                  TQA_DYN=int(dyn), TQA_TILE=tile, TQA_KTB=-(-tile * krb // 4) * 4, TQA_VTB=-(-tile * vrb // 4) * 4)
     if plan.kernel == "v2":
-        split.update(TQA_QA=plan.rows_room or _rows_room(prob, dyn))
+        split.update(TQA_QA=plan.rows_room or _rows_room(prob, dyn), TQA_KS=v2_key_slots(prob))
     else:
         split.update(TQA_LPK=plan.lanes_per_key)
     combine = dict(TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_NT=COMBINE_THREADS, TQA_QTYPE=qtype,

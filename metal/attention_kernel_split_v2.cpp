@@ -7,8 +7,9 @@
 //      lane: broadcasts); scores (softcap, masks applied) go to s[row][key];
 //   B. per query row, one SIMD group: tile max, new running max, p = exp(s - m) in place, the
 //      tile's sum and the rescale factor of the accumulators, computed once per row and tile;
-//   C. V: SIMD groups take turns over the tile's keys; each lane owns 4-value column chunks of the
-//      output (chunk lane, lane + 32, ...) for all Q rows and accumulates p[row][key] * v.
+//   C. V: each SIMD group takes TQA_KS keys at a time (32 / KS lanes per key); each lane owns
+//      4-value column chunks of the output (chunk c, c + 32 / KS, ...) for all Q rows and
+//      accumulates p[row][key] * v; the KS key slots are added by shuffles at the end.
 // All SIMD groups share one running max and sum per row, so their accumulators add up at the end;
 // each threadgroup writes ONE partial (max m, sum l, unnormalised output in the rotated basis for
 // turbo V) that the combine pass merges.
@@ -16,7 +17,7 @@
 // Compile-time (each name prefixed TQA_): KF VF (format ids), KBB VBB (bytes per block), KGRP VGRP
 // (values per block), KQS VQS KSG VSG (turbo field offsets), DK DV (values per cache row), D (head
 // dim), G T (query heads per KV head, query rows), QA (room for query rows, >= G*T), NW (SIMD
-// groups), TILE (keys per staged tile), KTB VTB (tile bytes, multiples of 4), KROT VROT (turbo: 1),
+// groups), KS (keys per SIMD group in phase C: 1, 2 or 4), TILE (keys per staged tile), KTB VTB (tile bytes, multiples of 4), KROT VROT (turbo: 1),
 // QTYPE (q's element type). Buffers as in pass 1 of attention_kernel_split.cpp; out: po (rows,
 // n_splits, DV), pml (rows, n_splits, 2). With TQA_DYN = 1 the format constants, G and T come from
 // ip[5..18] (one build serves every format pair; used by the emulator).
@@ -31,12 +32,14 @@ const int G = TQA_G, T = TQA_T;
 (void)vrot;
 const int Q = G * T;
 constexpr int NT = TQA_NW * 32;
-constexpr int NCH = (TQA_DV / 4 + 31) / 32;   // 4-value column chunks per lane in phase C
+constexpr int LK = 32 / TQA_KS;                  // lanes per key in phase C
+constexpr int NCH = (TQA_DV / 4 + LK - 1) / LK;   // 4-value column chunks per lane in phase C
 const int KRB = TQA_DK / kgrp * kbb;
 const int VRB = TQA_DV / vgrp * vbb;
 const uint tid = tq_tid;
 const uint lane = tid & 31u;
 const uint warp = tid >> 5;
+const int slot = (int)lane / LK, cl = (int)lane % LK;
 const int l_max = ip[0], split_len = ip[1], n_splits = ip[2], window = ip[3], hkv = ip[4];
 const float scale = fp[0], softcap = fp[1];
 const int split = (int)(tq_gx % (uint)n_splits);
@@ -103,8 +106,8 @@ for (int t0 = start - (start & 1); t0 < end; t0 += TQA_TILE) {   // uniform acro
                 for (int e = 0; e < TQA_DK; e += 4) {
                     const tqa_f4 f = tqa_dq4(kf, kbb, kgrp, kqs, ksg, krow, e, ktab);
                     for (int r = 0; r < Q; ++r) {
-                        const tqa_f4a qq = qsh4[(r * TQA_DK + e) / 4];
-                        acc[r] += qq.v[0] * f.v[0] + qq.v[1] * f.v[1] + qq.v[2] * f.v[2] + qq.v[3] * f.v[3];
+                        TQ_SHARED const tqa_f4a* qq = qsh4 + (r * TQA_DK + e) / 4;
+                        for (int u = 0; u < 4; ++u) acc[r] += qq->v[u] * f.v[u];
                     }
                 }
             } else {
@@ -120,8 +123,8 @@ for (int t0 = start - (start & 1); t0 < end; t0 += TQA_TILE) {   // uniform acro
                     for (int j = 0; j < kgrp; j += 4) {
                         const tqa_f4 f = tqa_dq4_blk(kf, kqs, ksg, pb, j, fold ? 1.0f : d, mm, ktab);
                         for (int r = 0; r < Q; ++r) {
-                            const tqa_f4a qq = qsh4[(r * TQA_DK + blk * kgrp + j) / 4];
-                            pa[r] += qq.v[0] * f.v[0] + qq.v[1] * f.v[1] + qq.v[2] * f.v[2] + qq.v[3] * f.v[3];
+                            TQ_SHARED const tqa_f4a* qq = qsh4 + (r * TQA_DK + blk * kgrp + j) / 4;
+                            for (int u = 0; u < 4; ++u) pa[r] += qq->v[u] * f.v[u];
                         }
                     }
                     for (int r = 0; r < Q; ++r) acc[r] += fold ? d * pa[r] : pa[r];
@@ -168,11 +171,11 @@ for (int t0 = start - (start & 1); t0 < end; t0 += TQA_TILE) {   // uniform acro
         const float alpha = ash[r];
         for (int c = 0; c < NCH * 4; ++c) o[r][c] = o[r][c] * alpha;
     }
-    for (int i = (int)warp; i < n; i += TQA_NW) {
+    for (int i = (int)warp * TQA_KS + slot; i < n; i += TQA_NW * TQA_KS) {
         if (t0 + i < start) continue;
         TQ_SHARED const uchar* vrow = vts + i * VRB;
         for (int k = 0; k < NCH; ++k) {
-            const int e = ((int)lane + 32 * k) * 4;
+            const int e = (cl + LK * k) * 4;
             if (e < TQA_DV) {
                 const tqa_f4 f = tqa_dq4(vf, vbb, vgrp, vqs, vsg, vrow, e, vtab);
                 for (int r = 0; r < Q; ++r) {
@@ -185,12 +188,15 @@ for (int t0 = start - (start & 1); t0 < end; t0 += TQA_TILE) {   // uniform acro
     tq_barrier();
 }
 
-// the SIMD groups' accumulators share the running max and sum: add them up, one row at a time
+// every key slot and SIMD group shares the running max and sum: add up their accumulators
+for (int off = LK; off < 32; off <<= 1)
+    for (int r = 0; r < Q; ++r)
+        for (int c = 0; c < NCH * 4; ++c) o[r][c] += tq_simd_shuffle_xor(o[r][c], (uint)off);
 const size_t row0 = (size_t)((b * hq_all + h * G) * T);   // first output row of this group
 for (int r = 0; r < Q; ++r) {
     for (int k = 0; k < NCH; ++k) {
-        const int e = ((int)lane + 32 * k) * 4;
-        if (e < TQA_DV)
+        const int e = (cl + LK * k) * 4;
+        if (slot == 0 && e < TQA_DV)
             for (int u = 0; u < 4; ++u) red[(int)warp * TQA_DV + e + u] = o[r][4 * k + u];
     }
     tq_barrier();
