@@ -42,6 +42,11 @@ def _hex(b: np.ndarray) -> str:
     return " ".join(h[i:i + 8] for i in range(0, len(h), 8))
 
 
+def _indices(mask: np.ndarray, most: int = 12) -> str:
+    idx = np.flatnonzero(mask).tolist()
+    return str(idx) if len(idx) <= most else f"{idx[:most]}... ({len(idx)})"
+
+
 def describe_block(fmt: "str | Format", block: np.ndarray) -> str:
     """One block's fields in words, e.g. ``d=0.01234 (0x2a51) q=[...]``."""
     f = get_format(fmt)
@@ -95,7 +100,8 @@ def assert_blocks_equal(actual: Any, expected: Any, fmt: "str | Format", *, cont
         f"  expected: {_hex(eb[i])}",
         f"  actual fields:   {describe_block(f, ab[i])}",
         f"  expected fields: {describe_block(f, eb[i])}",
-        f"  decoded values: max |actual - expected| = {np.nanmax(dv) if np.isfinite(dv).any() else float('nan'):.6g}",
+        f"  decoded values: max |actual - expected| = {np.nanmax(dv) if np.isfinite(dv).any() else float('nan'):.6g}; "
+        f"values that differ: {_indices(~((av == ev) | (np.isnan(av) & np.isnan(ev))))} of {f.block_size}",
     ]
     raise AssertionError("\n".join(lines))
 
