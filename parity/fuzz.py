@@ -30,6 +30,7 @@ from typing import Any, Callable
 OUR_TARGETS = ("quantize", "dequantize", "append", "decode-attention")
 PROFILES = {"ci": 100, "dev": 300, "deep": 3000}      # examples per campaign when --examples is not given
 ROUND = 25                                            # examples per round when the campaign is timed
+GRACE_S = 5.0                                         # after a counterexample, how long other workers may finish
 DEFAULT_DB = Path(".hypothesis") / "tqbridge-fuzz"
 
 
@@ -170,8 +171,8 @@ def _worker(spec: dict, worker: int, out: Any, stop: Any) -> None:
                     break
                 n = ROUND
             else:
-                n = budget - state["examples"]
-                if n <= 0 or rnd >= 20:
+                n = min(budget - state["examples"], 4 * ROUND)
+                if n <= 0:
                     break
             r = fuzz_kernel(fn, claim.op, claim.formats if claim.op != "decode-attention" else None,
                             k_format=claim.k_formats, v_format=claim.v_formats, chain=claim.chain,
@@ -182,6 +183,8 @@ def _worker(spec: dict, worker: int, out: Any, stop: Any) -> None:
             state["examples"] += r.examples
             state["worst"] = max(state["worst"], r.worst_ratio)
             rnd += 1
+            if r.examples == 0:     # the strategy has nothing left to draw
+                break
             if not r.ok:
                 out.put(("failure", worker, repr(r.failure), r.message, r.snippet))
                 break
@@ -304,8 +307,11 @@ def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" =
     for p in procs:
         p.start()
     finished: set = set()
+    stopped_at = None
     try:
         while len(finished) < jobs:
+            if stopped_at is not None and time.monotonic() - stopped_at > GRACE_S:
+                break                      # a counterexample is in; the others stop at their next round
             try:
                 msg = q.get(timeout=1.0)
             except queue_mod.Empty:
@@ -314,17 +320,21 @@ def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" =
                 tick()
                 continue
             camp.handle(msg)
-            if msg[0] == "failure":
+            if msg[0] == "failure" and stopped_at is None:
                 stop.set()
+                stopped_at = time.monotonic()
             if msg[0] in ("done", "error"):
                 finished.add(msg[1])
             tick()
     finally:
         stop.set()
         for p in procs:
-            p.join(timeout=30)
+            p.join(timeout=GRACE_S)
+            if p.is_alive():
+                p.terminate()
+                p.join()
     for w, p in enumerate(procs):
-        if w not in finished and p.exitcode not in (0, None):
+        if w not in finished and p.exitcode not in (0, None, -15):
             _crashed(camp, spec, w, p.exitcode)
     camp.seconds = time.monotonic() - t0
     if camp.failure:
