@@ -396,17 +396,23 @@ def _int_buffer(values: tuple):
     return mx.array(np.array(values, np.int32))
 
 
+@lru_cache(maxsize=1024)
+def _mlx_call(prob: Problem, plan: Plan, qtype: int, backend: str, has_sinks: bool):
+    """Kernels and every constant buffer of one call (lengths included): a repeated call is one lookup."""
+    shape_prob = dataclasses.replace(prob, lengths=())
+    shape_plan = dataclasses.replace(plan, splits=0, split_len=0)
+    k1, k2, fp1, tabs, zero_sinks, extra1, extra2 = _mlx_setup(shape_prob, shape_plan, qtype, backend, has_sinks)
+    ip1 = _int_buffer((prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1,
+                       *prob.lengths))
+    ip2 = _int_buffer((plan.partials, prob.q_heads, int(has_sinks), *extra2))
+    return k1, k2, fp1, tabs, zero_sinks, ip1, ip2
+
+
 def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: str):
     import mlx.core as mx
 
-    shape_prob = dataclasses.replace(prob, lengths=())
-    shape_plan = dataclasses.replace(plan, splits=0, split_len=0)
-    k1, k2, fp1, tabs, zero_sinks, extra1, extra2 = _mlx_setup(shape_prob, shape_plan, qtype, backend,
-                                                               sinks is not None)
+    k1, k2, fp1, tabs, zero_sinks, ip1, ip2 = _mlx_call(prob, plan, qtype, backend, sinks is not None)
     np_ = plan.partials
-    ip1 = _int_buffer((prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1,
-                       *prob.lengths))
-    ip2 = _int_buffer((np_, prob.q_heads, int(sinks is not None), *extra2))
     qm = q if isinstance(q, mx.array) else mx.array(_np(q))
     if qtype:
         qm = mx.view(qm, mx.uint16)
@@ -477,4 +483,5 @@ def _dyn_build(prob: Problem, plan: Plan, generic: bool) -> bool:
 
 
 def _is_mlx(a) -> bool:
-    return type(a).__module__.startswith("mlx")
+    mod = type(a).__module__
+    return mod[:3] == "mlx"

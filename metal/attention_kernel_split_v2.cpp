@@ -174,10 +174,15 @@ for (int t0 = start - (start & 1); t0 < end; t0 += TQA_TILE) {   // uniform acro
     for (int i = (int)warp * TQA_KS + slot; i < n; i += TQA_NW * TQA_KS) {
         if (t0 + i < start) continue;
         TQ_SHARED const uchar* vrow = vts + i * VRB;
+        // a row of one block (turbo): its fp16 fields are decoded once per key, not per chunk
+        const bool one_blk = vf > TQA_BF16 && vgrp >= TQA_DV;
+        const float vd = one_blk ? tqa_half(vrow, 0) : 0.0f;
+        const float vm = one_blk && tqa_has_m(vf) ? tqa_half(vrow, 2) : 0.0f;
         for (int k = 0; k < NCH; ++k) {
             const int e = (cl + LK * k) * 4;
             if (e < TQA_DV) {
-                const tqa_f4 f = tqa_dq4(vf, vbb, vgrp, vqs, vsg, vrow, e, vtab);
+                const tqa_f4 f = one_blk ? tqa_dq4_blk(vf, vqs, vsg, vrow, e, vd, vm, vtab)
+                                         : tqa_dq4(vf, vbb, vgrp, vqs, vsg, vrow, e, vtab);
                 for (int r = 0; r < Q; ++r) {
                     const float pr = ssh[r * TQA_TILE + i];
                     for (int u = 0; u < 4; ++u) o[r][4 * k + u] += pr * f.v[u];
