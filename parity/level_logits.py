@@ -67,7 +67,7 @@ def _judge(kv: KV, row: dict, exact: bool) -> None:
 
 
 def run_logits(model: "str | Path", kv_list: "list[str]", *, n_tokens: int = 256, exact_weights: bool = False,
-               llama_rotation: bool = False, progress: "Callable[[str], None] | None" = None,
+               rotation: bool = True, progress: "Callable[[str], None] | None" = None,
                cache_factory=None) -> LogitsResult:
     """Run the matrix. ``model`` is a .gguf path (already resolved)."""
     from tqbridge.bridge.gguf_f32 import cached_f32_gguf
@@ -83,14 +83,14 @@ def run_logits(model: "str | Path", kv_list: "list[str]", *, n_tokens: int = 256
         path = cached_f32_gguf(src)
     else:
         path = src
-    llama = LlamaCppRuntime(path, rotation=llama_rotation)
+    llama = LlamaCppRuntime(path, rotation=rotation)
     text, text_source = parity_text()
     ids = llama.tokenize(text)
     if len(ids) < n_tokens:
         raise ValueError(f"the text has only {len(ids)} tokens, fewer than --tokens {n_tokens}")
     ids = ids[:n_tokens]
     say("loading the MLX model")
-    mlx = MLXRuntime(path, cache_factory=cache_factory)
+    mlx = MLXRuntime(path, cache_factory=cache_factory, rotation=rotation)
     f16 = KV.parse("f16")
     plan = [f16] + [kv for kv in kvs if kv != f16]
     steps, done = 2 * len(plan), 0

@@ -74,14 +74,14 @@ class LlamaCppRuntime:
     """llama.cpp (CPU) via llama-cpp-python, one context per call.
 
     ``rotation``: llama.cpp's automatic Hadamard rotation of quantized KV caches (read from
-    ``LLAMA_ATTN_ROT_DISABLE`` when a context is created). ``False`` turns it off so the cache
-    holds plain quantized rows, as tqbridge's cache does.
+    ``LLAMA_ATTN_ROT_DISABLE`` when a context is created; on by default, as in llama.cpp).
+    ``False`` turns it off so the cache holds plain quantized rows.
     """
 
     name = "llama.cpp"
 
     def __init__(self, gguf_path: "str | os.PathLike[str]", *, flash_attn: bool = True,
-                 rotation: bool = False, n_threads: "int | None" = None):
+                 rotation: bool = True, n_threads: "int | None" = None):
         self.path = Path(gguf_path)
         self.flash_attn = flash_attn
         self.rotation = rotation
@@ -150,11 +150,15 @@ class LlamaCppRuntime:
 CacheFactory = Callable[[Any, str, str], list]
 
 
-def tqbridge_cache_factory(model, k_format: str, v_format: str) -> list:
-    """tqbridge's block cache for every layer (sliding-window layers included)."""
+def tqbridge_cache_factory(model, k_format: str, v_format: str, rotation: bool = True) -> list:
+    """tqbridge's block cache for every layer (sliding-window layers included).
+
+    ``rotation``: rotate K/V rows of ggml quantized formats by a Hadamard matrix before quantizing,
+    as llama.cpp does by default (see ``tqbridge.metal.cache``); match it to the llama.cpp side.
+    """
     from tqbridge.metal.cache import make_cache
 
-    return make_cache(model, k_format, v_format)
+    return make_cache(model, k_format, v_format, rotation="llama" if rotation else "none")
 
 
 class MLXRuntime:
@@ -163,13 +167,15 @@ class MLXRuntime:
     name = "mlx"
 
     def __init__(self, gguf_path: "str | os.PathLike[str]", *, cache_factory: "CacheFactory | None" = None,
-                 layout: str = "ggml", match_llama_cpp: bool = True):
+                 layout: str = "ggml", match_llama_cpp: bool = True, rotation: bool = True):
         self.blas = prefer_fast_blas()
         from tqbridge.bridge.gguf_model import load_gguf_model
 
         self.path = Path(gguf_path)
         self.model, self.config = load_gguf_model(self.path, layout=layout, match_llama_cpp=match_llama_cpp)
-        self.cache_factory = cache_factory or tqbridge_cache_factory
+        self.rotation = rotation
+        self.cache_factory = cache_factory or (
+            lambda model, k, v: tqbridge_cache_factory(model, k, v, rotation=rotation))
         self.last_cache: "list | None" = None
 
     def logits(self, tokens: "list[int]", kv: KV, keep_cache: bool = False) -> np.ndarray:
@@ -187,5 +193,5 @@ class MLXRuntime:
         import mlx.core as mx
 
         return {"runtime": self.name, "mlx": version("mlx"), "mlx_lm": version("mlx_lm"),
-                "device": str(mx.default_device()), "blas": self.blas,
+                "device": str(mx.default_device()), "blas": self.blas, "kv_rotation": self.rotation,
                 "model_type": self.config["model_type"], "model": str(self.path.name)}

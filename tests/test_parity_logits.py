@@ -54,7 +54,7 @@ def test_smollm2_exact_weights_f16_and_q8_0(smollm2):
     # The quantized row is judged against llama.cpp's own q8_0 cost, which must be real (> f16's).
     assert q8["baseline"]["llama_kl_mean"] > 10 * f16["kl_mean"]
     assert q8["pass"] is True
-    assert res.info["llama_cpp"]["kv_rotation"] is False
+    assert res.info["llama_cpp"]["kv_rotation"] is True and res.info["mlx"]["kv_rotation"] is True
 
 
 def test_parity_cli_json_and_errors(smollm2, tmp_path, capsys):

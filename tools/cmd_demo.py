@@ -15,7 +15,7 @@ def run(args) -> int:
     from tqbridge.tools import cmd_parity
 
     parity_args = argparse.Namespace(model="smollm2", kv=None, tokens=args.tokens, exact_weights=True,
-                                     llama_rotation=False, json=args.json, markdown=args.markdown,
+                                     no_rotation=False, json=args.json, markdown=args.markdown,
                                      plot=None, quiet=False)
     cmd = f"tqbridge parity smollm2 --exact-weights --tokens {args.tokens}"
     return cmd_parity.run(parity_args, command=cmd)

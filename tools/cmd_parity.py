@@ -15,9 +15,9 @@ def add_arguments(p) -> None:
     p.add_argument("--tokens", type=int, default=256, help="number of text tokens (default 256)")
     p.add_argument("--exact-weights", action="store_true",
                    help="both runtimes run an F32 copy of every tensor (converted once, cached)")
-    p.add_argument("--llama-rotation", action="store_true",
-                   help="keep llama.cpp's Hadamard rotation of quantized caches (off by default: tqbridge's "
-                        "ggml caches store plain rows)")
+    p.add_argument("--no-rotation", action="store_true",
+                   help="turn off the Hadamard rotation of quantized K/V rows in both runtimes "
+                        "(llama.cpp rotates by default; tqbridge's cache follows)")
     p.add_argument("--json", metavar="OUT", help="write the full report as JSON")
     p.add_argument("--markdown", metavar="OUT", help="write the summary as Markdown")
     p.add_argument("--plot", metavar="OUT.png", help="plot per-position KL (needs matplotlib)")
@@ -57,7 +57,7 @@ def run(args, command: "str | None" = None) -> int:
     say = progress_printer(args.quiet)
     try:
         res = run_logits(path, kv_list, n_tokens=args.tokens, exact_weights=args.exact_weights,
-                         llama_rotation=args.llama_rotation, progress=say)
+                         rotation=not args.no_rotation, progress=say)
     except (GGUFModelError, ValueError) as e:
         raise CliError(str(e)) from e
     if not args.quiet and sys.stderr.isatty():
