@@ -113,17 +113,39 @@ def tqcache_to_state(cache: list, seq_id: int = 0) -> LlamaState:
     return seq_state(layers, np.arange(n), seq_id=seq_id)
 
 
-def greedy_mlx(model, cache: list, first: int, n: int) -> list[int]:
-    """Feed ``first`` then greedy tokens through the MLX model; the ``n`` tokens after ``first``."""
+def greedy_mlx(model, cache: list, first: int, n: int, decode: "str | None" = None) -> list[int]:
+    """Feed ``first`` then greedy tokens through the MLX model; the ``n`` tokens after ``first``.
+
+    ``decode``: None for mlx-lm's own attention over the dequantized cache, or a mode of
+    :func:`tqbridge.metal.routing.route_attention` (``"kernel"``: the fused decode kernel).
+    """
+    import contextlib
+
     import mlx.core as mx
 
+    ctx = contextlib.nullcontext()
+    if decode is not None:
+        from tqbridge.metal.routing import route_attention
+
+        ctx = route_attention(decode)
     out = []
     tok = int(first)
-    for _ in range(n):
-        logits = model(mx.array([[tok]], dtype=mx.int32), cache=cache)
-        tok = int(mx.argmax(logits[0, -1]).item())
-        out.append(tok)
+    with ctx:
+        for _ in range(n):
+            logits = model(mx.array([[tok]], dtype=mx.int32), cache=cache)
+            tok = int(mx.argmax(logits[0, -1]).item())
+            out.append(tok)
     return out
+
+
+def decode_paths(cache: list) -> dict[str, int]:
+    """Attention paths the TQCache layers took (as the routing records them)."""
+    from collections import Counter
+
+    total: Counter = Counter()
+    for c in cache:
+        total.update(getattr(c, "paths", {}))
+    return dict(total)
 
 
 def greedy_llama(llm, first: int, n: int) -> list[int]:
@@ -147,8 +169,12 @@ def _agree(a: list[int], b: list[int]) -> int:
 
 
 def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = "q8_0", n_new: int = 16,
-                   mlx_runtime=None, reverse: bool = True, rotation: bool = True) -> dict[str, Any]:
-    """Both directions for one K/V pair; returns the token streams and how long they agree."""
+                   mlx_runtime=None, reverse: bool = True, rotation: bool = True,
+                   decode: "str | None" = None) -> dict[str, Any]:
+    """Both directions for one K/V pair; returns the token streams and how long they agree.
+
+    ``decode``: how MLX attends during decode (see :func:`greedy_mlx`); the paths taken are reported.
+    """
     import mlx.core as mx
 
     from tqbridge.metal.cache import make_cache
@@ -173,17 +199,18 @@ def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = "q8_0", n_new:
         llm.close()
     state = parse_state(blob)
     moved = state_to_tqcache(state, model, n_kv_heads, head_dim, rotation=rotation)
-    mlx_from_llama = greedy_mlx(model, moved, first, n_new)
+    mlx_from_llama = greedy_mlx(model, moved, first, n_new, decode)
     # MLX on its own (its own prefill), for comparison.
     own = make_cache(model, pair.k, pair.v, rotation="llama" if rotation else "none")
     mlx_logits = model(mx.array(list(tokens), dtype=mx.int32)[None], cache=own)
     mlx_first = int(mx.argmax(mlx_logits[0, -1]).item())
     own_blob = tqcache_to_state(own).to_bytes() if reverse else None
-    mlx_cont = greedy_mlx(model, own, mlx_first, n_new)
+    mlx_cont = greedy_mlx(model, own, mlx_first, n_new, decode)
     res: dict[str, Any] = {
         "kv": pair.name, "rotation": rotation, "prompt_tokens": len(tokens), "new_tokens": n_new,
         "first_token": {"llama.cpp": first, "mlx": mlx_first},
         "llama.cpp": llama_cont, "mlx_from_llama_state": mlx_from_llama, "mlx_own_prefill": mlx_cont,
+        "mlx_decode_paths": decode_paths(moved),
         "forward_agree": _agree(llama_cont, mlx_from_llama),
         "independent_agree": _agree(llama_cont, mlx_cont) if first == mlx_first else 0,
     }
