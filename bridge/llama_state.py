@@ -29,6 +29,8 @@ SEQ_MAGIC = 0xAF143CD8
 # llama_state_seq_save_file: LLAMA_FILE_MAGIC_GGSQ, LLAMA_STATE_SEQ_VERSION (include/llama.h).
 FILE_MAGIC = 0x67677371
 FILE_VERSIONS = (3,)
+# Characters of llama.cpp architecture names (llama, gemma3, gpt-oss, t5encoder, ...).
+_ARCH_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 
 
 class StateError(ValueError):
@@ -277,7 +279,7 @@ def parse_state(blob: "bytes | bytearray | memoryview", *, cell_ext_bytes: int =
         state = LlamaState("seq", [], seq_id=r.unpack("i", "seq_id"), cell_ext_bytes=cell_ext_bytes)
     elif head == FILE_MAGIC:
         raise StateError("this is a sequence-state file (magic 'ggsq'); use parse_state_file")
-    elif 0 < head <= 64 and len(blob) >= 4 + head and blob[4:4 + head].isascii() and blob[4:4 + head].isalnum():
+    elif 0 < head <= 64 and len(blob) >= 4 + head and _ARCH_CHARS.issuperset(blob[4:4 + head]):
         r.off = 4
         arch = bytes(r.take(head, "architecture")).decode("ascii")
         state = LlamaState("full", [], arch=arch, cell_ext_bytes=cell_ext_bytes)

@@ -199,6 +199,7 @@ def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = "q8_0", n_new:
         llm.close()
     state = parse_state(blob)
     moved = state_to_tqcache(state, model, n_kv_heads, head_dim, rotation=rotation)
+    round_trip = tqcache_to_state(moved).to_bytes() == blob
     mlx_from_llama = greedy_mlx(model, moved, first, n_new, decode)
     # MLX on its own (its own prefill), for comparison.
     own = make_cache(model, pair.k, pair.v, rotation="llama" if rotation else "none")
@@ -211,6 +212,7 @@ def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = "q8_0", n_new:
         "first_token": {"llama.cpp": first, "mlx": mlx_first},
         "llama.cpp": llama_cont, "mlx_from_llama_state": mlx_from_llama, "mlx_own_prefill": mlx_cont,
         "mlx_decode_paths": decode_paths(moved),
+        "blob_round_trip_bytes_equal": round_trip,
         "forward_agree": _agree(llama_cont, mlx_from_llama),
         "independent_agree": _agree(llama_cont, mlx_cont) if first == mlx_first else 0,
     }

@@ -315,3 +315,11 @@ def test_gemma3_iswa_blob():
     assert by_layer[5] is s.layers(0)[0] and by_layer[17] is s.layers(0)[2] and by_layer[0] is s.layers(1)[0]
     with pytest.raises(StateError, match="sliding-window pattern"):
         s.model_layers()
+
+
+def test_full_blob_with_dashed_architecture_name():
+    s = _tiny_state()
+    s.kind, s.arch = "full", "gpt-oss"
+    blob = write_state(s)
+    back = parse_state(blob)
+    assert back.kind == "full" and back.arch == "gpt-oss" and write_state(back) == blob

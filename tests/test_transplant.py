@@ -51,6 +51,7 @@ def test_transplant_f16_both_directions(setup):
     path, tokens, mr = setup
     r = run_transplant(path, tokens, "f16", n_new=N_NEW, mlx_runtime=mr)
     assert r["first_token"]["llama.cpp"] == r["first_token"]["mlx"]
+    assert r["blob_round_trip_bytes_equal"]
     # llama.cpp -> MLX: MLX continues from llama.cpp's cache exactly as llama.cpp does.
     assert r["mlx_from_llama_state"] == r["llama.cpp"], r
     # MLX -> llama.cpp: llama.cpp accepts MLX's blocks and continues as MLX does.
