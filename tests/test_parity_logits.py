@@ -63,7 +63,8 @@ def test_parity_cli_json_and_errors(smollm2, tmp_path, capsys):
     out = tmp_path / "p.json"
     md = tmp_path / "p.md"
     rc = main(["parity", str(smollm2), "--kv", "f16", "--kv", "q8_0/q4_0", "--tokens", "64",
-               "--exact-weights", "--json", str(out), "--markdown", str(md), "--quiet"])
+               "--exact-weights", "--json", str(out), "--markdown", str(md), "--plot", str(tmp_path / "kl.png"),
+               "--quiet"])
     assert rc == 0
     rep = json.loads(out.read_text())
     assert [r["kv"] for r in rep["logits"]] == ["f16", "q8_0/q4_0"]
@@ -72,6 +73,12 @@ def test_parity_cli_json_and_errors(smollm2, tmp_path, capsys):
         assert len(r["kl_per_position"]) == 64
     assert rep["info"]["tokens"] == 64 and rep["versions"]["mlx"]
     assert "| f16 |" in md.read_text()
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("matplotlib not installed: the plot is not checked")
+    else:
+        assert (tmp_path / "kl.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     capsys.readouterr()
     assert main(["parity", str(smollm2), "--kv", "q8_0/turbo3", "--quiet"]) == 2
     assert "llama.cpp has no cache type 'turbo3'" in capsys.readouterr().err
