@@ -13,6 +13,11 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+from tqbridge.bridge.mlx_blas import prefer_fast_blas
+
+# Before any test module imports MLX: decides which BLAS the whole run gets (see bridge/mlx_blas.py).
+_BLAS = prefer_fast_blas()
+
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("ci", max_examples=60, derandomize=True, print_blob=True, **_COMMON)
 settings.register_profile("dev", max_examples=150, print_blob=True, **_COMMON)
@@ -21,4 +26,4 @@ settings.load_profile(os.environ.get("TQBRIDGE_PROFILE", "ci"))
 
 
 def pytest_report_header(config):
-    return f"tqbridge hypothesis profile: {settings._current_profile}"
+    return f"tqbridge hypothesis profile: {settings._current_profile}; MLX BLAS: {_BLAS}"

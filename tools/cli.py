@@ -43,6 +43,10 @@ def main(argv: "list[str] | None" = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # Build only the parser of the subcommand being run (keeps imports lazy).
     chosen = next((a for a in argv if not a.startswith("-")), None)
+    if chosen in COMMANDS:
+        from tqbridge.bridge.mlx_blas import prefer_fast_blas
+
+        prefer_fast_blas()  # before the subcommand's module imports MLX (Linux CPU: OpenBLAS if installed)
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         if name == chosen:
