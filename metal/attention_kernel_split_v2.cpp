@@ -32,6 +32,7 @@ const int G = TQA_G, T = TQA_T;
 (void)vrot;
 const int Q = G * T;
 constexpr int NT = TQA_NW * 32;
+constexpr int KPT = TQA_TILE % (2 * NT) == 0 ? 2 : 1;   // keys per thread in phase A
 constexpr int LK = 32 / TQA_KS;                  // lanes per key in phase C
 constexpr int NCH = (TQA_DV / 4 + LK - 1) / LK;   // 4-value column chunks per lane in phase C
 const int KRB = TQA_DK / kgrp * kbb;
@@ -95,19 +96,29 @@ for (int t0 = start - (start & 1); t0 < end; t0 += TQA_TILE) {   // uniform acro
     tqa_stage(vtile, vb, voff + (size_t)t0 * (size_t)VRB, n * VRB, tid, (uint)NT);
     tq_barrier();
 
-    // A. one key per thread: Q scores from one decode of the K row
-    for (int i = (int)tid; i < TQA_TILE; i += NT) {
-        const int p = t0 + i;
-        if (i < n && p >= start) {
-            TQ_SHARED const uchar* krow = kts + i * KRB;
-            float acc[TQA_QA];
-            for (int r = 0; r < Q; ++r) acc[r] = 0.0f;
+    // A. one key per thread (KPT keys when the tile holds KPT per thread, sharing each q load):
+    // Q scores from one decode of the K row
+    for (int i0 = (int)tid; i0 < TQA_TILE; i0 += KPT * NT) {
+        bool ok[KPT];
+        bool any = false;
+        TQ_SHARED const uchar* krow[KPT];
+        float acc[KPT][TQA_QA];
+        for (int x = 0; x < KPT; ++x) {
+            const int i = i0 + x * NT;
+            ok[x] = i < n && t0 + i >= start;
+            any = any || ok[x];
+            krow[x] = kts + i * KRB;
+            for (int r = 0; r < Q; ++r) acc[x][r] = 0.0f;
+        }
+        if (any) {
             if (kf <= TQA_BF16) {
                 for (int e = 0; e < TQA_DK; e += 4) {
-                    const tqa_f4 f = tqa_dq4(kf, kbb, kgrp, kqs, ksg, krow, e, ktab);
+                    tqa_f4 f[KPT];
+                    for (int x = 0; x < KPT; ++x) f[x] = tqa_dq4(kf, kbb, kgrp, kqs, ksg, krow[x], e, ktab);
                     for (int r = 0; r < Q; ++r) {
                         TQ_SHARED const tqa_f4a* qq = qsh4 + (r * TQA_DK + e) / 4;
-                        for (int u = 0; u < 4; ++u) acc[r] += qq->v[u] * f.v[u];
+                        for (int x = 0; x < KPT; ++x)
+                            for (int u = 0; u < 4; ++u) acc[x][r] += qq->v[u] * f[x].v[u];
                     }
                 }
             } else {
@@ -115,29 +126,36 @@ for (int t0 = start - (start & 1); t0 < end; t0 += TQA_TILE) {   // uniform acro
                 // product is taken on the raw values and multiplied by d once
                 const bool fold = !tqa_has_m(kf);
                 for (int blk = 0; blk < TQA_DK / kgrp; ++blk) {
-                    TQ_SHARED const uchar* pb = krow + blk * kbb;
-                    const float d = tqa_half(pb, 0);
-                    const float mm = fold ? 0.0f : tqa_half(pb, 2);
-                    float pa[TQA_QA];
-                    for (int r = 0; r < Q; ++r) pa[r] = 0.0f;
+                    float d[KPT], mm[KPT], pa[KPT][TQA_QA];
+                    for (int x = 0; x < KPT; ++x) {
+                        d[x] = tqa_half(krow[x] + blk * kbb, 0);
+                        mm[x] = fold ? 0.0f : tqa_half(krow[x] + blk * kbb, 2);
+                        for (int r = 0; r < Q; ++r) pa[x][r] = 0.0f;
+                    }
                     for (int j = 0; j < kgrp; j += 4) {
-                        const tqa_f4 f = tqa_dq4_blk(kf, kqs, ksg, pb, j, fold ? 1.0f : d, mm, ktab);
+                        tqa_f4 f[KPT];
+                        for (int x = 0; x < KPT; ++x)
+                            f[x] = tqa_dq4_blk(kf, kqs, ksg, krow[x] + blk * kbb, j, fold ? 1.0f : d[x], mm[x], ktab);
                         for (int r = 0; r < Q; ++r) {
                             TQ_SHARED const tqa_f4a* qq = qsh4 + (r * TQA_DK + blk * kgrp + j) / 4;
-                            for (int u = 0; u < 4; ++u) pa[r] += qq->v[u] * f.v[u];
+                            for (int x = 0; x < KPT; ++x)
+                                for (int u = 0; u < 4; ++u) pa[x][r] += qq->v[u] * f[x].v[u];
                         }
                     }
-                    for (int r = 0; r < Q; ++r) acc[r] += fold ? d * pa[r] : pa[r];
+                    for (int x = 0; x < KPT; ++x)
+                        for (int r = 0; r < Q; ++r) acc[x][r] += fold ? d[x] * pa[x][r] : pa[x][r];
                 }
             }
+        }
+        for (int x = 0; x < KPT; ++x) {
+            const int i = i0 + x * NT;
+            const int p = t0 + i;
             for (int r = 0; r < Q; ++r) {
                 const int hi_t = len - T + r % T + 1;
                 const int lo_t = window > 0 ? hi_t - window : 0;
-                const float a = softcap > 0.0f ? softcap * tqa_tanh(acc[r] / softcap) : acc[r];
-                ssh[r * TQA_TILE + i] = (p >= hi_t || p < lo_t) ? TQA_NEG_BIG : a;
+                const float a = softcap > 0.0f ? softcap * tqa_tanh(acc[x][r] / softcap) : acc[x][r];
+                ssh[r * TQA_TILE + i] = (!ok[x] || p >= hi_t || p < lo_t) ? TQA_NEG_BIG : a;
             }
-        } else {
-            for (int r = 0; r < Q; ++r) ssh[r * TQA_TILE + i] = TQA_NEG_BIG;
         }
     }
     tq_barrier();

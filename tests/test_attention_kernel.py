@@ -188,6 +188,20 @@ def test_format_specialised_build_on_the_emulator():
     assert last_run()["tile"] == 128
 
 
+@pytest.mark.parametrize("kf,vf,d", [("q8_0", "turbo3", 128), ("f16", "q4_1", 64)])
+def test_v2_two_keys_per_thread(kf, vf, d):
+    # tiles of 2 keys per thread (one warp, 64 keys; two warps, 128 keys) share each q load
+    # between two keys in the score phase; the tail tile is short and a window cuts the start
+    rng = np.random.default_rng(12)
+    kb = bridge.quantize(kf, pad_rows(kf, rng.standard_normal((1, 2, 333, d)).astype(np.float32)))
+    vb = bridge.quantize(vf, pad_rows(vf, rng.standard_normal((1, 2, 333, d)).astype(np.float32)))
+    q = rng.standard_normal((1, 4, 2, d)).astype(np.float32)
+    for warps, tile in ((1, 64), (2, 128)):
+        _check("cpu-emulator", q, kb, vb, k_format=kf, v_format=vf, length=331, window=200, generic=False,
+               kernel="v2", warps=warps, tile=tile, splits=2)
+        assert last_run()["tile"] == tile
+
+
 def test_v2_falls_back_to_v1_when_threadgroup_memory_is_short():
     # 8 query heads x 4 rows of 256 values: q alone fills the 32 KiB of threadgroup memory
     rng = np.random.default_rng(10)
