@@ -2,7 +2,8 @@
 // threadgroup per (batch row, KV head, split of the context). All Q = G*T query rows of the GQA
 // group are scored from ONE read of each K/V row. Per tile of TQA_TILE keys staged in threadgroup
 // memory:
-//   A. scores: each thread owns one key, decodes its whole K row once and computes the Q dot
+//   A. scores: each thread owns one key (two when the tile holds two per thread: each q load then
+//      serves both), decodes its whole K row once and computes the Q dot
 //      products in registers against q rows read from threadgroup memory (the same address in every
 //      lane: broadcasts); scores (softcap, masks applied) go to s[row][key];
 //   B. per query row, one SIMD group: tile max, new running max, p = exp(s - m) in place, the
@@ -17,8 +18,8 @@
 // Compile-time (each name prefixed TQA_): KF VF (format ids), KBB VBB (bytes per block), KGRP VGRP
 // (values per block), KQS VQS KSG VSG (turbo field offsets), DK DV (values per cache row), D (head
 // dim), G T (query heads per KV head, query rows), QA (room for query rows, >= G*T), NW (SIMD
-// groups), KS (keys per SIMD group in phase C: 1, 2 or 4), TILE (keys per staged tile), KTB VTB (tile bytes, multiples of 4), KROT VROT (turbo: 1),
-// QTYPE (q's element type). Buffers as in pass 1 of attention_kernel_split.cpp; out: po (rows,
+// groups), KS (keys per SIMD group in phase C: 1, 2 or 4), TILE (keys per staged tile), KTB VTB
+// (tile bytes, multiples of 4), KROT VROT (turbo: 1), QTYPE (q's element type). Buffers as in pass 1 of attention_kernel_split.cpp; out: po (rows,
 // n_splits, DV), pml (rows, n_splits, 2). With TQA_DYN = 1 the format constants, G and T come from
 // ip[5..18] (one build serves every format pair; used by the emulator).
 #if TQA_DYN
