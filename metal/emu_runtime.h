@@ -70,7 +70,7 @@ struct Launch {
 #else
     ucontext_t sched;
 #endif
-    unsigned char arena[SHARED_LIMIT + SHARED_GUARD];
+    alignas(16) unsigned char arena[SHARED_LIMIT + SHARED_GUARD];
     size_t arena_used;
     std::vector<size_t> arr_off, arr_bytes;
     std::vector<int> arr_line;
