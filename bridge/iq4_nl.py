@@ -52,11 +52,48 @@ def _sums(id_: np.ndarray, x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np
     return sumqx, sumq2
 
 
+def _pack(d: np.ndarray, L: np.ndarray) -> np.ndarray:
+    out = np.empty((d.shape[0], 18), dtype=np.uint8)
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = d.astype("<f2").view("<u2")
+    # A NaN scale (only from overflowing arithmetic on huge finite input) is stored as x86-64's
+    # negative default NaN, 0xfe00, whatever NaN sign this CPU produced.
+    h = np.where(np.isnan(d), np.uint16(0xFE00), h).astype("<u2")
+    out[:, :2] = h.view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = L[:, :16] | (L[:, 16:] << 4)
+    return out
+
+
+def _quantize_no_search(x: np.ndarray, w: np.ndarray, mx: np.ndarray, live: np.ndarray) -> np.ndarray:
+    """C's ``ntry = -1`` path: ``d = max/values[0]`` (note: no minus), one pass, indices kept."""
+    with np.errstate(all="ignore"):
+        d0 = mx / _KV_F32[0]
+        id_ = np.float32(1) / d0
+        L = best_index(id_[:, None] * x)
+        q = _KV_F32[L]
+        wq = w * q
+        t1, t2 = wq * x, wq * q
+        sumqx = np.zeros(x.shape[0], dtype=np.float32)
+        sumq2 = np.zeros(x.shape[0], dtype=np.float32)
+        for j in range(x.shape[1]):  # sequential, as C accumulates
+            sumqx += t1[:, j]
+            sumq2 += t2[:, j]
+        d = np.where(live, sumqx / sumq2, np.float32(0)).astype(np.float32)
+    L = np.where(live[:, None], L, np.uint8(8)).astype(np.uint8)
+    return _pack(d, L)
+
+
 class IQ4NL:
     """Codec for ``iq4_nl`` (ggml type 20)."""
 
     @staticmethod
-    def quantize_blocks(x: np.ndarray) -> np.ndarray:
+    def quantize_blocks(x: np.ndarray, *, search: bool = True) -> np.ndarray:
+        """``search=True``: ``ggml_quantize_chunk``'s quantizer (scale search, ``ntry = 7``).
+        ``search=False``: ``quantize_row_iq4_nl_ref`` (``ntry = -1``), what llama.cpp's CPU backend
+        runs when it writes iq4_nl KV-cache rows: one least-squares scale from the first pass, and the
+        indices of that pass kept. For an all-(near-)zero block C leaves the indices unwritten (stale
+        stack memory); we write index 8 there (the block decodes to zeros either way).
+        """
         from .formats_ggml import refuse_nonfinite
 
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -72,6 +109,8 @@ class IQ4NL:
             mx = x[np.arange(n), imax]
             live = amax >= GROUP_MAX_EPS
 
+            if not search:
+                return _quantize_no_search(x, w, mx, live)
             d = -mx / _KV_F32[0]
             id_ = np.float32(1) / d
             sumqx, sumq2 = _sums(id_, x, w)
@@ -86,15 +125,7 @@ class IQ4NL:
             d = np.where(live, d, np.float32(0)).astype(np.float32)
             inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
             L = best_index(inv[:, None] * x)
-        out = np.empty((n, 18), dtype=np.uint8)
-        with np.errstate(over="ignore", invalid="ignore"):
-            h = d.astype("<f2").view("<u2")
-        # A NaN scale (only from overflowing arithmetic on huge finite input) is stored as x86-64's
-        # negative default NaN, 0xfe00, whatever NaN sign this CPU produced.
-        h = np.where(np.isnan(d), np.uint16(0xFE00), h).astype("<u2")
-        out[:, :2] = h.view(np.uint8).reshape(n, 2)
-        out[:, 2:] = L[:, :16] | (L[:, 16:] << 4)
-        return out
+        return _pack(d, L)
 
     @staticmethod
     def dequantize_blocks(b: np.ndarray) -> np.ndarray:
