@@ -29,12 +29,12 @@ import numpy as np
 from tqbridge.bridge import dequantize, get_format, quantize
 from tqbridge.bridge.llama_state import LayerKV, LlamaState, parse_state
 
-# Formats whose same-inputs check is known to fail, with the measured reason.
-KNOWN_DIFFERENCES = {
-    "iq4_nl": ("llama.cpp writes iq4_nl cache rows with ggml's quantize_row_iq4_nl_ref (the type's "
-               "from_float_ref, no scale search); tqbridge's iq4_nl reproduces ggml_quantize_chunk "
-               "(scale search), so about a third of the blocks differ."),
-}
+# Formats whose same-inputs check is known to fail, with the measured reason (none at present).
+KNOWN_DIFFERENCES: dict[str, str] = {}
+
+# Quantizer options that reproduce what llama.cpp's CPU backend writes into its cache: iq4_nl rows
+# go through quantize_row_iq4_nl_ref (no scale search), not ggml_quantize_chunk's quantizer.
+CACHE_QUANTIZE_OPTIONS = {"iq4_nl": {"search": False}}
 
 
 def _rotated(x: np.ndarray, fmt, side: str) -> np.ndarray:
@@ -84,7 +84,7 @@ def same_input_check(f32_state: LlamaState, q_state: LlamaState, head_dim: int, 
         x = src.view("<f4").reshape(src.shape[0], -1, head_dim)
         if rotation:
             x = _rotated(x, fmt, what)
-        ours = quantize(fmt, x).reshape(dst.shape)
+        ours = quantize(fmt, x, **CACHE_QUANTIZE_OPTIONS.get(fmt.key, {})).reshape(dst.shape)
         out[what] = block_diff(ours, dst, fmt, head_dim)
     return out
 

@@ -235,14 +235,17 @@ def cache_states(f32_model):
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("spec", ["q8_0/q4_0", "q4_1/q5_0", "q5_1/f16"])
+@pytest.mark.parametrize("spec", ["q8_0/q4_0", "q4_1/q5_0", "q5_1/f16", "f16/iq4_nl"])
 def test_cache_same_inputs_byte_identical(cache_states, spec):
     """Layer 0: tqbridge quantizing llama.cpp's own float K/V reproduces its cache bytes."""
     from tqbridge.parity.level_cache import same_input_check
 
     s = same_input_check(cache_states["f32"], cache_states[spec], HEAD_DIM)
     assert s["k"]["identical"] and s["v"]["identical"], s
-    assert s["k"]["blocks"] == len(cache_states["tokens"]) * N_KV_HEADS * HEAD_DIM // 32
+    from tqbridge.bridge import get_format
+
+    k_block = get_format(spec.split("/")[0]).block_size
+    assert s["k"]["blocks"] == len(cache_states["tokens"]) * N_KV_HEADS * HEAD_DIM // k_block
 
 
 @pytest.mark.model
@@ -267,7 +270,8 @@ def test_cache_same_inputs_with_llama_rotation(cache_states, f32_model):
 @pytest.mark.model
 def test_iq4_nl_cache_uses_ggml_reference_quantizer(cache_states):
     """llama.cpp writes iq4_nl cache rows with ggml's quantize_row_iq4_nl_ref (the type's
-    from_float_ref), not with ggml_quantize_chunk's scale search, which tqbridge's iq4_nl matches."""
+    from_float_ref), not with ggml_quantize_chunk's scale search; tqbridge has both
+    (``quantize("iq4_nl", x, search=False)`` is the cache's)."""
     import ctypes
 
     from tqbridge.bridge import ggml_c, quantize
@@ -279,6 +283,7 @@ def test_iq4_nl_cache_uses_ggml_reference_quantizer(cache_states):
     ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(traits.from_float_ref)(
         v32.ctypes.data, ref.ctypes.data, v32.size)
     assert np.array_equal(ref, cache_v)
+    assert np.array_equal(quantize("iq4_nl", v32, search=False), cache_v.reshape(-1, 18 * HEAD_DIM // 32))
     ours = quantize("iq4_nl", v32)
     assert np.array_equal(ours, ggml_c.c_quantize("iq4_nl", v32))
     share = float((ours.reshape(-1, 18) != cache_v.reshape(-1, 18)).any(axis=1).mean())
