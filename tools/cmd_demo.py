@@ -16,6 +16,6 @@ def run(args) -> int:
 
     parity_args = argparse.Namespace(model="smollm2", kv=None, tokens=args.tokens, exact_weights=True,
                                      no_rotation=False, json=args.json, markdown=args.markdown,
-                                     plot=None, quiet=False)
+                                     plot=None, quiet=False, levels=",".join(cmd_parity.DEFAULT_LEVELS))
     cmd = f"tqbridge parity smollm2 --exact-weights --tokens {args.tokens}"
     return cmd_parity.run(parity_args, command=cmd)

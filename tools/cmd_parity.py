@@ -1,4 +1,10 @@
-"""``tqbridge parity MODEL.gguf [--kv K/V ...] [--tokens N] [--exact-weights] [--json OUT] [--markdown OUT]``."""
+"""``tqbridge parity MODEL.gguf [--kv K/V ...] [--levels L,...] [--tokens N] [--exact-weights] [--json OUT]``.
+
+Levels: ``blocks`` (same rows through ggml's C and every tqbridge path), ``attention`` (our decode
+kernel vs ggml's ``flash_attn_ext`` vs a float64 oracle), ``logits`` (per-position KL between the
+runtimes), ``cache`` (llama.cpp's cache bytes vs tqbridge's; F32 weights) and ``transplant`` (a
+prompt prefilled in llama.cpp, decoded in MLX, and back). ``all`` runs every level.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,19 @@ import shlex
 import sys
 
 from tqbridge.tools.cli import CliError
+
+LEVELS = ("blocks", "attention", "logits", "cache", "transplant")
+DEFAULT_LEVELS = ("blocks", "attention", "logits")
+
+
+def parse_levels(spec: str) -> list[str]:
+    names = [x.strip().lower() for x in spec.split(",") if x.strip()]
+    if names == ["all"]:
+        return list(LEVELS)
+    bad = [n for n in names if n not in LEVELS]
+    if bad or not names:
+        raise CliError(f"unknown level(s) {', '.join(bad) or '(none)'}; choose from {', '.join(LEVELS)} or 'all'")
+    return [n for n in LEVELS if n in names]
 
 
 def add_arguments(p) -> None:
@@ -18,6 +37,8 @@ def add_arguments(p) -> None:
     p.add_argument("--no-rotation", action="store_true",
                    help="turn off the Hadamard rotation of quantized K/V rows in both runtimes "
                         "(llama.cpp rotates by default; tqbridge's cache follows)")
+    p.add_argument("--levels", default=",".join(DEFAULT_LEVELS),
+                   help=f"comma-separated levels from {', '.join(LEVELS)}, or 'all' (default: %(default)s)")
     p.add_argument("--json", metavar="OUT", help="write the full report as JSON")
     p.add_argument("--markdown", metavar="OUT", help="write the summary as Markdown")
     p.add_argument("--plot", metavar="OUT.png", help="plot per-position KL (needs matplotlib)")
@@ -54,7 +75,16 @@ def run(args, command: "str | None" = None) -> int:
         for f in (kv.k, kv.v):
             if f not in LLAMA_KV_TYPES:
                 raise CliError(f"K/V {spec}: llama.cpp has no cache type {f!r} (has: {', '.join(LLAMA_KV_TYPES)})")
+    levels = parse_levels(args.levels)
     say = progress_printer(args.quiet)
+    extra = run_other_levels(path, kv_list, levels, args, say)
+    if "logits" not in levels:
+        report = {"tool": "tqbridge parity", "versions": versions(), "levels": levels, **extra,
+                  "passed": all(v.get("passed", True) for v in extra.values())}
+        print(f"{'all claims hold' if report['passed'] else 'a parity claim FAILED'}")
+        if args.json:
+            write_json(args.json, report)
+        return 0 if report["passed"] else 1
     try:
         res = run_logits(path, kv_list, n_tokens=args.tokens, exact_weights=args.exact_weights,
                          rotation=not args.no_rotation, progress=say)
@@ -62,11 +92,13 @@ def run(args, command: "str | None" = None) -> int:
         raise CliError(str(e)) from e
     if not args.quiet and sys.stderr.isatty():
         sys.stderr.write("\r\033[K")
+    passed = res.passed and all(v.get("passed", True) for v in extra.values())
     report = {"tool": "tqbridge parity", "command": command or "tqbridge " + " ".join(map(shlex.quote, sys.argv[1:])),
-              "versions": versions(), "info": res.info, "logits": res.rows, "passed": res.passed}
-    print(f"{res.info['model']} ({res.info['weights']}), {res.tokens} tokens of {res.info['text']}:")
+              "versions": versions(), "levels": levels, "info": res.info, "logits": res.rows, **extra,
+              "passed": passed}
+    print(f"logits: {res.info['model']} ({res.info['weights']}), {res.tokens} tokens of {res.info['text']}:")
     print(text_table(res.rows))
-    print(f"{'all claims hold' if res.passed else 'a parity claim FAILED'} ({res.info['seconds']} s)")
+    print(f"{'all claims hold' if passed else 'a parity claim FAILED'} ({res.info['seconds']} s for the logits level)")
     if args.json:
         write_json(args.json, report)
     if args.markdown:
@@ -74,3 +106,53 @@ def run(args, command: "str | None" = None) -> int:
     if args.plot and plot_kl(args.plot, report) is None:
         print("note: --plot needs matplotlib (pip install 'tqbridge[plot]')", file=sys.stderr)
     return 0 if res.passed else 1
+
+
+def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say) -> dict:
+    """Levels other than logits, each printed as it finishes; returns {level: JSON-ready dict}."""
+    from tqbridge.parity.runtimes import KV
+
+    out: dict = {}
+    if "blocks" in levels:
+        from tqbridge.parity.level_blocks import run_blocks_level, summary_lines
+
+        say("blocks: ggml's C vs numpy, MLX and the append kernel")
+        out["blocks"] = run_blocks_level()
+        print(f"blocks: {'identical' if out['blocks']['passed'] else 'DIFFER'}")
+        print("\n".join("  " + line for line in summary_lines(out["blocks"])))
+    if "attention" in levels:
+        from tqbridge.parity.level_attention import run_attention_level
+
+        say("attention: our decode kernel vs ggml's flash_attn_ext vs float64")
+        pairs = [KV.parse(s).k + "/" + KV.parse(s).v for s in kv_list]
+        out["attention"] = rep = run_attention_level(pairs)
+        print(f"attention: {'no worse than ggml' if rep['passed'] else 'WORSE than ggml'} on {len(rep['cases'])} cases")
+    if "cache" in levels or "transplant" in levels:
+        from tqbridge.bridge.gguf_f32 import cached_f32_gguf
+        from tqbridge.parity.level_logits import parity_text
+        from tqbridge.parity.runtimes import LlamaCppRuntime
+
+        say("exact weights for the cache levels: F32 copy (cached)")
+        f32 = cached_f32_gguf(path)
+        tokens = LlamaCppRuntime(f32).tokenize(parity_text()[0])[: args.tokens]
+        rotation = not args.no_rotation
+        if "cache" in levels:
+            from tqbridge.parity.level_cache import run_cache_level, summary_lines as cache_lines
+
+            say("cache: llama.cpp's cache bytes vs tqbridge's")
+            quantized = [s for s in kv_list if not KV.parse(s).is_float] or ["q8_0"]
+            out["cache"] = rep = run_cache_level(str(f32), tokens, quantized, rotation=False,
+                                                 runtimes=quantized[:1])
+            print(f"cache: layer-0 bytes {'identical' if rep['passed'] else 'DIFFER'}")
+            print("\n".join("  " + line for line in cache_lines(rep)))
+        if "transplant" in levels:
+            from tqbridge.parity.transplant import run_transplant
+
+            say("transplant: llama.cpp prefill -> MLX decode, and back")
+            n_new = 16
+            rep = run_transplant(str(f32), tokens[:64], "f16", n_new=n_new, rotation=rotation)
+            rep["passed"] = rep["forward_agree"] == n_new
+            out["transplant"] = rep
+            print(f"transplant (f16): {rep['forward_agree']}/{n_new} greedy tokens agree llama.cpp -> MLX, "
+                  f"{rep.get('reverse_agree', '-')}/{n_new} MLX -> llama.cpp")
+    return out

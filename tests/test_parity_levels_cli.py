@@ -1,0 +1,29 @@
+"""`tqbridge parity --levels`: the cheap levels end to end through the command line."""
+
+import json
+
+import pytest
+
+from tqbridge.tools.cli import main
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+
+
+def test_blocks_and_attention_levels_write_json(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    rc = main(["parity", "smollm2", "--levels", "blocks,attention", "--kv", "q8_0/q4_0", "--quiet",
+               "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 0 and report["passed"] is True
+    assert report["levels"] == ["blocks", "attention"] and "logits" not in report
+    formats = {e["format"] for e in report["blocks"]["formats"]}
+    assert {"q8_0", "q4_0", "iq4_nl"} <= formats
+    assert all(all(e["equal"].values()) and "kernel:cpu-emulator" in e["equal"] for e in report["blocks"]["formats"])
+    assert report["attention"]["cases"] and report["attention"]["passed"] is True
+    assert "blocks: identical" in capsys.readouterr().out
+
+
+def test_unknown_level_is_a_one_line_error(capsys):
+    assert main(["parity", "smollm2", "--levels", "blocks,nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown level(s) nope" in err[0]
