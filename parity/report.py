@@ -93,6 +93,35 @@ def plot_kl(path, report: dict) -> "Path | None":
     ax.set_ylabel("KL(llama.cpp || MLX)")
     ax.set_title(f"{report['info']['model']}: {report['info']['weights']}")
     ax.legend(fontsize=7, ncol=3)
+    return _save(fig, plt, path)
+
+
+def plot_cache_layers(path, report: dict) -> "Path | None":
+    """Per-layer share of cache blocks that differ between llama.cpp and tqbridge (PNG), from the
+    cache level's runtime comparison; None without matplotlib or without that comparison."""
+    entries = [e for e in report.get("cache", {}).get("kv", []) if "layers" in e]
+    if not entries:
+        return None
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for e in entries:
+        for side, style in (("k", "-"), ("v", "--")):
+            ax.plot([L[side]["share_blocks"] for L in e["layers"]], style, marker=".", lw=0.9,
+                    label=f"{e['kv']} {side.upper()}")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("share of blocks differing")
+    ax.set_ylim(0, 1)
+    ax.set_title("KV cache: llama.cpp vs tqbridge after the same prompt")
+    ax.legend(fontsize=7)
+    return _save(fig, plt, path)
+
+
+def _save(fig, plt, path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

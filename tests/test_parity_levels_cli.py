@@ -27,3 +27,13 @@ def test_unknown_level_is_a_one_line_error(capsys):
     assert main(["parity", "smollm2", "--levels", "blocks,nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown level(s) nope" in err[0]
+
+
+def test_cache_plot_from_a_cache_report(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    from tqbridge.parity.report import plot_cache_layers
+
+    layers = [{"k": {"share_blocks": s}, "v": {"share_blocks": s / 2}} for s in (0.0, 0.3, 0.9)]
+    png = plot_cache_layers(tmp_path / "c.png", {"cache": {"kv": [{"kv": "q8_0/q4_0", "layers": layers}]}})
+    assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_cache_layers(tmp_path / "none.png", {"cache": {"kv": [{"kv": "q8_0"}]}}) is None

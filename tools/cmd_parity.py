@@ -57,7 +57,7 @@ def run(args, command: "str | None" = None) -> int:
     from tqbridge.bridge.gguf_model import GGUFModelError
     from tqbridge.parity.level_logits import DEFAULT_KV, run_logits
     from tqbridge.parity.models import ModelUnavailable, model_path
-    from tqbridge.parity.report import markdown, plot_kl, text_table, versions, write_atomic, write_json
+    from tqbridge.parity.report import markdown, text_table, versions, write_atomic, write_json
     from tqbridge.parity.runtimes import KV, LLAMA_KV_TYPES
 
     try:
@@ -84,6 +84,8 @@ def run(args, command: "str | None" = None) -> int:
         print(f"{'all claims hold' if report['passed'] else 'a parity claim FAILED'}")
         if args.json:
             write_json(args.json, report)
+        if args.plot:
+            write_plots(args.plot, report)
         return 0 if report["passed"] else 1
     try:
         res = run_logits(path, kv_list, n_tokens=args.tokens, exact_weights=args.exact_weights,
@@ -103,9 +105,28 @@ def run(args, command: "str | None" = None) -> int:
         write_json(args.json, report)
     if args.markdown:
         write_atomic(args.markdown, markdown(report))
-    if args.plot and plot_kl(args.plot, report) is None:
-        print("note: --plot needs matplotlib (pip install 'tqbridge[plot]')", file=sys.stderr)
+    if args.plot:
+        write_plots(args.plot, report)
     return 0 if res.passed else 1
+
+
+def write_plots(path: str, report: dict) -> None:
+    """OUT.png: per-position KL (logits level); OUT-cache.png: per-layer cache agreement (cache level)."""
+    from pathlib import Path
+
+    from tqbridge.parity.report import plot_cache_layers, plot_kl
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("note: --plot needs matplotlib (pip install 'tqbridge[plot]')", file=sys.stderr)
+        return
+    p = Path(path)
+    if "logits" in report and plot_kl(p, report):
+        print(f"wrote {p}")
+    cache_png = p.with_name(p.stem + "-cache" + p.suffix)
+    if "cache" in report and plot_cache_layers(cache_png, report):
+        print(f"wrote {cache_png}")
 
 
 def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say) -> dict:
