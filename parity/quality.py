@@ -205,7 +205,7 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
     ax.set_yscale("log")
     ax.set_xlabel("cache bits per value (measured from live arrays)")
     ax.set_ylabel("mean KL vs f16 cache (nats)")
-    ax.set_title(title or "KV cache quality")
+    ax.set_title(title or "KV cache quality", fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
