@@ -179,6 +179,10 @@ def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sin
     out_dtype = qm.dtype
     b, hq, hkv, t, d, g = prob.batch, prob.q_heads, prob.kv_heads, prob.rows, prob.head_dim, prob.group
     l_used = max(prob.lengths)
+    if l_used == 0:  # no visible key anywhere: zeros, as the kernel returns (the sinks alone get all weight)
+        o = mx.zeros(tuple(qm.shape), out_dtype)
+        attention.LAST_RUN.update(backend="reference", dispatches=0)
+        return _np(o).astype(np.asarray(q).dtype, copy=False) if was_numpy else o
     k = _mlx_cache(prob.k_format, k_blocks, prob.k_dim, l_used, d)       # (B, Hkv, L, D)
     v = _mlx_cache(prob.v_format, v_blocks, prob.v_dim, l_used, d)
     qq = qm.astype(mx.float32).reshape(b, hkv, g * t, d)                 # rows ordered (head, t)

@@ -146,3 +146,17 @@ def test_repeated_signature_still_checks_the_length():
         decode_attention(q, kb, vb, backend="reference", length=9, **a)
     with pytest.raises(AttentionError, match="outside 0..8"):
         decode_attention(q, kb, vb, backend="reference", length=-1, **a)
+
+
+def test_zero_length_gives_zeros_on_every_path():
+    """Regression: the reference path raised on an empty cache while the kernel returned zeros."""
+    from tqbridge import bridge
+    from tqbridge.metal import decode_attention
+
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((2, 4, 64)).astype(np.float32)
+    kb = bridge.quantize("q8_0", rng.standard_normal((2, 2, 8, 64)).astype(np.float32))
+    vb = bridge.quantize("q4_0", rng.standard_normal((2, 2, 8, 64)).astype(np.float32))
+    for backend in ("reference", "cpu-emulator"):
+        o = decode_attention(q, kb, vb, k_format="q8_0", v_format="q4_0", length=0, backend=backend)
+        assert o.shape == q.shape and not np.any(o), backend
