@@ -26,7 +26,9 @@ FORMATS = [f for f in _WANTED if f in formats() or f.split("@")[0] in formats()]
 TURBO_FETCH_RTOL = 1e-5
 TURBO_FETCH_ATOL = 1e-6
 # Same float math in two shapes (one chunk vs many; mx.fast SDPA vs masked SDPA): float32 rounding.
-LOGIT_ATOL = 1e-4
+# On MLX's CUDA backend the two attention paths differ more (measured up to 1.0e-3 on the H200,
+# kernel vs dequantize + SDPA, tiny random model): the GPU bound keeps a 3x margin over that.
+LOGIT_ATOL = 3e-3 if mx.default_device() == mx.gpu else 1e-4
 
 
 def _fmt_key(name):
