@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from .atomic import atomic_output
 from .gguf_model import GGUFModelError
 
 # gguf-py's LlamaFileType value for "all F32" (llama.h: LLAMA_FTYPE_ALL_F32 = 0).
@@ -49,10 +49,7 @@ def write_f32_gguf(src: "str | os.PathLike[str]", dst: "str | os.PathLike[str]")
     except Exception as e:
         raise GGUFModelError(f"{src}: not a readable GGUF file ({e})") from e
     arch = reader.fields["general.architecture"].contents()
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    os.close(fd)
-    try:
+    with atomic_output(dst) as tmp:
         writer = gguf.GGUFWriter(tmp, arch)
         for key, fld in reader.fields.items():
             if key.startswith("GGUF.") or key == "general.architecture":
@@ -77,11 +74,6 @@ def write_f32_gguf(src: "str | os.PathLike[str]", dst: "str | os.PathLike[str]")
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        os.replace(tmp, dst)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     return dst
 
 

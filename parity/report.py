@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import os
 import platform
-import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from tqbridge.bridge.atomic import atomic_output, write_atomic
 
 
 def versions() -> dict:
@@ -55,22 +56,6 @@ def markdown(report: dict) -> str:
     out += ["| " + " | ".join(b) + " |" for b in body]
     out += ["", "Claims: " + "; ".join(sorted({f"{r['kv']}: {r['claim']}" for r in report["logits"]})), ""]
     return "\n".join(out)
-
-
-def write_atomic(path: "str | os.PathLike[str]", text: str) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 def write_json(path, report: dict) -> Path:
@@ -123,12 +108,7 @@ def plot_cache_layers(path, report: dict) -> "Path | None":
 
 def _save(fig, plt, path) -> Path:
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    fig.savefig(tmp, dpi=110)
+    with atomic_output(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-    return path
+    return Path(path)

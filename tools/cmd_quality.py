@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 
 from .cli import CliError
 from .cmd_generate import resolve_model
@@ -32,11 +31,9 @@ def add_arguments(p) -> None:
 
 
 def _write_atomic(path: str, data: "str | bytes") -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
-    with os.fdopen(fd, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
+    from tqbridge.bridge.atomic import write_atomic
+
+    write_atomic(path, data)
 
 
 def run(args) -> int:
