@@ -19,9 +19,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("cmd_generate", "generate text from a GGUF model through the tqbridge KV cache"),
     "quality": ("cmd_quality", "KL and top-1 of K/V cache formats vs the f16 cache, with bytes per token"),
     "convert": ("cmd_convert", "GGUF -> mlx-lm model directory, or GGUF with every tensor in F32"),
-    "parity": ("cmd_parity", "llama.cpp vs MLX on the same GGUF: logits KL, top-1, max |delta|"),
+    "parity": ("cmd_parity", "llama.cpp vs MLX on the same GGUF: blocks, attention, logits, cache, KV transplant"),
     "bench": ("cmd_bench", "time the fused decode-attention kernel against MLX's attention paths (GPU)"),
-    "demo": ("cmd_demo", "the parity table on SmolLM2-135M with a default KV matrix"),
+    "demo": ("cmd_demo", "parity (blocks, attention, logits) on SmolLM2-135M with a default KV matrix"),
     "fuzz": ("cmd_fuzz", "hypothesis campaign against tqbridge's kernels or your own (module:function)"),
 }
 
@@ -31,7 +31,10 @@ class CliError(Exception):
 
 
 def main(argv: "list[str] | None" = None) -> int:
-    parser = argparse.ArgumentParser(prog="tqbridge", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="tqbridge",
+        description="Byte-exact KV-cache block formats, fused decode-attention kernels, and parity checks "
+                    "between llama.cpp and MLX.")
     from importlib.metadata import PackageNotFoundError, version
 
     try:
