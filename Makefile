@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.tqbridge-installed
 EXTRAS ?= all,models
 
-.PHONY: demo test venv clean-venv
+.PHONY: demo test fuzz bench venv clean-venv
 
 venv: $(STAMP)
 
@@ -23,6 +23,14 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+
+# A 10-minute hypothesis campaign against the decode-attention kernel on the CPU emulator.
+fuzz: $(STAMP)
+	$(BIN)/tqbridge fuzz decode-attention --backend cpu-emulator --minutes 10 --jobs 2
+
+# The attention benchmark (needs MLX on a GPU: CUDA or Metal).
+bench: $(STAMP)
+	$(BIN)/tqbridge bench attention --layers 16 --repeats 5 --json bench.json
 
 clean-venv:
 	rm -rf $(VENV)
