@@ -91,7 +91,8 @@ class AttentionProblem:
                 f"L_max={lmax}, length={self.length!r}, values={self.values!r}{opts})")
 
 
-def _values(rng, kind: str, shape, scale: float) -> np.ndarray:
+def value_rows(rng, kind: str, shape, scale: float = 1.0) -> np.ndarray:
+    """float32 K/V rows (B, H, L, D) of one value family (``VALUE_KINDS``; anything else: normal × scale)."""
     if kind == "zeros":
         x = np.zeros(shape)
     elif kind == "tiny":
@@ -126,8 +127,8 @@ def _problems(draw, *, kfs, vfs, min_batch, max_batch, min_kv_heads, max_kv_head
     kind = draw(st.sampled_from(values))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     kscale, vscale = (float(np.exp2(draw(st.integers(-4, 4)))) for _ in range(2))
-    k = _values(rng, kind, (b, hkv, lmax, d), kscale)
-    v = _values(rng, kind, (b, hkv, lmax, d), vscale)
+    k = value_rows(rng, kind, (b, hkv, lmax, d), kscale)
+    v = value_rows(rng, kind, (b, hkv, lmax, d), vscale)
     qshape = (b, hkv * g, d) if t == 1 and draw(st.booleans()) else (b, hkv * g, t, d)
     q = rng.standard_normal(qshape).astype(draw(st.sampled_from(q_dtypes)))
     window = draw(st.integers(1, lmax + 2)) if windows and draw(st.booleans()) else None

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from tqbridge import bridge
 from tqbridge.bridge.padding import pad_rows
+from tqbridge.parity.strategies_attention import value_rows
 from tqbridge.metal import attention_kernel
 from tqbridge.metal.attention import AttentionError, check_problem, decode_attention, last_run
 from tqbridge.metal.attention_ref import oracle
@@ -40,20 +41,7 @@ HEAD_DIMS = [64, 80, 96, 128, 192, 256]
 
 
 def _cache(rng, fmt, shape, kind="normal", scale=1.0):
-    if kind == "normal":
-        x = rng.standard_normal(shape) * scale
-    elif kind == "zeros":
-        x = np.zeros(shape)
-    elif kind == "tiny":
-        x = rng.standard_normal(shape) * 1e-6
-    elif kind == "huge":
-        x = rng.standard_normal(shape) * 3e3
-    elif kind == "constant":
-        x = np.ones(shape) * scale
-    else:  # "spike": one position dominates every score
-        x = rng.standard_normal(shape) * 0.1
-        x[:, :, shape[2] // 2] *= 400
-    x = x.astype(np.float32)
+    x = value_rows(rng, kind, shape, scale)
     return bridge.quantize(fmt, pad_rows(fmt, x))
 
 
