@@ -28,6 +28,7 @@ MAX_QUERY_ROWS = 4          # speculative decoding: at most 4 new query rows per
 BACKENDS = ("auto", "reference", "kernel", "cpu-emulator", "cuda", "metal")
 LAST_RUN: dict = {}         # what the most recent call ran: backend, dispatches, splits
 _CHECKED: dict = {}         # call signature -> validated Problem
+FAST_CALLS: dict = {}       # call signature + length + backend + options -> prepared GPU launch
 
 
 class AttentionError(ValueError):
@@ -183,6 +184,14 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
         key = (tuple(q.shape), str(q.dtype), tuple(k_blocks.shape), str(k_blocks.dtype), tuple(v_blocks.shape),
                str(v_blocks.dtype), k_format, v_format, scale, window, softcap,
                None if sinks is None else tuple(sinks.shape))
+    fast_key = None
+    if key is not None:
+        # a decoding loop repeats the same call on a GPU: one lookup, then the two launches
+        fast_key = (key, length, backend, tuple(sorted(options.items())) if options else ())
+        fast = FAST_CALLS.get(fast_key)
+        if (fast is not None and type(q) is fast.q_type and type(k_blocks) is fast.q_type
+                and type(v_blocks) is fast.q_type and (sinks is None or type(sinks) is fast.q_type)):
+            return fast(q, k_blocks, v_blocks, sinks)
     base = _CHECKED.get(key) if key is not None else None
     if base is not None and 0 <= length <= base.l_max:
         prob = dataclasses.replace(base, lengths=(length,) * base.batch)
@@ -201,7 +210,16 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
         return reference_attention(q, k_blocks, v_blocks, prob, sinks)
     from .attention_kernel import kernel_attention
 
-    return kernel_attention(q, k_blocks, v_blocks, prob, sinks, backend=backend, **options)
+    out = kernel_attention(q, k_blocks, v_blocks, prob, sinks, backend=backend, **options)
+    if fast_key is not None:
+        from .attention_kernel import fast_call
+
+        fast = fast_call(q, prob, backend, sinks is not None, options)
+        if fast is not None:
+            if len(FAST_CALLS) > 4096:
+                FAST_CALLS.clear()
+            FAST_CALLS[fast_key] = fast
+    return out
 
 
 def last_run() -> dict:

@@ -23,16 +23,22 @@
 #define TQA_NEG_BIG (-3.0e38f)
 
 // q and the output travel in q's element type: float32, or fp16 / bf16 bits (TQA_QTYPE 0 / 1 / 2)
+// (the buffers arrive typed as the caller's arrays: TQA_Q / TQA_OUT view them as TQA_QT elements)
 #if TQA_QTYPE == 1
-#define TQA_QLOAD(x) tq_f16_bits_to_f32(x)
+#define TQA_QT ushort
+#define TQA_QLOAD(x) tq_half_to_float(x)
 #define TQA_QSTORE(x) tq_f32_to_f16_bits(x)
 #elif TQA_QTYPE == 2
+#define TQA_QT ushort
 #define TQA_QLOAD(x) tq_bf16_bits_to_f32(x)
 #define TQA_QSTORE(x) tq_f32_to_bf16_bits(x)
 #else
+#define TQA_QT float
 #define TQA_QLOAD(x) (x)
 #define TQA_QSTORE(x) (x)
 #endif
+#define TQA_Q(p) ((TQ_CONST_DEVICE TQA_QT*)(p))
+#define TQA_OUT(p) ((TQ_DEVICE TQA_QT*)(p))
 
 struct tqa_f4 { float v[4]; };
 // 4 floats on a 16-byte boundary: one wide load from threadgroup memory on the GPUs (the
@@ -55,19 +61,8 @@ TQ_FUNC uint tqa_u16(TQ_SHARED const uchar* p, int off) {
 
 TQ_FUNC uint tqa_u32(TQ_SHARED const uchar* p, int off) { return tqa_u16(p, off) | (tqa_u16(p, off + 2) << 16); }
 
-// binary16 bits -> float32, exact, without a loop: normals by re-biasing the exponent, subnormals
-// as an exact integer times 2^-24, inf / NaN by bits.
-TQ_FUNC float tqa_half_bits(uint h) {
-    const uint sign = (h & 0x8000u) << 16;
-    const uint e = h & 0x7c00u;
-    float mag;
-    if (e == 0u) mag = (float)(h & 0x3ffu) * 5.9604644775390625e-8f;
-    else if (e == 0x7c00u) mag = tq_as_float(0x7f800000u | ((h & 0x3ffu) << 13));
-    else mag = tq_as_float(((h & 0x7fffu) << 13) + (112u << 23));
-    return tq_as_float(tq_as_uint(mag) | sign);
-}
-
-TQ_FUNC float tqa_half(TQ_SHARED const uchar* p, int off) { return tqa_half_bits(tqa_u16(p, off)); }
+// fp16 fields: the backend's exact binary16 -> float32 conversion (tq_half_to_float).
+TQ_FUNC float tqa_half(TQ_SHARED const uchar* p, int off) { return tq_half_to_float(tqa_u16(p, off)); }
 
 // 4 consecutive values starting at index j (a multiple of 4) of the block at `p`, for the block
 // formats (not f32 / f16 / bf16). d (and m for q4_1 / q5_1) are the block's decoded fp16 fields,

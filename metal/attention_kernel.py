@@ -31,8 +31,9 @@ TARGET_GROUPS_GPU = 1056     # pass-1 threadgroups to aim for on a GPU (H200: 13
 EMU_SPLIT_KEYS = 256         # on the emulator: about this many keys per split
 TILE_BYTES = 16384           # K + V bytes staged per tile in threadgroup memory
 SHARED_BYTES = 32768         # threadgroup memory of one threadgroup (Metal's limit, the emulator's too)
-TARGET_GROUPS_V2 = 396       # v2 pass-1 threadgroups to aim for on a GPU (H200: 132 SMs x 3)
-V2_MIN_TILES = 2             # v2 on a GPU: at least this many tiles per split
+TARGET_GROUPS_V2 = 1320      # v2 pass-1 threadgroups to aim for on a GPU (H200: 132 SMs x 5 resident, 2 waves)
+FILL_GROUPS_V2 = 660         # below this many tiles in flight, v2 takes smaller threadgroups (132 SMs x 5)
+V2_MIN_TILES = 1             # v2 on a GPU: at least this many tiles per split
 V2_MIN_TILE = 2              # v2 needs room for at least this many keys per tile, else v1 runs
 KERNELS = ("v1", "v2")
 
@@ -200,11 +201,17 @@ def _make_plan_v2(prob: Problem, backend: str, splits, warps, tile, dyn: bool, r
                                  + (f" with tile={tile}" if tile else ""))
         return None
     l_used = max(max(prob.lengths), 1)
+    heads = prob.batch * prob.kv_heads
+    if backend != "cpu-emulator" and warps is None and tile is None:
+        # short contexts: smaller threadgroups (fewer keys per tile) so that the grid still fills the GPU
+        while nw > 1 and heads * -(-l_used // tl) < FILL_GROUPS_V2:
+            nw //= 2
+            tl = _v2_tile(prob, nw, dyn, None)
     if splits is None:
         if backend == "cpu-emulator":
             splits = -(-l_used // EMU_SPLIT_KEYS)
         else:
-            splits = max(1, min(-(-l_used // (V2_MIN_TILES * tl)), TARGET_GROUPS_V2 // (prob.batch * prob.kv_heads)))
+            splits = max(1, min(-(-l_used // (V2_MIN_TILES * tl)), TARGET_GROUPS_V2 // heads))
     splits = int(splits)
     if splits < 1:
         raise AttentionError(f"splits must be positive, got {splits}")
@@ -408,14 +415,13 @@ def _mlx_call(prob: Problem, plan: Plan, qtype: int, backend: str, has_sinks: bo
     return k1, k2, fp1, tabs, zero_sinks, ip1, ip2
 
 
-def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: str):
+def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: str, shape: tuple):
+    """The two launches; q and the output keep q's dtype (the kernels view fp16 / bf16 as bits)."""
     import mlx.core as mx
 
     k1, k2, fp1, tabs, zero_sinks, ip1, ip2 = _mlx_call(prob, plan, qtype, backend, sinks is not None)
     np_ = plan.partials
     qm = q if isinstance(q, mx.array) else mx.array(_np(q))
-    if qtype:
-        qm = mx.view(qm, mx.uint16)
     kbm = kb if isinstance(kb, mx.array) else mx.array(np.ascontiguousarray(_np(kb)))
     vbm = vb if isinstance(vb, mx.array) else mx.array(np.ascontiguousarray(_np(vb)))
     rows = prob.batch * prob.q_heads * prob.rows
@@ -427,11 +433,8 @@ def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: s
         sk = zero_sinks
     else:
         sk = (sinks if isinstance(sinks, mx.array) else mx.array(_np(sinks))).astype(mx.float32).reshape(-1)
-    (out,) = _launch(k2, inputs=[po, pml, ip2, sk, tabs], output_shapes=[(rows, prob.head_dim)],
-                     output_dtypes=[mx.uint16 if qtype else mx.float32], grid=(rows * COMBINE_THREADS, 1, 1),
-                     threadgroup=(COMBINE_THREADS, 1, 1))
-    if qtype:
-        out = mx.view(out, mx.float16 if qtype == 1 else mx.bfloat16)
+    (out,) = _launch(k2, inputs=[po, pml, ip2, sk, tabs], output_shapes=[shape], output_dtypes=[qm.dtype],
+                     grid=(rows * COMBINE_THREADS, 1, 1), threadgroup=(COMBINE_THREADS, 1, 1))
     return out
 
 
@@ -464,7 +467,7 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
 
             out = mx.array(out) if qtype != 2 else mx.view(mx.array(out), mx.bfloat16)
     else:
-        out = _run_mlx(q, k_blocks, v_blocks, prob, sinks, plan, qtype, bk).reshape(shape)
+        out = _run_mlx(q, k_blocks, v_blocks, prob, sinks, plan, qtype, bk, shape)
         if not _is_mlx(q):
             import mlx.core as mx
 
@@ -475,6 +478,52 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
                               lanes_per_key=plan.lanes_per_key, warps=plan.warps, tile=plan.tile,
                               chain=plan.chain(max(prob.lengths)))
     return out
+
+
+class _FastCall:
+    """A prepared GPU launch pair for one call signature and length (what a decoding loop repeats)."""
+
+    __slots__ = ("k1", "k2", "fp1", "tabs", "zero_sinks", "ip1", "ip2", "out1", "out2", "grid1", "tg1",
+                 "shape", "grid2", "info", "q_type")
+
+    def __call__(self, q, kb, vb, sinks):
+        import mlx.core as mx
+
+        po, pml = self.k1(inputs=[q, kb, vb, self.ip1, self.fp1, self.tabs], output_shapes=self.out1,
+                          output_dtypes=[mx.float32, mx.float32], grid=self.grid1, threadgroup=self.tg1)
+        sk = self.zero_sinks if sinks is None else sinks.astype(mx.float32).reshape(-1)
+        (out,) = self.k2(inputs=[po, pml, self.ip2, sk, self.tabs], output_shapes=self.shape,
+                         output_dtypes=[q.dtype], grid=self.grid2, threadgroup=(COMBINE_THREADS, 1, 1))
+        LAUNCHES[0] += 2
+        attention.LAST_RUN.clear()
+        attention.LAST_RUN.update(self.info)
+        return out
+
+
+def fast_call(q, prob: Problem, backend: str, has_sinks: bool, options: dict) -> "_FastCall | None":
+    """The prepared launches of the call just made, when it ran on a GPU with MLX arrays (else None)."""
+    if not _is_mlx(q) or attention.LAST_RUN.get("backend") not in ("cuda", "metal"):
+        return None
+    if set(options) - {"splits", "lanes_per_key", "warps", "tile", "kernel"}:
+        return None
+    import mlx.core as mx
+
+    bk = attention.LAST_RUN["backend"]
+    qtype = QTYPES[str(q.dtype).replace("mlx.core.", "")]
+    plan = _plan_cached(prob, bk, options.get("splits"), options.get("lanes_per_key"), options.get("warps"),
+                        options.get("tile"), options.get("kernel"), False)
+    f = _FastCall()
+    f.k1, f.k2, f.fp1, f.tabs, f.zero_sinks, f.ip1, f.ip2 = _mlx_call(prob, plan, qtype, bk, has_sinks)
+    rows = prob.batch * prob.q_heads * prob.rows
+    f.out1 = [(rows, plan.partials, prob.v_dim), (rows, plan.partials, 2)]
+    f.grid1 = (prob.batch * prob.kv_heads * plan.splits * 32 * plan.warps, 1, 1)
+    f.tg1 = (32 * plan.warps, 1, 1)
+    f.shape = [(prob.batch, prob.q_heads, prob.head_dim) if prob.squeeze_rows else
+               (prob.batch, prob.q_heads, prob.rows, prob.head_dim)]
+    f.grid2 = (rows * COMBINE_THREADS, 1, 1)
+    f.info = dict(attention.LAST_RUN)
+    f.q_type = mx.array
+    return f
 
 
 def _dyn_build(prob: Problem, plan: Plan, generic: bool) -> bool:

@@ -63,4 +63,4 @@ if ((int)tid < TQA_DV) {
 }
 tq_barrier();
 if (vrot) tqa_rotate(osh, TQA_DV, vgrp, tabs + 416, tabs + 288, tabs[545], tid, (uint)TQA_NT);
-for (int d = (int)tid; d < TQA_D; d += TQA_NT) out[(size_t)row * TQA_D + d] = TQA_QSTORE(osh[d]);
+for (int d = (int)tid; d < TQA_D; d += TQA_NT) TQA_OUT(out)[(size_t)row * TQA_D + d] = TQA_QSTORE(osh[d]);

@@ -57,7 +57,7 @@ float qr[TQA_QA][CK];
 for (int r = 0; r < Q; ++r) {
     const int hq = h * G + r / T, t = r % T;
     for (uint i = tid; i < (uint)TQA_DK; i += (uint)(TQA_NW * 32))
-        qsh[i] = (int)i < TQA_D ? TQA_QLOAD(q[((b * hq_all + hq) * T + t) * TQA_D + (int)i]) : 0.0f;
+        qsh[i] = (int)i < TQA_D ? TQA_QLOAD(TQA_Q(q)[((b * hq_all + hq) * T + t) * TQA_D + (int)i]) : 0.0f;
     tq_barrier();
     if (krot) tqa_rotate(qsh, TQA_DK, kgrp, tabs + 32, tabs + 160, tabs[544], tid, (uint)(TQA_NW * 32));
     for (int j = 0; j < CK; ++j) qr[r][j] = qsh[c * CK + j] * scale;

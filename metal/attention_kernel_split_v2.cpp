@@ -70,7 +70,7 @@ if ((int)tid < Q) { msh[tid] = TQA_NEG_BIG; lsh[tid] = 0.0f; ash[tid] = 1.0f; }
 for (int x = (int)tid; x < Q * TQA_DK; x += NT) {
     const int r = x / TQA_DK, i = x % TQA_DK;
     const int hq = h * G + r / T, t = r % T;
-    qsh[x] = i < TQA_D ? TQA_QLOAD(q[((b * hq_all + hq) * T + t) * TQA_D + i]) : 0.0f;
+    qsh[x] = i < TQA_D ? TQA_QLOAD(TQA_Q(q)[((b * hq_all + hq) * T + t) * TQA_D + i]) : 0.0f;
 }
 tq_barrier();
 if (krot) tqa_rotate(qsh, Q * TQA_DK, kgrp, tabs + 32, tabs + 160, tabs[544], tid, (uint)NT);
@@ -193,19 +193,21 @@ for (int t0 = start - (start & 1); t0 < end; t0 += TQA_TILE) {   // uniform acro
     for (int i = (int)warp * TQA_KS + slot; i < n; i += TQA_NW * TQA_KS) {
         if (t0 + i < start) continue;
         TQ_SHARED const uchar* vrow = vts + i * VRB;
-        // a row of one block (turbo): its fp16 fields are decoded once per key, not per chunk
+        // a row of one block (turbo): its fp16 fields are decoded once per key, not per chunk, and
+        // a scale without an offset is folded into the Q weights (Q products per key, not DV)
         const bool one_blk = vf > TQA_BF16 && vgrp >= TQA_DV;
+        const bool fold = one_blk && !tqa_has_m(vf);
         const float vd = one_blk ? tqa_half(vrow, 0) : 0.0f;
         const float vm = one_blk && tqa_has_m(vf) ? tqa_half(vrow, 2) : 0.0f;
+        float pw[TQA_QA];
+        for (int r = 0; r < Q; ++r) pw[r] = fold ? ssh[r * TQA_TILE + i] * vd : ssh[r * TQA_TILE + i];
         for (int k = 0; k < NCH; ++k) {
             const int e = (cl + LK * k) * 4;
             if (e < TQA_DV) {
-                const tqa_f4 f = one_blk ? tqa_dq4_blk(vf, vqs, vsg, vrow, e, vd, vm, vtab)
+                const tqa_f4 f = one_blk ? tqa_dq4_blk(vf, vqs, vsg, vrow, e, fold ? 1.0f : vd, vm, vtab)
                                          : tqa_dq4(vf, vbb, vgrp, vqs, vsg, vrow, e, vtab);
-                for (int r = 0; r < Q; ++r) {
-                    const float pr = ssh[r * TQA_TILE + i];
-                    for (int u = 0; u < 4; ++u) o[r][4 * k + u] += pr * f.v[u];
-                }
+                for (int r = 0; r < Q; ++r)
+                    for (int u = 0; u < 4; ++u) o[r][4 * k + u] += pw[r] * f.v[u];
             }
         }
     }

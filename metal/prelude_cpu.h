@@ -32,6 +32,17 @@ TQ_FUNC float tq_fma(float a, float b, float c) { return std::fma(a, b, c); }
 TQ_FUNC float tq_trunc(float a) { return std::trunc(a); }
 TQ_FUNC float tq_floor(float a) { return std::floor(a); }
 TQ_FUNC float tq_exp(float a) { return std::exp(a); }
+// binary16 bits -> float32, exact, without a loop (the GPUs use their conversion instruction):
+// normals by re-biasing the exponent, subnormals as an exact integer times 2^-24, inf / NaN by bits.
+TQ_FUNC float tq_half_to_float(uint h) {
+    const uint sign = (h & 0x8000u) << 16;
+    const uint e = h & 0x7c00u;
+    float mag;
+    if (e == 0u) mag = (float)(h & 0x3ffu) * 5.9604644775390625e-8f;
+    else if (e == 0x7c00u) mag = tq_as_float(0x7f800000u | ((h & 0x3ffu) << 13));
+    else mag = tq_as_float(((h & 0x7fffu) << 13) + (112u << 23));
+    return tq_as_float(tq_as_uint(mag) | sign);
+}
 
 namespace tqemu {
 uint sync_simd(int op, int ty, uint val, uint arg, int line);

@@ -30,6 +30,8 @@ TQ_FUNC float tq_fma(float a, float b, float c) { return fma(a, b, c); }
 TQ_FUNC float tq_trunc(float a) { return trunc(a); }
 TQ_FUNC float tq_floor(float a) { return floor(a); }
 TQ_FUNC float tq_exp(float a) { return precise::exp(a); }
+// binary16 bits -> float32 with the hardware conversion (exact for every non-NaN input)
+TQ_FUNC float tq_half_to_float(uint h) { return float(as_type<half>((ushort)h)); }
 
 // SIMD-group ops (32 lanes). Sum/max/min use the xor butterfly 16, 8, 4, 2, 1 (not simd_sum,
 // whose order is unspecified), so every backend gives the same bits.

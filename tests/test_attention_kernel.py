@@ -205,7 +205,8 @@ def test_v2_falls_back_to_v1_when_threadgroup_memory_is_short():
 
 
 def test_gpu_plan_of_the_benchmark_shape():
-    # the plan a GPU gets for q8_0 K + turbo3 V, Hq 32 / Hkv 8, D 128: v2, whole tiles per split,
+    # the plan a GPU gets for q8_0 K + turbo3 V, Hq 32 / Hkv 8, D 128: v2, whole tiles per split, a grid
+    # that fills the GPU where the context allows,
     # every key covered, one partial per threadgroup, within the combine pass's limit
     q = np.zeros((1, 32, 128), np.float32)
     kb = bridge.quantize("q8_0", np.zeros((1, 8, 4, 128)))
@@ -214,7 +215,11 @@ def test_gpu_plan_of_the_benchmark_shape():
         prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=4)
         prob = dataclasses.replace(prob, l_max=n, lengths=(n,))
         plan = attention_kernel.make_plan(prob, "cuda")
-        assert plan.kernel == "v2" and plan.tile == 128 and plan.split_len % plan.tile == 0
+        assert plan.kernel == "v2" and plan.tile == 32 * plan.warps and plan.split_len % plan.tile == 0
+        # long contexts take the largest threadgroups; short ones smaller, until the grid fills the GPU
+        tiles = 8 * -(-n // plan.tile)
+        assert plan.warps == 4 or (tiles < attention_kernel.FILL_GROUPS_V2 * 2 and plan.warps >= 1)
+        assert plan.warps == 1 or tiles >= attention_kernel.FILL_GROUPS_V2
         assert plan.splits * plan.split_len >= n > (plan.splits - 1) * plan.split_len
         assert plan.partials == plan.splits <= attention_kernel.MAX_PARTIALS
         assert attention_kernel.v2_shared_bytes(prob, plan.warps, plan.tile, False) <= attention_kernel.SHARED_BYTES

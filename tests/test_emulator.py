@@ -284,6 +284,7 @@ typedef unsigned int uint;
 typedef unsigned short ushort;
 typedef unsigned char uchar;
 struct uint3 { uint x, y, z; };
+struct half { ushort bits; operator float() const { return 0.0f; } };  // Metal's half, for syntax only
 namespace metal {
 template <typename T, typename U> T as_type(U u) { static_assert(sizeof(T) == sizeof(U), "size"); T t; std::memcpy(&t, &u, sizeof t); return t; }
 namespace precise {

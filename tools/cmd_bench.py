@@ -22,7 +22,7 @@ from .cli import CliError
 # fp16 q and output: the kernel and the reference path each round the output to fp16 (2^-11
 # relative) and accumulate in different orders; 4e-3 of the largest |output| leaves room for both
 CHECK_TOLERANCE = 4e-3
-DEFAULT_TUNE = "v2:2x64,v2:2x128,v2:8x64"   # v2 alternatives: smaller / larger threadgroups, 2 keys per thread
+DEFAULT_TUNE = "v2:4x128,v2:2x64,v2:1x32"   # v2 alternatives: fixed threadgroup sizes (warps x keys per tile)
 
 
 def add_arguments(p):
