@@ -382,11 +382,11 @@ def _mlx_kernel(backend: str, which: int, qtype: int, static: dict, version: str
 
 
 @lru_cache(maxsize=256)
-def _mlx_setup(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, has_sinks: bool):
+def _mlx_setup(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, has_sinks: bool, dyn: bool = False):
     """Kernels and constant buffers of one call signature (lengths and splits left out)."""
     import mlx.core as mx
 
-    split_s, comb_s, extra1, extra2 = _static(shape_prob, shape_plan, qtype, False)
+    split_s, comb_s, extra1, extra2 = _static(shape_prob, shape_plan, qtype, dyn)
     fp1 = mx.array(np.array([shape_prob.scale, shape_prob.softcap], np.float32))
     tabs = mx.array(tables(shape_prob))
     zero_sinks = mx.zeros((shape_prob.q_heads,), mx.float32)
@@ -404,22 +404,22 @@ def _int_buffer(values: tuple):
 
 
 @lru_cache(maxsize=1024)
-def _mlx_call(prob: Problem, plan: Plan, qtype: int, backend: str, has_sinks: bool):
+def _mlx_call(prob: Problem, plan: Plan, qtype: int, backend: str, has_sinks: bool, dyn: bool = False):
     """Kernels and every constant buffer of one call (lengths included): a repeated call is one lookup."""
     shape_prob = dataclasses.replace(prob, lengths=())
     shape_plan = dataclasses.replace(plan, splits=0, split_len=0)
-    k1, k2, fp1, tabs, zero_sinks, extra1, extra2 = _mlx_setup(shape_prob, shape_plan, qtype, backend, has_sinks)
+    k1, k2, fp1, tabs, zero_sinks, extra1, extra2 = _mlx_setup(shape_prob, shape_plan, qtype, backend, has_sinks, dyn)
     ip1 = _int_buffer((prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1,
                        *prob.lengths))
     ip2 = _int_buffer((plan.partials, prob.q_heads, int(has_sinks), *extra2))
     return k1, k2, fp1, tabs, zero_sinks, ip1, ip2
 
 
-def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: str, shape: tuple):
+def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: str, shape: tuple, dyn=False):
     """The two launches; q and the output keep q's dtype (the kernels view fp16 / bf16 as bits)."""
     import mlx.core as mx
 
-    k1, k2, fp1, tabs, zero_sinks, ip1, ip2 = _mlx_call(prob, plan, qtype, backend, sinks is not None)
+    k1, k2, fp1, tabs, zero_sinks, ip1, ip2 = _mlx_call(prob, plan, qtype, backend, sinks is not None, dyn)
     np_ = plan.partials
     qm = q if isinstance(q, mx.array) else mx.array(_np(q))
     kbm = kb if isinstance(kb, mx.array) else mx.array(np.ascontiguousarray(_np(kb)))
@@ -441,11 +441,12 @@ def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: s
 def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backend: str = "auto",
                      splits: "int | None" = None, lanes_per_key: "int | None" = None, warps: "int | None" = None,
                      tile: "int | None" = None, kernel: "str | None" = None, seed: "int | None" = None,
-                     generic: bool = True):
+                     generic: "bool | None" = None):
     """Run the two kernel passes on ``backend`` and return the output shaped like q.
 
-    On the emulator, ``generic=True`` (default) builds the format-generic variant (format constants
-    in the parameter buffer: one build for every format pair); GPUs always build per format pair.
+    ``generic``: build the format-generic variant (format constants in the parameter buffer: one
+    build for every format pair). Default: yes on the emulator, no on a GPU (one specialised build
+    per format pair, the fast one); ``generic=True`` on a GPU serves sweeps over many pairs.
     ``kernel``: the pass-1 kernel, "v2" or "v1" (default: v2 when its threadgroup memory fits).
     """
     bk = pick_backend("auto" if backend == "kernel" else backend)
@@ -453,7 +454,9 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
     if qdt not in QTYPES:
         raise AttentionError(f"the attention kernel takes float32, float16 or bfloat16 q; got {qdt}")
     qtype = QTYPES[qdt]
-    plan = _plan_cached(prob, bk, splits, lanes_per_key, warps, tile, kernel, bk == "cpu-emulator" and generic)
+    if generic is None:
+        generic = bk == "cpu-emulator"
+    plan = _plan_cached(prob, bk, splits, lanes_per_key, warps, tile, kernel, bool(generic))
     launches0 = LAUNCHES[0]
     shape = (prob.batch, prob.q_heads, prob.head_dim) if prob.squeeze_rows else (
         prob.batch, prob.q_heads, prob.rows, prob.head_dim)
@@ -467,7 +470,7 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
 
             out = mx.array(out) if qtype != 2 else mx.view(mx.array(out), mx.bfloat16)
     else:
-        out = _run_mlx(q, k_blocks, v_blocks, prob, sinks, plan, qtype, bk, shape)
+        out = _run_mlx(q, k_blocks, v_blocks, prob, sinks, plan, qtype, bk, shape, _dyn_build(prob, plan, generic))
         if not _is_mlx(q):
             import mlx.core as mx
 
@@ -527,7 +530,7 @@ def fast_call(q, prob: Problem, backend: str, has_sinks: bool, options: dict) ->
 
 
 def _dyn_build(prob: Problem, plan: Plan, generic: bool) -> bool:
-    """Whether the emulator builds the format-generic variant (v1 holds at most DYN_MAX_ROWS rows)."""
+    """Whether to build the format-generic variant (v1 holds at most DYN_MAX_ROWS rows)."""
     return generic and (plan.kernel == "v2" or prob.group * prob.rows <= DYN_MAX_ROWS)
 
 

@@ -90,12 +90,14 @@ class Kernel:
         if backend not in prelude:
             raise KernelError(f"no kernel source for backend {backend!r}; known: {', '.join(BACKENDS)}")
         defines = "".join(f"#define {k} ({v})\n" for k, v in sorted(self.check_static(static).items()))
-        return (_read(prelude[backend]) + "\n" + _read("prelude_common.h") + "\n// static parameters\n"
+        text = (_read(prelude[backend]) + "\n" + _read("prelude_common.h") + "\n// static parameters\n"
                 + defines + "\n" + self.header + "\n")
+        return text if backend == "cpu-emulator" else _without_comment_lines(text)
 
     def body_source(self, backend: str) -> str:
         """The body with the thread-id bindings of ``backend`` in front of it."""
-        return _ids(backend) + self.body
+        text = _ids(backend) + self.body
+        return text if backend == "cpu-emulator" else _without_comment_lines(text)
 
     def cpu_source(self, static: Mapping[str, int]) -> str:
         """One C++ translation unit for the emulator."""
@@ -116,6 +118,13 @@ class Kernel:
         text = self.cpu_source(static) if backend == "cpu-emulator" else (
             self.header_source(backend, static) + self.body_source(backend))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@lru_cache(maxsize=64)
+def _without_comment_lines(text: str) -> str:
+    """The source without its comment-only and blank lines: MLX assembles a GPU kernel's source
+    string on every call, so a shorter one costs less per call (the emulator keeps line numbers)."""
+    return "".join(ln for ln in text.splitlines(keepends=True) if ln.strip() and not ln.lstrip().startswith("//"))
 
 
 _ID_NAMES = ("tq_tid", "tq_tg_size", "tq_lane", "tq_simd", "tq_nsimd", "tq_gx", "tq_gy", "tq_gz",
