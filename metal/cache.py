@@ -23,7 +23,10 @@ from mlx_lm.models import cache as _mlx_cache
 
 from tqbridge.bridge import FormatError, display_name, get_format
 
-__all__ = ["TQCache", "make_cache", "cache_report", "padded_dim", "parse_kv", "ROTATIONS"]
+from .calibration import CalibrationError, KeyCalibration, fit as _fit_calibration, split_key_spec
+
+__all__ = ["TQCache", "make_cache", "cache_report", "padded_dim", "parse_kv", "parse_kv_spec",
+           "ROTATIONS"]
 
 ROTATIONS = ("llama", "none")
 
@@ -46,6 +49,40 @@ def parse_kv(spec: str) -> tuple[str, str]:
     if len(parts) != 2 or not all(parts):
         raise FormatError(f"bad K/V format pair {spec!r}: write K/V, e.g. q8_0/turbo3")
     return display_name(get_format(parts[0])), display_name(get_format(parts[1]))
+
+
+def parse_kv_spec(spec: str) -> tuple[str, str, KeyCalibration]:
+    """``"q5_1+mean+scale/q4_0"`` -> ``("q5_1", "q4_0", KeyCalibration(...))``.
+
+    The K side may carry key calibration after ``+`` (see :mod:`tqbridge.metal.calibration`);
+    a bad spelling raises :class:`FormatError` with a one-line message.
+    """
+    parts = [p.strip() for p in str(spec).split("/")]
+    if len(parts) == 1:
+        parts = parts * 2
+    if len(parts) != 2 or not all(parts):
+        raise FormatError(f"bad K/V format pair {spec!r}: write K/V, e.g. q8_0/turbo3 or q5_1+mean/q4_0")
+    try:
+        kf, cal = split_key_spec(parts[0])
+    except CalibrationError as e:
+        raise FormatError(str(e)) from None
+    if "+" in parts[1]:
+        raise FormatError(f"{spec!r}: calibration applies to keys only (write it after the K format)")
+    k, v = parse_kv(f"{kf}/{parts[1]}")
+    return k, v, cal
+
+
+def kv_name(k: str, v: str, cal: "KeyCalibration | None" = None) -> str:
+    """The canonical spelling of a K/V pair with its key calibration."""
+    return f"{k}+{cal.spec}/{v}" if cal else f"{k}/{v}"
+
+
+def _routing_active() -> bool:
+    """Whether :func:`tqbridge.metal.routing.route_attention` is in effect (it brings queries)."""
+    import sys
+
+    routing = sys.modules.get("tqbridge.metal.routing")
+    return bool(routing is not None and getattr(routing, "_depth", 0) > 0)
 
 
 # ---------------------------------------------------------------- codecs: rows <-> blocks
@@ -145,8 +182,8 @@ class TQCache(_mlx_cache._BaseCache):
     step = 256
 
     def __init__(self, k_format: str = "q8_0", v_format: str = "q8_0", window: "int | None" = None,
-                 rotation: str = "llama"):
-        self._setup(k_format, v_format, window, rotation)
+                 rotation: str = "llama", calibration: "KeyCalibration | str | None" = None):
+        self._setup(k_format, v_format, window, rotation, calibration)
         self.keys = None
         self.values = None
         self.offset = 0
@@ -155,8 +192,13 @@ class TQCache(_mlx_cache._BaseCache):
         self.v_dim = None
         self.k_rot = 0        # Hadamard group applied to K rows before quantizing (0: none)
         self.v_rot = 0
+        self.k_mu = None      # key calibration, (n_kv_heads, k_dim) float32 each, or None
+        self.k_scale = None
 
-    def _setup(self, k_format, v_format, window, rotation="llama") -> None:
+    def _setup(self, k_format, v_format, window, rotation="llama", calibration=None) -> None:
+        if not isinstance(calibration, KeyCalibration):
+            calibration = KeyCalibration.parse(calibration)
+        self.calibration = calibration
         if rotation not in ROTATIONS:
             raise ValueError(f"rotation must be one of {ROTATIONS}, got {rotation!r}")
         self.rotation = rotation
@@ -173,6 +215,8 @@ class TQCache(_mlx_cache._BaseCache):
                             "k_fetch": kd_path, "v_fetch": vd_path}
         self.paths: Counter = Counter()      # attention paths taken, filled by the routing
         self.decode_fallback: "str | None" = None
+        self.calibration_note: "str | None" = None
+        self._pending = None  # first chunk's float keys waiting for their queries (qscale)
 
     # ------------------------------------------------------------ storage
     def _encode(self, x: mx.array, fmt: str, quant) -> mx.array:
@@ -217,6 +261,47 @@ class TQCache(_mlx_cache._BaseCache):
             self.keys = mx.concatenate([self.keys[..., :cap, :], k_new], axis=2)
             self.values = mx.concatenate([self.values[..., :cap, :], v_new], axis=2)
 
+    # ------------------------------------------------------------ key calibration
+    def _bcast(self, a: mx.array) -> mx.array:
+        return a[None, :, None, :]
+
+    def _key_rows(self, keys: mx.array) -> mx.array:
+        """Float keys -> the rows to quantize: calibrated and rotated as configured."""
+        if not self.calibration:
+            return hadamard_rotate(keys, self.k_rot)
+        rotated = self.calibration.basis == "rotated"
+        x = keys.astype(mx.float32)
+        if rotated:
+            x = hadamard_rotate(x, self.k_rot)
+        if self.k_mu is not None:
+            x = x - self._bcast(self.k_mu)
+        if self.k_scale is not None:
+            x = x / self._bcast(self.k_scale)
+        return x if rotated else hadamard_rotate(x, self.k_rot)
+
+    def _key_values(self, rows: mx.array) -> mx.array:
+        """Inverse of :meth:`_key_rows` on dequantized rows (float32)."""
+        rotated = self.calibration.basis == "rotated"
+        x = rows if rotated else hadamard_rotate(rows, self.k_rot)
+        if self.k_scale is not None:
+            x = x * self._bcast(self.k_scale)
+        if self.k_mu is not None:
+            x = x + self._bcast(self.k_mu)
+        return hadamard_rotate(x, self.k_rot) if rotated else x
+
+    def query_for_blocks(self, q: mx.array) -> mx.array:
+        """``q`` (B, Hq, ..., D) such that ``q'.row = q.k - q.mu`` for the stored key rows."""
+        rotated = self.calibration.basis == "rotated"
+        if self.k_scale is None:
+            return hadamard_rotate(q, self.k_rot)
+        s = self.k_scale
+        if q.shape[1] != s.shape[0]:
+            s = mx.repeat(s, q.shape[1] // s.shape[0], axis=0)   # grouped-query heads share a KV head
+        s = s.reshape(1, q.shape[1], *([1] * (q.ndim - 3)), s.shape[-1])
+        if rotated:
+            return (hadamard_rotate(q, self.k_rot).astype(mx.float32) * s).astype(q.dtype)
+        return hadamard_rotate((q.astype(mx.float32) * s).astype(q.dtype), self.k_rot)
+
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         B, H, S, dk = keys.shape
         dv = values.shape[-1]
@@ -225,9 +310,23 @@ class TQCache(_mlx_cache._BaseCache):
             if self.rotation == "llama":
                 self.k_rot = rotation_group(self.k_format, self.k_dim, "k")
                 self.v_rot = rotation_group(self.v_format, self.v_dim, "v")
+            if self.calibration and self.k_mu is None and self.k_scale is None:
+                if self.calibration.queries and _routing_active():
+                    self._pending = keys          # fitted when the routing brings the queries
+                else:
+                    if self.calibration.queries:
+                        self.calibration_note = "qscale without the attention routing: key statistics only"
+                    self._fit(keys, None)
         elif (dk, dv) != (self.k_dim, self.v_dim):
             raise ValueError(f"head dims changed from {(self.k_dim, self.v_dim)} to {(dk, dv)}")
-        kb = self._encode(hadamard_rotate(keys, self.k_rot), self.k_format, self._kq)
+        else:
+            self.finish_calibration(None)
+        if self.calibration and self.k_mu is None and self.k_scale is None and self._pending is None:
+            raise ValueError("TQCache: key calibration is configured but missing (state without it?)")
+        if self._pending is None:
+            kb = self._encode(self._key_rows(keys), self.k_format, self._kq)
+        else:  # placeholder rows of the right width, overwritten by finish_calibration
+            kb = self._encode(mx.zeros(keys.shape, mx.float32), self.k_format, self._kq)
         vb = self._encode(hadamard_rotate(values, self.v_rot), self.v_format, self._vq)
         prev = self.offset
         self._compact(prev)
@@ -237,17 +336,43 @@ class TQCache(_mlx_cache._BaseCache):
         self.values[..., r:r + S, :] = vb
         self.offset = prev + S
         self.paths["append"] += 1
+        if self._pending is not None:   # the routing quantizes these keys once it has the queries
+            a = self.offset - self.start
+            v = self._decode(self.values[..., :a, :], self.v_format, self._vd, self.v_dim, mx.float32)
+            return keys, hadamard_rotate(v, self.v_rot).astype(values.dtype)
         return self.fetch(keys.dtype)
+
+    def _fit(self, keys: mx.array, queries: "mx.array | None") -> None:
+        rotated = self.calibration.basis == "rotated"
+        k = hadamard_rotate(keys, self.k_rot) if rotated else keys
+        q = None
+        if queries is not None:
+            q = hadamard_rotate(queries, self.k_rot) if rotated else queries
+        self.k_mu, self.k_scale = _fit_calibration(k, self.calibration, q)
+
+    def finish_calibration(self, queries: "mx.array | None") -> None:
+        """Fit a pending ``qscale`` calibration from ``queries`` (None: keys only) and quantize
+        the first chunk's keys with it. Nothing to do when no chunk is pending."""
+        if self._pending is None:
+            return
+        keys, self._pending = self._pending, None
+        if queries is None:
+            self.calibration_note = "qscale: queries never reached the routing; key statistics only"
+        self._fit(keys, queries)
+        kb = self._encode(self._key_rows(keys), self.k_format, self._kq)
+        self.keys[..., :kb.shape[2], :] = kb
 
     def blocks(self, start: int = 0) -> tuple[mx.array, mx.array]:
         """The K and V blocks of positions ``max(start, self.start):offset``."""
+        self.finish_calibration(None)
         a, b = max(0, start - self.start), self.offset - self.start
         return self.keys[..., a:b, :], self.values[..., a:b, :]
 
     def fetch(self, dtype=mx.float32, start: int = 0) -> tuple[mx.array, mx.array]:
         """Dequantized K and V of the stored positions from ``start`` (lazy: free if unused)."""
         kb, vb = self.blocks(start)
-        k = hadamard_rotate(self._decode(kb, self.k_format, self._kd, self.k_dim, mx.float32), self.k_rot)
+        k = self._decode(kb, self.k_format, self._kd, self.k_dim, mx.float32)
+        k = self._key_values(k) if self.calibration else hadamard_rotate(k, self.k_rot)
         v = hadamard_rotate(self._decode(vb, self.v_format, self._vd, self.v_dim, mx.float32), self.v_rot)
         return k.astype(dtype), v.astype(dtype)
 
@@ -278,12 +403,19 @@ class TQCache(_mlx_cache._BaseCache):
     def meta_state(self) -> tuple:
         return (str(self.offset), self.k_format, self.v_format, str(self.k_dim or 0),
                 str(self.v_dim or 0), str(self.window or 0), str(self.start), self.rotation,
-                str(self.k_rot), str(self.v_rot))
+                str(self.k_rot), str(self.v_rot)) + ((self.calibration.spec,) if self.calibration else ())
 
     @meta_state.setter
     def meta_state(self, v) -> None:
-        offset, kf, vf, kd, vd, window, start, rotation, k_rot, v_rot = v
-        self._setup(kf, vf, int(window) or None, rotation)
+        # 10 fields, or 11 with the key calibration's spelling last (only when calibrated, so
+        # uncalibrated states keep the layout they always had)
+        v = tuple(v)
+        if len(v) == 10:
+            v = v + ("none",)
+        if len(v) != 11:
+            raise ValueError(f"TQCache meta_state has 10 or 11 entries, got {len(v)}")
+        offset, kf, vf, kd, vd, window, start, rotation, k_rot, v_rot, cal = v
+        self._setup(kf, vf, int(window) or None, rotation, cal)
         self.offset = int(offset)
         self.start = int(start)
         self.k_rot, self.v_rot = int(k_rot), int(v_rot)
@@ -292,18 +424,30 @@ class TQCache(_mlx_cache._BaseCache):
 
     @property
     def state(self):
-        """(K blocks, V blocks, *meta_state): the valid rows only, so a saved cache is compact."""
-        if self.keys is None:
-            return (None, None, *self.meta_state)
-        kb, vb = self.blocks()
-        return (kb, vb, *self.meta_state)
+        """(K blocks, V blocks, *meta_state): the valid rows only, so a saved cache is compact.
+        A calibrated cache adds its key mean and scale (None where unused) after the V blocks."""
+        kb, vb = self.blocks() if self.keys is not None else (None, None)
+        if not self.calibration:
+            return (kb, vb, *self.meta_state)
+        return (kb, vb, self.k_mu, self.k_scale, *self.meta_state)
 
     @state.setter
     def state(self, v) -> None:
-        keys, values, *meta = v
-        if len(meta) != 10:
-            raise ValueError(f"TQCache state has 12 entries, got {len(meta) + 2}")
+        v = list(v)
+        if len(v) == 12:          # uncalibrated: no calibration arrays, no spelling
+            v = v[:2] + [None, None] + v[2:] + ["none"]
+        if len(v) != 15:
+            raise ValueError(f"TQCache state has 12 entries (15 when calibrated), got {len(v)}")
+        keys, values, mu, scale, *meta = v
         self.meta_state = tuple(str(m) for m in meta)
+        for name, a in (("key mean", mu), ("key scale", scale)):
+            if a is not None and (a.ndim != 2 or (self.k_dim and a.shape[1] != self.k_dim)):
+                raise ValueError(f"TQCache state: {name} has shape {a.shape}, expected (heads, {self.k_dim})")
+        if (mu is not None) != self.calibration.mean or (scale is not None) != self.calibration.scale:
+            if keys is not None or mu is not None or scale is not None:
+                raise ValueError(f"TQCache state: calibration arrays do not match "
+                                 f"{self.calibration.spec or 'no calibration'}")
+        self.k_mu, self.k_scale = mu, scale
         self.keys, self.values = keys, values
         if keys is not None:
             rows = keys.shape[2]
@@ -318,19 +462,23 @@ class TQCache(_mlx_cache._BaseCache):
         """Bytes allocated by the live block arrays (including preallocated rows)."""
         if self.keys is None:
             return 0
-        return self.keys.nbytes + self.values.nbytes
+        return self.keys.nbytes + self.values.nbytes + self.calibration_nbytes
 
     @property
     def used_nbytes(self) -> int:
-        """Bytes of the valid rows of the live block arrays."""
+        """Bytes of the valid rows of the live block arrays (plus the key calibration arrays)."""
         if self.keys is None:
             return 0
         kb, vb = self.blocks()
-        return kb.nbytes + vb.nbytes
+        return kb.nbytes + vb.nbytes + self.calibration_nbytes
+
+    @property
+    def calibration_nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.k_mu, self.k_scale) if a is not None)
 
     def __repr__(self) -> str:
         w = f", window={self.window}" if self.window else ""
-        return f"TQCache({self.k_format}/{self.v_format}{w}, offset={self.offset}, start={self.start})"
+        return f"TQCache({kv_name(self.k_format, self.v_format, self.calibration)}{w}, offset={self.offset}, start={self.start})"
 
 
 # mlx-lm's load_prompt_cache looks cache classes up by name in its cache module.
@@ -340,7 +488,8 @@ _mlx_cache.TQCache = TQCache
 
 
 def make_cache(model: Any, k_format: str = "q8_0", v_format: "str | None" = None,
-               *, sliding: str = "quantize", rotation: str = "llama") -> list:
+               *, sliding: str = "quantize", rotation: str = "llama",
+               calibration: "KeyCalibration | str | None" = None) -> list:
     """A prompt cache for ``model`` with K in ``k_format`` and V in ``v_format``.
 
     Layers mlx-lm gives a plain ``KVCache`` get a :class:`TQCache`. Sliding-window layers
@@ -349,19 +498,27 @@ def make_cache(model: Any, k_format: str = "q8_0", v_format: "str | None" = None
     :func:`cache_report` says which. Other cache kinds (SSM state) are kept as they are.
     ``rotation="llama"`` rotates K/V rows of ggml quantized formats by a Hadamard matrix before
     quantizing, as llama.cpp does by default (see :func:`rotation_group`); ``"none"`` does not.
+    ``calibration`` (e.g. ``"mean+scale"``, or written on the K format: ``"q5_1+mean+scale"``)
+    turns on per-channel key calibration, fitted per layer from its first keys
+    (:mod:`tqbridge.metal.calibration`).
     """
     if sliding not in ("quantize", "float"):
         raise ValueError(f"sliding must be 'quantize' or 'float', got {sliding!r}")
+    k_format, k_cal = split_key_spec(k_format)
     v_format = k_format if v_format is None else v_format
+    cal = KeyCalibration.parse(calibration) if not isinstance(calibration, KeyCalibration) else calibration
+    if k_cal and cal and k_cal != cal:
+        raise ValueError(f"two different key calibrations: {k_cal.spec!r} and {cal.spec!r}")
+    cal = k_cal or cal
     base = _mlx_cache.make_prompt_cache(model)
     out = []
     for c in base:
         if type(c) is _mlx_cache.KVCache:
-            out.append(TQCache(k_format, v_format, rotation=rotation))
+            out.append(TQCache(k_format, v_format, rotation=rotation, calibration=cal))
         elif type(c) is _mlx_cache.RotatingKVCache and sliding == "quantize":
             if c.keep:
                 raise ValueError("rotating caches that keep leading tokens are not supported")
-            out.append(TQCache(k_format, v_format, window=c.max_size, rotation=rotation))
+            out.append(TQCache(k_format, v_format, window=c.max_size, rotation=rotation, calibration=cal))
         else:
             out.append(c)
     return out
@@ -376,6 +533,8 @@ def cache_report(cache: list) -> dict:
             layers.append({"layer": i, "kind": "tqbridge", "kv": f"{c.k_format}/{c.v_format}",
                            "window": c.window, "codecs": dict(c.codec_paths),
                            "rotation": [c.k_rot, c.v_rot],
+                           "k_calibration": c.calibration.spec or None,
+                           "calibration_note": c.calibration_note,
                            "decode_fallback": c.decode_fallback})
             paths.update(c.paths)
         else:

@@ -14,6 +14,11 @@ Paths (recorded per cache in ``cache.paths``):
   ``mx.fast.scaled_dot_product_attention``. Prefill attends to the *quantized* rows of the chunk
   itself too (as llama.cpp does: it writes the cache, then reads it), so results do not depend on
   how a prompt is chunked and every position sees the cache decode would see.
+
+Key calibration (``cache.calibration``): the kernel reads the calibrated blocks, so the query is
+scaled (and rotated) by ``cache.query_for_blocks``; the dequantize path gets keys with the
+calibration undone. Decode with attention sinks and a key mean takes the dequantize path (the
+reason is kept in ``cache.decode_fallback``).
 """
 
 from __future__ import annotations
@@ -72,11 +77,17 @@ def _kernel_decode(cache: TQCache, q: mx.array, scale: float, sinks, backend: st
     kernel = decode_kernel()
     if kernel is None or cache.decode_fallback:
         return None
+    if sinks is not None and cache.k_mu is not None:
+        # Stored keys are k - mu: scores shift by q.mu per row, which softmax ignores, but the sink
+        # logit would need the same shift. The dequantize path adds mu back and stays exact.
+        cache.decode_fallback = ("attention sinks with key mean calibration: the kernel's scores are "
+                                 "shifted by q.mu, the sink logit is not")
+        return None
     start = max(0, cache.offset - cache.window) if cache.window else 0
     kb, vb = cache.blocks(start)
     B, Hq, _, D = q.shape
     kwargs = {"sinks": sinks} if sinks is not None else {}
-    q = hadamard_rotate(q, cache.k_rot)     # scores are invariant: (Hq).(Hk) = q.k
+    q = cache.query_for_blocks(q)           # (H(q*s)).(H(k-mu)/s) = q.k - q.mu: same softmax
     try:
         out = kernel(q.reshape(B, Hq, D), kb, vb, k_format=cache.k_format, v_format=cache.v_format,
                      length=kb.shape[2], scale=scale, backend=backend, **kwargs)
@@ -99,6 +110,9 @@ def attend(cache: TQCache, queries, keys, values, *, scale: float, mask=None, si
     """
     if mode not in DECODE_MODES:
         raise ValueError(f"decode mode must be one of {DECODE_MODES}, got {mode!r}")
+    if cache._pending is not None:     # qscale: the first chunk's keys wait for these queries
+        cache.finish_calibration(queries)
+        keys, values = cache.fetch(keys.dtype)
     decode = queries.shape[2] == 1
     backend = _decode_backend(mode) if decode else None
     if backend is not None:

@@ -88,11 +88,13 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
              decode_mode: str = "auto") -> list[dict]:
     """Quality of each K/V configuration in ``kvs`` against the f16 cache on ``tokens``.
 
+    A configuration may carry key calibration on its K side (``q5_1+mean+scale/q4_0``, see
+    :mod:`tqbridge.metal.calibration`); its arrays count in the bytes.
     Returns one dict per configuration, the reference (``f16/f16``) first: kv, kl_mean, kl_max,
     top1, bytes_per_token, bits_per_value, compression_vs_f16, positions, paths, layers.
     ``progress(n)`` is called after each chunk with the number of positions done.
     """
-    from tqbridge.metal.cache import cache_report, make_cache, parse_kv
+    from tqbridge.metal.cache import cache_report, kv_name, make_cache, parse_kv_spec
     from tqbridge.metal.routing import route_attention
 
     if chunk <= 0:
@@ -100,10 +102,13 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
     tokens = [int(t) for t in tokens]
     if len(tokens) < 2:
         raise ValueError(f"need at least 2 tokens to score next-token distributions, got {len(tokens)}")
-    names = [REFERENCE_KV] + [f"{k}/{v}" for k, v in (parse_kv(s) for s in kvs)
-                              if f"{k}/{v}" != REFERENCE_KV]
-    names = list(dict.fromkeys(names))
-    caches = {n: make_cache(model, *parse_kv(n), sliding=sliding, rotation=rotation) for n in names}
+    specs = {REFERENCE_KV: parse_kv_spec(REFERENCE_KV)}
+    for s in kvs:
+        k, v, cal = parse_kv_spec(s)
+        specs.setdefault(kv_name(k, v, cal), (k, v, cal))
+    names = list(specs)
+    caches = {n: make_cache(model, specs[n][0], specs[n][1], sliding=sliding, rotation=rotation,
+                            calibration=specs[n][2]) for n in names}
     stats = {n: {"kl_sum": 0.0, "kl_max": 0.0, "agree": 0, "n": 0, "seconds": 0.0} for n in names}
     ids = mx.array(tokens)[None]
     with route_attention(decode_mode):
@@ -140,8 +145,9 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
             f16_bpt = bpt
         rows.append({
             "kv": n,
-            "k_format": n.split("/")[0],
-            "v_format": n.split("/")[1],
+            "k_format": specs[n][0],
+            "v_format": specs[n][1],
+            "k_calibration": specs[n][2].spec or None,
             "kl_mean": s["kl_sum"] / s["n"],
             "kl_max": s["kl_max"],
             "top1": s["agree"] / s["n"],

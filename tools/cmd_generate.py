@@ -10,7 +10,9 @@ from .cli import CliError
 
 def add_arguments(p) -> None:
     p.add_argument("model", help="GGUF model file, or a model name: smollm2, gemma3")
-    p.add_argument("--kv", default="q8_0/q8_0", help="K/V cache formats, e.g. q8_0/turbo3 (default q8_0/q8_0)")
+    p.add_argument("--kv", default="q8_0/q8_0",
+                   help="K/V cache formats, e.g. q8_0/turbo3 (default q8_0/q8_0); keys calibrated per channel: "
+                        "q5_1+mean+scale/q4_0")
     p.add_argument("--prompt", required=True, help="prompt text ('-' reads standard input)")
     p.add_argument("--max-tokens", type=int, default=100, help="tokens to generate (default 100)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
@@ -56,14 +58,14 @@ def run(args) -> int:
 
     from tqbridge.bridge import FormatError
     from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
-    from tqbridge.metal.cache import cache_report, make_cache, parse_kv
+    from tqbridge.metal.cache import cache_report, kv_name, make_cache, parse_kv_spec
     from tqbridge.metal.routing import route_attention
     from tqbridge.parity.quality import GGUFTokenizer
 
     if args.max_tokens < 0:
         raise CliError(f"--max-tokens must be >= 0, got {args.max_tokens}")
     try:
-        kf, vf = parse_kv(args.kv)
+        kf, vf, cal = parse_kv_spec(args.kv)
     except FormatError as e:
         raise CliError(str(e)) from e
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -76,7 +78,7 @@ def run(args) -> int:
     if args.chat:
         prompt = chat_prompt(args.model, prompt)
     ids = tok.encode(prompt, add_bos=True)
-    cache = make_cache(model, kf, vf, sliding=args.sliding, rotation=args.rotation)
+    cache = make_cache(model, kf, vf, sliding=args.sliding, rotation=args.rotation, calibration=cal)
     mx.random.seed(args.seed)
     mx.reset_peak_memory()
     t0 = time.perf_counter()
@@ -106,7 +108,7 @@ def run(args) -> int:
         rep = cache_report(cache)
         prefill = (t_first or t1) - t0
         rate = (n_gen - 1) / (t1 - t_first) if t_first and n_gen > 1 else float("nan")
-        print(f"--- kv {kf}/{vf}: prompt {len(ids)} tokens ({prefill:.2f} s), generated {n_gen} "
+        print(f"--- kv {kv_name(kf, vf, cal)}: prompt {len(ids)} tokens ({prefill:.2f} s), generated {n_gen} "
               f"({rate:.1f} tok/s)", file=sys.stderr)
         print(f"--- layers {rep['layer_kinds']}, paths {rep['paths']}", file=sys.stderr)
         mib = 2 ** 20

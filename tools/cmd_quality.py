@@ -16,7 +16,8 @@ DEFAULT_KVS = ["q8_0/q8_0", "q8_0/q4_0", "q4_0/q4_0", "q8_0/turbo4", "q8_0/turbo
 def add_arguments(p) -> None:
     p.add_argument("model", help="GGUF model file, or a model name: smollm2, gemma3")
     p.add_argument("--kv", action="append", default=None,
-                   help="a K/V format pair (repeatable); default: the standard table. f16/f16 is always included")
+                   help="a K/V format pair (repeatable), keys optionally calibrated per channel: "
+                        "q5_1+mean+scale/q4_0; default: the standard table. f16/f16 is always included")
     p.add_argument("--tokens", type=int, default=2048, help="tokens of text to score (default 2048)")
     p.add_argument("--chunk", type=int, default=256, help="fixed prefill chunk size (default 256)")
     p.add_argument("--text", default=None, help="a text file to score instead of pydoc_data.topics")
@@ -42,13 +43,13 @@ def run(args) -> int:
     prefer_fast_blas()  # before MLX is imported: OpenBLAS for float32 matmuls on Linux CPUs
     from tqbridge.bridge import FormatError
     from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
-    from tqbridge.metal.cache import parse_kv
+    from tqbridge.metal.cache import parse_kv_spec
     from tqbridge.parity import quality as q
 
     kvs = args.kv or DEFAULT_KVS
     try:
         for s in kvs:
-            parse_kv(s)
+            parse_kv_spec(s)
     except FormatError as e:
         raise CliError(str(e)) from e
     if args.tokens < 2:
