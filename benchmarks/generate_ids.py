@@ -40,14 +40,14 @@ def run(args) -> None:
     import mlx.core as mx
 
     from tqbridge.bridge.gguf_model import load_gguf_model
-    from tqbridge.metal.cache import cache_report, make_cache, parse_kv
+    from tqbridge.metal.cache import cache_report, kv_name, make_cache, parse_kv_spec
     from tqbridge.metal.routing import route_attention
     from tqbridge.tools.cmd_generate import generate_tokens
 
     spec = json.loads(Path(args.ids).read_text())
-    kf, vf = parse_kv(args.kv)
+    kf, vf, cal = parse_kv_spec(args.kv)
     model, _ = load_gguf_model(args.model)
-    cache = make_cache(model, kf, vf)
+    cache = make_cache(model, kf, vf, calibration=cal)
     mx.reset_peak_memory()
     out, t0, t_first = [], time.perf_counter(), None
     with route_attention("auto"):
@@ -58,7 +58,7 @@ def run(args) -> None:
             out.append(int(token))
     t1 = time.perf_counter()
     rep = cache_report(cache)
-    res = {"model": Path(args.model).name, "kv": f"{kf}/{vf}", "device": str(mx.default_device()),
+    res = {"model": Path(args.model).name, "kv": kv_name(kf, vf, cal), "device": str(mx.default_device()),
            "host": platform.node(), "mlx": mx.__version__, "prompt_tokens": len(spec["ids"]),
            "generated": out, "paths": rep["paths"], "layer_kinds": rep["layer_kinds"],
            "cache_used_bytes": rep["used_nbytes"], "peak_memory_bytes": mx.get_peak_memory(),
