@@ -128,7 +128,7 @@ def test_blocks_hold_the_calibrated_rows_byte_for_byte(kf, cal):
 
 def test_calibration_lowers_the_score_error_of_offset_channels():
     """Keys with large constant channel offsets (the case calibration is for): centred score error
-    of q5_1 keys drops. Measured: ~10x lower with mean+scale on this data."""
+    of q5_1 keys drops (measured on this data: 7.4x lower with mean+scale, 6.1x with mean alone)."""
     rng = np.random.default_rng(3)
     k = (rng.standard_normal((1, 1, 256, 64)) * rng.uniform(0.2, 3, 64)).astype(np.float32)
     k[..., :4] += np.array([40.0, -25.0, 30.0, 15.0], np.float32)
