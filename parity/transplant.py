@@ -101,6 +101,9 @@ def tqcache_to_state(cache: list, seq_id: int = 0) -> LlamaState:
     layers = []
     n = None
     for i, c in enumerate(cache):
+        if getattr(c, "calibration", None):
+            raise TransplantError(f"layer {i}: keys are calibrated ({c.calibration.spec}): the blocks hold "
+                                  "(k - mu) / s, not the keys llama.cpp would store; export an uncalibrated cache")
         kf, vf = get_format(c.k_format), get_format(c.v_format)
         for f, d in ((kf, c.k_dim), (vf, c.v_dim)):
             if d is None or d % f.block_size:

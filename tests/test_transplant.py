@@ -111,3 +111,17 @@ def test_transplant_decodes_with_the_fused_kernel(setup):
     assert any(p.startswith("decode:") and p != "decode:reference" for p in r["mlx_decode_paths"]), r["mlx_decode_paths"]
     # Measured: 16 of 16 tokens agree with the kernel, 32 of 32 with the reference path.
     assert r["mlx_from_llama_state"] == r["llama.cpp"], r
+
+
+def test_calibrated_cache_is_not_exported():
+    """Calibrated keys are not llama.cpp's keys: the export refuses with the reason, no state is made."""
+    import mlx.core as mx
+
+    from tqbridge.metal.cache import TQCache
+    from tqbridge.parity.transplant import TransplantError, tqcache_to_state
+
+    c = TQCache("q8_0", "q8_0", calibration="mean")
+    k = mx.random.normal((1, 2, 5, 64)) + 3.0
+    c.update_and_fetch(k, mx.random.normal((1, 2, 5, 64)))
+    with pytest.raises(TransplantError, match="calibrated"):
+        tqcache_to_state([c])
