@@ -2,7 +2,7 @@
 
 Public API::
 
-    backends() -> list[str]             usable backends, best first ("metal"/"cuda", "cpu-emulator", "reference")
+    backends() -> list[str]             usable backends, best first ("metal"/"cuda" while MLX's default device is the GPU, "cpu-emulator", "reference")
     Kernel, build(kernel, static, backend)  compile a dialect kernel once per static parameter set
     last_path() -> str | None           which backend the latest dispatch in this thread ran
     quantize_append(fmt, rows, backend="auto")  float rows -> blocks, byte-identical to bridge.quantize

@@ -47,12 +47,17 @@ def _gpu_kind() -> "str | None":
     return None
 
 
+def _gpu_is_default() -> bool:
+    """Whether MLX's default device is the GPU (a user who sets the CPU gets CPU paths on "auto")."""
+    mx = _mlx()
+    return mx is not None and mx.default_device() == mx.gpu
+
+
 def backends() -> list[str]:
-    """The backends usable here, best first: "metal" / "cuda", "cpu-emulator", "reference"."""
+    """The backends usable here, best first: "metal" / "cuda", "cpu-emulator", "reference". The GPU
+    comes first while MLX's default device is the GPU; after the emulator when it is the CPU."""
     out = []
     gpu = _gpu_kind()
-    if gpu:
-        out.append(gpu)
     from .emulator import EmulatorError, find_compiler
 
     try:
@@ -60,6 +65,8 @@ def backends() -> list[str]:
         out.append("cpu-emulator")
     except EmulatorError:
         pass
+    if gpu:
+        out.insert(0 if _gpu_is_default() else len(out), gpu)
     out.append("reference")
     return out
 
