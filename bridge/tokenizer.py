@@ -19,11 +19,20 @@ class GGUFTokenizer:
             raise FileNotFoundError(f"{path}: no such file")
         self._llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        return list(self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False))
+    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of ``text``; ``special=True`` parses special-token text (chat templates) as
+        those tokens, ``False`` (default) tokenizes it as plain text."""
+        return [int(t) for t in self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)]
+
+    def decode_bytes(self, ids: "list[int]") -> bytes:
+        return self._llm.detokenize(list(ids))
 
     def decode(self, ids: "list[int]") -> str:
-        return self._llm.detokenize(list(ids)).decode("utf-8", errors="replace")
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return {self.eos_id}
 
     @property
     def n_vocab(self) -> int:

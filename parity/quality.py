@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterable, Sequence
 import mlx.core as mx
 import numpy as np
 
+from tqbridge.bridge.tokenizer import GGUFTokenizer as _BaseTokenizer
+
 __all__ = ["REFERENCE_KV", "default_text", "evaluate", "to_markdown", "plot", "GGUFTokenizer"]
 
 REFERENCE_KV = "f16/f16"
@@ -34,25 +36,18 @@ def default_text() -> str:
     return "\n\n".join(topics[k] for k in sorted(topics))
 
 
-class GGUFTokenizer:
-    """llama.cpp's own tokenizer for a GGUF file (llama-cpp-python, vocabulary only)."""
+class GGUFTokenizer(_BaseTokenizer):
+    """llama.cpp's own tokenizer for a GGUF file (llama-cpp-python, vocabulary only); special-token
+    text (chat templates) becomes those tokens."""
 
     def __init__(self, path: str):
         try:
-            from llama_cpp import Llama
+            super().__init__(path)
         except ImportError as e:  # pragma: no cover - depends on the install
             raise ImportError("the GGUF tokenizer needs llama-cpp-python: pip install 'tqbridge[llama]'") from e
-        self._llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
-        self.eos_token_ids = {int(self._llm.token_eos())}
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        return [int(t) for t in self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)]
-
-    def decode_bytes(self, ids: Sequence[int]) -> bytes:
-        return self._llm.detokenize(list(ids))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+    def encode(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
+        return super().encode(text, add_bos=add_bos, special=special)
 
 
 def _log_softmax(x: mx.array) -> mx.array:
