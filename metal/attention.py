@@ -189,9 +189,12 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
         # a decoding loop repeats the same call on a GPU: one lookup, then the two launches
         fast_key = (key, length, backend, tuple(sorted(options.items())) if options else ())
         fast = FAST_CALLS.get(fast_key)
-        if (fast is not None and type(q) is fast.q_type and type(k_blocks) is fast.q_type
-                and type(v_blocks) is fast.q_type and (sinks is None or type(sinks) is fast.q_type)):
-            return fast(q, k_blocks, v_blocks, sinks)
+        if (fast is not None and type(q) is type(k_blocks) is type(v_blocks) is fast[1]
+                and (sinks is None or type(sinks) is fast[1])):
+            out = fast[0](q, k_blocks, v_blocks, sinks)
+            LAST_RUN.clear()
+            LAST_RUN.update(fast[2])
+            return out
     base = _CHECKED.get(key) if key is not None else None
     if base is not None and 0 <= length <= base.l_max:
         prob = dataclasses.replace(base, lengths=(length,) * base.batch)
@@ -214,11 +217,11 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
     if fast_key is not None:
         from .attention_kernel import fast_call
 
-        fast = fast_call(q, prob, backend, sinks is not None, options)
+        fast = fast_call(q, prob, options)
         if fast is not None:
             if len(FAST_CALLS) > 4096:
                 FAST_CALLS.clear()
-            FAST_CALLS[fast_key] = fast
+            FAST_CALLS[fast_key] = (fast, type(q), dict(LAST_RUN))
     return out
 
 

@@ -403,39 +403,53 @@ def _int_buffer(values: tuple):
     return mx.array(np.array(values, np.int32))
 
 
+class _Launches:
+    """The two launches of one call (signature, plan and lengths fixed), every buffer prepared:
+    what a decoding loop repeats. Called with MLX arrays; q and the output keep q's dtype (the
+    kernels view fp16 / bf16 as bits)."""
+
+    __slots__ = ("k1", "k2", "fp1", "tabs", "zero_sinks", "ip1", "ip2", "out1", "grid1", "tg1", "shape", "grid2")
+
+    def __call__(self, q, kb, vb, sinks):
+        import mlx.core as mx
+
+        po, pml = _launch(self.k1, inputs=[q, kb, vb, self.ip1, self.fp1, self.tabs], output_shapes=self.out1,
+                          output_dtypes=[mx.float32, mx.float32], grid=self.grid1, threadgroup=self.tg1)
+        sk = self.zero_sinks if sinks is None else sinks.astype(mx.float32).reshape(-1)
+        (out,) = _launch(self.k2, inputs=[po, pml, self.ip2, sk, self.tabs], output_shapes=self.shape,
+                         output_dtypes=[q.dtype], grid=self.grid2, threadgroup=(COMBINE_THREADS, 1, 1))
+        return out
+
+
 @lru_cache(maxsize=1024)
-def _mlx_call(prob: Problem, plan: Plan, qtype: int, backend: str, has_sinks: bool, dyn: bool = False):
-    """Kernels and every constant buffer of one call (lengths included): a repeated call is one lookup."""
+def _launches(prob: Problem, plan: Plan, qtype: int, backend: str, has_sinks: bool, dyn: bool = False) -> _Launches:
+    """Kernels, constant buffers and launch geometry of one call (lengths included): one lookup."""
     shape_prob = dataclasses.replace(prob, lengths=())
     shape_plan = dataclasses.replace(plan, splits=0, split_len=0)
-    k1, k2, fp1, tabs, zero_sinks, extra1, extra2 = _mlx_setup(shape_prob, shape_plan, qtype, backend, has_sinks, dyn)
-    ip1 = _int_buffer((prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1,
-                       *prob.lengths))
-    ip2 = _int_buffer((plan.partials, prob.q_heads, int(has_sinks), *extra2))
-    return k1, k2, fp1, tabs, zero_sinks, ip1, ip2
+    f = _Launches()
+    f.k1, f.k2, f.fp1, f.tabs, f.zero_sinks, extra1, extra2 = _mlx_setup(shape_prob, shape_plan, qtype, backend,
+                                                                         has_sinks, dyn)
+    f.ip1 = _int_buffer((prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1,
+                         *prob.lengths))
+    f.ip2 = _int_buffer((plan.partials, prob.q_heads, int(has_sinks), *extra2))
+    rows = prob.batch * prob.q_heads * prob.rows
+    f.out1 = [(rows, plan.partials, prob.v_dim), (rows, plan.partials, 2)]
+    f.grid1 = (prob.batch * prob.kv_heads * plan.splits * 32 * plan.warps, 1, 1)
+    f.tg1 = (32 * plan.warps, 1, 1)
+    f.shape = [(prob.batch, prob.q_heads, prob.head_dim) if prob.squeeze_rows else
+               (prob.batch, prob.q_heads, prob.rows, prob.head_dim)]
+    f.grid2 = (rows * COMBINE_THREADS, 1, 1)
+    return f
 
 
-def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: str, shape: tuple, dyn=False):
-    """The two launches; q and the output keep q's dtype (the kernels view fp16 / bf16 as bits)."""
+def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: str, dyn=False):
     import mlx.core as mx
 
-    k1, k2, fp1, tabs, zero_sinks, ip1, ip2 = _mlx_call(prob, plan, qtype, backend, sinks is not None, dyn)
-    np_ = plan.partials
-    qm = q if isinstance(q, mx.array) else mx.array(_np(q))
-    kbm = kb if isinstance(kb, mx.array) else mx.array(np.ascontiguousarray(_np(kb)))
-    vbm = vb if isinstance(vb, mx.array) else mx.array(np.ascontiguousarray(_np(vb)))
-    rows = prob.batch * prob.q_heads * prob.rows
-    n1 = prob.batch * prob.kv_heads * plan.splits
-    po, pml = _launch(k1, inputs=[qm, kbm, vbm, ip1, fp1, tabs], output_shapes=[(rows, np_, prob.v_dim), (rows, np_, 2)],
-                      output_dtypes=[mx.float32, mx.float32], grid=(n1 * 32 * plan.warps, 1, 1),
-                      threadgroup=(32 * plan.warps, 1, 1))
-    if sinks is None:
-        sk = zero_sinks
-    else:
-        sk = (sinks if isinstance(sinks, mx.array) else mx.array(_np(sinks))).astype(mx.float32).reshape(-1)
-    (out,) = _launch(k2, inputs=[po, pml, ip2, sk, tabs], output_shapes=[shape], output_dtypes=[qm.dtype],
-                     grid=(rows * COMBINE_THREADS, 1, 1), threadgroup=(COMBINE_THREADS, 1, 1))
-    return out
+    def as_mx(a):
+        return a if isinstance(a, mx.array) else mx.array(np.ascontiguousarray(_np(a)))
+
+    run = _launches(prob, plan, qtype, backend, sinks is not None, dyn)
+    return run(as_mx(q), as_mx(kb), as_mx(vb), None if sinks is None else as_mx(sinks))
 
 
 def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backend: str = "auto",
@@ -470,7 +484,7 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
 
             out = mx.array(out) if qtype != 2 else mx.view(mx.array(out), mx.bfloat16)
     else:
-        out = _run_mlx(q, k_blocks, v_blocks, prob, sinks, plan, qtype, bk, shape, _dyn_build(prob, plan, generic))
+        out = _run_mlx(q, k_blocks, v_blocks, prob, sinks, plan, qtype, bk, _dyn_build(prob, plan, generic))
         if not _is_mlx(q):
             import mlx.core as mx
 
@@ -483,50 +497,17 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
     return out
 
 
-class _FastCall:
-    """A prepared GPU launch pair for one call signature and length (what a decoding loop repeats)."""
-
-    __slots__ = ("k1", "k2", "fp1", "tabs", "zero_sinks", "ip1", "ip2", "out1", "out2", "grid1", "tg1",
-                 "shape", "grid2", "info", "q_type")
-
-    def __call__(self, q, kb, vb, sinks):
-        import mlx.core as mx
-
-        po, pml = self.k1(inputs=[q, kb, vb, self.ip1, self.fp1, self.tabs], output_shapes=self.out1,
-                          output_dtypes=[mx.float32, mx.float32], grid=self.grid1, threadgroup=self.tg1)
-        sk = self.zero_sinks if sinks is None else sinks.astype(mx.float32).reshape(-1)
-        (out,) = self.k2(inputs=[po, pml, self.ip2, sk, self.tabs], output_shapes=self.shape,
-                         output_dtypes=[q.dtype], grid=self.grid2, threadgroup=(COMBINE_THREADS, 1, 1))
-        LAUNCHES[0] += 2
-        attention.LAST_RUN.clear()
-        attention.LAST_RUN.update(self.info)
-        return out
-
-
-def fast_call(q, prob: Problem, backend: str, has_sinks: bool, options: dict) -> "_FastCall | None":
-    """The prepared launches of the call just made, when it ran on a GPU with MLX arrays (else None)."""
-    if not _is_mlx(q) or attention.LAST_RUN.get("backend") not in ("cuda", "metal"):
+def fast_call(q, prob: Problem, options: dict) -> "_Launches | None":
+    """The prepared launches of the call just made (``attention.LAST_RUN`` says where it ran), when
+    it ran on a GPU with MLX arrays and the default build; else None."""
+    bk = attention.LAST_RUN.get("backend")
+    if not _is_mlx(q) or bk not in ("cuda", "metal") or set(options) - {"splits", "lanes_per_key", "warps",
+                                                                        "tile", "kernel"}:
         return None
-    if set(options) - {"splits", "lanes_per_key", "warps", "tile", "kernel"}:
-        return None
-    import mlx.core as mx
-
-    bk = attention.LAST_RUN["backend"]
     qtype = QTYPES[str(q.dtype).replace("mlx.core.", "")]
     plan = _plan_cached(prob, bk, options.get("splits"), options.get("lanes_per_key"), options.get("warps"),
                         options.get("tile"), options.get("kernel"), False)
-    f = _FastCall()
-    f.k1, f.k2, f.fp1, f.tabs, f.zero_sinks, f.ip1, f.ip2 = _mlx_call(prob, plan, qtype, bk, has_sinks)
-    rows = prob.batch * prob.q_heads * prob.rows
-    f.out1 = [(rows, plan.partials, prob.v_dim), (rows, plan.partials, 2)]
-    f.grid1 = (prob.batch * prob.kv_heads * plan.splits * 32 * plan.warps, 1, 1)
-    f.tg1 = (32 * plan.warps, 1, 1)
-    f.shape = [(prob.batch, prob.q_heads, prob.head_dim) if prob.squeeze_rows else
-               (prob.batch, prob.q_heads, prob.rows, prob.head_dim)]
-    f.grid2 = (rows * COMBINE_THREADS, 1, 1)
-    f.info = dict(attention.LAST_RUN)
-    f.q_type = mx.array
-    return f
+    return _launches(prob, plan, qtype, bk, prob.has_sinks)
 
 
 def _dyn_build(prob: Problem, plan: Plan, generic: bool) -> bool:
