@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..bridge import FormatError, get_format
-from ..bridge.padding import pad_rows, padded_dim
+from ..bridge.padding import padded_dim
 from ..bridge.registry import Format
 
 MAX_QUERY_ROWS = 4          # speculative decoding: at most 4 new query rows per call

@@ -10,13 +10,14 @@ pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
 
 from hypothesis import example, given, strategies as st  # noqa: E402
 from mlx_lm.models import cache as mlx_cache  # noqa: E402
-from mlx_lm.models import gemma3_text, llama  # noqa: E402
+from mlx_lm.models import llama  # noqa: E402
 
 from tqbridge.bridge import FormatError, dequantize, formats, get_format, quantize  # noqa: E402
 from tqbridge.metal import cache as tqc  # noqa: E402
 from tqbridge.metal import routing  # noqa: E402
 from tqbridge.metal.cache import TQCache, cache_report, make_cache, padded_dim, parse_kv  # noqa: E402
 from tqbridge.metal.routing import route_attention  # noqa: E402
+from tiny_models import cpu_device, tiny_gemma3, tiny_llama, tokens  # noqa: E402,F401
 
 _WANTED = ["f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl",
            "turbo2", "turbo3", "turbo4", "turbo3@fork-69d8e4b", "turbo3@g64", "turbo4@g64"]
@@ -27,19 +28,6 @@ TURBO_FETCH_RTOL = 1e-5
 TURBO_FETCH_ATOL = 1e-6
 # Same float math in two shapes (one chunk vs many; mx.fast SDPA vs masked SDPA): float32 rounding.
 LOGIT_ATOL = 1e-4
-
-
-@pytest.fixture(autouse=True)
-def _cpu_device():
-    """These tests compare float paths at float32-CPU tolerances, so they run on MLX's CPU device on
-    every machine. On the H200 (MLX's CUDA backend) 9 of them missed those tolerances (the Hadamard
-    round trip by more than 1e-5, path agreement by more than 3e-3): float32 matmuls there are not
-    CPU-exact. The fused kernel on a GPU is covered by the gpu-marked tests of
-    test_attention_kernel.py and by the recorded real-model runs (BENCHMARKS.md)."""
-    prev = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    yield
-    mx.set_default_device(prev)
 
 
 def _fmt_key(name):
@@ -175,34 +163,9 @@ def test_bad_input_is_refused():
 
 # ------------------------------------------------------------------ tiny random models
 
-def _tiny_llama(head_dim=64):
-    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
-                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97,
-                           head_dim=head_dim, rope_theta=10000.0)
-    mx.random.seed(1)
-    m = llama.Model(args)
-    mx.eval(m.parameters())
-    return m
-
-
-def _tiny_gemma3(window=8):
-    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=64, num_hidden_layers=4,
-                                 intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
-                                 head_dim=64, vocab_size=97, sliding_window=window, sliding_window_pattern=2,
-                                 query_pre_attn_scalar=64)
-    mx.random.seed(2)
-    m = gemma3_text.Model(args)
-    mx.eval(m.parameters())
-    return m
-
-
 @pytest.fixture(scope="module")
 def tiny():
-    return _tiny_llama()
-
-
-def _tokens(n, seed=0):
-    return mx.array(np.random.default_rng(seed).integers(0, 97, (1, n)))
+    return tiny_llama()
 
 
 def _run(model, cache, toks, chunk, mode="sdpa"):
@@ -217,7 +180,7 @@ def _run(model, cache, toks, chunk, mode="sdpa"):
 
 
 def test_f32_cache_matches_mlx_lm_kv_cache(tiny):
-    toks = _tokens(30)
+    toks = tokens(30)
     want = _run(tiny, mlx_cache.make_prompt_cache(tiny), toks, 10)
     c = make_cache(tiny, "f32", "f32")
     got = _run(tiny, c, toks, 10)
@@ -228,7 +191,7 @@ def test_f32_cache_matches_mlx_lm_kv_cache(tiny):
 @pytest.mark.parametrize("kv", ["q8_0/q4_0", "turbo3/q8_0"])
 def test_prefill_does_not_depend_on_chunking(tiny, kv):
     """Prefill attends to the quantized rows of its own chunk, so chunking changes nothing."""
-    toks = _tokens(24, seed=3)
+    toks = tokens(24, seed=3)
     one = _run(tiny, make_cache(tiny, *parse_kv(kv)), toks, 24)
     few = _run(tiny, make_cache(tiny, *parse_kv(kv)), toks, 5)
     steps = _run(tiny, make_cache(tiny, *parse_kv(kv)), toks, 1)
@@ -238,7 +201,7 @@ def test_prefill_does_not_depend_on_chunking(tiny, kv):
 
 @pytest.mark.parametrize("kv", ["q8_0/turbo3", "q4_1/f16"])
 def test_prompt_cache_save_load_continue(tiny, tmp_path, kv):
-    toks = _tokens(40, seed=4)
+    toks = tokens(40, seed=4)
     prompt, rest = toks[:, :33], toks[:, 33:]
     c = make_cache(tiny, *parse_kv(kv))
     _run(tiny, c, prompt, 16)
@@ -284,7 +247,7 @@ def test_routing_sends_decode_to_the_kernel_and_restores(tiny, monkeypatch):
 
     monkeypatch.setattr(routing, "decode_kernel", lambda: fake_kernel)
     monkeypatch.setattr(routing, "_kernel_backend", lambda: "fake")
-    toks = _tokens(20, seed=5)
+    toks = tokens(20, seed=5)
     original = llama.scaled_dot_product_attention
     c = make_cache(tiny, "q8_0", "q4_0")   # rotated K and V: the routing rotates q and the output
     got = _run(tiny, c, toks[:, :16], 16, mode="kernel")
@@ -301,9 +264,9 @@ def test_routing_sends_decode_to_the_kernel_and_restores(tiny, monkeypatch):
 def test_kernel_mode_without_a_kernel_is_an_error(tiny, monkeypatch):
     monkeypatch.setattr(routing, "decode_kernel", lambda: None)
     c = make_cache(tiny, "q8_0", "q8_0")
-    _run(tiny, c, _tokens(4), 4, mode="kernel")  # prefill is fine
+    _run(tiny, c, tokens(4), 4, mode="kernel")  # prefill is fine
     with pytest.raises(RuntimeError, match="kernel cannot run"):
-        _run(tiny, c, _tokens(1), 1, mode="kernel")
+        _run(tiny, c, tokens(1), 1, mode="kernel")
     with pytest.raises(ValueError, match="decode mode"):
         with route_attention("fast"):
             pass
@@ -313,7 +276,7 @@ def test_real_decode_kernel_matches_the_reference(tiny):
     """The fused kernel (on this machine's backend) through the cache: same logits as the reference."""
     if routing.decode_kernel() is None:
         pytest.skip("tqbridge.metal.attention.decode_attention is not installed")
-    toks = _tokens(12, seed=6)
+    toks = tokens(12, seed=6)
     for kv in ["q8_0/turbo3", "turbo4/q4_0"]:
         c = make_cache(tiny, *parse_kv(kv))
         _run(tiny, c, toks[:, :9], 9)
@@ -333,8 +296,8 @@ def test_real_decode_kernel_matches_the_reference(tiny):
 # ------------------------------------------------------------------ sliding windows (Gemma 3)
 
 def test_sliding_window_layers_quantized_or_float():
-    m = _tiny_gemma3(window=8)
-    toks = _tokens(30, seed=7)
+    m = tiny_gemma3(window=8)
+    toks = tokens(30, seed=7)
     want = _run(m, mlx_cache.make_prompt_cache(m), toks, 1)   # mlx-lm's own rotating caches
     q = make_cache(m, "f32", "f32")
     assert [c.window for c in q] == [8, None, 8, None]
@@ -353,7 +316,7 @@ def test_sliding_window_layers_quantized_or_float():
 
 
 def test_windowed_decode_passes_only_the_window_to_the_kernel(monkeypatch):
-    m = _tiny_gemma3(window=8)
+    m = tiny_gemma3(window=8)
     seen = []
 
     def fake_kernel(q, k_blocks, v_blocks, *, k_format, v_format, length, scale, backend=None, sinks=None):
@@ -364,7 +327,7 @@ def test_windowed_decode_passes_only_the_window_to_the_kernel(monkeypatch):
         return mx.fast.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale)[:, :, 0]
 
     monkeypatch.setattr(routing, "decode_kernel", lambda: fake_kernel)
-    toks = _tokens(14, seed=8)
+    toks = tokens(14, seed=8)
     got = _run(m, make_cache(m, "q8_0", "q8_0"), toks, 1, mode="kernel")
     want = _run(m, make_cache(m, "q8_0", "q8_0"), toks, 1, mode="sdpa")
     np.testing.assert_allclose(np.array(got), np.array(want), atol=LOGIT_ATOL, rtol=0)
@@ -383,7 +346,7 @@ def test_auto_mode_on_cpu_uses_the_dispatchers_reference(tiny):
     if routing.decode_kernel() is None:
         pytest.skip("tqbridge.metal.attention.decode_attention is not installed")
     c = make_cache(tiny, "q8_0", "turbo3")
-    _run(tiny, c, _tokens(6), 5, mode="auto")
+    _run(tiny, c, tokens(6), 5, mode="auto")
     assert cache_report(c)["paths"] == {"append": 2 * 2, "prefill:dequant-sdpa": 2, "decode:reference": 2}
 
 
@@ -391,7 +354,7 @@ def test_mlx_lm_generate_step_runs_on_the_cache(tiny):
     """mlx-lm's own generation loop takes a TQCache prompt cache, routed or not, same tokens."""
     from mlx_lm.generate import generate_step
 
-    prompt = _tokens(12, seed=9)[0]
+    prompt = tokens(12, seed=9)[0]
     c = make_cache(tiny, "q8_0", "turbo3")
     with route_attention():
         routed = [int(t) for t, _ in generate_step(prompt, tiny, max_tokens=6, prompt_cache=c)]
@@ -405,8 +368,8 @@ def test_windowed_cache_drops_rows_nobody_can_see(tmp_path, monkeypatch):
     """With a small step the window drops old rows; results still equal mlx-lm's rotating cache,
     memory stays bounded, and a saved cache continues identically."""
     monkeypatch.setattr(TQCache, "step", 4)
-    m = _tiny_gemma3(window=8)
-    toks = _tokens(60, seed=10)
+    m = tiny_gemma3(window=8)
+    toks = tokens(60, seed=10)
     want = _run(m, mlx_cache.make_prompt_cache(m), toks, 1)
     for chunk in (1, 7, 13):
         c = make_cache(m, "f32", "f32")

@@ -12,7 +12,6 @@ mx = pytest.importorskip("mlx.core", reason="MLX is not installed")
 pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
 
 from mlx_lm.models import cache as mlx_cache  # noqa: E402
-from mlx_lm.models import gemma3_text, llama  # noqa: E402
 
 from tqbridge.bridge import FormatError, quantize  # noqa: E402
 from tqbridge.metal import routing  # noqa: E402
@@ -20,6 +19,7 @@ from tqbridge.metal.cache import (TQCache, cache_report, hadamard_rotate, make_c
                                   parse_kv_spec)
 from tqbridge.metal.calibration import CalibrationError, KeyCalibration, fit  # noqa: E402
 from tqbridge.metal.routing import attend, route_attention  # noqa: E402
+from tiny_models import cpu_device, tiny_gemma3, tiny_llama, tokens  # noqa: E402,F401
 
 CLI = [sys.executable, "-c", "import sys; from tqbridge.tools.cli import main; sys.exit(main())"]
 # Calibration is exact in real arithmetic; in float32 the mean subtracted and added back, the scale
@@ -28,38 +28,12 @@ CLI = [sys.executable, "-c", "import sys; from tqbridge.tools.cli import main; s
 # mistake in the algebra (a wrong scale or a missing mean moves them by > 1e-2).
 LOGIT_ATOL = 1e-4
 
-
-@pytest.fixture(autouse=True)
-def _cpu_device():
-    """These tests compare float paths at float32-CPU tolerances, so they run on MLX's CPU device on
-    every machine. On the H200 (MLX's CUDA backend) 9 of them missed those tolerances (the Hadamard
-    round trip by more than 1e-5, path agreement by more than 3e-3): float32 matmuls there are not
-    CPU-exact. The fused kernel on a GPU is covered by the gpu-marked tests of
-    test_attention_kernel.py and by the recorded real-model runs (BENCHMARKS.md)."""
-    prev = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    yield
-    mx.set_default_device(prev)
 TOOLS = ["mean", "scale", "mean+scale", "mean+scale+rotated", "scale=0.25", "mean+qscale"]
-
-
-def _tiny_llama():
-    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
-                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97,
-                           head_dim=64, rope_theta=10000.0)
-    mx.random.seed(1)
-    m = llama.Model(args)
-    mx.eval(m.parameters())
-    return m
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return _tiny_llama()
-
-
-def _tokens(n, seed=0):
-    return mx.array(np.random.default_rng(seed).integers(0, 97, (1, n)))
+    return tiny_llama()
 
 
 def _run(model, cache, toks, prefill, mode="sdpa"):
@@ -91,7 +65,7 @@ def test_spelling_and_one_line_errors():
     with pytest.raises(CalibrationError):
         TQCache("q8_0", "q8_0", calibration="median")
     with pytest.raises(ValueError, match="two different"):
-        make_cache(_tiny_llama(), "q8_0+mean", "q8_0", calibration="scale")
+        make_cache(tiny_llama(), "q8_0+mean", "q8_0", calibration="scale")
 
 
 def test_cli_refuses_bad_calibration_in_one_line(tmp_path):
@@ -163,7 +137,7 @@ def test_calibration_lowers_the_score_error_of_offset_channels():
 def test_float_keys_give_the_same_logits_on_every_path(tiny, tools):
     """f32 keys: calibration changes no logit (prefill via dequantize + SDPA, decode via
     decode_attention's ops reference, which gets the scaled and rotated query)."""
-    toks = _tokens(24, seed=4)
+    toks = tokens(24, seed=4)
     want = _run(tiny, make_cache(tiny, "f32", "f32"), toks, 16)
     for mode in ("sdpa", "reference"):
         c = make_cache(tiny, "f32+" + tools, "f32")
@@ -180,7 +154,7 @@ def test_float_keys_give_the_same_logits_on_every_path(tiny, tools):
 def test_decode_kernel_path_agrees_with_the_dequantize_path(tiny, kv, monkeypatch):
     """Quantized keys: decode through decode_attention (ops reference, and a stand-in kernel that
     only sees blocks) gives the logits of the dequantize + SDPA path."""
-    toks = _tokens(20, seed=5)
+    toks = tokens(20, seed=5)
     k, v, cal = parse_kv_spec(kv)
     want = _run(tiny, make_cache(tiny, k, v, calibration=cal), toks, 12, "sdpa")
     got = _run(tiny, make_cache(tiny, k, v, calibration=cal), toks, 12, "reference")
@@ -203,14 +177,8 @@ def test_decode_kernel_path_agrees_with_the_dequantize_path(tiny, kv, monkeypatc
 
 
 def test_windowed_layers_calibrate_too():
-    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=64, num_hidden_layers=4,
-                                 intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
-                                 head_dim=64, vocab_size=97, sliding_window=8, sliding_window_pattern=2,
-                                 query_pre_attn_scalar=64)
-    mx.random.seed(2)
-    m = gemma3_text.Model(args)
-    mx.eval(m.parameters())
-    toks = _tokens(20, seed=6)
+    m = tiny_gemma3(window=8, seed=2)
+    toks = tokens(20, seed=6)
     want = _run(m, make_cache(m, "f32", "f32"), toks, 10)
     c = make_cache(m, "f32+mean+qscale", "f32")
     got = _run(m, c, toks, 10, "reference")
@@ -236,7 +204,7 @@ def test_sinks_with_a_key_mean_take_the_dequantize_path():
 
 
 def test_qscale_needs_the_routing_and_says_so(tiny):
-    toks = _tokens(8, seed=8)
+    toks = tokens(8, seed=8)
     c = make_cache(tiny, "q8_0+qscale", "q8_0")
     tiny(toks, cache=c)                                 # not routed: key statistics only
     assert all("key statistics only" in x.calibration_note for x in c)
@@ -250,7 +218,7 @@ def test_qscale_needs_the_routing_and_says_so(tiny):
 
 @pytest.mark.parametrize("kv", ["q5_1+mean+scale/q4_0", "turbo4@g64+mean+qscale/q8_0"])
 def test_prompt_cache_save_load_continue(tiny, tmp_path, kv):
-    toks = _tokens(30, seed=9)
+    toks = tokens(30, seed=9)
     k, v, cal = parse_kv_spec(kv)
     c = make_cache(tiny, k, v, calibration=cal)
     _run(tiny, c, toks[:, :22], 18)
@@ -290,7 +258,7 @@ def test_state_checks_and_uncalibrated_layout():
 def test_bytes_count_the_calibration(tiny):
     from tqbridge.parity import quality as q
 
-    toks = [int(t) for t in np.array(_tokens(40, seed=10))[0]]
+    toks = [int(t) for t in np.array(tokens(40, seed=10))[0]]
     rows = {r["kv"]: r for r in q.evaluate(tiny, toks, ["q8_0/q8_0", "q8_0+mean+scale/q8_0"], chunk=16)}
     extra = 2 * 2 * 2 * 64 * 4          # layers x (mean, scale) x KV heads x head dim x float32
     plain, cal = rows["q8_0/q8_0"], rows["q8_0+mean+scale/q8_0"]

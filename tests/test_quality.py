@@ -15,7 +15,7 @@ import pytest
 mx = pytest.importorskip("mlx.core", reason="MLX is not installed")
 pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
 
-from mlx_lm.models import llama  # noqa: E402
+from tiny_models import tiny_gemma3, tiny_llama  # noqa: E402
 
 from tqbridge.bridge import get_format  # noqa: E402
 from tqbridge.parity import quality as q  # noqa: E402
@@ -28,13 +28,7 @@ SCHEMA = {"kv", "kl_mean", "kl_max", "top1", "bytes_per_token", "bits_per_value"
 
 @pytest.fixture(scope="module")
 def tiny():
-    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
-                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97,
-                           head_dim=64, rope_theta=10000.0)
-    mx.random.seed(3)
-    m = llama.Model(args)
-    mx.eval(m.parameters())
-    return m
+    return tiny_llama(seed=3)
 
 
 def test_default_text_is_long_and_fixed():
@@ -132,18 +126,10 @@ def test_cli_errors_are_one_line(tmp_path):
 
 
 def test_bits_per_value_counts_what_sliding_layers_hold(monkeypatch):
-    from mlx_lm.models import gemma3_text
-
     from tqbridge.metal.cache import TQCache
 
     monkeypatch.setattr(TQCache, "step", 4)   # let the windowed layers drop rows within 40 tokens
-    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=64, num_hidden_layers=4,
-                                 intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
-                                 head_dim=64, vocab_size=97, sliding_window=8, sliding_window_pattern=2,
-                                 query_pre_attn_scalar=64)
-    mx.random.seed(4)
-    m = gemma3_text.Model(args)
-    mx.eval(m.parameters())
+    m = tiny_gemma3(window=8, seed=4)
     toks = np.random.default_rng(1).integers(0, 97, 40).tolist()
     rows = q.evaluate(m, toks, ["q8_0/q8_0"], chunk=16)
     assert [r["bits_per_value"] for r in rows] == [16.0, 8.5]
