@@ -25,6 +25,7 @@ from ..bridge.padding import padded_dim
 from ..bridge.registry import Format
 
 MAX_QUERY_ROWS = 4          # speculative decoding: at most 4 new query rows per call
+MAX_ROTATION = 256          # largest Hadamard group (the kernel's sign tables hold 256 entries)
 BACKENDS = ("auto", "reference", "kernel", "cpu-emulator", "cuda", "metal")
 LAST_RUN: dict = {}         # what the most recent call ran: backend, dispatches, splits
 _CHECKED: dict = {}         # call signature -> validated Problem
@@ -55,6 +56,8 @@ class Problem:
     softcap: float            # 0: no soft-capping
     has_sinks: bool
     squeeze_rows: bool        # q came as (B, Hq, D)
+    k_rot: int = 0            # llama.cpp's Hadamard group the K rows were rotated by (0: none)
+    v_rot: int = 0            # the same for V (the output is rotated back)
 
     @property
     def group(self) -> int:
@@ -79,7 +82,7 @@ def _row_values(fmt: Format, row_bytes: int, what: str) -> int:
 
 def check_problem(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_format: Any, length: Any,
                   scale: "float | None" = None, window: "int | None" = None, softcap: "float | None" = None,
-                  sinks: Any = None) -> Problem:
+                  sinks: Any = None, rotation: "tuple[int, int] | None" = None) -> Problem:
     """Validate every argument of :func:`decode_attention`; one clear error per problem."""
     try:
         kf, vf = get_format(k_format), get_format(v_format)
@@ -146,8 +149,29 @@ def check_problem(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_form
         ss = _shape(sinks)
         if ss != (hq,):
             raise AttentionError(f"sinks must hold one logit per query head, shape ({hq},); got {ss}")
+    k_rot, v_rot = _check_rotation(rotation, kf, vf, kd, vd, d)
     return Problem(b, hq, hkv, t, d, l_max, lengths, kf, vf, kd, vd, scale, window, softcap,
-                   sinks is not None, squeeze)
+                   sinks is not None, squeeze, k_rot, v_rot)
+
+
+def _check_rotation(rotation, kf: Format, vf: Format, kd: int, vd: int, d: int) -> tuple[int, int]:
+    """``(k_rot, v_rot)``: the Hadamard groups llama.cpp rotated the stored K / V rows by."""
+    if rotation is None:
+        return 0, 0
+    try:
+        k_rot, v_rot = (int(x) for x in rotation)
+    except (TypeError, ValueError):
+        raise AttentionError(f"rotation must be a pair (k_group, v_group); got {rotation!r}") from None
+    for n, fmt, dim, side in ((k_rot, kf, kd, "K"), (v_rot, vf, vd, "V")):
+        if not n:
+            continue
+        if fmt.kind == "turbo":
+            raise AttentionError(f"{side}: {fmt.key} rotates inside its format; a Hadamard rotation on top "
+                                 "is not supported")
+        if n < 2 or n > MAX_ROTATION or n & (n - 1) or dim % n or dim != d:
+            raise AttentionError(f"{side} rotation group {n} must be a power of two in 2..{MAX_ROTATION} "
+                                 f"dividing the head dim {d} (rows stored unpadded)")
+    return k_rot, v_rot
 
 
 def visible_range(length: int, rows: int, t: int, window: int) -> tuple[int, int]:
@@ -164,14 +188,16 @@ def visible_range(length: int, rows: int, t: int, window: int) -> tuple[int, int
 
 def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_format: Any, length: Any,
                      scale: "float | None" = None, backend: str = "auto", window: "int | None" = None,
-                     softcap: "float | None" = None, sinks: Any = None, **options: Any) -> Any:
+                     softcap: "float | None" = None, sinks: Any = None,
+                     rotation: "tuple[int, int] | None" = None, **options: Any) -> Any:
     """Softmax attention of ``q`` over quantized K/V caches, fp32 accumulation, output in q's dtype.
 
     q: ``(B, Hq, D)`` or ``(B, Hq, T, D)`` with T ≤ 4 (the last T positions, causal mask).
     k_blocks / v_blocks: ``(B, Hkv, L_max, row_bytes)`` uint8; ``length``: valid positions (int or
     one per batch row). Options: ``window`` (sliding window, positions), ``softcap`` (logits become
     ``softcap * tanh(logit / softcap)``), ``sinks`` (one logit per query head, an extra key with a
-    zero value). ``backend``: ``"auto"`` (the fused kernel on the best backend here), ``"kernel"``,
+    zero value), ``rotation`` (``(k_group, v_group)``: the caches hold llama.cpp's Hadamard-rotated
+    rows H.k and H.v; q is rotated and the output rotated back inside the kernel). ``backend``: ``"auto"`` (the fused kernel on the best backend here), ``"kernel"``,
     ``"metal"``, ``"cuda"``, ``"cpu-emulator"`` or ``"reference"`` (MLX ops). numpy in, numpy out;
     MLX arrays in, MLX arrays out. Returns an array shaped like q.
     """
@@ -183,7 +209,7 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
         # call signature, the length every time
         key = (tuple(q.shape), str(q.dtype), tuple(k_blocks.shape), str(k_blocks.dtype), tuple(v_blocks.shape),
                str(v_blocks.dtype), k_format, v_format, scale, window, softcap,
-               None if sinks is None else tuple(sinks.shape))
+               None if sinks is None else tuple(sinks.shape), rotation)
     fast_key = None
     if key is not None:
         # a decoding loop repeats the same call on a GPU: one lookup, then the two launches
@@ -200,7 +226,7 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
         prob = dataclasses.replace(base, lengths=(length,) * base.batch)
     else:
         prob = check_problem(q, k_blocks, v_blocks, k_format=k_format, v_format=v_format, length=length,
-                             scale=scale, window=window, softcap=softcap, sinks=sinks)
+                             scale=scale, window=window, softcap=softcap, sinks=sinks, rotation=rotation)
         if key is not None:
             if len(_CHECKED) > 1024:
                 _CHECKED.clear()

@@ -22,6 +22,17 @@
 
 #define TQA_NEG_BIG (-3.0e38f)
 
+// The tabs buffer: K and V value tables (16 each), then the rotation sign tables s1, s2 of K and of V
+// (TQA_RMAX each: turbo's signs, or ones for llama.cpp's plain Hadamard rotation of legacy types),
+// then the K and V rotation scales.
+#define TQA_RMAX 256
+#define TQA_TAB_KS1 32
+#define TQA_TAB_KS2 (32 + TQA_RMAX)
+#define TQA_TAB_VS1 (32 + 2 * TQA_RMAX)
+#define TQA_TAB_VS2 (32 + 3 * TQA_RMAX)
+#define TQA_TAB_KSCALE (32 + 4 * TQA_RMAX)
+#define TQA_TAB_VSCALE (33 + 4 * TQA_RMAX)
+
 // q and the output travel in q's element type: float32, or fp16 / bf16 bits (TQA_QTYPE 0 / 1 / 2)
 // (the buffers arrive typed as the caller's arrays: TQA_Q / TQA_OUT view them as TQA_QT elements)
 #if TQA_QTYPE == 1

@@ -69,22 +69,26 @@ class Plan:
         return keys_per_slot + int(math.log2(32 // self.lanes_per_key)) + self.partials
 
 
+RMAX = 256                   # entries of each rotation sign table in ``tabs`` (TQA_RMAX)
+
+
 def _fmt_params(fmt) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, float]:
-    """Static parameters, 16-entry value table, sign tables (s1, s2) and rotation scale of a format."""
+    """Static parameters, 16-entry value table, sign tables (s1, s2) and rotation scale of a format
+    (turbo formats rotate by their own group; ROT is that group, 0 for the others)."""
     fid = FORMAT_IDS.get(fmt.name)
     if fid is None:
         raise AttentionError(f"the attention kernel has no decoder for format {fmt.key}")
     tab = np.zeros(16, np.float32)
-    s1 = s2 = np.ones(128, np.float32)
+    s1 = s2 = np.ones(RMAX, np.float32)
     rot_scale = 1.0
     static = dict(ID=fid, BB=fmt.type_size, GRP=fmt.block_size, QS=0, SG=0, ROT=0)
     if fmt.kind == "turbo":
         sp = fmt.codec.spec
         tab[: sp.levels] = sp.centroids
-        s1 = np.ones(128, np.float32); s1[: sp.group] = sp.s1
-        s2 = np.ones(128, np.float32); s2[: sp.group] = sp.s2
+        s1 = np.ones(RMAX, np.float32); s1[: sp.group] = sp.s1
+        s2 = np.ones(RMAX, np.float32); s2[: sp.group] = sp.s2
         rot_scale = float(sp.scale)
-        static.update(QS=sp.qs_offset, SG=sp.signs_offset or 0, ROT=1)
+        static.update(QS=sp.qs_offset, SG=sp.signs_offset or 0, ROT=sp.group)
     elif fmt.name == "iq4_nl":
         from ..bridge.iq4_nl import KVALUES
 
@@ -92,10 +96,22 @@ def _fmt_params(fmt) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, float]:
     return static, tab, s1, s2, rot_scale
 
 
+def _side_rotation(fmt, group: int) -> tuple[int, np.ndarray, np.ndarray, float]:
+    """(rotation group, s1, s2, scale) of one side: the format's own (turbo) or llama.cpp's plain
+    Hadamard of ``group`` values (signs 1, scale 1/sqrt(group) in float32)."""
+    st, _, s1, s2, scale = _fmt_params(fmt)
+    if st["ROT"] or not group:
+        return st["ROT"], s1, s2, scale
+    ones = np.ones(RMAX, np.float32)
+    return group, ones, ones, float(np.float32(1.0) / np.sqrt(np.float32(group)))
+
+
 def tables(prob: Problem) -> np.ndarray:
-    """The ``tabs`` buffer: K/V value tables, K/V sign tables, K/V rotation scales (546 floats)."""
-    _, kt, ks1, ks2, kscale = _fmt_params(prob.k_format)
-    _, vt, vs1, vs2, vscale = _fmt_params(prob.v_format)
+    """The ``tabs`` buffer: K/V value tables, K/V sign tables (RMAX each), K/V rotation scales."""
+    _, kt, *_ = _fmt_params(prob.k_format)
+    _, vt, *_ = _fmt_params(prob.v_format)
+    _, ks1, ks2, kscale = _side_rotation(prob.k_format, prob.k_rot)
+    _, vs1, vs2, vscale = _side_rotation(prob.v_format, prob.v_rot)
     return np.concatenate([kt, vt, ks1, ks2, vs1, vs2, [kscale, vscale]]).astype(np.float32)
 
 
@@ -231,7 +247,8 @@ def _fmt_consts(prob: Problem) -> dict:
     vs, *_ = _fmt_params(prob.v_format)
     return dict(TQA_KF=ks["ID"], TQA_VF=vs["ID"], TQA_KBB=ks["BB"], TQA_VBB=vs["BB"], TQA_KGRP=ks["GRP"],
                 TQA_VGRP=vs["GRP"], TQA_KQS=ks["QS"], TQA_VQS=vs["QS"], TQA_KSG=ks["SG"], TQA_VSG=vs["SG"],
-                TQA_KROT=ks["ROT"], TQA_VROT=vs["ROT"], TQA_G=prob.group, TQA_T=prob.rows)
+                TQA_KROT=ks["ROT"] or prob.k_rot, TQA_VROT=vs["ROT"] or prob.v_rot, TQA_G=prob.group,
+                TQA_T=prob.rows)
 
 
 @lru_cache(maxsize=256)
@@ -272,7 +289,8 @@ def _kernel_defs(qtype: int, version: str = "v1"):
     qdt = "float32" if qtype == 0 else "uint16"
     split = Kernel(
         "tq_attention_split" + ("_v2" if version == "v2" else ""),
-        (("q", qdt), ("kb", "uint8"), ("vb", "uint8"), ("ip", "int32"), ("fp", "float32"), ("tabs", "float32")),
+        (("q", qdt), ("kb", "uint8"), ("vb", "uint8"), ("ip", "int32"), ("fp", "float32"), ("tabs", "float32"),
+         ("dep", "uint32")),
         (("po", "float32"), ("pml", "float32")),
         (HERE / ("attention_kernel_split_v2.cpp" if version == "v2" else "attention_kernel_split.cpp")).read_text(),
         header)
@@ -344,7 +362,8 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
     fp1 = np.array([prob.scale, prob.softcap], np.float32)
     tabs = tables(prob)
     k1 = _emulated(0, qtype, tuple(sorted(split_s.items())), plan.kernel)
-    po, pml = _launch(k1, [qn, np.ascontiguousarray(_np(kb)), np.ascontiguousarray(_np(vb)), ip1, fp1, tabs],
+    po, pml = _launch(k1, [qn, np.ascontiguousarray(_np(kb)), np.ascontiguousarray(_np(vb)), ip1, fp1, tabs,
+                           np.zeros(1, np.uint32)],
                  [(rows, np_, prob.v_dim), (rows, np_, 2)],
                  (prob.batch * prob.kv_heads * plan.splits, 1, 1), 32 * plan.warps, seed=seed)
     ip2 = np.array([np_, prob.q_heads, int(sinks is not None), *extra2], np.int32)
@@ -395,6 +414,13 @@ def _mlx_setup(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, 
     return k1, k2, fp1, tabs, zero_sinks, tuple(extra1), tuple(extra2)
 
 
+@lru_cache(maxsize=1)
+def _no_dep():
+    import mlx.core as mx
+
+    return mx.zeros((1,), mx.uint32)
+
+
 @lru_cache(maxsize=1024)
 def _int_buffer(values: tuple):
     """An int32 parameter buffer, made once per distinct content."""
@@ -408,13 +434,16 @@ class _Launches:
     what a decoding loop repeats. Called with MLX arrays; q and the output keep q's dtype (the
     kernels view fp16 / bf16 as bits)."""
 
-    __slots__ = ("k1", "k2", "fp1", "tabs", "zero_sinks", "ip1", "ip2", "out1", "grid1", "tg1", "shape", "grid2")
+    __slots__ = ("k1", "k2", "fp1", "tabs", "zero_sinks", "ip1", "ip2", "out1", "grid1", "tg1", "shape", "grid2",
+                 "no_dep")
 
-    def __call__(self, q, kb, vb, sinks):
+    def __call__(self, q, kb, vb, sinks, ip1=None, after=None):
         import mlx.core as mx
 
-        po, pml = _launch(self.k1, inputs=[q, kb, vb, self.ip1, self.fp1, self.tabs], output_shapes=self.out1,
-                          output_dtypes=[mx.float32, mx.float32], grid=self.grid1, threadgroup=self.tg1)
+        po, pml = _launch(self.k1, inputs=[q, kb, vb, self.ip1 if ip1 is None else ip1, self.fp1, self.tabs,
+                                           self.no_dep if after is None else after],
+                          output_shapes=self.out1, output_dtypes=[mx.float32, mx.float32], grid=self.grid1,
+                          threadgroup=self.tg1)
         sk = self.zero_sinks if sinks is None else sinks.astype(mx.float32).reshape(-1)
         (out,) = _launch(self.k2, inputs=[po, pml, self.ip2, sk, self.tabs], output_shapes=self.shape,
                          output_dtypes=[q.dtype], grid=self.grid2, threadgroup=(COMBINE_THREADS, 1, 1))
@@ -429,6 +458,7 @@ def _launches(prob: Problem, plan: Plan, qtype: int, backend: str, has_sinks: bo
     f = _Launches()
     f.k1, f.k2, f.fp1, f.tabs, f.zero_sinks, extra1, extra2 = _mlx_setup(shape_prob, shape_plan, qtype, backend,
                                                                          has_sinks, dyn)
+    f.no_dep = _no_dep()
     f.ip1 = _int_buffer((prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1,
                          *prob.lengths))
     f.ip2 = _int_buffer((plan.partials, prob.q_heads, int(has_sinks), *extra2))
@@ -518,3 +548,53 @@ def _dyn_build(prob: Problem, plan: Plan, generic: bool) -> bool:
 def _is_mlx(a) -> bool:
     mod = type(a).__module__
     return mod[:3] == "mlx"
+
+
+class DecodeLaunch:
+    """The fused attention of one cache layer's decode steps, prepared once per cache geometry
+    (buffer capacity included): the launch plan is made for a full buffer, and the length — which
+    grows every step — travels in the parameter buffer, so a decoding loop reuses the same two
+    launches for every step until the buffers grow. ``after``: an array the kernel must run after
+    (the in-place append's flag), so it reads the rows that append wrote."""
+
+    def __init__(self, prob: Problem, backend: str, qtype: int):
+        self.backend = backend
+        plan = _plan_cached(prob, backend, None, None, None, None, None, False)
+        self.plan = plan
+        self._run = _launches(prob, plan, qtype, backend, prob.has_sinks)
+        self._head = tuple(int(x) for x in _param_head(prob, plan))
+        self.l_max = prob.l_max
+        self.batch = prob.batch
+        self.run_info = dict(backend=backend, dispatches=2, kernel=plan.kernel, splits=plan.splits,
+                             warps=plan.warps, tile=plan.tile, lanes_per_key=plan.lanes_per_key,
+                             chain=plan.chain(prob.l_max))
+
+    def __call__(self, q, kb, vb, length: int, after=None, sinks=None):
+        if not 0 <= length <= self.l_max:
+            raise AttentionError(f"length {length} is outside 0..{self.l_max} (the cache's L_max)")
+        ip1 = _int_buffer(self._head + (length,) * self.batch)
+        return self._run(q, kb, vb, sinks, ip1, after)
+
+
+def _param_head(prob: Problem, plan: Plan) -> list:
+    """The pass-1 int parameters before the per-row lengths."""
+    extra1 = _static(prob, plan, 0, False)[2]
+    return [prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1]
+
+
+def prepare_decode(q, k_blocks, v_blocks, *, k_format, v_format, scale=None, window=None, softcap=None,
+                   sinks=None, rotation=None, backend: str = "auto") -> "DecodeLaunch | None":
+    """A :class:`DecodeLaunch` for MLX arrays shaped like these on a GPU backend, else None (the
+    caller then takes :func:`tqbridge.metal.decode_attention`)."""
+    from .attention import check_problem
+
+    bk = pick_backend("auto" if backend == "kernel" else backend)
+    if bk not in ("cuda", "metal") or not _is_mlx(q):
+        return None
+    qdt = str(q.dtype).replace("mlx.core.", "")
+    if qdt not in QTYPES:
+        return None
+    prob = check_problem(q, k_blocks, v_blocks, k_format=k_format, v_format=v_format,
+                         length=int(k_blocks.shape[2]), scale=scale, window=window, softcap=softcap,
+                         sinks=sinks, rotation=rotation)
+    return DecodeLaunch(prob, bk, QTYPES[qdt])

@@ -3,7 +3,7 @@
 // logit), divides by the softmax sum, rotates the row back once when V is turbo, and writes the
 // first D values in q's element type. A row that sees no key (and no sink mass) is zero.
 //
-// Compile-time (each name prefixed TQA_): DV, D, T, VGRP, VROT, NT (threads, >= DV, a power of 2),
+// Compile-time (each name prefixed TQA_): DV, D, T, VGRP, VROT (rotation group of the output, 0: none), NT (threads, >= DV, a power of 2),
 // MAXP (most partials), QTYPE. Buffers: po (rows, NP, DV), pml (rows,
 // NP, 2), ip = {NP, Hq, has_sinks, [T, VGRP, VROT with TQA_DYN]}, sinks (Hq), tabs (as in pass 1). Out: out (rows, D).
 const uint tid = tq_tid;
@@ -14,6 +14,7 @@ const int T = ip[3], vgrp = ip[4], vrot = ip[5];
 #else
 const int T = TQA_T, vgrp = TQA_VGRP, vrot = TQA_VROT;
 #endif
+(void)vgrp;
 const int hq = (int)(row / (uint)T) % hq_all;
 TQ_SHARED_ARRAY(float, osh, TQA_DV);
 TQ_SHARED_ARRAY(float, wsh, TQA_MAXP);
@@ -62,5 +63,5 @@ if ((int)tid < TQA_DV) {
     osh[tid] = den > 0.0f ? a / den : 0.0f;
 }
 tq_barrier();
-if (vrot) tqa_rotate(osh, TQA_DV, vgrp, tabs + 416, tabs + 288, tabs[545], tid, (uint)TQA_NT);
+if (vrot) tqa_rotate(osh, TQA_DV, vrot, tabs + TQA_TAB_VS2, tabs + TQA_TAB_VS1, tabs[TQA_TAB_VSCALE], tid, (uint)TQA_NT);
 for (int d = (int)tid; d < TQA_D; d += TQA_NT) TQA_OUT(out)[(size_t)row * TQA_D + d] = TQA_QSTORE(osh[d]);

@@ -9,7 +9,7 @@
 // Compile-time (each name prefixed TQA_): KF VF (format ids), KBB VBB (bytes per block), KGRP VGRP (values per block),
 // KQS VQS KSG VSG (turbo field offsets), DK DV (values per cache row), D (head dim), G (query heads
 // per KV head), T (query rows), LPK (lanes per key), NW (SIMD groups), TILE (keys per staged tile),
-// KTB VTB (tile bytes: at least TILE rows, a multiple of 4), KROT VROT (turbo: 1),
+// KTB VTB (tile bytes: at least TILE rows, a multiple of 4), KROT VROT (rotation groups of q and of the output: turbo's group, llama.cpp's Hadamard group, 0: none),
 // QTYPE (q's element type). Buffers: q (B, Hq, T, D); kb, vb (B, Hkv, L_max, row bytes);
 // ip = {L_max, split_len, n_splits, window, Hkv, 14 format ints (see TQA_DYN), lengths (B)}; fp = {scale, softcap}; tabs: K table [0, 16),
 // V table [16, 32), K s1/s2 at 32/160, V s1/s2 at 288/416, K/V rotation scales at 544/545. Out: po (rows, NP, DV), pml (rows, NP, 2)
@@ -59,7 +59,7 @@ for (int r = 0; r < Q; ++r) {
     for (uint i = tid; i < (uint)TQA_DK; i += (uint)(TQA_NW * 32))
         qsh[i] = (int)i < TQA_D ? TQA_QLOAD(TQA_Q(q)[((b * hq_all + hq) * T + t) * TQA_D + (int)i]) : 0.0f;
     tq_barrier();
-    if (krot) tqa_rotate(qsh, TQA_DK, kgrp, tabs + 32, tabs + 160, tabs[544], tid, (uint)(TQA_NW * 32));
+    if (krot) tqa_rotate(qsh, TQA_DK, krot, tabs + TQA_TAB_KS1, tabs + TQA_TAB_KS2, tabs[TQA_TAB_KSCALE], tid, (uint)(TQA_NW * 32));
     for (int j = 0; j < CK; ++j) qr[r][j] = qsh[c * CK + j] * scale;
     tq_barrier();
 }

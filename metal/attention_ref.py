@@ -65,8 +65,27 @@ def _is_turbo(fmt) -> bool:
     return getattr(fmt, "kind", "") == "turbo"
 
 
-def _rot_terms(fmt) -> float:
-    return math.log2(fmt.block_size) + 2 if _is_turbo(fmt) else 0.0
+def _rot_terms(fmt, group: int = 0) -> float:
+    """Relative roundings of one rotation of a vector: turbo's own, or llama.cpp's Hadamard of ``group``."""
+    if _is_turbo(fmt):
+        return math.log2(fmt.block_size) + 2
+    return math.log2(group) + 2 if group else 0.0
+
+
+def _hadamard64(n: int) -> np.ndarray:
+    """Orthonormal Sylvester Hadamard matrix of order ``n`` in float64 (symmetric, its own inverse)."""
+    h = np.ones((1, 1), np.float64)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / math.sqrt(n)
+
+
+def _unrotate64(x: np.ndarray, n: int) -> np.ndarray:
+    """Stored rows H.x (..., D) back to x, exactly in float64 (``n`` = 0: unchanged)."""
+    if not n:
+        return x
+    shape = x.shape
+    return (x.reshape(*shape[:-1], shape[-1] // n, n) @ _hadamard64(n)).reshape(shape)
 
 
 def dequantized_cache(fmt, blocks: np.ndarray, n: int, l_used: int, head_dim: int, *, rotated: bool = False) -> np.ndarray:
@@ -91,18 +110,24 @@ def oracle(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = Non
     """
     qn = _q4(_np(q).astype(np.float64), prob)
     l_used = max(prob.lengths) if prob.lengths else 0
-    k = dequantized_cache(prob.k_format, k_blocks, prob.k_dim, l_used, prob.head_dim).astype(np.float64)
-    v = dequantized_cache(prob.v_format, v_blocks, prob.v_dim, l_used, prob.head_dim).astype(np.float64)
-    v_rot = (dequantized_cache(prob.v_format, v_blocks, prob.v_dim, l_used, prob.head_dim, rotated=True)
-             .astype(np.float64) if _is_turbo(prob.v_format) else None)
+    k_rot, v_rot_group = getattr(prob, "k_rot", 0), getattr(prob, "v_rot", 0)
+    k = dequantized_cache(prob.k_format, k_blocks, prob.k_dim, l_used, prob.k_dim if k_rot else prob.head_dim)
+    k = _unrotate64(k.astype(np.float64), k_rot)[..., :prob.head_dim]
+    v_stored = dequantized_cache(prob.v_format, v_blocks, prob.v_dim, l_used, prob.v_dim if v_rot_group else prob.head_dim)
+    v = _unrotate64(v_stored.astype(np.float64), v_rot_group)[..., :prob.head_dim]
+    if _is_turbo(prob.v_format):
+        v_rot = dequantized_cache(prob.v_format, v_blocks, prob.v_dim, l_used, prob.head_dim, rotated=True).astype(np.float64)
+    else:
+        v_rot = v_stored.astype(np.float64) if v_rot_group else None
     sk = None if sinks is None else _np(sinks).astype(np.float64).reshape(-1)
     out = np.zeros(qn.shape, np.float64)
     bound = np.zeros(qn.shape, np.float64)
     g = prob.group
     u_out = UNIT_ROUNDOFF.get(str(getattr(q, "dtype", "float32")).replace("mlx.core.", ""), 0.0)
     n_dot = prob.k_dim
-    r_k = 2 * _rot_terms(prob.k_format)
-    r_v = _rot_terms(prob.v_format)
+    # turbo K: q rotated in the kernel and k in the bridge's float32 decode; llama's K rotation: q only
+    r_k = 2 * _rot_terms(prob.k_format) if _is_turbo(prob.k_format) else _rot_terms(prob.k_format, k_rot)
+    r_v = _rot_terms(prob.v_format, v_rot_group)
     for b in range(prob.batch):
         for t in range(prob.rows):
             lo, hi = visible_range(prob.lengths[b], prob.rows, t, prob.window)
@@ -142,10 +167,11 @@ def oracle(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = Non
 
 def attention_oracle(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_format: Any, length: Any,
                      scale: "float | None" = None, window: "int | None" = None, softcap: "float | None" = None,
-                     sinks: Any = None) -> np.ndarray:
-    """Plain softmax attention in float64 over the bridge's dequantization; shaped like q."""
+                     sinks: Any = None, rotation: "tuple[int, int] | None" = None) -> np.ndarray:
+    """Plain softmax attention in float64 over the bridge's dequantization (rows rotated back where
+    ``rotation`` says the cache holds llama.cpp's rotated rows); shaped like q."""
     prob = check_problem(q, k_blocks, v_blocks, k_format=k_format, v_format=v_format, length=length,
-                         scale=scale, window=window, softcap=softcap, sinks=sinks)
+                         scale=scale, window=window, softcap=softcap, sinks=sinks, rotation=rotation)
     out, _ = oracle(q, k_blocks, v_blocks, prob, sinks)
     return out[:, :, 0] if prob.squeeze_rows else out
 
@@ -185,7 +211,12 @@ def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sin
         return _np(o).astype(np.asarray(q).dtype, copy=False) if was_numpy else o
     k = _mlx_cache(prob.k_format, k_blocks, prob.k_dim, l_used, d)       # (B, Hkv, L, D)
     v = _mlx_cache(prob.v_format, v_blocks, prob.v_dim, l_used, d)
-    qq = qm.astype(mx.float32).reshape(b, hkv, g * t, d)                 # rows ordered (head, t)
+    qq = qm.astype(mx.float32)
+    if prob.k_rot:   # the cache holds H.k: (H.q).(H.k) = q.k
+        from .hadamard import hadamard_rotate
+
+        qq = hadamard_rotate(qq, prob.k_rot)
+    qq = qq.reshape(b, hkv, g * t, d)                                      # rows ordered (head, t)
     s = (qq @ k.transpose(0, 1, 3, 2)) * prob.scale                      # (B, Hkv, G*T, L)
     if prob.softcap:
         s = prob.softcap * mx.tanh(s / prob.softcap)
@@ -213,6 +244,10 @@ def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sin
     if sinks is not None:
         den = den + mx.exp(sk - m)
     o = (w @ v) / mx.where(den > 0, den, mx.ones_like(den))
+    if prob.v_rot:   # the cache holds H.v: rotate the weighted sum back
+        from .hadamard import hadamard_rotate
+
+        o = hadamard_rotate(o, prob.v_rot)
     o = o.reshape(b, hq, t, d)
     if prob.squeeze_rows:
         o = o.reshape(b, hq, d)

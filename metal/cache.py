@@ -23,6 +23,7 @@ from mlx_lm.models import cache as _mlx_cache
 
 from tqbridge.bridge import FormatError, display_name, get_format
 
+from .hadamard import hadamard_rotate
 from .calibration import CalibrationError, KeyCalibration, fit as _fit_calibration, split_key_spec
 
 __all__ = ["TQCache", "make_cache", "cache_report", "padded_dim", "parse_kv", "parse_kv_spec",
@@ -88,25 +89,27 @@ def _routing_active() -> bool:
 # ---------------------------------------------------------------- codecs: rows <-> blocks
 # Each returns (function, name of the path). The first usable path wins and is remembered.
 
-def _metal_quantize_append():
-    try:
-        from tqbridge.metal import quantize_append  # the append kernel, when installed
-    except ImportError:
-        return None
-    return quantize_append
+def _gpu_backend() -> "str | None":
+    """"cuda" / "metal" when MLX's default device is a GPU with a kernel backend, else None."""
+    from .dispatch import _gpu_kind, _gpu_is_default
+
+    return _gpu_kind() if _gpu_is_default() else None
 
 
 def _quantizer(fmt) -> tuple[Callable[[mx.array], mx.array], str]:
+    """Rows -> blocks (no NaN/inf check: the cache checks rows itself). On a GPU the quantize
+    kernel; on the CPU the byte-identical MLX-ops codec (the kernel's CPU emulator exists to test
+    kernel code, not to serve tokens), or the numpy reference where there is no MLX codec."""
     fmt = get_format(fmt)
     if fmt.key in _FLOAT_VIEW:
         dt = _FLOAT_VIEW[fmt.key]
         return (lambda x: x.astype(dt).view(mx.uint8)), "mlx-view"
-    qa = _metal_quantize_append()
-    if qa is not None:
-        def via_kernel(x):
-            out = qa(fmt.key, x)
-            return out if isinstance(out, mx.array) else mx.array(out)
-        return via_kernel, "append-kernel"
+    gpu = _gpu_backend()
+    if gpu is not None:
+        from .quantize_append import quantize_append, supported
+
+        if supported(fmt):
+            return (lambda x: quantize_append(fmt.key, x, backend=gpu, check_finite=False)), f"append-kernel:{gpu}"
     if getattr(fmt.codec, "mlx_quantize_blocks", None) is not None:
         from tqbridge.bridge import mlx_quantize
         return (lambda x: mlx_quantize(fmt, x)), "mlx-ops"
@@ -114,6 +117,11 @@ def _quantizer(fmt) -> tuple[Callable[[mx.array], mx.array], str]:
     from tqbridge.bridge import quantize
 
     return (lambda x: mx.array(quantize(fmt, np.array(x.astype(mx.float32))))), "numpy"
+
+
+def _any_nonfinite(x: mx.array) -> mx.array:
+    """A lazy uint32 scalar: 1 when ``x`` holds a NaN or an infinity."""
+    return mx.any(mx.logical_not(mx.isfinite(x))).astype(mx.uint32).reshape(1)
 
 
 def _dequantizer(fmt) -> tuple[Callable[[mx.array, int], mx.array], str]:
@@ -145,30 +153,6 @@ def rotation_group(fmt, dim: int, side: str) -> int:
     while dim % (2 * n) == 0:
         n *= 2
     return n
-
-
-_HADAMARD: dict = {}
-
-
-def _hadamard(n: int) -> mx.array:
-    """Orthonormal Sylvester Hadamard matrix of order ``n`` (symmetric: its own inverse)."""
-    if n not in _HADAMARD:
-        import numpy as np
-
-        h = np.ones((1, 1), np.float64)
-        while h.shape[0] < n:
-            h = np.block([[h, h], [h, -h]])
-        _HADAMARD[n] = mx.array((h / np.sqrt(n)).astype(np.float32))
-    return _HADAMARD[n]
-
-
-def hadamard_rotate(x: mx.array, n: int) -> mx.array:
-    """``x`` (..., D) times the block-diagonal Hadamard of order ``n`` (``n`` = 0: unchanged)."""
-    if not n:
-        return x
-    shape = x.shape
-    y = x.astype(mx.float32).reshape(*shape[:-1], shape[-1] // n, n) @ _hadamard(n)
-    return y.reshape(shape).astype(x.dtype)
 
 
 class TQCache(_mlx_cache._BaseCache):
@@ -215,6 +199,15 @@ class TQCache(_mlx_cache._BaseCache):
                             "k_fetch": kd_path, "v_fetch": vd_path}
         self.paths: Counter = Counter()      # attention paths taken, filled by the routing
         self.decode_fallback: "str | None" = None
+        # the decode step (see docs/cache.md): on a GPU one in-place append kernel per step and the
+        # fused attention reading the buffers with a runtime length, no host synchronisation
+        self._flag = None            # device-side NaN/inf flag of the rows appended since the last check
+        self._unsettled = False      # in-place appends the MLX graph does not order (see _settle)
+        self._inplace: dict = {}     # (dtype, dk, dv) -> prepared in-place append, or None
+        self.placeholder = False     # update_and_fetch returned the step's rows, not the cache
+        self._owned = True           # the buffers are this cache's own allocations (in-place writes go there)
+        self.decode_launch = None    # the prepared fused attention of this layer (the routing's)
+        self._decode_sig = None
         self.calibration_note: "str | None" = None
         self._pending = None  # first chunk's float keys waiting for their queries (qscale)
 
@@ -248,11 +241,12 @@ class TQCache(_mlx_cache._BaseCache):
         self.values = mx.contiguous(self.values[..., a:b, :])
         self.start = keep
 
-    def _grow(self, B: int, H: int, need: int, krb: int, vrb: int) -> None:
+    def _grow(self, B: int, H: int, need: int, krb: int, vrb: int, force: bool = False) -> None:
         cap = 0 if self.keys is None else self.keys.shape[2]
-        if need <= cap:
+        if need <= cap and not force:
             return
-        new_cap = -(-need // self.step) * self.step
+        self.check_finite()   # once per `step` positions: the deferred NaN/inf report of decode steps
+        new_cap = max(-(-need // self.step) * self.step, cap)
         k_new = mx.zeros((B, H, new_cap - cap, krb), mx.uint8)
         v_new = mx.zeros((B, H, new_cap - cap, vrb), mx.uint8)
         if self.keys is None:
@@ -323,6 +317,14 @@ class TQCache(_mlx_cache._BaseCache):
             self.finish_calibration(None)
         if self.calibration and self.k_mu is None and self.k_scale is None and self._pending is None:
             raise ValueError("TQCache: key calibration is configured but missing (state without it?)")
+        if S > 1:   # prompt chunks: NaN/inf refused before anything is stored (a sync; not the hot loop)
+            self._refuse_nonfinite(keys, values)
+        append = self._inplace_append(keys, values)
+        if append is not None:
+            return self._append_in_place(append, keys, values)
+        self._settle()
+        if S == 1:  # decode steps: checked without a sync, reported at the next check (see check_finite)
+            self._note_nonfinite(_any_nonfinite(keys) | _any_nonfinite(values))
         if self._pending is None:
             kb = self._encode(self._key_rows(keys), self.k_format, self._kq)
         else:  # placeholder rows of the right width, overwritten by finish_calibration
@@ -341,6 +343,89 @@ class TQCache(_mlx_cache._BaseCache):
             v = self._decode(self.values[..., :a, :], self.v_format, self._vd, self.v_dim, mx.float32)
             return keys, hadamard_rotate(v, self.v_rot).astype(values.dtype)
         return self.fetch(keys.dtype)
+
+    # ------------------------------------------------------------ the in-place decode step
+    def _inplace_append(self, keys: mx.array, values: mx.array):
+        """The prepared in-place append kernel for rows like these, or None (then the ops path)."""
+        key = (keys.dtype, keys.shape[-1], values.shape[-1])
+        if key in self._inplace:
+            return self._inplace[key]
+        app = None
+        gpu = _gpu_backend()
+        if (gpu is not None and not self.calibration and self._pending is None and keys.dtype == values.dtype
+                and keys.dtype in (mx.float16, mx.bfloat16, mx.float32)):
+            from . import kv_append
+
+            try:
+                app = kv_append.prepared(self.k_format, self.v_format, self.k_dim, self.v_dim,
+                                         padded_dim(self.k_format, self.k_dim), padded_dim(self.v_format, self.v_dim),
+                                         self.k_rot, self.v_rot, str(keys.dtype).replace("mlx.core.", ""), gpu)
+            except Exception as e:   # a geometry the kernel does not take: the ops path, said once
+                self.codec_paths["append_note"] = f"in-place append unavailable: {type(e).__name__}: {e}"
+        if app is not None:
+            self.codec_paths["k_append"] = self.codec_paths["v_append"] = f"kv-append:{gpu}"
+        self._inplace[key] = app
+        return app
+
+    def _append_in_place(self, append, keys: mx.array, values: mx.array):
+        B, H, S, _ = keys.shape
+        prev = self.offset
+        if self.window and self._keep_from(prev) != self.start:
+            self._settle()
+            self._compact(prev)
+        r = prev - self.start
+        cap = 0 if self.keys is None else self.keys.shape[2]
+        if r + S > cap or not self._owned:
+            # buffers loaded from a state (possibly views of another cache's) are copied once into
+            # our own before a kernel writes into them
+            self._settle()
+            self._grow(B, H, r + S, append.k_row_bytes, append.v_row_bytes, force=not self._owned)
+            mx.eval(self.keys, self.values)   # the kernel writes into these buffers: they must exist
+            self._owned = True
+        flag = self._flag
+        if flag is None or flag.shape[0] != 2 * B * H * S:
+            if flag is not None:
+                self._settle()
+            flag = mx.zeros((2 * B * H * S,), mx.uint32)
+        self._flag = append(keys, values, self.keys, self.values, r, flag)
+        self._unsettled = True
+        self.offset = prev + S
+        self.paths["append"] += 1
+        if S == 1 and _routing_active():
+            # the routing sends this step to the fused kernel, which reads the buffers: no K/V rows
+            # to build (attend fetches them itself if it has to fall back)
+            self.placeholder = True
+            return keys, values
+        self.placeholder = False
+        return self.fetch(keys.dtype)
+
+    def _note_nonfinite(self, bad: mx.array) -> None:
+        self._flag = bad if self._flag is None or self._flag.shape != bad.shape else self._flag | bad
+
+    def _refuse_nonfinite(self, keys: mx.array, values: mx.array) -> None:
+        if bool((_any_nonfinite(keys) | _any_nonfinite(values)).item()):
+            raise FormatError(f"TQCache({self.k_format}/{self.v_format}): NaN or infinity in the K/V rows "
+                              "to append; nothing was stored")
+
+    def _settle(self) -> None:
+        """Before MLX ops read or replace the buffers: wait for the in-place appends (MLX does not
+        know that kernel wrote them, so nothing else orders it) and report NaN/inf they saw."""
+        if self._unsettled:
+            self.check_finite()
+
+    def check_finite(self) -> None:
+        """Raise :class:`FormatError` if a decode step appended NaN/inf K/V rows (their blocks are
+        unspecified). Decode steps record this on the device without a synchronisation; it is read
+        here — called at every buffer growth (every ``step`` positions), on ``state``, ``trim`` and
+        prompt chunks, and by tqbridge's own generate/quality/bench after a run. One sync."""
+        if self._flag is None:
+            return
+        if self._unsettled:
+            mx.eval(self._flag)
+            self._unsettled = False
+        if bool(mx.any(self._flag).item()):
+            raise FormatError(f"TQCache({self.k_format}/{self.v_format}): a decode step appended NaN or "
+                              f"infinite K/V rows (positions before {self.offset}); their blocks are unspecified")
 
     def _fit(self, keys: mx.array, queries: "mx.array | None") -> None:
         rotated = self.calibration.basis == "rotated"
@@ -365,6 +450,7 @@ class TQCache(_mlx_cache._BaseCache):
     def blocks(self, start: int = 0) -> tuple[mx.array, mx.array]:
         """The K and V blocks of positions ``max(start, self.start):offset``."""
         self.finish_calibration(None)
+        self._settle()
         a, b = max(0, start - self.start), self.offset - self.start
         return self.keys[..., a:b, :], self.values[..., a:b, :]
 
@@ -387,6 +473,11 @@ class TQCache(_mlx_cache._BaseCache):
         return self.start == 0   # once a window dropped rows, re-appending would need them
 
     def trim(self, n: int) -> int:
+        # rows past the new offset get overwritten by later in-place appends: let every kernel that
+        # may still read them finish first
+        self._settle()
+        self.check_finite()
+        mx.synchronize()
         n = min(self.offset - self.start, int(n))
         self.offset -= n
         return n
@@ -426,6 +517,7 @@ class TQCache(_mlx_cache._BaseCache):
     def state(self):
         """(K blocks, V blocks, *meta_state): the valid rows only, so a saved cache is compact.
         A calibrated cache adds its key mean and scale (None where unused) after the V blocks."""
+        self.check_finite()
         kb, vb = self.blocks() if self.keys is not None else (None, None)
         if not self.calibration:
             return (kb, vb, *self.meta_state)
@@ -449,6 +541,7 @@ class TQCache(_mlx_cache._BaseCache):
                                  f"{self.calibration.spec or 'no calibration'}")
         self.k_mu, self.k_scale = mu, scale
         self.keys, self.values = keys, values
+        self._owned = keys is None
         if keys is not None:
             rows = keys.shape[2]
             if keys.dtype != mx.uint8 or values.dtype != mx.uint8 or values.shape[2] != rows:

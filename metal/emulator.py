@@ -168,11 +168,16 @@ class EmulatedKernel:
             rc = self._fn(arr, len(bufs), grid[0], grid[1], grid[2], threads, seed & (2**64 - 1), err, 1024)
         if rc != 0:
             raise EmulatorError(err.value.decode(errors="replace") or f"kernel {k.name}: failed ({rc})")
-        for name, buf, raw in ins:
+        for (name, buf, raw), a in zip(ins, inputs):
             n = raw.size
             if not (np.all(buf[:GUARD] == 0xFF) and np.all(buf[GUARD + n:] == 0xFF)):
                 raise EmulatorError(f"kernel {k.name}: out-of-bounds write around input '{name}'")
-            if not np.array_equal(buf[GUARD:GUARD + n], raw):
+            if name in k.inplace:   # written in place, as on a GPU: the caller's array takes the bytes
+                if not (isinstance(a, np.ndarray) and a.flags.c_contiguous and a.flags.writeable):
+                    raise KernelError(f"kernel {k.name}: in-place input '{name}' must be a writable "
+                                      "C-contiguous numpy array")
+                a.reshape(-1).view(np.uint8)[:] = buf[GUARD:GUARD + n]
+            elif not np.array_equal(buf[GUARD:GUARD + n], raw):
                 raise EmulatorError(f"kernel {k.name}: wrote into its input '{name}'")
         result = []
         for name, dtype, shape, nbytes, buf, guard in outs:

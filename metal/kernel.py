@@ -42,6 +42,9 @@ class Kernel:
     body: str
     header: str = ""
     static_names: tuple[str, ...] = field(default=())  # the static parameters the source expects
+    # inputs the kernel writes in place (a cache buffer an append fills): the body writes through
+    # ``<name>_w``; MLX passes inputs as const pointers, the emulator copies such a buffer back
+    inplace: tuple[str, ...] = field(default=())
 
     def __post_init__(self):
         if not _IDENT.match(self.name):
@@ -56,6 +59,10 @@ class Kernel:
             seen.add(buf)
         if not self.outputs:
             raise KernelError(f"kernel {self.name}: needs at least one output")
+        names = [n for n, _ in self.inputs]
+        for n in self.inplace:
+            if n not in names:
+                raise KernelError(f"kernel {self.name}: in-place buffer {n!r} is not an input")
 
     @classmethod
     def from_file(cls, path: "str | Path", name: str, inputs, outputs, static_names=()) -> "Kernel":
@@ -95,8 +102,12 @@ class Kernel:
         return text if backend == "cpu-emulator" else _without_comment_lines(text)
 
     def body_source(self, backend: str) -> str:
-        """The body with the thread-id bindings of ``backend`` in front of it."""
-        text = _ids(backend) + self.body
+        """The body with the thread-id bindings of ``backend`` (and the writable views of the
+        in-place inputs) in front of it."""
+        types = dict(self.inputs)
+        writable = "".join(f"    TQ_DEVICE {CTYPES[types[n]]}* {n}_w = (TQ_DEVICE {CTYPES[types[n]]}*){n};\n"
+                           for n in self.inplace)
+        text = _ids(backend) + writable + self.body
         return text if backend == "cpu-emulator" else _without_comment_lines(text)
 
     def cpu_source(self, static: Mapping[str, int]) -> str:

@@ -18,6 +18,7 @@ typedef unsigned char uchar;
 #define TQ_DEVICE
 #define TQ_CONST_DEVICE const
 #define TQ_SHARED
+#define TQ_THREAD
 
 TQ_FUNC uint tq_as_uint(float f) { uint u; std::memcpy(&u, &f, 4); return u; }
 TQ_FUNC float tq_as_float(uint u) { float f; std::memcpy(&f, &u, 4); return f; }

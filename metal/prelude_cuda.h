@@ -12,6 +12,7 @@ typedef unsigned char uchar;
 #define TQ_DEVICE
 #define TQ_CONST_DEVICE const
 #define TQ_SHARED
+#define TQ_THREAD
 
 TQ_FUNC uint tq_as_uint(float f) { return __float_as_uint(f); }
 TQ_FUNC float tq_as_float(uint u) { return __uint_as_float(u); }

@@ -16,6 +16,7 @@ using namespace metal;
 #define TQ_DEVICE device
 #define TQ_CONST_DEVICE const device
 #define TQ_SHARED threadgroup
+#define TQ_THREAD thread
 
 TQ_FUNC uint tq_as_uint(float f) { return as_type<uint>(f); }
 TQ_FUNC float tq_as_float(uint u) { return as_type<float>(u); }

@@ -25,6 +25,7 @@
 #define QA_TAB_M 16
 #define QA_TAB_S1 32
 #define QA_FLT_MAX 3.402823466e+38f
+#define QA_MAX_VPL 4
 
 TQ_FUNC float qa_load(TQ_CONST_DEVICE float* x, uint i) { return x[i]; }
 TQ_FUNC float qa_load(TQ_CONST_DEVICE ushort* x, uint i) {
@@ -61,124 +62,34 @@ TQ_FUNC uchar qa_round_i8(float n) {
     float s = n > 0.0f ? 1.0f : (n < 0.0f ? -1.0f : n);
     return tq_f32_to_u8_np(tq_mul(s, b));
 }
-//== body ==
-#if QA_FMT == QA_TURBO
-    // One simdgroup per block: lane l holds the QA_VPL consecutive values l*QA_VPL + i. Sums stay
-    // sequential over j = 0, 1, ... (every lane adds the broadcast terms in the same order).
-    uint b = tq_gx * tq_nsimd + tq_simd;
-    if (b >= params[0]) return;  // uniform in the simdgroup
-    TQ_DEVICE uchar* o = out + b * (uint)QA_TYPE_SIZE;
-    const uint l = tq_lane;
-    const uint nlev = 1u << QA_BITS;
-    float v[QA_VPL], sq[QA_VPL];
-    for (uint i = 0u; i < (uint)QA_VPL; ++i) {
-        v[i] = qa_load(x, b * (uint)QA_BLOCK + l * (uint)QA_VPL + i);
-        sq[i] = tq_mul(v[i], v[i]);
-    }
-    // 1. norm_sq = x[0]^2 + x[1]^2 + ... in this order; g = sqrt; inv = g > 1e-10 ? 1/g : 0
-    float nsq = 0.0f;
-    for (uint j = 0u; j < (uint)QA_BLOCK; ++j)
-        nsq = tq_add(nsq, tq_simd_broadcast(sq[j % (uint)QA_VPL], j / (uint)QA_VPL));
-    float g = tq_sqrt(nsq);
-    float inv = g > 1e-10f ? tq_div(1.0f, g) : 0.0f;
-    // 2. rotation: s1, the butterfly (h < QA_VPL inside a lane, then across lanes), s2 * scale
-    for (uint i = 0u; i < (uint)QA_VPL; ++i) v[i] = tq_mul(tq_mul(v[i], inv), tab[QA_TAB_S1 + l * (uint)QA_VPL + i]);
-    for (uint h = 1u; h < (uint)QA_VPL; h <<= 1) {
-        for (uint i = 0u; i < (uint)QA_VPL; ++i) {
-            if ((i & h) == 0u) {
-                float a = v[i], c = v[i + h];
-                v[i] = tq_add(a, c);
-                v[i + h] = tq_sub(a, c);
-            }
-        }
-    }
-    for (uint m = 1u; m < 32u; m <<= 1) {  // partner lane l ^ m holds j ^ (m * QA_VPL)
-        for (uint i = 0u; i < (uint)QA_VPL; ++i) {
-            float other = tq_simd_shuffle_xor(v[i], m);
-            v[i] = (l & m) == 0u ? tq_add(v[i], other) : tq_sub(other, v[i]);
-        }
-    }
-    // 3. nearest centroid: the number of midpoints <= u
-    uint idx[QA_VPL];
-    float c2[QA_VPL];
-    for (uint i = 0u; i < (uint)QA_VPL; ++i) {
-        float u = tq_mul(v[i], tab[QA_TAB_S1 + QA_BLOCK + l * (uint)QA_VPL + i]);
-        uint k = 0u;
-        for (uint m = 0u; m + 1u < nlev; ++m) k += tab[QA_TAB_M + m] <= u ? 1u : 0u;
-        idx[i] = k;
-        float c = tab[QA_TAB_C + k];
-        c2[i] = tq_mul(c, c);
-    }
-    // 4. corrected norm g / ||c[idx]|| (sequential sum of squares), stored as fp16
-    float rsq = 0.0f;
-    for (uint j = 0u; j < (uint)QA_BLOCK; ++j)
-        rsq = tq_add(rsq, tq_simd_broadcast(c2[j % (uint)QA_VPL], j / (uint)QA_VPL));
-    float r = tq_sqrt(rsq);
-    float norm = r > 1e-10f ? tq_div(g, r) : g;
-    if (l == 0u) {
-        qa_put16(o, 0u, tq_f32_to_f16_bits(norm));
-        if (QA_RNORM) qa_put16(o, 2u, (ushort)0u);
-    }
-    // packing: `bits` bits per value; lanes OR their fields together until one lane holds a byte
-    uint q4 = 0u, q2 = 0u, hb = 0u;
-    for (uint i = 0u; i < (uint)QA_VPL; ++i) {
-        q4 |= (idx[i] & 15u) << (4u * i);
-        q2 |= (idx[i] & 3u) << (2u * i);
-        hb |= ((idx[i] >> 2) & 1u) << i;
-    }
-    if (QA_BITS == 4) {
-        for (uint k = 0u; k < (uint)QA_VPL / 2u; ++k)
-            o[QA_QS_OFF + l * (uint)QA_VPL / 2u + k] = (uchar)((q4 >> (8u * k)) & 0xffu);
-    } else {
-        // 2-bit fields: 4 per byte; a lane has 2 * QA_VPL bits
-        for (uint m = 1u; m * (uint)QA_VPL < 4u; m <<= 1) {
-            uint other = tq_simd_shuffle_xor(q2, m);
-            if ((l & m) == 0u) q2 |= other << (2u * (uint)QA_VPL * m);
-        }
-        const uint lanes2 = (4u + (uint)QA_VPL - 1u) / (uint)QA_VPL;  // lanes per qs byte (1 or 2)
-        if (l % lanes2 == 0u) {
-            for (uint k = 0u; k < (uint)QA_VPL * lanes2 / 4u; ++k)
-                o[QA_QS_OFF + l * (uint)QA_VPL / 4u + k] = (uchar)((q2 >> (8u * k)) & 0xffu);
-        }
-        if (QA_BITS == 3) {
-            // high bits: 8 per byte
-            for (uint m = 1u; m * (uint)QA_VPL < 8u; m <<= 1) {
-                uint other = tq_simd_shuffle_xor(hb, m);
-                if ((l & m) == 0u) hb |= other << ((uint)QA_VPL * m);
-            }
-            const uint lanes3 = 8u / (uint)QA_VPL;
-            if (l % lanes3 == 0u) o[QA_SIGNS_OFF + l / lanes3] = (uchar)(hb & 0xffu);
-        }
-    }
-#else
-    uint b = tq_gx * tq_tg_size + tq_tid;
-    if (b >= params[0]) return;
-    TQ_DEVICE uchar* o = out + b * (uint)QA_TYPE_SIZE;
-    float v[QA_BLOCK];
-    for (uint j = 0u; j < (uint)QA_BLOCK; ++j) v[j] = qa_load(x, b * (uint)QA_BLOCK + j);
 
-    if (QA_FMT == QA_F32) {
-        for (uint j = 0u; j < (uint)QA_BLOCK; ++j) {
+// One block of a legacy ggml or float format, one thread: v holds the block's `block` values
+// (32, or 1 for the float formats).
+TQ_FUNC void qa_plain_block(const int fmt, const int block, TQ_THREAD const float* v,
+                            TQ_DEVICE uchar* o, TQ_CONST_DEVICE float* tab) {
+
+    if (fmt == QA_F32) {
+        for (uint j = 0u; j < (uint)block; ++j) {
             uint u = tq_as_uint(v[j]);
             qa_put16(o, 4u * j, (ushort)(u & 0xffffu));
             qa_put16(o, 4u * j + 2u, (ushort)(u >> 16));
         }
-    } else if (QA_FMT == QA_F16) {
+    } else if (fmt == QA_F16) {
         // ggml's fp32 -> fp16: any NaN becomes sign | 0x7e00
         uint u = tq_as_uint(v[0]);
         ushort h = tq_isnan(v[0]) ? (ushort)(((u >> 16) & 0x8000u) | 0x7e00u) : tq_f32_to_f16_bits(v[0]);
         qa_put16(o, 0u, h);
-    } else if (QA_FMT == QA_BF16) {
+    } else if (fmt == QA_BF16) {
         qa_put16(o, 0u, tq_f32_to_bf16_bits(v[0]));
-    } else if (QA_FMT == QA_Q8_0) {
+    } else if (fmt == QA_Q8_0) {
         float amax = 0.0f;
         for (uint j = 0u; j < 32u; ++j) { float a = tq_abs(v[j]); amax = amax > a ? amax : a; }
         float d = tq_div(amax, 127.0f);
         float id = d != 0.0f ? tq_div(1.0f, d) : 0.0f;
         qa_put16(o, 0u, tq_f32_to_f16_bits(d));
         for (uint j = 0u; j < 32u; ++j) o[2u + j] = qa_round_i8(tq_mul(v[j], id));
-    } else if (QA_FMT == QA_Q4_0 || QA_FMT == QA_Q5_0) {
-        const bool five = QA_FMT == QA_Q5_0;
+    } else if (fmt == QA_Q4_0 || fmt == QA_Q5_0) {
+        const bool five = fmt == QA_Q5_0;
         float amax = 0.0f, mx = 0.0f;
         for (uint j = 0u; j < 32u; ++j) { float a = tq_abs(v[j]); if (amax < a) { amax = a; mx = v[j]; } }
         float d = tq_div(mx, five ? -16.0f : -8.0f);
@@ -198,8 +109,8 @@ TQ_FUNC uchar qa_round_i8(float n) {
             qs = 6u;
         }
         for (uint j = 0u; j < 16u; ++j) o[qs + j] = (uchar)((q[j] & 0x0fu) | ((q[j + 16u] & 0x0fu) << 4));
-    } else if (QA_FMT == QA_Q4_1 || QA_FMT == QA_Q5_1) {
-        const bool five = QA_FMT == QA_Q5_1;
+    } else if (fmt == QA_Q4_1 || fmt == QA_Q5_1) {
+        const bool five = fmt == QA_Q5_1;
         float mn = QA_FLT_MAX, mxv = -QA_FLT_MAX;
         for (uint j = 0u; j < 32u; ++j) { if (v[j] < mn) mn = v[j]; if (v[j] > mxv) mxv = v[j]; }
         float d = tq_div(tq_sub(mxv, mn), five ? 31.0f : 15.0f);
@@ -220,7 +131,7 @@ TQ_FUNC uchar qa_round_i8(float n) {
             qs = 8u;
         }
         for (uint j = 0u; j < 16u; ++j) o[qs + j] = (uchar)((q[j] & 0x0fu) | ((q[j + 16u] & 0x0fu) << 4));
-    } else if (QA_FMT == QA_IQ4_NL) {
+    } else if (fmt == QA_IQ4_NL) {
         float w[32];
         uint imax = 0u;
         float amax = tq_abs(v[0]);
@@ -264,4 +175,107 @@ TQ_FUNC uchar qa_round_i8(float n) {
             o[2u + j] = (uchar)(lo | (hi << 4));
         }
     }
+}
+
+// One turbo block, one simdgroup: lane l holds the vpl (2 or 4) consecutive values l*vpl + i of
+// the block in v (overwritten). Sums stay sequential over j = 0, 1, ... (every lane adds the
+// broadcast terms in the same order). Every lane of the simdgroup must call it.
+TQ_FUNC void qa_turbo_block(const int bits, const int vpl, const int qs_off, const int signs_off,
+                            const int rnorm, TQ_THREAD float* v, TQ_DEVICE uchar* o,
+                            TQ_CONST_DEVICE float* tab, const uint l) {
+    const int block = 32 * vpl;
+    const uint nlev = 1u << (uint)bits;
+    float sq[QA_MAX_VPL];
+    for (uint i = 0u; i < (uint)vpl; ++i) sq[i] = tq_mul(v[i], v[i]);
+    // 1. norm_sq = x[0]^2 + x[1]^2 + ... in this order; g = sqrt; inv = g > 1e-10 ? 1/g : 0
+    float nsq = 0.0f;
+    for (uint j = 0u; j < (uint)block; ++j)
+        nsq = tq_add(nsq, tq_simd_broadcast(sq[j % (uint)vpl], j / (uint)vpl));
+    float g = tq_sqrt(nsq);
+    float inv = g > 1e-10f ? tq_div(1.0f, g) : 0.0f;
+    // 2. rotation: s1, the butterfly (h < vpl inside a lane, then across lanes), s2 * scale
+    for (uint i = 0u; i < (uint)vpl; ++i) v[i] = tq_mul(tq_mul(v[i], inv), tab[QA_TAB_S1 + l * (uint)vpl + i]);
+    for (uint h = 1u; h < (uint)vpl; h <<= 1) {
+        for (uint i = 0u; i < (uint)vpl; ++i) {
+            if ((i & h) == 0u) {
+                float a = v[i], c = v[i + h];
+                v[i] = tq_add(a, c);
+                v[i + h] = tq_sub(a, c);
+            }
+        }
+    }
+    for (uint m = 1u; m < 32u; m <<= 1) {  // partner lane l ^ m holds j ^ (m * vpl)
+        for (uint i = 0u; i < (uint)vpl; ++i) {
+            float other = tq_simd_shuffle_xor(v[i], m);
+            v[i] = (l & m) == 0u ? tq_add(v[i], other) : tq_sub(other, v[i]);
+        }
+    }
+    // 3. nearest centroid: the number of midpoints <= u
+    uint idx[QA_MAX_VPL];
+    float c2[QA_MAX_VPL];
+    for (uint i = 0u; i < (uint)vpl; ++i) {
+        float u = tq_mul(v[i], tab[QA_TAB_S1 + block + l * (uint)vpl + i]);
+        uint k = 0u;
+        for (uint m = 0u; m + 1u < nlev; ++m) k += tab[QA_TAB_M + m] <= u ? 1u : 0u;
+        idx[i] = k;
+        float c = tab[QA_TAB_C + k];
+        c2[i] = tq_mul(c, c);
+    }
+    // 4. corrected norm g / ||c[idx]|| (sequential sum of squares), stored as fp16
+    float rsq = 0.0f;
+    for (uint j = 0u; j < (uint)block; ++j)
+        rsq = tq_add(rsq, tq_simd_broadcast(c2[j % (uint)vpl], j / (uint)vpl));
+    float r = tq_sqrt(rsq);
+    float norm = r > 1e-10f ? tq_div(g, r) : g;
+    if (l == 0u) {
+        qa_put16(o, 0u, tq_f32_to_f16_bits(norm));
+        if (rnorm) qa_put16(o, 2u, (ushort)0u);
+    }
+    // packing: `bits` bits per value; lanes OR their fields together until one lane holds a byte
+    uint q4 = 0u, q2 = 0u, hb = 0u;
+    for (uint i = 0u; i < (uint)vpl; ++i) {
+        q4 |= (idx[i] & 15u) << (4u * i);
+        q2 |= (idx[i] & 3u) << (2u * i);
+        hb |= ((idx[i] >> 2) & 1u) << i;
+    }
+    if (bits == 4) {
+        for (uint k = 0u; k < (uint)vpl / 2u; ++k)
+            o[qs_off + l * (uint)vpl / 2u + k] = (uchar)((q4 >> (8u * k)) & 0xffu);
+    } else {
+        // 2-bit fields: 4 per byte; a lane has 2 * vpl bits
+        for (uint m = 1u; m * (uint)vpl < 4u; m <<= 1) {
+            uint other = tq_simd_shuffle_xor(q2, m);
+            if ((l & m) == 0u) q2 |= other << (2u * (uint)vpl * m);
+        }
+        const uint lanes2 = (4u + (uint)vpl - 1u) / (uint)vpl;  // lanes per qs byte (1 or 2)
+        if (l % lanes2 == 0u) {
+            for (uint k = 0u; k < (uint)vpl * lanes2 / 4u; ++k)
+                o[qs_off + l * (uint)vpl / 4u + k] = (uchar)((q2 >> (8u * k)) & 0xffu);
+        }
+        if (bits == 3) {
+            // high bits: 8 per byte
+            for (uint m = 1u; m * (uint)vpl < 8u; m <<= 1) {
+                uint other = tq_simd_shuffle_xor(hb, m);
+                if ((l & m) == 0u) hb |= other << ((uint)vpl * m);
+            }
+            const uint lanes3 = 8u / (uint)vpl;
+            if (l % lanes3 == 0u) o[signs_off + l / lanes3] = (uchar)(hb & 0xffu);
+        }
+    }
+}
+//== body ==
+#if QA_FMT == QA_TURBO
+    // one simdgroup per block
+    uint b = tq_gx * tq_nsimd + tq_simd;
+    if (b >= params[0]) return;  // uniform in the simdgroup
+    float v[QA_MAX_VPL];
+    for (uint i = 0u; i < (uint)QA_VPL; ++i) v[i] = qa_load(x, b * (uint)QA_BLOCK + tq_lane * (uint)QA_VPL + i);
+    qa_turbo_block(QA_BITS, QA_VPL, QA_QS_OFF, QA_SIGNS_OFF, QA_RNORM, v, out + b * (uint)QA_TYPE_SIZE, tab, tq_lane);
+#else
+    // one thread per block
+    uint b = tq_gx * tq_tg_size + tq_tid;
+    if (b >= params[0]) return;
+    float v[QA_BLOCK];
+    for (uint j = 0u; j < (uint)QA_BLOCK; ++j) v[j] = qa_load(x, b * (uint)QA_BLOCK + j);
+    qa_plain_block(QA_FMT, QA_BLOCK, v, out + b * (uint)QA_TYPE_SIZE, tab);
 #endif

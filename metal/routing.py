@@ -73,6 +73,28 @@ def _decode_backend(mode: str) -> "str | None":
     return "kernel" if os.environ.get("TQBRIDGE_CPU_DECODE") == "kernel" else "reference"
 
 
+def _fast_decode(cache: TQCache, q, scale: float, sinks, backend: str):
+    """The decode step's attention on a GPU: the layer's prepared fused-kernel launch over the
+    cache buffers (runtime length, rotations inside the kernel, ordered after the in-place append
+    by its flag); None when it does not apply (CPU, calibrated keys, a shape it refuses)."""
+    if cache.calibration or cache.keys is None or backend != "auto" or not cache._owned:
+        return None
+    sig = (tuple(q.shape), q.dtype, cache.keys.shape[2], scale, sinks is not None)
+    launch = cache.decode_launch
+    if launch is None or cache._decode_sig != sig:
+        from .attention_kernel import prepare_decode
+
+        launch = prepare_decode(q, cache.keys, cache.values, k_format=cache.k_format, v_format=cache.v_format,
+                                scale=scale, window=cache.window, sinks=sinks,
+                                rotation=(cache.k_rot, cache.v_rot))
+        cache.decode_launch, cache._decode_sig = launch, sig
+        if launch is None:
+            return None
+    out = launch(q, cache.keys, cache.values, cache.offset - cache.start, after=cache._flag, sinks=sinks)
+    cache.paths[f"decode:{launch.backend}"] += 1
+    return out
+
+
 def _kernel_decode(cache: TQCache, q: mx.array, scale: float, sinks, backend: str):
     kernel = decode_kernel()
     if kernel is None or cache.decode_fallback:
@@ -83,21 +105,34 @@ def _kernel_decode(cache: TQCache, q: mx.array, scale: float, sinks, backend: st
         cache.decode_fallback = ("attention sinks with key mean calibration: the kernel's scores are "
                                  "shifted by q.mu, the sink logit is not")
         return None
+    try:
+        out = _fast_decode(cache, q, scale, sinks, backend)
+    except Exception as e:  # a format or shape the kernel does not take: say so once, then fall back
+        cache.decode_fallback = f"{type(e).__name__}: {e}"
+        return None
+    if out is not None:
+        return out
     start = max(0, cache.offset - cache.window) if cache.window else 0
     kb, vb = cache.blocks(start)
     B, Hq, _, D = q.shape
     kwargs = {"sinks": sinks} if sinks is not None else {}
-    q = cache.query_for_blocks(q)           # (H(q*s)).(H(k-mu)/s) = q.k - q.mu: same softmax
+    if cache.calibration:
+        q = cache.query_for_blocks(q)       # (H(q*s)).(H(k-mu)/s) = q.k - q.mu: same softmax
+        rotation = None
+    else:
+        rotation = (cache.k_rot, cache.v_rot)   # inside decode_attention
     try:
         out = kernel(q.reshape(B, Hq, D), kb, vb, k_format=cache.k_format, v_format=cache.v_format,
-                     length=kb.shape[2], scale=scale, backend=backend, **kwargs)
+                     length=kb.shape[2], scale=scale, backend=backend, rotation=rotation, **kwargs)
     except Exception as e:  # a format or shape it does not take: say so once, then fall back
         cache.decode_fallback = f"{type(e).__name__}: {e}"
         return None
     out = mx.array(out) if not isinstance(out, mx.array) else out
     if out.shape[-1] != cache.v_dim:
         out = out[..., :cache.v_dim]
-    out = hadamard_rotate(out, cache.v_rot)  # the cache holds H.v: rotate the output back
+    if cache.calibration:
+        out = hadamard_rotate(out, cache.v_rot)  # the cache holds H.v: rotate the output back
+    cache.paths[f"decode:{_kernel_backend()}"] += 1
     return out.reshape(B, Hq, 1, cache.v_dim).astype(q.dtype)
 
 
@@ -118,11 +153,13 @@ def attend(cache: TQCache, queries, keys, values, *, scale: float, mask=None, si
     if backend is not None:
         out = _kernel_decode(cache, queries, scale, sinks, backend)
         if out is not None:
-            cache.paths[f"decode:{_kernel_backend()}"] += 1
             return out
         if mode == "kernel":
             why = cache.decode_fallback or "tqbridge.metal.decode_attention is not installed"
             raise RuntimeError(f"decode mode 'kernel' asked for, but the kernel cannot run: {why}")
+    if cache.placeholder:   # update_and_fetch left the float rows unbuilt (decode was expected)
+        keys, values = cache.fetch(queries.dtype)
+        cache.placeholder = False
     cache.paths["decode:dequant-sdpa" if decode else "prefill:dequant-sdpa"] += 1
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask,
                                                 sinks=sinks)

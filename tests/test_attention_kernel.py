@@ -253,3 +253,35 @@ def test_metal_source_is_well_formed(tmp_path):
                     proc = subprocess.run([find_compiler(), "-std=c++17", "-fsyntax-only", "-w", "-I", str(tmp_path),
                                            str(src)], capture_output=True, text=True)
                     assert proc.returncode == 0, f"{kern.name} ({kf}, {vf}, dyn={dyn}):\n{proc.stderr[:2000]}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kf,vf,d,rot", [("q8_0", "turbo3", 128, (128, 0)), ("q4_0", "q8_0", 64, (64, 64)),
+                                         ("q5_1", "iq4_nl", 256, (256, 64)), ("q8_0", "q4_0", 128, (128, 64)),
+                                         ("f16", "q4_1", 96, (32, 32))])
+def test_llama_rotation_inside_the_kernel(kf, vf, d, rot, backend):
+    # caches holding llama.cpp's rotated rows H.k / H.v: the kernel rotates q in and the output back
+    rng = np.random.default_rng(11)
+    B, Hkv, G, L = 1, 2, 4, 77
+    k = value_rows(rng, "normal", (B, Hkv, L, d), 1.0)
+    v = value_rows(rng, "normal", (B, Hkv, L, d), 1.0)
+    from tqbridge.metal.kv_append import hadamard_butterfly
+
+    kb = bridge.quantize(kf, pad_rows(kf, hadamard_butterfly(k, rot[0])))
+    vb = bridge.quantize(vf, pad_rows(vf, hadamard_butterfly(v, rot[1])))
+    q = rng.standard_normal((B, Hkv * G, d)).astype(np.float32)
+    got = _check(backend, q, kb, vb, k_format=kf, v_format=vf, length=L, rotation=rot)
+    # the same attention as over the unrotated rows (up to the quantization of rotated vs plain rows)
+    plain = decode_attention(q, bridge.quantize("f32", k), bridge.quantize("f32", v), k_format="f32",
+                             v_format="f32", length=L, backend="reference")
+    assert np.abs(got - plain).max() < 0.2
+
+
+def test_rotation_is_validated():
+    q = np.zeros((1, 2, 128), np.float32)
+    kb = np.zeros((1, 2, 4, 136), np.uint8)
+    vb = np.zeros((1, 2, 4, 50), np.uint8)
+    with pytest.raises(AttentionError, match="rotates inside its format"):
+        decode_attention(q, kb, vb, k_format="q8_0", v_format="turbo3", length=4, rotation=(128, 64))
+    with pytest.raises(AttentionError, match="power of two"):
+        decode_attention(q, kb, vb, k_format="q8_0", v_format="turbo3", length=4, rotation=(96, 0))

@@ -16,6 +16,7 @@ from tqbridge.bridge import FormatError, dequantize, formats, get_format, quanti
 from tqbridge.metal import cache as tqc  # noqa: E402
 from tqbridge.metal import routing  # noqa: E402
 from tqbridge.metal.cache import TQCache, cache_report, make_cache, padded_dim, parse_kv  # noqa: E402
+from tqbridge.metal.hadamard import hadamard_rotate  # noqa: E402
 from tqbridge.metal.routing import route_attention  # noqa: E402
 from tiny_models import cpu_device, tiny_gemma3, tiny_llama, tokens  # noqa: E402,F401
 
@@ -236,14 +237,16 @@ def test_routing_sends_decode_to_the_kernel_and_restores(tiny, monkeypatch):
 
     calls = []
 
-    def fake_kernel(q, k_blocks, v_blocks, *, k_format, v_format, length, scale, backend=None, sinks=None):
+    def fake_kernel(q, k_blocks, v_blocks, *, k_format, v_format, length, scale, backend=None, sinks=None,
+                    rotation=None):
         calls.append((q.shape, k_blocks.shape, v_blocks.shape, k_format, v_format, length))
-        # plain attention over the bridge's dequantization of the same blocks
+        # plain attention over the bridge's dequantization of the same blocks (rows stored rotated)
+        k_rot, v_rot = rotation or (0, 0)
         d = q.shape[-1]
         k = mx.array(_reference_rows(k_format, np.array(k_blocks), d))[:, :, :length]
         v = mx.array(_reference_rows(v_format, np.array(v_blocks), d))[:, :, :length]
-        o = mx.fast.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale)
-        return o[:, :, 0]
+        o = mx.fast.scaled_dot_product_attention(hadamard_rotate(q, k_rot)[:, :, None], k, v, scale=scale)
+        return hadamard_rotate(o[:, :, 0], v_rot)
 
     monkeypatch.setattr(routing, "decode_kernel", lambda: fake_kernel)
     monkeypatch.setattr(routing, "_kernel_backend", lambda: "fake")
@@ -319,12 +322,15 @@ def test_windowed_decode_passes_only_the_window_to_the_kernel(monkeypatch):
     m = tiny_gemma3(window=8)
     seen = []
 
-    def fake_kernel(q, k_blocks, v_blocks, *, k_format, v_format, length, scale, backend=None, sinks=None):
+    def fake_kernel(q, k_blocks, v_blocks, *, k_format, v_format, length, scale, backend=None, sinks=None,
+                    rotation=None):
         seen.append(length)
+        k_rot, v_rot = rotation or (0, 0)
         d = q.shape[-1]
         k = mx.array(_reference_rows(k_format, np.array(k_blocks), d))
         v = mx.array(_reference_rows(v_format, np.array(v_blocks), d))
-        return mx.fast.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale)[:, :, 0]
+        o = mx.fast.scaled_dot_product_attention(hadamard_rotate(q, k_rot)[:, :, None], k, v, scale=scale)
+        return hadamard_rotate(o[:, :, 0], v_rot)
 
     monkeypatch.setattr(routing, "decode_kernel", lambda: fake_kernel)
     toks = tokens(14, seed=8)

@@ -163,10 +163,12 @@ def test_decode_kernel_path_agrees_with_the_dequantize_path(tiny, kv, monkeypatc
 
     seen = []
 
-    def blocks_only_kernel(q, kb, vb, *, k_format, v_format, length, scale, backend=None, sinks=None):
+    def blocks_only_kernel(q, kb, vb, *, k_format, v_format, length, scale, backend=None, sinks=None,
+                           rotation=None):
         seen.append(q.shape)
         return mx.array(attention_oracle(np.array(q), np.array(kb), np.array(vb), k_format=k_format,
-                                         v_format=v_format, length=length, scale=scale).astype(np.float32))
+                                         v_format=v_format, length=length, scale=scale,
+                                         rotation=rotation).astype(np.float32))
 
     monkeypatch.setattr(routing, "decode_kernel", lambda: blocks_only_kernel)
     monkeypatch.setattr(routing, "_kernel_backend", lambda: "stand-in")

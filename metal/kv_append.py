@@ -1,0 +1,162 @@
+"""In-place K/V append: one dispatch rotates, quantizes and writes a step's K and V rows into the
+cache buffers (``kv_append.cpp`` with the block helpers of ``quantize_append.h``).
+
+This is the decode step's append (:class:`tqbridge.metal.cache.TQCache` on a GPU): no copy of the
+cache, no host synchronisation. Non-finite input is not refused on the spot (that needs a sync):
+the kernel returns a sticky flag array (one uint32 per row, OR-ed with the previous call's flag)
+that the cache reads later, once (:meth:`TQCache.check_finite`).
+
+The rotation is llama.cpp's Hadamard for legacy ggml types (``rotation_group``), computed as a
+float32 butterfly in Sylvester order followed by a multiply by ``1/sqrt(n)`` (float32 ops);
+:func:`reference_append` is the numpy statement of the same arithmetic, byte for byte.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ..bridge import FormatError, get_format, quantize
+from ..bridge.registry import Format
+from .kernel import HERE, BODY_MARKER, Kernel, KernelError
+from .quantize_append import _CODES, _TURBO, _static_and_table
+
+THREADS = 32
+MAX_DP = 256                 # widest stored row (values) the kernel holds in threadgroup memory
+_SRC = {"float32": 0, "float16": 1, "bfloat16": 2}
+
+
+@lru_cache(maxsize=None)
+def _kernel(src16: bool) -> Kernel:
+    qa = (HERE / "quantize_append.h").read_text().split(BODY_MARKER, 1)[0]
+    x = "uint16" if src16 else "float32"
+    return Kernel("kv_append" + ("_u16" if src16 else "_f32"),
+                  (("k", x), ("v", x), ("kc", "uint8"), ("vc", "uint8"), ("ktab", "float32"),
+                   ("vtab", "float32"), ("params", "uint32"), ("flag_in", "uint32")),
+                  (("flag", "uint32"),), (HERE / "kv_append.cpp").read_text(), qa,
+                  inplace=("kc", "vc"))
+
+
+def _side_static(prefix: str, f: Format, din: int, dp: int, rot: int) -> dict:
+    st, _ = _static_and_table(f)
+    return {f"{prefix}_FMT": st["QA_FMT"], f"{prefix}_BLOCK": f.block_size, f"{prefix}_TS": f.type_size,
+            f"{prefix}_DIN": din, f"{prefix}_DP": dp, f"{prefix}_ROT": rot, f"{prefix}_BITS": st["QA_BITS"],
+            f"{prefix}_QS": st["QA_QS_OFF"], f"{prefix}_SG": st["QA_SIGNS_OFF"], f"{prefix}_RN": st["QA_RNORM"],
+            f"{prefix}_VPL": st["QA_VPL"]}
+
+
+def _check_side(f: Format, dp: int, rot: int, what: str) -> None:
+    if f.name not in _CODES and not (f.kind == "turbo" and hasattr(f.codec, "spec")):
+        raise KernelError(f"no in-place append kernel for format {f.key}")
+    if dp > MAX_DP or dp % f.block_size:
+        raise KernelError(f"{what}: stored rows of {dp} values do not fit the append kernel (<= {MAX_DP}, "
+                          f"whole {f.key} blocks)")
+    if rot and (rot & (rot - 1) or dp % rot):
+        raise KernelError(f"{what}: rotation group {rot} must be a power of two dividing {dp}")
+
+
+class KVAppend:
+    """The prepared append of one cache geometry: call with the step's rows, the two cache buffers,
+    the first row to write and the previous flag; returns the new flag (MLX arrays on a GPU, numpy
+    on the emulator, where kc / vc are written in place as on the GPU)."""
+
+    def __init__(self, k_format, v_format, k_dim: int, v_dim: int, k_dp: int, v_dp: int, k_rot: int,
+                 v_rot: int, src_dtype: str, backend: str):
+        from .dispatch import build
+
+        kf, vf = get_format(k_format), get_format(v_format)
+        _check_side(kf, k_dp, k_rot, "K")
+        _check_side(vf, v_dp, v_rot, "V")
+        if src_dtype not in _SRC:
+            raise KernelError(f"the append kernel reads float32, float16 or bfloat16 rows, not {src_dtype}")
+        self.kf, self.vf, self.backend = kf, vf, backend
+        self.k_dim, self.v_dim = k_dim, v_dim
+        self.k_row_bytes = k_dp // kf.block_size * kf.type_size
+        self.v_row_bytes = v_dp // vf.block_size * vf.type_size
+        static = {"QA_SRC": _SRC[src_dtype], "KV_MAX_DP": MAX_DP,
+                  **_side_static("KA", kf, k_dim, k_dp, k_rot), **_side_static("VA", vf, v_dim, v_dp, v_rot)}
+        kern = _kernel(src_dtype != "float32")
+        self._kern = build(kern, static, backend)
+        ktab, vtab = _static_and_table(kf)[1], _static_and_table(vf)[1]
+        if backend == "cpu-emulator":
+            self._ktab, self._vtab = ktab, vtab
+        else:
+            import mlx.core as mx
+
+            self._ktab, self._vtab = mx.array(ktab), mx.array(vtab)
+
+    def __call__(self, k_rows, v_rows, kc, vc, pos: int, flag_in):
+        B, H, S, _ = (int(s) for s in k_rows.shape)
+        R = B * H * S
+        cap = int(kc.shape[2])
+        if pos < 0 or pos + S > cap:
+            raise KernelError(f"append of {S} rows at row {pos} overflows a cache of {cap} rows")
+        n_in = int(flag_in.shape[0])
+        if self.backend == "cpu-emulator":
+            src16 = self._kern.kernel.inputs[0][1] == "uint16"
+            k = np.ascontiguousarray(k_rows).reshape(-1)
+            v = np.ascontiguousarray(v_rows).reshape(-1)
+            if src16:
+                k, v = k.view(np.uint16), v.view(np.uint16)
+            params = np.array([R, S, cap, pos, H, n_in], np.uint32)
+            (flag,) = self._kern([k, v, kc, vc, self._ktab, self._vtab, params, flag_in], [(2 * R,)],
+                                 (2 * R, 1, 1), THREADS)
+            return flag
+        import mlx.core as mx
+
+        k, v = k_rows.reshape(-1), v_rows.reshape(-1)
+        if k.dtype != mx.float32:
+            k, v = k.view(mx.uint16), v.view(mx.uint16)
+        (flag,) = self._kern([k, v, kc, vc, self._ktab, self._vtab, _params(R, S, cap, pos, H, n_in), flag_in],
+                             [(2 * R,)], (2 * R, 1, 1), THREADS)
+        return flag
+
+
+@lru_cache(maxsize=64)
+def _params(*values: int):
+    """The uint32 parameter buffer of one step (every layer of a step shares it)."""
+    import mlx.core as mx
+
+    return mx.array(np.array(values, np.uint32))
+
+
+@lru_cache(maxsize=64)
+def prepared(k_format: str, v_format: str, k_dim: int, v_dim: int, k_dp: int, v_dp: int, k_rot: int,
+             v_rot: int, src_dtype: str, backend: str) -> KVAppend:
+    """One :class:`KVAppend` per geometry (kernel built once)."""
+    return KVAppend(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend)
+
+
+def hadamard_butterfly(x: np.ndarray, n: int) -> np.ndarray:
+    """float32 ``x`` (..., D) times the orthonormal block-diagonal Hadamard of order ``n``, with the
+    kernel's arithmetic: butterfly stages h = 1, 2, 4, ... (a + b, a - b in float32), then one multiply
+    by 1 / sqrt(n) computed in float32 (two correctly rounded operations)."""
+    y = np.array(x, np.float32, copy=True)
+    if not n:
+        return y
+    shape = y.shape
+    y = y.reshape(-1, shape[-1] // n, n)
+    h = 1
+    while h < n:
+        z = y.reshape(y.shape[0], y.shape[1], n // (2 * h), 2, h)
+        a, b = z[:, :, :, 0, :].copy(), z[:, :, :, 1, :].copy()
+        z[:, :, :, 0, :] = a + b
+        z[:, :, :, 1, :] = a - b
+        h *= 2
+    rs = np.float32(1.0) / np.sqrt(np.float32(n))
+    return (y * rs).astype(np.float32).reshape(shape)
+
+
+def reference_append(fmt, rows: np.ndarray, dp: int, rot: int) -> np.ndarray:
+    """The blocks :class:`KVAppend` writes for float ``rows`` (..., D): zero-pad to ``dp`` values,
+    rotate (:func:`hadamard_butterfly`), quantize with the numpy reference."""
+    f = get_format(fmt)
+    x = np.asarray(rows, np.float32)
+    if x.shape[-1] != dp:
+        x = np.concatenate([x, np.zeros((*x.shape[:-1], dp - x.shape[-1]), np.float32)], axis=-1)
+    x = hadamard_butterfly(x, rot)
+    if not np.isfinite(x).all():
+        raise FormatError(f"{f.key}: non-finite input")
+    return quantize(f, x)
