@@ -18,20 +18,56 @@ Fixtures (each skips with the reason when what it needs is missing):
 Hypothesis profiles ``tqbridge-ci`` (derandomized, 100 examples), ``tqbridge-dev`` (300) and
 ``tqbridge-deep`` (3000) are registered; ``--tqbridge-profile ci|dev|deep`` loads one (so does
 hypothesis' own ``--hypothesis-profile tqbridge-deep``).
+
+Safe in any environment: pytest loads this module for every project once tqbridge is installed, so
+it imports nothing optional at module level. Without hypothesis (``pip install 'tqbridge[test]'``)
+the profiles and the two fixtures that need it (``tqbridge_settings``, ``tqbridge_fuzz``) are not
+registered; the runtime fixtures skip with the install command; pytest's header says once what is off
+and how to turn it on.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
 
 PROFILES = {"ci": 100, "dev": 300, "deep": 3000}
-_COMMON = dict(deadline=None, print_blob=True,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-for _name, _n in PROFILES.items():
-    settings.register_profile(f"tqbridge-{_name}", max_examples=_n, derandomize=_name == "ci", **_COMMON)
+
+# Optional packages and the extra that brings each (checked without importing them).
+_OPTIONAL = {"hypothesis": "test", "mlx": "mlx", "mlx_lm": "lm", "llama_cpp": "llama"}
+
+try:
+    from hypothesis import HealthCheck, settings
+except Exception as _e:  # noqa: BLE001 - a broken or absent hypothesis must not break pytest
+    HAVE_HYPOTHESIS = False
+    _HYPOTHESIS_ERROR = f"{type(_e).__name__}: {_e}"
+else:
+    HAVE_HYPOTHESIS = True
+    _HYPOTHESIS_ERROR = ""
+    _COMMON = dict(deadline=None, print_blob=True,
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    for _name, _n in PROFILES.items():
+        settings.register_profile(f"tqbridge-{_name}", max_examples=_n, derandomize=_name == "ci", **_COMMON)
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing_extras() -> "dict[str, str]":
+    """Optional packages that are not installed (or, for hypothesis, do not import), each with its extra."""
+    out = {m: extra for m, extra in _OPTIONAL.items() if m != "hypothesis" and not _installed(m)}
+    if not HAVE_HYPOTHESIS:
+        out = {"hypothesis": "test", **out}
+    return out
+
+
+HINT_TEST = "pip install 'tqbridge[test]'"
 
 
 def pytest_addoption(parser):
@@ -44,14 +80,30 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     name = config.getoption("--tqbridge-profile")
+    if name and not HAVE_HYPOTHESIS:
+        raise pytest.UsageError(f"--tqbridge-profile needs hypothesis: {HINT_TEST} ({_HYPOTHESIS_ERROR})")
     if name:
         settings.load_profile(f"tqbridge-{name}")
 
 
 def pytest_report_header(config):
-    name = config.getoption("--tqbridge-profile")
-    current = getattr(settings, "get_current_profile_name", lambda: getattr(settings, "_current_profile", "?"))()
-    return f"tqbridge plugin: hypothesis profile {('tqbridge-' + name) if name else current}"
+    """One line: the hypothesis profile, or what is off for want of an extra and how to turn it on."""
+    missing = missing_extras()
+    if HAVE_HYPOTHESIS:
+        name = config.getoption("--tqbridge-profile")
+        current = getattr(settings, "get_current_profile_name", lambda: getattr(settings, "_current_profile", "?"))()
+        line = f"tqbridge plugin: hypothesis profile {('tqbridge-' + name) if name else current}"
+    else:
+        line = (f"tqbridge plugin: hypothesis not installed, so its profiles and the tqbridge_settings and "
+                f"tqbridge_fuzz fixtures are off (enable: {HINT_TEST})")
+    runtimes = [m for m in missing if m != "hypothesis"]
+    if runtimes:
+        extras = {missing[m] for m in runtimes}
+        if "lm" in extras:
+            extras.discard("mlx")                   # tqbridge[lm] brings mlx
+        line += (f"; mlx_runtime/llama_cpp_runtime skip without {', '.join(runtimes)} "
+                 f"(pip install 'tqbridge[{','.join(sorted(extras))}]')")
+    return line
 
 
 def _profile_examples(config) -> int:
@@ -147,24 +199,25 @@ def gpu_backend(kernel_backend):
     return gpu
 
 
-@pytest.fixture
-def tqbridge_settings():
-    """The hypothesis settings in force (the loaded profile): e.g. ``tqbridge_settings.max_examples``."""
-    return settings()
+# Registered only when hypothesis imports (fixtures are collected from this module's names).
+if HAVE_HYPOTHESIS:
+    @pytest.fixture
+    def tqbridge_settings():
+        """The hypothesis settings in force (the loaded profile): e.g. ``tqbridge_settings.max_examples``."""
+        return settings()
 
+    @pytest.fixture
+    def tqbridge_fuzz(pytestconfig):
+        """``tqbridge_fuzz(fn, op=None, fmt=None, *, k_format=None, v_format=None, max_examples=None, **kw)``:
+        fuzz ``fn`` against tqbridge's reference; fails the test with the counterexample and a snippet."""
+        from .byok import fuzz_kernel
 
-@pytest.fixture
-def tqbridge_fuzz(pytestconfig):
-    """``tqbridge_fuzz(fn, op=None, fmt=None, *, k_format=None, v_format=None, max_examples=None, **kw)``:
-    fuzz ``fn`` against tqbridge's reference; fails the test with the counterexample and a snippet."""
-    from .byok import fuzz_kernel
+        def run(fn, op=None, fmt=None, *, max_examples=None, **kw):
+            n = max_examples or _profile_examples(pytestconfig)
+            kw.setdefault("derandomize", settings.default.derandomize)
+            r = fuzz_kernel(fn, op, fmt, max_examples=n, **kw)
+            if not r.ok:
+                pytest.fail(r.report(), pytrace=False)
+            return r
 
-    def run(fn, op=None, fmt=None, *, max_examples=None, **kw):
-        n = max_examples or _profile_examples(pytestconfig)
-        kw.setdefault("derandomize", settings.default.derandomize)
-        r = fuzz_kernel(fn, op, fmt, max_examples=n, **kw)
-        if not r.ok:
-            pytest.fail(r.report(), pytrace=False)
-        return r
-
-    return run
+        return run
