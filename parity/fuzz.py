@@ -31,7 +31,22 @@ OUR_TARGETS = ("quantize", "dequantize", "append", "decode-attention")
 PROFILES = {"ci": 100, "dev": 300, "deep": 3000}      # examples per campaign when --examples is not given
 ROUND = 25                                            # examples per round when the campaign is timed
 GRACE_S = 5.0                                         # after a counterexample, how long other workers may finish
-DEFAULT_DB = Path(".hypothesis") / "tqbridge-fuzz"
+
+
+def default_db_root() -> Path:
+    """Where campaigns keep their example databases when ``--db`` is not given: ``$TQBRIDGE_CACHE/fuzz``
+    (default ``~/.cache/tqbridge/fuzz``), never the current directory."""
+    from ..bridge.gguf_f32 import cache_dir
+
+    return cache_dir() / "fuzz"
+
+
+def hypothesis_home() -> Path:
+    """hypothesis' own storage (its caches; ``.hypothesis/`` in the current directory by default) for the
+    workers: ``$TQBRIDGE_CACHE/hypothesis``, unless ``HYPOTHESIS_STORAGE_DIRECTORY`` says otherwise."""
+    from ..bridge.gguf_f32 import cache_dir
+
+    return cache_dir() / "hypothesis"
 
 
 class FuzzError(ValueError):
@@ -136,6 +151,8 @@ def db_path(root: "str | os.PathLike[str]", target: str) -> Path:
 def _worker(spec: dict, worker: int, out: Any, stop: Any) -> None:
     """Run rounds of fuzz_kernel until the budget or the deadline; report through ``out.put``."""
     try:
+        # Before hypothesis stores anything: its caches go to tqbridge's cache, not ./.hypothesis.
+        os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", spec["hypothesis_home"])
         from hypothesis.database import DirectoryBasedExampleDatabase
 
         from .byok import fuzz_kernel
@@ -280,11 +297,11 @@ def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" =
         if backend not in usable():
             raise FuzzError(f"backend {backend!r} is not usable here (usable: {', '.join(usable())})")
     seed = (0 if profile == "ci" else random.randrange(1 << 30)) if seed is None else int(seed)
-    root = Path(db) if db is not None else DEFAULT_DB
+    root = Path(db) if db is not None else default_db_root()
     path = db_path(root, target if op is None else f"{target}-{op}")
     path.mkdir(parents=True, exist_ok=True)
     spec = {"target": target, "backend": backend, "op": op, "fmt": fmt, "k_format": k_format, "v_format": v_format,
-            "db": str(path), "seed": seed}
+            "db": str(path), "seed": seed, "hypothesis_home": str(hypothesis_home())}
     resolve_target(spec)          # fail fast, in this process, with a clear message
     total = PROFILES[profile] if examples is None and minutes is None else examples
     if minutes is not None:

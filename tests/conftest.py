@@ -5,6 +5,10 @@ Profiles (select with ``TQBRIDGE_PROFILE=<name>`` or pytest's ``--hypothesis-pro
 - ``ci``   derandomized and bounded: what CI (2 cores, no GPU) runs; the default.
 - ``dev``  random seeds, a few more examples, for local work.
 - ``deep`` long fuzz campaigns (thousands of examples per property).
+
+hypothesis' files (example database, caches) go to ``$TQBRIDGE_CACHE/hypothesis`` (default
+``~/.cache/tqbridge/hypothesis``), not ``.hypothesis/`` in the current directory, unless
+``HYPOTHESIS_STORAGE_DIRECTORY`` is set.
 """
 
 from __future__ import annotations
@@ -12,11 +16,17 @@ from __future__ import annotations
 import os
 
 from hypothesis import HealthCheck, settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from tqbridge.bridge.mlx_blas import prefer_fast_blas
 
 # Before any test module imports MLX: decides which BLAS the whole run gets (see bridge/mlx_blas.py).
 _BLAS = prefer_fast_blas()
+
+from tqbridge.bridge.gguf_f32 import cache_dir  # noqa: E402 - after the BLAS choice
+
+if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+    set_hypothesis_home_dir(cache_dir() / "hypothesis")   # this process only; subprocesses choose their own
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("ci", max_examples=60, derandomize=True, print_blob=True, **_COMMON)

@@ -103,3 +103,29 @@ def test_a_kernel_that_crashes_its_process_is_reported_with_the_case(tmp_path):
     assert "from crashy import deq" in saved
     case = saved.split("# ")[1].splitlines()[0]
     assert case.startswith("Case(dequantize, q8_0, blocks=(") and not case.startswith("Case(dequantize, q8_0, blocks=(1,")
+
+
+
+def test_a_campaign_leaves_no_hypothesis_folder_in_the_working_directory(tmp_path):
+    """Without --db the example database goes to $TQBRIDGE_CACHE/fuzz and hypothesis' own files (its
+    cache of a local module's constants, here mine.py's) to $TQBRIDGE_CACHE/hypothesis: nothing
+    lands in the current directory."""
+    import os
+
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    work.mkdir()
+    (work / "mine.py").write_text(
+        "import numpy as np\n"
+        "def deq(blocks, n):\n"
+        "    b = np.asarray(blocks, np.uint8).reshape(-1, 34)\n"
+        "    d = b[:, :2].copy().view('<f2').astype(np.float32)\n"
+        "    return (d * b[:, 2:].view(np.int8).astype(np.float32)).reshape(-1, n)\n")
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    env.update(TQBRIDGE_CACHE=str(cache), PYTHONDONTWRITEBYTECODE="1")
+    p = subprocess.run([sys.executable, "-m", "tqbridge.tools.cli", "fuzz", "mine:deq", "--op", "dequantize",
+                        "--format", "q8_0", "--examples", "20"], cwd=work, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0 and "no counterexample" in p.stdout, p.stdout + p.stderr
+    assert sorted(f.name for f in work.iterdir()) == ["mine.py"]
+    db = cache / "fuzz" / "mine_deq-dequantize"
+    assert db.is_dir() and f"database     {db}" in p.stdout

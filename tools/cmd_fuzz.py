@@ -32,7 +32,7 @@ def add_arguments(p) -> None:
                    help="ci: 100 examples, seed 0; dev: 300; deep: 3000 (random seed unless --seed)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--seed", type=int, help="base seed; give each machine of a spread campaign its own")
-    p.add_argument("--db", help="example database root (default .hypothesis/tqbridge-fuzz)")
+    p.add_argument("--db", help="example database root (default $TQBRIDGE_CACHE/fuzz, i.e. ~/.cache/tqbridge/fuzz)")
     p.add_argument("--op", choices=("quantize", "dequantize", "append", "decode-attention"),
                    help="what a module:function target implements (else its @claims decorator)")
     p.add_argument("--format", dest="fmt", help="format(s) it claims, comma-separated (quantize/dequantize/append)")
