@@ -112,7 +112,7 @@ def _quantizer(fmt) -> tuple[Callable[[mx.array], mx.array], str]:
             return (lambda x: quantize_append(fmt.key, x, backend=gpu, check_finite=False)), f"append-kernel:{gpu}"
     if getattr(fmt.codec, "mlx_quantize_blocks", None) is not None:
         from tqbridge.bridge import mlx_quantize
-        return (lambda x: mlx_quantize(fmt, x)), "mlx-ops"
+        return (lambda x: mlx_quantize(fmt, x, check_finite=False)), "mlx-ops"
     import numpy as np
     from tqbridge.bridge import quantize
 
@@ -380,8 +380,7 @@ class TQCache(_mlx_cache._BaseCache):
             # our own before a kernel writes into them
             self._settle()
             self._grow(B, H, r + S, append.k_row_bytes, append.v_row_bytes, force=not self._owned)
-            mx.eval(self.keys, self.values)   # the kernel writes into these buffers: they must exist
-            self._owned = True
+            self._owned = True   # fresh buffers; the kernel's graph edge orders it after their allocation
         flag = self._flag
         if flag is None or flag.shape[0] != 2 * B * H * S:
             if flag is not None:

@@ -1,4 +1,10 @@
-"""``tqbridge bench attention``: the fused decode-attention kernel against MLX's paths, side by side.
+"""``tqbridge bench attention`` and ``tqbridge bench decode``.
+
+``decode``: end-to-end greedy decode through mlx-lm with TQCache against mlx-lm's own fp16 cache (and
+its QuantizedKVCache where MLX's backend runs it), per model geometry and context; see
+:mod:`tqbridge.metal.decode_bench` for what is measured and how.
+
+``attention``: the fused decode-attention kernel against MLX's paths, side by side.
 
 For each context length: the fused kernel on quantized K/V blocks, ``mx.fast.scaled_dot_product_attention``
 on fp16 K/V, MLX affine dequantize + SDPA, and mlx-lm's quantized SDPA, each over ``--layers``
@@ -26,8 +32,16 @@ DEFAULT_TUNE = "v2:4x128,v2:2x64,v2:1x32"   # v2 alternatives: fixed threadgroup
 
 
 def add_arguments(p):
-    p.add_argument("what", choices=["attention"], help="what to benchmark")
+    p.add_argument("what", choices=["attention", "decode"], help="what to benchmark: the attention kernel alone, "
+                   "or decode end to end through mlx-lm")
     p.add_argument("--context", default="4096,32768,131072", help="comma-separated context lengths")
+    p.add_argument("--models", default="qwen2.5-1.5b,llama-3.1-8b,llama-3.2-1b",
+                   help="decode: comma-separated model geometries (random fp16 weights: qwen2.5-1.5b, llama-3.1-8b, "
+                        "llama-3.2-1b, tiny) or real models (smollm2, gemma3, a GGUF path)")
+    p.add_argument("--caches", default="fp16,q8_0/turbo3,q8_0/q4_0,mlx-q8",
+                   help="decode: comma-separated caches: fp16 (mlx-lm KVCache), mlx-q8 / mlx-q4 (mlx-lm "
+                        "QuantizedKVCache), or TQCache K/V spellings; fp16 first (speed-ups are against it)")
+    p.add_argument("--tokens", type=int, default=32, help="decode: tokens generated per run")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--q-heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
@@ -80,6 +94,8 @@ def _copy_bandwidth(mx, repeats: int) -> dict:
 
 
 def run(args) -> int:
+    if args.what == "decode":
+        return _run_decode(args)
     try:
         import mlx.core as mx
         from mlx_lm.models.base import quantized_scaled_dot_product_attention
@@ -217,4 +233,45 @@ def run(args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
+    return 0
+
+
+def _run_decode(args) -> int:
+    try:
+        import mlx.core as mx  # noqa: F401
+        import mlx_lm  # noqa: F401
+    except ImportError as e:
+        raise CliError(f"needs mlx and mlx-lm: {e}")
+    from ..bridge import FormatError
+    from ..metal import decode_bench
+    from ..metal.cache import parse_kv_spec
+
+    models = [m for m in args.models.split(",") if m]
+    caches = [c for c in args.caches.split(",") if c]
+    for c in caches:
+        if c not in ("fp16", "mlx-q8", "mlx-q4"):
+            try:
+                parse_kv_spec(c)
+            except FormatError as e:
+                raise CliError(f"--caches: {e}") from None
+    try:
+        contexts = [int(x) for x in args.context.split(",") if x]
+    except ValueError:
+        raise CliError(f"--context: {args.context!r} is not a comma-separated list of integers") from None
+    if args.tokens < 4:
+        raise CliError("--tokens: at least 4 (the first 2 are dropped as warm-up)")
+    keys = ("model", "cache", "context", "ms_per_token", "speedup_vs_fp16", "kv_path_kernels_per_layer",
+            "kv_path_host_syncs_per_step", "host_syncs_per_token", "kv_path_python_us_per_layer", "kv_bytes", "error")
+
+    def log(row):
+        print(json.dumps({k: row[k] for k in keys if k in row}), flush=True)
+
+    results = decode_bench.run(models, contexts, caches, args.tokens, log=log)
+    results["command"] = "tqbridge bench decode " + " ".join(
+        f"--{k} {v}" for k, v in (("models", args.models), ("context", args.context), ("caches", args.caches),
+                                   ("tokens", args.tokens)))
+    if args.json:
+        from ..bridge.atomic import write_atomic
+
+        write_atomic(args.json, json.dumps(results, indent=2))
     return 0

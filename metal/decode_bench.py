@@ -1,0 +1,268 @@
+"""End-to-end decode through mlx-lm: TQCache against mlx-lm's own caches, as a user generates.
+
+A model (a named geometry with random fp16 weights, or a real GGUF model), caches pre-filled to a
+context with model-shaped random K/V rows (one ``update_and_fetch`` of ``context`` rows per layer:
+keys and values drawn N(0, 1) in the model's dtype), then ``mlx_lm``'s ``generate_step`` greedy
+decode of ``tokens`` tokens, the length growing every step. Per cache it reports the median
+ms/token (steady state: the first 2 tokens are dropped) and, from one instrumented layer step:
+
+- kernels on the KV path: primitives of the MLX graph one layer's ``update_and_fetch`` + attention
+  builds (read from ``mx.export_to_dot``; views that launch no kernel are counted apart);
+- host synchronisations during that step, and per generated token in the whole loop (calls of
+  ``mx.eval``, ``mx.synchronize``, ``array.item``, ``array.tolist`` counted by wrapping them);
+- Python (graph-building) time of one layer's KV path, median over steps;
+- resident KV bytes: the cache buffers' bytes, and MLX's active-memory growth over the pre-fill.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import mlx.core as mx
+
+GEOMETRIES: dict[str, dict] = {
+    # published configurations (the models' config.json on their hubs), random fp16 weights here
+    "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
+                         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, num_hidden_layers=28, intermediate_size=8960,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, rms_norm_eps=1e-6,
+                         rope_theta=1000000.0, tie_word_embeddings=True),
+    "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, num_hidden_layers=32, intermediate_size=14336,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
+    # a small one for CPU smoke runs
+    "tiny": dict(model_type="llama", hidden_size=256, num_hidden_layers=4, intermediate_size=512,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=512, rms_norm_eps=1e-5,
+                 rope_theta=10000.0, tie_word_embeddings=True),
+}
+REAL_MODELS = ("smollm2", "gemma3")
+# primitives that make a strided view or relabel a buffer: no kernel launch (unless MLX must copy)
+VIEW_PRIMITIVES = frozenset({"Broadcast", "Slice", "ExpandDims", "Squeeze", "Transpose", "Reshape", "Flatten",
+                             "Unflatten", "AsStrided", "Depends", "StopGradient", "View"})
+
+
+def build_model(name: str, dtype=mx.float16, seed: int = 0):
+    """``(model, description)``: a named geometry with random weights, or a real model (GGUF)."""
+    if name in GEOMETRIES:
+        import importlib
+
+        cfg = dict(GEOMETRIES[name])
+        mod = importlib.import_module(f"mlx_lm.models.{cfg['model_type']}")
+        mx.random.seed(seed)
+        model = mod.Model(mod.ModelArgs.from_dict(cfg))
+        model.set_dtype(dtype)
+        mx.eval(model.parameters())
+        return model, {"model": name, "weights": f"random {dtype}", **cfg}
+    from tqbridge.bridge.gguf_model import load_gguf_model
+    from tqbridge.parity.models import model_path
+
+    path = model_path(name) if name in REAL_MODELS else name
+    model = load_gguf_model(path)
+    model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    return model, {"model": name, "weights": f"GGUF {os.path.basename(str(path))} as {dtype}"}
+
+
+def make_caches(model, kind: str) -> list:
+    """A prompt cache: ``fp16`` (mlx-lm's KVCache), ``mlx-q8`` / ``mlx-q4`` (its QuantizedKVCache) or a
+    TQCache K/V spelling such as ``q8_0/turbo3``."""
+    from mlx_lm.models import cache as mc
+
+    if kind == "fp16":
+        return mc.make_prompt_cache(model)
+    if kind in ("mlx-q8", "mlx-q4"):
+        bits = 8 if kind == "mlx-q8" else 4
+        return [mc.QuantizedKVCache(group_size=64, bits=bits) if type(c) is mc.KVCache else c
+                for c in mc.make_prompt_cache(model)]
+    from .cache import make_cache, parse_kv_spec
+
+    k, v, cal = parse_kv_spec(kind)
+    return make_cache(model, k, v, calibration=cal or None)
+
+
+def _kv_shape(model) -> tuple[int, int, int]:
+    layer = model.layers[0].self_attn
+    hkv = getattr(layer, "n_kv_heads", None) or getattr(layer, "num_key_value_heads")
+    hd = getattr(layer, "head_dim", None) or model.args.hidden_size // model.args.num_attention_heads
+    hq = getattr(layer, "n_heads", None) or getattr(layer, "num_attention_heads")
+    return int(hq), int(hkv), int(hd)
+
+
+def prefill(cache: list, model, context: int, dtype, seed: int = 1, chunk: int = 16384) -> None:
+    """Fill every layer with ``context`` random rows (chunks of ``chunk`` rows)."""
+    _, hkv, hd = _kv_shape(model)
+    key = mx.random.key(seed)
+    for c in cache:
+        done = 0
+        while done < context:
+            n = min(chunk, context - done)
+            key, k1, k2 = mx.random.split(key, 3)
+            k = mx.random.normal((1, hkv, n, hd), key=k1).astype(dtype)
+            v = mx.random.normal((1, hkv, n, hd), key=k2).astype(dtype)
+            c.update_and_fetch(k, v)
+            done += n
+        mx.eval([a for a in (getattr(c, "keys", None), getattr(c, "values", None)) if a is not None])
+
+
+@contextlib.contextmanager
+def count_syncs():
+    """Count host synchronisations: calls of mx.eval, mx.synchronize, array.item, array.tolist."""
+    counts = {"n": 0}
+    saved = {}
+
+    def wrap(owner, name):
+        fn = getattr(owner, name)
+        saved[(owner, name)] = fn
+
+        def counted(*a, **kw):
+            counts["n"] += 1
+            return fn(*a, **kw)
+        setattr(owner, name, counted)
+
+    for owner, name in ((mx, "eval"), (mx, "synchronize"), (mx.array, "item"), (mx.array, "tolist")):
+        wrap(owner, name)
+    try:
+        yield counts
+    finally:
+        for (owner, name), fn in saved.items():
+            setattr(owner, name, fn)
+
+
+def graph_primitives(*arrays) -> list[str]:
+    """The primitives (by name) of the unevaluated graph behind ``arrays``."""
+    fd, path = tempfile.mkstemp(suffix=".dot")
+    os.close(fd)
+    try:
+        mx.export_to_dot(path, *arrays)
+        text = open(path).read()
+    finally:
+        os.unlink(path)
+    import re
+
+    return re.findall(r'label ="([^"]+)", shape=rectangle', text)
+
+
+def layer_step_profile(cache: list, model, steps: int = 12) -> dict:
+    """One layer's KV path (update_and_fetch + attention through mlx-lm's attention entry point),
+    driven directly: kernels per step from the graph, syncs, Python time per step."""
+    from mlx_lm.models import base
+
+    from .routing import route_attention
+
+    hq, hkv, hd = _kv_shape(model)
+    c = cache[-1]
+    dtype = mx.float16
+    q = mx.random.normal((1, hq, 1, hd)).astype(dtype)
+    k = mx.random.normal((1, hkv, 1, hd)).astype(dtype)
+    v = mx.random.normal((1, hkv, 1, hd)).astype(dtype)
+    mx.eval(q, k, v)
+    times, prims, syncs = [], None, 0
+    with route_attention():
+        attn = base.scaled_dot_product_attention      # routed: TQCache layers go to tqbridge
+        for i in range(steps + 1):
+            with count_syncs() as n:
+                t0 = time.perf_counter()
+                kk, vv = c.update_and_fetch(k, v)
+                out = attn(q, kk, vv, cache=c, scale=hd ** -0.5, mask=None)
+                t1 = time.perf_counter()
+            deps = [out] + ([c._flag] if getattr(c, "_flag", None) is not None else [])
+            if i == 0:   # the first step builds kernels and launches: not the steady state
+                mx.eval(deps)
+                continue
+            syncs += n["n"]
+            times.append(t1 - t0)
+            if prims is None:
+                prims = graph_primitives(*deps)
+            mx.eval(deps)
+    kernels = [p for p in prims if p not in VIEW_PRIMITIVES]
+    return {"kv_path_kernels_per_layer": len(kernels), "kv_path_kernel_names": kernels,
+            "kv_path_views_per_layer": len(prims) - len(kernels),
+            "kv_path_host_syncs_per_step": syncs / steps,
+            "kv_path_python_us_per_layer": statistics.median(times) * 1e6,
+            "paths": dict(getattr(c, "paths", {}) or {})}
+
+
+def decode_run(model, kind: str, context: int, tokens: int, *, dtype=mx.float16) -> dict:
+    """Pre-fill caches of ``kind`` to ``context`` rows, then greedy decode of ``tokens`` tokens."""
+    from mlx_lm.generate import generate_step
+
+    from .routing import route_attention
+
+    row: dict[str, Any] = {"cache": kind, "context": context, "tokens": tokens}
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    try:
+        cache = make_caches(model, kind)
+        prefill(cache, model, context, dtype)
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {e}"[:300]
+        return row
+    row["kv_bytes"] = sum(c.nbytes for c in cache if not c.empty())
+    row["kv_active_memory_bytes"] = mx.get_active_memory() - before
+    try:
+        prompt = mx.array([1], mx.uint32)
+        stamps, syncs = [], 0
+        with route_attention(), count_syncs() as n:
+            for _ in generate_step(prompt, model, prompt_cache=cache, max_tokens=tokens):
+                stamps.append(time.perf_counter())
+            syncs = n["n"]
+        for c in cache:     # the deferred NaN/inf report of the decode steps (one sync per layer)
+            if hasattr(c, "check_finite"):
+                c.check_finite()
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {e}"[:300]
+        return row
+    deltas = [b - a for a, b in zip(stamps, stamps[1:])][2:]
+    row["ms_per_token"] = statistics.median(deltas) * 1e3
+    row["ms_per_token_min"] = min(deltas) * 1e3
+    row["tokens_per_s"] = 1e3 / row["ms_per_token"]
+    row["host_syncs_per_token"] = syncs / len(stamps)
+    row.update(layer_step_profile(cache, model))
+    if hasattr(cache[-1], "codec_paths"):
+        from .cache import cache_report
+
+        rep = cache_report(cache)
+        row["decode_paths"] = rep["paths"]
+        row["codecs"] = rep["layers"][-1].get("codecs")
+    del cache
+    mx.clear_cache()
+    return row
+
+
+def run(models: list[str], contexts: list[int], caches: list[str], tokens: int, log=print) -> dict:
+    """The whole benchmark: every model x context x cache; fp16 first in each group (speed-ups are
+    against it)."""
+    import platform
+
+    out = {"date": time.strftime("%Y-%m-%d"), "hardware": platform.node(), "device": str(mx.default_device()),
+           "mlx": mx.__version__, "prefill": "model-shaped random K/V rows (N(0,1), model dtype), one "
+           "update_and_fetch per layer", "decode": "mlx_lm.generate.generate_step, greedy, "
+           f"{tokens} tokens, median ms/token after 2", "runs": []}
+    try:
+        import mlx_lm
+
+        out["mlx_lm"] = mlx_lm.__version__
+    except Exception:   # pragma: no cover
+        pass
+    for name in models:
+        model, desc = build_model(name)
+        for ctx in contexts:
+            base = None
+            for kind in caches:
+                row = {"model": name, **decode_run(model, kind, ctx, tokens)}
+                if kind == "fp16" and "ms_per_token" in row:
+                    base = row["ms_per_token"]
+                if base and "ms_per_token" in row:
+                    row["speedup_vs_fp16"] = base / row["ms_per_token"]
+                out["runs"].append(row)
+                log(row)
+        out.setdefault("models", {})[name] = desc
+        del model
+        mx.clear_cache()
+    return out

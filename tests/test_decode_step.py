@@ -1,0 +1,186 @@
+"""The decode step through mlx-lm, instrumented: host synchronisations (0), kernels on the KV path
+(<= 3 on a GPU), the deferred NaN/inf report, and unchanged generations. What the bench
+(``tqbridge bench decode``) counts, asserted.
+
+CPU: TQCache's appends run through the MLX-ops codecs and decode through decode_attention's ops
+reference; on a GPU (``gpu`` marker) the in-place append kernel and the prepared fused attention.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import base
+
+from tqbridge.bridge import FormatError
+from tqbridge.metal import decode_bench
+from tqbridge.metal.cache import TQCache, make_cache
+from tqbridge.metal.routing import route_attention
+from tiny_models import tiny_llama, tokens
+
+
+@pytest.fixture
+def cpu_device():
+    """MLX's CPU device for this test (the GPU tests keep the default device)."""
+    prev = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(prev)
+
+_GPU = mx.metal.is_available() or (getattr(mx, "cuda", None) is not None and mx.cuda.is_available())
+KVS = ["q8_0/turbo3", "q8_0/q4_0", "q5_1/q5_0", "f16/turbo4"]
+
+
+def _step(c, hq=4, hkv=2, d=64, dtype=mx.float32, seed=0, nan=False):
+    """One layer's decode step through mlx-lm's (routed) attention entry point; returns its arrays."""
+    key = mx.random.key(seed)
+    q = mx.random.normal((1, hq, 1, d), key=key).astype(dtype)
+    k = mx.random.normal((1, hkv, 1, d), key=mx.random.split(key)[0]).astype(dtype)
+    v = mx.random.normal((1, hkv, 1, d), key=mx.random.split(key)[1]).astype(dtype)
+    if nan:
+        k = mx.where(mx.arange(d) == 3, mx.array(float("nan"), dtype), k)
+    mx.eval(q, k, v)
+    with decode_bench.count_syncs() as n:
+        kk, vv = c.update_and_fetch(k, v)
+        out = base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=d ** -0.5, mask=None)
+    return out, n["n"]
+
+
+def _prefilled(kv, rows=40, d=64):
+    k, v = kv.split("/")
+    c = TQCache(k, v)
+    x = mx.random.normal((1, 2, rows, d), key=mx.random.key(7))
+    c.update_and_fetch(x, x * 0.5)
+    c.check_finite()
+    return c
+
+
+@pytest.mark.parametrize("kv", KVS)
+def test_cpu_decode_step_has_no_host_sync(kv, cpu_device):
+    c = _prefilled(kv)
+    with route_attention():
+        for i in range(5):
+            out, syncs = _step(c, seed=i)
+            assert syncs == 0, f"{kv}: {syncs} host synchronisations in decode step {i}"
+            mx.eval(out)
+    assert c.paths["decode:reference"] == 5
+    assert c.codec_paths["k_append"] in ("mlx-ops", "mlx-view")   # not the kernel emulator
+
+
+def test_decode_nan_is_reported_later_and_prompt_nan_refused_at_once(cpu_device):
+    c = _prefilled("q8_0/turbo3")
+    with route_attention():
+        out, syncs = _step(c, nan=True)   # stored without a sync ...
+        mx.eval(out)
+    assert syncs == 0
+    with pytest.raises(FormatError, match="NaN or infinite"):
+        c.check_finite()                  # ... and reported at the next check
+    with pytest.raises(FormatError, match="NaN or infinite"):
+        c.state                           # saving a poisoned cache refuses too
+    # a prompt chunk with NaN: refused before anything is stored
+    c2 = TQCache("q8_0", "q4_0")
+    x = mx.random.normal((1, 2, 8, 64))
+    bad = mx.where(mx.arange(64) == 0, mx.array(float("inf")), x)
+    with pytest.raises(FormatError, match="nothing was stored"):
+        c2.update_and_fetch(bad, x)
+    assert c2.offset == 0 and c2.empty()
+
+
+def test_clean_decode_passes_the_check(cpu_device):
+    c = _prefilled("q5_1/q4_0")
+    with route_attention():
+        for i in range(3):
+            mx.eval(_step(c, seed=i)[0])
+    c.check_finite()
+
+
+def test_generation_unchanged_by_the_cpu_codec_path(cpu_device, monkeypatch):
+    # the CPU appends now run through the MLX-ops codecs; before, through the kernel (emulator), which
+    # is byte-identical to the numpy reference: the same tokens and the same cache bytes as the numpy path
+    from mlx_lm.generate import generate_step
+    from tqbridge.metal import cache as tqc
+
+    m = tiny_llama()
+    prompt = tokens(12, seed=4)[0]
+
+    def run():
+        cache = make_cache(m, "q8_0", "turbo3")
+        with route_attention():
+            toks = [t for t, _ in generate_step(prompt, m, prompt_cache=cache, max_tokens=10)]
+        return toks, [np.array(c.blocks()[0]) for c in cache]
+
+    toks, blocks = run()
+    numpy_path = tqc._quantizer
+
+    def numpy_quantizer(fmt):
+        from tqbridge.bridge import quantize
+
+        return (lambda x: mx.array(quantize(fmt, np.array(x.astype(mx.float32))))), "numpy"
+
+    monkeypatch.setattr(tqc, "_quantizer", numpy_quantizer)
+    toks2, blocks2 = run()
+    monkeypatch.setattr(tqc, "_quantizer", numpy_path)
+    assert toks == toks2
+    for a, b in zip(blocks, blocks2):
+        assert np.array_equal(a, b)
+
+
+# ---------------------------------------------------------------- the GPU decode step
+
+@pytest.mark.parametrize("kv", KVS)
+@pytest.mark.parametrize("dtype", [mx.float16, mx.float32])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU, reason="no MLX GPU backend (Metal or CUDA) here")
+def test_gpu_decode_step_three_kernels_no_sync(kv, dtype):
+    ref = _prefilled(kv)
+    c = _prefilled(kv)
+    with route_attention():
+        for i in range(6):
+            out, syncs = _step(c, dtype=dtype, seed=i)
+            prims = decode_bench.graph_primitives(out, c._flag)
+            kernels = [p for p in prims if p not in decode_bench.VIEW_PRIMITIVES]
+            assert syncs == 0, f"{kv}: {syncs} host synchronisations"
+            assert len(kernels) <= 3, f"{kv}: {kernels}"
+            mx.eval(out)
+        with route_attention("sdpa"):   # the same steps through dequantize + SDPA
+            for i in range(6):
+                want, _ = _step(ref, dtype=dtype, seed=i)
+    assert c.paths.get("decode:cuda", 0) + c.paths.get("decode:metal", 0) == 6
+    assert c.codec_paths["k_append"].startswith("kv-append:")
+    tol = 2e-2 if dtype == mx.float16 else 2e-3
+    np.testing.assert_allclose(np.array(out.astype(mx.float32)), np.array(want.astype(mx.float32)), atol=tol, rtol=tol)
+    # the buffers hold what the ops path wrote, up to the rotation's rounding (butterfly vs matmul)
+    kb, _ = c.blocks()
+    kr, _ = ref.blocks()
+    assert np.mean(np.array(kb) != np.array(kr)) < 0.02
+    c.check_finite()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU, reason="no MLX GPU backend (Metal or CUDA) here")
+def test_gpu_decode_nan_is_reported():
+    c = _prefilled("q8_0/turbo3")
+    with route_attention():
+        out, syncs = _step(c, nan=True)
+        mx.eval(out)
+    assert syncs == 0
+    with pytest.raises(FormatError, match="NaN or infinite"):
+        c.check_finite()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU, reason="no MLX GPU backend (Metal or CUDA) here")
+def test_gpu_generation_matches_the_ops_path():
+    # greedy generation with the GPU decode step vs the same cache decoded by dequantize + SDPA
+    from mlx_lm.generate import generate_step
+
+    m = tiny_llama(head_dim=128)
+    prompt = tokens(16, seed=3)[0]
+    got = {}
+    for mode in ("auto", "sdpa"):
+        cache = make_cache(m, "q8_0", "turbo3")
+        with route_attention(mode):
+            got[mode] = [t for t, _ in generate_step(prompt, m, prompt_cache=cache, max_tokens=24)]
+    agree = np.mean(np.array(got["auto"]) == np.array(got["sdpa"]))
+    assert agree >= 0.9, got
