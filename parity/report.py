@@ -55,6 +55,9 @@ def markdown(report: dict) -> str:
            "| " + " | ".join(h.replace("|", "\\|") for h in head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(b) + " |" for b in body]
     out += ["", "Claims: " + "; ".join(sorted({f"{r['kv']}: {r['claim']}" for r in report["logits"]})), ""]
+    if report.get("verdicts"):
+        out += ["Levels: " + ", ".join(f"{v['level']} {'pass' if v['passed'] else 'FAIL'}" for v in report["verdicts"])
+                + f"; overall: {'pass' if report.get('passed') else 'FAIL'}", ""]
     return "\n".join(out)
 
 

@@ -77,37 +77,57 @@ def run(args, command: "str | None" = None) -> int:
                 raise CliError(f"K/V {spec}: llama.cpp has no cache type {f!r} (has: {', '.join(LLAMA_KV_TYPES)})")
     levels = parse_levels(args.levels)
     say = progress_printer(args.quiet)
+    command = command or "tqbridge " + " ".join(map(shlex.quote, sys.argv[1:]))
     extra = run_other_levels(path, kv_list, levels, args, say)
-    if "logits" not in levels:
-        report = {"tool": "tqbridge parity", "versions": versions(), "levels": levels, **extra,
-                  "passed": all(v.get("passed", True) for v in extra.values())}
-        print(f"{'all claims hold' if report['passed'] else 'a parity claim FAILED'}")
-        if args.json:
-            write_json(args.json, report)
-        if args.plot:
-            write_plots(args.plot, report)
-        return 0 if report["passed"] else 1
-    try:
-        res = run_logits(path, kv_list, n_tokens=args.tokens, exact_weights=args.exact_weights,
-                         rotation=not args.no_rotation, progress=say)
-    except (GGUFModelError, ValueError) as e:
-        raise CliError(str(e)) from e
-    if not args.quiet and sys.stderr.isatty():
-        sys.stderr.write("\r\033[K")
-    passed = res.passed and all(v.get("passed", True) for v in extra.values())
-    report = {"tool": "tqbridge parity", "command": command or "tqbridge " + " ".join(map(shlex.quote, sys.argv[1:])),
-              "versions": versions(), "levels": levels, "info": res.info, "logits": res.rows, **extra,
-              "passed": passed}
-    print(f"logits: {res.info['model']} ({res.info['weights']}), {res.tokens} tokens of {res.info['text']}:")
-    print(text_table(res.rows))
-    print(f"{'all claims hold' if passed else 'a parity claim FAILED'} ({res.info['seconds']} s for the logits level)")
+    res = None
+    if "logits" in levels:
+        try:
+            res = run_logits(path, kv_list, n_tokens=args.tokens, exact_weights=args.exact_weights,
+                             rotation=not args.no_rotation, progress=say)
+        except (GGUFModelError, ValueError) as e:
+            raise CliError(str(e)) from e
+        if not args.quiet and sys.stderr.isatty():
+            sys.stderr.write("\r\033[K")
+    verdicts = level_verdicts(levels, extra, None if res is None else res.passed)
+    passed = all(v["passed"] for v in verdicts)
+    report = {"tool": "tqbridge parity", "command": command, "versions": versions(), "levels": levels}
+    if res is not None:
+        report.update(info=res.info, logits=res.rows)
+    report.update(extra)
+    report.update(verdicts=verdicts, passed=passed)
+    if res is not None:
+        print(f"logits: {res.info['model']} ({res.info['weights']}), {res.tokens} tokens of {res.info['text']}, "
+              f"{res.info['seconds']} s:")
+        print(text_table(res.rows))
+    print(verdict_line(verdicts))
     if args.json:
         write_json(args.json, report)
-    if args.markdown:
+    if args.markdown and res is not None:
         write_atomic(args.markdown, markdown(report))
     if args.plot:
         write_plots(args.plot, report)
-    return 0 if res.passed else 1
+    return 0 if passed else 1
+
+
+def level_verdicts(levels: "list[str]", extra: dict, logits_passed: "bool | None") -> "list[dict]":
+    """One ``{"level", "passed"}`` per level that ran, in ``levels`` order; the exit code is their AND."""
+    out = []
+    for name in levels:
+        if name == "logits":
+            ok = logits_passed
+        else:
+            ok = extra.get(name, {}).get("passed")
+        out.append({"level": name, "passed": bool(ok)})
+    return out
+
+
+def verdict_line(verdicts: "list[dict]") -> str:
+    """The last line of the human output: every level that ran holds, or which ones failed."""
+    failed = [v["level"] for v in verdicts if not v["passed"]]
+    held = [v["level"] for v in verdicts if v["passed"]]
+    if not failed:
+        return f"all claims hold: {', '.join(held)}"
+    return f"a parity claim FAILED: {', '.join(failed)}" + (f" (held: {', '.join(held)})" if held else "")
 
 
 def write_plots(path: str, report: dict) -> None:
@@ -142,12 +162,19 @@ def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say)
         print(f"blocks: {'identical' if out['blocks']['passed'] else 'DIFFER'}")
         print("\n".join("  " + line for line in summary_lines(out["blocks"])))
     if "attention" in levels:
-        from tqbridge.parity.level_attention import run_attention_level
+        from tqbridge.parity.level_attention import run_attention_level, summary_lines as attention_lines
 
         say("attention: our decode kernel vs ggml's flash_attn_ext vs float64")
         pairs = [KV.parse(s).k + "/" + KV.parse(s).v for s in kv_list]
         out["attention"] = rep = run_attention_level(pairs)
-        print(f"attention: {'no worse than ggml' if rep['passed'] else 'WORSE than ggml'} on {len(rep['cases'])} cases")
+        worst = max(e["bound_ratio"] for c in rep["cases"] for e in c["ours"].values())
+        ggml = max(c["ggml_vs_oracle"]["nmse"] for c in rep["cases"])
+        print(f"attention: {'within' if rep['passed'] else 'OUTSIDE'} the float64 oracle's bound on "
+              f"{len(rep['cases'])} cases (worst {worst:.2g}x the bound; ggml's own NMSE up to {ggml:.1e}, "
+              f"information)")
+        if not rep["passed"]:
+            print("\n".join("  " + line for line in attention_lines(rep)
+                             if "OUTSIDE" in line))
     if "cache" in levels or "transplant" in levels:
         from tqbridge.bridge.gguf_f32 import cached_f32_gguf
         from tqbridge.parity.level_logits import parity_text
