@@ -7,12 +7,20 @@ blocks go to
 - tqbridge's ``decode_attention`` on each requested backend (``reference``: MLX ops,
   ``cpu-emulator``: the fused kernel's own source on the CPU SIMT emulator, ``cuda``/``metal``
   where present);
-- the float64 oracle over the bridge's dequantization (``tqbridge.metal.attention_ref``).
+- the float64 oracle over the bridge's dequantization and its error bound for a float32
+  implementation (:func:`tqbridge.metal.attention_ref.oracle`).
 
-Both implementations are judged against the oracle. ggml's error is its own arithmetic (its CPU
-flash attention rounds q to the K type's dot-product type — f16 for f16 K, q8_0 for quantized K —
-and accumulates in f16 for f16 V); the claim is that ours is **no worse than ggml's** on the same
-input: NMSE(ours, oracle) <= max(NMSE(ggml, oracle), NMSE_FLOOR), same for the max error.
+The claim (it sets ``passed``): **every component of ours is within the oracle's bound**,
+``|ours - oracle| <= bound``, with the bound computed for the serial accumulation chain the path
+reports (the kernel's ``last_run()["chain"]``; the cache length for the MLX-ops reference). The bound
+is float32 round-off of exact attention over the dequantized blocks, so a port that computes in
+lower precision somewhere (q rounded to f16, V accumulated in f16, a dropped scale bit) fails it.
+
+ggml's own error vs the oracle is reported beside it as information: ggml's CPU flash attention
+rounds q to the K type's dot-product type (f16 for f16 K, q8_0 for quantized K) and accumulates f16
+V in f16, so it is far outside the float32 bound by design (NMSE ~1e-6 to 8e-5). The old, weaker
+comparison ("no worse than ggml": NMSE and max error at most ggml's) is kept in each record as
+``no_worse_than_ggml``; it does not set the verdict, because a kernel that rounds q to f16 passes it.
 """
 
 from __future__ import annotations
@@ -26,9 +34,8 @@ from tqbridge.bridge import get_format, quantize
 # KV types ggml's CPU flash attention accepts in llama.cpp's KV cache (checked in the tests).
 GGML_FA_FORMATS = ("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 
-# Floors for the "no worse than ggml" claim, for cases where ggml is itself nearly exact:
-# float32 accumulation over up to a few thousand keys gives relative errors below ~1e-6,
-# so NMSE below 1e-12 and max error below 1e-6 of the output scale are round-off, not a defect.
+# Floors for the informational "no worse than ggml" comparison, for cases where ggml is itself nearly
+# exact: NMSE below 1e-12 and max error below 1e-6 of the output scale are float32 round-off.
 NMSE_FLOOR = 1e-12
 MAX_REL_FLOOR = 1e-6
 
@@ -42,38 +49,62 @@ def _errors(x: np.ndarray, ref: np.ndarray) -> dict[str, float]:
             "max_abs": float(np.abs(err).max())}
 
 
+def bound_ratio(x: np.ndarray, ref: np.ndarray, bound: np.ndarray) -> float:
+    """Worst ``|x - ref| / bound`` over the components (<= 1: within the oracle's bound).
+
+    A component whose bound is 0 (an all-zero V column) allows no error: ratio inf if it has one."""
+    err = np.abs(np.asarray(x, dtype=np.float64) - ref)
+    ratio = np.where(bound > 0, err / np.where(bound > 0, bound, 1.0), np.where(err > 0, np.inf, 0.0))
+    return float(ratio.max()) if ratio.size else 0.0
+
+
 def attention_case(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, *, k_format: str,
                    v_format: str, scale: "float | None" = None,
                    backends: Iterable[str] = ("reference", "cpu-emulator")) -> dict[str, Any]:
     """Compare on one problem. q: (Hq, D) float32; k/v blocks: (Hkv, n, row_bytes) uint8."""
     from tqbridge.bridge.ggml_graph import flash_attn_ext
-    from tqbridge.metal.attention import decode_attention, last_run
-    from tqbridge.metal.attention_ref import attention_oracle
+    from tqbridge.metal import attention
+    from tqbridge.metal.attention_ref import oracle
 
     kf, vf = get_format(k_format), get_format(v_format)
     q = np.ascontiguousarray(q, dtype=np.float32)
     hq, d = q.shape
     hkv, n = k_blocks.shape[:2]
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
-    oracle = attention_oracle(q[None], k_blocks[None], v_blocks[None], k_format=kf, v_format=vf,
-                              length=n, scale=scale)[0]
+    qb, kb, vb = q[None], np.ascontiguousarray(k_blocks)[None], np.ascontiguousarray(v_blocks)[None]
+    prob = attention.check_problem(qb, kb, vb, k_format=kf, v_format=vf, length=n, scale=scale)
+
+    def oracle_for(chain: "int | None") -> tuple[np.ndarray, np.ndarray]:
+        want, bound = oracle(qb, kb, vb, prob, chain=chain)
+        return want[0, :, 0], bound[0, :, 0]                     # (Hq, D)
+
+    ref, ref_bound = oracle_for(None)
     ggml = flash_attn_ext(q[:, None, :], k_blocks, v_blocks, k_type=kf.type_ids["ggml"],
                           v_type=vf.type_ids["ggml"], scale=scale)[0]
-    g_err = _errors(ggml, oracle)
-    out_scale = float(np.abs(oracle).max()) or 1.0
+    g_err = _errors(ggml, ref)
+    g_err["bound_ratio"] = bound_ratio(ggml, ref, ref_bound)   # information: ggml is not float32 attention
+    out_scale = float(np.abs(ref).max()) or 1.0
     res: dict[str, Any] = {"kv": f"{kf.key}/{vf.key}", "q_heads": hq, "kv_heads": hkv, "keys": n,
-                           "head_dim": d, "ggml_vs_oracle": g_err, "ours": {}}
+                           "head_dim": d, "claim": "|ours - float64 oracle| <= oracle bound, every component",
+                           "ggml_vs_oracle": g_err, "ours": {}}
     ok = True
     for b in backends:
-        o = np.asarray(decode_attention(q[None], k_blocks[None], v_blocks[None], k_format=kf,
-                                        v_format=vf, length=n, scale=scale, backend=b))[0]
-        e = _errors(o, oracle)
+        # through the module attribute, so a caller (or a planted-bug test) can wrap it
+        o = np.asarray(attention.decode_attention(qb, kb, vb, k_format=kf, v_format=vf, length=n, scale=scale,
+                                                  backend=b), dtype=np.float64)[0]
+        run = attention.last_run() or {}
+        chain = run.get("chain") if b != "reference" else None
+        want, bound = (ref, ref_bound) if chain is None else oracle_for(int(chain))
+        e = _errors(o, want)
         e["vs_ggml"] = _errors(o, ggml)
-        e["path"] = (last_run() or {}).get("backend", b) if b != "reference" else "reference"
+        e["path"] = run.get("backend", b) if b != "reference" else "reference"
+        e["chain"] = int(chain) if chain is not None else n
+        e["bound_ratio"] = bound_ratio(o, want, bound)
+        e["within_bound"] = bool(np.isfinite(o).all() and e["bound_ratio"] <= 1.0)
         e["no_worse_than_ggml"] = bool(
             e["nmse"] <= max(g_err["nmse"], NMSE_FLOOR)
             and e["max_abs"] <= max(g_err["max_abs"], MAX_REL_FLOOR * out_scale))
-        ok = ok and e["no_worse_than_ggml"]
+        ok = ok and e["within_bound"]
         res["ours"][b] = e
     res["passed"] = ok
     return res
@@ -103,14 +134,86 @@ def state_problem(layer, n_kv_heads: int, q_heads: int, *, seed: int = 0) -> tup
     return q, k, v
 
 
+# Probe problems: inputs on which float32 attention is far inside the oracle's bound but attention with
+# one reduced-precision step is far outside it. On Gaussian inputs the bound (a worst case: every
+# logit error coherent, Cauchy-Schwarz on every dot product) is ~1000x the error of a float32 kernel,
+# and a kernel that rounds q to f16 stays at ~0.3x of it; the probes make the error of such a step
+# coherent, so it shows.
+PROBES = ("q-rounding", "v-accumulation")
+F16_HALF_ULP_AT_1 = 2.0 ** -11
+
+
+def probe_problem(kind: str, k_format: str, v_format: str, *, q_heads: int = 8, kv_heads: int = 2, keys: int = 64,
+                  head_dim: int = 64, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A probe problem: q (Hq, D) and K/V blocks (Hkv, n, row_bytes).
+
+    ``q-rounding``: every q component sits just inside half an f16 ulp off the f16 grid, rounding
+    down on a set A of channels and up on the rest (B). Half the keys are +1 on A and -1 on B, the
+    others 0, so their logits are all ~0 (balanced softmax) while rounding q to f16 moves the first
+    half's logits by ~2^-11 * scale * |q| * |k| in one direction: ~100x the oracle's logit bound.
+    Their V rows differ (+1 vs -1) on half the channels, which turns that into an output error of
+    ~10x the bound. (ggml rounds q to f16 for an f16 K: information.)
+
+    ``v-accumulation``: q = 0, so every key has weight exactly 1/n, and V rows are positive values
+    with full f16 mantissas: summing them in f16 loses ~2^-11 of the growing sum at every step
+    (ggml's CPU flash attention does this for an f16 V: information).
+    """
+    rng = np.random.default_rng(seed)
+    d, n = head_dim, keys
+    if kind == "q-rounding":
+        a = np.zeros(d, bool)
+        a[rng.permutation(d)[: d // 2]] = True
+        mid, eta = 1.0 + F16_HALF_ULP_AT_1, 2.0 ** -16      # f16 midpoint between 1 and 1 + 2^-10
+        base = np.where(a, mid - eta, mid + eta)              # rounds to 1 on A, to 1 + 2^-10 on B
+        heads = np.arange(q_heads)
+        mult = ((-1.0) ** heads) * 2.0 ** (heads % 4 - 2)     # signs and powers of 2 keep the pattern
+        q = (mult[:, None] * base[None, :]).astype(np.float32)
+        k = np.zeros((kv_heads, n, d), np.float32)
+        v = np.ones((kv_heads, n, d), np.float32)
+        split = rng.permutation(d)[: d // 2]                  # V channels where the two key kinds differ
+        for j in range(kv_heads):
+            first = (np.arange(n) + j) % 2 == 0
+            k[j, first] = np.where(a, 1.0, -1.0)
+            v[j][np.ix_(~first, split)] = -1.0
+    elif kind == "v-accumulation":
+        q = np.zeros((q_heads, d), np.float32)
+        k = rng.standard_normal((kv_heads, n, d)).astype(np.float32)
+        v = rng.uniform(1.0, 2.0, (kv_heads, n, d)).astype(np.float16).astype(np.float32)
+    else:
+        raise ValueError(f"unknown probe {kind!r}; choose from {', '.join(PROBES)}")
+    return q, quantize(k_format, k), quantize(v_format, v)
+
+
 def run_attention_level(pairs: "Iterable[str]", *, shapes: "Iterable[tuple[int, int, int, int]]" = ((8, 2, 64, 64),),
-                        backends: Iterable[str] = ("reference", "cpu-emulator"), seed: int = 0) -> dict[str, Any]:
-    """Every K/V pair on every (Hq, Hkv, keys, head_dim) shape; a JSON-ready dict."""
+                        backends: Iterable[str] = ("reference", "cpu-emulator"), seed: int = 0,
+                        probes: Iterable[str] = PROBES) -> dict[str, Any]:
+    """Every K/V pair on every (Hq, Hkv, keys, head_dim) shape (Gaussian rows), and on each probe
+    (:func:`probe_problem`, 8/2 heads, 64 keys, D = 64); a JSON-ready dict."""
     cases = []
     for spec in pairs:
         kf, _, vf = spec.partition("/")
         vf = vf or kf
         for hq, hkv, n, d in shapes:
             q, k, v = random_problem(kf, vf, q_heads=hq, kv_heads=hkv, keys=n, head_dim=d, seed=seed)
-            cases.append(attention_case(q, k, v, k_format=kf, v_format=vf, backends=backends))
-    return {"cases": cases, "passed": all(c["passed"] for c in cases)}
+            cases.append({"problem": "gaussian",
+                          **attention_case(q, k, v, k_format=kf, v_format=vf, backends=backends)})
+        for kind in probes:
+            q, k, v = probe_problem(kind, kf, vf, seed=seed)
+            cases.append({"problem": f"probe:{kind}",
+                          **attention_case(q, k, v, k_format=kf, v_format=vf, backends=backends)})
+    return {"cases": cases, "claim": "ours within the float64 oracle's bound (ggml's own error: information)",
+            "passed": all(c["passed"] for c in cases)}
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """One line per case: the worst error / bound of each of our paths, and ggml's beside it."""
+    lines = []
+    for c in report["cases"]:
+        ours = ", ".join(f"{b} {e['bound_ratio']:.2g}x bound (NMSE {e['nmse']:.1e})"
+                         + ("" if e["within_bound"] else " OUTSIDE")
+                         for b, e in c["ours"].items())
+        g = c["ggml_vs_oracle"]
+        lines.append(f"{c['kv']:<12} {c.get('problem', 'gaussian')} {c['q_heads']}/{c['kv_heads']} heads, "
+                     f"{c['keys']} keys, D={c['head_dim']}: "
+                     f"{ours}; ggml {g['bound_ratio']:.2g}x bound (NMSE {g['nmse']:.1e}, information)")
+    return lines
