@@ -394,8 +394,11 @@ def _mlx_kernel(backend: str, which: int, qtype: int, static: dict, version: str
         kdef = _kernel_defs(qtype, version)[which]
         make = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
         name = f"{kdef.name}_{kdef.digest(backend, static)}"
+        from .kernel import mlx_sources
+
+        source, header = mlx_sources(kdef, backend, static)
         k = make(name=name, input_names=[n for n, _ in kdef.inputs], output_names=[n for n, _ in kdef.outputs],
-                 source=kdef.body_source(backend), header=kdef.header_source(backend, static))
+                 source=source, header=header)
         _MLX_KERNELS[key] = k
     return k
 

@@ -47,6 +47,11 @@ VIEW_PRIMITIVES = frozenset({"Broadcast", "Slice", "ExpandDims", "Squeeze", "Tra
                              "Unflatten", "AsStrided", "Depends", "StopGradient", "View"})
 
 
+def is_view(label: str) -> bool:
+    """Whether a graph node (its label, e.g. ``View uint16``) launches no kernel."""
+    return label.split()[0] in VIEW_PRIMITIVES
+
+
 def build_model(name: str, dtype=mx.float16, seed: int = 0):
     """``(model, description)``: a named geometry with random weights, or a real model (GGUF)."""
     if name in GEOMETRIES:
@@ -180,7 +185,7 @@ def layer_step_profile(cache: list, model, steps: int = 12) -> dict:
             if prims is None:
                 prims = graph_primitives(*deps)
             mx.eval(deps)
-    kernels = [p for p in prims if p not in VIEW_PRIMITIVES]
+    kernels = [p for p in prims if not is_view(p)]
     return {"kv_path_kernels_per_layer": len(kernels), "kv_path_kernel_names": kernels,
             "kv_path_views_per_layer": len(prims) - len(kernels),
             "kv_path_host_syncs_per_step": syncs / steps,

@@ -104,12 +104,15 @@ class MLXKernel:
         self.kernel, self.static, self.path = kernel, dict(static), backend
         name = f"tq_{kernel.name}_{kernel.digest(backend, static)}"
         make = mx.fast.metal_kernel if backend == "metal" else mx.fast.cuda_kernel
+        from .kernel import mlx_sources
+
+        source, header = mlx_sources(kernel, backend, static)
         self._fn = make(
             name=name,
             input_names=[n for n, _ in kernel.inputs],
             output_names=[n for n, _ in kernel.outputs],
-            source=kernel.body_source(backend),
-            header=kernel.header_source(backend, static),
+            source=source,
+            header=header,
             ensure_row_contiguous=True,
         )
         self._dtypes = {"float32": mx.float32, "int32": mx.int32, "uint32": mx.uint32,

@@ -9,6 +9,7 @@ values that change per call travel in an input buffer. See docs/kernels.md for t
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -129,6 +130,34 @@ class Kernel:
         text = self.cpu_source(static) if backend == "cpu-emulator" else (
             self.header_source(backend, static) + self.body_source(backend))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def mlx_sources(kernel: "Kernel", backend: str, static: Mapping[str, int]) -> tuple[str, str]:
+    """``(source, header)`` to hand to ``mx.fast.metal_kernel`` / ``cuda_kernel``.
+
+    MLX rebuilds and hashes a custom kernel's whole source string on every call (measured on the
+    H200: 15.4 us per call with a 27 KB header, 8.2 us with the header behind an ``#include``). On
+    CUDA the header and the body therefore go to content-addressed files that NVRTC includes, so
+    the string MLX handles is two lines. Metal has no include path: it gets the text.
+    """
+    header, body = kernel.header_source(backend, static), kernel.body_source(backend)
+    if backend != "cuda" or os.environ.get("TQBRIDGE_CUDA_INCLUDE", "1") == "0":
+        return body, header
+    return _included(body), _included(header)
+
+
+@lru_cache(maxsize=256)
+def _included(text: str) -> str:
+    from .emulator import cache_dir
+
+    digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+    path = cache_dir().parent / "cuda-src" / f"{digest}.cuh"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return f'#include "{path.resolve()}"\n'
 
 
 @lru_cache(maxsize=64)

@@ -16,6 +16,12 @@
 // per side, S rows per head, cap (cache rows per head), pos, H, n_in), flag_in (uint32, n_in slots).
 // Out: flag (2R uint32): flag_in[g % n_in] | (1 if row g held a NaN/inf) — a sticky device-side
 // flag the cache reads once, later, instead of synchronising on every append.
+// the rows arrive typed as the caller's arrays (float, half or bfloat16): read them as float32 or as bits
+#if QA_SRC == 0
+#define KV_ROWS(p) ((TQ_CONST_DEVICE float*)(p))
+#else
+#define KV_ROWS(p) ((TQ_CONST_DEVICE ushort*)(p))
+#endif
 const uint g = tq_gx;
 const uint lane = tq_lane;
 const uint R = params[0], S = params[1], cap = params[2], pos = params[3], H = params[4];
@@ -30,7 +36,7 @@ const int rot = is_k ? KA_ROT : VA_ROT;
 TQ_SHARED_ARRAY(float, xs, KV_MAX_DP);
 uint bad = 0u;
 for (int i = (int)lane; i < dp; i += 32) {
-    const float x = i < din ? (is_k ? qa_load(k, r * (uint)KA_DIN + (uint)i) : qa_load(v, r * (uint)VA_DIN + (uint)i))
+    const float x = i < din ? (is_k ? qa_load(KV_ROWS(k), r * (uint)KA_DIN + (uint)i) : qa_load(KV_ROWS(v), r * (uint)VA_DIN + (uint)i))
                             : 0.0f;
     bad |= (tq_isnan(x) || tq_isinf(x)) ? 1u : 0u;
     xs[i] = x;

@@ -106,11 +106,12 @@ class KVAppend:
             return flag
         import mlx.core as mx
 
-        k, v = k_rows.reshape(-1), v_rows.reshape(-1)
-        if k.dtype != mx.float32:
-            k, v = k.view(mx.uint16), v.view(mx.uint16)
-        (flag,) = self._kern([k, v, kc, vc, self._ktab, self._vtab, _params(R, S, cap, pos, H, n_in), flag_in],
-                             [(2 * R,)], (2 * R, 1, 1), THREADS)
+        # the decode step's call: rows in their own dtype (the kernel reads half/bfloat16 as bits),
+        # one prepared launch; MLX's graph orders it after whatever made the rows and the buffers
+        (flag,) = self._kern._fn(inputs=[k_rows, v_rows, kc, vc, self._ktab, self._vtab,
+                                         _params(R, S, cap, pos, H, n_in), flag_in],
+                                 output_shapes=[(2 * R,)], output_dtypes=[mx.uint32],
+                                 grid=(2 * R * THREADS, 1, 1), threadgroup=(THREADS, 1, 1))
         return flag
 
 
