@@ -554,29 +554,63 @@ def _is_mlx(a) -> bool:
 
 
 class DecodeLaunch:
-    """The fused attention of one cache layer's decode steps, prepared once per cache geometry
-    (buffer capacity included): the launch plan is made for a full buffer, and the length — which
-    grows every step — travels in the parameter buffer, so a decoding loop reuses the same two
-    launches for every step until the buffers grow. ``after``: an array the kernel must run after
-    (the in-place append's flag), so it reads the rows that append wrote."""
+    """The fused attention of decode steps over cache buffers of one geometry (capacity included),
+    shared by every layer of that geometry: the launch plan is made for a full buffer, and the
+    length — which grows every step — travels in the parameter buffer, made once per length for all
+    layers. A decoding loop reuses the same two launches for every step until the buffers grow.
+    ``after``: an array the kernel must run after (the in-place append's flag), so it reads the rows
+    that append wrote."""
 
     def __init__(self, prob: Problem, backend: str, qtype: int):
+        import mlx.core as mx
+
         self.backend = backend
         plan = _plan_cached(prob, backend, None, None, None, None, None, False)
         self.plan = plan
-        self._run = _launches(prob, plan, qtype, backend, prob.has_sinks)
-        self._head = tuple(int(x) for x in _param_head(prob, plan))
+        run = _launches(prob, plan, qtype, backend, prob.has_sinks)
+        self._head = [int(x) for x in _param_head(prob, plan)]
         self.l_max = prob.l_max
         self.batch = prob.batch
+        self._ip1: dict = {}
         self.run_info = dict(backend=backend, dispatches=2, kernel=plan.kernel, splits=plan.splits,
                              warps=plan.warps, tile=plan.tile, lanes_per_key=plan.lanes_per_key,
                              chain=plan.chain(prob.l_max))
+        # everything a call passes but q, the buffers, the length buffer and `after`, prepared
+        self._k1, self._k2 = run.k1, run.k2
+        self._fp1, self._tabs, self._no_dep, self._ip2 = run.fp1, run.tabs, run.no_dep, run.ip2
+        self._zero_sinks = run.zero_sinks
+        self._out1, self._dt1 = run.out1, [mx.float32, mx.float32]
+        self._grid1, self._tg1 = run.grid1, run.tg1
+        self._out2, self._grid2, self._tg2 = run.shape, run.grid2, (COMBINE_THREADS, 1, 1)
+        self._dt2 = {0: mx.float32, 1: mx.float16, 2: mx.bfloat16}[qtype]
+
+    def ip1(self, length: int):
+        """The pass-1 int parameters for ``length`` (one array per length, shared by the layers)."""
+        buf = self._ip1.get(length)
+        if buf is None:
+            if not 0 <= length <= self.l_max:
+                raise AttentionError(f"length {length} is outside 0..{self.l_max} (the cache's L_max)")
+            import mlx.core as mx
+
+            if len(self._ip1) > 64:
+                self._ip1.clear()
+            buf = self._ip1[length] = mx.array(np.array(self._head + [length] * self.batch, np.int32))
+        return buf
 
     def __call__(self, q, kb, vb, length: int, after=None, sinks=None):
-        if not 0 <= length <= self.l_max:
-            raise AttentionError(f"length {length} is outside 0..{self.l_max} (the cache's L_max)")
-        ip1 = _int_buffer(self._head + (length,) * self.batch)
-        return self._run(q, kb, vb, sinks, ip1, after)
+        po, pml = self._k1(inputs=[q, kb, vb, self.ip1(length), self._fp1, self._tabs,
+                                   self._no_dep if after is None else after],
+                           output_shapes=self._out1, output_dtypes=self._dt1, grid=self._grid1, threadgroup=self._tg1)
+        if sinks is None:
+            sk = self._zero_sinks
+        else:
+            import mlx.core as mx
+
+            sk = sinks.astype(mx.float32).reshape(-1)
+        (out,) = self._k2(inputs=[po, pml, self._ip2, sk, self._tabs], output_shapes=self._out2,
+                          output_dtypes=[self._dt2], grid=self._grid2, threadgroup=self._tg2)
+        LAUNCHES[0] += 2
+        return out
 
 
 def _param_head(prob: Problem, plan: Plan) -> list:
@@ -587,8 +621,8 @@ def _param_head(prob: Problem, plan: Plan) -> list:
 
 def prepare_decode(q, k_blocks, v_blocks, *, k_format, v_format, scale=None, window=None, softcap=None,
                    sinks=None, rotation=None, backend: str = "auto") -> "DecodeLaunch | None":
-    """A :class:`DecodeLaunch` for MLX arrays shaped like these on a GPU backend, else None (the
-    caller then takes :func:`tqbridge.metal.decode_attention`)."""
+    """The :class:`DecodeLaunch` for MLX arrays shaped like these on a GPU backend (one per geometry,
+    shared), else None (the caller then takes :func:`tqbridge.metal.decode_attention`)."""
     from .attention import check_problem
 
     bk = pick_backend("auto" if backend == "kernel" else backend)
@@ -600,4 +634,9 @@ def prepare_decode(q, k_blocks, v_blocks, *, k_format, v_format, scale=None, win
     prob = check_problem(q, k_blocks, v_blocks, k_format=k_format, v_format=v_format,
                          length=int(k_blocks.shape[2]), scale=scale, window=window, softcap=softcap,
                          sinks=sinks, rotation=rotation)
-    return DecodeLaunch(prob, bk, QTYPES[qdt])
+    return _decode_launch(prob, bk, QTYPES[qdt])
+
+
+@lru_cache(maxsize=64)
+def _decode_launch(prob: Problem, backend: str, qtype: int) -> DecodeLaunch:
+    return DecodeLaunch(prob, backend, qtype)

@@ -206,10 +206,16 @@ class TQCache(_mlx_cache._BaseCache):
         self._inplace: dict = {}     # (dtype, dk, dv) -> prepared in-place append, or None
         self.placeholder = False     # update_and_fetch returned the step's rows, not the cache
         self._owned = True           # the buffers are this cache's own allocations (in-place writes go there)
+        self._reset_hot()
         self.decode_launch = None    # the prepared fused attention of this layer (the routing's)
         self._decode_sig = None
         self.calibration_note: "str | None" = None
         self._pending = None  # first chunk's float keys waiting for their queries (qscale)
+
+    def _reset_hot(self) -> None:
+        """Forget the prepared decode-step lane (the buffers or the geometry changed)."""
+        self._hot = None             # (k shape, v shape, dtype, append, capacity) of the in-place step
+        self._hot_attn = None        # (q shape, scale, path name, launch) of the routed attention
 
     # ------------------------------------------------------------ storage
     def _encode(self, x: mx.array, fmt: str, quant) -> mx.array:
@@ -236,6 +242,7 @@ class TQCache(_mlx_cache._BaseCache):
         keep = self._keep_from(pos)
         if keep == self.start or self.keys is None:
             return
+        self._reset_hot()
         a, b = keep - self.start, pos - self.start
         self.keys = mx.contiguous(self.keys[..., a:b, :])
         self.values = mx.contiguous(self.values[..., a:b, :])
@@ -246,6 +253,7 @@ class TQCache(_mlx_cache._BaseCache):
         if need <= cap and not force:
             return
         self.check_finite()   # once per `step` positions: the deferred NaN/inf report of decode steps
+        self._reset_hot()
         new_cap = max(-(-need // self.step) * self.step, cap)
         k_new = mx.zeros((B, H, new_cap - cap, krb), mx.uint8)
         v_new = mx.zeros((B, H, new_cap - cap, vrb), mx.uint8)
@@ -297,6 +305,21 @@ class TQCache(_mlx_cache._BaseCache):
         return hadamard_rotate((q.astype(mx.float32) * s).astype(q.dtype), self.k_rot)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
+        hot = self._hot
+        if hot is not None and keys.shape == hot[0] and values.shape == hot[1] and keys.dtype == hot[2]:
+            # the decode step's lane: one in-place append, nothing else (see _append_in_place)
+            r = self.offset - self.start
+            w = self.window
+            if r < hot[4] and (not w or self.offset - w + 1 - self.start < self.step):
+                self._flag = hot[3](keys, values, self.keys, self.values, r, self._flag)
+                self._unsettled = True
+                self.offset += 1
+                self.paths["append"] += 1
+                if _routing_active():
+                    self.placeholder = True
+                    return keys, values
+                self.placeholder = False
+                return self.fetch(keys.dtype)
         B, H, S, dk = keys.shape
         dv = values.shape[-1]
         if self.k_dim is None:
@@ -390,6 +413,8 @@ class TQCache(_mlx_cache._BaseCache):
         self._unsettled = True
         self.offset = prev + S
         self.paths["append"] += 1
+        if S == 1:   # later steps of this geometry take the lane at the top of update_and_fetch
+            self._hot = (keys.shape, values.shape, keys.dtype, append, self.keys.shape[2])
         if S == 1 and _routing_active():
             # the routing sends this step to the fused kernel, which reads the buffers: no K/V rows
             # to build (attend fetches them itself if it has to fall back)
@@ -477,6 +502,7 @@ class TQCache(_mlx_cache._BaseCache):
         self._settle()
         self.check_finite()
         mx.synchronize()
+        self._reset_hot()
         n = min(self.offset - self.start, int(n))
         self.offset -= n
         return n
@@ -541,6 +567,7 @@ class TQCache(_mlx_cache._BaseCache):
         self.k_mu, self.k_scale = mu, scale
         self.keys, self.values = keys, values
         self._owned = keys is None
+        self._reset_hot()
         if keys is not None:
             rows = keys.shape[2]
             if keys.dtype != mx.uint8 or values.dtype != mx.uint8 or values.shape[2] != rows:

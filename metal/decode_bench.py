@@ -153,7 +153,7 @@ def graph_primitives(*arrays) -> list[str]:
     return re.findall(r'label ="([^"]+)", shape=rectangle', text)
 
 
-def layer_step_profile(cache: list, model, steps: int = 12) -> dict:
+def layer_step_profile(cache: list, model, steps: int = 40) -> dict:
     """One layer's KV path (update_and_fetch + attention through mlx-lm's attention entry point),
     driven directly: kernels per step from the graph, syncs, Python time per step."""
     from mlx_lm.models import base
@@ -240,9 +240,9 @@ def decode_run(model, kind: str, context: int, tokens: int, *, dtype=mx.float16)
     return row
 
 
-def run(models: list[str], contexts: list[int], caches: list[str], tokens: int, log=print) -> dict:
+def run(models: list[str], contexts: list[int], caches: list[str], tokens: int, log=print, save=None) -> dict:
     """The whole benchmark: every model x context x cache; fp16 first in each group (speed-ups are
-    against it)."""
+    against it). ``save(results)`` is called after every run (partial results survive a timeout)."""
     import platform
 
     out = {"date": time.strftime("%Y-%m-%d"), "hardware": platform.node(), "device": str(mx.default_device()),
@@ -267,6 +267,8 @@ def run(models: list[str], contexts: list[int], caches: list[str], tokens: int, 
                     row["speedup_vs_fp16"] = base / row["ms_per_token"]
                 out["runs"].append(row)
                 log(row)
+                if save is not None:
+                    save(out)
         out.setdefault("models", {})[name] = desc
         del model
         mx.clear_cache()

@@ -88,7 +88,7 @@ class KVAppend:
             self._ktab, self._vtab = mx.array(ktab), mx.array(vtab)
 
     def __call__(self, k_rows, v_rows, kc, vc, pos: int, flag_in):
-        B, H, S, _ = (int(s) for s in k_rows.shape)
+        B, H, S = k_rows.shape[:3]
         R = B * H * S
         cap = int(kc.shape[2])
         if pos < 0 or pos + S > cap:

@@ -266,12 +266,15 @@ def _run_decode(args) -> int:
     def log(row):
         print(json.dumps({k: row[k] for k in keys if k in row}), flush=True)
 
-    results = decode_bench.run(models, contexts, caches, args.tokens, log=log)
-    results["command"] = "tqbridge bench decode " + " ".join(
+    command = "tqbridge bench decode " + " ".join(
         f"--{k} {v}" for k, v in (("models", args.models), ("context", args.context), ("caches", args.caches),
                                    ("tokens", args.tokens)))
-    if args.json:
-        from ..bridge.atomic import write_atomic
 
-        write_atomic(args.json, json.dumps(results, indent=2))
+    def save(results):
+        if args.json:
+            from ..bridge.atomic import write_atomic
+
+            write_atomic(args.json, json.dumps({"command": command, **results}, indent=2))
+
+    save(decode_bench.run(models, contexts, caches, args.tokens, log=log, save=save))
     return 0
