@@ -393,7 +393,20 @@ class TQCache(_mlx_cache._BaseCache):
     def _append_in_place(self, append, keys: mx.array, values: mx.array):
         B, H, S, _ = keys.shape
         prev = self.offset
-        if self.window and self._keep_from(prev) != self.start:
+        keep = self._keep_from(prev)
+        cap = 0 if self.keys is None else self.keys.shape[2]
+        if (keep != self.start or prev - self.start + S > cap) and self._owned and self.keys is not None \
+                and self._flag is not None:
+            # slide the window and/or grow on the device, ordered after the in-place appends by their
+            # flag: no sync
+            from .kv_append import relocate
+
+            a, n = keep - self.start, prev - keep
+            self._reset_hot()
+            self.keys, self.values = relocate(self.keys, self.values, a, n, -(-(n + S) // self.step) * self.step,
+                                              self._flag, append.backend)
+            self.start = keep
+        elif keep != self.start:
             self._settle()
             self._compact(prev)
         r = prev - self.start

@@ -115,6 +115,37 @@ class KVAppend:
         return flag
 
 
+@lru_cache(maxsize=None)
+def _grow_kernel() -> Kernel:
+    return Kernel("kv_grow", (("ko", "uint8"), ("vo", "uint8"), ("flag", "uint32"), ("params", "uint32")),
+                  (("kn", "uint8"), ("vn", "uint8")), (HERE / "kv_grow.cpp").read_text())
+
+
+def relocate(kc, vc, row0: int, n: int, new_cap: int, after, backend: str):
+    """New K / V buffers of ``new_cap`` rows whose rows 0 .. n-1 are rows row0 .. row0+n-1 of ``kc`` /
+    ``vc`` (B, H, cap, row_bytes): the cache's growth (row0 = 0) and its window compaction, copied on
+    the device after ``after`` (the last in-place append's flag), without a host synchronisation.
+    MLX arrays on a GPU, numpy on the emulator."""
+    from .dispatch import build
+
+    B, H, cap, krb = (int(x) for x in kc.shape)
+    vrb = int(vc.shape[3])
+    if not (0 <= row0 and row0 + n <= cap and n <= new_cap) or krb % 2 or vrb % 2:
+        raise KernelError(f"cannot move rows {row0}..{row0 + n} of a {cap}-row cache ({krb} / {vrb} bytes) "
+                          f"into {new_cap} rows")
+    kern = build(_grow_kernel(), {}, backend)
+    units = B * H * n * (krb + vrb) // 2
+    params = [B * H, n, cap, new_cap, krb // 2, vrb // 2, row0]
+    shapes = [(B, H, new_cap, krb), (B, H, new_cap, vrb)]
+    grid = (max(1, -(-units // 256)), 1, 1)
+    if backend == "cpu-emulator":
+        return tuple(kern([np.ascontiguousarray(kc), np.ascontiguousarray(vc), np.asarray(after, np.uint32),
+                           np.array(params, np.uint32)], shapes, grid, 256))
+    import mlx.core as mx
+
+    return tuple(kern([kc, vc, after, mx.array(np.array(params, np.uint32))], shapes, grid, 256))
+
+
 @lru_cache(maxsize=64)
 def _params(*values: int):
     """The uint32 parameter buffer of one step (every layer of a step shares it)."""

@@ -184,3 +184,28 @@ def test_gpu_generation_matches_the_ops_path():
             got[mode] = [t for t, _ in generate_step(prompt, m, prompt_cache=cache, max_tokens=24)]
     agree = np.mean(np.array(got["auto"]) == np.array(got["sdpa"]))
     assert agree >= 0.9, got
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU, reason="no MLX GPU backend (Metal or CUDA) here")
+@pytest.mark.parametrize("model", ["llama", "gemma3"])
+def test_gpu_growth_and_window_slides_match_the_ops_path(model, monkeypatch):
+    # a small `step` makes decode grow the buffers and slide Gemma's windows many times (on the
+    # device, without syncs); the tokens must match the dequantize + SDPA path on the same cache
+    from mlx_lm.generate import generate_step
+    from tiny_models import tiny_gemma3
+
+    monkeypatch.setattr(TQCache, "step", 8)
+    m = tiny_llama(head_dim=128) if model == "llama" else tiny_gemma3(window=8)
+    prompt = tokens(5, seed=9)[0]
+    got, paths = {}, {}
+    for mode in ("auto", "sdpa"):
+        cache = make_cache(m, "q8_0", "q4_0")
+        with route_attention(mode):
+            got[mode] = [t for t, _ in generate_step(prompt, m, prompt_cache=cache, max_tokens=40)]
+        for c in cache:
+            c.check_finite()
+        paths[mode] = sum((c.paths for c in cache), start=__import__("collections").Counter())
+    assert sum(v for k, v in paths["auto"].items() if k in ("decode:cuda", "decode:metal")) > 0, paths["auto"]
+    agree = np.mean(np.array(got["auto"]) == np.array(got["sdpa"]))
+    assert agree >= 0.9, got

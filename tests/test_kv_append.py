@@ -133,3 +133,32 @@ def test_overflowing_append_is_refused():
     with pytest.raises(KernelError, match="overflows"):
         app(np.zeros((1, 1, 1, 32), np.float32), np.zeros((1, 1, 1, 32), np.float32), kc, kc.copy(), 2,
             np.zeros(2, np.uint32))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("row0,n,new_cap", [(0, 7, 16), (3, 4, 4), (0, 0, 8), (5, 2, 9)])
+def test_relocate_moves_rows_without_touching_them(row0, n, new_cap, backend):
+    from tqbridge.metal.kv_append import relocate
+
+    rng = np.random.default_rng(row0 * 31 + n)
+    kc = rng.integers(0, 256, (2, 3, 7, 34), dtype=np.uint8)
+    vc = rng.integers(0, 256, (2, 3, 7, 50), dtype=np.uint8)
+    flag = np.zeros(4, np.uint32)
+    if backend == "cpu-emulator":
+        kn, vn = relocate(kc, vc, row0, n, new_cap, flag, backend)
+    else:
+        import mlx.core as mx
+
+        kn, vn = (np.array(a) for a in relocate(mx.array(kc), mx.array(vc), row0, n, new_cap, mx.array(flag), backend))
+    assert kn.shape == (2, 3, new_cap, 34) and vn.shape == (2, 3, new_cap, 50)
+    assert np.array_equal(kn[:, :, :n], kc[:, :, row0:row0 + n])
+    assert np.array_equal(vn[:, :, :n], vc[:, :, row0:row0 + n])
+
+
+def test_relocate_refuses_rows_outside_the_buffer():
+    from tqbridge.metal.kernel import KernelError
+    from tqbridge.metal.kv_append import relocate
+
+    kc = np.zeros((1, 1, 4, 34), np.uint8)
+    with pytest.raises(KernelError, match="cannot move"):
+        relocate(kc, kc.copy(), 2, 3, 8, np.zeros(2, np.uint32), "cpu-emulator")
