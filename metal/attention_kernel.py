@@ -626,6 +626,8 @@ def prepare_decode(q, k_blocks, v_blocks, *, k_format, v_format, scale=None, win
     from .attention import check_problem
 
     bk = pick_backend("auto" if backend == "kernel" else backend)
+    if bk == "cpu-emulator" and backend == "cpu-emulator" and _is_mlx(q):
+        return _EmulatedDecodeLaunch(q, k_blocks, k_format, v_format, scale, window, softcap, rotation)
     if bk not in ("cuda", "metal") or not _is_mlx(q):
         return None
     qdt = str(q.dtype).replace("mlx.core.", "")
@@ -640,3 +642,26 @@ def prepare_decode(q, k_blocks, v_blocks, *, k_format, v_format, scale=None, win
 @lru_cache(maxsize=64)
 def _decode_launch(prob: Problem, backend: str, qtype: int) -> DecodeLaunch:
     return DecodeLaunch(prob, backend, qtype)
+
+
+class _EmulatedDecodeLaunch:
+    """A :class:`DecodeLaunch` stand-in running the same kernels on the CPU emulator over MLX
+    arrays (synchronises): the GPU decode lane's logic under test on machines without a GPU."""
+
+    backend = "cpu-emulator"
+
+    def __init__(self, q, k_blocks, k_format, v_format, scale, window, softcap, rotation):
+        self.l_max = int(k_blocks.shape[2])
+        self._kw = dict(k_format=k_format, v_format=v_format, scale=scale, window=window, softcap=softcap,
+                        rotation=rotation)
+
+    def __call__(self, q, kb, vb, length: int, after=None, sinks=None):
+        import mlx.core as mx
+
+        from .attention import decode_attention
+
+        mx.eval(q, kb, vb, *([] if after is None else [after]))
+        out = decode_attention(np.array(q.astype(mx.float32)), np.array(kb), np.array(vb), length=length,
+                               backend="cpu-emulator", sinks=None if sinks is None else np.array(sinks),
+                               **self._kw)
+        return mx.array(out).astype(q.dtype)

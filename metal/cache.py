@@ -15,6 +15,7 @@ classes up by name.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Any, Callable
 
@@ -90,10 +91,16 @@ def _routing_active() -> bool:
 # Each returns (function, name of the path). The first usable path wins and is remembered.
 
 def _gpu_backend() -> "str | None":
-    """"cuda" / "metal" when MLX's default device is a GPU with a kernel backend, else None."""
+    """"cuda" / "metal" when MLX's default device is a GPU with a kernel backend, else None.
+
+    ``TQBRIDGE_DECODE_LANE=cpu-emulator`` (tests): on MLX's CPU device, run the GPU decode step's
+    kernels (in-place append, device growth, fused attention) on the CPU SIMT emulator, writing into
+    the MLX buffers through numpy views — the GPU lane's logic, testable without a GPU (slow)."""
     from .dispatch import _gpu_kind, _gpu_is_default
 
-    return _gpu_kind() if _gpu_is_default() else None
+    if _gpu_is_default():
+        return _gpu_kind()
+    return "cpu-emulator" if os.environ.get("TQBRIDGE_DECODE_LANE") == "cpu-emulator" else None
 
 
 def _quantizer(fmt) -> tuple[Callable[[mx.array], mx.array], str]:

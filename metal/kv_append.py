@@ -94,6 +94,8 @@ class KVAppend:
         if pos < 0 or pos + S > cap:
             raise KernelError(f"append of {S} rows at row {pos} overflows a cache of {cap} rows")
         n_in = int(flag_in.shape[0])
+        if self.backend == "cpu-emulator" and _is_mx(kc):
+            return _on_mlx_buffers(self, k_rows, v_rows, kc, vc, pos, flag_in)
         if self.backend == "cpu-emulator":
             src16 = self._kern.kernel.inputs[0][1] == "uint16"
             k = np.ascontiguousarray(k_rows).reshape(-1)
@@ -113,6 +115,20 @@ class KVAppend:
                                  output_shapes=[(2 * R,)], output_dtypes=[mx.uint32],
                                  grid=(2 * R * THREADS, 1, 1), threadgroup=(THREADS, 1, 1))
         return flag
+
+
+def _is_mx(a) -> bool:
+    return type(a).__module__.startswith("mlx")
+
+
+def _on_mlx_buffers(app: "KVAppend", k_rows, v_rows, kc, vc, pos: int, flag_in):
+    """The emulator writing into MLX arrays in place (numpy views of their memory): the decode lane
+    on the CPU for tests (TQBRIDGE_DECODE_LANE=cpu-emulator). Synchronises; not a product path."""
+    import mlx.core as mx
+
+    mx.eval(k_rows, v_rows, kc, vc, flag_in)
+    flag = app(np.array(k_rows), np.array(v_rows), np.asarray(kc), np.asarray(vc), pos, np.array(flag_in))
+    return mx.array(flag)
 
 
 @lru_cache(maxsize=None)
@@ -139,6 +155,12 @@ def relocate(kc, vc, row0: int, n: int, new_cap: int, after, backend: str):
     shapes = [(B, H, new_cap, krb), (B, H, new_cap, vrb)]
     grid = (max(1, -(-units // 256)), 1, 1)
     if backend == "cpu-emulator":
+        if _is_mx(kc):   # the test lane on MLX's CPU device (see _on_mlx_buffers)
+            import mlx.core as mx
+
+            mx.eval(kc, vc, after)
+            kn, vn = relocate(np.array(kc), np.array(vc), row0, n, new_cap, np.array(after), backend)
+            return mx.array(kn), mx.array(vn)
         return tuple(kern([np.ascontiguousarray(kc), np.ascontiguousarray(vc), np.asarray(after, np.uint32),
                            np.array(params, np.uint32)], shapes, grid, 256))
     import mlx.core as mx

@@ -68,7 +68,7 @@ def _decode_backend(mode: str) -> "str | None":
         return mode
     # auto: the fused kernel on a GPU; on CPU the dispatcher's MLX-ops reference, which measured
     # 2-25x faster than the kernel's CPU emulator (TQBRIDGE_CPU_DECODE=kernel picks the emulator).
-    if mx.default_device() == mx.gpu:
+    if mx.default_device() == mx.gpu or os.environ.get("TQBRIDGE_DECODE_LANE") == "cpu-emulator":
         return "auto"
     return "kernel" if os.environ.get("TQBRIDGE_CPU_DECODE") == "kernel" else "reference"
 
@@ -84,9 +84,12 @@ def _fast_decode(cache: TQCache, q, scale: float, sinks, backend: str):
     if launch is None or cache._decode_sig != sig:
         from .attention_kernel import prepare_decode
 
+        from .cache import _gpu_backend
+
         launch = prepare_decode(q, cache.keys, cache.values, k_format=cache.k_format, v_format=cache.v_format,
                                 scale=scale, window=cache.window, sinks=sinks,
-                                rotation=(cache.k_rot, cache.v_rot))
+                                rotation=(cache.k_rot, cache.v_rot),
+                                backend="cpu-emulator" if _gpu_backend() == "cpu-emulator" else "auto")
         cache.decode_launch, cache._decode_sig = launch, sig
         if launch is None:
             return None

@@ -186,26 +186,49 @@ def test_gpu_generation_matches_the_ops_path():
     assert agree >= 0.9, got
 
 
+def _forced_logits(m, toks, mode, kv="q8_0/q4_0"):
+    """Teacher-forced decode (the same tokens fed in every mode: no cascade): per-step logits."""
+    cache = make_cache(m, *kv.split("/"))
+    out = []
+    with route_attention(mode):
+        mx.eval(m(toks[:, :5], cache=cache))
+        for i in range(5, toks.shape[1]):
+            lg = m(toks[:, i:i + 1], cache=cache)[0, -1].astype(mx.float32)
+            mx.eval(lg)
+            out.append(np.array(lg))
+    for c in cache:
+        c.check_finite()
+    paths = sum((c.paths for c in cache), start=__import__("collections").Counter())
+    return np.stack(out), paths
+
+
+def _lane_matches_ops_path(model, atol):
+    from tiny_models import tiny_gemma3
+
+    m = tiny_llama(head_dim=128) if model == "llama" else tiny_gemma3(window=8)
+    toks = tokens(45, seed=9)
+    got, paths = _forced_logits(m, toks, "auto")
+    want, _ = _forced_logits(m, toks, "sdpa")
+    lane = [k for k in paths if k.startswith("decode:") and k != "decode:dequant-sdpa"]
+    assert lane and sum(paths[k] for k in lane) >= 40, paths
+    np.testing.assert_allclose(got, want, atol=atol, rtol=0)
+    assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.95
+
+
+@pytest.mark.parametrize("model", ["llama", "gemma3"])
+def test_emulated_lane_growth_and_window_slides_match_the_ops_path(model, cpu_device, monkeypatch):
+    # the GPU decode lane's logic (in-place appends, device growth and window slides, prepared
+    # attention) with its kernels on the CPU emulator; a small `step` makes decode grow the buffers
+    # and slide Gemma's 8-position windows many times
+    monkeypatch.setenv("TQBRIDGE_DECODE_LANE", "cpu-emulator")
+    monkeypatch.setattr(TQCache, "step", 8)
+    _lane_matches_ops_path(model, atol=1e-4)   # float32 on the CPU: rounding-level differences
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _GPU, reason="no MLX GPU backend (Metal or CUDA) here")
 @pytest.mark.parametrize("model", ["llama", "gemma3"])
 def test_gpu_growth_and_window_slides_match_the_ops_path(model, monkeypatch):
-    # a small `step` makes decode grow the buffers and slide Gemma's windows many times (on the
-    # device, without syncs); the tokens must match the dequantize + SDPA path on the same cache
-    from mlx_lm.generate import generate_step
-    from tiny_models import tiny_gemma3
-
     monkeypatch.setattr(TQCache, "step", 8)
-    m = tiny_llama(head_dim=128) if model == "llama" else tiny_gemma3(window=8)
-    prompt = tokens(5, seed=9)[0]
-    got, paths = {}, {}
-    for mode in ("auto", "sdpa"):
-        cache = make_cache(m, "q8_0", "q4_0")
-        with route_attention(mode):
-            got[mode] = [t for t, _ in generate_step(prompt, m, prompt_cache=cache, max_tokens=40)]
-        for c in cache:
-            c.check_finite()
-        paths[mode] = sum((c.paths for c in cache), start=__import__("collections").Counter())
-    assert sum(v for k, v in paths["auto"].items() if k in ("decode:cuda", "decode:metal")) > 0, paths["auto"]
-    agree = np.mean(np.array(got["auto"]) == np.array(got["sdpa"]))
-    assert agree >= 0.9, got
+    # MLX's CUDA SDPA and matmuls are not float32-exact (see tiny_models.cpu_device): 2e-2 on logits
+    _lane_matches_ops_path(model, atol=2e-2)
