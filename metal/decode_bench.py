@@ -200,13 +200,8 @@ def layer_step_profile(cache: list, model, steps: int = 64) -> dict:
             "paths": dict(getattr(c, "paths", {}) or {})}
 
 
-def decode_run(model, kind: str, context: int, tokens: int, *, dtype=mx.float16) -> dict:
-    """Pre-fill caches of ``kind`` to ``context`` rows, then greedy decode of ``tokens`` tokens."""
-    from mlx_lm.generate import generate_step
-
-    from .routing import route_attention
-
-    row: dict[str, Any] = {"cache": kind, "context": context, "tokens": tokens}
+def _prepare(model, kind: str, context: int, dtype) -> tuple[dict, "list | None"]:
+    row: dict[str, Any] = {"cache": kind, "context": context}
     mx.clear_cache()
     before = mx.get_active_memory()
     try:
@@ -214,48 +209,82 @@ def decode_run(model, kind: str, context: int, tokens: int, *, dtype=mx.float16)
         prefill(cache, model, context, dtype)
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {e}"[:300]
-        return row
+        return row, None
     row["kv_bytes"] = sum(c.nbytes for c in cache if not c.empty())
     row["kv_active_memory_bytes"] = mx.get_active_memory() - before
-    try:
-        prompt = mx.array([1], mx.uint32)
-        stamps, syncs = [], 0
-        with route_attention(), count_syncs() as n:
-            for _ in generate_step(prompt, model, prompt_cache=cache, max_tokens=tokens):
-                stamps.append(time.perf_counter())
-            syncs = n["n"]
-        for c in cache:     # the deferred NaN/inf report of the decode steps (one sync per layer)
-            if hasattr(c, "check_finite"):
-                c.check_finite()
-    except Exception as e:
-        row["error"] = f"{type(e).__name__}: {e}"[:300]
-        return row
-    deltas = [b - a for a, b in zip(stamps, stamps[1:])][2:]
-    row["ms_per_token"] = statistics.median(deltas) * 1e3
-    row["ms_per_token_min"] = min(deltas) * 1e3
-    row["tokens_per_s"] = 1e3 / row["ms_per_token"]
-    row["host_syncs_per_token"] = syncs / len(stamps)
-    row.update(layer_step_profile(cache, model))
-    if hasattr(cache[-1], "codec_paths"):
-        from .cache import cache_report
+    return row, cache
 
-        rep = cache_report(cache)
-        row["decode_paths"] = rep["paths"]
-        row["codecs"] = rep["layers"][-1].get("codecs")
-    del cache
+
+def _decode_tokens(model, cache: list, tokens: int) -> tuple[list[float], float]:
+    """Greedy decode of ``tokens`` tokens through mlx-lm: seconds between tokens, syncs per token."""
+    from mlx_lm.generate import generate_step
+
+    from .routing import route_attention
+
+    stamps = []
+    with route_attention(), count_syncs() as n:
+        for _ in generate_step(mx.array([1], mx.uint32), model, prompt_cache=cache, max_tokens=tokens):
+            stamps.append(time.perf_counter())
+    for c in cache:     # the deferred NaN/inf report of the decode steps (one sync per layer)
+        if hasattr(c, "check_finite"):
+            c.check_finite()
+    return [b - a for a, b in zip(stamps, stamps[1:])][2:], n["n"] / len(stamps)
+
+
+def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int, *, dtype=mx.float16) -> list[dict]:
+    """Every cache of ``kinds`` pre-filled to ``context`` rows, then ``rounds`` rounds in which each
+    cache decodes ``tokens`` tokens in turn (interleaved, so a slow spell of the machine hits every
+    cache alike). Per cache: median over rounds of each round's median ms/token; speed-up against
+    the first cache: median over rounds of the per-round ratios."""
+    rows, caches = [], []
+    for kind in kinds:
+        row, cache = _prepare(model, kind, context, dtype)
+        row["tokens"], row["rounds"] = tokens, rounds
+        rows.append(row)
+        caches.append(cache)
+    per_round: list[list] = [[] for _ in kinds]
+    for _ in range(rounds):
+        for i, cache in enumerate(caches):
+            if cache is None:
+                continue
+            try:
+                deltas, syncs = _decode_tokens(model, cache, tokens)
+            except Exception as e:
+                rows[i]["error"] = f"{type(e).__name__}: {e}"[:300]
+                caches[i] = None
+                continue
+            per_round[i].append(statistics.median(deltas))
+            rows[i]["host_syncs_per_token"] = syncs
+    for i, (row, cache) in enumerate(zip(rows, caches)):
+        if cache is None or not per_round[i]:
+            continue
+        row["ms_per_token_rounds"] = [t * 1e3 for t in per_round[i]]
+        row["ms_per_token"] = statistics.median(per_round[i]) * 1e3
+        row["tokens_per_s"] = 1e3 / row["ms_per_token"]
+        if per_round[0] and len(per_round[0]) == len(per_round[i]):
+            row["speedup_vs_" + kinds[0]] = statistics.median(a / b for a, b in zip(per_round[0], per_round[i]))
+        row.update(layer_step_profile(cache, model))
+        if hasattr(cache[-1], "codec_paths"):
+            from .cache import cache_report
+
+            rep = cache_report(cache)
+            row["decode_paths"] = rep["paths"]
+            row["codecs"] = rep["layers"][-1].get("codecs")
+    del caches
     mx.clear_cache()
-    return row
+    return rows
 
 
-def run(models: list[str], contexts: list[int], caches: list[str], tokens: int, log=print, save=None) -> dict:
-    """The whole benchmark: every model x context x cache; fp16 first in each group (speed-ups are
-    against it). ``save(results)`` is called after every run (partial results survive a timeout)."""
+def run(models: list[str], contexts: list[int], caches: list[str], tokens: int, rounds: int = 3, log=print,
+        save=None) -> dict:
+    """The whole benchmark: every model x context, its caches interleaved (:func:`decode_group`);
+    speed-ups are against the first cache (fp16). ``save(results)`` is called after every group."""
     import platform
 
     out = {"date": time.strftime("%Y-%m-%d"), "hardware": platform.node(), "device": str(mx.default_device()),
            "mlx": mx.__version__, "prefill": "model-shaped random K/V rows (N(0,1), model dtype), one "
-           "update_and_fetch per layer", "decode": "mlx_lm.generate.generate_step, greedy, "
-           f"{tokens} tokens, median ms/token after 2", "runs": []}
+           "update_and_fetch per layer", "decode": f"mlx_lm.generate.generate_step, greedy, {rounds} interleaved "
+           f"rounds of {tokens} tokens per cache, median ms/token (2 warm-up tokens dropped per round)", "runs": []}
     try:
         import mlx_lm
 
@@ -264,19 +293,14 @@ def run(models: list[str], contexts: list[int], caches: list[str], tokens: int, 
         pass
     for name in models:
         model, desc = build_model(name)
+        out.setdefault("models", {})[name] = desc
         for ctx in contexts:
-            base = None
-            for kind in caches:
-                row = {"model": name, **decode_run(model, kind, ctx, tokens)}
-                if kind == "fp16" and "ms_per_token" in row:
-                    base = row["ms_per_token"]
-                if base and "ms_per_token" in row:
-                    row["speedup_vs_fp16"] = base / row["ms_per_token"]
+            for row in decode_group(model, caches, ctx, tokens, rounds):
+                row = {"model": name, **row}
                 out["runs"].append(row)
                 log(row)
-                if save is not None:
-                    save(out)
-        out.setdefault("models", {})[name] = desc
+            if save is not None:
+                save(out)
         del model
         mx.clear_cache()
     return out

@@ -41,7 +41,8 @@ def add_arguments(p):
     p.add_argument("--caches", default="fp16,q8_0/turbo3,q8_0/q4_0,mlx-q8",
                    help="decode: comma-separated caches: fp16 (mlx-lm KVCache), mlx-q8 / mlx-q4 (mlx-lm "
                         "QuantizedKVCache), or TQCache K/V spellings; fp16 first (speed-ups are against it)")
-    p.add_argument("--tokens", type=int, default=32, help="decode: tokens generated per run")
+    p.add_argument("--tokens", type=int, default=32, help="decode: tokens generated per cache and round")
+    p.add_argument("--rounds", type=int, default=3, help="decode: interleaved rounds (every cache decodes in each)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--q-heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
@@ -260,6 +261,8 @@ def _run_decode(args) -> int:
         raise CliError(f"--context: {args.context!r} is not a comma-separated list of integers") from None
     if args.tokens < 4:
         raise CliError("--tokens: at least 4 (the first 2 are dropped as warm-up)")
+    if args.rounds < 1:
+        raise CliError("--rounds: at least 1")
     keys = ("model", "cache", "context", "ms_per_token", "speedup_vs_fp16", "kv_path_kernels_per_layer",
             "kv_path_host_syncs_per_step", "host_syncs_per_token", "kv_path_python_us_per_layer", "kv_bytes", "error")
 
@@ -268,7 +271,7 @@ def _run_decode(args) -> int:
 
     command = "tqbridge bench decode " + " ".join(
         f"--{k} {v}" for k, v in (("models", args.models), ("context", args.context), ("caches", args.caches),
-                                   ("tokens", args.tokens)))
+                                   ("tokens", args.tokens), ("rounds", args.rounds)))
 
     def save(results):
         if args.json:
@@ -276,5 +279,5 @@ def _run_decode(args) -> int:
 
             write_atomic(args.json, json.dumps({"command": command, **results}, indent=2))
 
-    save(decode_bench.run(models, contexts, caches, args.tokens, log=log, save=save))
+    save(decode_bench.run(models, contexts, caches, args.tokens, args.rounds, log=log, save=save))
     return 0
