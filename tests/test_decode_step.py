@@ -228,7 +228,24 @@ def test_emulated_lane_growth_and_window_slides_match_the_ops_path(model, cpu_de
 @pytest.mark.gpu
 @pytest.mark.skipif(not _GPU, reason="no MLX GPU backend (Metal or CUDA) here")
 @pytest.mark.parametrize("model", ["llama", "gemma3"])
-def test_gpu_growth_and_window_slides_match_the_ops_path(model, monkeypatch):
+def test_gpu_growth_and_window_slides_as_accurate_as_the_ops_path(model, monkeypatch):
+    # On the GPU the lane's fused kernel and MLX's SDPA differ at rounding level, which flips q4_0
+    # codes of later layers' K/V (measured on the H200: the tiny Gemma's two paths differ by 0.3 in
+    # logits while each is 0.43-0.44 from the float cache's logits). So the verdict is accuracy against
+    # the float cache (mlx-lm's KVCache, same tokens): the lane within 25% of the ops path's error.
+    from mlx_lm.models import cache as mc
+    from tiny_models import tiny_gemma3
+
     monkeypatch.setattr(TQCache, "step", 8)
-    # MLX's CUDA SDPA and matmuls are not float32-exact (see tiny_models.cpu_device): 2e-2 on logits
-    _lane_matches_ops_path(model, atol=2e-2)
+    m = tiny_llama(head_dim=128) if model == "llama" else tiny_gemma3(window=8)
+    toks = tokens(45, seed=9)
+    got, paths = _forced_logits(m, toks, "auto")
+    ops, _ = _forced_logits(m, toks, "sdpa")
+    cache, exact = mc.make_prompt_cache(m), []
+    mx.eval(m(toks[:, :5], cache=cache))
+    for i in range(5, toks.shape[1]):
+        exact.append(np.array(m(toks[:, i:i + 1], cache=cache)[0, -1].astype(mx.float32)))
+    exact = np.stack(exact)
+    assert sum(v for k, v in paths.items() if k in ("decode:cuda", "decode:metal")) >= 40, paths
+    err_lane, err_ops = np.abs(got - exact).max(), np.abs(ops - exact).max()
+    assert err_lane <= 1.25 * err_ops + 1e-2, (err_lane, err_ops)
