@@ -304,3 +304,22 @@ def run(models: list[str], contexts: list[int], caches: list[str], tokens: int, 
         del model
         mx.clear_cache()
     return out
+
+
+def to_markdown(results: dict) -> str:
+    """The table of a :func:`run` record: ms/token and the speed-up against fp16 per model, context
+    and cache, with the counted kernels, syncs, host time and resident bytes."""
+    lines = ["| model | context | cache | ms/token | vs fp16 | KV kernels/layer | syncs/step | host µs/layer "
+             "| KV MiB |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results["runs"]:
+        if "error" in r:
+            why = ("MLX's backend has no quantized_matmul for it" if "No implementation" in r["error"]
+                   else r["error"][:80])
+            lines.append(f"| {r['model']} | {r['context'] // 1024}K | {r['cache']} | decode failed: {why} | — | — "
+                         f"| — | — | {r.get('kv_bytes', 0) / 2**20:.0f} |")
+            continue
+        lines.append(f"| {r['model']} | {r['context'] // 1024}K | {r['cache']} | {r['ms_per_token']:.2f} | "
+                     f"{r.get('speedup_vs_fp16', 1.0):.2f}× | {r['kv_path_kernels_per_layer']} | "
+                     f"{r['kv_path_host_syncs_per_step']:g} | {r['kv_path_python_us_per_layer']:.0f} | "
+                     f"{r['kv_bytes'] / 2**20:.0f} |")
+    return "\n".join(lines) + "\n"

@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quality": ("cmd_quality", "KL and top-1 of K/V cache formats vs the f16 cache, with bytes per token"),
     "convert": ("cmd_convert", "GGUF -> mlx-lm model directory, or GGUF with every tensor in F32"),
     "parity": ("cmd_parity", "llama.cpp vs MLX on the same GGUF: blocks, attention, logits, cache, KV transplant"),
-    "bench": ("cmd_bench", "time the fused decode-attention kernel against MLX's attention paths (GPU)"),
+    "bench": ("cmd_bench", "time decode end to end through mlx-lm (bench decode) or the attention kernel alone (bench attention)"),
     "demo": ("cmd_demo", "parity (blocks, attention, logits) on SmolLM2-135M with a default KV matrix"),
     "fuzz": ("cmd_fuzz", "hypothesis campaign against tqbridge's kernels or your own (module:function)"),
 }
