@@ -68,7 +68,7 @@ def build_model(name: str, dtype=mx.float16, seed: int = 0):
     from tqbridge.parity.models import model_path
 
     path = model_path(name) if name in REAL_MODELS else name
-    model = load_gguf_model(path)
+    model, _ = load_gguf_model(path)
     model.set_dtype(dtype)
     mx.eval(model.parameters())
     return model, {"model": name, "weights": f"GGUF {os.path.basename(str(path))} as {dtype}"}
@@ -153,7 +153,7 @@ def graph_primitives(*arrays) -> list[str]:
     return re.findall(r'label ="([^"]+)", shape=rectangle', text)
 
 
-def layer_step_profile(cache: list, model, steps: int = 64) -> dict:
+def layer_step_profile(cache: list, model, steps: int = 64, dtype=mx.float16) -> dict:
     """One layer's KV path (update_and_fetch + attention through mlx-lm's attention entry point),
     driven directly. Kernels: the primitives of one step's graph. Host time: ``steps`` steps built
     back to back without evaluating in between (as mlx-lm's pipelined loop builds them), per step.
@@ -164,7 +164,6 @@ def layer_step_profile(cache: list, model, steps: int = 64) -> dict:
 
     hq, hkv, hd = _kv_shape(model)
     c = cache[-1]
-    dtype = mx.float16
     q = mx.random.normal((1, hq, 1, hd)).astype(dtype)
     k = mx.random.normal((1, hkv, 1, hd)).astype(dtype)
     v = mx.random.normal((1, hkv, 1, hd)).astype(dtype)
@@ -263,7 +262,7 @@ def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int
         row["tokens_per_s"] = 1e3 / row["ms_per_token"]
         if per_round[0] and len(per_round[0]) == len(per_round[i]):
             row["speedup_vs_" + kinds[0]] = statistics.median(a / b for a, b in zip(per_round[0], per_round[i]))
-        row.update(layer_step_profile(cache, model))
+        row.update(layer_step_profile(cache, model, dtype=dtype))
         if hasattr(cache[-1], "codec_paths"):
             from .cache import cache_report
 
@@ -276,7 +275,7 @@ def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int
 
 
 def run(models: list[str], contexts: list[int], caches: list[str], tokens: int, rounds: int = 3, log=print,
-        save=None) -> dict:
+        save=None, dtype=mx.float16) -> dict:
     """The whole benchmark: every model x context, its caches interleaved (:func:`decode_group`);
     speed-ups are against the first cache (fp16). ``save(results)`` is called after every group."""
     import platform
@@ -292,10 +291,10 @@ def run(models: list[str], contexts: list[int], caches: list[str], tokens: int, 
     except Exception:   # pragma: no cover
         pass
     for name in models:
-        model, desc = build_model(name)
+        model, desc = build_model(name, dtype)
         out.setdefault("models", {})[name] = desc
         for ctx in contexts:
-            for row in decode_group(model, caches, ctx, tokens, rounds):
+            for row in decode_group(model, caches, ctx, tokens, rounds, dtype=dtype):
                 row = {"model": name, **row}
                 out["runs"].append(row)
                 log(row)

@@ -129,6 +129,10 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
                 s["n"] += kl.shape[0]
             if progress is not None:
                 progress(min(len(tokens), start + chunk))
+    for cache in caches.values():   # decode steps record NaN/inf on the device: read once, here
+        for c in cache:
+            if hasattr(c, "check_finite"):
+                c.check_finite()
     rows = []
     f16_bpt = None
     for n in names:

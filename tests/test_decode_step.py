@@ -249,3 +249,35 @@ def test_gpu_growth_and_window_slides_as_accurate_as_the_ops_path(model, monkeyp
     assert sum(v for k, v in paths.items() if k in ("decode:cuda", "decode:metal")) >= 40, paths
     err_lane, err_ops = np.abs(got - exact).max(), np.abs(ops - exact).max()
     assert err_lane <= 1.25 * err_ops + 1e-2, (err_lane, err_ops)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name,kv", [("smollm2", "q8_0/turbo3"), ("gemma3", "q8_0/turbo3")])
+def test_real_model_generation_unchanged_by_the_cpu_codec_path(name, kv, cpu_device, monkeypatch):
+    # the real models: the same greedy tokens and the same cache bytes through the new CPU append
+    # path (MLX-ops codecs) as through the numpy reference, which the old path (the append kernel on
+    # the emulator) was byte-identical to
+    from mlx_lm.generate import generate_step
+    from tqbridge.bridge.gguf_model import load_gguf_model
+    from tqbridge.metal import cache as tqc
+    from tqbridge.parity.models import ModelUnavailable, model_path
+
+    try:
+        m, _ = load_gguf_model(model_path(name))
+    except ModelUnavailable as e:
+        pytest.skip(f"{name}: {e}")
+    prompt = mx.array([2, 651, 6037, 314, 4649, 314])   # any in-vocabulary ids
+
+    def run():
+        cache = make_cache(m, *kv.split("/"))
+        with route_attention():
+            toks = [t for t, _ in generate_step(prompt, m, prompt_cache=cache, max_tokens=8)]
+        return toks, [np.array(b) for c in cache for b in c.blocks()]
+
+    toks, blocks = run()
+    monkeypatch.setattr(tqc, "_quantizer", lambda fmt: (
+        (lambda x: mx.array(__import__("tqbridge.bridge", fromlist=["quantize"]).quantize(
+            fmt, np.array(x.astype(mx.float32))))), "numpy"))
+    toks2, blocks2 = run()
+    assert toks == toks2
+    assert all(np.array_equal(a, b) for a, b in zip(blocks, blocks2))

@@ -43,6 +43,8 @@ def add_arguments(p):
                         "QuantizedKVCache), or TQCache K/V spellings; fp16 first (speed-ups are against it)")
     p.add_argument("--tokens", type=int, default=32, help="decode: tokens generated per cache and round")
     p.add_argument("--rounds", type=int, default=3, help="decode: interleaved rounds (every cache decodes in each)")
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
+                   help="decode: the model's dtype (weights, activations, K/V rows); on a CPU float32 is faster")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--q-heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
@@ -239,7 +241,7 @@ def run(args) -> int:
 
 def _run_decode(args) -> int:
     try:
-        import mlx.core as mx  # noqa: F401
+        import mlx.core as mx
         import mlx_lm  # noqa: F401
     except ImportError as e:
         raise CliError(f"needs mlx and mlx-lm: {e}")
@@ -271,7 +273,7 @@ def _run_decode(args) -> int:
 
     command = "tqbridge bench decode " + " ".join(
         f"--{k} {v}" for k, v in (("models", args.models), ("context", args.context), ("caches", args.caches),
-                                   ("tokens", args.tokens), ("rounds", args.rounds)))
+                                   ("tokens", args.tokens), ("rounds", args.rounds), ("dtype", args.dtype)))
 
     def save(results):
         if args.json:
@@ -279,5 +281,6 @@ def _run_decode(args) -> int:
 
             write_atomic(args.json, json.dumps({"command": command, **results}, indent=2))
 
-    save(decode_bench.run(models, contexts, caches, args.tokens, args.rounds, log=log, save=save))
+    save(decode_bench.run(models, contexts, caches, args.tokens, args.rounds, log=log, save=save,
+                          dtype=getattr(mx, args.dtype)))
     return 0

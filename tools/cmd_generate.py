@@ -104,6 +104,12 @@ def run(args) -> int:
             sys.stdout.flush()
     sys.stdout.write(pending.decode("utf-8", errors="replace") + "\n")
     t1 = time.perf_counter()
+    for c in cache:   # decode steps record NaN/inf on the device; read once, here
+        if hasattr(c, "check_finite"):
+            try:
+                c.check_finite()
+            except FormatError as e:
+                raise CliError(str(e)) from None
     if args.stats:
         rep = cache_report(cache)
         prefill = (t_first or t1) - t0
