@@ -128,7 +128,7 @@ class _GgufCodec:
 def _mlx_ops(name: str, refuse: bool) -> dict:
     """``mlx_quantize_blocks`` / ``mlx_dequantize_blocks`` for a codec, from :mod:`.mlx_ggml`."""
 
-    def mlx_quantize_blocks(x, check_finite=True):
+    def mlx_quantize_blocks(x, check_finite=True, **options):
         import mlx.core as mx
 
         from . import mlx_ggml
@@ -136,7 +136,7 @@ def _mlx_ops(name: str, refuse: bool) -> dict:
         x = x.astype(mx.float32)
         if refuse and check_finite and not bool(mx.all(mx.isfinite(x)).item()):
             refuse_nonfinite(name, np.array(x))
-        return getattr(mlx_ggml, f"{name}_quantize")(x)
+        return getattr(mlx_ggml, f"{name}_quantize")(x, **options)
 
     def mlx_dequantize_blocks(b):
         from . import mlx_ggml

@@ -261,13 +261,28 @@ def _iq4_sums(id_, x, w):
     return sqx[:, None], sq2[:, None]
 
 
-def iq4_nl_quantize(x):
+def iq4_nl_quantize(x, search: bool = True):
+    """``search=True``: ggml_quantize_chunk's quantizer; ``search=False``: quantize_row_iq4_nl_ref,
+    what llama.cpp writes into its KV cache (see tqbridge.bridge.iq4_nl)."""
     w = x * x
     ax = mx.abs(x)
     amax = mx.max(ax, axis=1, keepdims=True)
     mxv = mx.take_along_axis(x, _first_index(ax == amax), axis=1)
     live = amax >= float(GROUP_MAX_EPS)
     safe = mx.where(live, mxv, 1.0)
+    if not search:   # ntry = -1: d = max / values[0] (no minus), one pass, its indices kept
+        d0 = safe / float(KVALUES[0])
+        L = _best_index((1.0 / d0) * x)
+        q = mx.take(_KV, L)
+        wq = w * q
+        t1, t2 = wq * x, wq * q
+        sqx, sq2 = t1[:, 0], t2[:, 0]
+        for j in range(1, x.shape[1]):  # C order: sequential float32 accumulation
+            sqx = sqx + t1[:, j]
+            sq2 = sq2 + t2[:, j]
+        d = mx.where(live, (sqx / sq2)[:, None], 0.0)
+        L = mx.where(live, L, 8)
+        return mx.concatenate([_f16_bytes(d), _pack_nibbles(L)], axis=1)
     d = -safe / float(KVALUES[0])
     sumqx, sumq2 = _iq4_sums(1.0 / d, x, w)
     d = sumqx / sumq2

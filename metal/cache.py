@@ -104,7 +104,8 @@ def _gpu_backend() -> "str | None":
 
 
 def _quantizer(fmt) -> tuple[Callable[[mx.array], mx.array], str]:
-    """Rows -> blocks (no NaN/inf check: the cache checks rows itself). On a GPU the quantize
+    """Rows -> blocks (no NaN/inf check: the cache checks rows itself; iq4_nl through ggml's reference
+    quantizer, what llama.cpp writes into its KV cache). On a GPU the quantize
     kernel; on the CPU the byte-identical MLX-ops codec (the kernel's CPU emulator exists to test
     kernel code, not to serve tokens), or the numpy reference where there is no MLX codec."""
     fmt = get_format(fmt)
@@ -116,14 +117,16 @@ def _quantizer(fmt) -> tuple[Callable[[mx.array], mx.array], str]:
         from .quantize_append import quantize_append, supported
 
         if supported(fmt):
-            return (lambda x: quantize_append(fmt.key, x, backend=gpu, check_finite=False)), f"append-kernel:{gpu}"
+            return (lambda x: quantize_append(fmt.key, x, backend=gpu, check_finite=False, search=False)), \
+                f"append-kernel:{gpu}"
+    opts = {"search": False} if fmt.name == "iq4_nl" else {}   # llama.cpp's cache quantizer
     if getattr(fmt.codec, "mlx_quantize_blocks", None) is not None:
         from tqbridge.bridge import mlx_quantize
-        return (lambda x: mlx_quantize(fmt, x, check_finite=False)), "mlx-ops"
+        return (lambda x: mlx_quantize(fmt, x, check_finite=False, **opts)), "mlx-ops"
     import numpy as np
     from tqbridge.bridge import quantize
 
-    return (lambda x: mx.array(quantize(fmt, np.array(x.astype(mx.float32))))), "numpy"
+    return (lambda x: mx.array(quantize(fmt, np.array(x.astype(mx.float32)), **opts))), "numpy"
 
 
 def _any_nonfinite(x: mx.array) -> mx.array:

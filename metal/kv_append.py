@@ -40,7 +40,7 @@ def _kernel(src16: bool) -> Kernel:
 
 
 def _side_static(prefix: str, f: Format, din: int, dp: int, rot: int) -> dict:
-    st, _ = _static_and_table(f)
+    st, _ = _static_and_table(f, search=False)   # iq4_nl: the reference quantizer, as llama.cpp's cache
     return {f"{prefix}_FMT": st["QA_FMT"], f"{prefix}_BLOCK": f.block_size, f"{prefix}_TS": f.type_size,
             f"{prefix}_DIN": din, f"{prefix}_DP": dp, f"{prefix}_ROT": rot, f"{prefix}_BITS": st["QA_BITS"],
             f"{prefix}_QS": st["QA_QS_OFF"], f"{prefix}_SG": st["QA_SIGNS_OFF"], f"{prefix}_RN": st["QA_RNORM"],
@@ -79,7 +79,7 @@ class KVAppend:
                   **_side_static("KA", kf, k_dim, k_dp, k_rot), **_side_static("VA", vf, v_dim, v_dp, v_rot)}
         kern = _kernel(src_dtype != "float32")
         self._kern = build(kern, static, backend)
-        ktab, vtab = _static_and_table(kf)[1], _static_and_table(vf)[1]
+        ktab, vtab = _static_and_table(kf, False)[1], _static_and_table(vf, False)[1]
         if backend == "cpu-emulator":
             self._ktab, self._vtab = ktab, vtab
         else:
@@ -205,7 +205,8 @@ def hadamard_butterfly(x: np.ndarray, n: int) -> np.ndarray:
 
 def reference_append(fmt, rows: np.ndarray, dp: int, rot: int) -> np.ndarray:
     """The blocks :class:`KVAppend` writes for float ``rows`` (..., D): zero-pad to ``dp`` values,
-    rotate (:func:`hadamard_butterfly`), quantize with the numpy reference."""
+    rotate (:func:`hadamard_butterfly`), quantize with the numpy reference (iq4_nl: its reference
+    quantizer, what llama.cpp writes into its KV cache)."""
     f = get_format(fmt)
     x = np.asarray(rows, np.float32)
     if x.shape[-1] != dp:
@@ -213,4 +214,4 @@ def reference_append(fmt, rows: np.ndarray, dp: int, rot: int) -> np.ndarray:
     x = hadamard_butterfly(x, rot)
     if not np.isfinite(x).all():
         raise FormatError(f"{f.key}: non-finite input")
-    return quantize(f, x)
+    return quantize(f, x, search=False) if f.name == "iq4_nl" else quantize(f, x)

@@ -20,6 +20,7 @@
 #define QA_Q5_1 7
 #define QA_IQ4_NL 8
 #define QA_TURBO 9
+#define QA_IQ4_NL_REF 10  // iq4_nl through quantize_row_iq4_nl_ref (what llama.cpp writes into its KV cache)
 
 #define QA_TAB_C 0
 #define QA_TAB_M 16
@@ -131,6 +132,33 @@ TQ_FUNC void qa_plain_block(const int fmt, const int block, TQ_THREAD const floa
             qs = 8u;
         }
         for (uint j = 0u; j < 16u; ++j) o[qs + j] = (uchar)((q[j] & 0x0fu) | ((q[j + 16u] & 0x0fu) << 4));
+    } else if (fmt == QA_IQ4_NL_REF) {
+        // ntry = -1: d0 = max / kv[0] (no minus), one pass, its indices kept; sums sequential
+        uint imax = 0u;
+        float amax = tq_abs(v[0]);
+        for (uint j = 0u; j < 32u; ++j) {
+            float a = tq_abs(v[j]);
+            if (a > amax) { amax = a; imax = j; }
+        }
+        bool live = amax >= 1e-15f;
+        float d0 = tq_div(live ? v[imax] : 1.0f, -127.0f);
+        float id = tq_div(1.0f, d0);
+        uint L[32];
+        float sqx = 0.0f, sq2 = 0.0f;
+        for (uint j = 0u; j < 32u; ++j) {
+            L[j] = qa_best_index(tq_mul(id, v[j]));
+            float q = qa_kv(L[j]);
+            float wq = tq_mul(tq_mul(v[j], v[j]), q);
+            sqx = tq_add(sqx, tq_mul(wq, v[j]));
+            sq2 = tq_add(sq2, tq_mul(wq, q));
+        }
+        float d = live ? tq_div(sqx, sq2) : 0.0f;
+        if (tq_isnan(d)) d = tab[0];   // the host CPU's default NaN, as the reference stores it
+        qa_put16(o, 0u, tq_f32_to_f16_bits(d));
+        for (uint j = 0u; j < 16u; ++j) {
+            uint lo = live ? L[j] : 8u, hi = live ? L[j + 16u] : 8u;
+            o[2u + j] = (uchar)(lo | (hi << 4));
+        }
     } else if (fmt == QA_IQ4_NL) {
         float w[32];
         uint imax = 0u;

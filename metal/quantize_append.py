@@ -23,6 +23,7 @@ from .kernel import HERE, Kernel, KernelError
 THREADS = 64
 _CODES = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7, "iq4_nl": 8}
 _TURBO = 9
+_IQ4_NL_REF = 10
 _SRC = {"float32": 0, "float16": 1, "bfloat16": 2}
 _BUFS_IN = (("tab", "float32"), ("params", "uint32"))
 
@@ -42,11 +43,13 @@ def supported(fmt: "str | Format") -> bool:
 
 
 @lru_cache(maxsize=None)
-def _static_and_table(f: Format) -> tuple[dict[str, int], np.ndarray]:
+def _static_and_table(f: Format, search: bool = True) -> tuple[dict[str, int], np.ndarray]:
+    """Static parameters and table of ``f``; ``search=False`` picks iq4_nl's reference quantizer
+    (``quantize_row_iq4_nl_ref``: what llama.cpp writes into its KV cache)."""
     static = {"QA_BLOCK": f.block_size, "QA_TYPE_SIZE": f.type_size, "QA_BITS": 0, "QA_QS_OFF": 0,
               "QA_SIGNS_OFF": 0, "QA_RNORM": 0, "QA_VPL": 1}
     if f.name in _CODES:
-        static["QA_FMT"] = _CODES[f.name]
+        static["QA_FMT"] = _IQ4_NL_REF if (f.name == "iq4_nl" and not search) else _CODES[f.name]
         with np.errstate(invalid="ignore"):  # the NaN this CPU makes for inf - inf (x86-64: 0xFFC00000)
             host_nan = np.array([np.inf], np.float32) - np.array([np.inf], np.float32)
         return static, host_nan if f.name == "iq4_nl" else np.zeros(1, np.float32)
@@ -101,13 +104,14 @@ def _refuse_nonfinite(f: Format, x_np: np.ndarray) -> None:
 
 
 def quantize_append(fmt: "str | Format", rows: Any, *, backend: str = "auto", check_finite: bool = True,
-                    **run_options: Any) -> Any:
+                    search: bool = True, **run_options: Any) -> Any:
     """Quantize float ``rows`` (..., D) to uint8 blocks (..., D // block_size * type_size).
 
     ``backend``: "auto" | "metal" | "cuda" | "cpu-emulator" | "reference"; :func:`last_path` tells
     which ran. Quantized formats refuse NaN/inf with the reference's FormatError; on a GPU this
     check costs a synchronisation, ``check_finite=False`` skips it (non-finite rows then give
-    unspecified blocks). ``run_options`` go to the emulator (``seed``, ``runs``).
+    unspecified blocks). ``search=False``: iq4_nl through ggml's reference quantizer (what llama.cpp
+    writes into its KV cache; other formats ignore it). ``run_options`` go to the emulator (``seed``, ``runs``).
     """
     f = get_format(fmt)
     path = resolve(backend)
@@ -127,9 +131,9 @@ def quantize_append(fmt: "str | Format", rows: Any, *, backend: str = "auto", ch
             rows = np.array(rows.astype(mx.float32))
         x = rows
         record_path("reference")
-        return quantize(f, x)
+        return quantize(f, x, search=search) if f.name == "iq4_nl" else quantize(f, x)
 
-    static, tab = _static_and_table(f)
+    static, tab = _static_and_table(f, search)
     static = dict(static)
     src16 = dt in ("float16", "bfloat16")
     static["QA_SRC"] = _SRC.get(dt, 0)

@@ -32,21 +32,8 @@ from tqbridge.bridge.llama_state import LayerKV, LlamaState, parse_state
 # Formats whose same-inputs check is known to fail, with the measured reason (none at present).
 KNOWN_DIFFERENCES: dict[str, str] = {}
 
-# Quantizer options that reproduce what llama.cpp's CPU backend writes into its cache: iq4_nl rows
-# go through quantize_row_iq4_nl_ref (no scale search), not ggml_quantize_chunk's quantizer.
-CACHE_QUANTIZE_OPTIONS = {"iq4_nl": {"search": False}}
-
-
-def _rotated(x: np.ndarray, fmt, side: str) -> np.ndarray:
-    """``x`` (..., head_dim) rotated as llama.cpp rotates that side's rows (unchanged if it does not)."""
-    import mlx.core as mx
-
-    from tqbridge.metal.cache import hadamard_rotate, rotation_group
-
-    group = rotation_group(fmt, x.shape[-1], side)
-    if not group:
-        return x
-    return np.array(hadamard_rotate(mx.array(np.ascontiguousarray(x, dtype=np.float32)), group))
+# What llama.cpp's CPU backend writes into its cache needs no options here: TQCache quantizes iq4_nl
+# rows with quantize_row_iq4_nl_ref (no scale search), as llama.cpp does (tests/test_cache.py).
 
 
 def block_diff(a: np.ndarray, b: np.ndarray, fmt: Any, values_per_row: int) -> dict[str, Any]:
@@ -74,19 +61,28 @@ def block_diff(a: np.ndarray, b: np.ndarray, fmt: Any, values_per_row: int) -> d
 
 def same_input_check(f32_state: LlamaState, q_state: LlamaState, head_dim: int, *, layer: int = 0,
                      rotation: bool = False) -> dict[str, Any]:
-    """tqbridge's quantization of llama.cpp's float K/V of ``layer`` vs llama.cpp's blocks of it."""
+    """What TQCache writes for llama.cpp's own float K/V of ``layer`` vs llama.cpp's blocks of it.
+
+    The float rows go through :class:`~tqbridge.metal.cache.TQCache` itself (its quantizer, its
+    rotation, its layout), so this checks the cache a user runs, not a separate call of the bridge."""
+    import mlx.core as mx
+
+    from tqbridge.metal.cache import TQCache
+
     fl: LayerKV = f32_state.layers()[layer]
     ql: LayerKV = q_state.layers()[layer]
     if fl.k_format.name != "f32" or fl.v_format.name != "f32":
         raise ValueError(f"the reference state must hold an F32 cache, got {fl.k_format.key}/{fl.v_format.key}")
-    out = {"layer": layer}
-    for what, src, dst, fmt in (("k", fl.k, ql.k, ql.k_format), ("v", fl.v_rows(), ql.v_rows(), ql.v_format)):
-        x = src.view("<f4").reshape(src.shape[0], -1, head_dim)
-        if rotation:
-            x = _rotated(x, fmt, what)
-        ours = quantize(fmt, x, **CACHE_QUANTIZE_OPTIONS.get(fmt.key, {})).reshape(dst.shape)
-        out[what] = block_diff(ours, dst, fmt, head_dim)
-    return out
+    rows = []
+    for src in (fl.k, fl.v_rows()):
+        x = src.view("<f4").reshape(src.shape[0], -1, head_dim)          # (cells, heads, head_dim)
+        rows.append(mx.array(np.ascontiguousarray(x.transpose(1, 0, 2))[None]))
+    cache = TQCache(ql.k_format.key, ql.v_format.key, rotation="llama" if rotation else "none")
+    cache.update_and_fetch(*rows)
+    k, v = tq_rows(cache)
+    return {"layer": layer, "writer": "TQCache",
+            "k": block_diff(k, ql.k, ql.k_format, head_dim),
+            "v": block_diff(v, ql.v_rows(), ql.v_format, head_dim)}
 
 
 def tq_rows(cache) -> tuple[np.ndarray, np.ndarray]:

@@ -148,3 +148,12 @@ def test_auto_picks_the_first_backend():
     out = quantize_append("turbo3", x)
     assert metal.last_path() == metal.backends()[0]
     _same("turbo3", out, bridge.quantize("turbo3", x))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_iq4_nl_reference_quantizer(backend):
+    # search=False: ggml's quantize_row_iq4_nl_ref, what llama.cpp writes into its KV cache
+    x = adversarial_rows(block_size=32, n_blocks=8, per_family=12)
+    want = bridge.quantize("iq4_nl", x, search=False)
+    assert not np.array_equal(want, bridge.quantize("iq4_nl", x))   # the two quantizers differ here
+    _same("iq4_nl", quantize_append("iq4_nl", x, backend=backend, search=False), want)

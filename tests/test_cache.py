@@ -393,3 +393,21 @@ def test_windowed_cache_drops_rows_nobody_can_see(tmp_path, monkeypatch):
     loaded = mlx_cache.load_prompt_cache(path)
     assert [(x.start, x.offset) for x in loaded] == [(x.start, x.offset) for x in c]
     assert np.array_equal(np.array(_run(m, loaded, toks[:, 50:], 1)), np.array(_run(m, c, toks[:, 50:], 1)))
+
+
+@pytest.mark.parametrize("rotation", ["llama", "none"])
+def test_iq4_nl_cache_writes_the_reference_quantizers_blocks(rotation):
+    # llama.cpp writes iq4_nl KV rows with quantize_row_iq4_nl_ref (no scale search); so does TQCache
+    from tqbridge.metal.cache import rotation_group
+
+    rng = np.random.default_rng(3)
+    k = mx.array((rng.standard_normal((1, 2, 9, 64)) * 2).astype(np.float32))
+    c = TQCache("iq4_nl", "iq4_nl", rotation=rotation)
+    c.update_and_fetch(k, k)
+    c.update_and_fetch(k[:, :, :1], k[:, :, :1])      # a decode step too
+    kb, vb = c.blocks()
+    for blocks, side in ((kb, "k"), (vb, "v")):
+        n = rotation_group("iq4_nl", 64, side) if rotation == "llama" else 0
+        rows = np.array(hadamard_rotate(mx.concatenate([k, k[:, :, :1]], axis=2), n))
+        assert np.array_equal(np.array(blocks), quantize("iq4_nl", rows, search=False)), side
+        assert not np.array_equal(np.array(blocks), quantize("iq4_nl", rows))
