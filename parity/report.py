@@ -26,11 +26,15 @@ def _verdict(row: dict) -> str:
 
 
 def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
-    head = ["K/V", "KL(llama.cpp||MLX)", "top-1", "max |dlogit|", "llama.cpp KL vs f16", "verdict"]
+    head = ["K/V", "KL(llama.cpp||MLX)", "top-1", "max |dlogit|", "decode steps: KL / top-1", "MLX decode path",
+            "llama.cpp KL vs f16", "verdict"]
     body = []
     for r in rows:
         base = r.get("baseline")
-        body.append([r["kv"], f"{r['kl_mean']:.3g}", f"{r['top1']:.2%}", f"{r['max_abs']:.3g}",
+        dec = f"{r['decode_kl_mean']:.3g} / {r['decode_top1']:.0%}" if "decode_kl_mean" in r else "-"
+        paths = (r.get("mlx_cache") or {}).get("paths") or {}
+        dpath = ",".join(sorted(k[len("decode:"):] for k in paths if k.startswith("decode:"))) or "-"
+        body.append([r["kv"], f"{r['kl_mean']:.3g}", f"{r['top1']:.2%}", f"{r['max_abs']:.3g}", dec, dpath,
                      f"{base['llama_kl_mean']:.3g}" if base else "(reference)", _verdict(r)])
     return head, body
 

@@ -82,6 +82,9 @@ class LlamaCppRuntime:
 
     def __init__(self, gguf_path: "str | os.PathLike[str]", *, flash_attn: bool = True,
                  rotation: bool = True, n_threads: "int | None" = None):
+        from tqbridge.bridge.llama_compat import ensure_compatible
+
+        ensure_compatible()  # version, names and layouts of llama-cpp-python before any use
         self.path = Path(gguf_path)
         self.flash_attn = flash_attn
         self.rotation = rotation
@@ -115,10 +118,16 @@ class LlamaCppRuntime:
                          flash_attn=self.flash_attn, type_k=self._type_id(kv.k), type_v=self._type_id(kv.v),
                          verbose=False)
 
-    def logits(self, tokens: "list[int]", kv: KV, keep_state: bool = False) -> np.ndarray:
+    def logits(self, tokens: "list[int]", kv: KV, keep_state: bool = False, decode: int = 0) -> np.ndarray:
+        """Logits at every position. ``decode``: the last ``decode`` tokens are evaluated one per
+        call (decode steps, one query row each) after the rest as one prompt batch."""
         llm = self._context(len(tokens), kv)
+        toks = [int(t) for t in tokens]
+        split = len(toks) - max(0, min(int(decode), len(toks) - 1))
         try:
-            llm.eval([int(t) for t in tokens])
+            llm.eval(toks[:split])
+            for t in toks[split:]:
+                llm.eval([t])
             out = np.array(llm.scores[: len(tokens)], dtype=np.float32, copy=True)
             if keep_state:
                 self.last_state = self.state_blob(llm)
@@ -178,12 +187,27 @@ class MLXRuntime:
             lambda model, k, v: tqbridge_cache_factory(model, k, v, rotation=rotation))
         self.last_cache: "list | None" = None
 
-    def logits(self, tokens: "list[int]", kv: KV, keep_cache: bool = False) -> np.ndarray:
+    def logits(self, tokens: "list[int]", kv: KV, keep_cache: bool = False, decode: int = 0) -> np.ndarray:
+        """Logits at every position. ``decode``: the last ``decode`` tokens are decode steps (one
+        token per forward pass) through tqbridge's attention routing — the fused decode kernel on a
+        GPU, the dispatcher's path on CPU (``cache.paths`` names it)."""
         import mlx.core as mx
 
+        from tqbridge.metal.routing import route_attention
+
+        toks = mx.array([int(t) for t in tokens], dtype=mx.int32)[None]
+        split = toks.shape[1] - max(0, min(int(decode), toks.shape[1] - 1))
         cache = self.cache_factory(self.model, kv.k, kv.v)
-        out = self.model(mx.array([int(t) for t in tokens], dtype=mx.int32)[None], cache=cache)
-        out = np.array(out[0].astype(mx.float32))
+        with route_attention():
+            outs = [self.model(toks[:, :split], cache=cache)[0].astype(mx.float32)]
+            mx.eval(outs[0])
+            for i in range(split, toks.shape[1]):
+                outs.append(self.model(toks[:, i:i + 1], cache=cache)[0].astype(mx.float32))
+                mx.eval(outs[-1])
+        for c in cache:
+            if hasattr(c, "check_finite"):
+                c.check_finite()
+        out = np.array(mx.concatenate(outs, axis=0))
         self.last_cache = cache if keep_cache else None
         return out
 

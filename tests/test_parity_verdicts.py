@@ -208,3 +208,38 @@ def test_q_rounded_to_f16_fails_the_parity_command(monkeypatch, model_file, tmp_
     lines = capsys.readouterr().out.rstrip().splitlines()
     assert lines[-1] == "a parity claim FAILED: attention"
     assert any("OUTSIDE the float64 oracle's bound" in line for line in lines)
+
+
+# ----------------------------------------------------------------------------- level 4: decode steps
+
+def test_decode_steps_run_through_the_routing_and_a_decode_bug_fails_them(monkeypatch, tmp_path):
+    """The logits level's last positions are decode steps in both runtimes (MLX: tqbridge's decode
+    routing). A port bug only decode has — the kernel skipping the newest key — must fail the level
+    even though the prompt's positions are untouched."""
+    from tqbridge.metal import routing
+    from tqbridge.parity.models import ModelUnavailable, smollm2_path
+
+    try:
+        smollm2_path()
+    except ModelUnavailable as e:
+        pytest.skip(str(e))
+    out = tmp_path / "ok.json"
+    args = ["parity", "smollm2", "--levels", "logits", "--kv", "f16", "--kv", "q8_0", "--tokens", "48",
+            "--decode", "8", "--exact-weights", "--quiet", "--json"]
+    assert main(args + [str(out)]) == 0
+    rows = {r["kv"]: r for r in json.loads(out.read_text())["logits"]}
+    for r in rows.values():
+        assert r["decode_steps"] == 8 and r["pass"] is True
+        assert any(k.startswith("decode:") for k in r["mlx_cache"]["paths"])
+    real = routing.decode_kernel()
+
+    def skips_newest_key(q, kb, vb, *, length, **kw):   # the planted off-by-one
+        return real(q, kb, vb, length=length - 1, **kw)
+
+    monkeypatch.setattr(routing, "decode_kernel", lambda: skips_newest_key)
+    bad = tmp_path / "bad.json"
+    assert main(args + [str(bad)]) == 1
+    rows = {r["kv"]: r for r in json.loads(bad.read_text())["logits"]}
+    for kv, r in rows.items():
+        assert r["pass"] is False, kv
+        assert r["decode_kl_mean"] > 10 * r["kl_mean"] / 2   # the damage sits in the decode steps

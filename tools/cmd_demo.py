@@ -14,7 +14,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from tqbridge.tools import cmd_parity
 
-    parity_args = argparse.Namespace(model="smollm2", kv=None, tokens=args.tokens, exact_weights=True,
+    parity_args = argparse.Namespace(model="smollm2", kv=None, tokens=args.tokens, decode=16, exact_weights=True,
                                      no_rotation=False, json=args.json, markdown=args.markdown,
                                      plot=None, quiet=False, levels=",".join(cmd_parity.DEFAULT_LEVELS))
     cmd = f"tqbridge parity smollm2 --exact-weights --tokens {args.tokens}"

@@ -32,6 +32,10 @@ def add_arguments(p) -> None:
     p.add_argument("--kv", action="append", metavar="K/V",
                    help="K/V cache formats (repeatable), e.g. q8_0/q4_0; default: a matrix of llama.cpp's types")
     p.add_argument("--tokens", type=int, default=256, help="number of text tokens (default 256)")
+    p.add_argument("--decode", type=int, default=None,
+                   help="logits level: the last N of the tokens are decode steps (one token per evaluation) in "
+                        "both runtimes — through tqbridge's decode kernel routing on the MLX side "
+                        "(default: 16, at most half the tokens)")
     p.add_argument("--exact-weights", action="store_true",
                    help="both runtimes run an F32 copy of every tensor (converted once, cached)")
     p.add_argument("--no-rotation", action="store_true",
@@ -66,6 +70,10 @@ def run(args, command: "str | None" = None) -> int:
         raise CliError(str(e)) from e
     if args.tokens < 2:
         raise CliError(f"--tokens must be at least 2, got {args.tokens}")
+    if getattr(args, "decode", None) is None:
+        args.decode = min(16, args.tokens // 2)
+    if not 0 <= args.decode < args.tokens:
+        raise CliError(f"--decode must be in 0..{args.tokens - 1} (fewer than --tokens), got {args.decode}")
     kv_list = args.kv or list(DEFAULT_KV)
     for spec in kv_list:
         try:
@@ -83,7 +91,7 @@ def run(args, command: "str | None" = None) -> int:
     if "logits" in levels:
         try:
             res = run_logits(path, kv_list, n_tokens=args.tokens, exact_weights=args.exact_weights,
-                             rotation=not args.no_rotation, progress=say)
+                             rotation=not args.no_rotation, progress=say, decode=args.decode)
         except (GGUFModelError, ValueError) as e:
             raise CliError(str(e)) from e
         if not args.quiet and sys.stderr.isatty():
