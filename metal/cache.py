@@ -27,7 +27,7 @@ from tqbridge.bridge import FormatError, display_name, get_format
 from .hadamard import hadamard_rotate
 from .calibration import CalibrationError, KeyCalibration, fit as _fit_calibration, split_key_spec
 
-__all__ = ["TQCache", "make_cache", "cache_report", "padded_dim", "parse_kv", "parse_kv_spec",
+__all__ = ["TQCache", "make_cache", "cache_report", "paths_line", "padded_dim", "parse_kv", "parse_kv_spec",
            "ROTATIONS"]
 
 ROTATIONS = ("llama", "none")
@@ -687,3 +687,17 @@ def cache_report(cache: list) -> dict:
             "nbytes": sum(c.nbytes for c in cache if not c.empty()),
             "used_nbytes": sum(getattr(c, "used_nbytes", c.nbytes if not c.empty() else 0)
                                for c in cache)}
+
+
+def paths_line(cache: list) -> str:
+    """One line: which attention paths and append codecs ran, and why any layer fell back."""
+    rep = cache_report(cache)
+    paths = ", ".join(f"{k} x{v}" for k, v in sorted(rep["paths"].items()) if k != "append") or "none yet"
+    codecs = sorted({f"{l['codecs']['k_append']}/{l['codecs']['v_append']}" for l in rep["layers"]
+                     if l.get("codecs")})
+    falls = sorted({f"layer {l['layer']}: {l['decode_fallback']}" for l in rep["layers"] if l.get("decode_fallback")})
+    notes = sorted({l["codecs"]["append_note"] for l in rep["layers"] if l.get("codecs", {}).get("append_note")})
+    out = f"paths: {paths}; appends: {', '.join(codecs) or '-'}"
+    if falls or notes:
+        out += "; FALLBACK: " + "; ".join(falls[:3] + notes[:2]) + (" ..." if len(falls) > 3 else "")
+    return out

@@ -89,7 +89,7 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
     top1, bytes_per_token, bits_per_value, compression_vs_f16, positions, paths, layers.
     ``progress(n)`` is called after each chunk with the number of positions done.
     """
-    from tqbridge.metal.cache import cache_report, kv_name, make_cache, parse_kv_spec
+    from tqbridge.metal.cache import cache_report, kv_name, make_cache, parse_kv_spec, paths_line
     from tqbridge.metal.routing import route_attention
 
     if chunk <= 0:
@@ -159,6 +159,7 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
             "layers": rep["layer_kinds"],
             "decode_fallback": sorted({l["decode_fallback"] for l in rep["layers"]
                                        if l.get("decode_fallback")}),
+            "paths_line": paths_line(caches[n]) if rep["layers"] and "codecs" in rep["layers"][0] else "",
         })
     return rows
 
@@ -213,8 +214,13 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
     ax.set_title(title or "KV cache quality", fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from tqbridge.bridge.atomic import atomic_output
+
+    try:
+        with atomic_output(path, suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=120, format="png")
+    finally:
+        plt.close(fig)
 
 
 def is_finite_row(r: dict) -> bool:

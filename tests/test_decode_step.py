@@ -281,3 +281,27 @@ def test_real_model_generation_unchanged_by_the_cpu_codec_path(name, kv, cpu_dev
     toks2, blocks2 = run()
     assert toks == toks2
     assert all(np.array_equal(a, b) for a, b in zip(blocks, blocks2))
+
+
+def test_paths_line_names_paths_and_fallbacks(cpu_device, monkeypatch):
+    from tqbridge.metal import routing
+    from tqbridge.metal.cache import paths_line
+
+    m = tiny_llama()
+    cache = make_cache(m, "q8_0", "q4_0")
+    with route_attention():
+        mx.eval(m(tokens(6), cache=cache))
+        mx.eval(m(tokens(1, seed=2), cache=cache))
+    line = paths_line(cache)
+    assert "decode:reference x2" in line and "prefill:dequant-sdpa x2" in line and "mlx-ops" in line
+    assert "FALLBACK" not in line
+
+    def broken(*a, **kw):
+        raise RuntimeError("planted: this kernel cannot run")
+
+    monkeypatch.setattr(routing, "decode_kernel", lambda: broken)
+    with route_attention():
+        mx.eval(m(tokens(1, seed=3), cache=cache))
+    line = paths_line(cache)
+    assert "decode:dequant-sdpa x2" in line
+    assert "FALLBACK: layer 0: RuntimeError: planted: this kernel cannot run" in line

@@ -39,6 +39,9 @@ def resolve_model(name: str) -> str:
 
 def chat_prompt(path: str, text: str) -> str:
     """The GGUF's chat template applied to one user message (llama-cpp-python's formatter)."""
+    from tqbridge.bridge.llama_compat import ensure_compatible
+
+    ensure_compatible()
     from llama_cpp import Llama
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
@@ -58,7 +61,7 @@ def run(args) -> int:
 
     from tqbridge.bridge import FormatError
     from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
-    from tqbridge.metal.cache import cache_report, kv_name, make_cache, parse_kv_spec
+    from tqbridge.metal.cache import cache_report, kv_name, make_cache, parse_kv_spec, paths_line
     from tqbridge.metal.routing import route_attention
     from tqbridge.parity.quality import GGUFTokenizer
 
@@ -110,6 +113,7 @@ def run(args) -> int:
                 c.check_finite()
             except FormatError as e:
                 raise CliError(str(e)) from None
+    print(f"--- {paths_line(cache)}", file=sys.stderr)   # which paths ran, any fallback: always
     if args.stats:
         rep = cache_report(cache)
         prefill = (t_first or t1) - t0

@@ -102,6 +102,9 @@ def run(args) -> int:
     title = f"{model_name}, {len(ids)} tokens of {source}, chunk {args.chunk}, rotation {args.rotation}"
     md = q.to_markdown(rows, title)
     print(md)
+    for r in rows:   # which paths ran, and any fallback, always visible
+        if r.get("paths_line"):
+            print(f"{r['kv']}: {r['paths_line']}", file=sys.stderr)
     if args.json_out:
         _write_atomic(args.json_out, json.dumps(rows, indent=2))
     if args.markdown:
