@@ -23,7 +23,7 @@ class GgmlUnavailable(ImportError):
     """llama-cpp-python (and so ggml's C library) is not installed or cannot be loaded."""
 
 
-# ggml.h (this vendored version, llama-cpp-python 0.3.36):
+# ggml.h (this vendored version, llama-cpp-python 0.3.36; checked at load by llama_compat.py):
 #   struct ggml_type_traits { const char *type_name; int64_t blck_size; int64_t blck_size_interleave;
 #                             size_t type_size; bool is_quantized; ggml_to_float_t to_float;
 #                             ggml_from_float_t from_float_ref; };
@@ -71,6 +71,9 @@ def library_path() -> Path:
 @functools.lru_cache(maxsize=1)
 def _lib() -> ctypes.CDLL:
     path = library_path()
+    from .llama_compat import ensure_compatible
+
+    ensure_compatible()  # version, symbols and layouts, before any call; LlamaCppIncompatible if not
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as e:

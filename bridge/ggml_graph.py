@@ -6,7 +6,8 @@ llama-cpp-python's ``lib/``) and returns the output as numpy. This is the same k
 CPU backend runs for decode with ``flash_attn=True``.
 
 Signatures and struct layouts follow the headers installed with llama-cpp-python 0.3.36
-(``include/ggml.h``, ``include/ggml-cpu.h``):
+(``include/ggml.h``, ``include/ggml-cpu.h``); :mod:`tqbridge.bridge.llama_compat` checks them
+against the loaded library before first use:
 
 - ``struct ggml_init_params { size_t mem_size; void *mem_buffer; bool no_alloc; }`` (by value)
 - ``struct ggml_cplan { size_t work_size; uint8_t *work_data; int n_threads;
@@ -155,7 +156,8 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, k_type: int, 
                 raise GgmlGraphError(f"ggml tensor holds {base.ggml_nbytes(tensor)} bytes, numpy {arr.nbytes}")
             ctypes.memmove(base.ggml_get_data(tensor), arr.ctypes.data, arr.nbytes)
         out = base.ggml_flash_attn_ext(ctx, tq, tk, tv, None, float(scale), 0.0, float(softcap))
-        base.ggml_prec_set_acc(out, GGML_PREC_F32)
+        if not out or not base.ggml_prec_set_acc(out, GGML_PREC_F32):
+            raise GgmlGraphError("ggml refused flash_attn_ext with f32 accumulation for these K/V types")
         gf = base.ggml_new_graph(ctx)
         base.ggml_build_forward_expand(gf, out)
         plan = cpu.ggml_graph_plan(gf, int(n_threads), None)

@@ -30,6 +30,9 @@ class TransplantError(ValueError):
 def llama_context(gguf_path: str, k_format: str, v_format: str, n_ctx: int = 512, n_threads: "int | None" = None,
                   rotation: bool = True):
     """A llama.cpp context whose cache TQCache can mirror (flash attention on; KV rotation on or off)."""
+    from tqbridge.bridge.llama_compat import ensure_compatible
+
+    ensure_compatible()
     from llama_cpp import Llama
 
     old = os.environ.get("LLAMA_ATTN_ROT_DISABLE")

@@ -65,6 +65,13 @@ def main(argv: "list[str] | None" = None) -> int:
     except CliError as e:
         print(f"tqbridge {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except ImportError as e:
+        from tqbridge.bridge.llama_compat import LlamaCppIncompatible
+
+        if not isinstance(e, LlamaCppIncompatible):
+            raise
+        print(f"tqbridge {args.command}: error: {e}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
         import os
 
