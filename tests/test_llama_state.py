@@ -249,6 +249,26 @@ def test_cache_same_inputs_byte_identical(cache_states, spec):
 
 
 @pytest.mark.model
+def test_planted_search_quantizer_in_the_cache_fails_the_cache_level(cache_states, monkeypatch):
+    """Planted bug: TQCache quantizing iq4_nl with the scale-search quantizer (ggml_quantize_chunk's)
+    instead of quantize_row_iq4_nl_ref, which llama.cpp's cache uses: the same-inputs check fails."""
+    from tqbridge.bridge import mlx_quantize
+    from tqbridge.metal import cache as tqc
+    from tqbridge.parity.level_cache import same_input_check
+
+    real = tqc._quantizer
+
+    def search_quantizer(fmt):
+        if tqc.get_format(fmt).name == "iq4_nl":
+            return (lambda x: mlx_quantize(fmt, x)), "mlx-ops (search: planted)"
+        return real(fmt)
+
+    monkeypatch.setattr(tqc, "_quantizer", search_quantizer)
+    s = same_input_check(cache_states["f32"], cache_states["f16/iq4_nl"], HEAD_DIM)
+    assert s["k"]["identical"] and not s["v"]["identical"], s
+
+
+@pytest.mark.model
 def test_cache_same_inputs_with_llama_rotation(cache_states, f32_model):
     """llama.cpp's default Hadamard rotation on: tqbridge rotates llama.cpp's float rows, then
     quantizes. The rotation's float32 summation order differs from ggml's matmul, so a rounding
