@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .mlx_blas import prefer_fast_blas
+from .mlx_blas import prefer_fast_blas, slow_blas_notice
 
 
 class GGUFModelError(ValueError):
@@ -218,6 +218,8 @@ def build_model(c: GGUFContents, layout: str = "ggml", match_llama_cpp: bool = T
     prefer_fast_blas()
     import mlx.core as mx
     from mlx_lm.utils import _get_classes
+
+    slow_blas_notice()  # model work on MLX's CPU with the bundled reference BLAS: say so, once
 
     cfg = model_config(c, layout)
     weights = mlx_weights(c, cfg, layout)

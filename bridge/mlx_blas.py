@@ -5,7 +5,9 @@ GFLOP/s. When Debian's OpenBLAS (``libopenblas0-pthread``) is installed, loading
 ``RTLD_GLOBAL`` *before* ``mlx.core`` is imported makes MLX's ``cblas_sgemm`` resolve to OpenBLAS
 (measured ~35x faster on a 2-core x86 machine). ``prefer_fast_blas()`` does that once and says what
 happened; set ``TQBRIDGE_BLAS=bundled`` to keep MLX's own BLAS, or ``TQBRIDGE_OPENBLAS=<path>`` to
-name the library.
+name the library. ``slow_blas_notice()``, called where model work starts (building a model from a
+GGUF, ``tqbridge bench decode``), says once per process on stderr when that work will run on MLX's
+CPU device with the bundled BLAS, and how to fix it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ _CANDIDATES = (
     "/usr/lib/libopenblas.so.0",
 )
 _state: "str | None" = None
+_noticed = False
+FIX = "sudo apt-get install libopenblas0-pthread"
 
 
 def _find_openblas() -> "str | None":
@@ -64,3 +68,33 @@ def prefer_fast_blas() -> str:
 def blas_in_use() -> str:
     """The description recorded by ``prefer_fast_blas`` (calling it if nobody has yet)."""
     return prefer_fast_blas()
+
+
+def _on_cpu() -> bool:
+    """Whether MLX's default device (where model work runs) is the CPU."""
+    import mlx.core as mx
+
+    return mx.default_device().type == mx.DeviceType.cpu
+
+
+def slow_blas_notice() -> bool:
+    """Once per process: tell stderr that MLX CPU model work runs on the mlx wheel's bundled reference
+    BLAS, and the one-line fix. Silent elsewhere (OpenBLAS loaded, not Linux, a GPU device,
+    ``TQBRIDGE_BLAS=bundled``). Returns whether it printed."""
+    global _noticed
+    state = prefer_fast_blas()
+    if _noticed or not state.startswith("mlx bundled BLAS") or "TQBRIDGE_BLAS=bundled" in state:
+        return False
+    if not _on_cpu():
+        return False
+    _noticed = True
+    if "imported before" in state:
+        fix = ("call tqbridge.bridge.mlx_blas.prefer_fast_blas() before importing mlx "
+               "(or set TQBRIDGE_BLAS=bundled to silence this)")
+    else:
+        fix = f"{FIX} (or set TQBRIDGE_BLAS=bundled to silence this)"
+    why = state[len("mlx bundled BLAS"):].strip(" ()").split(";")[0]
+    print(f"tqbridge: note: MLX runs this model on the CPU with the mlx wheel's bundled reference BLAS "
+          f"({why}); float32 matmuls run many times slower than with OpenBLAS. Fix: {fix}",
+          file=sys.stderr, flush=True)
+    return True
