@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tqbridge.bridge.atomic import write_atomic  # noqa: E402
+
 
 def prepare(args) -> None:
     from tqbridge.parity.quality import GGUFTokenizer
@@ -31,8 +33,8 @@ def prepare(args) -> None:
     tok = GGUFTokenizer(path)
     prompt = chat_prompt(path, args.prompt) if args.chat else args.prompt
     ids = tok.encode(prompt, add_bos=True)
-    Path(args.out).write_text(json.dumps({"model": Path(path).name, "prompt": args.prompt, "chat": args.chat,
-                                          "ids": ids, "eos": sorted(tok.eos_token_ids)}))
+    write_atomic(args.out, json.dumps({"model": Path(path).name, "prompt": args.prompt, "chat": args.chat,
+                                       "ids": ids, "eos": sorted(tok.eos_token_ids)}))
     print(f"{len(ids)} prompt tokens -> {args.out}")
 
 
@@ -64,7 +66,7 @@ def run(args) -> None:
            "cache_used_bytes": rep["used_nbytes"], "peak_memory_bytes": mx.get_peak_memory(),
            "decode_tok_per_s": (len(out) - 1) / (t1 - t_first) if t_first and len(out) > 1 else None,
            "date": time.strftime("%Y-%m-%d")}
-    Path(args.out).write_text(json.dumps(res, indent=1))
+    write_atomic(args.out, json.dumps(res, indent=1))
     print(json.dumps({k: v for k, v in res.items() if k != "generated"}))
 
 

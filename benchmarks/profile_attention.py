@@ -113,8 +113,9 @@ def main() -> None:
         print(json.dumps(row))
         del kb, vb, kh, vh
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+        from tqbridge.bridge.atomic import write_atomic
+
+        write_atomic(args.json, json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -234,8 +234,9 @@ def run(args) -> int:
         print(json.dumps(row))
         del kb, vb, kh, vh, kq, vq, kq4
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        from ..bridge.atomic import write_atomic
+
+        write_atomic(args.json, json.dumps(results, indent=2))
     return 0
 
 
@@ -281,6 +282,9 @@ def _run_decode(args) -> int:
 
             write_atomic(args.json, json.dumps({"command": command, **results}, indent=2))
 
+    from ..bridge.mlx_blas import slow_blas_notice
+
+    slow_blas_notice()  # the models run on MLX's CPU with the bundled reference BLAS: say so, once
     save(decode_bench.run(models, contexts, caches, args.tokens, args.rounds, log=log, save=save,
                           dtype=getattr(mx, args.dtype)))
     return 0

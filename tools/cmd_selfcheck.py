@@ -126,8 +126,9 @@ def run(args) -> int:
                "versions": {"tqbridge": _ver("tqbridge"), "numpy": np.__version__, "gguf": _ver("gguf"),
                             "mlx": _ver("mlx"), "llama_cpp_python": _ver("llama_cpp_python")},
                "machine": platform.machine(), "system": platform.system()}
-        with open(args.json, "w") as fh:
-            json.dump(doc, fh, indent=2)
+        from tqbridge.bridge.atomic import write_atomic
+
+        write_atomic(args.json, json.dumps(doc, indent=2))
     if bad:
         print("selfcheck FAILED: differs from ggml's C code in " + ", ".join(f"{f} ({p})" for f, p in bad))
         return 1
