@@ -36,12 +36,14 @@ def _fmt_key(name):
 
 
 def _reference_blocks(fmt, x):
+    """The bytes TQCache must hold: the numpy reference (iq4_nl: its reference quantizer, what
+    llama.cpp's cache holds)."""
     x = np.asarray(x, np.float32)
     d = x.shape[-1]
     dp = padded_dim(fmt, d)
     if dp != d:
         x = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, dp - d)])
-    return quantize(fmt, x)
+    return quantize(fmt, x, search=False) if get_format(fmt).name == "iq4_nl" else quantize(fmt, x)
 
 
 def _reference_rows(fmt, blocks, d):
@@ -62,6 +64,7 @@ def _check_fetch(fmt, got, blocks, d):
        chunks=st.lists(st.integers(1, 20), min_size=1, max_size=5),
        trim=st.integers(0, 30), more=st.integers(0, 5), seed=st.integers(0, 2**16))
 @example(kf="q8_0", vf="turbo3", dims=(64, 64), chunks=[1], trim=1, more=1, seed=0)
+@example(kf="iq4_nl", vf="iq4_nl", dims=(64, 64), chunks=[3, 1], trim=1, more=1, seed=1)   # the cache's quantizer
 def test_cache_protocol_matches_the_reference(kf, vf, dims, chunks, trim, more, seed):
     """Appended rows are the numpy reference's bytes; fetch, offset, trim and growth behave."""
     rng = np.random.default_rng(seed)
