@@ -248,17 +248,26 @@ def _best_index(v):
     return mx.where(mx.isnan(v), 15, idx)
 
 
+def seq_sum(t):
+    """Row sums of ``t`` (n, m) accumulated in C's order (t[:, 0] + t[:, 1] + ...) in float32, as (n,).
+
+    On MLX's CPU device one ``cumsum`` (its CPU scan adds sequentially, in order: byte-identical to
+    the loop, which the codecs' exactness tests against ggml's C check); elsewhere (a GPU scans in
+    parallel) the explicit loop of m - 1 additions."""
+    if mx.default_device() == mx.cpu:
+        return mx.cumsum(t, axis=1)[:, -1]
+    acc = t[:, 0]
+    for j in range(1, t.shape[1]):
+        acc = acc + t[:, j]
+    return acc
+
+
 def _iq4_sums(id_, x, w):
     q = mx.take(_KV, _best_index(id_ * x))
     wq = w * q
     t1 = wq * x
     t2 = wq * q
-    sqx = t1[:, 0]
-    sq2 = t2[:, 0]
-    for j in range(1, x.shape[1]):  # C order: sequential float32 accumulation
-        sqx = sqx + t1[:, j]
-        sq2 = sq2 + t2[:, j]
-    return sqx[:, None], sq2[:, None]
+    return seq_sum(t1)[:, None], seq_sum(t2)[:, None]
 
 
 def iq4_nl_quantize(x, search: bool = True):
@@ -276,10 +285,7 @@ def iq4_nl_quantize(x, search: bool = True):
         q = mx.take(_KV, L)
         wq = w * q
         t1, t2 = wq * x, wq * q
-        sqx, sq2 = t1[:, 0], t2[:, 0]
-        for j in range(1, x.shape[1]):  # C order: sequential float32 accumulation
-            sqx = sqx + t1[:, j]
-            sq2 = sq2 + t2[:, j]
+        sqx, sq2 = seq_sum(t1), seq_sum(t2)          # C order: sequential float32 accumulation
         d = mx.where(live, (sqx / sq2)[:, None], 0.0)
         L = mx.where(live, L, 8)
         return mx.concatenate([_f16_bytes(d), _pack_nibbles(L)], axis=1)

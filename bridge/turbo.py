@@ -222,21 +222,16 @@ class TurboCodec:
         if check_finite and not bool(mx.all(mx.isfinite(x)).item()):
             raise FormatError(f"{sp.name}@{sp.variant}: non-finite input value (the fork's quantizer has no "
                               "defined result for NaN/inf)")
+        from .mlx_ggml import seq_sum
+
         sq = x * x
-        acc = mx.zeros((x.shape[0],), dtype=mx.float32)
-        for j in range(sp.group):
-            acc = acc + sq[:, j]
-        g = mx.sqrt(acc)
+        g = mx.sqrt(seq_sum(sq))
         thr = mx.array(sp.zero_threshold)
         inv = mx.where(g > thr, mx.array(1.0, mx.float32) / g, mx.array(0.0, mx.float32))
         u = rotation.mlx_forward(x * inv[:, None], sp.group)
         idx = self.mlx_nearest(u)
         c = mx.array(sp.centroids)[idx.astype(mx.int32)]
-        c2 = c * c
-        r2 = mx.zeros((x.shape[0],), dtype=mx.float32)
-        for j in range(sp.group):
-            r2 = r2 + c2[:, j]
-        r = mx.sqrt(r2)
+        r = mx.sqrt(seq_sum(c * c))
         norm = mx.where(r > thr, g / r, g)
         return self._mlx_pack(mx, norm, idx)
 

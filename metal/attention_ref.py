@@ -179,19 +179,39 @@ def attention_oracle(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
 # --------------------------------------------------------------------------- MLX reference path
 
 
-def _mlx_cache(fmt, blocks, n: int, l_used: int, head_dim: int):
+def _mlx_cache(fmt, blocks, n: int, l_used: int, head_dim: int, rotated: bool = False):
+    """MLX float32 values of a cache; ``rotated`` (turbo): in the stored, rotated basis, all ``n``."""
     import mlx.core as mx
 
     blk = blocks if isinstance(blocks, mx.array) else mx.array(np.ascontiguousarray(blocks))
     blk = blk[:, :, :l_used]
     if l_used == 0:
-        return mx.zeros(tuple(blk.shape[:3]) + (head_dim,), mx.float32)
+        return mx.zeros(tuple(blk.shape[:3]) + (n if rotated else head_dim,), mx.float32)
+    kw = {"rotated": True} if rotated else {}
     try:
-        x = bridge.mlx_dequantize(fmt, blk, n)
+        x = bridge.mlx_dequantize(fmt, blk, n, **kw)
     except bridge.FormatError:
         # This format has no MLX decoder yet: decode with the numpy reference (same values).
-        x = mx.array(bridge.dequantize(fmt, np.array(blk), n))
-    return x[..., :head_dim]
+        x = mx.array(bridge.dequantize(fmt, np.array(blk), n, **kw))
+    return x if rotated else x[..., :head_dim]
+
+
+def _turbo_rotate(x, fmt, n: int, inverse: bool = False):
+    """``x`` (..., D <= n) zero-padded to ``n`` and rotated into a turbo format's basis (or back,
+    ``inverse``), group by group: the fork's rotation is orthogonal, so (R q).(R k) = q.k and
+    R^T (sum p R v) = sum p v. Rotating q and the output once replaces the inverse rotation of
+    every cached row."""
+    import mlx.core as mx
+
+    from ..bridge import rotation
+
+    grp = fmt.block_size
+    if x.shape[-1] != n:
+        x = mx.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n - x.shape[-1])])
+    lead = tuple(x.shape[:-1])
+    y = x.reshape(*lead, n // grp, grp)
+    y = rotation.mlx_inverse(y, grp) if inverse else rotation.mlx_forward(y, grp)
+    return y.reshape(*lead, n)
 
 
 def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = None) -> Any:
@@ -209,14 +229,18 @@ def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sin
         o = mx.zeros(tuple(qm.shape), out_dtype)
         attention.LAST_RUN.update(backend="reference", dispatches=0)
         return _np(o).astype(np.asarray(q).dtype, copy=False) if was_numpy else o
-    k = _mlx_cache(prob.k_format, k_blocks, prob.k_dim, l_used, d)       # (B, Hkv, L, D)
-    v = _mlx_cache(prob.v_format, v_blocks, prob.v_dim, l_used, d)
+    # turbo caches stay in their rotated basis: q goes in once, the output comes back once
+    k_turbo, v_turbo = _is_turbo(prob.k_format), _is_turbo(prob.v_format)
+    k = _mlx_cache(prob.k_format, k_blocks, prob.k_dim, l_used, d, rotated=k_turbo)   # (B, Hkv, L, D or Dk)
+    v = _mlx_cache(prob.v_format, v_blocks, prob.v_dim, l_used, d, rotated=v_turbo)
     qq = qm.astype(mx.float32)
     if prob.k_rot:   # the cache holds H.k: (H.q).(H.k) = q.k
         from .hadamard import hadamard_rotate
 
         qq = hadamard_rotate(qq, prob.k_rot)
-    qq = qq.reshape(b, hkv, g * t, d)                                      # rows ordered (head, t)
+    if k_turbo:
+        qq = _turbo_rotate(qq, prob.k_format, prob.k_dim)
+    qq = qq.reshape(b, hkv, g * t, qq.shape[-1])                          # rows ordered (head, t)
     s = (qq @ k.transpose(0, 1, 3, 2)) * prob.scale                      # (B, Hkv, G*T, L)
     if prob.softcap:
         s = prob.softcap * mx.tanh(s / prob.softcap)
@@ -244,6 +268,8 @@ def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sin
     if sinks is not None:
         den = den + mx.exp(sk - m)
     o = (w @ v) / mx.where(den > 0, den, mx.ones_like(den))
+    if v_turbo:
+        o = _turbo_rotate(o, prob.v_format, prob.v_dim, inverse=True)[..., :d]
     if prob.v_rot:   # the cache holds H.v: rotate the weighted sum back
         from .hadamard import hadamard_rotate
 
