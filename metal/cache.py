@@ -103,7 +103,7 @@ def _gpu_backend() -> "str | None":
     return "cpu-emulator" if os.environ.get("TQBRIDGE_DECODE_LANE") == "cpu-emulator" else None
 
 
-def _quantizer(fmt) -> tuple[Callable[[mx.array], mx.array], str]:
+def _quantizer(fmt, use_kernel: bool = True) -> tuple[Callable[[mx.array], mx.array], str]:
     """Rows -> blocks (no NaN/inf check: the cache checks rows itself; iq4_nl through ggml's reference
     quantizer, what llama.cpp writes into its KV cache). On a GPU the quantize
     kernel; on the CPU the byte-identical MLX-ops codec (the kernel's CPU emulator exists to test
@@ -112,7 +112,7 @@ def _quantizer(fmt) -> tuple[Callable[[mx.array], mx.array], str]:
     if fmt.key in _FLOAT_VIEW:
         dt = _FLOAT_VIEW[fmt.key]
         return (lambda x: x.astype(dt).view(mx.uint8)), "mlx-view"
-    gpu = _gpu_backend()
+    gpu = _gpu_backend() if use_kernel else None
     if gpu is not None:
         from .quantize_append import quantize_append, supported
 
@@ -388,13 +388,23 @@ class TQCache(_mlx_cache._BaseCache):
         if (gpu is not None and not self.calibration and self._pending is None and keys.dtype == values.dtype
                 and keys.dtype in (mx.float16, mx.bfloat16, mx.float32)):
             from . import kv_append
+            from .selfcheck import check_decode_lane
 
+            geo = (self.k_format, self.v_format, self.k_dim, self.v_dim, padded_dim(self.k_format, self.k_dim),
+                   padded_dim(self.v_format, self.v_dim), self.k_rot, self.v_rot,
+                   str(keys.dtype).replace("mlx.core.", ""), gpu)
             try:
-                app = kv_append.prepared(self.k_format, self.v_format, self.k_dim, self.v_dim,
-                                         padded_dim(self.k_format, self.k_dim), padded_dim(self.v_format, self.v_dim),
-                                         self.k_rot, self.v_rot, str(keys.dtype).replace("mlx.core.", ""), gpu)
+                app = kv_append.prepared(*geo)
             except Exception as e:   # a geometry the kernel does not take: the ops path, said once
                 self.codec_paths["append_note"] = f"in-place append unavailable: {type(e).__name__}: {e}"
+            reason = check_decode_lane(*geo) if app is not None else None
+            if reason:   # kernels that fail here on this hardware: the reference paths, loudly
+                app = None
+                self.decode_fallback = f"self-check failed: {reason}"
+                self.codec_paths["append_note"] = f"in-place append off: self-check failed: {reason}"
+                self._kq, kq_path = _quantizer(self.k_format, use_kernel=False)
+                self._vq, vq_path = _quantizer(self.v_format, use_kernel=False)
+                self.codec_paths["k_append"], self.codec_paths["v_append"] = kq_path, vq_path
         if app is not None:
             self.codec_paths["k_append"] = self.codec_paths["v_append"] = f"kv-append:{gpu}"
         self._inplace[key] = app

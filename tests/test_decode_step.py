@@ -305,3 +305,46 @@ def test_paths_line_names_paths_and_fallbacks(cpu_device, monkeypatch):
     line = paths_line(cache)
     assert "decode:dequant-sdpa x2" in line
     assert "FALLBACK: layer 0: RuntimeError: planted: this kernel cannot run" in line
+
+
+def test_self_check_failure_falls_back_loudly(cpu_device, monkeypatch, capsys):
+    # a kernel that is wrong on this hardware (planted: the append flips a byte) fails the one-time
+    # self-check: the cache takes the reference paths, says so once on stderr and in every report
+    from tqbridge.metal import kv_append, selfcheck
+    from tqbridge.metal.cache import paths_line
+
+    monkeypatch.setenv("TQBRIDGE_DECODE_LANE", "cpu-emulator")
+    monkeypatch.setattr(selfcheck, "_RESULTS", {})
+    real = kv_append.KVAppend.__call__
+
+    def corrupt(self, k, v, kc, vc, pos, flag):
+        out = real(self, k, v, kc, vc, pos, flag)
+        if not isinstance(kc, np.ndarray):           # once, on the MLX buffer (the lane calls itself on views)
+            np.asarray(kc)[..., pos, 3] ^= 0x10       # one bit of the first new K row
+        return out
+
+    monkeypatch.setattr(kv_append.KVAppend, "__call__", corrupt)
+    m = tiny_llama()
+    cache = make_cache(m, "q8_0", "q4_0")
+    with route_attention():
+        mx.eval(m(tokens(6), cache=cache))
+        mx.eval(m(tokens(1, seed=2), cache=cache))
+    err = capsys.readouterr().err
+    assert err.count("failed their self-check") == 1, err
+    line = paths_line(cache)
+    assert "FALLBACK" in line and "self-check failed: the append kernel's K bytes differ" in line
+    assert cache[0].codec_paths["k_append"] == "mlx-ops"
+    assert not any(k.startswith("decode:cpu-emulator") for k in cache[0].paths)
+
+
+def test_self_check_passes_on_the_emulated_lane(cpu_device, monkeypatch):
+    from tqbridge.metal import selfcheck
+
+    monkeypatch.setattr(selfcheck, "_RESULTS", {})
+    for kf, vf, d in (("q8_0", "turbo3", 128), ("q4_0", "iq4_nl", 64), ("f16", "q5_1", 96)):
+        from tqbridge.bridge.padding import padded_dim
+        from tqbridge.metal.cache import rotation_group
+
+        assert selfcheck.check_decode_lane(kf, vf, d, d, padded_dim(kf, d), padded_dim(vf, d),
+                                           rotation_group(kf, d, "k"), rotation_group(vf, d, "v"),
+                                           "float16", "cpu-emulator") is None
