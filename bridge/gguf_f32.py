@@ -11,10 +11,8 @@ import hashlib
 import os
 from pathlib import Path
 
-import numpy as np
-
 from .atomic import atomic_output
-from .gguf_model import GGUFModelError
+from .gguf_model import GGUFModelError, dequantize_tensor, open_reader
 
 # gguf-py's LlamaFileType value for "all F32" (llama.h: LLAMA_FTYPE_ALL_F32 = 0).
 _FTYPE_ALL_F32 = 0
@@ -44,11 +42,16 @@ def write_f32_gguf(src: "str | os.PathLike[str]", dst: "str | os.PathLike[str]")
         raise GGUFModelError(f"{src}: no such file")
     if _same_file(src, dst):
         raise GGUFModelError(f"{dst}: refusing to overwrite the input file")
-    try:
-        reader = gguf.GGUFReader(src)
-    except Exception as e:
-        raise GGUFModelError(f"{src}: not a readable GGUF file ({e})") from e
-    arch = reader.fields["general.architecture"].contents()
+    reader = open_reader(src)
+    fld = reader.fields.get("general.architecture")
+    arch = None
+    if fld is not None and fld.types == [gguf.GGUFValueType.STRING]:
+        try:
+            arch = fld.contents()
+        except UnicodeDecodeError:   # GGUF strings are UTF-8; gguf-py decodes strictly
+            arch = None
+    if not isinstance(arch, str):
+        raise GGUFModelError(f"{src.name}: general.architecture is missing or not a UTF-8 string")
     with atomic_output(dst) as tmp:
         writer = gguf.GGUFWriter(tmp, arch)
         for key, fld in reader.fields.items():
@@ -59,17 +62,20 @@ def write_f32_gguf(src: "str | os.PathLike[str]", dst: "str | os.PathLike[str]")
                 writer.add_key_value(key, _FTYPE_ALL_F32, vtype)
                 continue
             sub = fld.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(key, fld.contents(), vtype, sub_type=sub)
+            try:
+                value = fld.contents()
+            except UnicodeDecodeError:
+                raise GGUFModelError(f"{src.name}: metadata {key[:60]!r} holds a string that is not UTF-8 "
+                                     "(GGUF strings are UTF-8; gguf-py cannot copy it)") from None
+            if vtype == gguf.GGUFValueType.ARRAY and (not value or sub == gguf.GGUFValueType.ARRAY):
+                # gguf-py's writer refuses empty arrays and writes no nested ones
+                raise GGUFModelError(f"{src.name}: metadata {key[:60]!r} is an empty or nested array, "
+                                     "which gguf-py cannot write")
+            writer.add_key_value(key, value, vtype, sub_type=sub)
         if "general.file_type" not in reader.fields:
             writer.add_file_type(_FTYPE_ALL_F32)
         for t in reader.tensors:
-            try:
-                arr = gguf.quants.dequantize(t.data, t.tensor_type)
-            except NotImplementedError as e:
-                raise GGUFModelError(f"{src.name}: tensor {t.name} has type {t.tensor_type.name}, "
-                                     "which gguf-py cannot dequantize") from e
-            shape = tuple(int(s) for s in reversed(t.shape))
-            writer.add_tensor(t.name, np.ascontiguousarray(arr, dtype=np.float32).reshape(shape))
+            writer.add_tensor(t.name, dequantize_tensor(t, src.name))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()

@@ -63,26 +63,29 @@ class GGUFFile:
     tensors: list[TensorInfo]
     metadata: dict[str, Any] = field(default_factory=dict)   # filled by open_gguf
     reader: Any = field(default=None, repr=False)
+    # key -> (value type, item type, item count) of every metadata value (item type/count: arrays only)
+    value_types: dict[str, tuple] = field(default_factory=dict, repr=False)
+    duplicate_token: "bytes | None" = None   # the first token that tokenizer.ggml.tokens holds twice
 
     def tensor(self, name: str) -> TensorInfo:
         for t in self.tensors:
             if t.name == name:
                 return t
-        raise GGUFError(f"{self.path}: no tensor named {name!r} ({len(self.tensors)} tensors)")
+        raise GGUFError(f"{self.path}: no tensor named {_shown(name)} ({len(self.tensors)} tensors)")
 
     def block_bytes(self, name: str, index: int) -> bytes:
         """The raw bytes of block ``index`` (negative counts from the end) of tensor ``name``."""
         t = self.tensor(name)
         if t.n_blocks == 0:
-            raise GGUFError(f"tensor {name!r} is empty")
+            raise GGUFError(f"tensor {_shown(name)} is empty")
         if not -t.n_blocks <= index < t.n_blocks:
-            raise GGUFError(f"tensor {name!r} has {t.n_blocks} blocks; index {index} is out of range")
+            raise GGUFError(f"tensor {_shown(name)} has {t.n_blocks} blocks; index {index} is out of range")
         index %= t.n_blocks
         with open(self.path, "rb") as fh:
             fh.seek(t.offset + index * t.type_size)
             raw = fh.read(t.type_size)
         if len(raw) != t.type_size:
-            raise GGUFError(f"{self.path}: file shrank while reading tensor {name!r}")
+            raise GGUFError(f"{self.path}: file shrank while reading tensor {_shown(name)}")
         return raw
 
 
@@ -114,6 +117,15 @@ class _Cursor:
             return bytes(raw).decode("utf-8")
         except UnicodeDecodeError:
             raise GGUFError(f"{self.path}: {what} at offset {self.pos - n} is not valid UTF-8") from None
+
+    def strings(self, count: int, what: str):
+        """The next ``count`` strings of an array, as bytes (lengths checked)."""
+        self.need(count * 8, f"{count} items of {what}")
+        for _ in range(count):
+            n = self.unpack("Q", f"length of an item of {what}")
+            self.need(n, what)
+            yield bytes(self.buf[self.pos:self.pos + n])
+            self.pos += n
 
     def skip_value(self, vtype: int, what: str, depth: int = 0) -> None:
         if vtype in _SCALAR_SIZES:
@@ -186,14 +198,27 @@ def _walk(buf, size: int, path: str) -> GGUFFile:
     rest = size - c.pos
     if n_kv * 12 > rest or n_tensors * 24 > rest:
         raise GGUFError(f"{path}: counts ({n_tensors} tensors, {n_kv} metadata keys) cannot fit in {size} bytes")
-    keys: set[str] = set()
+    value_types: dict[str, tuple] = {}
+    duplicate = None
     alignment = DEFAULT_ALIGNMENT
     for i in range(n_kv):
         key = c.string(f"metadata key #{i}")
-        if key in keys:
-            raise GGUFError(f"{path}: metadata key {key!r} appears twice")
-        keys.add(key)
-        vtype = c.unpack("I", f"type of metadata {key!r}")
+        if key in value_types:
+            raise GGUFError(f"{path}: metadata key {_shown(key)} appears twice")
+        vtype = c.unpack("I", f"type of metadata {_shown(key)}")
+        value_types[key] = (vtype, None, None)
+        if vtype == _ARRAY and c.pos + 12 <= size:
+            itype, count = struct.unpack_from(order + "IQ", buf, c.pos)
+            value_types[key] = (vtype, itype, count)
+            if key == "tokenizer.ggml.tokens" and itype == _STRING:
+                c.pos += 12
+                seen: set = set()
+                for tok in c.strings(count, f"metadata {_shown(key)}"):
+                    tok = tok.split(b"\0", 1)[0]   # llama.cpp reads tokens as C strings
+                    if duplicate is None and tok in seen:
+                        duplicate = tok
+                    seen.add(tok)
+                continue
         if key == "general.alignment":
             if vtype != 4:
                 raise GGUFError(f"{path}: general.alignment must be uint32, has value type {vtype}")
@@ -201,20 +226,20 @@ def _walk(buf, size: int, path: str) -> GGUFFile:
             if alignment == 0 or alignment & (alignment - 1):
                 raise GGUFError(f"{path}: general.alignment {alignment} is not a power of two")
             continue
-        c.skip_value(vtype, f"metadata {key!r}")
+        c.skip_value(vtype, f"metadata {_shown(key)}")
     infos = []
     names: set[str] = set()
     for i in range(n_tensors):
         name = c.string(f"name of tensor #{i}")
         if name in names:
-            raise GGUFError(f"{path}: tensor {name!r} appears twice")
+            raise GGUFError(f"{path}: tensor {_shown(name)} appears twice")
         names.add(name)
-        n_dims = c.unpack("I", f"dimension count of tensor {name!r}")
+        n_dims = c.unpack("I", f"dimension count of tensor {_shown(name)}")
         if n_dims > MAX_DIMS:
-            raise GGUFError(f"{path}: tensor {name!r} has {n_dims} dimensions; ggml allows at most {MAX_DIMS}")
-        dims = tuple(int(c.unpack("Q", f"shape of tensor {name!r}")) for _ in range(n_dims))
-        type_id = c.unpack("I", f"type of tensor {name!r}")
-        rel = c.unpack("Q", f"data offset of tensor {name!r}")
+            raise GGUFError(f"{path}: tensor {_shown(name)} has {n_dims} dimensions; ggml allows at most {MAX_DIMS}")
+        dims = tuple(int(c.unpack("Q", f"shape of tensor {_shown(name)}")) for _ in range(n_dims))
+        type_id = c.unpack("I", f"type of tensor {_shown(name)}")
+        rel = c.unpack("Q", f"data offset of tensor {_shown(name)}")
         infos.append((name, dims, type_id, rel))
     data_offset = -(-c.pos // alignment) * alignment
     tensors = []
@@ -223,30 +248,36 @@ def _walk(buf, size: int, path: str) -> GGUFFile:
             qtype = GGMLQuantizationType(type_id)
             block_size, type_size = GGML_QUANT_SIZES[qtype]
         except (ValueError, KeyError):
-            raise GGUFError(f"{path}: tensor {name!r} has unknown ggml type id {type_id}") from None
+            raise GGUFError(f"{path}: tensor {_shown(name)} has unknown ggml type id {type_id}") from None
         n_el = 1
         for d in dims:
             n_el *= d
         if n_el >= 1 << 62:
-            raise GGUFError(f"{path}: tensor {name!r} shape {dims} is too large")
+            raise GGUFError(f"{path}: tensor {_shown(name)} shape {dims} is too large")
         if dims and dims[0] % block_size:
             raise GGUFError(
-                f"{path}: tensor {name!r} ({qtype.name}) row length {dims[0]} is not a multiple of its block size {block_size}"
+                f"{path}: tensor {_shown(name)} ({qtype.name}) row length {dims[0]} is not a multiple of its block size {block_size}"
             )
         if rel % alignment:
-            raise GGUFError(f"{path}: tensor {name!r} data offset {rel} is not aligned to {alignment}")
+            raise GGUFError(f"{path}: tensor {_shown(name)} data offset {rel} is not aligned to {alignment}")
         n_bytes = n_el // block_size * type_size
         start = data_offset + rel
         if start + n_bytes > size:
             raise GGUFError(
-                f"{path}: tensor {name!r} data [{start}, {start + n_bytes}) lies outside the file ({size} bytes)"
+                f"{path}: tensor {_shown(name)} data [{start}, {start + n_bytes}) lies outside the file ({size} bytes)"
             )
         tensors.append(TensorInfo(name, type_id, qtype.name, dims, n_bytes, start, block_size, type_size))
     spans = sorted((t for t in tensors if t.n_bytes), key=lambda t: t.offset)
     for a, b in zip(spans, spans[1:]):
         if b.offset < a.offset + a.n_bytes:
             raise GGUFError(f"{path}: data of tensors {a.name!r} and {b.name!r} overlap")
-    return GGUFFile(path, version, order, alignment, data_offset, size, tensors)
+    return GGUFFile(path, version, order, alignment, data_offset, size, tensors,
+                    value_types=value_types, duplicate_token=duplicate)
+
+
+def _shown(text: str) -> str:
+    """``repr`` of a name from the file, shortened: a hostile file must not make a message huge."""
+    return repr(text[:60]) + (f"... ({len(text)} characters)" if len(text) > 60 else "")
 
 
 def _field_value(f, limit: int) -> Any:

@@ -68,17 +68,48 @@ class GGUFContents:
     tensor_types: dict[str, str] = field(repr=False)
 
 
-def read_gguf(path: "str | os.PathLike[str]") -> GGUFContents:
-    """Read metadata and dequantize every tensor to float32 (exact: gguf-py's dequantizers)."""
+def open_reader(path: "str | os.PathLike[str]"):
+    """gguf-py's ``GGUFReader`` on ``path``, after :func:`tqbridge.bridge.gguf_io.validate` has checked
+    every count, length and offset against the file (gguf-py trusts them: a hostile count makes it
+    loop or allocate); :class:`GGUFModelError` with one line otherwise."""
     import gguf
+
+    from .gguf_io import GGUFError, validate
 
     path = Path(path)
     if not path.is_file():
         raise GGUFModelError(f"{path}: no such file")
     try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:  # gguf-py raises ValueError/struct errors for non-GGUF input
-        raise GGUFModelError(f"{path}: not a readable GGUF file ({e})") from e
+        validate(path)
+    except GGUFError as e:
+        raise GGUFModelError(f"not a readable GGUF file: {e}") from None
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as e:  # noqa: BLE001 - gguf-py raises many kinds; the file passed validation
+        raise GGUFModelError(f"{path}: not a readable GGUF file (gguf-py: {type(e).__name__}: {e})") from None
+
+
+def dequantize_tensor(t, file_name: str) -> np.ndarray:
+    """A gguf-py ``ReaderTensor`` as float32 in numpy order (gguf-py's dequantizers: exact)."""
+    import gguf
+
+    shape = tuple(int(s) for s in reversed(t.shape))  # GGUF lists ne0 first
+    if 0 in shape:                                    # gguf-py cannot reshape an empty tensor
+        return np.zeros(shape, np.float32)
+    try:
+        arr = gguf.quants.dequantize(t.data, t.tensor_type)
+    except NotImplementedError as e:
+        raise GGUFModelError(f"{file_name}: tensor {t.name} has type {t.tensor_type.name}, "
+                             "which gguf-py cannot dequantize") from e
+    return np.ascontiguousarray(arr, dtype=np.float32).reshape(shape)
+
+
+def read_gguf(path: "str | os.PathLike[str]") -> GGUFContents:
+    """Read metadata and dequantize every tensor to float32 (exact: gguf-py's dequantizers)."""
+    import gguf
+
+    path = Path(path)
+    reader = open_reader(path)
     meta: dict[str, Any] = {}
     for key, fld in reader.fields.items():
         if key.startswith("GGUF.") or (key.startswith("tokenizer.ggml.")
@@ -89,18 +120,13 @@ def read_gguf(path: "str | os.PathLike[str]") -> GGUFContents:
         except Exception:  # pragma: no cover - exotic field types are not needed here
             continue
     arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
         raise GGUFModelError(
-            f"{path.name}: architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
+            f"{path.name}: architecture {_shown(arch)} is not supported "
+            f"(supported: {', '.join(ARCHITECTURES)})")
     tensors, types = {}, {}
     for t in reader.tensors:
-        try:
-            arr = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError as e:
-            raise GGUFModelError(f"{path.name}: tensor {t.name} has type {t.tensor_type.name}, "
-                                 f"which gguf-py cannot dequantize") from e
-        shape = tuple(int(s) for s in reversed(t.shape))  # GGUF lists ne0 first
-        tensors[t.name] = np.ascontiguousarray(arr, dtype=np.float32).reshape(shape)
+        tensors[t.name] = dequantize_tensor(t, path.name)
         types[t.name] = t.tensor_type.name
     return GGUFContents(path, arch, meta, tensors, types)
 
@@ -114,40 +140,108 @@ def _meta(c: GGUFContents, key: str, default: Any = None, required: bool = True)
     return default
 
 
+def _meta_int(c: GGUFContents, key: str, default: "int | None" = None, lo: int = 1) -> int:
+    """An integer hyper-parameter (a GGUF integer, >= ``lo``); GGUFModelError for another type."""
+    v = _meta(c, key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise GGUFModelError(f"{c.path.name}: metadata {c.arch}.{key} must be an integer, got {_kind(v)}")
+    if int(v) < lo:
+        raise GGUFModelError(f"{c.path.name}: metadata {c.arch}.{key} is {int(v)}; it must be at least {lo}")
+    return int(v)
+
+
+def _meta_float(c: GGUFContents, key: str, default: "float | None" = None, required: bool = True,
+                positive: bool = False) -> float:
+    v = _meta(c, key, default, required)
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise GGUFModelError(f"{c.path.name}: metadata {c.arch}.{key} must be a number, got {_kind(v)}")
+    if positive and not (np.isfinite(v) and v > 0):
+        raise GGUFModelError(f"{c.path.name}: metadata {c.arch}.{key} is {float(v)}; it must be positive and finite")
+    return float(v)
+
+
+def _shown(v: Any) -> str:
+    """``repr`` of a metadata value, shortened: a hostile file must not make a message huge."""
+    if isinstance(v, str):
+        return repr(v[:40]) + ("..." if len(v) > 40 else "")
+    return _kind(v) if isinstance(v, (list, tuple)) else repr(v)
+
+
+def _kind(v: Any) -> str:
+    if isinstance(v, str):
+        return f"the string {v[:40]!r}" + ("..." if len(v) > 40 else "")
+    if isinstance(v, (list, tuple)):
+        return f"an array of {len(v)}"
+    return type(v).__name__
+
+
+def _rows(c: GGUFContents, name: str) -> "int | None":
+    t = c.tensors.get(name)
+    return None if t is None or t.ndim == 0 else int(t.shape[0])
+
+
+def check_shapes(c: GGUFContents, cfg: dict[str, Any]) -> None:
+    """The hyper-parameters must describe the tensors the file holds, before a model is built from
+    them (mlx-lm allocates per layer and per width from the config: a hostile ``block_count`` or
+    ``embedding_length`` must not size anything)."""
+    name = c.path.name
+    emb = c.tensors.get("token_embd.weight")
+    if emb is None or emb.ndim != 2 or emb.size == 0:
+        raise GGUFModelError(f"{name}: token_embd.weight is missing, empty or not a matrix")
+    if cfg["hidden_size"] != emb.shape[1]:
+        raise GGUFModelError(f"{name}: embedding_length {cfg['hidden_size']} but token_embd.weight has "
+                             f"rows of {emb.shape[1]}")
+    layers = {p.split(".")[1] for p in c.tensors if p.startswith("blk.") and p.count(".") >= 2}
+    if cfg["num_hidden_layers"] != len(layers) or layers != {str(i) for i in range(len(layers))}:
+        raise GGUFModelError(f"{name}: block_count {cfg['num_hidden_layers']} but the file holds tensors of "
+                             f"{len(layers)} layers")
+    n_head, n_kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    if n_head % n_kv:
+        raise GGUFModelError(f"{name}: {n_head} attention heads do not group onto {n_kv} KV heads")
+    if hd % 2:
+        raise GGUFModelError(f"{name}: head dim {hd} is odd; RoPE rotates pairs")
+    for t, rows in (("attn_q", n_head * hd), ("attn_k", n_kv * hd), ("attn_v", n_kv * hd),
+                    ("ffn_up", cfg["intermediate_size"]), ("ffn_gate", cfg["intermediate_size"])):
+        got = _rows(c, f"blk.0.{t}.weight")
+        if got is not None and got != rows:
+            raise GGUFModelError(f"{name}: blk.0.{t}.weight has {got} rows; the hyper-parameters say {rows}")
+
+
 def model_config(c: GGUFContents, layout: str = "ggml") -> dict[str, Any]:
     """The mlx-lm ``config.json`` dictionary for these hyper-parameters."""
     if layout not in ("ggml", "hf"):
         raise GGUFModelError(f"unknown Q/K layout {layout!r} (use 'ggml' or 'hf')")
-    n_embd = int(_meta(c, "embedding_length"))
-    n_head = int(_meta(c, "attention.head_count"))
-    n_head_kv = int(_meta(c, "attention.head_count_kv", n_head))
-    head_dim = int(_meta(c, "attention.key_length", n_embd // n_head))
-    if int(_meta(c, "attention.value_length", head_dim)) != head_dim:
+    n_embd = _meta_int(c, "embedding_length")
+    n_head = _meta_int(c, "attention.head_count")
+    n_head_kv = _meta_int(c, "attention.head_count_kv", n_head)
+    head_dim = _meta_int(c, "attention.key_length", max(1, n_embd // n_head))
+    if _meta_int(c, "attention.value_length", head_dim) != head_dim:
         raise GGUFModelError(f"{c.path.name}: key_length != value_length is not supported")
-    if head_dim != int(_meta(c, "rope.dimension_count", head_dim)):
+    if head_dim != _meta_int(c, "rope.dimension_count", head_dim):
         raise GGUFModelError(f"{c.path.name}: partial RoPE (rope.dimension_count != head dim) is not supported")
     scaling = _meta(c, "rope.scaling.type", "none", required=False)
     rope_scaling = None
     if scaling == "linear":
-        rope_scaling = {"type": "linear", "factor": float(_meta(c, "rope.scaling.factor"))}
+        rope_scaling = {"type": "linear", "factor": _meta_float(c, "rope.scaling.factor", positive=True)}
     elif scaling not in ("none", None):
-        raise GGUFModelError(f"{c.path.name}: RoPE scaling {scaling!r} is not supported")
+        raise GGUFModelError(f"{c.path.name}: RoPE scaling {_shown(scaling)} is not supported")
     if "rope_freqs.weight" in c.tensors:
         raise GGUFModelError(f"{c.path.name}: per-frequency RoPE factors (rope_freqs.weight) are not supported")
     cfg: dict[str, Any] = {
         "model_type": ARCHITECTURES[c.arch],
         "hidden_size": n_embd,
-        "num_hidden_layers": int(_meta(c, "block_count")),
-        "intermediate_size": int(_meta(c, "feed_forward_length")),
+        "num_hidden_layers": _meta_int(c, "block_count"),
+        "intermediate_size": _meta_int(c, "feed_forward_length"),
         "num_attention_heads": n_head,
         "num_key_value_heads": n_head_kv,
         "head_dim": head_dim,
-        "rms_norm_eps": float(_meta(c, "attention.layer_norm_rms_epsilon")),
-        "vocab_size": int(c.tensors["token_embd.weight"].shape[0]),
-        "rope_theta": float(_meta(c, "rope.freq_base", 10000.0, required=False)),
-        "max_position_embeddings": int(_meta(c, "context_length", 4096, required=False)),
+        "rms_norm_eps": _meta_float(c, "attention.layer_norm_rms_epsilon", positive=True),
+        "vocab_size": _rows(c, "token_embd.weight") or 0,
+        "rope_theta": _meta_float(c, "rope.freq_base", 10000.0, required=False, positive=True),
+        "max_position_embeddings": _meta_int(c, "context_length", 4096),
         "tie_word_embeddings": "output.weight" not in c.tensors,
     }
+    check_shapes(c, cfg)
     if rope_scaling:
         cfg["rope_scaling"] = rope_scaling
     if c.arch == "llama":
@@ -160,7 +254,7 @@ def model_config(c: GGUFContents, layout: str = "ggml") -> dict[str, Any]:
     elif c.arch == "gemma3":
         cfg.update({
             "query_pre_attn_scalar": head_dim,
-            "sliding_window": int(_meta(c, "attention.sliding_window")),
+            "sliding_window": _meta_int(c, "attention.sliding_window"),
             "sliding_window_pattern": _GEMMA3_SWA_PATTERN,
             "rope_local_base_freq": _GEMMA3_LOCAL_ROPE_BASE,
         })
@@ -229,8 +323,10 @@ def build_model(c: GGUFContents, layout: str = "ggml", match_llama_cpp: bool = T
     arrays = model.sanitize(arrays) if hasattr(model, "sanitize") else arrays
     try:
         model.load_weights(list(arrays.items()), strict=True)
-    except ValueError as e:
-        raise GGUFModelError(f"{c.path.name}: weights do not fit the mlx-lm {cfg['model_type']} model: {e}") from e
+    except ValueError as e:   # mlx-lm lists the parameters on several lines: one line here
+        why = " ".join(str(e).split())
+        why = why if len(why) <= 300 else why[:300] + "..."
+        raise GGUFModelError(f"{c.path.name}: weights do not fit the mlx-lm {cfg['model_type']} model: {why}") from None
     if c.arch == "gemma3" and match_llama_cpp:
         _use_float32_embedding_scale(model, cfg["hidden_size"])
         _use_ggml_gelu(model)
@@ -303,8 +399,9 @@ def write_mlx_dir(src: "str | os.PathLike[str]", out_dir: "str | os.PathLike[str
     except TokenizerExportError as e:
         tok_files, note = {}, f"no tokenizer files: {e}"
     for key in ("bos_token_id", "eos_token_id"):
-        if f"tokenizer.ggml.{key}" in c.metadata:
-            cfg[key] = int(c.metadata[f"tokenizer.ggml.{key}"])
+        v = c.metadata.get(f"tokenizer.ggml.{key}")
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= int(v) < cfg["vocab_size"]:
+            cfg[key] = int(v)
     cfg["tqbridge"] = {"source": src.name, "dtype": "float32", "tokenizer_note": note}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

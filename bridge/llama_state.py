@@ -199,6 +199,17 @@ class _Reader:
     def unpack(self, fmt: str, what: str):
         return struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt), what))[0]
 
+    def left(self) -> int:
+        return len(self.buf) - self.off
+
+    def count(self, n: int, min_bytes: int, what: str) -> int:
+        """``n`` items of at least ``min_bytes`` each must fit in the bytes left: checked before
+        anything is allocated for them (a hostile count must not size an allocation)."""
+        if n * min_bytes > self.left():
+            raise StateError(f"state blob: {n} {what} need at least {n * min_bytes} bytes at offset {self.off}, "
+                             f"{self.left()} left")
+        return n
+
     def rows(self, n_rows: int, row_bytes: int, what: str) -> np.ndarray:
         raw = self.take(n_rows * row_bytes, what)
         return np.frombuffer(raw, dtype=np.uint8).reshape(n_rows, row_bytes).copy()
@@ -213,6 +224,8 @@ def _check_row(type_id: int, row_bytes: int, where: str) -> None:
 
 
 def _read_stream(r: _Reader, cells: int, ext: int, where: str) -> StreamKV:
+    # each cell holds at least its position, its sequence-id count and its extension
+    r.count(cells, 8 + ext, f"cells of {where}")
     pos = np.empty(cells, dtype=np.int32)
     seq_ids: list[tuple[int, ...]] = []
     cell_ext: list[bytes] = []
@@ -221,6 +234,7 @@ def _read_stream(r: _Reader, cells: int, ext: int, where: str) -> StreamKV:
         n_seq = r.unpack("I", "cell n_seq_id")
         if n_seq > 4096:
             raise StateError(f"{where}: cell {i} claims {n_seq} sequence ids; not a KV state blob of this layout")
+        r.count(n_seq, 4, f"sequence ids of cell {i} in {where}")
         if ext:
             cell_ext.append(bytes(r.take(ext, "cell extension")))
         seq_ids.append(tuple(r.unpack("i", "cell seq_id") for _ in range(n_seq)))
@@ -230,6 +244,7 @@ def _read_stream(r: _Reader, cells: int, ext: int, where: str) -> StreamKV:
     n_layer = r.unpack("I", "n_layer")
     if not 0 < n_layer <= 4096:
         raise StateError(f"{where}: implausible layer count {n_layer}")
+    r.count(n_layer, 2 * 12, f"layers of {where}")   # a K and a V header each
     ks = []
     for il in range(n_layer):
         t = r.unpack("i", "K type")
@@ -257,6 +272,7 @@ def _read_cache(r: _Reader, ext: int, where: str) -> CacheKV:
     n_stream = r.unpack("I", "n_stream")
     if not 0 < n_stream <= 4096:
         raise StateError(f"{where}: implausible stream count {n_stream}")
+    r.count(n_stream, 4, f"streams of {where}")
     streams: list[StreamKV | None] = []
     for s in range(n_stream):
         cells = r.unpack("I", "cell_count")

@@ -85,6 +85,13 @@ def _ensure_loaded() -> None:
             raise
 
 
+def shown(text: str, limit: int = 60) -> str:
+    """``repr`` of user text for an error message, shortened past ``limit`` characters (a hostile
+    spelling must not make a one-line error megabytes long)."""
+    text = str(text)
+    return repr(text[:limit]) + (f"... ({len(text)} characters)" if len(text) > limit else "")
+
+
 def get_format(name: "str | Format") -> Format:
     """Resolve ``name`` or ``name@variant`` to its :class:`Format`; a clear error otherwise."""
     if isinstance(name, Format):
@@ -102,8 +109,8 @@ def get_format(name: "str | Format") -> Format:
     if variant:
         variants = sorted(f.variant for f in _FORMATS.values() if f.name == base and f.variant)
         if variants:
-            raise FormatError(f"unknown variant {variant!r} of {base}; known variants: {', '.join(variants)}")
-    raise FormatError(f"unknown format {name!r}; known formats: {known}")
+            raise FormatError(f"unknown variant {shown(variant)} of {base}; known variants: {', '.join(variants)}")
+    raise FormatError(f"unknown format {shown(name)}; known formats: {known}")
 
 
 def formats() -> list[str]:

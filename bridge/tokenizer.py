@@ -10,6 +10,53 @@ import os
 from pathlib import Path
 
 
+class VocabularyError(ValueError):
+    """The GGUF's vocabulary is one llama.cpp's loader would abort the process on (one line says why)."""
+
+
+def check_vocabulary(gguf_path: "str | os.PathLike[str]") -> None:
+    """Refuse, with :class:`VocabularyError`, files that make llama.cpp's vocabulary loader abort the
+    whole process (``GGML_ASSERT``) or read past an array instead of reporting an error: a malformed
+    GGUF (:func:`tqbridge.bridge.gguf_io.validate`), duplicate tokens (src/llama-vocab.cpp asserts
+    ``id_to_token.size() == token_to_id.size()``), token types or scores that are not one number per
+    token, tokens or merges that are not strings. A walk of the header, no gguf-py (fast on large
+    vocabularies)."""
+    from .gguf_io import GGUFError, validate
+
+    try:
+        g = validate(gguf_path)
+    except GGUFError as e:
+        raise VocabularyError(str(e)) from None
+    name = Path(gguf_path).name
+    types = g.value_types
+    STRING, ARRAY, INT32, UINT32, FLOAT32 = 8, 9, 5, 4, 6
+    tok = types.get("tokenizer.ggml.tokens")
+    if tok is None:
+        raise VocabularyError(f"{name}: no vocabulary (tokenizer.ggml.tokens is missing)")
+    if tok[:2] != (ARRAY, STRING):
+        raise VocabularyError(f"{name}: tokenizer.ggml.tokens is not an array of strings")
+    n = tok[2]
+    if n == 0:
+        raise VocabularyError(f"{name}: the vocabulary is empty")
+    if g.duplicate_token is not None:
+        raise VocabularyError(f"{name}: token {g.duplicate_token[:40]!r} appears twice in the vocabulary "
+                              "(llama.cpp aborts on it)")
+    for key, kinds, what in (("tokenizer.ggml.token_type", (INT32, UINT32), "int32"),
+                             ("tokenizer.ggml.scores", (FLOAT32,), "float32")):
+        t = types.get(key)
+        if t is None:
+            continue
+        if t[0] != ARRAY or t[1] not in kinds:
+            raise VocabularyError(f"{name}: {key} is not an array of {what}")
+        if t[2] != n:
+            raise VocabularyError(f"{name}: {key} has {t[2]} entries for {n} tokens")
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
+        if key in types and types[key][0] != STRING:
+            raise VocabularyError(f"{name}: {key} is not a string")
+    if "tokenizer.ggml.merges" in types and types["tokenizer.ggml.merges"][:2] != (ARRAY, STRING):
+        raise VocabularyError(f"{name}: tokenizer.ggml.merges is not an array of strings")
+
+
 class GGUFTokenizer:
     def __init__(self, gguf_path: "str | os.PathLike[str]"):
         from .llama_compat import ensure_compatible
@@ -20,6 +67,7 @@ class GGUFTokenizer:
         path = Path(gguf_path)
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such file")
+        check_vocabulary(path)
         self._llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
 
     def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -67,22 +115,32 @@ def hf_tokenizer_files(gguf_path: "str | os.PathLike[str]", sample: str) -> dict
     """
     import json
 
-    import gguf
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
-    r = gguf.GGUFReader(gguf_path)
+    from .gguf_model import GGUFModelError, open_reader
+
+    try:
+        check_vocabulary(gguf_path)
+        r = open_reader(gguf_path)
+    except (GGUFModelError, VocabularyError) as e:
+        raise TokenizerExportError(str(e)) from None
     f = r.fields
 
     def get(key, default=None):
-        return f[key].contents() if key in f else default
+        try:
+            return f[key].contents() if key in f else default
+        except UnicodeDecodeError:
+            raise TokenizerExportError(f"{key} holds a string that is not UTF-8") from None
 
     kind, pre = get("tokenizer.ggml.model"), get("tokenizer.ggml.pre", "default")
     if kind != "gpt2" or pre not in _BYTE_LEVEL_PRE:
-        raise TokenizerExportError(f"tokenizer {kind!r} with pre-tokenizer {pre!r} is not exported "
-                                   f"(supported: byte-level BPE with {', '.join(_BYTE_LEVEL_PRE)})")
+        raise TokenizerExportError(f"tokenizer {str(kind)[:40]!r} with pre-tokenizer {str(pre)[:40]!r} is not "
+                                   f"exported (supported: byte-level BPE with {', '.join(_BYTE_LEVEL_PRE)})")
     toks = get("tokenizer.ggml.tokens")
     types = get("tokenizer.ggml.token_type", [1] * len(toks))
     merges = [tuple(m.split(" ", 1)) for m in get("tokenizer.ggml.merges", [])]
+    if any(len(m) != 2 or not all(m) for m in merges):
+        raise TokenizerExportError("a BPE merge is not two tokens separated by a space")
     tk = Tokenizer(models.BPE({t: i for i, t in enumerate(toks)}, merges))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tk.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
@@ -94,7 +152,9 @@ def hf_tokenizer_files(gguf_path: "str | os.PathLike[str]", sample: str) -> dict
 
     def tok(key):
         i = get(key)
-        return None if i is None or not 0 <= int(i) < len(toks) else toks[int(i)]
+        if isinstance(i, bool) or not isinstance(i, int):   # absent, or not an integer: no such token
+            return None
+        return toks[i] if 0 <= i < len(toks) else None
 
     bos = tok("tokenizer.ggml.bos_token_id")
     add_bos = bool(get("tokenizer.ggml.add_bos_token", False))
@@ -102,7 +162,10 @@ def hf_tokenizer_files(gguf_path: "str | os.PathLike[str]", sample: str) -> dict
         tk.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", special_tokens=[(bos, int(get("tokenizer.ggml.bos_token_id")))])
     ours = tk.encode(sample).ids
-    ref = GGUFTokenizer(gguf_path).encode(sample, add_bos=True)
+    try:
+        ref = GGUFTokenizer(gguf_path).encode(sample, add_bos=True)
+    except (VocabularyError, ValueError) as e:   # llama-cpp-python: "Failed to load model from file"
+        raise TokenizerExportError(f"llama.cpp cannot load the vocabulary: {e}") from None
     if ours != ref:
         first = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
         raise TokenizerExportError(f"rebuilt tokenizer differs from llama.cpp's at token {first} of the sample")

@@ -1,7 +1,7 @@
 """Fuzz campaigns: tqbridge's own kernels or a user's, over several processes, with a persistent
 example database, a progress line and a summary.
 
-Targets: ``quantize`` (MLX codecs vs the numpy reference, bytes), ``dequantize`` (same, values),
+Kernel targets (this module): ``quantize`` (MLX codecs vs the numpy reference, bytes), ``dequantize`` (same, values),
 ``append`` (the quantize-on-append kernel on a backend, bytes), ``decode-attention`` (the fused kernel
 on a backend vs the float64 oracle and its bound), or ``module:function`` (a user's callable; its op
 and formats come from :func:`tqbridge.parity.byok.claims` or from the caller).
@@ -10,6 +10,9 @@ Each worker process runs rounds of :func:`tqbridge.parity.byok.fuzz_kernel` with
 against one shared :class:`hypothesis.database.DirectoryBasedExampleDatabase` (one file per example,
 safe for concurrent writers), so a counterexample found once is replayed first by every later run.
 The first counterexample stops the campaign.
+
+Parser targets (``gguf``, ``state-blob``, ``prompt-cache``, ``kv-spelling``) are mutation campaigns
+against the file parsers: :mod:`tqbridge.parity.fuzz_parsers`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 OUR_TARGETS = ("quantize", "dequantize", "append", "decode-attention")
+from .fuzz_parsers import PARSER_TARGETS  # noqa: E402 - mutation campaigns against the file parsers
 PROFILES = {"ci": 100, "dev": 300, "deep": 3000}      # examples per campaign when --examples is not given
 ROUND = 25                                            # examples per round when the campaign is timed
 GRACE_S = 5.0                                         # after a counterexample, how long other workers may finish
@@ -84,7 +88,7 @@ def our_target(name: str, backend: str):
 
         claim = make_claim("decode-attention", chain=lambda: last_run().get("chain"))
     else:
-        raise FuzzError(f"unknown target {name!r}: use one of {', '.join(OUR_TARGETS)} or module:function")
+        raise FuzzError(f"unknown target {name!r}: use one of {', '.join(OUR_TARGETS + PARSER_TARGETS)} or module:function")
     fn.__tqbridge_claim__ = claim
     fn.__tqbridge_source__ = f"from tqbridge.parity.fuzz import our_target\nfn, _ = our_target({name!r}, {backend!r})\n"
     return fn, claim
@@ -137,7 +141,7 @@ def resolve_target(spec: dict):
         return our_target(t, spec["backend"])
     if ":" in t:
         return user_target(t, spec.get("op"), spec.get("fmt"), spec.get("k_format"), spec.get("v_format"))
-    raise FuzzError(f"unknown target {t!r}: use one of {', '.join(OUR_TARGETS)} or module:function")
+    raise FuzzError(f"unknown target {t!r}: use one of {', '.join(OUR_TARGETS + PARSER_TARGETS)} or module:function")
 
 
 def db_path(root: "str | os.PathLike[str]", target: str) -> Path:

@@ -42,7 +42,9 @@ class KV:
         if len(parts) == 1:
             parts = parts * 2
         if len(parts) != 2 or not all(parts):
-            raise ValueError(f"bad K/V pair {spec!r}: write K/V, e.g. q8_0/q4_0")
+            from tqbridge.bridge.registry import shown
+
+            raise ValueError(f"bad K/V pair {shown(spec)}: write K/V, e.g. q8_0/q4_0")
         return cls(parts[0], parts[1])
 
     @property

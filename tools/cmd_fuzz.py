@@ -4,6 +4,11 @@ TARGET is ``quantize``, ``dequantize``, ``append``, ``decode-attention`` or ``mo
 Prints a progress line while it runs, then a summary; a counterexample is printed as a runnable
 test (``@example`` + the failing call) and saved beside the example database. Exit code 0 when no
 counterexample was found, 1 when one was.
+
+TARGET ``gguf``, ``state-blob``, ``prompt-cache`` or ``kv-spelling`` runs a mutation campaign
+against that file parser (:mod:`tqbridge.parity.fuzz_parsers`): counts of mutants, clean errors,
+crashes, hangs and over-allocations, peak memory; exit code 1 when anything but clean errors and
+accepted inputs came out.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ def _list(v):
 
 
 def add_arguments(p) -> None:
-    p.add_argument("target", help="quantize | dequantize | append | decode-attention | module:function")
+    p.add_argument("target", help="quantize | dequantize | append | decode-attention | module:function, or a "
+                                  "parser: gguf | state-blob | prompt-cache | kv-spelling")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="kernel backend for append and decode-attention (default: auto); quantize and "
                         "dequantize check the MLX codecs on MLX's default device")
@@ -39,10 +45,19 @@ def add_arguments(p) -> None:
     p.add_argument("--k-format", help="K format(s) of a decode-attention target, comma-separated")
     p.add_argument("--v-format", help="V format(s) of a decode-attention target, comma-separated")
     p.add_argument("--json", metavar="OUT", help="also write the summary as JSON to OUT")
+    p.add_argument("--input-timeout", type=float, default=None, metavar="S",
+                   help="parser targets: seconds one consumer may take on one input before it counts as a "
+                        "hang (default 20)")
 
 
 def run(args) -> int:
     from tqbridge.parity.fuzz import FuzzError, run_campaign
+    from tqbridge.parity.fuzz_parsers import PARSER_TARGETS
+
+    if args.target in PARSER_TARGETS:
+        return run_parsers(args)
+    if args.input_timeout is not None:
+        raise CliError("--input-timeout applies to the parser targets (gguf, state-blob, prompt-cache, kv-spelling)")
 
     tty = sys.stderr.isatty()
     last = [0.0]
@@ -92,3 +107,79 @@ def run(args) -> int:
     if c.errors:
         raise CliError(c.errors[0])
     return 0
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def run_parsers(args) -> int:
+    """``tqbridge fuzz gguf|state-blob|prompt-cache|kv-spelling``: a mutation campaign on a parser."""
+    from tqbridge.parity.fuzz_parsers import INPUT_TIMEOUT_S, ParserFuzzError, run_parser_campaign
+
+    for flag in ("op", "fmt", "k_format", "v_format"):
+        if getattr(args, flag):
+            raise CliError(f"--{flag.replace('_', '-').replace('fmt', 'format')} does not apply to parser targets")
+    if args.backend != "auto":
+        raise CliError("--backend does not apply to parser targets")
+    tty = sys.stderr.isatty()
+    last = [0.0]
+
+    def progress(c):
+        if tty:
+            print("\r" + c.progress_line(), end="", file=sys.stderr, flush=True)
+        elif c.seconds - last[0] >= 10:
+            last[0] = c.seconds
+            print(c.progress_line(), file=sys.stderr, flush=True)
+
+    try:
+        c = run_parser_campaign(args.target, examples=args.examples, minutes=args.minutes, profile=args.profile,
+                                jobs=args.jobs, seed=args.seed, db=args.db,
+                                input_timeout=INPUT_TIMEOUT_S if args.input_timeout is None else args.input_timeout,
+                                progress=progress)
+    except ParserFuzzError as e:
+        raise CliError(str(e)) from None
+    if tty:
+        print(file=sys.stderr)
+    s = c.summary()
+    t = s["totals"]
+    print(f"tqbridge fuzz {c.target} (parsers: {', '.join(c.consumers)}; {c.jobs} job{'s' if c.jobs > 1 else ''}, "
+          f"seed {c.seed})")
+    print(f"  mutants      {s['mutants']} ({s['replayed']} replayed from the database)")
+    print(f"  seeds        {len(s['seeds'])}: " + ", ".join(f"{x['name']} ({x['bytes']} B)" for x in s["seeds"]))
+    kinds = [k for k in ("ok", "clean", "long", "crash", "hang", "alloc", "inconsistent", "upstream")
+             if k in ("ok", "clean", "crash", "hang", "alloc") or t[k]]
+    width = max(len(x) for x in c.consumers)
+    print("  " + " " * (width + 2) + "".join(f"{k:>13}" for k in kinds))
+    for name in c.consumers:
+        row = s["per_consumer"][name]
+        print(f"  {name:<{width + 2}}" + "".join(f"{row[k]:>13}" for k in kinds))
+    print(f"  {'all':<{width + 2}}" + "".join(f"{t[k]:>13}" for k in kinds))
+    if s["peak_memory_growth_bytes"] is not None:
+        worst = max(s["peak_memory_growth_bytes"].values(), default=0)
+        print(f"  peak memory  largest growth in one call {_mib(worst)} (over-allocation: {s['alloc_limit']})")
+    else:
+        print("  peak memory  not measured here (no /proc/self/clear_refs); MemoryError still counts")
+    print(f"  slowest call {max(s['slowest_call_s'].values(), default=0):.2f} s (hang: over {c.input_timeout:g} s)")
+    print(f"  time         {s['seconds']:.1f} s")
+    print(f"  database     {c.db}")
+    for e in c.errors:
+        print(f"  error        {e}")
+    bad = [f for f in s["findings"] if f["kind"] in ("crash", "hang", "alloc", "inconsistent")]
+    notes = [f for f in s["findings"] if f["kind"] not in ("crash", "hang", "alloc", "inconsistent")]
+    for f in bad[:20] + notes[:10]:
+        print(f"  {f['kind']:<12} {f['count']:>5} x {f['signature']}: {f['message'][:160]}")
+        if f["saved"]:
+            print(f"  {'':<12}         input {c.db}/findings/{f['saved'][0]}")
+    if bad or c.errors:
+        print(f"  result       {t['crash']} crashes, {t['hang']} hangs, {t['alloc']} over-allocations, "
+              f"{t['inconsistent']} inconsistent")
+    else:
+        print(f"  result       0 tracebacks, 0 hangs, no over-allocation ({t['clean']} clean errors)")
+    if args.json:
+        from tqbridge.parity.report import write_json
+
+        write_json(args.json, s)
+    if c.errors:
+        raise CliError(c.errors[0])
+    return 1 if bad else 0
