@@ -23,6 +23,7 @@ import mlx.core as mx
 from mlx_lm.models import cache as _mlx_cache
 
 from tqbridge.bridge import FormatError, display_name, get_format
+from tqbridge.bridge.registry import shown
 
 from .hadamard import hadamard_rotate
 from .calibration import CalibrationError, KeyCalibration, fit as _fit_calibration, split_key_spec
@@ -31,6 +32,21 @@ __all__ = ["TQCache", "make_cache", "cache_report", "paths_line", "padded_dim", 
            "ROTATIONS"]
 
 ROTATIONS = ("llama", "none")
+_MAX_POSITIONS = (1 << 31) - 1   # MLX masks and RoPE offsets are int32
+_MAX_DIM = 1 << 16
+
+
+class CacheStateError(ValueError):
+    """A saved TQCache state this class cannot take (one line says why)."""
+
+
+def _count(name: str, text, hi: int) -> int:
+    if not (isinstance(text, str) and 0 < len(text) <= 20 and text.isascii() and text.isdigit()):
+        raise CacheStateError(f"TQCache state: {name} must be a non-negative integer, got {shown(text)}")
+    n = int(text)
+    if n > hi:
+        raise CacheStateError(f"TQCache state: {name} {n} is larger than {hi}")
+    return n
 
 # Formats stored directly as MLX float bytes (byte-identical to the numpy reference: IEEE
 # round-to-nearest-even casts, as ggml's F16/F32 rows).
@@ -49,7 +65,7 @@ def parse_kv(spec: str) -> tuple[str, str]:
     if len(parts) == 1:
         parts = parts * 2
     if len(parts) != 2 or not all(parts):
-        raise FormatError(f"bad K/V format pair {spec!r}: write K/V, e.g. q8_0/turbo3")
+        raise FormatError(f"bad K/V format pair {shown(spec)}: write K/V, e.g. q8_0/turbo3")
     return display_name(get_format(parts[0])), display_name(get_format(parts[1]))
 
 
@@ -63,13 +79,13 @@ def parse_kv_spec(spec: str) -> tuple[str, str, KeyCalibration]:
     if len(parts) == 1:
         parts = parts * 2
     if len(parts) != 2 or not all(parts):
-        raise FormatError(f"bad K/V format pair {spec!r}: write K/V, e.g. q8_0/turbo3 or q5_1+mean/q4_0")
+        raise FormatError(f"bad K/V format pair {shown(spec)}: write K/V, e.g. q8_0/turbo3 or q5_1+mean/q4_0")
     try:
         kf, cal = split_key_spec(parts[0])
     except CalibrationError as e:
         raise FormatError(str(e)) from None
     if "+" in parts[1]:
-        raise FormatError(f"{spec!r}: calibration applies to keys only (write it after the K format)")
+        raise FormatError(f"{shown(spec)}: calibration applies to keys only (write it after the K format)")
     k, v = parse_kv(f"{kf}/{parts[1]}")
     return k, v, cal
 
@@ -557,19 +573,38 @@ class TQCache(_mlx_cache._BaseCache):
     @meta_state.setter
     def meta_state(self, v) -> None:
         # 10 fields, or 11 with the key calibration's spelling last (only when calibrated, so
-        # uncalibrated states keep the layout they always had)
+        # uncalibrated states keep the layout they always had). Every field is checked before use:
+        # a saved prompt cache is a file a user points at (docs/fuzzing.md).
         v = tuple(v)
         if len(v) == 10:
             v = v + ("none",)
         if len(v) != 11:
-            raise ValueError(f"TQCache meta_state has 10 or 11 entries, got {len(v)}")
+            raise CacheStateError(f"TQCache meta_state has 10 or 11 entries, got {len(v)}")
         offset, kf, vf, kd, vd, window, start, rotation, k_rot, v_rot, cal = v
-        self._setup(kf, vf, int(window) or None, rotation, cal)
-        self.offset = int(offset)
-        self.start = int(start)
-        self.k_rot, self.v_rot = int(k_rot), int(v_rot)
-        self.k_dim = int(kd) or None
-        self.v_dim = int(vd) or None
+        offset = _count("offset", offset, _MAX_POSITIONS)
+        start = _count("start", start, offset)
+        k_dim, v_dim = _count("K head dim", kd, _MAX_DIM), _count("V head dim", vd, _MAX_DIM)
+        window = _count("window", window, _MAX_POSITIONS)
+        k_rot, v_rot = _count("K rotation group", k_rot, _MAX_DIM), _count("V rotation group", v_rot, _MAX_DIM)
+        if rotation not in ROTATIONS:
+            raise CacheStateError(f"TQCache state: rotation must be one of {ROTATIONS}, got {shown(rotation)}")
+        try:
+            self._setup(kf, vf, window or None, rotation, cal)
+        except (FormatError, CalibrationError, ValueError) as e:
+            why = str(e)
+            raise CacheStateError(f"TQCache state: {why if len(why) <= 300 else why[:300] + '...'}") from None
+        if (k_dim == 0) != (v_dim == 0):
+            raise CacheStateError("TQCache state: one head dim is known and the other is not")
+        want = (0, 0)
+        if k_dim and rotation == "llama":
+            want = (rotation_group(self.k_format, k_dim, "k"), rotation_group(self.v_format, v_dim, "v"))
+        if (k_rot, v_rot) != want:
+            raise CacheStateError(f"TQCache state: rotation groups {k_rot}/{v_rot}, but {rotation} rotation of "
+                                  f"{self.k_format}/{self.v_format} rows of {k_dim}/{v_dim} values uses "
+                                  f"{want[0]}/{want[1]}")
+        self.offset, self.start = offset, start
+        self.k_rot, self.v_rot = k_rot, v_rot
+        self.k_dim, self.v_dim = k_dim or None, v_dim or None
 
     @property
     def state(self):
@@ -587,27 +622,48 @@ class TQCache(_mlx_cache._BaseCache):
         if len(v) == 12:          # uncalibrated: no calibration arrays, no spelling
             v = v[:2] + [None, None] + v[2:] + ["none"]
         if len(v) != 15:
-            raise ValueError(f"TQCache state has 12 entries (15 when calibrated), got {len(v)}")
+            raise CacheStateError(f"TQCache state has 12 entries (15 when calibrated), got {len(v)}")
         keys, values, mu, scale, *meta = v
         self.meta_state = tuple(str(m) for m in meta)
+        for name, a in (("K blocks", keys), ("V blocks", values), ("key mean", mu), ("key scale", scale)):
+            if a is not None and not isinstance(a, mx.array):
+                raise CacheStateError(f"TQCache state: {name} must be an array, got {type(a).__name__}")
+        if (keys is None) != (values is None):
+            raise CacheStateError("TQCache state: K blocks and V blocks must be both present or both absent")
+        H = None
+        if keys is not None:
+            if self.k_dim is None:
+                raise CacheStateError("TQCache state: blocks without head dims")
+            if keys.ndim != 4 or values.ndim != 4 or keys.dtype != mx.uint8 or values.dtype != mx.uint8:
+                raise CacheStateError("TQCache state: K and V blocks must be uint8 arrays (batch, heads, rows, bytes)")
+            if keys.shape[:3] != values.shape[:3]:
+                raise CacheStateError(f"TQCache state: K blocks {keys.shape} and V blocks {values.shape} differ in "
+                                      "batch, heads or rows")
+            H = keys.shape[1]
+            if not 0 <= self.offset - self.start <= keys.shape[2]:
+                raise CacheStateError(f"TQCache state: positions {self.start}..{self.offset} do not fit the "
+                                      f"{keys.shape[2]} stored rows")
+            krb = get_format(self.k_format).row_bytes(padded_dim(self.k_format, self.k_dim))
+            vrb = get_format(self.v_format).row_bytes(padded_dim(self.v_format, self.v_dim))
+            if (keys.shape[3], values.shape[3]) != (krb, vrb):
+                raise CacheStateError(f"TQCache state: rows of {keys.shape[3]}/{values.shape[3]} bytes; "
+                                      f"{self.k_format}/{self.v_format} rows of {self.k_dim}/{self.v_dim} values "
+                                      f"take {krb}/{vrb}")
+        elif self.offset != self.start:
+            raise CacheStateError(f"TQCache state: positions {self.start}..{self.offset} but no blocks")
         for name, a in (("key mean", mu), ("key scale", scale)):
-            if a is not None and (a.ndim != 2 or (self.k_dim and a.shape[1] != self.k_dim)):
-                raise ValueError(f"TQCache state: {name} has shape {a.shape}, expected (heads, {self.k_dim})")
+            if a is not None and (a.ndim != 2 or a.dtype != mx.float32 or a.shape[1] != self.k_dim
+                                  or (H is not None and a.shape[0] != H)):
+                raise CacheStateError(f"TQCache state: {name} has shape {a.shape} ({a.dtype}), expected float32 "
+                                      f"({H or 'heads'}, {self.k_dim})")
         if (mu is not None) != self.calibration.mean or (scale is not None) != self.calibration.scale:
             if keys is not None or mu is not None or scale is not None:
-                raise ValueError(f"TQCache state: calibration arrays do not match "
-                                 f"{self.calibration.spec or 'no calibration'}")
+                raise CacheStateError(f"TQCache state: calibration arrays do not match "
+                                      f"{self.calibration.spec or 'no calibration'}")
         self.k_mu, self.k_scale = mu, scale
         self.keys, self.values = keys, values
         self._owned = keys is None
         self._reset_hot()
-        if keys is not None:
-            rows = keys.shape[2]
-            if keys.dtype != mx.uint8 or values.dtype != mx.uint8 or values.shape[2] != rows:
-                raise ValueError("TQCache state: K and V blocks must be uint8 with equal row counts")
-            if not 0 <= self.offset - self.start <= rows:
-                raise ValueError(f"TQCache state: positions {self.start}..{self.offset} do not fit the "
-                                 f"{rows} stored rows")
 
     @property
     def nbytes(self) -> int:

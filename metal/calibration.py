@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
+from ..bridge.registry import shown
 
 __all__ = ["KeyCalibration", "split_key_spec", "fit", "BASES", "DEFAULT_ALPHA"]
 
@@ -90,21 +91,21 @@ class KeyCalibration:
                 mean = True
             elif name in ("scale", "qscale"):
                 if scale:
-                    raise CalibrationError(f"{text!r}: write one of scale, qscale")
+                    raise CalibrationError(f"{shown(text)}: write one of scale, qscale")
                 scale, queries = True, name == "qscale"
                 if arg:
                     try:
                         alpha = float(arg)
                     except ValueError:
-                        raise CalibrationError(f"bad scale exponent {arg!r} in {text!r}: "
+                        raise CalibrationError(f"bad scale exponent {shown(arg)} in {shown(text)}: "
                                                "write scale=A with 0 < A <= 1") from None
             elif name in BASES and not arg:
                 basis = name
             else:
-                raise CalibrationError(f"unknown key calibration {tok!r} in {text!r}: use mean, scale, "
+                raise CalibrationError(f"unknown key calibration {shown(tok)} in {shown(text)}: use mean, scale, "
                                        f"qscale (=A for an exponent), {' or '.join(BASES)}")
         if not (mean or scale):
-            raise CalibrationError(f"key calibration {text!r} names no tool: add mean and/or scale")
+            raise CalibrationError(f"key calibration {shown(text)} names no tool: add mean and/or scale")
         return cls(mean, scale, alpha, basis, queries)
 
 
@@ -112,7 +113,7 @@ def split_key_spec(k: str) -> tuple[str, KeyCalibration]:
     """``"q5_1+mean+scale"`` -> ``("q5_1", KeyCalibration(mean=True, scale=True))``."""
     fmt, sep, rest = str(k).strip().partition("+")
     if sep and not rest.strip():
-        raise CalibrationError(f"{k!r}: nothing after '+' (write e.g. q5_1+mean+scale)")
+        raise CalibrationError(f"{shown(k)}: nothing after '+' (write e.g. q5_1+mean+scale)")
     return fmt.strip(), KeyCalibration.parse(rest if sep else None)
 
 
