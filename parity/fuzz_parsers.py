@@ -276,17 +276,22 @@ def _gguf_fields(data: bytes) -> tuple[list, int]:
     return fields, pos
 
 
-def _tiny_vocab(w) -> None:
-    """A 300-token byte-level BPE vocabulary: enough for llama.cpp's vocabulary loader."""
+def byte_alphabet() -> list[str]:
+    """GPT-2's byte -> printable character map (a fact of the byte-level BPE format)."""
     keep = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
-    toks, extra = [], 0
+    out, extra = [], 0
     for b in range(256):
         if b in keep:
-            toks.append(chr(b))
+            out.append(chr(b))
         else:
-            toks.append(chr(256 + extra))
+            out.append(chr(256 + extra))
             extra += 1
-    toks += ["\u0120t", "<|endoftext|>"]
+    return out
+
+
+def _tiny_vocab(w) -> None:
+    """A 300-token byte-level BPE vocabulary: enough for llama.cpp's vocabulary loader."""
+    toks = byte_alphabet() + ["\u0120t", "<|endoftext|>"]
     toks += [f"<x{i}>" for i in range(300 - len(toks))]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")

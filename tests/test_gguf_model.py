@@ -32,17 +32,7 @@ LAYOUT_MAX_ABS = 1e-3
 N_VOCAB = 512
 
 
-def _byte_alphabet() -> list[str]:
-    """GPT-2's byte -> printable character map (a fact of the byte-level BPE format)."""
-    keep = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
-    out, extra = [], 0
-    for b in range(256):
-        if b in keep:
-            out.append(chr(b))
-        else:
-            out.append(chr(256 + extra))
-            extra += 1
-    return out
+from tqbridge.parity.fuzz_parsers import byte_alphabet as _byte_alphabet  # noqa: E402
 
 
 def _add_tiny_vocab(w: gguf.GGUFWriter) -> None:

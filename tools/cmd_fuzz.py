@@ -59,15 +59,7 @@ def run(args) -> int:
     if args.input_timeout is not None:
         raise CliError("--input-timeout applies to the parser targets (gguf, state-blob, prompt-cache, kv-spelling)")
 
-    tty = sys.stderr.isatty()
-    last = [0.0]
-
-    def progress(c):
-        if tty:
-            print("\r" + c.progress_line(), end="", file=sys.stderr, flush=True)
-        elif c.seconds - last[0] >= 10:
-            last[0] = c.seconds
-            print(c.progress_line(), file=sys.stderr, flush=True)
+    progress = _progress_printer()
 
     try:
         c = run_campaign(args.target, backend=args.backend, examples=args.examples, minutes=args.minutes,
@@ -76,7 +68,7 @@ def run(args) -> int:
                          progress=progress)
     except FuzzError as e:
         raise CliError(str(e)) from None
-    if tty:
+    if sys.stderr.isatty():
         print(file=sys.stderr)
     s = c.summary()
     print(f"tqbridge fuzz {c.target} (backend {c.backend}, {c.jobs} job{'s' if c.jobs > 1 else ''}, seed {c.seed})")
@@ -122,15 +114,7 @@ def run_parsers(args) -> int:
             raise CliError(f"--{flag.replace('_', '-').replace('fmt', 'format')} does not apply to parser targets")
     if args.backend != "auto":
         raise CliError("--backend does not apply to parser targets")
-    tty = sys.stderr.isatty()
-    last = [0.0]
-
-    def progress(c):
-        if tty:
-            print("\r" + c.progress_line(), end="", file=sys.stderr, flush=True)
-        elif c.seconds - last[0] >= 10:
-            last[0] = c.seconds
-            print(c.progress_line(), file=sys.stderr, flush=True)
+    progress = _progress_printer()
 
     try:
         c = run_parser_campaign(args.target, examples=args.examples, minutes=args.minutes, profile=args.profile,
@@ -139,7 +123,7 @@ def run_parsers(args) -> int:
                                 progress=progress)
     except ParserFuzzError as e:
         raise CliError(str(e)) from None
-    if tty:
+    if sys.stderr.isatty():
         print(file=sys.stderr)
     s = c.summary()
     t = s["totals"]
@@ -183,3 +167,17 @@ def run_parsers(args) -> int:
     if c.errors:
         raise CliError(c.errors[0])
     return 1 if bad else 0
+
+
+def _progress_printer():
+    """A campaign's progress line: rewritten in place on a terminal, every 10 s otherwise."""
+    tty = sys.stderr.isatty()
+    last = [0.0]
+
+    def progress(c):
+        if tty:
+            print("\r" + c.progress_line(), end="", file=sys.stderr, flush=True)
+        elif c.seconds - last[0] >= 10:
+            last[0] = c.seconds
+            print(c.progress_line(), file=sys.stderr, flush=True)
+    return progress
