@@ -440,11 +440,10 @@ class _Launches:
     __slots__ = ("k1", "k2", "fp1", "tabs", "zero_sinks", "ip1", "ip2", "out1", "grid1", "tg1", "shape", "grid2",
                  "no_dep")
 
-    def __call__(self, q, kb, vb, sinks, ip1=None, after=None):
+    def __call__(self, q, kb, vb, sinks):
         import mlx.core as mx
 
-        po, pml = _launch(self.k1, inputs=[q, kb, vb, self.ip1 if ip1 is None else ip1, self.fp1, self.tabs,
-                                           self.no_dep if after is None else after],
+        po, pml = _launch(self.k1, inputs=[q, kb, vb, self.ip1, self.fp1, self.tabs, self.no_dep],
                           output_shapes=self.out1, output_dtypes=[mx.float32, mx.float32], grid=self.grid1,
                           threadgroup=self.tg1)
         sk = self.zero_sinks if sinks is None else sinks.astype(mx.float32).reshape(-1)
