@@ -190,3 +190,60 @@ TQ_FUNC void tqa_rotate(TQ_SHARED float* x, const int n, const int group, TQ_CON
     for (uint i = tid; i < (uint)n; i += nthreads) x[i] = x[i] * (scale * last[i % (uint)group]);
     tq_barrier();
 }
+
+// ----- kernel v3 (attention_kernel_split_v3.cpp) -----
+
+// P is scaled by 2^15 before it is rounded to binary16 (weights in [0, 1] stay normal numbers down
+// to 2^-29); the output is scaled back exactly.
+#define TQA_P_SCALE 32768.0f
+#define TQA_P_UNSCALE (1.0f / 32768.0f)
+
+// C's roundf (half away from zero), exact: x - trunc(x) is exact in float32.
+TQ_FUNC float tqa_round_away(const float x) {
+    const float t = tq_trunc(x);
+    const float r = x - t;
+    return r >= 0.5f ? t + 1.0f : (r <= -0.5f ? t - 1.0f : t);
+}
+
+// The int8 codes of a 32-value K block at `p` that fragment lane t holds: values 4t..4t+3 (*lo) and
+// 4t+16..4t+19 (*hi), low byte first. q8_0: its int8 codes; q4_0 / q5_0: code - 8 / - 16; q4_1 / q5_1:
+// the unsigned code (the block's m is added by the caller); iq4_nl: its int8 table value.
+TQ_FUNC void tqa_codes8(const int fmt, TQ_SHARED const uchar* p, const int t, TQ_SHARED const float* tab,
+                        TQ_THREAD uint* lo, TQ_THREAD uint* hi) {
+    if (fmt == TQA_Q8_0) {
+        *lo = tqa_u32(p, 2 + 4 * t);
+        *hi = tqa_u32(p, 18 + 4 * t);
+    } else if (fmt == TQA_Q4_0 || fmt == TQA_Q4_1 || fmt == TQA_IQ4_NL) {
+        const uint w = tqa_u32(p, (fmt == TQA_Q4_1 ? 4 : 2) + 4 * t);   // qs[4t..4t+3]: low nibbles 4t.., high 4t+16..
+        uint l = w & 0x0f0f0f0fu, h = (w >> 4) & 0x0f0f0f0fu;
+        if (fmt == TQA_Q4_0) {        // nibble - 8 as int8, per byte without carries
+            l = (l + 0x78787878u) ^ 0x80808080u;
+            h = (h + 0x78787878u) ^ 0x80808080u;
+        } else if (fmt == TQA_IQ4_NL) {
+            uint l2 = 0u, h2 = 0u;
+            for (int u = 0; u < 4; ++u) {
+                l2 |= ((uint)(int)tab[(l >> (8 * u)) & 15u] & 0xffu) << (8 * u);
+                h2 |= ((uint)(int)tab[(h >> (8 * u)) & 15u] & 0xffu) << (8 * u);
+            }
+            l = l2;
+            h = h2;
+        }
+        *lo = l;
+        *hi = h;
+    } else {                          // q5_0 / q5_1: fp16 d, [fp16 m], u32 qh, qs[16]
+        const int o = fmt == TQA_Q5_0 ? 2 : 4;
+        const uint qh = tqa_u32(p, o);
+        const uint w = tqa_u32(p, o + 4 + 4 * t);
+        uint l = w & 0x0f0f0f0fu, h = (w >> 4) & 0x0f0f0f0fu;
+        for (int u = 0; u < 4; ++u) {
+            l |= ((qh >> (4 * t + u)) & 1u) << (8 * u + 4);
+            h |= ((qh >> (4 * t + 16 + u)) & 1u) << (8 * u + 4);
+        }
+        if (fmt == TQA_Q5_0) {        // code - 16 as int8
+            l = (l + 0x70707070u) ^ 0x80808080u;
+            h = (h + 0x70707070u) ^ 0x80808080u;
+        }
+        *lo = l;
+        *hi = h;
+    }
+}

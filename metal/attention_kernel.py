@@ -35,7 +35,17 @@ TARGET_GROUPS_V2 = 1320      # v2 pass-1 threadgroups to aim for on a GPU (H200:
 FILL_GROUPS_V2 = 660         # below this many tiles in flight, v2 takes smaller threadgroups (132 SMs x 5)
 V2_MIN_TILES = 1             # v2 on a GPU: at least this many tiles per split
 V2_MIN_TILE = 2              # v2 needs room for at least this many keys per tile, else v1 runs
-KERNELS = ("v1", "v2")
+KERNELS = ("v1", "v2", "v3")
+# kernel v3 (matrix fragments, int8 q): K formats with int8 codes in 32-value blocks, V formats whose
+# decoded values are binary16 numbers (f32 / bf16 rows may not fit), at most 8 query rows per group
+V3_K_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+V3_V_REFUSED = ("f32", "bf16")
+V3_MAX_ROWS = 8              # the N side of the fragments: query rows of one GQA group
+V3_WARPS = 4
+V3_MAX_TILE = 128            # keys staged per tile (a multiple of 16 * warps)
+TARGET_GROUPS_V3 = 528       # v3 pass-1 threadgroups to aim for on a GPU (H200: 132 SMs x 4)
+V3_MIN_SPLIT_KEYS = 512      # v3 on a GPU: at least this many keys per split
+Q_PRECISIONS = ("exact", "int8")
 
 # format name -> kernel format id (attention_kernel.h, TQA_*)
 FORMAT_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7,
@@ -55,10 +65,21 @@ class Plan:
 
     @property
     def partials(self) -> int:
-        return self.splits if self.kernel == "v2" else self.splits * self.warps
+        return self.splits if self.kernel in ("v2", "v3") else self.splits * self.warps
+
+    @property
+    def q_precision(self) -> str:
+        """How q enters the scores: "int8" (v3: ggml's q8_0 / q8_1 of q) or "exact" (float32)."""
+        return "int8" if self.kernel == "v3" else "exact"
 
     def chain(self, length: int) -> int:
         """Longest serial accumulation (for the error bound): keys per lane slot + merges."""
+        if self.kernel == "v3":
+            keys = min(self.split_len, max(length, 1)) + 1
+            subtiles = -(-keys // (16 * self.warps)) + 1
+            # per SIMD group: one product of 16 keys and one rescale per sub-tile; 3 shuffle steps
+            # for the sums; then the SIMD groups and the partials
+            return -(-keys // self.warps) + 2 * subtiles + 16 + 3 + self.warps + self.partials
         if self.kernel == "v2":
             keys = min(self.split_len, max(length, 1)) + 1
             tiles = -(-keys // self.tile)
@@ -174,6 +195,10 @@ def make_plan(prob: Problem, backend: str, *, splits: "int | None" = None, lanes
                              f"got {prob.k_dim} (K) / {prob.v_dim} (V)")
     if kernel is not None and kernel not in KERNELS:
         raise AttentionError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    if kernel == "v3":
+        if lanes_per_key is not None:
+            raise AttentionError("lanes_per_key is an option of kernel v1 only")
+        return _make_plan_v3(prob, backend, splits, warps, tile)
     if kernel != "v1" and lanes_per_key is None:
         plan = _make_plan_v2(prob, backend, splits, warps, tile, dyn, required=kernel == "v2")
         if plan is not None:
@@ -239,6 +264,73 @@ def _make_plan_v2(prob: Problem, backend: str, splits, warps, tile, dyn: bool, r
     return Plan(1, nw, splits, split_len, tl, "v2", _rows_room(prob, dyn))
 
 
+def v3_refusal(prob: Problem) -> "str | None":
+    """Why kernel v3 cannot serve ``prob`` (None: it can)."""
+    if prob.k_format.name not in V3_K_FORMATS:
+        return f"kernel v3 reads K as int8 codes; {prob.k_format.key} K is not one of {', '.join(V3_K_FORMATS)}"
+    if prob.v_format.name in V3_V_REFUSED:
+        return f"kernel v3 rounds V values to binary16; {prob.v_format.key} values may not fit"
+    if prob.group * prob.rows > V3_MAX_ROWS:
+        return (f"kernel v3 serves at most {V3_MAX_ROWS} query rows per KV head; got {prob.group} heads x "
+                f"{prob.rows} rows")
+    if prob.k_dim % 32 or prob.v_dim % 64:
+        return f"kernel v3 needs K rows of 32k values and V rows of 64k values; got {prob.k_dim} / {prob.v_dim}"
+    return None
+
+
+def v3_shared_bytes(prob: Problem, warps: int, tile: int) -> int:
+    """Threadgroup memory of a v3 pass-1 build (each array rounded up to 16 bytes, plus the
+    emulator's 64 guard bytes after each)."""
+    krb, vrb = _row_bytes(prob, False)
+    nb = prob.k_dim // 32
+    sizes = [64, 64, 4 * 8 * prob.k_dim, 8 * prob.k_dim, 4 * 8 * nb, 4 * 8 * nb, _v3_stage_bytes(prob, warps, tile)]
+    return sum(-(-x // 16) * 16 + 64 for x in sizes)
+
+
+def _v3_stage_bytes(prob: Problem, warps: int, tile: int) -> int:
+    krb, vrb = _row_bytes(prob, False)
+    return max(-(-tile * krb // 4) * 4 + -(-tile * vrb // 4) * 4, 4 * warps * 8 * (prob.v_dim + 2))
+
+
+def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
+    why = v3_refusal(prob)
+    if why:
+        raise AttentionError(why)
+    nw = V3_WARPS if warps is None else int(warps)
+    if not 1 <= nw <= 8:
+        raise AttentionError(f"warps must be 1..8, got {nw}")
+    if tile is not None:
+        tl = int(tile)
+        if tl % (16 * nw) or tl > 256:
+            raise AttentionError(f"kernel v3 takes a tile of a multiple of {16 * nw} keys (16 per SIMD group) "
+                                 f"up to 256, got {tile}")
+        if v3_shared_bytes(prob, nw, tl) > SHARED_BYTES:
+            raise AttentionError(f"kernel v3 with tile={tl} does not fit {SHARED_BYTES} bytes of threadgroup memory")
+    else:
+        tl = V3_MAX_TILE - V3_MAX_TILE % (16 * nw) or 16 * nw
+        while tl > 16 * nw and v3_shared_bytes(prob, nw, tl) > SHARED_BYTES:
+            tl -= 16 * nw
+        if v3_shared_bytes(prob, nw, tl) > SHARED_BYTES:
+            raise AttentionError(f"kernel v3 does not fit {SHARED_BYTES} bytes of threadgroup memory for rows of "
+                                 f"{prob.k_dim} / {prob.v_dim} values with {nw} SIMD groups")
+    l_used = max(max(prob.lengths), 1)
+    heads = prob.batch * prob.kv_heads
+    if splits is None:
+        if backend == "cpu-emulator":
+            splits = -(-l_used // EMU_SPLIT_KEYS)
+        else:
+            splits = max(1, min(-(-l_used // V3_MIN_SPLIT_KEYS), TARGET_GROUPS_V3 // heads))
+    splits = int(splits)
+    if splits < 1:
+        raise AttentionError(f"splits must be positive, got {splits}")
+    splits = min(splits, MAX_PARTIALS, l_used)
+    split_len = -(-l_used // splits)
+    if backend != "cpu-emulator":   # whole tiles per split
+        split_len = -(-split_len // tl) * tl
+        splits = -(-l_used // split_len)
+    return Plan(1, nw, splits, split_len, tl, "v3", V3_MAX_ROWS)
+
+
 DYN_MAX_ROWS = 32            # TQA_QA: query rows per group a format-generic (TQA_DYN) build holds
 
 
@@ -264,7 +356,10 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
     tile = plan.tile or max(2, min(64, 1 << int(math.log2(TILE_BYTES // (krb + vrb)))))
     split = dict(TQA_DK=prob.k_dim, TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_NW=plan.warps, TQA_QTYPE=qtype,
                  TQA_DYN=int(dyn), TQA_TILE=tile, TQA_KTB=-(-tile * krb // 4) * 4, TQA_VTB=-(-tile * vrb // 4) * 4)
-    if plan.kernel == "v2":
+    if plan.kernel == "v3":
+        split.update(TQA_KM=int(prob.k_format.name in ("q4_1", "q5_1")),
+                     TQA_STB=_v3_stage_bytes(prob, plan.warps, tile))
+    elif plan.kernel == "v2":
         split.update(TQA_QA=plan.rows_room or _rows_room(prob, dyn), TQA_KS=v2_key_slots(prob))
     else:
         split.update(TQA_LPK=plan.lanes_per_key)
@@ -287,13 +382,15 @@ def _kernel_defs(qtype: int, version: str = "v1"):
 
     header = (HERE / "attention_kernel.h").read_text()
     qdt = "float32" if qtype == 0 else "uint16"
+    body = {"v1": "attention_kernel_split.cpp", "v2": "attention_kernel_split_v2.cpp",
+            "v3": "attention_kernel_split_v3.cpp"}[version]
     split = Kernel(
-        "tq_attention_split" + ("_v2" if version == "v2" else ""),
+        "tq_attention_split" + ("" if version == "v1" else "_" + version),
         (("q", qdt), ("kb", "uint8"), ("vb", "uint8"), ("ip", "int32"), ("fp", "float32"), ("tabs", "float32"),
          ("dep", "uint32")),
         (("po", "float32"), ("pml", "float32")),
-        (HERE / ("attention_kernel_split_v2.cpp" if version == "v2" else "attention_kernel_split.cpp")).read_text(),
-        header)
+        (HERE / body).read_text(),
+        header + ("\n" + (HERE / "attention_mma.h").read_text() if version == "v3" else ""))
     combine = Kernel(
         "tq_attention_combine",
         (("po", "float32"), ("pml", "float32"), ("ip", "int32"), ("sinks", "float32"), ("tabs", "float32")),
@@ -543,7 +640,9 @@ def fast_call(q, prob: Problem, options: dict) -> "_Launches | None":
 
 
 def _dyn_build(prob: Problem, plan: Plan, generic: bool) -> bool:
-    """Whether to build the format-generic variant (v1 holds at most DYN_MAX_ROWS rows)."""
+    """Whether to build the format-generic variant (v1 holds at most DYN_MAX_ROWS rows; v3 has none)."""
+    if plan.kernel == "v3":
+        return False
     return generic and (plan.kernel == "v2" or prob.group * prob.rows <= DYN_MAX_ROWS)
 
 

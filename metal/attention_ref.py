@@ -43,6 +43,7 @@ from .. import bridge
 from .attention import Problem, check_problem, visible_range
 
 U32 = 2.0 ** -24                     # float32 unit roundoff
+U16 = 2.0 ** -11                     # binary16 unit roundoff (kernel v3 rounds V values and weights to it)
 UNIT_ROUNDOFF = {"float32": 0.0, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}  # output rounding
 SAFETY = 2.0                         # covers the second-order terms of the first-order bound
 
@@ -98,17 +99,119 @@ def dequantized_cache(fmt, blocks: np.ndarray, n: int, l_used: int, head_dim: in
     return x if rotated else x[..., :head_dim]
 
 
+def _kernel_rotate32(x: np.ndarray, group: int, s1: np.ndarray, s2: np.ndarray, scale: float) -> np.ndarray:
+    """The kernels' float32 rotation of q (``tqa_rotate``), operation for operation: x * s1, the
+    butterfly stages h = 1, 2, 4 ..., then x * (scale * s2); ``x`` (..., n) with n a multiple of group."""
+    f32 = np.float32
+    shape = x.shape
+    y = x.astype(f32).reshape(-1, shape[-1] // group, group) * s1[:group].astype(f32)
+    h = 1
+    while h < group:
+        y = y.reshape(*y.shape[:-1], group // (2 * h), 2, h)
+        a, b = y[..., 0, :].copy(), y[..., 1, :].copy()
+        y = np.stack([a + b, a - b], axis=-2).reshape(*y.shape[:-3], group)
+        h *= 2
+    return (y * (f32(scale) * s2[:group].astype(f32))).reshape(shape)
+
+
+def _round_away(v: np.ndarray) -> np.ndarray:
+    """C's roundf of float32 values (half away from zero), exact in float64."""
+    v = v.astype(np.float64)
+    return np.trunc(v + np.copysign(0.5, v))
+
+
+def quantize_q8(x: np.ndarray, with_sum: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ggml's quantize_row_q8_0_ref / q8_1_ref of float32 rows (..., n), n a multiple of 32:
+    (codes (..., n) int, d (..., n/32) float16 values, s (..., n/32): d * sum(codes) as binary16,
+    q8_1's extra field)."""
+    f32 = np.float32
+    xb = x.astype(f32).reshape(*x.shape[:-1], -1, 32)
+    amax = np.abs(xb).max(axis=-1)
+    d = (amax / f32(127)).astype(f32)
+    with np.errstate(divide="ignore"):
+        idv = np.where(d != 0, f32(1) / np.where(d != 0, d, f32(1)), f32(0)).astype(f32)
+    codes = _round_away((xb * idv[..., None]).astype(f32)).astype(np.int64)
+    ssum = (codes.sum(axis=-1).astype(f32) * d).astype(f32)
+    return (codes.reshape(x.shape), d.astype(np.float16).astype(np.float64),
+            ssum.astype(np.float16).astype(np.float64) if with_sum else np.zeros_like(ssum, np.float64))
+
+
+def _k_codes(fmt, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """K blocks (B, H, L, row_bytes) -> (int codes (B, H, L, n), d (B, H, L, n/32), m (B, H, L, n/32))
+    as kernel v3 reads them: x = d * code (+ m)."""
+    from ..bridge import legacy_fields
+    from ..bridge.iq4_nl import KVALUES
+
+    f = fmt
+    lead = blocks.shape[:3]
+    flat = np.ascontiguousarray(blocks).reshape(-1, f.type_size)
+    parts = legacy_fields.split_blocks(f, flat)
+    lay = legacy_fields.layout(f)
+    q = parts["q"].astype(np.int64)
+    if f.name == "iq4_nl":
+        q = KVALUES.astype(np.int64)[q]
+    elif not lay.has_m:
+        q = q - lay.offset
+    nb = blocks.shape[3] // f.type_size
+    d = parts["d"].astype(np.float64).reshape(*lead, nb)
+    m = parts["m"].astype(np.float64).reshape(*lead, nb) if lay.has_m else np.zeros((*lead, nb))
+    return q.reshape(*lead, nb * 32), d, m
+
+
+def int8_scores(q: Any, k_blocks: Any, prob: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """Scores (before ``scale``) as kernel v3 computes them, in float64 from the exact integer block
+    dots: q rotated in float32 as the kernel rotates it, quantized to q8_0 (q8_1 for K formats with
+    an offset m); score = sum over blocks of d_k * d_q * sum(k_code * q_code) (+ m_k * s_q).
+    Returns (scores, magnitudes), both (B, Hq, T, L): magnitudes = sum over blocks of
+    |d_k d_q isum| + |m_k s_q| (what float32 rounding of the block sums is proportional to)."""
+    from .attention_kernel import _side_rotation
+
+    qn = _q4(_np(q).astype(np.float32), prob)
+    l_used = max(prob.lengths) if prob.lengths else 0
+    n = prob.k_dim
+    x = np.zeros(qn.shape[:-1] + (n,), np.float32)
+    x[..., :prob.head_dim] = qn
+    group, s1, s2, rscale = _side_rotation(prob.k_format, prob.k_rot)
+    if group:
+        x = _kernel_rotate32(x, group, s1, s2, rscale)
+    has_m = prob.k_format.name in ("q4_1", "q5_1")
+    codes, dq, sq = quantize_q8(x, has_m)                       # (B, Hq, T, n), (B, Hq, T, nb)
+    kc, dk, mk = _k_codes(prob.k_format, _np(k_blocks)[:, :, :l_used])   # (B, Hkv, L, n), (B, Hkv, L, nb)
+    g = prob.group
+    b_, hq, t_ = qn.shape[:3]
+    nb = n // 32
+    kc = np.repeat(kc, g, axis=1).reshape(b_, hq, 1, l_used, nb, 32)
+    isum = (kc * codes.reshape(b_, hq, t_, 1, nb, 32)).sum(axis=-1).astype(np.float64)   # exact
+    dd = np.repeat(dk, g, axis=1)[:, :, None] * dq[:, :, :, None, :]
+    terms = dd * isum
+    mag = np.abs(terms)
+    if has_m:
+        mt = np.repeat(mk, g, axis=1)[:, :, None] * sq[:, :, :, None, :]
+        terms = terms + mt
+        mag = mag + np.abs(mt)
+    return terms.sum(axis=-1), mag.sum(axis=-1)
+
+
 def _q4(q: np.ndarray, prob: Problem) -> np.ndarray:
     return q.reshape(prob.batch, prob.q_heads, prob.rows, prob.head_dim)
 
 
 def oracle(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = None, *,
-           chain: "int | None" = None) -> tuple[np.ndarray, np.ndarray]:
+           chain: "int | None" = None, q_precision: str = "exact") -> tuple[np.ndarray, np.ndarray]:
     """float64 attention and its error bound (both (B, Hq, T, D)) for a float32 kernel.
 
     ``chain`` is the implementation's longest serial accumulation (default: the cache length).
+    ``q_precision``: "exact" (q enters the scores as given) or "int8" (kernel v3: q rotated and
+    quantized to q8_0 / q8_1 as ggml does, exact integer block dots; V values and the softmax weights
+    rounded to binary16 in the V product). The int8 oracle is exact attention *of the quantized q*:
+    the quantization of q is part of the arithmetic being judged, not an error it is allowed.
     """
+    if q_precision not in ("exact", "int8"):
+        raise ValueError(f"q_precision must be 'exact' or 'int8', got {q_precision!r}")
     qn = _q4(_np(q).astype(np.float64), prob)
+    s8 = s8_mag = None
+    if q_precision == "int8":
+        s8, s8_mag = int8_scores(q, k_blocks, prob)
     l_used = max(prob.lengths) if prob.lengths else 0
     k_rot, v_rot_group = getattr(prob, "k_rot", 0), getattr(prob, "v_rot", 0)
     k = dequantized_cache(prob.k_format, k_blocks, prob.k_dim, l_used, prob.k_dim if k_rot else prob.head_dim)
@@ -136,7 +239,10 @@ def oracle(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = Non
             kh = np.repeat(k[b, :, lo:hi], g, axis=0)          # (Hq, n, D)
             vh = np.repeat(v[b, :, lo:hi], g, axis=0)
             qv = qn[b, :, t]                                    # (Hq, D)
-            s = prob.scale * np.einsum("hnd,hd->hn", kh, qv)
+            if s8 is not None:
+                s = prob.scale * s8[b, :, t, lo:hi]
+            else:
+                s = prob.scale * np.einsum("hnd,hd->hn", kh, qv)
             if prob.softcap:
                 s = prob.softcap * np.tanh(s / prob.softcap)
             m = s.max(axis=1)
@@ -152,8 +258,11 @@ def oracle(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = Non
                 smax = np.maximum(smax, np.abs(sk))
             knorm = np.sqrt((kh ** 2).sum(axis=2)).max(axis=1)
             qnorm = np.sqrt((qv ** 2).sum(axis=1))
-            delta = (prob.scale * U32 * (n_dot + 2 + r_k) * qnorm * knorm
-                     + U32 * (6 * smax + 16) + 4 * U32 * prob.softcap)
+            if s8 is not None:   # integer dots exact; per block two roundings, the block sum, the scale
+                dot_err = prob.scale * U32 * (prob.k_dim // 32 + 4) * s8_mag[b, :, t, lo:hi].max(axis=1)
+            else:
+                dot_err = prob.scale * U32 * (n_dot + 2 + r_k) * qnorm * knorm
+            delta = dot_err + U32 * (6 * smax + 16) + 4 * U32 * prob.softcap
             if v_rot is not None:
                 yh = np.abs(v_rot[b, :, lo:hi]).max(axis=1)      # (Hkv, Dpad)
                 vs = np.repeat(np.sqrt((yh ** 2).sum(axis=1)), g)[:, None] * np.ones((1, prob.head_dim))
@@ -162,6 +271,16 @@ def oracle(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = Non
             c = chain if chain is not None else hi - lo
             rel = np.expm1(2 * delta) + 2 * U32 * (c + r_v + 2)
             bound[b, :, t] = SAFETY * rel[:, None] * vs + u_out * np.abs(o)
+            if s8 is not None:
+                # kernel v3 rounds each V value and each (2^15-scaled) weight to binary16, relative
+                # error <= U16 each: the weighted mean moves by at most 2 * U16 * sum(w |v|) / den
+                # (in the stored basis; a rotation back mixes components: the 2-norm bounds each)
+                if v_rot is not None:
+                    yw = np.einsum("hn,hnd->hd", w, np.abs(np.repeat(v_rot[b, :, lo:hi], g, axis=0))) / den[:, None]
+                    wv = np.sqrt((yw ** 2).sum(axis=1))[:, None] * np.ones((1, prob.head_dim))
+                else:
+                    wv = np.einsum("hn,hnd->hd", w, np.abs(vh)) / den[:, None]
+                bound[b, :, t] += SAFETY * 2 * U16 * wv
     return out, bound
 
 

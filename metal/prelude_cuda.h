@@ -4,6 +4,7 @@
 // contracts a*b+c into an FMA by default, so tq_add/tq_sub/tq_mul/tq_div/tq_sqrt are the
 // round-to-nearest intrinsics (__fadd_rn, ...), which are never contracted; NVRTC's defaults keep
 // IEEE division, square root and denormals (no -use_fast_math, no -ftz).
+#define TQ_BACKEND_CUDA 1
 typedef unsigned int uint;
 typedef unsigned short ushort;
 typedef unsigned char uchar;

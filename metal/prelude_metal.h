@@ -8,6 +8,7 @@
 // FP contraction is switched off for this source, and division and square root use precise::.
 // Written against MLX's metal_kernel documentation and the Metal Shading Language specification;
 // not run on Apple hardware by this project's CI.
+#define TQ_BACKEND_METAL 1
 #include <metal_stdlib>
 using namespace metal;
 #pragma METAL fp contract(off)

@@ -1,0 +1,244 @@
+// Fused decode attention, pass 1 of 2, kernel v3: matrix fragments (tqbridge kernel dialect; the
+// primitives are in attention_mma.h). One threadgroup per (batch row, KV head, split), as v1/v2, and
+// the same partial outputs for the combine pass. The GQA group's query rows (at most 8) are the N
+// side of every product, so each K/V byte is read once for all of them:
+//   q: rotated (turbo K / llama.cpp's rotation), then quantized to int8 per 32 values exactly as
+//      ggml's quantize_row_q8_0_ref (q8_1_ref for K formats with an offset m: q4_1, q5_1), the
+//      vec_dot arithmetic llama.cpp uses for these K types;
+//   scores: per 16 keys and 32-value K block, one int8 product S^T[16 keys x 8 rows] of the K codes
+//      with q's codes (exact int32), then times d_k * d_q (+ m_k * s_q) in float32;
+//   softmax: online, per SIMD group, in registers (row max by 3 shuffles per tile of 16 keys);
+//   V: O^T[DV x 8 rows] += V^T[DV x 16 keys] * P^T, binary16 inputs, float32 accumulators: V values
+//      decoded (scale applied) and rounded to binary16, P scaled by 2^15 (so that small weights stay
+//      normal binary16 numbers) and moved into fragment layout by a transpose (movmatrix).
+// Each SIMD group keeps its own max, sum and output; the groups merge once at the end through
+// threadgroup memory, and the threadgroup writes one partial per query row.
+// Lane mapping of the V product: row r (0..15) of m-tile i holds output column r * (DV / 16) + i,
+// so each lane decodes two runs of DV / 16 consecutive values per key.
+//
+// Compile-time (each name prefixed TQA_): as v2 (KF VF KBB VBB KGRP VGRP KQS VQS KSG VSG DK DV D G
+// T NW TILE KTB VTB KROT VROT QTYPE), KM (K has an offset m: q8_1 q), STB (bytes of the staging /
+// merge area). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
+// whose values fit binary16, or f16; G*T <= 8; DK % 32 == 0; DV % 64 == 0. No TQA_DYN build.
+const int kf = TQA_KF, vf = TQA_VF, kbb = TQA_KBB, vbb = TQA_VBB, vgrp = TQA_VGRP;
+const int vqs = TQA_VQS, vsg = TQA_VSG, krot = TQA_KROT;
+const int G = TQA_G, T = TQA_T;
+const int Q = G * T;
+constexpr int NT = TQA_NW * 32;
+constexpr int NB = TQA_DK / 32;             // K blocks per row
+constexpr int RV = TQA_DV / 16;             // V values per run (and m-tiles)
+constexpr int KRB = TQA_DK / 32 * TQA_KBB;
+constexpr int VRB = TQA_DV / TQA_VGRP * TQA_VBB;
+const uint tid = tq_tid;
+const uint lane = tid & 31u;
+const uint warp = tid >> 5;
+const uint g = lane >> 2, t4 = lane & 3u;
+const int l_max = ip[0], split_len = ip[1], n_splits = ip[2], window = ip[3], hkv = ip[4];
+const float scale = fp[0], softcap = fp[1];
+const int split = (int)(tq_gx % (uint)n_splits);
+const int bh = (int)(tq_gx / (uint)n_splits);
+const int h = bh % hkv;
+const int b = bh / hkv;
+const int hq_all = hkv * G;
+const int len = ip[19 + b];
+
+TQ_SHARED_ARRAY(float, ktab, 16);
+TQ_SHARED_ARRAY(float, vtab, 16);
+TQ_SHARED_ARRAY(float, qf, 8 * TQA_DK);       // q rows (rows >= Q zero), rotated
+TQ_SHARED_ARRAY(uint, qi, 2 * TQA_DK);        // q's int8 codes, 8 rows
+TQ_SHARED_ARRAY(float, qd, 8 * NB);           // q's block scales (binary16 values)
+TQ_SHARED_ARRAY(float, qsm, 8 * NB);          // q8_1's s = d * sum(codes) (binary16 values)
+TQ_SHARED_ARRAY(uint, stage, TQA_STB / 4);    // the tile's K rows then V rows; at the end, the merge
+TQ_SHARED const uchar* kts = (TQ_SHARED const uchar*)stage;
+TQ_SHARED const uchar* vts = kts + TQA_KTB;
+
+if (tid < 16u) { ktab[tid] = tabs[tid]; vtab[tid] = tabs[16u + tid]; }
+for (int x = (int)tid; x < 8 * TQA_DK; x += NT) {
+    const int r = x / TQA_DK, i = x % TQA_DK;
+    const int hq = h * G + r / T, t = r % T;
+    qf[x] = (r < Q && i < TQA_D) ? TQA_QLOAD(TQA_Q(q)[((b * hq_all + hq) * T + t) * TQA_D + i]) : 0.0f;
+}
+tq_barrier();
+if (krot) tqa_rotate(qf, 8 * TQA_DK, krot, tabs + TQA_TAB_KS1, tabs + TQA_TAB_KS2, tabs[TQA_TAB_KSCALE], tid, (uint)NT);
+// q to int8 per 32 values, as ggml's quantize_row_q8_0_ref / q8_1_ref
+for (int bi = (int)tid; bi < 8 * NB; bi += NT) {
+    TQ_SHARED const float* x = qf + bi * 32;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) { const float a = tq_abs(x[j]); amax = a > amax ? a : amax; }
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; j += 4) {
+        uint w = 0u;
+        for (int u = 0; u < 4; ++u) {
+            const int c = (int)tqa_round_away(x[j + u] * id);
+            sum += c;
+            w |= ((uint)c & 0xffu) << (8 * u);
+        }
+        qi[bi * 8 + j / 4] = w;
+    }
+    qd[bi] = tq_half_to_float(tq_f32_to_f16_bits(d));
+    qsm[bi] = tq_half_to_float(tq_f32_to_f16_bits((float)sum * d));
+}
+tq_barrier();
+
+// this lane's q fragments (column g of B) and the scales of its two output columns 2*t4, 2*t4 + 1
+uint bq0[NB], bq1[NB];
+float dq0[NB], dq1[NB], sq0[NB], sq1[NB];
+for (int k = 0; k < NB; ++k) {
+    bq0[k] = qi[(int)g * (TQA_DK / 4) + k * 8 + (int)t4];
+    bq1[k] = qi[(int)g * (TQA_DK / 4) + k * 8 + 4 + (int)t4];
+    dq0[k] = qd[(2 * (int)t4) * NB + k];
+    dq1[k] = qd[(2 * (int)t4 + 1) * NB + k];
+    sq0[k] = qsm[(2 * (int)t4) * NB + k];
+    sq1[k] = qsm[(2 * (int)t4 + 1) * NB + k];
+}
+// visible key range of the two output columns (query rows) of this lane
+int hi_c[2], lo_c[2];
+bool col_ok[2];
+for (int c = 0; c < 2; ++c) {
+    const int r = 2 * (int)t4 + c;
+    col_ok[c] = r < Q;
+    hi_c[c] = len - T + r % T + 1;
+    lo_c[c] = window > 0 ? hi_c[c] - window : 0;
+}
+
+// keys this split may need: the union of the query rows' visible ranges
+const int lo_all = window > 0 ? (len - T + 1 - window > 0 ? len - T + 1 - window : 0) : 0;
+int start = split * split_len;
+int end = start + split_len;
+if (start < lo_all) start = lo_all;
+if (end > len) end = len;
+
+float mrun[2] = {TQA_NEG_BIG, TQA_NEG_BIG};
+float lrun[2] = {0.0f, 0.0f};
+float o[RV][4];
+for (int i = 0; i < RV; ++i)
+    for (int u = 0; u < 4; ++u) o[i][u] = 0.0f;
+const size_t koff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)KRB;
+const size_t voff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)VRB;
+
+for (int t0 = start - (start & 1); t0 < end; t0 += TQA_TILE) {   // uniform across the threadgroup
+    const int n = end - t0 < TQA_TILE ? end - t0 : TQA_TILE;
+    tqa_stage(stage, kb, koff + (size_t)t0 * (size_t)KRB, n * KRB, tid, (uint)NT);
+    tqa_stage(stage + TQA_KTB / 4, vb, voff + (size_t)t0 * (size_t)VRB, n * VRB, tid, (uint)NT);
+    tq_barrier();
+    for (int k0 = 16 * (int)warp; k0 < n; k0 += 16 * TQA_NW) {   // uniform per SIMD group
+        // scores of keys k0 + g and k0 + g + 8 against this lane's two columns
+        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        TQ_SHARED const uchar* r0 = kts + (k0 + (int)g) * KRB;
+        TQ_SHARED const uchar* r1 = r0 + 8 * KRB;
+        for (int k = 0; k < NB; ++k) {
+            uint a0, a1, a2, a3;
+            tqa_codes8(kf, r0 + k * kbb, (int)t4, ktab, &a0, &a2);
+            tqa_codes8(kf, r1 + k * kbb, (int)t4, ktab, &a1, &a3);
+            int c[4] = {0, 0, 0, 0};
+            tq_mma_s8(c, a0, a1, a2, a3, bq0[k], bq1[k], lane);
+            const float d0 = tqa_half(r0 + k * kbb, 0), d1 = tqa_half(r1 + k * kbb, 0);
+            s[0] += (float)c[0] * (d0 * dq0[k]);
+            s[1] += (float)c[1] * (d0 * dq1[k]);
+            s[2] += (float)c[2] * (d1 * dq0[k]);
+            s[3] += (float)c[3] * (d1 * dq1[k]);
+            if (TQA_KM) {
+                const float m0 = tqa_half(r0 + k * kbb, 2), m1 = tqa_half(r1 + k * kbb, 2);
+                s[0] += m0 * sq0[k];
+                s[1] += m0 * sq1[k];
+                s[2] += m1 * sq0[k];
+                s[3] += m1 * sq1[k];
+            }
+        }
+        // masks, scale, softcap; then the online softmax of each column
+        float alpha[2], p[4];
+        for (int j = 0; j < 4; ++j) {
+            const int c = j & 1;
+            const int ik = k0 + (int)g + 8 * (j >> 1);
+            const int pos = t0 + ik;
+            const bool ok = col_ok[c] && ik < n && pos >= start && pos < hi_c[c] && pos >= lo_c[c];
+            float x = s[j] * scale;
+            if (softcap > 0.0f) x = softcap * tqa_tanh(x / softcap);
+            s[j] = ok ? x : TQA_NEG_BIG;
+        }
+        for (int c = 0; c < 2; ++c) {
+            float mt = s[c] > s[2 + c] ? s[c] : s[2 + c];
+            for (uint off = 4u; off < 32u; off <<= 1) {
+                const float w = tq_simd_shuffle_xor(mt, off);
+                mt = w > mt ? w : mt;
+            }
+            const float mn = mt > mrun[c] ? mt : mrun[c];
+            alpha[c] = tq_exp(mrun[c] - mn);
+            mrun[c] = mn;
+            p[c] = s[c] > TQA_NEG_BIG ? tq_exp(s[c] - mn) : 0.0f;
+            p[2 + c] = s[2 + c] > TQA_NEG_BIG ? tq_exp(s[2 + c] - mn) : 0.0f;
+            lrun[c] = lrun[c] * alpha[c] + (p[c] + p[2 + c]);
+        }
+        for (int i = 0; i < RV; ++i) {
+            o[i][0] = o[i][0] * alpha[0];
+            o[i][1] = o[i][1] * alpha[1];
+            o[i][2] = o[i][2] * alpha[0];
+            o[i][3] = o[i][3] * alpha[1];
+        }
+        // P^T as the B fragment: rows (keys) 2*t4.., column (query row) g
+        const uint pb0 = tq_movmatrix_t(tq_pack_h2(p[0] * TQA_P_SCALE, p[1] * TQA_P_SCALE), lane);
+        const uint pb1 = tq_movmatrix_t(tq_pack_h2(p[2] * TQA_P_SCALE, p[3] * TQA_P_SCALE), lane);
+        // V^T fragments: keys k0 + 2*t4 + {0, 1, 8, 9}, runs g * RV and (g + 8) * RV
+        int kk[4];
+        bool kv[4];
+        for (int x = 0; x < 4; ++x) {
+            kk[x] = k0 + 2 * (int)t4 + (x & 1) + 8 * (x >> 1);
+            kv[x] = kk[x] < n && t0 + kk[x] >= start;
+        }
+        for (int c4 = 0; c4 < RV; c4 += 4) {
+            tqa_f4 f[4][2];
+            for (int x = 0; x < 4; ++x) {
+                TQ_SHARED const uchar* vrow = vts + kk[x] * VRB;
+                for (int run = 0; run < 2; ++run) {
+                    const int e = ((int)g + 8 * run) * RV + c4;
+                    if (kv[x]) {
+                        f[x][run] = tqa_dq4(vf, vbb, vgrp, vqs, vsg, vrow, e, vtab);
+                    } else {
+                        for (int u = 0; u < 4; ++u) f[x][run].v[u] = 0.0f;
+                    }
+                }
+            }
+            for (int u = 0; u < 4; ++u) {
+                tq_mma_f16(o[c4 + u], tq_pack_h2(f[0][0].v[u], f[1][0].v[u]), tq_pack_h2(f[0][1].v[u], f[1][1].v[u]),
+                           tq_pack_h2(f[2][0].v[u], f[3][0].v[u]), tq_pack_h2(f[2][1].v[u], f[3][1].v[u]), pb0, pb1,
+                           lane);
+            }
+        }
+    }
+    tq_barrier();
+}
+
+// every SIMD group's sums over its lanes, then the groups merged through threadgroup memory
+for (int c = 0; c < 2; ++c)
+    for (uint off = 4u; off < 32u; off <<= 1) lrun[c] += tq_simd_shuffle_xor(lrun[c], off);
+TQ_SHARED float* wm = (TQ_SHARED float*)stage;            // (NW, 8)
+TQ_SHARED float* wl = wm + TQA_NW * 8;                    // (NW, 8)
+TQ_SHARED float* wo = wl + TQA_NW * 8;                    // (NW, 8, DV)
+for (int c = 0; c < 2; ++c) {
+    const int r = 2 * (int)t4 + c;
+    if (r < Q) {
+        if (g == 0u) { wm[warp * 8 + r] = mrun[c]; wl[warp * 8 + r] = lrun[c]; }
+        for (int i = 0; i < RV; ++i) {
+            wo[((int)warp * 8 + r) * TQA_DV + (int)g * RV + i] = o[i][c] * TQA_P_UNSCALE;
+            wo[((int)warp * 8 + r) * TQA_DV + ((int)g + 8) * RV + i] = o[i][2 + c] * TQA_P_UNSCALE;
+        }
+    }
+}
+tq_barrier();
+const size_t row0 = (size_t)((b * hq_all + h * G) * T);   // first output row of this group
+for (int x = (int)tid; x < Q * TQA_DV; x += NT) {
+    const int r = x / TQA_DV, e = x % TQA_DV;
+    float mx = TQA_NEG_BIG;
+    for (int w = 0; w < TQA_NW; ++w) mx = wm[w * 8 + r] > mx ? wm[w * 8 + r] : mx;
+    float a = 0.0f, l = 0.0f;
+    for (int w = 0; w < TQA_NW; ++w) {
+        const float f = tq_exp(wm[w * 8 + r] - mx);
+        a += wo[(w * 8 + r) * TQA_DV + e] * f;
+        l += wl[w * 8 + r] * f;
+    }
+    const size_t pi = (row0 + (size_t)r) * (size_t)n_splits + (size_t)split;
+    po[pi * TQA_DV + e] = a;
+    if (e == 0) { pml[pi * 2] = mx; pml[pi * 2 + 1] = l; }
+}

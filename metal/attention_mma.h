@@ -1,0 +1,104 @@
+// Matrix-fragment primitives of the tqbridge kernel dialect (kernel v3; see docs/kernels.md).
+//
+// One SIMD group of 32 lanes multiplies small matrices held in registers, each lane holding a fixed
+// piece ("fragment"). The fragment layouts are those of the PTX `mma.sync` shapes named below
+// (lane = 4 * g + t, g = lane >> 2 the "group", t = lane & 3); every backend uses the same layouts:
+//
+//   tq_mma_s8 (m16n8k32, int8 in, int32 accumulate): C[16x8] += A[16x32] * B[32x8]
+//     a[0]: A[g][4t..4t+3]   a[1]: A[g+8][4t..4t+3]   a[2]: A[g][4t+16..]   a[3]: A[g+8][4t+16..]
+//     b[0]: B[4t..4t+3][g]   b[1]: B[4t+16..4t+19][g]          (4 int8 per register, low byte first)
+//   tq_mma_f16 (m16n8k16, binary16 in, float32 accumulate): C[16x8] += A[16x16] * B[16x8]
+//     a[0]: A[g][2t..2t+1]   a[1]: A[g+8][2t..2t+1]   a[2]: A[g][2t+8..]    a[3]: A[g+8][2t+8..]
+//     b[0]: B[2t..2t+1][g]   b[1]: B[2t+8..2t+9][g]            (2 halves per register, low first)
+//   C (both): c[0], c[1]: C[g][2t], C[g][2t+1]   c[2], c[3]: C[g+8][2t], C[g+8][2t+1]
+//   tq_movmatrix_t: an 8x8 matrix of halves, lane holding M[g][2t..2t+1], becomes its transpose.
+//
+// CUDA (sm_80+, MLX's NVRTC targets sm_90a) runs them on the tensor cores with inline PTX. Everywhere
+// else (the CPU emulator, Metal until it gets simdgroup_matrix versions) they are SIMD shuffles and
+// plain arithmetic: the same results for the integer product; for binary16 products (exact in
+// float32) the float32 sums may round differently from the tensor cores, which the oracle's bound
+// for kernel v3 covers. TQ_MMA_GENERIC forces the portable versions on CUDA (to test one against
+// the other).
+
+#if defined(TQ_BACKEND_CUDA) && !defined(TQ_MMA_GENERIC)
+TQ_FUNC void tq_mma_s8(TQ_THREAD int* c, const uint a0, const uint a1, const uint a2, const uint a3,
+                       const uint b0, const uint b1, const uint lane) {
+    (void)lane;
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+TQ_FUNC void tq_mma_f16(TQ_THREAD float* c, const uint a0, const uint a1, const uint a2, const uint a3,
+                        const uint b0, const uint b1, const uint lane) {
+    (void)lane;
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+TQ_FUNC uint tq_movmatrix_t(const uint x, const uint lane) {
+    (void)lane;
+    uint y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+    return y;
+}
+#else
+// int8 lanes of a 32-bit word, sign-extended
+TQ_FUNC int tq_s8_at(const uint w, const int i) { return (int)((((w >> (8 * i)) & 0xffu) ^ 0x80u)) - 0x80; }
+TQ_FUNC int tq_dot4_s8(const uint a, const uint b) {
+    int s = 0;
+    for (int i = 0; i < 4; ++i) s += tq_s8_at(a, i) * tq_s8_at(b, i);
+    return s;
+}
+TQ_FUNC void tq_mma_s8(TQ_THREAD int* c, const uint a0, const uint a1, const uint a2, const uint a3,
+                       const uint b0, const uint b1, const uint lane) {
+    const uint g = lane >> 2, t = lane & 3u;
+    for (uint k = 0; k < 4u; ++k) {   // the 4 lanes holding row g of A / column n of B
+        const uint ra0 = tq_simd_shuffle(a0, 4u * g + k), ra2 = tq_simd_shuffle(a2, 4u * g + k);
+        const uint ra1 = tq_simd_shuffle(a1, 4u * g + k), ra3 = tq_simd_shuffle(a3, 4u * g + k);
+        const uint rb00 = tq_simd_shuffle(b0, 8u * t + k), rb01 = tq_simd_shuffle(b1, 8u * t + k);
+        const uint rb10 = tq_simd_shuffle(b0, 8u * t + 4u + k), rb11 = tq_simd_shuffle(b1, 8u * t + 4u + k);
+        c[0] += tq_dot4_s8(ra0, rb00) + tq_dot4_s8(ra2, rb01);
+        c[1] += tq_dot4_s8(ra0, rb10) + tq_dot4_s8(ra2, rb11);
+        c[2] += tq_dot4_s8(ra1, rb00) + tq_dot4_s8(ra3, rb01);
+        c[3] += tq_dot4_s8(ra1, rb10) + tq_dot4_s8(ra3, rb11);
+    }
+}
+TQ_FUNC float tq_h2_dot(const uint a, const uint b) {   // exact products, one rounding per add
+    return tq_half_to_float(a & 0xffffu) * tq_half_to_float(b & 0xffffu)
+         + tq_half_to_float(a >> 16) * tq_half_to_float(b >> 16);
+}
+TQ_FUNC void tq_mma_f16(TQ_THREAD float* c, const uint a0, const uint a1, const uint a2, const uint a3,
+                        const uint b0, const uint b1, const uint lane) {
+    const uint g = lane >> 2, t = lane & 3u;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    for (uint k = 0; k < 4u; ++k) {
+        const uint ra0 = tq_simd_shuffle(a0, 4u * g + k), ra2 = tq_simd_shuffle(a2, 4u * g + k);
+        const uint ra1 = tq_simd_shuffle(a1, 4u * g + k), ra3 = tq_simd_shuffle(a3, 4u * g + k);
+        const uint rb00 = tq_simd_shuffle(b0, 8u * t + k), rb01 = tq_simd_shuffle(b1, 8u * t + k);
+        const uint rb10 = tq_simd_shuffle(b0, 8u * t + 4u + k), rb11 = tq_simd_shuffle(b1, 8u * t + 4u + k);
+        s0 += tq_h2_dot(ra0, rb00) + tq_h2_dot(ra2, rb01);
+        s1 += tq_h2_dot(ra0, rb10) + tq_h2_dot(ra2, rb11);
+        s2 += tq_h2_dot(ra1, rb00) + tq_h2_dot(ra3, rb01);
+        s3 += tq_h2_dot(ra1, rb10) + tq_h2_dot(ra3, rb11);
+    }
+    c[0] += s0; c[1] += s1; c[2] += s2; c[3] += s3;
+}
+TQ_FUNC uint tq_movmatrix_t(const uint x, const uint lane) {
+    // lane 4g + t receives M[2t][g] and M[2t+1][g]; M[r][c] is half (c & 1) of lane 4r + c / 2
+    const uint g = lane >> 2, t = lane & 3u;
+    const uint lo = tq_simd_shuffle(x, 8u * t + (g >> 1));
+    const uint hi = tq_simd_shuffle(x, 8u * t + 4u + (g >> 1));
+    const uint sh = 16u * (g & 1u);
+    return ((lo >> sh) & 0xffffu) | (((hi >> sh) & 0xffffu) << 16);
+}
+#endif
+
+// float32 -> binary16 bits, round to nearest even (the hardware conversion on the GPUs)
+#if defined(TQ_BACKEND_CUDA)
+TQ_FUNC uint tq_f2h(const float x) { return (uint)__half_as_ushort(__float2half_rn(x)); }
+#elif defined(TQ_BACKEND_METAL)
+TQ_FUNC uint tq_f2h(const float x) { return (uint)as_type<ushort>(half(x)); }
+#else
+TQ_FUNC uint tq_f2h(const float x) { return (uint)tq_f32_to_f16_bits(x); }
+#endif
+TQ_FUNC uint tq_pack_h2(const float lo, const float hi) { return tq_f2h(lo) | (tq_f2h(hi) << 16); }
