@@ -49,12 +49,23 @@ BASE_SYMBOLS = (
     # used by the check only
     "ggml_type_name", "ggml_blck_size", "ggml_type_size", "ggml_is_quantized", "ggml_get_mem_size",
     "ggml_get_no_alloc", "ggml_version",
+    # the eval-callback capture (llama_capture.py)
+    "ggml_op_name", "ggml_get_name", "ggml_n_dims", "ggml_backend_buffer_is_host",
 )
-CPU_SYMBOLS = ("ggml_cpu_init", "ggml_graph_plan", "ggml_graph_compute")
+CPU_SYMBOLS = ("ggml_cpu_init", "ggml_graph_plan", "ggml_graph_compute",
+               "ggml_get_type_traits_cpu")  # ggml_cpu.py
 # llama-cpp-python's Python names tqbridge uses (parity/runtimes.py, parity/transplant.py,
 # bridge/llama_state.py, bridge/tokenizer.py, tools/cmd_generate.py).
 PY_NAMES = ("Llama", "llama_state_seq_get_size", "llama_state_seq_get_data", "llama_state_seq_set_data",
-            "llama_chat_format.Jinja2ChatFormatter", "_internals.LlamaContext")
+            "llama_chat_format.Jinja2ChatFormatter", "_internals.LlamaContext",
+            # bridge/llama_capture.py: a context of our own with an eval callback
+            "llama_model_default_params", "llama_model_load_from_file", "llama_model_free",
+            "llama_context_default_params", "llama_init_from_model", "llama_free", "llama_batch_get_one",
+            "llama_decode", "llama_get_logits_ith", "llama_model_get_vocab", "llama_vocab_n_tokens",
+            "ggml_backend_sched_eval_callback", "LLAMA_FLASH_ATTN_TYPE_ENABLED", "_logger.set_verbose")
+# fields of llama_context_params that llama_capture sets
+CONTEXT_PARAM_FIELDS = ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch", "flash_attn_type",
+                        "type_k", "type_v", "cb_eval", "cb_eval_user_data")
 LLAMA_METHODS = ("eval", "close", "tokenize", "detokenize", "n_vocab", "token_eos")
 LLAMA_KEYWORDS = ("model_path", "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch", "logits_all",
                   "flash_attn", "type_k", "type_v", "vocab_only", "verbose")
@@ -155,6 +166,9 @@ def check_python_names(llama_cpp) -> list[str]:
         except (TypeError, ValueError):
             params = {}
         bad += [f"Llama() takes no keyword {k}" for k in LLAMA_KEYWORDS if k not in params]
+    cparams = getattr(llama_cpp, "llama_context_params", None)
+    fields = {f[0] for f in getattr(cparams, "_fields_", ())}
+    bad += [f"llama_context_params has no field {f}" for f in CONTEXT_PARAM_FIELDS if f not in fields]
     return bad
 
 

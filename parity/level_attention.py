@@ -58,13 +58,68 @@ def bound_ratio(x: np.ndarray, ref: np.ndarray, bound: np.ndarray) -> float:
     return float(ratio.max()) if ratio.size else 0.0
 
 
-def attention_case(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, *, k_format: str,
-                   v_format: str, scale: "float | None" = None,
-                   backends: Iterable[str] = ("reference", "cpu-emulator")) -> dict[str, Any]:
-    """Compare on one problem. q: (Hq, D) float32; k/v blocks: (Hkv, n, row_bytes) uint8."""
-    from tqbridge.bridge.ggml_graph import flash_attn_ext
+def judge_ours(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray, *, k_format, v_format, length: int,
+               scale: float, window: "int | None" = None, softcap: "float | None" = None,
+               rotation: "tuple[int, int] | None" = None, backends: Iterable[str] = ("reference", "cpu-emulator"),
+               compare: "dict[str, np.ndarray] | None" = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each of our paths on one problem against the float64 oracle and its bound.
+
+    qb: (1, Hq, D) or (1, Hq, T, D) float32; kb / vb: (1, Hkv, L, row_bytes) blocks. ``compare``:
+    other outputs (name -> array shaped like q's output) whose errors vs the oracle are reported
+    beside ours (information, e.g. ggml's). Returns ({backend: record}, {name: errors})."""
     from tqbridge.metal import attention
     from tqbridge.metal.attention_ref import oracle
+
+    kf, vf = get_format(k_format), get_format(v_format)
+    kw = dict(k_format=kf, v_format=vf, length=int(length), scale=float(scale), window=window,
+              softcap=softcap, rotation=rotation)
+    prob = attention.check_problem(qb, kb, vb, **kw)
+
+    def oracle_for(chain: "int | None") -> tuple[np.ndarray, np.ndarray]:
+        want, bound = oracle(qb, kb, vb, prob, chain=chain)
+        return want[0], bound[0]                                  # (Hq, T, D)
+
+    ref, ref_bound = oracle_for(None)
+    shape = ref.shape if qb.ndim == 4 else (ref.shape[0], ref.shape[2])
+    ref, ref_bound = ref.reshape(shape), ref_bound.reshape(shape)
+    others = {}
+    for name, x in (compare or {}).items():
+        e = _errors(np.asarray(x, np.float64).reshape(shape), ref)
+        e["bound_ratio"] = bound_ratio(np.asarray(x, np.float64).reshape(shape), ref, ref_bound)
+        others[name] = e
+    out_scale = float(np.abs(ref).max()) or 1.0
+    ours: dict[str, Any] = {}
+    for b in backends:
+        # through the module attribute, so a caller (or a planted-bug test) can wrap it
+        o = np.asarray(attention.decode_attention(qb, kb, vb, backend=b, **kw), dtype=np.float64)[0]
+        run = attention.last_run() or {}
+        chain = run.get("chain") if b != "reference" else None
+        if chain is None:
+            want, bound = ref, ref_bound
+        else:
+            want, bound = (a.reshape(shape) for a in oracle_for(int(chain)))
+        e = _errors(o, want)
+        e["path"] = run.get("backend", b) if b != "reference" else "reference"
+        e["chain"] = int(chain) if chain is not None else int(length)
+        e["bound_ratio"] = bound_ratio(o, want, bound)
+        e["within_bound"] = bool(np.isfinite(o).all() and e["bound_ratio"] <= 1.0)
+        e["out_scale"] = out_scale
+        for name, x in (compare or {}).items():
+            e[f"vs_{name}"] = _errors(o, np.asarray(x, np.float64).reshape(shape))
+        ours[b] = e
+    return ours, others
+
+
+def attention_case(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, *, k_format: str,
+                   v_format: str, scale: "float | None" = None,
+                   backends: Iterable[str] = ("reference", "cpu-emulator"), window: "int | None" = None,
+                   softcap: "float | None" = None, rotation: "tuple[int, int] | None" = None) -> dict[str, Any]:
+    """Compare on one problem. q: (Hq, D) float32; k/v blocks: (Hkv, n, row_bytes) uint8.
+
+    ggml's ``flash_attn_ext`` runs beside ours when it can (ggml formats, no window, no rotation);
+    the other options (``window``, ``softcap``, ``rotation``: llama.cpp's Hadamard groups of the
+    stored rows) are judged against the oracle alone."""
+    from tqbridge.bridge.ggml_graph import flash_attn_ext
 
     kf, vf = get_format(k_format), get_format(v_format)
     q = np.ascontiguousarray(q, dtype=np.float32)
@@ -72,38 +127,25 @@ def attention_case(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, *,
     hkv, n = k_blocks.shape[:2]
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
     qb, kb, vb = q[None], np.ascontiguousarray(k_blocks)[None], np.ascontiguousarray(v_blocks)[None]
-    prob = attention.check_problem(qb, kb, vb, k_format=kf, v_format=vf, length=n, scale=scale)
-
-    def oracle_for(chain: "int | None") -> tuple[np.ndarray, np.ndarray]:
-        want, bound = oracle(qb, kb, vb, prob, chain=chain)
-        return want[0, :, 0], bound[0, :, 0]                     # (Hq, D)
-
-    ref, ref_bound = oracle_for(None)
-    ggml = flash_attn_ext(q[:, None, :], k_blocks, v_blocks, k_type=kf.type_ids["ggml"],
-                          v_type=vf.type_ids["ggml"], scale=scale)[0]
-    g_err = _errors(ggml, ref)
-    g_err["bound_ratio"] = bound_ratio(ggml, ref, ref_bound)   # information: ggml is not float32 attention
-    out_scale = float(np.abs(ref).max()) or 1.0
+    ggml_ok = ("ggml" in kf.type_ids and "ggml" in vf.type_ids and not window and not rotation)
+    compare = {}
+    if ggml_ok:
+        compare["ggml"] = flash_attn_ext(q[:, None, :], k_blocks, v_blocks, k_type=kf.type_ids["ggml"],
+                                         v_type=vf.type_ids["ggml"], scale=scale, softcap=float(softcap or 0.0))[0]
+    ours, others = judge_ours(qb, kb, vb, k_format=kf, v_format=vf, length=n, scale=scale, window=window,
+                              softcap=softcap, rotation=rotation, backends=backends, compare=compare)
     res: dict[str, Any] = {"kv": f"{kf.key}/{vf.key}", "q_heads": hq, "kv_heads": hkv, "keys": n,
                            "head_dim": d, "claim": "|ours - float64 oracle| <= oracle bound, every component",
-                           "ggml_vs_oracle": g_err, "ours": {}}
+                           "options": {"window": window or 0, "softcap": float(softcap or 0.0),
+                                       "rotation": list(rotation) if rotation else None},
+                           "ggml_vs_oracle": others.get("ggml"), "ours": {}}
     ok = True
-    for b in backends:
-        # through the module attribute, so a caller (or a planted-bug test) can wrap it
-        o = np.asarray(attention.decode_attention(qb, kb, vb, k_format=kf, v_format=vf, length=n, scale=scale,
-                                                  backend=b), dtype=np.float64)[0]
-        run = attention.last_run() or {}
-        chain = run.get("chain") if b != "reference" else None
-        want, bound = (ref, ref_bound) if chain is None else oracle_for(int(chain))
-        e = _errors(o, want)
-        e["vs_ggml"] = _errors(o, ggml)
-        e["path"] = run.get("backend", b) if b != "reference" else "reference"
-        e["chain"] = int(chain) if chain is not None else n
-        e["bound_ratio"] = bound_ratio(o, want, bound)
-        e["within_bound"] = bool(np.isfinite(o).all() and e["bound_ratio"] <= 1.0)
-        e["no_worse_than_ggml"] = bool(
-            e["nmse"] <= max(g_err["nmse"], NMSE_FLOOR)
-            and e["max_abs"] <= max(g_err["max_abs"], MAX_REL_FLOOR * out_scale))
+    for b, e in ours.items():
+        if ggml_ok:
+            g_err = others["ggml"]
+            e["no_worse_than_ggml"] = bool(
+                e["nmse"] <= max(g_err["nmse"], NMSE_FLOOR)
+                and e["max_abs"] <= max(g_err["max_abs"], MAX_REL_FLOOR * e["out_scale"]))
         ok = ok and e["within_bound"]
         res["ours"][b] = e
     res["passed"] = ok
@@ -184,11 +226,25 @@ def probe_problem(kind: str, k_format: str, v_format: str, *, q_heads: int = 8, 
     return q, quantize(k_format, k), quantize(v_format, v)
 
 
+# Option cases: the kernel paths a model may use that the format pairs alone do not reach — a soft-capped
+# logit, a sliding window shorter than the cache, llama.cpp's Hadamard rotation of the stored rows (q
+# rotated in, the output rotated back inside the kernel) and a turbo pair (rotation inside the format).
+# Each is one Gaussian problem (name, K/V pair, options, (Hq, Hkv, keys, head_dim)). The values are chosen
+# so that skipping the option moves the output far beyond the bound: softcap 2 compresses logits of
+# magnitude ~1-10; a window of 17 of 64 keys, where one key more or less moves every weight by ~1/17.
+OPTION_CASES = (
+    ("softcap", "q8_0/q4_0", {"softcap": 2.0}, (8, 2, 64, 64)),
+    ("window", "q8_0/q4_0", {"window": 17}, (8, 2, 64, 64)),
+    ("llama-rotation", "q8_0/q4_0", {"rotation": (64, 64)}, (8, 2, 64, 64)),
+    ("turbo", "turbo3/turbo3", {}, (8, 2, 64, 128)),
+)
+
+
 def run_attention_level(pairs: "Iterable[str]", *, shapes: "Iterable[tuple[int, int, int, int]]" = ((8, 2, 64, 64),),
                         backends: Iterable[str] = ("reference", "cpu-emulator"), seed: int = 0,
-                        probes: Iterable[str] = PROBES) -> dict[str, Any]:
+                        probes: Iterable[str] = PROBES, options: "Iterable[tuple] | None" = OPTION_CASES) -> dict[str, Any]:
     """Every K/V pair on every (Hq, Hkv, keys, head_dim) shape (Gaussian rows), and on each probe
-    (:func:`probe_problem`, 8/2 heads, 64 keys, D = 64); a JSON-ready dict."""
+    (:func:`probe_problem`, 8/2 heads, 64 keys, D = 64); then the :data:`OPTION_CASES`; a JSON-ready dict."""
     cases = []
     for spec in pairs:
         kf, _, vf = spec.partition("/")
@@ -201,6 +257,11 @@ def run_attention_level(pairs: "Iterable[str]", *, shapes: "Iterable[tuple[int, 
             q, k, v = probe_problem(kind, kf, vf, seed=seed)
             cases.append({"problem": f"probe:{kind}",
                           **attention_case(q, k, v, k_format=kf, v_format=vf, backends=backends)})
+    for name, spec, opts, (hq, hkv, n, d) in options or ():
+        kf, _, vf = spec.partition("/")
+        q, k, v = random_problem(kf, vf, q_heads=hq, kv_heads=hkv, keys=n, head_dim=d, seed=seed)
+        cases.append({"problem": f"option:{name}",
+                      **attention_case(q, k, v, k_format=kf, v_format=vf, backends=backends, **opts)})
     return {"cases": cases, "claim": "ours within the float64 oracle's bound (ggml's own error: information)",
             "passed": all(c["passed"] for c in cases)}
 
@@ -213,7 +274,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
                          + ("" if e["within_bound"] else " OUTSIDE")
                          for b, e in c["ours"].items())
         g = c["ggml_vs_oracle"]
+        gtext = (f"ggml {g['bound_ratio']:.2g}x bound (NMSE {g['nmse']:.1e}, information)" if g
+                 else "ggml: n/a (not a ggml problem)")
         lines.append(f"{c['kv']:<12} {c.get('problem', 'gaussian')} {c['q_heads']}/{c['kv_heads']} heads, "
-                     f"{c['keys']} keys, D={c['head_dim']}: "
-                     f"{ours}; ggml {g['bound_ratio']:.2g}x bound (NMSE {g['nmse']:.1e}, information)")
+                     f"{c['keys']} keys, D={c['head_dim']}: {ours}; {gtext}")
     return lines

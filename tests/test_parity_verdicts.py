@@ -177,8 +177,11 @@ def test_q_rounded_to_f16_fails_the_bound_but_passed_the_old_rule(monkeypatch):
                 assert e["no_worse_than_ggml"], (c["kv"], b, e, c["ggml_vs_oracle"])
             elif c["problem"] == "probe:q-rounding":
                 assert not e["within_bound"] and e["bound_ratio"] > 5, (c["kv"], b, e)
-        # ggml's own error is reported beside ours
-        assert {"nmse", "max_abs", "bound_ratio"} <= set(c["ggml_vs_oracle"])
+        # ggml's own error is reported beside ours, except on the option cases ggml cannot run here
+        if c["problem"] in ("option:window", "option:llama-rotation", "option:turbo"):
+            assert c["ggml_vs_oracle"] is None
+        else:
+            assert {"nmse", "max_abs", "bound_ratio"} <= set(c["ggml_vs_oracle"])
     assert any(not c["passed"] for c in rep["cases"] if c["problem"] == "probe:q-rounding")
 
 

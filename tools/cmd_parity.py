@@ -2,7 +2,8 @@
 
 Levels: ``blocks`` (same rows through ggml's C and every tqbridge path), ``attention`` (our decode
 kernel vs ggml's ``flash_attn_ext`` vs a float64 oracle), ``logits`` (per-position KL between the
-runtimes), ``cache`` (llama.cpp's cache bytes vs tqbridge's; F32 weights) and ``transplant`` (a
+runtimes), ``cache`` (llama.cpp's cache bytes vs tqbridge's; F32 weights), ``teacher`` (every layer
+fed llama.cpp's own K/V/q rows: cache bytes, rotation, attention and mask, per layer) and ``transplant`` (a
 prompt prefilled in llama.cpp, decoded in MLX, and back). ``all`` runs every level.
 """
 
@@ -13,7 +14,7 @@ import sys
 
 from tqbridge.tools.cli import CliError
 
-LEVELS = ("blocks", "attention", "logits", "cache", "transplant")
+LEVELS = ("blocks", "attention", "logits", "cache", "teacher", "transplant")
 DEFAULT_LEVELS = ("blocks", "attention", "logits")
 
 
@@ -176,14 +177,14 @@ def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say)
         pairs = [KV.parse(s).k + "/" + KV.parse(s).v for s in kv_list]
         out["attention"] = rep = run_attention_level(pairs)
         worst = max(e["bound_ratio"] for c in rep["cases"] for e in c["ours"].values())
-        ggml = max(c["ggml_vs_oracle"]["nmse"] for c in rep["cases"])
+        ggml = max((c["ggml_vs_oracle"]["nmse"] for c in rep["cases"] if c["ggml_vs_oracle"]), default=0.0)
         print(f"attention: {'within' if rep['passed'] else 'OUTSIDE'} the float64 oracle's bound on "
               f"{len(rep['cases'])} cases (worst {worst:.2g}x the bound; ggml's own NMSE up to {ggml:.1e}, "
               f"information)")
         if not rep["passed"]:
             print("\n".join("  " + line for line in attention_lines(rep)
                              if "OUTSIDE" in line))
-    if "cache" in levels or "transplant" in levels:
+    if "cache" in levels or "transplant" in levels or "teacher" in levels:
         from tqbridge.bridge.gguf_f32 import cached_f32_gguf
         from tqbridge.parity.level_logits import parity_text
         from tqbridge.parity.runtimes import LlamaCppRuntime
@@ -201,6 +202,16 @@ def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say)
                                                  runtimes=quantized[:1])
             print(f"cache: layer-0 bytes {'identical' if rep['passed'] else 'DIFFER'}")
             print("\n".join("  " + line for line in cache_lines(rep)))
+        if "teacher" in levels:
+            from tqbridge.parity.level_teacher import run_teacher, summary_lines as teacher_lines
+
+            say("teacher forcing: llama.cpp's own rows through tqbridge, layer by layer")
+            specs = [KV.parse(s).name for s in kv_list]
+            out["teacher"] = rep = run_teacher(str(f32), tokens, specs, decode=min(4, args.decode),
+                                               rotation=rotation, progress=say)
+            print(f"teacher: {'every layer holds' if rep['passed'] else 'a layer FAILED'} "
+                  f"({len(specs)} K/V pairs, {rep['tokens']} tokens, {rep['decode']} decode steps)")
+            print("\n".join("  " + line for line in teacher_lines(rep)))
         if "transplant" in levels:
             from tqbridge.parity.transplant import run_transplant
 

@@ -1,0 +1,282 @@
+"""Teacher forcing: llama.cpp's own per-layer tensors fed to tqbridge, layer by layer, no cascade.
+
+With a quantized cache the two runtimes part after layer 0 (quantization steps flip and feed the next
+layer), so end-to-end comparisons sit on a noise floor. Here nothing cascades: llama.cpp runs once
+with the cache type under test (:func:`tqbridge.bridge.llama_capture.capture_run`, its eval callback),
+and every layer of tqbridge is given exactly what that layer of llama.cpp was given:
+
+- **cache bytes (claim, exact)**: the float rows llama.cpp quantized into its cache (after RoPE and
+  after its Hadamard KV rotation) are appended to a :class:`~tqbridge.metal.cache.TQCache` (the
+  user's cache: its quantizer, append path and layout; ``rotation="none"`` since the rows are
+  rotated already), the prompt as one chunk and each decode step as one row. Its blocks must equal
+  the bytes in llama.cpp's cache, **at every layer**, K and V.
+- **rotation (claim, bounded)**: with llama.cpp's rotation on, the rows *before* its rotation go to a
+  ``TQCache(rotation="llama")``. Its rotated rows (``_key_rows`` for K, the V rotation for V) must
+  equal llama.cpp's to within :func:`rotation_bound` — the float32 error of two dot products of
+  length n (the group) in any summation order, ``2 * gamma_n * sum_j |x_j| / sqrt(n)`` with
+  ``gamma_n = n u / (1 - n u)``, ``u = 2**-24`` (Higham, Accuracy and Stability of Numerical
+  Algorithms, 2nd ed., eq. 3.5). The Hadamard entries are powers of two, so the products are exact
+  and only the summation order differs. The blocks of that cache are reported (information): they
+  differ from llama.cpp's only where the rotated inputs differ by those ulps and a value sits at a
+  rounding boundary; the exact check above shows the quantizer is not the cause.
+- **attention (claim)**: per layer, the last ``rows`` query positions (the decode steps when there
+  are any) — llama.cpp's own q (before its rotation; tqbridge's kernel rotates q and the output
+  itself) over llama.cpp's own cache bytes, with llama.cpp's scale and softcap and the layer's window
+  in tqbridge's model — through ``decode_attention`` on each backend, within the float64 oracle's bound.
+  llama.cpp's flash-attention output for the same rows is reported beside it (its error vs the
+  oracle and vs ours: information; ggml rounds q to the K type's dot type on purpose).
+- **mask (claim)**: the key positions llama.cpp's mask lets each of those query rows see are the
+  ones tqbridge's causal/window convention (:func:`tqbridge.metal.attention.visible_range`) gives
+  with the layer's window in tqbridge's model (:func:`model_windows`; Gemma 3's local layers: 512,
+  so a prompt longer than that is needed to exercise it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable
+
+import numpy as np
+
+U32 = 2.0 ** -24          # float32 unit roundoff
+
+
+def gamma(n: int) -> float:
+    """Higham's gamma_n = n u / (1 - n u) for float32."""
+    return n * U32 / (1.0 - n * U32)
+
+
+def rotation_bound(x: np.ndarray, group: int) -> np.ndarray:
+    """Per component, the most two float32 evaluations of ``H_n x`` (orthonormal Hadamard, entries
+    +-1/sqrt(n), n = ``group``) can differ by, in any summation order: ``2 gamma_n sum|x| / sqrt(n)``
+    over the component's group. x: (..., D) float32 rows before the rotation."""
+    xs = np.abs(np.asarray(x, np.float64)).reshape(*x.shape[:-1], x.shape[-1] // group, group)
+    per = 2.0 * gamma(group) * xs.sum(axis=-1, keepdims=True) / np.sqrt(group)
+    return np.broadcast_to(per, xs.shape).reshape(x.shape)
+
+
+def _block_diff(a: np.ndarray, b: np.ndarray, type_size: int) -> dict[str, Any]:
+    ab = a.reshape(-1, type_size)
+    bb = b.reshape(-1, type_size)
+    d = (ab != bb).any(axis=1)
+    return {"blocks": int(d.size), "blocks_differing": int(d.sum()), "share_blocks": float(d.mean()) if d.size else 0.0,
+            "identical": bool(a.shape == b.shape and not d.any())}
+
+
+def bytes_check(ours: np.ndarray, llama: np.ndarray, rows: np.ndarray, fmt) -> dict[str, Any]:
+    """TQCache's blocks vs llama.cpp's for the same quantizer input, with the residual explained.
+
+    ours / llama: (Hkv, n, row_bytes); rows: (n, Hkv * D) float32, what llama.cpp quantized. Claims:
+    llama.cpp's bytes are ggml-cpu's ``from_float`` of the rows (what SET_ROWS calls), and every block
+    where ours differs from llama.cpp's is one where ``from_float`` and the reference quantizer
+    disagree (q8_0 on x86: ``127/amax`` and round-half-even vs ``1/d`` and ``roundf``,
+    :mod:`tqbridge.bridge.ggml_cpu`); there ours must equal the reference."""
+    from tqbridge.bridge.ggml_cpu import cpu_from_float, reference_quantize
+
+    hkv, n = ours.shape[:2]
+    x = np.ascontiguousarray(rows.reshape(n, hkv, -1).transpose(1, 0, 2))
+    cpu = cpu_from_float(fmt, x)
+    ref = reference_quantize(fmt, x)
+    ts = fmt.type_size
+
+    def blocks(a, b):
+        return (a.reshape(-1, ts) != b.reshape(-1, ts)).any(axis=1)
+
+    d_ours, d_cpu, resid, d_ref = blocks(ours, llama), blocks(cpu, llama), blocks(cpu, ref), blocks(ours, ref)
+    unexplained = d_ours & ~resid
+    out = {"blocks": int(d_ours.size), "blocks_differing": int(d_ours.sum()),
+           "share_blocks": float(d_ours.mean()) if d_ours.size else 0.0,
+           "identical": bool(not d_ours.any()),
+           "residual_cpu_vs_reference": int(resid.sum()), "unexplained": int(unexplained.sum()),
+           "llama_is_cpu_from_float": bool(not d_cpu.any()), "ours_is_reference": bool(not d_ref.any())}
+    out["passed"] = bool(out["llama_is_cpu_from_float"] and out["ours_is_reference"] and not unexplained.any())
+    return out
+
+
+def _heads(rows: np.ndarray, heads: int) -> np.ndarray:
+    """(tokens, heads * D) -> (1, heads, tokens, D)."""
+    t = rows.shape[0]
+    return np.ascontiguousarray(rows.reshape(t, heads, -1).transpose(1, 0, 2))[None]
+
+
+def _tq_feed(k_fmt: str, v_fmt: str, rotation: str, k_chunks, v_chunks, hkv: int):
+    """A TQCache fed chunk by chunk; returns (cache, K blocks, V blocks) as (Hkv, n, row_bytes)."""
+    import mlx.core as mx
+
+    from tqbridge.metal.cache import TQCache
+
+    cache = TQCache(k_fmt, v_fmt, rotation=rotation)
+    for kc, vc in zip(k_chunks, v_chunks):
+        cache.update_and_fetch(mx.array(_heads(kc, hkv)), mx.array(_heads(vc, hkv)))
+    kb, vb = cache.blocks()
+    return cache, np.array(kb)[0], np.array(vb)[0]
+
+
+def _unrotate(x: np.ndarray, group: int) -> np.ndarray:
+    if not group:
+        return x
+    h = np.ones((1, 1))
+    while h.shape[0] < group:
+        h = np.block([[h, h], [h, -h]])
+    h = h / np.sqrt(group)
+    return (x.astype(np.float64).reshape(*x.shape[:-1], -1, group) @ h).reshape(x.shape)
+
+
+def model_windows(gguf_path: str) -> "list[int]":
+    """The sliding window of each layer as tqbridge runs the model: the mlx-lm model built from the
+    GGUF (:func:`tqbridge.bridge.gguf_model.load_gguf_model`) and its TQCaches
+    (:func:`tqbridge.metal.cache.make_cache`); 0 for a layer without a window."""
+    from tqbridge.bridge.gguf_model import load_gguf_model
+    from tqbridge.metal.cache import make_cache
+
+    model, _ = load_gguf_model(gguf_path)
+    return [int(getattr(c, "window", None) or 0) for c in make_cache(model, "q8_0")]
+
+
+def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], window: int = 0,
+                  attention: bool = True) -> dict[str, Any]:
+    """Every check on one captured layer (:class:`tqbridge.bridge.llama_capture.LayerCapture`).
+    ``window``: the layer's sliding window in tqbridge's model (0: none)."""
+    import mlx.core as mx
+
+    from tqbridge.bridge import get_format
+    from tqbridge.metal.attention import visible_range
+    from tqbridge.metal.hadamard import hadamard_rotate
+    from tqbridge.parity.level_attention import judge_ours
+
+    kf, vf = get_format(kv.k), get_format(kv.v)
+    hkv = L.k_cache.shape[0]
+    k_rows, v_rows = np.concatenate(L.k_rows), np.concatenate(L.v_rows)
+    cells = np.concatenate(L.k_cells)
+    if not np.array_equal(cells, np.concatenate(L.v_cells)):
+        raise ValueError("llama.cpp wrote K and V rows to different cells")
+    n = len(cells)
+    dk, dv = k_rows.shape[1] // hkv, v_rows.shape[1] // hkv
+    ll_k = L.k_cache[:, cells]                       # llama.cpp's bytes, in the order rows were written
+    ll_v = L.v_cache[:, cells]
+    out: dict[str, Any] = {"cells": n, "kv_heads": hkv, "head_dim": dk, "k_rot": L.k_rot, "v_rot": L.v_rot}
+    # 1. cache bytes: llama.cpp's quantizer input through TQCache
+    _, kb, vb = _tq_feed(kf.key, vf.key, "none", L.k_rows, L.v_rows, hkv)
+    out["bytes"] = {"k": bytes_check(kb, ll_k, k_rows, kf), "v": bytes_check(vb, ll_v, v_rows, vf)}
+    ok = out["bytes"]["k"]["passed"] and out["bytes"]["v"]["passed"]
+    # 2. rotation: llama.cpp's rows before its rotation through TQCache(rotation="llama")
+    if rotation and (L.k_rot or L.v_rot):
+        k_in = [x.reshape(len(r), -1) for x, r in zip(L.k_in, L.k_rows)] if L.k_rot else L.k_rows
+        v_in = [x.reshape(len(r), -1) for x, r in zip(L.v_in, L.v_rows)] if L.v_rot else L.v_rows
+        cache, kb2, vb2 = _tq_feed(kf.key, vf.key, "llama", k_in, v_in, hkv)
+        rot = {"k_group_llama": L.k_rot, "v_group_llama": L.v_rot,
+               "k_group_ours": int(cache.k_rot), "v_group_ours": int(cache.v_rot)}
+        for side, xin, want, group, ours_fn, blocks, ll, fmt in (
+                ("k", k_in, k_rows, L.k_rot, lambda a: cache._key_rows(a), kb2, ll_k, kf),
+                ("v", v_in, v_rows, L.v_rot, lambda a: hadamard_rotate(a, cache.v_rot), vb2, ll_v, vf)):
+            x = np.concatenate(xin)
+            ours = np.array(ours_fn(mx.array(_heads(x, hkv))))[0].transpose(1, 0, 2).reshape(n, -1)
+            err = np.abs(ours.astype(np.float64) - want)
+            bound = rotation_bound(x.reshape(n * hkv, -1), group).reshape(n, -1) if group else np.zeros_like(err)
+            ratio = float(np.max(np.where(bound > 0, err / np.where(bound > 0, bound, 1), np.where(err > 0, np.inf, 0))))
+            rot[side] = {"max_abs": float(err.max()), "values_differing": float((err > 0).mean()),
+                         "bound_ratio": ratio, "within_bound": bool(ratio <= 1.0),
+                         "blocks": _block_diff(blocks, ll, fmt.type_size)}
+            ok = ok and rot[side]["within_bound"]
+        out["rotation"] = rot
+    # 3. attention on llama.cpp's own q and cache bytes, 4. its mask vs our window convention
+    if attention and L.q and L.out:
+        pos_of_cell = np.full(L.k_cache.shape[1], -1)
+        pos_of_cell[cells] = np.arange(n)
+        # the last `rows` positions, taken from the last evaluations (decode steps) or the prompt's end
+        q_src = [x.reshape(len(o), o.shape[1], -1) for x, o in zip(L.q_in, L.out)] if L.k_rot else L.q
+        outs = L.out
+        q_all = np.concatenate(q_src)
+        o_all = np.concatenate(outs)
+        m_all = np.concatenate(L.mask) if L.mask else None
+        t = min(rows, n)
+        q_rows = q_all[n - t:]                          # (T, Hq, D)
+        ll_out = _unrotate(o_all[n - t:], L.v_rot)      # llama.cpp's output, rotated back
+        visible_ok = True
+        llama_lo = []
+        if m_all is not None:
+            for i, r in enumerate(range(n - t, n)):
+                vis = np.sort(pos_of_cell[np.isfinite(m_all[r]) & (pos_of_cell >= 0)])
+                lo, hi = visible_range(n, t, i, window)
+                llama_lo.append(int(vis[0]) if len(vis) else -1)
+                visible_ok = visible_ok and np.array_equal(vis, np.arange(lo, hi))
+        out["mask"] = {"window_ours": window, "first_visible_llama": llama_lo, "matches": bool(visible_ok)}
+        ok = ok and visible_ok
+        qb = np.ascontiguousarray(q_rows.transpose(1, 0, 2))[None].astype(np.float32)     # (1, Hq, T, D)
+        kbl, vbl = ll_k[None], ll_v[None]
+        rotation_arg = (L.k_rot, L.v_rot) if (L.k_rot or L.v_rot) else None
+        ours, others = judge_ours(qb, kbl, vbl, k_format=kf, v_format=vf, length=n, scale=L.scale,
+                                  window=window or None, softcap=L.softcap or None, rotation=rotation_arg,
+                                  backends=backends, compare={"llama": ll_out.transpose(1, 0, 2)})
+        out["attention"] = {"rows": t, "scale": L.scale, "softcap": L.softcap, "ours": ours,
+                            "llama_vs_oracle": others["llama"]}
+        ok = ok and all(e["within_bound"] for e in ours.values())
+    out["passed"] = bool(ok)
+    return out
+
+
+def run_teacher(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, decode: int = 4, rotation: bool = True,
+                rows: int = 4, backends: Iterable[str] = ("reference", "cpu-emulator"),
+                attention: bool = True, windows: "list[int] | None" = None, progress=None) -> dict[str, Any]:
+    """The teacher-forced level for each K/V pair on ``tokens``; a JSON-ready dict.
+
+    ``windows``: each layer's sliding window in tqbridge's model (default: :func:`model_windows`)."""
+    from tqbridge.bridge.llama_capture import capture_run
+    from tqbridge.parity.runtimes import KV
+
+    if windows is None:
+        if progress:
+            progress("teacher forcing: tqbridge's model (for its sliding windows)")
+        windows = model_windows(gguf_path)
+    results = []
+    for spec in kvs:
+        kv = KV.parse(spec)
+        if progress:
+            progress(f"teacher forcing: {kv.name}")
+        t0 = time.perf_counter()
+        cap, _ = capture_run(gguf_path, tokens, kv.k, kv.v, decode=decode, rotation=rotation)
+        layers = []
+        for il in sorted(cap.layers):
+            if il >= len(windows):
+                raise ValueError(f"llama.cpp has a layer {il}, tqbridge's model {len(windows)} layers")
+            rec = teacher_layer(cap.layers[il], kv, rotation=rotation, rows=rows, backends=backends,
+                                window=windows[il], attention=attention)
+            rec["layer"] = il
+            layers.append(rec)
+        results.append({"kv": kv.name, "layers": layers, "seconds": round(time.perf_counter() - t0, 2),
+                        "passed": all(L["passed"] for L in layers)})
+    return {"tokens": len(tokens), "decode": decode, "rotation": rotation, "rows": rows, "backends": list(backends),
+            "windows": sorted(set(windows)), "kv": results,
+            "claim": ("at every layer: TQCache's bytes == llama.cpp's for llama.cpp's quantizer input; its rotation "
+                      "within the float32 dot-product bound; our attention on llama.cpp's q and cache within the "
+                      "float64 oracle's bound; llama.cpp's mask == our window convention"),
+            "passed": all(r["passed"] for r in results)}
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    lines = []
+    for r in report["kv"]:
+        Ls = r["layers"]
+        kb = sum(L["bytes"]["k"]["blocks_differing"] for L in Ls)
+        vb = sum(L["bytes"]["v"]["blocks_differing"] for L in Ls)
+        nb = sum(L["bytes"]["k"]["blocks"] + L["bytes"]["v"]["blocks"] for L in Ls)
+        un = sum(L["bytes"]["k"]["unexplained"] + L["bytes"]["v"]["unexplained"] for L in Ls)
+        bad = [L["layer"] for L in Ls if not L["passed"]]
+        state = ("identical" if not (kb or vb) else
+                 f"identical but K {kb} / V {vb} of {nb} blocks, all where ggml-cpu's quantizer differs from the "
+                 f"reference" if not un else f"DIFFER ({un} blocks unexplained)")
+        text = f"{r['kv']}: {len(Ls)} layers, cache bytes {state}"
+        rots = [L["rotation"] for L in Ls if "rotation" in L]
+        if rots:
+            worst = max(max(x["k"]["bound_ratio"], x["v"]["bound_ratio"]) for x in rots)
+            share = np.mean([x["k"]["blocks"]["share_blocks"] for x in rots])
+            text += f"; rotation {worst:.2g}x its bound ({share:.2%} of K blocks differ after our rotation)"
+        atts = [L["attention"] for L in Ls if "attention" in L]
+        if atts:
+            worst = max(e["bound_ratio"] for a in atts for e in a["ours"].values())
+            ll = max(a["llama_vs_oracle"]["bound_ratio"] for a in atts)
+            text += f"; attention {worst:.2g}x the oracle bound (llama.cpp {ll:.2g}x, information)"
+        if bad:
+            text += f"; FAILED at layers {bad}"
+        lines.append(text)
+    return lines
