@@ -27,6 +27,7 @@ from ..bridge.registry import Format
 MAX_QUERY_ROWS = 4          # speculative decoding: at most 4 new query rows per call
 MAX_ROTATION = 256          # largest Hadamard group (the kernel's sign tables hold 256 entries)
 BACKENDS = ("auto", "reference", "kernel", "cpu-emulator", "cuda", "metal")
+Q_PRECISIONS = ("exact", "int8")   # how q enters the scores (see decode_attention)
 LAST_RUN: dict = {}         # what the most recent call ran: backend, dispatches, splits
 _CHECKED: dict = {}         # call signature -> validated Problem
 FAST_CALLS: dict = {}       # call signature + length + backend + options -> prepared GPU launch
@@ -197,7 +198,11 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
     one per batch row). Options: ``window`` (sliding window, positions), ``softcap`` (logits become
     ``softcap * tanh(logit / softcap)``), ``sinks`` (one logit per query head, an extra key with a
     zero value), ``rotation`` (``(k_group, v_group)``: the caches hold llama.cpp's Hadamard-rotated
-    rows H.k and H.v; q is rotated and the output rotated back inside the kernel). ``backend``: ``"auto"`` (the fused kernel on the best backend here), ``"kernel"``,
+    rows H.k and H.v; q is rotated and the output rotated back inside the kernel). Option ``q_precision``: ``"exact"`` (q enters the scores in float32: kernels
+    v1 / v2), ``"int8"`` (q rotated, then quantized per 32 values to q8_0 — q8_1 for q4_1 / q5_1 K — as
+    llama.cpp's vec_dot does; integer block dots and binary16 V products: kernel v3, K in q8_0 / q4_0 /
+    q4_1 / q5_0 / q5_1 / iq4_nl) or None (the backend's default, ``attention_kernel.DEFAULT_Q_PRECISION``).
+    ``backend``: ``"auto"`` (the fused kernel on the best backend here), ``"kernel"``,
     ``"metal"``, ``"cuda"``, ``"cpu-emulator"`` or ``"reference"`` (MLX ops). numpy in, numpy out;
     MLX arrays in, MLX arrays out. Returns an array shaped like q.
     """
@@ -231,12 +236,17 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
             if len(_CHECKED) > 1024:
                 _CHECKED.clear()
             _CHECKED[key] = prob
+    qp = options.get("q_precision")
+    if qp is not None and qp not in Q_PRECISIONS:
+        raise AttentionError(f"q_precision must be one of {', '.join(Q_PRECISIONS)} (or None: the backend's "
+                             f"default); got {qp!r}")
     if backend == "reference":
-        if options:
-            raise AttentionError(f"unknown options for the reference path: {', '.join(sorted(options))}")
+        extra = set(options) - {"q_precision"}
+        if extra:
+            raise AttentionError(f"unknown options for the reference path: {', '.join(sorted(extra))}")
         from .attention_ref import reference_attention
 
-        return reference_attention(q, k_blocks, v_blocks, prob, sinks)
+        return reference_attention(q, k_blocks, v_blocks, prob, sinks, q_precision=qp or "exact")
     from .attention_kernel import kernel_attention
 
     out = kernel_attention(q, k_blocks, v_blocks, prob, sinks, backend=backend, **options)

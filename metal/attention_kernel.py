@@ -42,10 +42,12 @@ V3_K_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 V3_V_REFUSED = ("f32", "bf16")
 V3_MAX_ROWS = 8              # the N side of the fragments: query rows of one GQA group
 V3_WARPS = 4
-V3_MAX_TILE = 128            # keys staged per tile (a multiple of 16 * warps)
+V3_MAX_TILE = 64             # keys staged per tile (a multiple of 16; two tiles are resident)
 TARGET_GROUPS_V3 = 528       # v3 pass-1 threadgroups to aim for on a GPU (H200: 132 SMs x 4)
-V3_MIN_SPLIT_KEYS = 512      # v3 on a GPU: at least this many keys per split
-Q_PRECISIONS = ("exact", "int8")
+V3_MIN_SPLIT_KEYS = 128      # v3 on a GPU: at least this many keys per split
+# q's precision when the caller does not choose (decided by measurement: BENCHMARKS.md, kernel v3);
+# TQBRIDGE_Q_PRECISION=exact|int8 overrides it for every backend
+DEFAULT_Q_PRECISION = {"cuda": "exact", "metal": "exact", "cpu-emulator": "exact"}
 
 # format name -> kernel format id (attention_kernel.h, TQA_*)
 FORMAT_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7,
@@ -289,7 +291,8 @@ def v3_shared_bytes(prob: Problem, warps: int, tile: int) -> int:
 
 def _v3_stage_bytes(prob: Problem, warps: int, tile: int) -> int:
     krb, vrb = _row_bytes(prob, False)
-    return max(-(-tile * krb // 4) * 4 + -(-tile * vrb // 4) * 4, 4 * warps * 8 * (prob.v_dim + 2))
+    # two tiles in turn (one computed while the next is copied), later reused for the merge
+    return max(2 * (-(-tile * krb // 4) * 4 + -(-tile * vrb // 4) * 4), 4 * warps * 8 * (prob.v_dim + 2))
 
 
 def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
@@ -301,15 +304,14 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
         raise AttentionError(f"warps must be 1..8, got {nw}")
     if tile is not None:
         tl = int(tile)
-        if tl % (16 * nw) or tl > 256:
-            raise AttentionError(f"kernel v3 takes a tile of a multiple of {16 * nw} keys (16 per SIMD group) "
-                                 f"up to 256, got {tile}")
+        if tl % 16 or not 16 <= tl <= 256:
+            raise AttentionError(f"kernel v3 takes a tile of a multiple of 16 keys up to 256, got {tile}")
         if v3_shared_bytes(prob, nw, tl) > SHARED_BYTES:
             raise AttentionError(f"kernel v3 with tile={tl} does not fit {SHARED_BYTES} bytes of threadgroup memory")
     else:
-        tl = V3_MAX_TILE - V3_MAX_TILE % (16 * nw) or 16 * nw
-        while tl > 16 * nw and v3_shared_bytes(prob, nw, tl) > SHARED_BYTES:
-            tl -= 16 * nw
+        tl = V3_MAX_TILE
+        while tl > 16 and v3_shared_bytes(prob, nw, tl) > SHARED_BYTES:
+            tl -= 16
         if v3_shared_bytes(prob, nw, tl) > SHARED_BYTES:
             raise AttentionError(f"kernel v3 does not fit {SHARED_BYTES} bytes of threadgroup memory for rows of "
                                  f"{prob.k_dim} / {prob.v_dim} values with {nw} SIMD groups")
@@ -329,6 +331,28 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
         split_len = -(-split_len // tl) * tl
         splits = -(-l_used // split_len)
     return Plan(1, nw, splits, split_len, tl, "v3", V3_MAX_ROWS)
+
+
+def resolve_kernel(prob: Problem, backend: str, kernel: "str | None", q_precision: "str | None") -> "str | None":
+    """The pass-1 kernel for a call: ``q_precision`` "int8" is kernel v3, "exact" kernels v1 / v2;
+    None takes the backend's default precision, int8 only where v3 serves the problem."""
+    import os
+
+    if q_precision is None:
+        if kernel is not None:
+            return kernel
+        want = os.environ.get("TQBRIDGE_Q_PRECISION") or DEFAULT_Q_PRECISION.get(backend, "exact")
+        return "v3" if want == "int8" and v3_refusal(prob) is None else None
+    if q_precision == "int8":
+        if kernel not in (None, "v3"):
+            raise AttentionError(f"q_precision='int8' is kernel v3; kernel={kernel!r} keeps q exact")
+        why = v3_refusal(prob)
+        if why:
+            raise AttentionError(f"q_precision='int8': {why}")
+        return "v3"
+    if kernel == "v3":
+        raise AttentionError("kernel v3 quantizes q to int8; q_precision='exact' takes kernel v1 or v2")
+    return kernel
 
 
 DYN_MAX_ROWS = 32            # TQA_QA: query rows per group a format-generic (TQA_DYN) build holds
@@ -584,7 +608,7 @@ def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: s
 def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backend: str = "auto",
                      splits: "int | None" = None, lanes_per_key: "int | None" = None, warps: "int | None" = None,
                      tile: "int | None" = None, kernel: "str | None" = None, seed: "int | None" = None,
-                     generic: "bool | None" = None):
+                     generic: "bool | None" = None, q_precision: "str | None" = None):
     """Run the two kernel passes on ``backend`` and return the output shaped like q.
 
     ``generic``: build the format-generic variant (format constants in the parameter buffer: one
@@ -599,6 +623,7 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
     qtype = QTYPES[qdt]
     if generic is None:
         generic = bk == "cpu-emulator"
+    kernel = resolve_kernel(prob, bk, kernel, q_precision)
     plan = _plan_cached(prob, bk, splits, lanes_per_key, warps, tile, kernel, bool(generic))
     launches0 = LAUNCHES[0]
     shape = (prob.batch, prob.q_heads, prob.head_dim) if prob.squeeze_rows else (
@@ -622,7 +647,7 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
     attention.LAST_RUN.clear()
     attention.LAST_RUN.update(backend=bk, dispatches=LAUNCHES[0] - launches0, kernel=plan.kernel, splits=plan.splits,
                               lanes_per_key=plan.lanes_per_key, warps=plan.warps, tile=plan.tile,
-                              chain=plan.chain(max(prob.lengths)))
+                              chain=plan.chain(max(prob.lengths)), q_precision=plan.q_precision)
     return out
 
 
@@ -631,11 +656,12 @@ def fast_call(q, prob: Problem, options: dict) -> "_Launches | None":
     it ran on a GPU with MLX arrays and the default build; else None."""
     bk = attention.LAST_RUN.get("backend")
     if not _is_mlx(q) or bk not in ("cuda", "metal") or set(options) - {"splits", "lanes_per_key", "warps",
-                                                                        "tile", "kernel"}:
+                                                                        "tile", "kernel", "q_precision"}:
         return None
     qtype = QTYPES[str(q.dtype).replace("mlx.core.", "")]
+    kernel = resolve_kernel(prob, bk, options.get("kernel"), options.get("q_precision"))
     plan = _plan_cached(prob, bk, options.get("splits"), options.get("lanes_per_key"), options.get("warps"),
-                        options.get("tile"), options.get("kernel"), False)
+                        options.get("tile"), kernel, False)
     return _launches(prob, plan, qtype, bk, prob.has_sinks)
 
 
@@ -659,11 +685,12 @@ class DecodeLaunch:
     ``after``: an array the kernel must run after (the in-place append's flag), so it reads the rows
     that append wrote."""
 
-    def __init__(self, prob: Problem, backend: str, qtype: int):
+    def __init__(self, prob: Problem, backend: str, qtype: int, q_precision: "str | None" = None):
         import mlx.core as mx
 
         self.backend = backend
-        plan = _plan_cached(prob, backend, None, None, None, None, None, False)
+        plan = _plan_cached(prob, backend, None, None, None, None, resolve_kernel(prob, backend, None, q_precision),
+                            False)
         self.plan = plan
         run = _launches(prob, plan, qtype, backend, prob.has_sinks)
         self._head = [int(x) for x in _param_head(prob, plan)]
@@ -672,7 +699,7 @@ class DecodeLaunch:
         self._ip1: dict = {}
         self.run_info = dict(backend=backend, dispatches=2, kernel=plan.kernel, splits=plan.splits,
                              warps=plan.warps, tile=plan.tile, lanes_per_key=plan.lanes_per_key,
-                             chain=plan.chain(prob.l_max))
+                             chain=plan.chain(prob.l_max), q_precision=plan.q_precision)
         # everything a call passes but q, the buffers, the length buffer and `after`, prepared
         self._k1, self._k2 = run.k1, run.k2
         self._fp1, self._tabs, self._no_dep, self._ip2 = run.fp1, run.tabs, run.no_dep, run.ip2
@@ -718,14 +745,15 @@ def _param_head(prob: Problem, plan: Plan) -> list:
 
 
 def prepare_decode(q, k_blocks, v_blocks, *, k_format, v_format, scale=None, window=None, softcap=None,
-                   sinks=None, rotation=None, backend: str = "auto") -> "DecodeLaunch | None":
+                   sinks=None, rotation=None, backend: str = "auto",
+                   q_precision: "str | None" = None) -> "DecodeLaunch | None":
     """The :class:`DecodeLaunch` for MLX arrays shaped like these on a GPU backend (one per geometry,
     shared), else None (the caller then takes :func:`tqbridge.metal.decode_attention`)."""
     from .attention import check_problem
 
     bk = pick_backend("auto" if backend == "kernel" else backend)
     if bk == "cpu-emulator" and backend == "cpu-emulator" and _is_mlx(q):
-        return _EmulatedDecodeLaunch(q, k_blocks, k_format, v_format, scale, window, softcap, rotation)
+        return _EmulatedDecodeLaunch(q, k_blocks, k_format, v_format, scale, window, softcap, rotation, q_precision)
     if bk not in ("cuda", "metal") or not _is_mlx(q):
         return None
     qdt = str(q.dtype).replace("mlx.core.", "")
@@ -734,12 +762,12 @@ def prepare_decode(q, k_blocks, v_blocks, *, k_format, v_format, scale=None, win
     prob = check_problem(q, k_blocks, v_blocks, k_format=k_format, v_format=v_format,
                          length=int(k_blocks.shape[2]), scale=scale, window=window, softcap=softcap,
                          sinks=sinks, rotation=rotation)
-    return _decode_launch(prob, bk, QTYPES[qdt])
+    return _decode_launch(prob, bk, QTYPES[qdt], q_precision)
 
 
 @lru_cache(maxsize=64)
-def _decode_launch(prob: Problem, backend: str, qtype: int) -> DecodeLaunch:
-    return DecodeLaunch(prob, backend, qtype)
+def _decode_launch(prob: Problem, backend: str, qtype: int, q_precision: "str | None" = None) -> DecodeLaunch:
+    return DecodeLaunch(prob, backend, qtype, q_precision)
 
 
 class _EmulatedDecodeLaunch:
@@ -748,10 +776,10 @@ class _EmulatedDecodeLaunch:
 
     backend = "cpu-emulator"
 
-    def __init__(self, q, k_blocks, k_format, v_format, scale, window, softcap, rotation):
+    def __init__(self, q, k_blocks, k_format, v_format, scale, window, softcap, rotation, q_precision=None):
         self.l_max = int(k_blocks.shape[2])
         self._kw = dict(k_format=k_format, v_format=v_format, scale=scale, window=window, softcap=softcap,
-                        rotation=rotation)
+                        rotation=rotation, q_precision=q_precision)
 
     def __call__(self, q, kb, vb, length: int, after=None, sinks=None):
         import mlx.core as mx

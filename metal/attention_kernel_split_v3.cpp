@@ -48,9 +48,7 @@ TQ_SHARED_ARRAY(float, qf, 8 * TQA_DK);       // q rows (rows >= Q zero), rotate
 TQ_SHARED_ARRAY(uint, qi, 2 * TQA_DK);        // q's int8 codes, 8 rows
 TQ_SHARED_ARRAY(float, qd, 8 * NB);           // q's block scales (binary16 values)
 TQ_SHARED_ARRAY(float, qsm, 8 * NB);          // q8_1's s = d * sum(codes) (binary16 values)
-TQ_SHARED_ARRAY(uint, stage, TQA_STB / 4);    // the tile's K rows then V rows; at the end, the merge
-TQ_SHARED const uchar* kts = (TQ_SHARED const uchar*)stage;
-TQ_SHARED const uchar* vts = kts + TQA_KTB;
+TQ_SHARED_ARRAY(uint, stage, TQA_STB / 4);    // two tiles (K rows, V rows) in turn; at the end, the merge
 
 if (tid < 16u) { ktab[tid] = tabs[tid]; vtab[tid] = tabs[16u + tid]; }
 for (int x = (int)tid; x < 8 * TQA_DK; x += NT) {
@@ -118,16 +116,37 @@ for (int i = 0; i < RV; ++i)
 const size_t koff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)KRB;
 const size_t voff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)VRB;
 
-for (int t0 = start - (start & 1); t0 < end; t0 += TQA_TILE) {   // uniform across the threadgroup
+// tiles start at an even position (every staged row at an even byte); tile i + 1 is copied
+// asynchronously into the other half of `stage` while tile i is computed
+constexpr int HALF = (TQA_KTB + TQA_VTB) / 4;  // words per staged tile
+const int first = start - (start & 1);
+if (first < end) {
+    const int n = end - first < TQA_TILE ? end - first : TQA_TILE;
+    tqa_stage_async(stage, kb, koff + (size_t)first * (size_t)KRB, n * KRB, tid, (uint)NT);
+    tqa_stage_async(stage + TQA_KTB / 4, vb, voff + (size_t)first * (size_t)VRB, n * VRB, tid, (uint)NT);
+}
+tq_cp_commit();
+int buf = 0;
+for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadgroup
     const int n = end - t0 < TQA_TILE ? end - t0 : TQA_TILE;
-    tqa_stage(stage, kb, koff + (size_t)t0 * (size_t)KRB, n * KRB, tid, (uint)NT);
-    tqa_stage(stage + TQA_KTB / 4, vb, voff + (size_t)t0 * (size_t)VRB, n * VRB, tid, (uint)NT);
+    const int t1 = t0 + TQA_TILE;
+    if (t1 < end) {
+        const int n1 = end - t1 < TQA_TILE ? end - t1 : TQA_TILE;
+        tqa_stage_async(stage + (buf ^ 1) * HALF, kb, koff + (size_t)t1 * (size_t)KRB, n1 * KRB, tid, (uint)NT);
+        tqa_stage_async(stage + (buf ^ 1) * HALF + TQA_KTB / 4, vb, voff + (size_t)t1 * (size_t)VRB, n1 * VRB, tid,
+                        (uint)NT);
+    }
+    tq_cp_commit();
+    tq_cp_wait1();
     tq_barrier();
+    TQ_SHARED const uchar* kts = (TQ_SHARED const uchar*)(stage + buf * HALF);
+    TQ_SHARED const uchar* vts = kts + TQA_KTB;
     for (int k0 = 16 * (int)warp; k0 < n; k0 += 16 * TQA_NW) {   // uniform per SIMD group
         // scores of keys k0 + g and k0 + g + 8 against this lane's two columns
         float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         TQ_SHARED const uchar* r0 = kts + (k0 + (int)g) * KRB;
         TQ_SHARED const uchar* r1 = r0 + 8 * KRB;
+        TQ_UNROLL
         for (int k = 0; k < NB; ++k) {
             uint a0, a1, a2, a3;
             tqa_codes8(kf, r0 + k * kbb, (int)t4, ktab, &a0, &a2);
@@ -171,6 +190,7 @@ for (int t0 = start - (start & 1); t0 < end; t0 += TQA_TILE) {   // uniform acro
             p[2 + c] = s[2 + c] > TQA_NEG_BIG ? tq_exp(s[2 + c] - mn) : 0.0f;
             lrun[c] = lrun[c] * alpha[c] + (p[c] + p[2 + c]);
         }
+        TQ_UNROLL
         for (int i = 0; i < RV; ++i) {
             o[i][0] = o[i][0] * alpha[0];
             o[i][1] = o[i][1] * alpha[1];
@@ -187,6 +207,7 @@ for (int t0 = start - (start & 1); t0 < end; t0 += TQA_TILE) {   // uniform acro
             kk[x] = k0 + 2 * (int)t4 + (x & 1) + 8 * (x >> 1);
             kv[x] = kk[x] < n && t0 + kk[x] >= start;
         }
+        TQ_UNROLL
         for (int c4 = 0; c4 < RV; c4 += 4) {
             tqa_f4 f[4][2];
             for (int x = 0; x < 4; ++x) {
@@ -208,7 +229,9 @@ for (int t0 = start - (start & 1); t0 < end; t0 += TQA_TILE) {   // uniform acro
         }
     }
     tq_barrier();
+    buf ^= 1;
 }
+tq_cp_wait0();
 
 // every SIMD group's sums over its lanes, then the groups merged through threadgroup memory
 for (int c = 0; c < 2; ++c)

@@ -93,6 +93,60 @@ TQ_FUNC uint tq_movmatrix_t(const uint x, const uint lane) {
 }
 #endif
 
+// Asynchronous copies of global memory into threadgroup memory (cp.async on CUDA; plain copies
+// elsewhere, where the waits are no-ops): tq_cp_async4 / 16 copy 4 / 16 bytes (both pointers aligned to
+// that size), tq_cp_commit closes a group of copies, tq_cp_wait1 waits for all groups but the newest,
+// tq_cp_wait0 for all. A thread's waits cover its own copies: a barrier must follow before others read.
+#if defined(TQ_BACKEND_CUDA)
+TQ_FUNC void tq_cp_async4(TQ_SHARED void* dst, TQ_CONST_DEVICE void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+TQ_FUNC void tq_cp_async16(TQ_SHARED void* dst, TQ_CONST_DEVICE void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+TQ_FUNC void tq_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+TQ_FUNC void tq_cp_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+TQ_FUNC void tq_cp_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+TQ_FUNC bool tq_aligned16(TQ_CONST_DEVICE void* p) { return (((size_t)p) & 15u) == 0u; }
+#else
+TQ_FUNC void tq_cp_async4(TQ_SHARED void* dst, TQ_CONST_DEVICE void* src) {
+    *(TQ_SHARED uint*)dst = *(TQ_CONST_DEVICE uint*)src;
+}
+TQ_FUNC void tq_cp_async16(TQ_SHARED void* dst, TQ_CONST_DEVICE void* src) {
+    for (int i = 0; i < 4; ++i) ((TQ_SHARED uint*)dst)[i] = ((TQ_CONST_DEVICE uint*)src)[i];
+}
+TQ_FUNC void tq_cp_commit() {}
+TQ_FUNC void tq_cp_wait1() {}
+TQ_FUNC void tq_cp_wait0() {}
+TQ_FUNC bool tq_aligned16(TQ_CONST_DEVICE void* p) { (void)p; return false; }
+#endif
+
+// Stage nbytes (even) of device memory from byte `off` (even) of `src` into threadgroup words `dst`,
+// all threads together, asynchronously (then tq_cp_commit / wait / barrier): 16-byte copies when
+// both ends allow, else 4-byte copies, the last odd halfword by a plain load; 2-byte plain loads
+// when `off` is not 4-aligned. Never reads past src[off + nbytes - 1].
+TQ_FUNC void tqa_stage_async(TQ_SHARED uint* dst, TQ_CONST_DEVICE uchar* src, size_t off, int nbytes, uint tid, uint nt) {
+    if ((off & 3u) == 0u) {
+        TQ_CONST_DEVICE uchar* s = src + off;
+        const int nw = nbytes >> 2;
+        int done = 0;
+        if (tq_aligned16(s)) {
+            const int n16 = nw >> 2;
+            for (int i = (int)tid; i < n16; i += (int)nt) tq_cp_async16(dst + 4 * i, s + 16 * i);
+            done = 4 * n16;
+        }
+        for (int i = done + (int)tid; i < nw; i += (int)nt) tq_cp_async4(dst + i, s + 4 * i);
+        if ((nbytes & 2) && tid == 0u) {
+            const int last = (nbytes >> 1) - 1;
+            ((TQ_SHARED ushort*)dst)[last] = ((TQ_CONST_DEVICE ushort*)s)[last];
+        }
+    } else {
+        TQ_CONST_DEVICE ushort* s16 = (TQ_CONST_DEVICE ushort*)(src + off);
+        TQ_SHARED ushort* d16 = (TQ_SHARED ushort*)dst;
+        for (int i = (int)tid; i < (nbytes >> 1); i += (int)nt) d16[i] = s16[i];
+    }
+}
+
 // float32 -> binary16 bits, round to nearest even (the hardware conversion on the GPUs)
 #if defined(TQ_BACKEND_CUDA)
 TQ_FUNC uint tq_f2h(const float x) { return (uint)__half_as_ushort(__float2half_rn(x)); }

@@ -333,8 +333,32 @@ def _turbo_rotate(x, fmt, n: int, inverse: bool = False):
     return y.reshape(*lead, n)
 
 
-def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = None) -> Any:
-    """float32 MLX ops: dequantize both caches, scores, masked softmax (with sinks), weighted sum."""
+def _mlx_q8(x, n: int):
+    """q (..., D) zero-padded to ``n`` and replaced by its q8_0 values (ggml's quantize_row_q8_0_ref:
+    d = amax / 127 kept as binary16, codes roundf(x / d)), MLX ops; float32 (..., D)."""
+    import mlx.core as mx
+
+    d_in = x.shape[-1]
+    if d_in != n:
+        x = mx.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n - d_in)])
+    xb = x.reshape(*x.shape[:-1], n // 32, 32)
+    d = mx.max(mx.abs(xb), axis=-1, keepdims=True) / 127.0
+    idv = mx.where(d != 0, 1.0 / mx.where(d != 0, d, mx.ones_like(d)), mx.zeros_like(d))
+    v = xb * idv
+    a = mx.abs(v)
+    t = mx.floor(a)
+    r = mx.where(a - t >= 0.5, t + 1.0, t)          # roundf: half away from zero, exact
+    codes = mx.where(v < 0, -r, r)
+    y = codes * d.astype(mx.float16).astype(mx.float32)
+    return y.reshape(*x.shape[:-1], n)[..., :d_in]
+
+
+def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = None,
+                        q_precision: str = "exact") -> Any:
+    """float32 MLX ops: dequantize both caches, scores, masked softmax (with sinks), weighted sum.
+    ``q_precision="int8"``: q (in the cache's basis) replaced by its q8_0 values first, as kernel v3
+    and llama.cpp's vec_dot do (for q4_1 / q5_1 K the m term uses those values, not q8_1's rounded
+    sum: an approximation of v3 within its binary16 error)."""
     import mlx.core as mx
 
     from . import attention
@@ -359,6 +383,8 @@ def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sin
         qq = hadamard_rotate(qq, prob.k_rot)
     if k_turbo:
         qq = _turbo_rotate(qq, prob.k_format, prob.k_dim)
+    if q_precision == "int8":
+        qq = _mlx_q8(qq, prob.k_dim)
     qq = qq.reshape(b, hkv, g * t, qq.shape[-1])                          # rows ordered (head, t)
     s = (qq @ k.transpose(0, 1, 3, 2)) * prob.scale                      # (B, Hkv, G*T, L)
     if prob.softcap:

@@ -191,6 +191,8 @@ class TQCache(_mlx_cache._BaseCache):
 
     step = 256
 
+    q_precision = None        # decode attention's q precision (None: the backend's default; see decode_attention)
+
     def __init__(self, k_format: str = "q8_0", v_format: str = "q8_0", window: "int | None" = None,
                  rotation: str = "llama", calibration: "KeyCalibration | str | None" = None):
         self._setup(k_format, v_format, window, rotation, calibration)

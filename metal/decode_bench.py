@@ -76,7 +76,8 @@ def build_model(name: str, dtype=mx.float16, seed: int = 0):
 
 def make_caches(model, kind: str) -> list:
     """A prompt cache: ``fp16`` (mlx-lm's KVCache), ``mlx-q8`` / ``mlx-q4`` (its QuantizedKVCache) or a
-    TQCache K/V spelling such as ``q8_0/turbo3``."""
+    TQCache K/V spelling such as ``q8_0/turbo3``, optionally with ``@int8`` / ``@exact`` (the decode
+    attention's q precision: kernel v3 / v2; default: the backend's)."""
     from mlx_lm.models import cache as mc
 
     if kind == "fp16":
@@ -87,8 +88,13 @@ def make_caches(model, kind: str) -> list:
                 for c in mc.make_prompt_cache(model)]
     from .cache import make_cache, parse_kv_spec
 
+    kind, _, qp = kind.partition("@")
     k, v, cal = parse_kv_spec(kind)
-    return make_cache(model, k, v, calibration=cal or None)
+    caches = make_cache(model, k, v, calibration=cal or None)
+    if qp:
+        for c in caches:
+            c.q_precision = qp
+    return caches
 
 
 def _kv_shape(model) -> tuple[int, int, int]:

@@ -19,6 +19,8 @@ typedef unsigned char uchar;
 #define TQ_CONST_DEVICE const
 #define TQ_SHARED
 #define TQ_THREAD
+// a hint to unroll the next loop (its trip count is a compile-time constant)
+#define TQ_UNROLL
 
 TQ_FUNC uint tq_as_uint(float f) { uint u; std::memcpy(&u, &f, 4); return u; }
 TQ_FUNC float tq_as_float(uint u) { float f; std::memcpy(&f, &u, 4); return f; }

@@ -14,6 +14,8 @@ typedef unsigned char uchar;
 #define TQ_CONST_DEVICE const
 #define TQ_SHARED
 #define TQ_THREAD
+// a hint to unroll the next loop (its trip count is a compile-time constant)
+#define TQ_UNROLL _Pragma("unroll")
 
 TQ_FUNC uint tq_as_uint(float f) { return __float_as_uint(f); }
 TQ_FUNC float tq_as_float(uint u) { return __uint_as_float(u); }

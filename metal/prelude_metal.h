@@ -18,6 +18,8 @@ using namespace metal;
 #define TQ_CONST_DEVICE const device
 #define TQ_SHARED threadgroup
 #define TQ_THREAD thread
+// a hint to unroll the next loop (its trip count is a compile-time constant)
+#define TQ_UNROLL _Pragma("unroll")
 
 TQ_FUNC uint tq_as_uint(float f) { return as_type<uint>(f); }
 TQ_FUNC float tq_as_float(uint u) { return as_type<float>(u); }

@@ -89,7 +89,8 @@ def _fast_decode(cache: TQCache, q, scale: float, sinks, backend: str):
         launch = prepare_decode(q, cache.keys, cache.values, k_format=cache.k_format, v_format=cache.v_format,
                                 scale=scale, window=cache.window, sinks=sinks,
                                 rotation=(cache.k_rot, cache.v_rot),
-                                backend="cpu-emulator" if _gpu_backend() == "cpu-emulator" else "auto")
+                                backend="cpu-emulator" if _gpu_backend() == "cpu-emulator" else "auto",
+                                q_precision=cache.q_precision)
         cache.decode_launch, cache._decode_sig = launch, sig
         if launch is None:
             return None
