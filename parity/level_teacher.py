@@ -89,7 +89,17 @@ def bytes_check(ours: np.ndarray, llama: np.ndarray, rows: np.ndarray, fmt) -> d
            "identical": bool(not d_ours.any()),
            "residual_cpu_vs_reference": int(resid.sum()), "unexplained": int(unexplained.sum()),
            "llama_is_cpu_from_float": bool(not d_cpu.any()), "ours_is_reference": bool(not d_ref.any())}
-    out["passed"] = bool(out["llama_is_cpu_from_float"] and out["ours_is_reference"] and not unexplained.any())
+    ok = out["llama_is_cpu_from_float"] and out["ours_is_reference"] and not unexplained.any()
+    if fmt.key == "q8_0" and d_ours.any():
+        # the residual's size: same f16 scale, int8 codes one step apart (the tie went the other way)
+        a = ours.reshape(-1, ts)[d_ours]
+        b = llama.reshape(-1, ts)[d_ours]
+        same_scale = bool(np.array_equal(a[:, :2], b[:, :2]))
+        step = int(np.abs(a[:, 2:].view(np.int8).astype(int) - b[:, 2:].view(np.int8).astype(int)).max())
+        out["residual"] = {"same_scale": same_scale, "max_code_step": step,
+                           "values_differing": int((a[:, 2:] != b[:, 2:]).sum())}
+        ok = ok and same_scale and step <= 1
+    out["passed"] = bool(ok)
     return out
 
 
@@ -263,8 +273,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         un = sum(L["bytes"]["k"]["unexplained"] + L["bytes"]["v"]["unexplained"] for L in Ls)
         bad = [L["layer"] for L in Ls if not L["passed"]]
         state = ("identical" if not (kb or vb) else
-                 f"identical but K {kb} / V {vb} of {nb} blocks, all where ggml-cpu's quantizer differs from the "
-                 f"reference" if not un else f"DIFFER ({un} blocks unexplained)")
+                 f"identical except K {kb} / V {vb} of {nb} blocks, each a q8_0 tie ggml-cpu's own quantizer "
+                 f"rounds the other way (one code step, explained)" if not un else f"DIFFER ({un} blocks unexplained)")
         text = f"{r['kv']}: {len(Ls)} layers, cache bytes {state}"
         rots = [L["rotation"] for L in Ls if "rotation" in L]
         if rots:

@@ -59,6 +59,14 @@ def markdown(report: dict) -> str:
            "| " + " | ".join(h.replace("|", "\\|") for h in head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(b) + " |" for b in body]
     out += ["", "Claims: " + "; ".join(sorted({f"{r['kv']}: {r['claim']}" for r in report["logits"]})), ""]
+    if report.get("teacher"):
+        from tqbridge.parity.level_teacher import summary_lines as teacher_lines
+
+        t = report["teacher"]
+        out += ["## Teacher forcing", "",
+                f"llama.cpp's own rows of every layer ({t['tokens']} tokens, the last {t['decode']} as decode steps) "
+                f"through tqbridge. Claim: {t['claim']}.", ""]
+        out += [f"- {line}" for line in teacher_lines(t)] + [""]
     if report.get("verdicts"):
         out += ["Levels: " + ", ".join(f"{v['level']} {'pass' if v['passed'] else 'FAIL'}" for v in report["verdicts"])
                 + f"; overall: {'pass' if report.get('passed') else 'FAIL'}", ""]

@@ -37,3 +37,18 @@ def test_cache_plot_from_a_cache_report(tmp_path):
     png = plot_cache_layers(tmp_path / "c.png", {"cache": {"kv": [{"kv": "q8_0/q4_0", "layers": layers}]}})
     assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_cache_layers(tmp_path / "none.png", {"cache": {"kv": [{"kv": "q8_0"}]}}) is None
+
+
+def test_teacher_level_through_the_command_line(tmp_path, capsys):
+    # real model (SmolLM2, F32 copy): 24 tokens, 2 decode steps, one K/V pair; ~6 s on 2 cores
+    pytest.importorskip("mlx.core", reason="MLX is not installed")
+    out = tmp_path / "t.json"
+    rc = main(["parity", "smollm2", "--levels", "teacher", "--kv", "q8_0/q4_0", "--tokens", "24",
+               "--decode", "2", "--quiet", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 0 and report["passed"] is True and report["verdicts"] == [{"level": "teacher", "passed": True}]
+    t = report["teacher"]
+    assert t["tokens"] == 24 and t["decode"] == 2 and len(t["kv"][0]["layers"]) == 30
+    assert t["backends"] == ["reference", "cpu-emulator"]
+    text = capsys.readouterr().out
+    assert "teacher: every layer holds" in text and text.rstrip().splitlines()[-1] == "all claims hold: teacher"

@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("cmd_convert", "GGUF -> mlx-lm model directory, or GGUF with every tensor in F32"),
     "parity": ("cmd_parity", "llama.cpp vs MLX on the same GGUF: blocks, attention, logits, cache, KV transplant"),
     "bench": ("cmd_bench", "time decode end to end through mlx-lm (bench decode) or the attention kernel alone (bench attention)"),
-    "demo": ("cmd_demo", "parity (blocks, attention, logits) on SmolLM2-135M with a default KV matrix"),
+    "demo": ("cmd_demo", "parity (blocks, attention, logits, teacher) on SmolLM2-135M with a default KV matrix"),
     "fuzz": ("cmd_fuzz", "hypothesis campaign against tqbridge's kernels or your own (module:function)"),
 }
 

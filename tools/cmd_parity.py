@@ -207,8 +207,9 @@ def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say)
 
             say("teacher forcing: llama.cpp's own rows through tqbridge, layer by layer")
             specs = [KV.parse(s).name for s in kv_list]
+            backends = getattr(args, "teacher_backends", None) or ("reference", "cpu-emulator")
             out["teacher"] = rep = run_teacher(str(f32), tokens, specs, decode=min(4, args.decode),
-                                               rotation=rotation, progress=say)
+                                               rotation=rotation, backends=backends, progress=say)
             print(f"teacher: {'every layer holds' if rep['passed'] else 'a layer FAILED'} "
                   f"({len(specs)} K/V pairs, {rep['tokens']} tokens, {rep['decode']} decode steps)")
             print("\n".join("  " + line for line in teacher_lines(rep)))
