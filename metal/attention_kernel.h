@@ -247,3 +247,18 @@ TQ_FUNC void tqa_codes8(const int fmt, TQ_SHARED const uchar* p, const int t, TQ
         *hi = h;
     }
 }
+
+// Turbo indices of 4 consecutive values j..j+3 (j % 4 == 0) of the block at `p`, as 4-bit fields
+// (value u at bits 4u..4u+3): turbo2 2-bit qs, turbo3 2-bit qs + 1-bit signs, turbo4 4-bit qs.
+TQ_FUNC uint tqa_turbo_idx4(const int fmt, TQ_SHARED const uchar* p, const int qso, const int sgo, const int j) {
+    uint r = 0u;
+    if (fmt == TQA_TURBO4) {
+        const uint w = tqa_u16(p, qso + j / 2);
+        for (int u = 0; u < 4; ++u) r |= ((w >> (4 * u)) & 15u) << (4 * u);
+    } else {
+        const uint lo = p[qso + j / 4];
+        const uint hi = fmt == TQA_TURBO3 ? (uint)(p[sgo + j / 8] >> (j & 7)) : 0u;
+        for (int u = 0; u < 4; ++u) r |= (((lo >> (2 * u)) & 3u) | (((hi >> u) & 1u) << 2)) << (4 * u);
+    }
+    return r;
+}

@@ -285,7 +285,9 @@ def v3_shared_bytes(prob: Problem, warps: int, tile: int) -> int:
     emulator's 64 guard bytes after each)."""
     krb, vrb = _row_bytes(prob, False)
     nb = prob.k_dim // 32
-    sizes = [64, 64, 4 * 8 * prob.k_dim, 8 * prob.k_dim, 4 * 8 * nb, 4 * 8 * nb, _v3_stage_bytes(prob, warps, tile)]
+    vb = {"turbo2": 2, "turbo3": 3, "turbo4": 4}.get(prob.v_format.name, 0)
+    sizes = [64, 64, 4 * 8 * prob.k_dim, 8 * prob.k_dim, 4 * 8 * nb, 4 * 8 * nb, _v3_stage_bytes(prob, warps, tile),
+             4 << (2 * vb) if vb else 4]
     return sum(-(-x // 16) * 16 + 64 for x in sizes)
 
 
@@ -382,6 +384,7 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
                  TQA_DYN=int(dyn), TQA_TILE=tile, TQA_KTB=-(-tile * krb // 4) * 4, TQA_VTB=-(-tile * vrb // 4) * 4)
     if plan.kernel == "v3":
         split.update(TQA_KM=int(prob.k_format.name in ("q4_1", "q5_1")),
+                     TQA_VB={"turbo2": 2, "turbo3": 3, "turbo4": 4}.get(prob.v_format.name, 0),
                      TQA_STB=_v3_stage_bytes(prob, plan.warps, tile))
     elif plan.kernel == "v2":
         split.update(TQA_QA=plan.rows_room or _rows_room(prob, dyn), TQA_KS=v2_key_slots(prob))

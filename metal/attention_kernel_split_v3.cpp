@@ -18,7 +18,7 @@
 //
 // Compile-time (each name prefixed TQA_): as v2 (KF VF KBB VBB KGRP VGRP KQS VQS KSG VSG DK DV D G
 // T NW TILE KTB VTB KROT VROT QTYPE), KM (K has an offset m: q8_1 q), STB (bytes of the staging /
-// merge area). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
+// merge area), VB (turbo V: bits per index, 2 / 3 / 4; 0: another V format). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
 // whose values fit binary16, or f16; G*T <= 8; DK % 32 == 0; DV % 64 == 0. No TQA_DYN build.
 const int kf = TQA_KF, vf = TQA_VF, kbb = TQA_KBB, vbb = TQA_VBB, vgrp = TQA_VGRP;
 const int vqs = TQA_VQS, vsg = TQA_VSG, krot = TQA_KROT;
@@ -49,8 +49,14 @@ TQ_SHARED_ARRAY(uint, qi, 2 * TQA_DK);        // q's int8 codes, 8 rows
 TQ_SHARED_ARRAY(float, qd, 8 * NB);           // q's block scales (binary16 values)
 TQ_SHARED_ARRAY(float, qsm, 8 * NB);          // q8_1's s = d * sum(codes) (binary16 values)
 TQ_SHARED_ARRAY(uint, stage, TQA_STB / 4);    // two tiles (K rows, V rows) in turn; at the end, the merge
+// turbo V: binary16 centroid pairs, entry i0 | i1 << VB = (c[i0], c[i1]) (the A register of two keys)
+TQ_SHARED_ARRAY(uint, ptab, TQA_VB ? (1 << (2 * TQA_VB)) : 1);
 
 if (tid < 16u) { ktab[tid] = tabs[tid]; vtab[tid] = tabs[16u + tid]; }
+if (TQA_VB) {
+    for (int i = (int)tid; i < (1 << (2 * TQA_VB)); i += NT)
+        ptab[i] = tq_pack_h2(tabs[16 + (i & ((1 << TQA_VB) - 1))], tabs[16 + (i >> TQA_VB)]);
+}
 for (int x = (int)tid; x < 8 * TQA_DK; x += NT) {
     const int r = x / TQA_DK, i = x % TQA_DK;
     const int hq = h * G + r / T, t = r % T;
@@ -207,6 +213,40 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
             kk[x] = k0 + 2 * (int)t4 + (x & 1) + 8 * (x >> 1);
             kv[x] = kk[x] < n && t0 + kk[x] >= start;
         }
+        if (TQA_VB) {
+            // turbo V: centroid pairs from the table, times the two keys' norms (binary16 products)
+            uint npair[2][2];   // [key pair][run]: the norms of keys (2t, 2t+1) / (2t+8, 2t+9), raw bits
+            TQ_UNROLL
+            for (int run = 0; run < 2; ++run) {
+                const int blk = (((int)g + 8 * run) * RV) / vgrp;
+                for (int pr = 0; pr < 2; ++pr) {
+                    TQ_SHARED const uchar* va = vts + kk[2 * pr] * VRB + blk * vbb;
+                    TQ_SHARED const uchar* vb2 = vts + kk[2 * pr + 1] * VRB + blk * vbb;
+                    npair[pr][run] = (kv[2 * pr] ? tqa_u16(va, 0) : 0u) | ((kv[2 * pr + 1] ? tqa_u16(vb2, 0) : 0u) << 16);
+                }
+            }
+            TQ_UNROLL
+            for (int c4 = 0; c4 < RV; c4 += 4) {
+                uint ix[4][2];
+                for (int x = 0; x < 4; ++x) {
+                    TQ_SHARED const uchar* vrow = vts + kk[x] * VRB;
+                    for (int run = 0; run < 2; ++run) {
+                        const int e = ((int)g + 8 * run) * RV + c4;
+                        const int blk = e / vgrp;
+                        ix[x][run] = kv[x] ? tqa_turbo_idx4(vf, vrow + blk * vbb, vqs, vsg, e - blk * vgrp) : 0u;
+                    }
+                }
+                for (int u = 0; u < 4; ++u) {
+                    const int sh = 4 * u;
+                    const uint a0 = ptab[((ix[0][0] >> sh) & 15u) | (((ix[1][0] >> sh) & 15u) << TQA_VB)];
+                    const uint a1 = ptab[((ix[0][1] >> sh) & 15u) | (((ix[1][1] >> sh) & 15u) << TQA_VB)];
+                    const uint a2 = ptab[((ix[2][0] >> sh) & 15u) | (((ix[3][0] >> sh) & 15u) << TQA_VB)];
+                    const uint a3 = ptab[((ix[2][1] >> sh) & 15u) | (((ix[3][1] >> sh) & 15u) << TQA_VB)];
+                    tq_mma_f16(o[c4 + u], tq_hmul2(a0, npair[0][0]), tq_hmul2(a1, npair[0][1]),
+                               tq_hmul2(a2, npair[1][0]), tq_hmul2(a3, npair[1][1]), pb0, pb1, lane);
+                }
+            }
+        } else {
         TQ_UNROLL
         for (int c4 = 0; c4 < RV; c4 += 4) {
             tqa_f4 f[4][2];
@@ -226,6 +266,7 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
                            tq_pack_h2(f[2][0].v[u], f[3][0].v[u]), tq_pack_h2(f[2][1].v[u], f[3][1].v[u]), pb0, pb1,
                            lane);
             }
+        }
         }
     }
     tq_barrier();

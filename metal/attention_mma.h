@@ -156,3 +156,20 @@ TQ_FUNC uint tq_f2h(const float x) { return (uint)as_type<ushort>(half(x)); }
 TQ_FUNC uint tq_f2h(const float x) { return (uint)tq_f32_to_f16_bits(x); }
 #endif
 TQ_FUNC uint tq_pack_h2(const float lo, const float hi) { return tq_f2h(lo) | (tq_f2h(hi) << 16); }
+
+// two binary16 products at once, each correctly rounded (an f16 x f16 product is exact in float32,
+// so one rounding of it to binary16 is the hardware's result)
+#if defined(TQ_BACKEND_CUDA)
+TQ_FUNC uint tq_hmul2(const uint a, const uint b) {
+    uint r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+#elif defined(TQ_BACKEND_METAL)
+TQ_FUNC uint tq_hmul2(const uint a, const uint b) { return as_type<uint>(as_type<half2>(a) * as_type<half2>(b)); }
+#else
+TQ_FUNC uint tq_hmul2(const uint a, const uint b) {
+    return tq_pack_h2(tq_half_to_float(a & 0xffffu) * tq_half_to_float(b & 0xffffu),
+                      tq_half_to_float(a >> 16) * tq_half_to_float(b >> 16));
+}
+#endif

@@ -273,14 +273,15 @@ def oracle(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = Non
             bound[b, :, t] = SAFETY * rel[:, None] * vs + u_out * np.abs(o)
             if s8 is not None:
                 # kernel v3 rounds each V value and each (2^15-scaled) weight to binary16, relative
-                # error <= U16 each: the weighted mean moves by at most 2 * U16 * sum(w |v|) / den
+                # error <= U16 each (turbo V: its centroid rounded, then times the binary16 norm: two
+                # roundings): the weighted mean moves by at most n_r * U16 * sum(w |v|) / den
                 # (in the stored basis; a rotation back mixes components: the 2-norm bounds each)
                 if v_rot is not None:
                     yw = np.einsum("hn,hnd->hd", w, np.abs(np.repeat(v_rot[b, :, lo:hi], g, axis=0))) / den[:, None]
                     wv = np.sqrt((yw ** 2).sum(axis=1))[:, None] * np.ones((1, prob.head_dim))
                 else:
                     wv = np.einsum("hn,hnd->hd", w, np.abs(vh)) / den[:, None]
-                bound[b, :, t] += SAFETY * 2 * U16 * wv
+                bound[b, :, t] += SAFETY * (3 if _is_turbo(prob.v_format) else 2) * U16 * wv
     return out, bound
 
 

@@ -123,6 +123,8 @@ def _kernel_decode(cache: TQCache, q: mx.array, scale: float, sinks, backend: st
     kb, vb = cache.blocks(start)
     B, Hq, _, D = q.shape
     kwargs = {"sinks": sinks} if sinks is not None else {}
+    if cache.q_precision is not None:
+        kwargs["q_precision"] = cache.q_precision
     if cache.calibration:
         q = cache.query_for_blocks(q)       # (H(q*s)).(H(k-mu)/s) = q.k - q.mu: same softmax
         rotation = None
