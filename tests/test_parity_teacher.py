@@ -2,8 +2,9 @@
 
 The capture (tqbridge.bridge.llama_capture) reads llama.cpp's graph through its eval callback; the
 level (tqbridge.parity.level_teacher) feeds every layer's rows to TQCache and our attention. Real
-models, F32 weights, short prompts (48 tokens, 2 decode steps). Time on 2 cores: ~25 s for SmolLM2
-(7 cache types, two planted bugs) and ~30 s for Gemma 3 (model build included).
+models, F32 weights, short prompts (48 tokens, 2 decode steps; 600 for Gemma 3's sliding window).
+Time on 2 cores: ~15 s for SmolLM2 (7 cache types, three planted bugs) and ~40 s for Gemma 3 (model
+build included).
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ pytestmark = pytest.mark.model
 TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "f16")
 N_TOKENS = 48
 DECODE = 2
+# The all-types tests judge the MLX-ops attention path: the emulated kernel is compiled per geometry and
+# format pair (seconds each on a fresh CI machine); it runs on real rows in
+# tests/test_parity_levels_cli.py and on every pair in the attention level's tests.
+BACKENDS = ("reference",)
 
 
 def _f32(name: str) -> str:
@@ -76,7 +81,7 @@ def test_every_type_every_layer_smollm2(smollm2):
     from tqbridge.parity.level_teacher import run_teacher
 
     path, toks, windows = smollm2
-    rep = run_teacher(path, toks, list(TYPES), decode=DECODE, windows=windows)
+    rep = run_teacher(path, toks, list(TYPES), decode=DECODE, windows=windows, backends=BACKENDS)
     assert rep["passed"], [(r["kv"], [L["layer"] for L in r["layers"] if not L["passed"]]) for r in rep["kv"]]
     for r in rep["kv"]:
         assert len(r["layers"]) == 30
@@ -139,11 +144,19 @@ def test_round_half_even_in_the_cache_codec_is_caught(smollm2, monkeypatch):
     assert any(not L["bytes"]["k"]["ours_is_reference"] for L in rep["kv"][0]["layers"])
 
 
-def test_every_type_every_layer_gemma3():
+@pytest.fixture(scope="module")
+def gemma3():
+    path = _f32("gemma3")
+    from tqbridge.parity.level_teacher import model_windows
+
+    return path, model_windows(path)
+
+
+def test_every_type_every_layer_gemma3(gemma3):
     from tqbridge.parity.level_teacher import run_teacher
 
-    path = _f32("gemma3")
-    rep = run_teacher(path, _tokens(path), list(TYPES), decode=DECODE)
+    path, windows = gemma3
+    rep = run_teacher(path, _tokens(path), list(TYPES), decode=DECODE, windows=windows, backends=BACKENDS)
     assert rep["passed"], [(r["kv"], [L["layer"] for L in r["layers"] if not L["passed"]]) for r in rep["kv"]]
     assert rep["windows"] == [0, 512]
     for r in rep["kv"]:
@@ -152,3 +165,24 @@ def test_every_type_every_layer_gemma3():
             assert L["k_rot"] == (256 if r["kv"] != "f16" else 0)      # Gemma 3: head dim 256
             if r["kv"] != "q8_0":
                 assert L["bytes"]["k"]["identical"] and L["bytes"]["v"]["identical"], (r["kv"], L["layer"])
+
+
+def test_sliding_window_past_512_tokens_and_a_config_off_by_one(gemma3):
+    # 600 tokens: Gemma 3's local layers (window 512) drop their oldest keys. Clean: llama.cpp's mask
+    # is our window convention at every layer. Planted: tqbridge's model gives its local layers a window
+    # of 513 -> the mask check fails on exactly those 15 layers.
+    from tqbridge.parity.level_logits import parity_text
+    from tqbridge.parity.runtimes import LlamaCppRuntime
+    from tqbridge.parity.level_teacher import run_teacher
+
+    path, windows = gemma3
+    toks = LlamaCppRuntime(path).tokenize(parity_text()[0])[:600]
+    assert len(toks) == 600
+    clean = run_teacher(path, toks, ["q4_0"], decode=DECODE, windows=windows, backends=("reference",))
+    assert clean["passed"]
+    local = [i for i, w in enumerate(windows) if w]
+    assert len(local) == 15
+    bad = run_teacher(path, toks, ["q4_0"], decode=DECODE, windows=[w + 1 if w else 0 for w in windows],
+                      backends=("reference",))
+    failed = [L["layer"] for L in bad["kv"][0]["layers"] if not L["mask"]["matches"]]
+    assert not bad["passed"] and failed == local

@@ -78,3 +78,124 @@ def test_missing_gqa_index_is_caught_by_attention(ggml, monkeypatch):
 
     monkeypatch.setattr(attention, "decode_attention", wrong_group)
     assert not _attention()["passed"]
+
+
+# ------------------------------------------------------------------ kernel paths the format pairs do not reach
+
+def _options():
+    """The attention level's option cases only (softcap, window, llama rotation, turbo): ~0.1 s."""
+    from tqbridge.parity.level_attention import run_attention_level
+
+    rep = run_attention_level([])
+    return rep, {c["problem"]: c for c in rep["cases"]}
+
+
+def test_clean_build_passes_the_option_cases(ggml):
+    rep, by = _options()
+    assert rep["passed"] and set(by) == {"option:softcap", "option:window", "option:llama-rotation", "option:turbo"}
+
+
+def test_softcap_skipped_is_caught_by_attention(ggml, monkeypatch):
+    # the dispatcher drops the softcap on its way to the kernel
+    from tqbridge.metal import attention
+
+    real = attention.decode_attention
+
+    def no_softcap(*a, softcap=None, **kw):
+        return real(*a, **kw)
+
+    monkeypatch.setattr(attention, "decode_attention", no_softcap)
+    rep, by = _options()
+    assert not rep["passed"] and not by["option:softcap"]["passed"]
+    assert by["option:window"]["passed"] and by["option:turbo"]["passed"]
+
+
+@pytest.mark.parametrize("off", [1, -1])
+def test_sliding_window_off_by_one_is_caught_by_attention(ggml, monkeypatch, off):
+    from tqbridge.metal import attention
+
+    real = attention.decode_attention
+
+    def shifted(*a, window=None, **kw):
+        return real(*a, window=window + off if window else window, **kw)
+
+    monkeypatch.setattr(attention, "decode_attention", shifted)
+    rep, by = _options()
+    assert not rep["passed"] and not by["option:window"]["passed"]
+    assert by["option:softcap"]["passed"]
+
+
+def _clear_kernel_caches():
+    """Forget every built kernel and prepared call, so a source edit (or its undo) takes effect."""
+    import functools
+
+    from tqbridge.metal import attention, attention_kernel, kernel
+
+    for mod in (attention_kernel, kernel, attention):
+        for obj in vars(mod).values():
+            if isinstance(obj, functools._lru_cache_wrapper):
+                obj.cache_clear()
+    for name in ("FAST_CALLS", "_CHECKED"):
+        getattr(attention, name, {}).clear()
+
+
+def test_v_not_rotated_back_in_the_kernel_is_caught_by_attention(ggml, monkeypatch):
+    # kernel bug: the combine pass skips rotating the output back (turbo V, and llama.cpp's rotated V)
+    import pathlib
+
+    file, old = "attention_kernel_combine.cpp", "if (vrot) tqa_rotate("
+    real_read = pathlib.Path.read_text
+
+    def edited(self, *a, **kw):
+        text = real_read(self, *a, **kw)
+        if self.name == file:
+            assert old in text, f"the planted bug's anchor {old!r} is gone from {file}: update this test"
+            text = text.replace(old, "if (0) tqa_rotate(")
+        return text
+
+    with monkeypatch.context() as m:
+        m.setattr(pathlib.Path, "read_text", edited)
+        _clear_kernel_caches()
+        try:
+            rep, by = _options()
+        finally:
+            m.undo()
+            _clear_kernel_caches()
+    for name in ("option:turbo", "option:llama-rotation"):
+        assert not by[name]["passed"]
+        assert by[name]["ours"]["reference"]["within_bound"]              # the MLX-ops path is unaffected
+        assert not by[name]["ours"]["cpu-emulator"]["within_bound"]
+    assert by["option:softcap"]["passed"] and by["option:window"]["passed"]
+    assert _options()[0]["passed"]                                          # the real kernel is back
+
+
+def test_iq4_nl_search_quantizer_in_the_cache_is_caught_by_teacher(monkeypatch):
+    # planted (as in tests/test_llama_state.py for the cache level): TQCache quantizes iq4_nl with the
+    # scale search instead of quantize_row_iq4_nl_ref, which llama.cpp's cache uses
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    from tqbridge.bridge import mlx_quantize
+    from tqbridge.bridge.gguf_f32 import cached_f32_gguf
+    from tqbridge.metal import cache as tqc
+    from tqbridge.parity.level_logits import parity_text
+    from tqbridge.parity.level_teacher import run_teacher
+    from tqbridge.parity.models import ModelUnavailable, model_path
+    from tqbridge.parity.runtimes import LlamaCppRuntime
+
+    try:
+        path = str(cached_f32_gguf(model_path("smollm2")))
+    except ModelUnavailable as e:
+        pytest.skip(str(e))
+    toks = LlamaCppRuntime(path).tokenize(parity_text()[0])[:32]
+    real = tqc._quantizer
+
+    def search_quantizer(fmt):
+        if tqc.get_format(fmt).name == "iq4_nl":
+            return (lambda x: mlx_quantize(fmt, x)), "mlx-ops (search: planted)"
+        return real(fmt)
+
+    windows = [0] * 30    # SmolLM2 has no sliding window
+    assert run_teacher(path, toks, ["f16/iq4_nl"], decode=1, windows=windows, attention=False)["passed"]
+    monkeypatch.setattr(tqc, "_quantizer", search_quantizer)
+    rep = run_teacher(path, toks, ["f16/iq4_nl"], decode=1, windows=windows, attention=False)
+    assert not rep["passed"]
+    assert all(not L["bytes"]["v"]["ours_is_reference"] for L in rep["kv"][0]["layers"])
