@@ -42,7 +42,9 @@ V3_K_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 V3_V_REFUSED = ("f32", "bf16")
 V3_MAX_ROWS = 8              # the N side of the fragments: query rows of one GQA group
 V3_WARPS = 4
-V3_MAX_TILE = 64             # keys staged per tile (a multiple of 16; two tiles are resident)
+V3_MAX_TILE = 64             # keys staged per tile (a multiple of 16; a ring of tiles is resident)
+V3_SHARED_CUDA = 48 * 1024   # CUDA's limit of static shared memory per threadgroup
+V3_STAGES_CUDA = 3           # tiles in the copy ring on CUDA (two being copied while one is computed)
 TARGET_GROUPS_V3 = 528       # v3 pass-1 threadgroups to aim for on a GPU (H200: 132 SMs x 4)
 V3_MIN_SPLIT_KEYS = 128      # v3 on a GPU: at least this many keys per split
 # q's precision when the caller does not choose (decided by measurement: BENCHMARKS.md, kernel v3);
@@ -64,6 +66,7 @@ class Plan:
     tile: int = 0             # keys staged per tile (0: chosen from the row sizes)
     kernel: str = "v1"        # pass-1 kernel: "v1" (lanes share a key) or "v2" (one key per thread)
     rows_room: int = 0        # v2: query rows the build holds (TQA_QA)
+    stages: int = 2           # v3: tiles in the asynchronous copy ring (TQA_NS)
 
     @property
     def partials(self) -> int:
@@ -280,21 +283,29 @@ def v3_refusal(prob: Problem) -> "str | None":
     return None
 
 
-def v3_shared_bytes(prob: Problem, warps: int, tile: int) -> int:
+def v3_shared_bytes(prob: Problem, warps: int, tile: int, stages: int = 2) -> int:
     """Threadgroup memory of a v3 pass-1 build (each array rounded up to 16 bytes, plus the
     emulator's 64 guard bytes after each)."""
-    krb, vrb = _row_bytes(prob, False)
     nb = prob.k_dim // 32
     vb = {"turbo2": 2, "turbo3": 3, "turbo4": 4}.get(prob.v_format.name, 0)
-    sizes = [64, 64, 4 * 8 * prob.k_dim, 8 * prob.k_dim, 4 * 8 * nb, 4 * 8 * nb, _v3_stage_bytes(prob, warps, tile),
+    sizes = [64, 64, 8 * prob.k_dim, 4 * 8 * nb, 4 * 8 * nb, _v3_stage_bytes(prob, warps, tile, stages),
              4 << (2 * vb) if vb else 4]
     return sum(-(-x // 16) * 16 + 64 for x in sizes)
 
 
-def _v3_stage_bytes(prob: Problem, warps: int, tile: int) -> int:
+def _v3_stage_bytes(prob: Problem, warps: int, tile: int, stages: int = 2) -> int:
     krb, vrb = _row_bytes(prob, False)
-    # two tiles in turn (one computed while the next is copied), later reused for the merge
-    return max(2 * (-(-tile * krb // 4) * 4 + -(-tile * vrb // 4) * 4), 4 * warps * 8 * (prob.v_dim + 2))
+    # `stages` tiles in a ring (one computed while the others are copied); first it holds q's rows,
+    # at the end the SIMD groups' partial results
+    return max(stages * (-(-tile * krb // 4) * 4 + -(-tile * vrb // 4) * 4), 4 * warps * 8 * (prob.v_dim + 2),
+               4 * 8 * prob.k_dim)
+
+
+def _v3_limits(backend: str) -> tuple[int, int]:
+    """(threadgroup memory bytes, tiles in the copy ring) for v3 on ``backend``: CUDA's static shared
+    memory allows 48 KB (measured: the copies in flight per SM bound the speed); Metal and the
+    emulator keep 32 KB (fewer or smaller tiles)."""
+    return (V3_SHARED_CUDA, V3_STAGES_CUDA) if backend == "cuda" else (SHARED_BYTES, V3_STAGES_CUDA)
 
 
 def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
@@ -304,18 +315,24 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
     nw = V3_WARPS if warps is None else int(warps)
     if not 1 <= nw <= 8:
         raise AttentionError(f"warps must be 1..8, got {nw}")
+    limit, ns = _v3_limits(backend)
     if tile is not None:
         tl = int(tile)
         if tl % 16 or not 16 <= tl <= 256:
             raise AttentionError(f"kernel v3 takes a tile of a multiple of 16 keys up to 256, got {tile}")
-        if v3_shared_bytes(prob, nw, tl) > SHARED_BYTES:
-            raise AttentionError(f"kernel v3 with tile={tl} does not fit {SHARED_BYTES} bytes of threadgroup memory")
+        while ns > 2 and v3_shared_bytes(prob, nw, tl, ns) > limit:
+            ns -= 1
+        if v3_shared_bytes(prob, nw, tl, ns) > limit:
+            raise AttentionError(f"kernel v3 with tile={tl} does not fit {limit} bytes of threadgroup memory")
     else:
-        tl = V3_MAX_TILE
-        while tl > 16 and v3_shared_bytes(prob, nw, tl) > SHARED_BYTES:
-            tl -= 16
-        if v3_shared_bytes(prob, nw, tl) > SHARED_BYTES:
-            raise AttentionError(f"kernel v3 does not fit {SHARED_BYTES} bytes of threadgroup memory for rows of "
+        # the most keys in flight ((stages - 1) * tile) that fit; then the larger tile
+        fits = [(n - 1) * t for n in range(2, ns + 1) for t in range(16, V3_MAX_TILE + 1, 16)
+                if v3_shared_bytes(prob, nw, t, n) <= limit]
+        best = [(n, t) for n in range(2, ns + 1) for t in range(16, V3_MAX_TILE + 1, 16)
+                if v3_shared_bytes(prob, nw, t, n) <= limit and (n - 1) * t == max(fits, default=0)]
+        ns, tl = max(best, key=lambda nt: nt[1]) if best else (2, 16)
+        if v3_shared_bytes(prob, nw, tl, ns) > limit:
+            raise AttentionError(f"kernel v3 does not fit {limit} bytes of threadgroup memory for rows of "
                                  f"{prob.k_dim} / {prob.v_dim} values with {nw} SIMD groups")
     l_used = max(max(prob.lengths), 1)
     heads = prob.batch * prob.kv_heads
@@ -332,7 +349,7 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
     if backend != "cpu-emulator":   # whole tiles per split
         split_len = -(-split_len // tl) * tl
         splits = -(-l_used // split_len)
-    return Plan(1, nw, splits, split_len, tl, "v3", V3_MAX_ROWS)
+    return Plan(1, nw, splits, split_len, tl, "v3", V3_MAX_ROWS, ns)
 
 
 def resolve_kernel(prob: Problem, backend: str, kernel: "str | None", q_precision: "str | None") -> "str | None":
@@ -385,7 +402,7 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
     if plan.kernel == "v3":
         split.update(TQA_KM=int(prob.k_format.name in ("q4_1", "q5_1")),
                      TQA_VB={"turbo2": 2, "turbo3": 3, "turbo4": 4}.get(prob.v_format.name, 0),
-                     TQA_STB=_v3_stage_bytes(prob, plan.warps, tile))
+                     TQA_STB=_v3_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages)
     elif plan.kernel == "v2":
         split.update(TQA_QA=plan.rows_room or _rows_room(prob, dyn), TQA_KS=v2_key_slots(prob))
     else:

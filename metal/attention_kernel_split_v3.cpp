@@ -18,7 +18,7 @@
 //
 // Compile-time (each name prefixed TQA_): as v2 (KF VF KBB VBB KGRP VGRP KQS VQS KSG VSG DK DV D G
 // T NW TILE KTB VTB KROT VROT QTYPE), KM (K has an offset m: q8_1 q), STB (bytes of the staging /
-// merge area), VB (turbo V: bits per index, 2 / 3 / 4; 0: another V format). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
+// merge area), VB (turbo V: bits per index, 2 / 3 / 4; 0: another V format), NS (tiles in the copy ring). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
 // whose values fit binary16, or f16; G*T <= 8; DK % 32 == 0; DV % 64 == 0. No TQA_DYN build.
 const int kf = TQA_KF, vf = TQA_VF, kbb = TQA_KBB, vbb = TQA_VBB, vgrp = TQA_VGRP;
 const int vqs = TQA_VQS, vsg = TQA_VSG, krot = TQA_KROT;
@@ -44,11 +44,11 @@ const int len = ip[19 + b];
 
 TQ_SHARED_ARRAY(float, ktab, 16);
 TQ_SHARED_ARRAY(float, vtab, 16);
-TQ_SHARED_ARRAY(float, qf, 8 * TQA_DK);       // q rows (rows >= Q zero), rotated
 TQ_SHARED_ARRAY(uint, qi, 2 * TQA_DK);        // q's int8 codes, 8 rows
 TQ_SHARED_ARRAY(float, qd, 8 * NB);           // q's block scales (binary16 values)
 TQ_SHARED_ARRAY(float, qsm, 8 * NB);          // q8_1's s = d * sum(codes) (binary16 values)
-TQ_SHARED_ARRAY(uint, stage, TQA_STB / 4);    // two tiles (K rows, V rows) in turn; at the end, the merge
+TQ_SHARED_ARRAY(uint, stage, TQA_STB / 4);    // NS tiles (K rows, V rows) in a ring; first q, last the merge
+TQ_SHARED float* qf = (TQ_SHARED float*)stage;  // q rows (rows >= Q zero), rotated: only until the tiles start
 // turbo V: binary16 centroid pairs, entry i0 | i1 << VB = (c[i0], c[i1]) (the A register of two keys)
 TQ_SHARED_ARRAY(uint, ptab, TQA_VB ? (1 << (2 * TQA_VB)) : 1);
 
@@ -122,28 +122,32 @@ for (int i = 0; i < RV; ++i)
 const size_t koff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)KRB;
 const size_t voff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)VRB;
 
-// tiles start at an even position (every staged row at an even byte); tile i + 1 is copied
-// asynchronously into the other half of `stage` while tile i is computed
+// tiles start at an even position (every staged row at an even byte); TQA_NS buffers in a ring:
+// while tile i is computed, tiles i + 1 .. i + NS - 1 are being copied asynchronously
 constexpr int HALF = (TQA_KTB + TQA_VTB) / 4;  // words per staged tile
 const int first = start - (start & 1);
-if (first < end) {
-    const int n = end - first < TQA_TILE ? end - first : TQA_TILE;
-    tqa_stage_async(stage, kb, koff + (size_t)first * (size_t)KRB, n * KRB, tid, (uint)NT);
-    tqa_stage_async(stage + TQA_KTB / 4, vb, voff + (size_t)first * (size_t)VRB, n * VRB, tid, (uint)NT);
+for (int s0 = 0; s0 < TQA_NS - 1; ++s0) {
+    const int ts = first + s0 * TQA_TILE;
+    if (ts < end) {
+        const int n = end - ts < TQA_TILE ? end - ts : TQA_TILE;
+        tqa_stage_async(stage + s0 * HALF, kb, koff + (size_t)ts * (size_t)KRB, n * KRB, tid, (uint)NT);
+        tqa_stage_async(stage + s0 * HALF + TQA_KTB / 4, vb, voff + (size_t)ts * (size_t)VRB, n * VRB, tid, (uint)NT);
+    }
+    tq_cp_commit();
 }
-tq_cp_commit();
 int buf = 0;
 for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadgroup
     const int n = end - t0 < TQA_TILE ? end - t0 : TQA_TILE;
-    const int t1 = t0 + TQA_TILE;
+    const int t1 = t0 + (TQA_NS - 1) * TQA_TILE;
     if (t1 < end) {
         const int n1 = end - t1 < TQA_TILE ? end - t1 : TQA_TILE;
-        tqa_stage_async(stage + (buf ^ 1) * HALF, kb, koff + (size_t)t1 * (size_t)KRB, n1 * KRB, tid, (uint)NT);
-        tqa_stage_async(stage + (buf ^ 1) * HALF + TQA_KTB / 4, vb, voff + (size_t)t1 * (size_t)VRB, n1 * VRB, tid,
+        const int b1 = (buf + TQA_NS - 1) % TQA_NS;
+        tqa_stage_async(stage + b1 * HALF, kb, koff + (size_t)t1 * (size_t)KRB, n1 * KRB, tid, (uint)NT);
+        tqa_stage_async(stage + b1 * HALF + TQA_KTB / 4, vb, voff + (size_t)t1 * (size_t)VRB, n1 * VRB, tid,
                         (uint)NT);
     }
     tq_cp_commit();
-    tq_cp_wait1();
+    tq_cp_wait_n(TQA_NS - 1);   // all but the newest NS - 1 groups: tile i has landed
     tq_barrier();
     TQ_SHARED const uchar* kts = (TQ_SHARED const uchar*)(stage + buf * HALF);
     TQ_SHARED const uchar* vts = kts + TQA_KTB;
@@ -270,7 +274,7 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
         }
     }
     tq_barrier();
-    buf ^= 1;
+    buf = buf + 1 == TQA_NS ? 0 : buf + 1;
 }
 tq_cp_wait0();
 

@@ -107,6 +107,12 @@ TQ_FUNC void tq_cp_async16(TQ_SHARED void* dst, TQ_CONST_DEVICE void* src) {
 TQ_FUNC void tq_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 TQ_FUNC void tq_cp_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 TQ_FUNC void tq_cp_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+TQ_FUNC void tq_cp_wait_n(const int n) {   // wait until at most n groups are pending (n: 0..3)
+    if (n <= 0) asm volatile("cp.async.wait_group 0;" ::: "memory");
+    else if (n == 1) asm volatile("cp.async.wait_group 1;" ::: "memory");
+    else if (n == 2) asm volatile("cp.async.wait_group 2;" ::: "memory");
+    else asm volatile("cp.async.wait_group 3;" ::: "memory");
+}
 TQ_FUNC bool tq_aligned16(TQ_CONST_DEVICE void* p) { return (((size_t)p) & 15u) == 0u; }
 #else
 TQ_FUNC void tq_cp_async4(TQ_SHARED void* dst, TQ_CONST_DEVICE void* src) {
@@ -118,6 +124,7 @@ TQ_FUNC void tq_cp_async16(TQ_SHARED void* dst, TQ_CONST_DEVICE void* src) {
 TQ_FUNC void tq_cp_commit() {}
 TQ_FUNC void tq_cp_wait1() {}
 TQ_FUNC void tq_cp_wait0() {}
+TQ_FUNC void tq_cp_wait_n(const int n) { (void)n; }
 TQ_FUNC bool tq_aligned16(TQ_CONST_DEVICE void* p) { (void)p; return false; }
 #endif
 

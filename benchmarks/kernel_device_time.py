@@ -1,0 +1,134 @@
+"""Device time and resources of the attention kernels' pass 1 on CUDA, without MLX in the loop.
+
+Compiles the same dialect source MLX compiles (header + body, the signature MLX would generate) with
+NVRTC through CuPy, then reports per kernel build: registers per thread, local-memory (spill) bytes,
+static shared memory, the resident threadgroups per SM those allow, and the device time of pass 1
+measured with CUDA events over many launches on random cache bytes at a fixed length. Pass 2
+(combine) is timed the same way. What MLX adds on top (graph building, per-call source hashing) is
+what ``tqbridge bench attention`` / ``bench decode`` measure.
+
+    python benchmarks/kernel_device_time.py --context 4096,32768,131072 --kernels v2,v3 --json out.json
+
+Needs CuPy and a CUDA GPU (H200 here). Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+
+import numpy as np
+
+
+def _source(kdef, static: dict) -> str:
+    from tqbridge.metal.kernel import CTYPES
+
+    args = [f"const {CTYPES[t]}* {n}" for n, t in kdef.inputs] + [f"{CTYPES[t]}* {n}" for n, t in kdef.outputs]
+    return ("#include <cuda_fp16.h>\n" + kdef.header_source("cuda", static)
+            + f'extern "C" __global__ void {kdef.name}({", ".join(args)}) {{\n' + kdef.body_source("cuda") + "\n}\n")
+
+
+def main(argv=None) -> int:
+    import cupy as cp
+
+    from tqbridge import bridge
+    from tqbridge.metal import attention_kernel as ak
+    from tqbridge.metal.attention import check_problem
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--context", default="4096,32768,131072")
+    p.add_argument("--kernels", default="v2,v3")
+    p.add_argument("--k-format", default="q8_0")
+    p.add_argument("--v-format", default="turbo3")
+    p.add_argument("--q-heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--splits", default="", help="comma-separated split counts to sweep (default: the plan's)")
+    p.add_argument("--warps", default="", help="comma-separated warps to sweep (default: the plan's)")
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    kf, vf = bridge.get_format(a.k_format), bridge.get_format(a.v_format)
+    hq, hkv, d = a.q_heads, a.kv_heads, a.head_dim
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    sms = props["multiProcessorCount"]
+    out = {"hardware": platform.node(), "gpu": props["name"].decode(), "sms": sms, "formats": [kf.key, vf.key],
+           "shape": dict(q_heads=hq, kv_heads=hkv, head_dim=d), "rows": []}
+    rng = np.random.default_rng(0)
+    for ctx in [int(x) for x in a.context.split(",")]:
+        q = rng.standard_normal((1, hq, d)).astype(np.float32)
+        krow = bridge.quantize(kf, rng.standard_normal((1, hkv, 256, d)).astype(np.float32))
+        vrow = bridge.quantize(vf, rng.standard_normal((1, hkv, 256, d)).astype(np.float32))
+        kb = np.tile(krow, (1, 1, ctx // 256, 1))
+        vb = np.tile(vrow, (1, 1, ctx // 256, 1))
+        prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=ctx)
+        bytes_read = kb.nbytes + vb.nbytes
+        dq, dkb, dvb = cp.asarray(q), cp.asarray(kb), cp.asarray(vb)
+        for kern in a.kernels.split(","):
+            for nw in ([int(x) for x in a.warps.split(",") if x] or [None]):
+                for ns in ([int(x) for x in a.splits.split(",") if x] or [None]):
+                    try:
+                        plan = ak.make_plan(prob, "cuda", kernel=kern, warps=nw, splits=ns)
+                    except Exception as e:
+                        print(f"{ctx} {kern} warps={nw} splits={ns}: {e}", file=sys.stderr)
+                        continue
+                    split_s, comb_s, extra1, extra2 = ak._static(prob, plan, 0, False)
+                    k1def, k2def = ak._kernel_defs(0, plan.kernel)
+                    k1 = cp.RawKernel(_source(k1def, split_s), k1def.name, options=("--std=c++17",))
+                    k2 = cp.RawKernel(_source(k2def, comb_s), k2def.name, options=("--std=c++17",))
+                    ip1 = cp.asarray(np.array([prob.l_max, plan.split_len, plan.splits, prob.window, hkv, *extra1, ctx],
+                                              np.int32))
+                    fp1 = cp.asarray(np.array([prob.scale, 0.0], np.float32))
+                    tabs = cp.asarray(ak.tables(prob))
+                    dep = cp.zeros(1, cp.uint32)
+                    rows = hq
+                    po = cp.empty((rows, plan.partials, prob.v_dim), cp.float32)
+                    pml = cp.empty((rows, plan.partials, 2), cp.float32)
+                    ip2 = cp.asarray(np.array([plan.partials, hq, 0, *extra2], np.int32))
+                    sinks = cp.zeros(hq, cp.float32)
+                    res = cp.empty((rows, d), cp.float32)
+                    g1, t1 = (hkv * plan.splits,), (32 * plan.warps,)
+                    g2, t2 = (rows,), (ak.COMBINE_THREADS,)
+
+                    def one():
+                        k1(g1, t1, (dq, dkb, dvb, ip1, fp1, tabs, dep, po, pml))
+
+                    def two():
+                        k2(g2, t2, (po, pml, ip2, sinks, tabs, res))
+
+                    times = {}
+                    for name, fn in (("pass1", one), ("pass2", two)):
+                        fn()
+                        cp.cuda.Device().synchronize()
+                        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                        e0.record()
+                        for _ in range(a.iters):
+                            fn()
+                        e1.record()
+                        e1.synchronize()
+                        times[name] = cp.cuda.get_elapsed_time(e0, e1) * 1e3 / a.iters
+                    at = k1.attributes
+                    regs, local, smem = at["num_regs"], at["local_size_bytes"], at["shared_size_bytes"]
+                    threads = 32 * plan.warps
+                    by_regs = 65536 // max(1, regs * threads)
+                    by_smem = (props.get("sharedMemPerMultiprocessor", 233472)) // max(1, smem + 1024)
+                    row = dict(context=ctx, kernel=plan.kernel, warps=plan.warps, splits=plan.splits, tile=plan.tile,
+                               ctas=hkv * plan.splits, regs=regs, local_bytes=local, shared_bytes=smem,
+                               resident_ctas_per_sm=min(by_regs, by_smem, 32), pass1_us=times["pass1"],
+                               pass2_us=times["pass2"], bytes_read=bytes_read,
+                               pass1_TBps=bytes_read / times["pass1"] / 1e6)
+                    out["rows"].append(row)
+                    print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}),
+                          flush=True)
+        del dq, dkb, dvb
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
