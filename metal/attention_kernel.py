@@ -289,7 +289,7 @@ def v3_shared_bytes(prob: Problem, warps: int, tile: int, stages: int = 2) -> in
     nb = prob.k_dim // 32
     vb = {"turbo2": 2, "turbo3": 3, "turbo4": 4}.get(prob.v_format.name, 0)
     sizes = [64, 64, 8 * prob.k_dim, 4 * 8 * nb, 4 * 8 * nb, _v3_stage_bytes(prob, warps, tile, stages),
-             4 << (2 * vb) if vb else 4]
+             (1024 if vb == 4 else 256) if vb else 4]
     return sum(-(-x // 16) * 16 + 64 for x in sizes)
 
 

@@ -50,10 +50,16 @@ TQ_SHARED_ARRAY(float, qsm, 8 * NB);          // q8_1's s = d * sum(codes) (bina
 TQ_SHARED_ARRAY(uint, stage, TQA_STB / 4);    // NS tiles (K rows, V rows) in a ring; first q, last the merge
 TQ_SHARED float* qf = (TQ_SHARED float*)stage;  // q rows (rows >= Q zero), rotated: only until the tiles start
 // turbo V: binary16 centroid pairs, entry i0 | i1 << VB = (c[i0], c[i1]) (the A register of two keys)
-TQ_SHARED_ARRAY(uint, ptab, TQA_VB ? (1 << (2 * TQA_VB)) : 1);
+TQ_SHARED_ARRAY(uint, ptab, TQA_VB ? (TQA_VB == 4 ? 256 : 64) : 1);
 
 if (tid < 16u) { ktab[tid] = tabs[tid]; vtab[tid] = tabs[16u + tid]; }
-if (TQA_VB) {
+// turbo2 / turbo3 rows of one 128-value block (RV = 8): the pair index is read from interleaved
+// bits, entry q0 | q1 << 2 | s0 << 4 | s1 << 5 = (c[q0 | s0 << 2], c[q1 | s1 << 2])
+constexpr bool V23 = (TQA_VB == 2 || TQA_VB == 3) && RV == 8 && TQA_VGRP == TQA_DV;
+if (V23) {
+    for (int i = (int)tid; i < 64; i += NT)
+        ptab[i] = tq_pack_h2(tabs[16 + ((i & 3) | (((i >> 4) & 1) << 2))], tabs[16 + (((i >> 2) & 3) | (((i >> 5) & 1) << 2))]);
+} else if (TQA_VB) {
     for (int i = (int)tid; i < (1 << (2 * TQA_VB)); i += NT)
         ptab[i] = tq_pack_h2(tabs[16 + (i & ((1 << TQA_VB) - 1))], tabs[16 + (i >> TQA_VB)]);
 }
@@ -178,11 +184,14 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
         }
         // masks, scale, softcap; then the online softmax of each column
         float alpha[2], p[4];
+        // every key of these 16 visible to every query row (uniform per SIMD group): no per-key masks
+        const bool inner = k0 + 16 <= n && t0 + k0 >= start && t0 + k0 + 16 <= len - T + 1
+                           && (window <= 0 || t0 + k0 >= len - window);
         for (int j = 0; j < 4; ++j) {
             const int c = j & 1;
             const int ik = k0 + (int)g + 8 * (j >> 1);
             const int pos = t0 + ik;
-            const bool ok = col_ok[c] && ik < n && pos >= start && pos < hi_c[c] && pos >= lo_c[c];
+            const bool ok = col_ok[c] && (inner || (ik < n && pos >= start && pos < hi_c[c] && pos >= lo_c[c]));
             float x = s[j] * scale;
             if (softcap > 0.0f) x = softcap * tqa_tanh(x / softcap);
             s[j] = ok ? x : TQA_NEG_BIG;
@@ -217,7 +226,34 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
             kk[x] = k0 + 2 * (int)t4 + (x & 1) + 8 * (x >> 1);
             kv[x] = kk[x] < n && t0 + kk[x] >= start;
         }
-        if (TQA_VB) {
+        if (V23) {
+            // turbo2 / turbo3, one block per row: per key and run, 8 indices in one 16-bit load of
+            // qs (+ one byte of signs); the two keys of a register interleaved, 8 table loads per run
+            uint qw[2][2], sw[2][2], npair[2][2];   // [key pair][run]
+            TQ_UNROLL
+            for (int run = 0; run < 2; ++run) {
+                const int e = ((int)g + 8 * run) * 8;
+                for (int pr = 0; pr < 2; ++pr) {
+                    TQ_SHARED const uchar* va = vts + kk[2 * pr] * VRB;
+                    TQ_SHARED const uchar* vb2 = vts + kk[2 * pr + 1] * VRB;
+                    const bool k0v = kv[2 * pr], k1v = kv[2 * pr + 1];
+                    npair[pr][run] = (k0v ? tqa_u16(va, 0) : 0u) | ((k1v ? tqa_u16(vb2, 0) : 0u) << 16);
+                    qw[pr][run] = tqa_spread2(k0v ? tqa_u16(va, vqs + e / 4) : 0u)
+                                  | (tqa_spread2(k1v ? tqa_u16(vb2, vqs + e / 4) : 0u) << 2);
+                    sw[pr][run] = TQA_VB == 3 ? (tqa_spread1(k0v ? (uint)va[vsg + e / 8] : 0u)
+                                                 | (tqa_spread1(k1v ? (uint)vb2[vsg + e / 8] : 0u) << 1)) : 0u;
+                }
+            }
+            TQ_UNROLL
+            for (int u = 0; u < 8; ++u) {
+                uint a[2][2];
+                for (int pr = 0; pr < 2; ++pr)
+                    for (int run = 0; run < 2; ++run)
+                        a[pr][run] = tq_hmul2(ptab[((qw[pr][run] >> (4 * u)) & 15u) | (((sw[pr][run] >> (2 * u)) & 3u) << 4)],
+                                              npair[pr][run]);
+                tq_mma_f16(o[u], a[0][0], a[0][1], a[1][0], a[1][1], pb0, pb1, lane);
+            }
+        } else if (TQA_VB) {
             // turbo V: centroid pairs from the table, times the two keys' norms (binary16 products)
             uint npair[2][2];   // [key pair][run]: the norms of keys (2t, 2t+1) / (2t+8, 2t+9), raw bits
             TQ_UNROLL
