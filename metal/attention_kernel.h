@@ -209,10 +209,10 @@ TQ_FUNC float tqa_round_away(const float x) {
 // 4t+16..4t+19 (*hi), low byte first. q8_0: its int8 codes; q4_0 / q5_0: code - 8 / - 16; q4_1 / q5_1:
 // the unsigned code (the block's m is added by the caller); iq4_nl: its int8 table value.
 TQ_FUNC void tqa_codes8(const int fmt, TQ_SHARED const uchar* p, const int t, TQ_SHARED const float* tab,
-                        TQ_THREAD uint* lo, TQ_THREAD uint* hi) {
-    if (fmt == TQA_Q8_0) {
-        *lo = tqa_u32(p, 2 + 4 * t);
-        *hi = tqa_u32(p, 18 + 4 * t);
+                        TQ_THREAD uint* lo, TQ_THREAD uint* hi, const bool qs4 = false) {
+    if (fmt == TQA_Q8_0) {   // qs4: p + 2 is 4-byte aligned (one 32-bit load per word)
+        *lo = qs4 ? ((TQ_SHARED const uint*)(p + 2 + 4 * t))[0] : tqa_u32(p, 2 + 4 * t);
+        *hi = qs4 ? ((TQ_SHARED const uint*)(p + 18 + 4 * t))[0] : tqa_u32(p, 18 + 4 * t);
     } else if (fmt == TQA_Q4_0 || fmt == TQA_Q4_1 || fmt == TQA_IQ4_NL) {
         const uint w = tqa_u32(p, (fmt == TQA_Q4_1 ? 4 : 2) + 4 * t);   // qs[4t..4t+3]: low nibbles 4t.., high 4t+16..
         uint l = w & 0x0f0f0f0fu, h = (w >> 4) & 0x0f0f0f0fu;

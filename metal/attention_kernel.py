@@ -316,6 +316,9 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
     if not 1 <= nw <= 8:
         raise AttentionError(f"warps must be 1..8, got {nw}")
     limit, ns = _v3_limits(backend)
+    if warps is None:   # wide rows: fewer SIMD groups (a smaller merge area) where 4 do not fit
+        while nw > 1 and v3_shared_bytes(prob, nw, 16, 2) > limit:
+            nw //= 2
     if tile is not None:
         tl = int(tile)
         if tl % 16 or not 16 <= tl <= 256:

@@ -7,7 +7,8 @@
 //      vec_dot arithmetic llama.cpp uses for these K types;
 //   scores: per 16 keys and 32-value K block, one int8 product S^T[16 keys x 8 rows] of the K codes
 //      with q's codes (exact int32), then times d_k * d_q (+ m_k * s_q) in float32;
-//   softmax: online, per SIMD group, in registers (row max by 3 shuffles per tile of 16 keys);
+//   softmax: online, per SIMD group, in registers, base 2 (scores times log2 e; row max by 3 shuffles
+//      per tile of 16 keys; the outputs rescaled only when a max moved);
 //   V: O^T[DV x 8 rows] += V^T[DV x 16 keys] * P^T, binary16 inputs, float32 accumulators: V values
 //      decoded (scale applied) and rounded to binary16, P scaled by 2^15 (so that small weights stay
 //      normal binary16 numbers) and moved into fragment layout by a transpose (movmatrix).
@@ -35,6 +36,7 @@ const uint warp = tid >> 5;
 const uint g = lane >> 2, t4 = lane & 3u;
 const int l_max = ip[0], split_len = ip[1], n_splits = ip[2], window = ip[3], hkv = ip[4];
 const float scale = fp[0], softcap = fp[1];
+const float LOG2E = 1.4426950408889634f;   // the softmax runs in base 2: scores times log2(e), then exp2
 const int split = (int)(tq_gx % (uint)n_splits);
 const int bh = (int)(tq_gx / (uint)n_splits);
 const int h = bh % hkv;
@@ -165,8 +167,8 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
         TQ_UNROLL
         for (int k = 0; k < NB; ++k) {
             uint a0, a1, a2, a3;
-            tqa_codes8(kf, r0 + k * kbb, (int)t4, ktab, &a0, &a2);
-            tqa_codes8(kf, r1 + k * kbb, (int)t4, ktab, &a1, &a3);
+            tqa_codes8(kf, r0 + k * kbb, (int)t4, ktab, &a0, &a2, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);
+            tqa_codes8(kf, r1 + k * kbb, (int)t4, ktab, &a1, &a3, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);
             int c[4] = {0, 0, 0, 0};
             tq_mma_s8(c, a0, a1, a2, a3, bq0[k], bq1[k], lane);
             const float d0 = tqa_half(r0 + k * kbb, 0), d1 = tqa_half(r1 + k * kbb, 0);
@@ -194,7 +196,7 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
             const bool ok = col_ok[c] && (inner || (ik < n && pos >= start && pos < hi_c[c] && pos >= lo_c[c]));
             float x = s[j] * scale;
             if (softcap > 0.0f) x = softcap * tqa_tanh(x / softcap);
-            s[j] = ok ? x : TQA_NEG_BIG;
+            s[j] = ok ? x * LOG2E : TQA_NEG_BIG;
         }
         for (int c = 0; c < 2; ++c) {
             float mt = s[c] > s[2 + c] ? s[c] : s[2 + c];
@@ -203,18 +205,24 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
                 mt = w > mt ? w : mt;
             }
             const float mn = mt > mrun[c] ? mt : mrun[c];
-            alpha[c] = tq_exp(mrun[c] - mn);
+            alpha[c] = tq_exp2(mrun[c] - mn);
             mrun[c] = mn;
-            p[c] = s[c] > TQA_NEG_BIG ? tq_exp(s[c] - mn) : 0.0f;
-            p[2 + c] = s[2 + c] > TQA_NEG_BIG ? tq_exp(s[2 + c] - mn) : 0.0f;
+            p[c] = s[c] > TQA_NEG_BIG ? tq_exp2(s[c] - mn) : 0.0f;
+            p[2 + c] = s[2 + c] > TQA_NEG_BIG ? tq_exp2(s[2 + c] - mn) : 0.0f;
             lrun[c] = lrun[c] * alpha[c] + (p[c] + p[2 + c]);
         }
-        TQ_UNROLL
-        for (int i = 0; i < RV; ++i) {
-            o[i][0] = o[i][0] * alpha[0];
-            o[i][1] = o[i][1] * alpha[1];
-            o[i][2] = o[i][2] * alpha[0];
-            o[i][3] = o[i][3] * alpha[1];
+        // rescale the outputs only when some column's max moved (uniform per SIMD group)
+        int moved = (alpha[0] != 1.0f || alpha[1] != 1.0f) ? 1 : 0;
+        moved |= tq_simd_shuffle_xor(moved, 1u);
+        moved |= tq_simd_shuffle_xor(moved, 2u);
+        if (moved) {
+            TQ_UNROLL
+            for (int i = 0; i < RV; ++i) {
+                o[i][0] = o[i][0] * alpha[0];
+                o[i][1] = o[i][1] * alpha[1];
+                o[i][2] = o[i][2] * alpha[0];
+                o[i][3] = o[i][3] * alpha[1];
+            }
         }
         // P^T as the B fragment: rows (keys) 2*t4.., column (query row) g
         const uint pb0 = tq_movmatrix_t(tq_pack_h2(p[0] * TQA_P_SCALE, p[1] * TQA_P_SCALE), lane);
@@ -338,11 +346,11 @@ for (int x = (int)tid; x < Q * TQA_DV; x += NT) {
     for (int w = 0; w < TQA_NW; ++w) mx = wm[w * 8 + r] > mx ? wm[w * 8 + r] : mx;
     float a = 0.0f, l = 0.0f;
     for (int w = 0; w < TQA_NW; ++w) {
-        const float f = tq_exp(wm[w * 8 + r] - mx);
+        const float f = tq_exp2(wm[w * 8 + r] - mx);
         a += wo[(w * 8 + r) * TQA_DV + e] * f;
         l += wl[w * 8 + r] * f;
     }
     const size_t pi = (row0 + (size_t)r) * (size_t)n_splits + (size_t)split;
     po[pi * TQA_DV + e] = a;
-    if (e == 0) { pml[pi * 2] = mx; pml[pi * 2 + 1] = l; }
+    if (e == 0) { pml[pi * 2] = mx > TQA_NEG_BIG ? mx * (1.0f / LOG2E) : TQA_NEG_BIG; pml[pi * 2 + 1] = l; }
 }

@@ -35,6 +35,7 @@ TQ_FUNC float tq_fma(float a, float b, float c) { return std::fma(a, b, c); }
 TQ_FUNC float tq_trunc(float a) { return std::trunc(a); }
 TQ_FUNC float tq_floor(float a) { return std::floor(a); }
 TQ_FUNC float tq_exp(float a) { return std::exp(a); }
+TQ_FUNC float tq_exp2(float a) { return std::exp2(a); }
 // binary16 bits -> float32, exact, without a loop (the GPUs use their conversion instruction):
 // normals by re-biasing the exponent, subnormals as an exact integer times 2^-24, inf / NaN by bits.
 TQ_FUNC float tq_half_to_float(uint h) {

@@ -30,6 +30,7 @@ TQ_FUNC float tq_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 TQ_FUNC float tq_trunc(float a) { return truncf(a); }
 TQ_FUNC float tq_floor(float a) { return floorf(a); }
 TQ_FUNC float tq_exp(float a) { return expf(a); }
+TQ_FUNC float tq_exp2(float a) { return exp2f(a); }
 // binary16 bits -> float32 with the hardware conversion (exact for every non-NaN input)
 TQ_FUNC float tq_half_to_float(uint h) { return __half2float(__ushort_as_half((unsigned short)h)); }
 

@@ -34,6 +34,7 @@ TQ_FUNC float tq_fma(float a, float b, float c) { return fma(a, b, c); }
 TQ_FUNC float tq_trunc(float a) { return trunc(a); }
 TQ_FUNC float tq_floor(float a) { return floor(a); }
 TQ_FUNC float tq_exp(float a) { return precise::exp(a); }
+TQ_FUNC float tq_exp2(float a) { return precise::exp2(a); }
 // binary16 bits -> float32 with the hardware conversion (exact for every non-NaN input)
 TQ_FUNC float tq_half_to_float(uint h) { return float(as_type<half>((ushort)h)); }
 

@@ -258,3 +258,19 @@ def test_reference_path_takes_int8_q():
     assert (np.abs(np.asarray(ref, np.float64) - want[:, :, 0]) <= bound[:, :, 0]).all()
     exact = decode_attention(q, kb, vb, k_format="q4_0", v_format="q8_0", length=100, backend="reference")
     assert not np.array_equal(np.asarray(ref), np.asarray(exact))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
+@pytest.mark.parametrize("kf,vf", [("q8_0", "turbo3"), ("q4_1", "q8_0")])
+def test_head_dims(backend, d, kf, vf):
+    """Rows whose byte length is not a multiple of 4 (q8_0 at 96 values), wide rows (fewer SIMD
+    groups where the merge area would not fit), V rows padded to the turbo group."""
+    rng = np.random.default_rng(d)
+    q = rng.standard_normal((1, 6, d)).astype(np.float32)
+    kb, vb = _cache(rng, kf, (1, 2, 70, d)), _cache(rng, vf, (1, 2, 70, d))
+    if vb.shape[-1] // bridge.get_format(vf).type_size * bridge.get_format(vf).block_size % 64:
+        with pytest.raises(AttentionError, match="V rows of 64k values"):   # v2 serves these rows
+            _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=67)
+        return
+    _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=67)
