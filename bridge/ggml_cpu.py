@@ -88,3 +88,31 @@ def reference_disagreement(fmt, x: np.ndarray) -> np.ndarray:
     a = cpu_from_float(f, x)
     b = reference_quantize(f, x)
     return (a.reshape(-1, f.type_size) != b.reshape(-1, f.type_size)).any(axis=1).reshape(*a.shape[:-1], -1)
+
+
+GGML_TYPE_Q8_1 = 9      # ggml.h; not a cache type (no registry entry): q's dot type for q4_1 / q5_1 K
+Q8_1_BLOCK_BYTES = 36   # block_q8_1: f16 d, f16 s (= d * sum of codes), int8 qs[32]
+
+
+def from_float_by_id(type_id: int, x: np.ndarray, type_size: int, *, cpu: bool = True) -> np.ndarray:
+    """ggml-cpu's ``from_float`` (``cpu``) or ggml's ``from_float_ref`` of a ggml type id on float rows
+    (..., n), n a multiple of 32 -> uint8 (..., n // 32 * type_size). For types outside the registry
+    (q8_1)."""
+    from .ggml_c import _lib
+
+    if cpu:
+        fp = _cpu().ggml_get_type_traits_cpu(int(type_id)).contents.from_float
+    else:
+        fp = _lib().ggml_get_type_traits(int(type_id)).contents.from_float_ref
+    if not fp:
+        raise ValueError(f"ggml type {type_id}: no {'CPU from_float' if cpu else 'from_float_ref'}")
+    fn = _FROM_FLOAT(fp)
+    x = np.asarray(x)
+    n = int(x.shape[-1])
+    if n % 32:
+        raise ValueError(f"row length {n} is not a multiple of 32")
+    src = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, n)
+    out = np.zeros((src.shape[0], n // 32 * type_size), np.uint8)
+    for i in range(src.shape[0]):
+        fn(src[i].ctypes.data, out[i].ctypes.data, n)
+    return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -120,6 +120,8 @@ def attention_case(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, *,
     the other options (``window``, ``softcap``, ``rotation``: llama.cpp's Hadamard groups of the
     stored rows) are judged against the oracle alone."""
     from tqbridge.bridge.ggml_graph import flash_attn_ext
+    from tqbridge.parity.llama_arith import ULPS, VEC_DOT_TYPE, ulp_error
+    from tqbridge.parity.llama_arith import attention as llama_attention
 
     kf, vf = get_format(k_format), get_format(v_format)
     q = np.ascontiguousarray(q, dtype=np.float32)
@@ -134,11 +136,19 @@ def attention_case(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, *,
                                          v_type=vf.type_ids["ggml"], scale=scale, softcap=float(softcap or 0.0))[0]
     ours, others = judge_ours(qb, kb, vb, k_format=kf, v_format=vf, length=n, scale=scale, window=window,
                               softcap=softcap, rotation=rotation, backends=backends, compare=compare)
+    arith = None
+    if ggml_ok and kf.key in VEC_DOT_TYPE and vf.key in VEC_DOT_TYPE:
+        # information: ggml's output recomputed with its own arithmetic (parity/llama_arith.py)
+        a = llama_attention(q, k_blocks, v_blocks, k_format=kf.key, v_format=vf.key, scale=scale,
+                            softcap=float(softcap or 0.0))
+        unit = "f16" if vf.key == "f16" else "f32"
+        u = ulp_error(a, np.asarray(compare["ggml"], np.float64), unit)
+        arith = {"ulps": u, "unit": unit, "limit": ULPS[unit], "passed": bool(u <= ULPS[unit])}
     res: dict[str, Any] = {"kv": f"{kf.key}/{vf.key}", "q_heads": hq, "kv_heads": hkv, "keys": n,
                            "head_dim": d, "claim": "|ours - float64 oracle| <= oracle bound, every component",
                            "options": {"window": window or 0, "softcap": float(softcap or 0.0),
                                        "rotation": list(rotation) if rotation else None},
-                           "ggml_vs_oracle": others.get("ggml"), "ours": {}}
+                           "ggml_vs_oracle": others.get("ggml"), "llama_arith_vs_ggml": arith, "ours": {}}
     ok = True
     for b, e in ours.items():
         if ggml_ok:

@@ -95,6 +95,9 @@ def test_every_type_every_layer_smollm2(smollm2):
                 assert L["rotation"]["k"]["within_bound"] and L["rotation"]["v"]["within_bound"]
             assert L["mask"]["matches"]
             assert all(e["within_bound"] for e in L["attention"]["ours"].values())
+            # llama.cpp's own output of the last row, recomputed with its arithmetic (llama_arith)
+            a = L["attention"]["llama_arith"]
+            assert a["passed"] and a["ulps"] <= a["limit"], (r["kv"], L["layer"], a)
 
 
 def test_wrong_k_rotation_group_is_caught(smollm2, monkeypatch):
@@ -165,6 +168,7 @@ def test_every_type_every_layer_gemma3(gemma3):
             assert L["k_rot"] == (256 if r["kv"] != "f16" else 0)      # Gemma 3: head dim 256
             if r["kv"] != "q8_0":
                 assert L["bytes"]["k"]["identical"] and L["bytes"]["v"]["identical"], (r["kv"], L["layer"])
+            assert L["attention"]["llama_arith"]["passed"], (r["kv"], L["layer"], L["attention"]["llama_arith"])
 
 
 def test_sliding_window_past_512_tokens_and_a_config_off_by_one(gemma3):

@@ -178,9 +178,15 @@ def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say)
         out["attention"] = rep = run_attention_level(pairs)
         worst = max(e["bound_ratio"] for c in rep["cases"] for e in c["ours"].values())
         ggml = max((c["ggml_vs_oracle"]["nmse"] for c in rep["cases"] if c["ggml_vs_oracle"]), default=0.0)
+        arith = [c["llama_arith_vs_ggml"] for c in rep["cases"] if c.get("llama_arith_vs_ggml")]
+        arith_text = ""
+        if arith:
+            f32 = [a["ulps"] for a in arith if a["unit"] == "f32"]
+            arith_text = (f"; ggml recomputed with its own arithmetic to {max(f32 or [0]):.2g} f32 ulps"
+                          + ("" if all(a["passed"] for a in arith) else " (OVER the limit)"))
         print(f"attention: {'within' if rep['passed'] else 'OUTSIDE'} the float64 oracle's bound on "
-              f"{len(rep['cases'])} cases (worst {worst:.2g}x the bound; ggml's own NMSE up to {ggml:.1e}, "
-              f"information)")
+              f"{len(rep['cases'])} cases (worst {worst:.2g}x the bound; ggml's own NMSE up to {ggml:.1e}"
+              f"{arith_text}; information)")
         if not rep["passed"]:
             print("\n".join("  " + line for line in attention_lines(rep)
                              if "OUTSIDE" in line))

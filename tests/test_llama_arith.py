@@ -1,0 +1,110 @@
+"""llama.cpp's attention arithmetic (issue 14, item 3): the q8_0 / q8_1 activation codecs byte for byte
+against ggml's C, and tqbridge.parity.llama_arith within a few ulps of ggml's flash_attn_ext (ctypes)
+on every K/V pair, while exact attention is thousands of ulps away. ~4 s on 2 cores."""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+
+from tqbridge.bridge import q8_act
+
+
+@pytest.fixture(scope="module")
+def ggml():
+    try:
+        from tqbridge.bridge import ggml_graph
+
+        why = ggml_graph.available()
+    except Exception as e:  # pragma: no cover
+        why = str(e)
+    if why:
+        pytest.skip(f"ggml's CPU backend is not loadable: {why}")
+
+
+def _rows(kind: str, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind == "gaussian":
+        x = rng.standard_normal((2000, 64)) * rng.choice([1e-4, 1.0, 300.0], size=(2000, 1))
+    elif kind == "ties":            # x * 127 / amax lands on half-integers
+        x = rng.integers(-254, 255, (2000, 64)) / 2.0
+        x[:, 0] = 127.0
+        x[:, 32] = -127.0
+    else:                           # zero blocks and single values
+        x = np.zeros((64, 64))
+        x[1::2, 5] = rng.standard_normal(32)
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt,type_id", [("q8_0", 8), ("q8_1", 9)])
+@pytest.mark.parametrize("kind", ["gaussian", "ties", "zeros"])
+def test_activation_codecs_are_byte_identical_to_ggml(ggml, fmt, type_id, kind):
+    from tqbridge.bridge.ggml_cpu import from_float_by_id
+
+    x = _rows(kind)
+    ref = from_float_by_id(type_id, x, q8_act.TYPE_SIZE[fmt], cpu=False)      # quantize_row_q8_x_ref
+    assert np.array_equal(q8_act.quantize(fmt, x, "ref"), ref)
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        cpu = from_float_by_id(type_id, x, q8_act.TYPE_SIZE[fmt], cpu=True)   # ggml-cpu's SIMD one
+        assert np.array_equal(q8_act.quantize(fmt, x, "x86"), cpu)
+    if kind == "ties":   # the two arithmetics really differ there (the q8_0 cache residual's cause)
+        assert not np.array_equal(q8_act.quantize(fmt, x, "ref"), q8_act.quantize(fmt, x, "x86"))
+
+
+def test_vec_dot_types_are_ggml_cpus(ggml):
+    from tqbridge.bridge.ggml_cpu import traits
+    from tqbridge.parity.llama_arith import VEC_DOT_TYPE
+
+    ids = {"q8_0": 8, "q8_1": 9, "f16": 1}
+    for k, vt in VEC_DOT_TYPE.items():
+        assert traits(k)["vec_dot_type"] == ids[vt], k
+
+
+PAIRS = ["f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0/q4_0", "q8_0/iq4_nl", "f16/q5_1",
+         "q4_1/f16"]
+
+
+@pytest.mark.parametrize("spec", PAIRS)
+def test_same_arithmetic_as_ggml_within_a_few_ulps(ggml, spec):
+    from tqbridge.parity.level_attention import _errors, probe_problem, random_problem
+    from tqbridge.parity.llama_arith import ULPS, compare_with_ggml
+
+    kf, _, vf = spec.partition("/")
+    vf = vf or kf
+    worst = 0.0
+    for seed in range(2):
+        for hq, hkv, n, d in ((8, 2, 64, 64), (9, 3, 33, 128), (4, 1, 300, 256)):
+            q, k, v = random_problem(kf, vf, q_heads=hq, kv_heads=hkv, keys=n, head_dim=d, seed=seed)
+            r = compare_with_ggml(q, k, v, k_format=kf, v_format=vf)
+            assert r["passed"], r
+            worst = max(worst, r["ulps"])
+        for kind in ("q-rounding", "v-accumulation"):
+            q, k, v = probe_problem(kind, kf, vf, seed=seed)
+            assert compare_with_ggml(q, k, v, k_format=kf, v_format=vf)["passed"]
+    q, k, v = random_problem(kf, vf, seed=5)
+    assert compare_with_ggml(q, k, v, k_format=kf, v_format=vf, softcap=2.0)["passed"]
+    unit = "f16" if vf == "f16" else "f32"
+    assert worst <= ULPS[unit]
+
+
+def test_skipping_the_q_conversion_is_caught(ggml, monkeypatch):
+    # the check has teeth: the same reference with one step of ggml's arithmetic left out (q kept in
+    # float32 instead of q8_0: the scores of exact attention) is far outside the ulp limit
+    from tqbridge.bridge import dequantize
+    from tqbridge.parity import llama_arith
+    from tqbridge.parity.level_attention import random_problem
+
+    q, k, v = random_problem("q8_0", "q4_0", seed=1)
+    assert llama_arith.compare_with_ggml(q, k, v, k_format="q8_0", v_format="q4_0")["passed"]
+
+    def float_q_scores(q, k_blocks, *, k_format, variant="x86"):
+        hkv, n, rb = k_blocks.shape
+        kf = dequantize(k_format, k_blocks.reshape(-1, rb), q.shape[1]).reshape(hkv, n, -1).astype(np.float64)
+        g = q.shape[0] // hkv
+        return np.stack([kf[h // g] @ q[h].astype(np.float64) for h in range(q.shape[0])]).astype(np.float32)
+
+    monkeypatch.setattr(llama_arith, "scores", float_q_scores)
+    r = llama_arith.compare_with_ggml(q, k, v, k_format="q8_0", v_format="q4_0")
+    assert not r["passed"] and r["ulps"] > 100 * llama_arith.ULPS["f32"], r
