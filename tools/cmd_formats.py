@@ -36,8 +36,9 @@ def run(args) -> int:
         return 0
     head = ["name", "variant", "values", "bytes", "bits/value", "vs f16", "type ids"]
     table = [[r["name"], r["variant"] or "-", str(r["block_values"]), str(r["block_bytes"]),
-              f"{r['bits_per_value']:.3f}", f"{r['compression_vs_f16']:.2f}x",
-              ", ".join(f"{k}={v}" for k, v in r["type_ids"].items()) or "(tqbridge only)"] for r in data]
+              f"{f.bits_per_value:.3f}", f"{f.compression_vs_f16:.2f}x",   # unrounded: no double rounding
+              ", ".join(f"{k}={v}" for k, v in r["type_ids"].items()) or "(tqbridge only)"]
+             for f, r in zip(all_formats(), data)]
     widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(head)]
     print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
     print("  ".join("-" * w for w in widths))

@@ -1,0 +1,539 @@
+"""The numbers in README.md, BENCHMARKS.md and docs/*.md against the records they cite.
+
+Each table or sentence checked here quotes a committed record (benchmarks/*.json, docs/*.json); a
+number is accepted when it is the record's value rounded to the digits printed (half a unit of the
+last digit). A link that does not resolve fails too. Editing a record without the text, or the text
+without a record, fails these tests.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def text(name: str) -> str:
+    return (ROOT / name).read_text()
+
+
+def record(name: str):
+    return json.loads((ROOT / name).read_text())
+
+
+def rounds_to(cell: str, value: float, scale: float = 1.0) -> bool:
+    """Whether the first number printed in ``cell`` is ``value * scale`` rounded to its digits."""
+    m = NUMBER.search(cell.replace("\u2212", "-"))
+    assert m, f"no number in {cell!r}"
+    s = m.group(0).replace(",", "")
+    mant, _, exp = s.partition("e")
+    decimals = len(mant.split(".")[1]) if "." in mant else 0
+    unit = 10.0 ** (int(exp or 0) - decimals)
+    return abs(float(s) - value * scale) <= 0.5 * unit * (1 + 1e-9) + 1e-12
+
+
+def table(doc: str, header_start: str, after: str = "") -> list[list[str]]:
+    """Body rows (cells stripped) of the first Markdown table whose header starts with
+    ``header_start`` (after the first occurrence of ``after``)."""
+    lines = doc[doc.index(after):].splitlines() if after else doc.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip().startswith(header_start):
+            rows = []
+            for body in lines[i + 2:]:
+                if not body.strip().startswith("|"):
+                    break
+                rows.append([c.strip() for c in body.strip().strip("|").split(" | ")])
+            assert rows, header_start
+            return rows
+    raise AssertionError(f"no table starting {header_start!r}")
+
+
+def check(ok: bool, what: str, bad: list) -> None:
+    if not ok:
+        bad.append(what)
+
+
+# ---- links ----------------------------------------------------------------------------------------
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+REPO_PATH = re.compile(r"(?<![\w/.-])((?:benchmarks|docs|tests)/[\w.-]+\.(?:json|py|png|md))\b")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_links_and_cited_files_exist(doc):
+    body = doc.read_text()
+    missing = []
+    for target in LINK.findall(body):
+        if target.startswith(("http://", "https://", "#", "mailto:")):
+            continue
+        path = target.split("#")[0]
+        if path and not (doc.parent / path).exists():
+            missing.append(target)
+    for path in REPO_PATH.findall(body):
+        if not (ROOT / path).exists() and not (doc.parent / path).exists():
+            missing.append(path)
+    assert not missing, f"{doc.name}: {missing}"
+
+
+# ---- README: parity demo ----------------------------------------------------------------------------
+
+def test_readme_parity_table_is_the_demo_record():
+    from tqbridge.parity.report import table_rows
+
+    rec = record("benchmarks/cpu-2026-12-01-demo.json")
+    _, body = table_rows(rec["logits"])
+    readme = text("README.md")
+    rows = table(readme, "| K/V | KL(llama.cpp")
+    assert rows == body
+    assert rec["command"] == "tqbridge parity smollm2 --exact-weights --tokens 256" and rec["passed"]
+    # info.seconds is the logits level's run time (parity/level_logits.py)
+    assert f"its logits level {rec['info']['seconds']:.0f} s on 2 cores" in readme
+    assert f"the logits level took {rec['info']['seconds']:.0f} s on 2 cores" in flat(readme)
+    by_kv = {r["kv"]: r for r in rec["logits"]}
+    # the float-cache claim and the iq4_nl sentence quote the same record
+    assert rounds_to("3.9e-7", by_kv["f16"]["kl_mean"])
+    m = re.search(r"iq4_nl's cross-runtime KL (?:is|was) ([\d.]+)[^.]*?llama\.cpp's own ([\d.]+)", readme)
+    assert m, "the iq4_nl sentence"
+    assert rounds_to(m.group(1), by_kv["iq4_nl"]["kl_mean"])
+    assert rounds_to(m.group(2), by_kv["iq4_nl"]["baseline"]["llama_kl_mean"])
+
+
+# ---- decode end to end (bench decode) ---------------------------------------------------------------
+
+DECODE = "benchmarks/h200-2026-12-01-bench-decode.json"
+MODELS = {"Qwen2.5-1.5B": "qwen2.5-1.5b", "Llama-3.1-8B": "llama-3.1-8b", "Llama-3.2-1B": "llama-3.2-1b"}
+CONTEXTS = [4096, 32768, 131072]
+
+
+def _decode_runs():
+    return {(r["model"], r["cache"], r["context"]): r for r in record(DECODE)["runs"]}
+
+
+@pytest.mark.parametrize("doc, header", [("README.md", "| geometry (random fp16 weights)"),
+                                         ("BENCHMARKS.md", "| geometry | 4K")])
+def test_decode_ratio_tables_quote_the_record(doc, header):
+    runs = _decode_runs()
+    bad = []
+    for row in table(text(doc), header):
+        model = next(v for k, v in MODELS.items() if row[0].startswith(k))
+        for cell, ctx in zip(row[1:], CONTEXTS):
+            check(rounds_to(cell, runs[(model, "q8_0/turbo3", ctx)]["speedup_vs_fp16"]), f"{row[0]} {ctx}: {cell}", bad)
+    assert not bad, bad
+
+
+def test_benchmarks_decode_table_is_the_record():
+    runs = _decode_runs()
+    ctx = {"4K": 4096, "32K": 32768, "128K": 131072}
+    rows = table(text("BENCHMARKS.md"), "| model | context | cache | ms/token")
+    assert len(rows) == len(runs)
+    bad = []
+    for model, c, cache, ms, vs, kernels, syncs, host, mib in rows:
+        r = runs[(model, cache, ctx[c])]
+        check(rounds_to(mib, r["kv_bytes"] / 2**20), f"{model} {c} {cache} KV MiB {mib}", bad)
+        if ms.startswith("decode failed"):
+            check("ms_per_token" not in r or r.get("error"), f"{model} {c} {cache} failed", bad)
+            continue
+        check(rounds_to(ms, r["ms_per_token"]), f"{model} {c} {cache} ms {ms}", bad)
+        check(rounds_to(vs, r["speedup_vs_fp16"]), f"{model} {c} {cache} vs {vs}", bad)
+        check(int(kernels) == r["kv_path_kernels_per_layer"], f"{model} {c} {cache} kernels", bad)
+        check(rounds_to(syncs, r["kv_path_host_syncs_per_step"]), f"{model} {c} {cache} syncs", bad)
+        check(rounds_to(host, r["kv_path_python_us_per_layer"]), f"{model} {c} {cache} host {host}", bad)
+    assert not bad, bad
+
+
+# ---- attention kernel (bench attention) ---------------------------------------------------------------
+
+REV6 = "benchmarks/h200-2026-11-29-attention-v2-rev6.json"
+V2 = "benchmarks/h200-2026-11-29-attention-v2.json"
+PROFILE6 = "benchmarks/h200-2026-11-29-attention-profile-rev6.json"
+
+
+def test_revision6_table_is_its_record():
+    rec = record(REV6)
+    copy = rec["copy"]["cupy_copy_GBps"]
+    rows = table(text("BENCHMARKS.md"), "| context | v2 (default plan)")
+    bad = []
+    for row, c in zip(rows, rec["contexts"]):
+        ctx, v2, best, v1, sdpa, deq, mlxq, vs, vsd, vsm, bw = row
+        check(int(ctx.replace(",", "")) == c["context"], ctx, bad)
+        for cell, key in ((v2, "fused_us"), (best, "best_fused_us"), (v1, "fused_v1_us"), (sdpa, "sdpa_fp16_us"),
+                          (deq, "dequant_sdpa_us"), (mlxq, "mlx_lm_quantized_sdpa_us")):
+            check(rounds_to(cell, c[key]), f"{ctx} {key}: {cell}", bad)
+        check(rounds_to(vs, c["sdpa_fp16_us"] / c["fused_us"]), f"{ctx} vs fp16 {vs}", bad)
+        if "best" in vs:
+            check(rounds_to(vs.split("best")[1], c["sdpa_fp16_us"] / c["best_fused_us"]), f"{ctx} best vs fp16 {vs}", bad)
+        check(rounds_to(vsd, c["dequant_sdpa_us"] / c["fused_us"]), f"{ctx} vs dequant {vsd}", bad)
+        check(rounds_to(vsm, c["mlx_lm_quantized_sdpa_us"] / c["fused_us"]), f"{ctx} vs mlx-lm {vsm}", bad)
+        check(rounds_to(bw, c["kernel_bytes"] / c["best_fused_us"] / 1e3 / copy, 100), f"{ctx} copy bw {bw}", bad)
+    assert not bad, bad
+    assert rounds_to("4,096", copy)
+
+
+def test_revision6_profile_sentence_is_its_record():
+    prof = {p["context"]: p for p in record(PROFILE6)}
+    m = re.search(r"Profile of this\s+revision \(wall / host building / device per call\): 4K ([^,]+),\s+32K ([^,]+),"
+                  r"\s+128K ([^(]+)", text("BENCHMARKS.md"))
+    assert m
+    bad = []
+    for cell, ctx in zip(m.groups(), CONTEXTS):
+        f = prof[ctx]["fused"]
+        for part, v in zip(cell.split("/"), (f["wall_us_per_call"], f["build_us_per_call"], f["device_us_per_call"])):
+            check(rounds_to(part, v), f"{ctx}: {part}", bad)
+    assert not bad, bad
+
+
+def test_kernel_v2_table_is_its_record():
+    rec = record(V2)
+    rows = table(text("BENCHMARKS.md"), "| context | v2 (default) | v1")
+    bad = []
+    for row, c in zip(rows, rec["contexts"]):
+        ctx, v2, v1, alt, sdpa, deq, mlxq, vs, vsd, vsm, bw = row
+        check(int(ctx.replace(",", "")) == c["context"], ctx, bad)
+        name = {"8×64": "fused_v2_8x64", "2×128": "fused_v2_2x128", "2×64": "fused_v2_2x64"}[alt.split("(")[1].rstrip(")")]
+        for cell, v in ((v2, c["fused_us"]), (v1, c["fused_v1_us"]), (alt, c[f"{name}_us"]), (sdpa, c["sdpa_fp16_us"]),
+                        (deq, c["dequant_sdpa_us"]), (mlxq, c["mlx_lm_quantized_sdpa_us"]),
+                        (vs, c["sdpa_fp16_us"] / c["fused_us"]), (vsd, c["dequant_sdpa_us"] / c["fused_us"]),
+                        (vsm, c["mlx_lm_quantized_sdpa_us"] / c["fused_us"])):
+            check(rounds_to(cell, v), f"{ctx}: {cell}", bad)
+        if "best" in vs:
+            check(rounds_to(vs.split("best")[1], c["sdpa_fp16_us"] / c["best_fused_us"]), f"{ctx} {vs}", bad)
+    assert not bad, bad
+
+
+def test_readme_kernel_sentence_quotes_revision6():
+    c = {x["context"]: x for x in record(REV6)["contexts"]}
+    readme = text("README.md")
+    m = re.search(r"([\d.]+) / ([\d.]+) / ([\d.]+) µs per call at 4K /\s+32K / 128K", readme)
+    assert m
+    assert all(rounds_to(v, c[k]["fused_us"]) for v, k in zip(m.groups(), CONTEXTS))
+    m = re.search(r"\(([\d.]+)–([\d.]+)× dequantize \+ SDPA,\s+([\d.]+)–([\d.]+)× mlx-lm's quantized SDPA\)", readme)
+    assert m
+    deq = [c[k]["dequant_sdpa_us"] / c[k]["fused_us"] for k in CONTEXTS[1:]]
+    mlq = [c[k]["mlx_lm_quantized_sdpa_us"] / c[k]["fused_us"] for k in CONTEXTS[1:]]
+    assert rounds_to(m.group(1), min(deq)) and rounds_to(m.group(2), max(deq))
+    assert rounds_to(m.group(3), min(mlq)) and rounds_to(m.group(4), max(mlq))
+    m = re.search(r"([\d.]+)–([\d.]+)× the speed of fp16 SDPA", readme)
+    vs = [c[k]["sdpa_fp16_us"] / c[k]["fused_us"] for k in CONTEXTS]
+    assert m and rounds_to(m.group(1), min(vs)) and rounds_to(m.group(2), max(vs))
+
+
+def test_cuda_fuzz_sentence_is_its_record():
+    rec = record("benchmarks/h200-2026-11-29-fuzz-decode-attention-cuda.json")
+    m = re.search(r"(\d+)\s+examples,\s+(\d+)\s+distinct\s+shapes,\s+all\s+(\d+)\s+formats\s+for\s+K\s+and\s+V,\s+"
+                  r"worst\s+error\s+([\d.]+)\s+of\s+the\s+allowed\s+bound,\s+no\s+counterexample,\s+(\d+)\s+s",
+                  text("BENCHMARKS.md"))
+    assert m and rec["ok"] and rec["failure"] is None
+    assert int(m.group(1)) == rec["examples"] and int(m.group(2)) == rec["shapes"]
+    assert int(m.group(3)) == len(rec["formats"]) and rounds_to(m.group(4), rec["worst_error_over_allowed"])
+    assert rounds_to(m.group(5), rec["seconds"])
+
+
+# ---- quality ------------------------------------------------------------------------------------------
+
+QUALITY = {"smollm2": "docs/cache-quality-smollm2.json", "gemma3": "docs/cache-quality-gemma3.json"}
+CALIBRATED = {"smollm2": "docs/quality-calibrated-smollm2.json", "gemma3": "docs/quality-calibrated-gemma3.json"}
+
+
+def _quality_rows(path):
+    return {r["kv"]: r for r in record(path)}
+
+
+@pytest.mark.parametrize("doc, model, path, title", [
+    ("docs/cache.md", "smollm2", QUALITY["smollm2"], "**SmolLM2-135M"),
+    ("docs/cache.md", "gemma3", QUALITY["gemma3"], "**gemma-3-270m"),
+    ("docs/quality-calibrated.md", "smollm2", CALIBRATED["smollm2"], "**SmolLM2-135M"),
+    ("docs/quality-calibrated.md", "gemma3", CALIBRATED["gemma3"], "**a5fd3b62230aa5ec-gemma"),
+])
+def test_quality_tables_are_their_records(doc, model, path, title):
+    rec = _quality_rows(path)
+    rows = table(text(doc), "| K / V | KL mean", after=title)
+    assert [r[0] for r in rows] == list(rec)
+    bad = []
+    for kv, kl, klmax, top1, bpt, bits, vs in rows:
+        r = rec[kv]
+        for cell, v, scale in ((kl, r["kl_mean"], 1), (klmax, r["kl_max"], 1), (top1, r["top1"], 100),
+                               (bpt, r["bytes_per_token"], 1), (bits, r["bits_per_value"], 1),
+                               (vs, r["compression_vs_f16"], 1)):
+            check(rounds_to(cell, v, scale), f"{kv}: {cell}", bad)
+    assert not bad, bad
+
+
+README_QUALITY = {   # README row -> (SmolLM2 record row, Gemma 3 record row); None: not run
+    "q8_0/q8_0": ("q8_0/q8_0", "q8_0/q8_0"),
+    "q8_0/q4_0": ("q8_0/q4_0", "q8_0/q4_0"),
+    "q4_0/q4_0": ("q4_0/q4_0", "q4_0/q4_0"),
+    "q8_0/turbo4": ("q8_0/turbo4", "q8_0/turbo4"),
+    "q8_0/turbo3": ("q8_0/turbo3", "q8_0/turbo3"),
+    "q8_0/turbo3@g64": ("q8_0/turbo3@g64", None),
+    "q8_0/turbo2": ("q8_0/turbo2", "q8_0/turbo2"),
+    "turbo4/turbo3": ("turbo4/turbo3", "turbo4/turbo3"),
+    "turbo3/turbo3": ("turbo3/turbo3", "turbo3/turbo3"),
+    "q5_1/q4_0": ("q5_1/q4_0", "q5_1/q4_0"),
+    "q5_1+mean+scale/q8_0 (keys calibrated)": ("q5_1+mean+scale/q8_0", "q5_1+mean+scale/q8_0"),
+    "q5_1+mean+scale/q5_0": ("q5_1+mean+scale/q5_0", "q5_1+mean+scale/q5_0"),
+    "q5_1+mean+scale/iq4_nl": ("q5_1+mean+scale/iq4_nl", "q5_1+mean+scale/iq4_nl"),
+    "turbo4(@g64)+mean+scale/turbo4(@g64)": ("turbo4@g64+mean+scale/turbo4@g64", "turbo4+mean+scale/turbo4"),
+}
+
+
+def test_readme_quality_table_quotes_the_records():
+    recs = {m: {**_quality_rows(QUALITY[m]), **_quality_rows(CALIBRATED[m])} for m in QUALITY}
+    rows = table(text("README.md"), "| K / V | SmolLM2-135M KL mean")
+    assert [r[0] for r in rows] == list(README_QUALITY)
+    bad = []
+    for row in rows:
+        for model, kv, cells in zip(("smollm2", "gemma3"), README_QUALITY[row[0]], (row[1:4], row[4:7])):
+            if kv is None:
+                check(cells == ["–", "–", "–"], f"{row[0]} {model} not run", bad)
+                continue
+            r = recs[model][kv]
+            for cell, v, scale in zip(cells, (r["kl_mean"], r["top1"], r["compression_vs_f16"]), (1, 100, 1)):
+                check(rounds_to(cell, v, scale), f"{row[0]} {model}: {cell}", bad)
+    assert not bad, bad
+
+
+def test_quality_reading_quotes_the_records():
+    s, g = ({**_quality_rows(QUALITY[m]), **_quality_rows(CALIBRATED[m])} for m in ("smollm2", "gemma3"))
+    readme = text("README.md")
+    m = re.search(r"cuts\s+q5_1 key KL ([\d.]+)× \(SmolLM2\) and ([\d.]+)× \(Gemma 3\)", readme)
+    assert m
+    assert rounds_to(m.group(1), s["q5_1/q8_0"]["kl_mean"] / s["q5_1+mean+scale/q8_0"]["kl_mean"])
+    assert rounds_to(m.group(2), g["q5_1/q8_0"]["kl_mean"] / g["q5_1+mean+scale/q8_0"]["kl_mean"])
+    m = re.search(r"5-bit values already cost ([\d.e-]+) / ([\d.e-]+) of\s+KL", readme)
+    assert m and rounds_to(m.group(1), s["q8_0/q5_0"]["kl_mean"]) and rounds_to(m.group(2), g["q8_0/q5_0"]["kl_mean"])
+
+
+# ---- parser fuzzing -----------------------------------------------------------------------------------
+
+FUZZ = "benchmarks/cpu-2026-12-01-fuzz-parsers.json"
+
+
+def test_fuzz_table_is_the_record():
+    camps = record(FUZZ)["campaigns"]
+    rows = table(text("docs/fuzzing.md"), "| target | mutants | calls")
+    bad = []
+    for row in rows[:3]:
+        name, mutants, calls, ok, clean, crash, hang, alloc, peak, slowest = row
+        s = camps[name]["summary"]
+        t = s["totals"]
+        check(int(mutants.replace(",", "")) == s["mutants"], f"{name} mutants", bad)
+        check(int(calls.replace(",", "")) == sum(sum(v.values()) for v in s["per_consumer"].values()), f"{name} calls", bad)
+        check(int(ok.replace(",", "")) == t["ok"], f"{name} ok", bad)
+        check(int(clean.split()[0].replace(",", "")) == t["clean"], f"{name} clean", bad)
+        check(t["crash"] == t["hang"] == t["alloc"] == 0 and "**0**" == crash == hang == alloc, f"{name} zeros", bad)
+        check(rounds_to(peak, max(s["peak_memory_growth_bytes"].values()) / 2**20), f"{name} peak {peak}", bad)
+        check(rounds_to(slowest, max(s["slowest_call_s"].values())), f"{name} slowest {slowest}", bad)
+    assert not bad, bad
+    three = sum(camps[k]["summary"]["mutants"] for k in ("gguf", "state-blob", "kv-spelling"))
+    m = re.search(r"0 crashes and 0 hangs over ([\d,]+) recorded\s+mutants", text("README.md"))
+    assert m and abs(int(m.group(1).replace(",", "")) - three) < 100
+
+
+# ---- turbo error (docs/turbo.md) ------------------------------------------------------------------------
+
+def test_turbo_error_tables_are_their_record():
+    rec = record("docs/turbo-error.json")
+    doc = text("docs/turbo.md")
+    fork = rec["fork_formats"]
+    bad = []
+    for name, measured, _paper, integral in table(doc, "| format | measured | paper"):
+        keys = ["turbo2", "turbo2@fork-69d8e4b"] if name == "turbo2 (both)" else [name]
+        for k in keys:
+            check(rounds_to(measured, fork[k]["measured_mse"]), f"{k} measured {measured}", bad)
+            check(rounds_to(integral, fork[k]["lloyd_max_integral"]), f"{k} integral {integral}", bad)
+        if "(" in measured:   # the old table's ratio to the corrected one
+            base = keys[0].split("@")[0]
+            check(rounds_to(measured.split("(")[1], fork[keys[0]]["measured_mse"] / fork[base]["measured_mse"]),
+                  f"{name} ratio {measured}", bad)
+            check(rounds_to(integral.split("(")[1], fork[keys[0]]["lloyd_max_integral"] / fork[base]["lloyd_max_integral"]),
+                  f"{name} integral ratio {integral}", bad)
+    for d, fmts, padded, bits, err in table(doc, "| head dim | format | padded to"):
+        for i, key in enumerate(f.strip() for f in fmts.split("/")):
+            r = rec["head_dims"][f"{key} d{d}"]
+            check(int(padded.split("/")[i]) == r["padded_to"], f"{key} d{d} padded", bad)
+            check(rounds_to(bits.split("/")[i], r["bits_per_value"]), f"{key} d{d} bits", bad)
+            check(rounds_to(err.split("/")[i], r["measured_mse"]), f"{key} d{d} error {err}", bad)
+    assert rec["vectors"] == 20_000 and "20,000 random unit vectors" in doc
+    assert not bad, bad
+
+
+# ---- generation on the H200 -------------------------------------------------------------------------------
+
+def test_readme_generation_sentence_is_its_record():
+    runs = record("benchmarks/h200-2026-11-29-generate.json")["runs"]
+    by = {(("smollm2" if "SmolLM2" in r["model"] else "gemma3"), r["kv"]): r for r in runs}
+    for kv in ("q8_0/turbo3@g64", "q8_0/q4_0"):
+        assert by[("smollm2", kv)]["text"] == "The capital of France is Paris."
+    for kv in ("q8_0/turbo3", "q8_0/turbo4"):
+        assert by[("gemma3", kv)]["text"].startswith(" Paris, Lyon and Marseille.")
+    for r in runs:   # every decode step on the fused kernel
+        assert set(k for k in r["paths"] if k.startswith("decode:")) == {"decode:cuda"}, r["paths"]
+
+
+# ---- ggml formats: the typical error line (docs/formats-ggml.md) -------------------------------------------
+
+def test_formats_typical_error_line_is_what_selfcheck_measures():
+    """The line quotes `tqbridge selfcheck`'s last column: ggml's own bytes on its fixed N(0, 1) rows."""
+    from tqbridge.bridge import ggml_c
+
+    try:
+        ggml_c.type_traits("q8_0")
+    except Exception as e:  # noqa: BLE001 - no ggml library here
+        pytest.skip(f"ggml's C library is not available: {e}")
+    from tqbridge.tools.cmd_selfcheck import _gaussian_error
+
+    m = re.search(r"recomputes it\):\n(.*)\.\n", text("docs/formats-ggml.md"))
+    assert m
+    pairs = [p.split() for p in m.group(1).split(", ")]
+    assert len(pairs) == 8
+    bad = [f"{name} {v}" for name, v in pairs if not rounds_to(v, _gaussian_error(name, 128))]
+    assert not bad, bad
+
+
+def flat(doc: str) -> str:
+    return " ".join(doc.split())
+
+
+def test_calibration_reading_quotes_the_records():
+    s, g = (_quality_rows(CALIBRATED[m]) for m in ("smollm2", "gemma3"))
+    def kl(r, k):
+        return r[k]["kl_mean"]
+
+    doc = flat(text("docs/quality-calibrated.md"))
+    claims = [   # a sentence with its numbers as groups, the record's values in order
+        (r"SmolLM2 KL ([\d.e-]+) → ([\d.e-]+) with `mean\+scale` \(most of it from the mean: ([\d.e-]+)\)",
+         [kl(s, "q5_1/q8_0"), kl(s, "q5_1+mean+scale/q8_0"), kl(s, "q5_1+mean/q8_0")]),
+        (r"Gemma 3 ([\d.e-]+) → ([\d.e-]+) \(mean alone ([\d.e-]+), scale alone ([\d.e-]+), both ([\d.e-]+): ([\d.]+)× lower\)",
+         [kl(g, "q5_1/q8_0"), kl(g, "q5_1+mean+scale/q8_0"), kl(g, "q5_1+mean/q8_0"), kl(g, "q5_1+scale/q8_0"),
+          kl(g, "q5_1+mean+scale/q8_0"), kl(g, "q5_1/q8_0") / kl(g, "q5_1+mean+scale/q8_0")]),
+        (r"SmolLM2 \(turbo4@g64/turbo4@g64\) ([\d.e-]+) → ([\d.e-]+), Gemma 3 \(turbo4/turbo4\) ([\d.]+) → ([\d.]+) \(([\d.]+)×\)",
+         [kl(s, "turbo4@g64/turbo4@g64"), kl(s, "turbo4@g64+mean+scale/turbo4@g64"), kl(g, "turbo4/turbo4"),
+          kl(g, "turbo4+mean+scale/turbo4"), kl(g, "turbo4/turbo4") / kl(g, "turbo4+mean+scale/turbo4")]),
+        (r"keys: ([\d.]+) → ([\d.]+)\)", [g["q5_1/q8_0"]["kl_max"], g["q5_1+mean+scale/q8_0"]["kl_max"]]),
+        (r"\(SmolLM2 ([\d.e-]+) vs ([\d.e-]+); Gemma 3 ([\d.e-]+) vs ([\d.e-]+)\)",
+         [kl(s, "q5_1+mean+scale/q8_0"), kl(s, "q5_1+mean+scale+rotated/q8_0"), kl(g, "q5_1+mean+scale/q8_0"),
+          kl(g, "q5_1+mean+scale+rotated/q8_0")]),
+        (r"does not beat `scale` \(SmolLM2 ([\d.e-]+), Gemma 3 ([\d.e-]+)\)",
+         [kl(s, "q5_1+mean+qscale/q8_0"), kl(g, "q5_1+mean+qscale/q8_0")]),
+        (r"K alone ([\d.e-]+), q5_0 V alone ([\d.e-]+), together ([\d.e-]+)\)",
+         [kl(s, "q5_1+mean+scale/q8_0"), kl(s, "q8_0/q5_0"), kl(s, "q5_1+mean+scale/q5_0")]),
+        (r"cost ([\d.e-]+) \(SmolLM2\) / ([\d.e-]+) \(Gemma 3\); 4.5-bit values cost ([\d.e-]+) / ([\d.e-]+) \(iq4_nl\)",
+         [kl(s, "q8_0/q5_0"), kl(g, "q8_0/q5_0"), kl(s, "q8_0/iq4_nl"), kl(g, "q8_0/iq4_nl")]),
+        (r"SmolLM2 ([\d.]+)× above, Gemma 3 (\d+)% above",
+         [kl(s, "q5_1+mean+scale/q5_0") / kl(s, "q8_0/q4_0"), 100 * (kl(g, "q5_1+mean+scale/q5_0") / kl(g, "q8_0/q4_0") - 1)]),
+    ]
+    bad = []
+    for pattern, values in claims:
+        m = re.search(pattern, doc)
+        if not m:
+            bad.append(f"missing: {pattern}")
+            continue
+        bad += [f"{pattern}: {got} vs {v}" for got, v in zip(m.groups(), values) if not rounds_to(got, v)]
+    for kv, row in zip(("smollm2", "gemma3"), table(text("docs/quality-calibrated.md"), "| model | config | vs f16")):
+        r = (s, g)[kv == "gemma3"]
+        base, best = r["q8_0/q4_0"], r[row[1]]
+        for cell, v in ((row[2], best["compression_vs_f16"]), (row[3], best["kl_mean"]), (row[4], base["kl_mean"]),
+                        (row[5], best["kl_max"]), (row[5].split("(")[1], base["kl_max"]),
+                        (row[6], 100 * best["top1"]), (row[6].split("(")[1], 100 * base["top1"])):
+            check(rounds_to(cell, v), f"{kv}: {cell}", bad)
+    assert not bad, bad
+
+
+# ---- the format tables (README, docs/turbo.md) are the registry ---------------------------------------------
+
+def _format_key(cell: str) -> str:
+    name = cell.split()[0]
+    m = re.search(r"\(`@([\w-]+)`\)", cell)
+    return f"{name}@{m.group(1)}" if m else name
+
+
+def test_readme_format_table_is_the_registry():
+    from tqbridge import bridge
+
+    bad = []
+    for row in table(text("README.md"), "| name | values/block"):
+        f = bridge.get_format(_format_key(row[0]))
+        check(int(row[1]) == f.block_size and int(row[2]) == f.type_size, f"{row[0]} sizes", bad)
+        check(rounds_to(row[3], f.bits_per_value), f"{row[0]} bits {row[3]}", bad)
+        check(rounds_to(row[4], f.compression_vs_f16), f"{row[0]} vs f16 {row[4]}", bad)
+        ids = set(f.type_ids.values()) if isinstance(f.type_ids, dict) else {f.type_ids}
+        check(row[5].startswith("–") or int(row[5].split()[0]) in ids, f"{row[0]} type id {row[5]} vs {f.type_ids}", bad)
+    assert not bad, bad
+
+
+def test_turbo_doc_format_table_is_the_registry():
+    from tqbridge import bridge
+
+    bad = []
+    for row in table(text("docs/turbo.md"), "| name | variant | values/block"):
+        f = bridge.get_format(row[0].strip("`"))
+        check(int(row[2]) == f.block_size and int(row[3]) == f.type_size, f"{row[0]} sizes", bad)
+        check(rounds_to(row[4], f.bits_per_value), f"{row[0]} bits", bad)
+        check(row[5] == "–" or int(row[5].split()[0]) in set(f.type_ids.values()), f"{row[0]} type id", bad)
+    assert not bad, bad
+
+
+def test_formats_command_rounds_the_ratio_once(capsys):
+    """16 / 4.25 = 3.7647: printed 3.76x (rounding the JSON's 3.765 again printed 3.77x)."""
+    from tqbridge import bridge
+    from tqbridge.tools.cli import main
+
+    assert main(["formats"]) == 0
+    out = capsys.readouterr().out
+    for line in out.splitlines()[2:]:
+        f = bridge.get_format(line.split()[0])
+        assert f"{f.compression_vs_f16:.2f}x" in line.split(), line
+    assert any(line.startswith("turbo4@g64 ") and " 3.76x " in line for line in out.splitlines())
+
+
+def test_readme_decode_kv_bytes_ratio_is_the_record():
+    runs = _decode_runs()
+    m = re.search(r"\(([\d.]+)× fewer KV bytes at head dim 128, ([\d.]+)× at 64", text("README.md"))
+    assert m
+    for model, cell in (("qwen2.5-1.5b", m.group(1)), ("llama-3.1-8b", m.group(1)), ("llama-3.2-1b", m.group(2))):
+        for ctx in CONTEXTS:
+            ratio = runs[(model, "fp16", ctx)]["kv_bytes"] / runs[(model, "q8_0/turbo3", ctx)]["kv_bytes"]
+            assert rounds_to(cell, ratio), (model, ctx, ratio)
+
+
+# ---- MLX's GGUF loader limits (docs/affine-and-inspect.md) -------------------------------------------------
+
+def test_mlx_gguf_loader_float16_limits(tmp_path):
+    """The two q8_0 limits the page states for MLX's own GGUF loader: d > 511.75 loads with bias
+    -inf; a block of +-38,100 (d = 300 > 65504 / 255) loads finite but dequantizes to inf in float16,
+    while tqbridge's float32 triplet decodes it exactly."""
+    gguf = pytest.importorskip("gguf")
+    mx = pytest.importorskip("mlx.core")
+    import numpy as np
+
+    from tqbridge.bridge import dequantize, quantize, to_mlx_affine
+
+    doc = flat(text("docs/affine-and-inspect.md"))
+    assert "d > 511.75" in doc and "a block of ±38 100 decodes to inf" in doc
+    x = np.zeros((3, 32), np.float32)
+    x[0, ::2], x[0, 1::2] = 38100.0, -38100.0            # d = 300
+    x[1, 0] = 70000.0                                     # d = 551 > 511.75
+    x[2, :] = np.linspace(-1, 1, 32)
+    blocks = quantize("q8_0", x)
+    path = tmp_path / "limits.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("t.weight", blocks, raw_shape=blocks.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    loaded = mx.load(str(path))
+    wl, sl, bl = loaded["t.weight"], loaded["t.scales"], loaded["t.biases"]
+    b = np.array(bl.astype(mx.float32)).ravel()
+    assert np.isneginf(b[1]) and np.isfinite(b[0]) and np.isfinite(b[2])
+    y16 = np.array(mx.dequantize(wl, sl, bl, group_size=32, bits=8).astype(mx.float32))
+    assert np.isinf(y16[0]).any() and np.isfinite(y16[2]).all()
+    wq, s, bb, g, bits = to_mlx_affine("q8_0", blocks, 32)
+    y32 = np.array(mx.dequantize(wq, s, bb, group_size=g, bits=bits))
+    assert np.array_equal(y32[0], dequantize("q8_0", blocks, 32)[0])
