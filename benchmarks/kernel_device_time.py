@@ -4,7 +4,8 @@ Compiles the same dialect source MLX compiles (header + body, the signature MLX 
 NVRTC through CuPy, then reports per kernel build: registers per thread, local-memory (spill) bytes,
 static shared memory, the resident threadgroups per SM those allow, and the device time of pass 1
 measured with CUDA events over many launches on random cache bytes at a fixed length. Pass 2
-(combine) is timed the same way. What MLX adds on top (graph building, per-call source hashing) is
+(combine) is timed the same way; kernel v3 in one dispatch (its merge in the last threadgroup of
+each head) has no pass 2. What MLX adds on top (graph building, per-call source hashing) is
 what ``tqbridge bench attention`` / ``bench decode`` measure.
 
     python benchmarks/kernel_device_time.py --context 4096,32768,131072 --kernels v2,v3 --json out.json
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
                         print(f"{ctx} {kern} warps={nw} splits={ns}: {e}", file=sys.stderr)
                         continue
                     split_s, comb_s, extra1, extra2 = ak._static(prob, plan, 0, False)
-                    k1def, k2def = ak._kernel_defs(0, plan.kernel)
+                    k1def, k2def = ak._kernel_defs(0, ak._version(plan))
                     k1 = cp.RawKernel(_source(k1def, split_s), k1def.name, options=("--std=c++17",))
                     k2 = cp.RawKernel(_source(k2def, comb_s), k2def.name, options=("--std=c++17",))
                     ip1 = cp.asarray(np.array([prob.l_max, plan.split_len, plan.splits, prob.window, hkv, *extra1, ctx],
@@ -93,14 +94,19 @@ def main(argv=None) -> int:
                     g1, t1 = (hkv * plan.splits,), (32 * plan.warps,)
                     g2, t2 = (rows,), (ak.COMBINE_THREADS,)
 
+                    cnt = cp.zeros(hkv, cp.uint32)
+
                     def one():
-                        k1(g1, t1, (dq, dkb, dvb, ip1, fp1, tabs, dep, po, pml))
+                        if plan.fused:   # one dispatch: the merge runs in the last threadgroup of each head
+                            k1(g1, t1, (dq, dkb, dvb, ip1, fp1, tabs, dep, cnt, sinks, po, pml, res))
+                        else:
+                            k1(g1, t1, (dq, dkb, dvb, ip1, fp1, tabs, dep, po, pml))
 
                     def two():
                         k2(g2, t2, (po, pml, ip2, sinks, tabs, res))
 
                     times = {}
-                    for name, fn in (("pass1", one), ("pass2", two)):
+                    for name, fn in (("pass1", one),) + ((("pass2", two),) if not plan.fused else ()):
                         fn()
                         cp.cuda.Device().synchronize()
                         e0, e1 = cp.cuda.Event(), cp.cuda.Event()
@@ -118,7 +124,7 @@ def main(argv=None) -> int:
                     row = dict(context=ctx, kernel=plan.kernel, warps=plan.warps, splits=plan.splits, tile=plan.tile,
                                ctas=hkv * plan.splits, regs=regs, local_bytes=local, shared_bytes=smem,
                                resident_ctas_per_sm=min(by_regs, by_smem, 32), pass1_us=times["pass1"],
-                               pass2_us=times["pass2"], bytes_read=bytes_read,
+                               pass2_us=times.get("pass2", 0.0), fused=plan.fused, bytes_read=bytes_read,
                                pass1_TBps=bytes_read / times["pass1"] / 1e6)
                     out["rows"].append(row)
                     print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}),

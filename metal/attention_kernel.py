@@ -45,6 +45,9 @@ V3_WARPS = 4
 V3_MAX_TILE = 64             # keys staged per tile (a multiple of 16; a ring of tiles is resident)
 V3_SHARED_CUDA = 48 * 1024   # CUDA's limit of static shared memory per threadgroup
 V3_STAGES_CUDA = 3           # tiles in the copy ring on CUDA (two being copied while one is computed)
+# v3 in one dispatch where device-scope fences and atomics exist (CUDA; the emulator runs threadgroups
+# one after another); Metal's device atomics are relaxed only: two dispatches there
+V3_FUSED_BACKENDS = ("cuda", "cpu-emulator")
 TARGET_GROUPS_V3 = 528       # v3 pass-1 threadgroups to aim for on a GPU (H200: 132 SMs x 4)
 V3_MIN_SPLIT_KEYS = 128      # v3 on a GPU: at least this many keys per split
 # q's precision when the caller does not choose (decided by measurement: BENCHMARKS.md, kernel v3);
@@ -67,6 +70,11 @@ class Plan:
     kernel: str = "v1"        # pass-1 kernel: "v1" (lanes share a key) or "v2" (one key per thread)
     rows_room: int = 0        # v2: query rows the build holds (TQA_QA)
     stages: int = 2           # v3: tiles in the asynchronous copy ring (TQA_NS)
+    fused: bool = False       # v3: one dispatch (the last threadgroup of a head merges the splits)
+
+    @property
+    def dispatches(self) -> int:
+        return 1 if self.fused else 2
 
     @property
     def partials(self) -> int:
@@ -298,7 +306,7 @@ def _v3_stage_bytes(prob: Problem, warps: int, tile: int, stages: int = 2) -> in
     # `stages` tiles in a ring (one computed while the others are copied); first it holds q's rows,
     # at the end the SIMD groups' partial results
     return max(stages * (-(-tile * krb // 4) * 4 + -(-tile * vrb // 4) * 4), 4 * warps * 8 * (prob.v_dim + 2),
-               4 * 8 * prob.k_dim)
+               4 * 8 * prob.k_dim, 4 * (MAX_PARTIALS + prob.v_dim + 32 * warps + 1))
 
 
 def _v3_limits(backend: str) -> tuple[int, int]:
@@ -352,7 +360,10 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
     if backend != "cpu-emulator":   # whole tiles per split
         split_len = -(-split_len // tl) * tl
         splits = -(-l_used // split_len)
-    return Plan(1, nw, splits, split_len, tl, "v3", V3_MAX_ROWS, ns)
+    import os
+
+    fused = backend in V3_FUSED_BACKENDS and os.environ.get("TQBRIDGE_V3_DISPATCHES") != "2"
+    return Plan(1, nw, splits, split_len, tl, "v3", V3_MAX_ROWS, ns, fused)
 
 
 def resolve_kernel(prob: Problem, backend: str, kernel: "str | None", q_precision: "str | None") -> "str | None":
@@ -405,7 +416,8 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
     if plan.kernel == "v3":
         split.update(TQA_KM=int(prob.k_format.name in ("q4_1", "q5_1")),
                      TQA_VB={"turbo2": 2, "turbo3": 3, "turbo4": 4}.get(prob.v_format.name, 0),
-                     TQA_STB=_v3_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages)
+                     TQA_STB=_v3_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages,
+                     TQA_FUSED=int(plan.fused), TQA_MAXP=MAX_PARTIALS, TQA_SINKS=int(prob.has_sinks))
     elif plan.kernel == "v2":
         split.update(TQA_QA=plan.rows_room or _rows_room(prob, dyn), TQA_KS=v2_key_slots(prob))
     else:
@@ -430,14 +442,16 @@ def _kernel_defs(qtype: int, version: str = "v1"):
     header = (HERE / "attention_kernel.h").read_text()
     qdt = "float32" if qtype == 0 else "uint16"
     body = {"v1": "attention_kernel_split.cpp", "v2": "attention_kernel_split_v2.cpp",
-            "v3": "attention_kernel_split_v3.cpp"}[version]
+            "v3": "attention_kernel_split_v3.cpp", "v3f": "attention_kernel_split_v3.cpp"}[version]
+    fused = version == "v3f"   # one dispatch: the ticket counters (written in place), the sinks, the output
     split = Kernel(
         "tq_attention_split" + ("" if version == "v1" else "_" + version),
         (("q", qdt), ("kb", "uint8"), ("vb", "uint8"), ("ip", "int32"), ("fp", "float32"), ("tabs", "float32"),
-         ("dep", "uint32")),
-        (("po", "float32"), ("pml", "float32")),
+         ("dep", "uint32")) + ((("cnt", "uint32"), ("sinks", "float32")) if fused else ()),
+        (("po", "float32"), ("pml", "float32")) + ((("out", qdt),) if fused else ()),
         (HERE / body).read_text(),
-        header + ("\n" + (HERE / "attention_mma.h").read_text() if version == "v3" else ""))
+        header + ("\n" + (HERE / "attention_mma.h").read_text() if version.startswith("v3") else ""),
+        inplace=("cnt",) if fused else ())
     combine = Kernel(
         "tq_attention_combine",
         (("po", "float32"), ("pml", "float32"), ("ip", "int32"), ("sinks", "float32"), ("tabs", "float32")),
@@ -476,6 +490,11 @@ def pick_backend(requested: str) -> str:
 
 
 @lru_cache(maxsize=64)
+def _version(plan: Plan) -> str:
+    """The kernel definition a plan runs (v3 in one dispatch is "v3f")."""
+    return "v3f" if plan.kernel == "v3" and plan.fused else plan.kernel
+
+
 def _emulated(which: int, qtype: int, static_items: tuple, version: str = "v1"):
     from .emulator import EmulatedKernel
 
@@ -505,13 +524,19 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
                    np.int32)
     fp1 = np.array([prob.scale, prob.softcap], np.float32)
     tabs = tables(prob)
-    k1 = _emulated(0, qtype, tuple(sorted(split_s.items())), plan.kernel)
-    po, pml = _launch(k1, [qn, np.ascontiguousarray(_np(kb)), np.ascontiguousarray(_np(vb)), ip1, fp1, tabs,
-                           np.zeros(1, np.uint32)],
-                 [(rows, np_, prob.v_dim), (rows, np_, 2)],
-                 (prob.batch * prob.kv_heads * plan.splits, 1, 1), 32 * plan.warps, seed=seed)
-    ip2 = np.array([np_, prob.q_heads, int(sinks is not None), *extra2], np.int32)
     sk = np.zeros(prob.q_heads, np.float32) if sinks is None else _np(sinks).astype(np.float32).reshape(-1)
+    k1 = _emulated(0, qtype, tuple(sorted(split_s.items())), _version(plan))
+    ins = [qn, np.ascontiguousarray(_np(kb)), np.ascontiguousarray(_np(vb)), ip1, fp1, tabs, np.zeros(1, np.uint32)]
+    grid1 = (prob.batch * prob.kv_heads * plan.splits, 1, 1)
+    if plan.fused:
+        cnt = np.zeros(prob.batch * prob.kv_heads, np.uint32)
+        _, _, out = _launch(k1, ins + [cnt, sk], [(rows, np_, prob.v_dim), (rows, np_, 2), (rows, prob.head_dim)],
+                            grid1, 32 * plan.warps, seed=seed)
+        if cnt.any():
+            raise RuntimeError(f"kernel v3 left its ticket counters at {cnt.tolist()} (the merging threadgroup resets them)")
+        return out
+    po, pml = _launch(k1, ins, [(rows, np_, prob.v_dim), (rows, np_, 2)], grid1, 32 * plan.warps, seed=seed)
+    ip2 = np.array([np_, prob.q_heads, int(sinks is not None), *extra2], np.int32)
     k2 = _emulated(1, qtype, tuple(sorted(comb_s.items())))
     (out,) = _launch(k2, [po, pml, ip2, sk, tabs], [(rows, prob.head_dim)], (rows, 1, 1), COMBINE_THREADS, seed=seed)
     return out
@@ -556,7 +581,7 @@ def _mlx_setup(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, 
     fp1 = mx.array(np.array([shape_prob.scale, shape_prob.softcap], np.float32))
     tabs = mx.array(tables(shape_prob))
     zero_sinks = mx.zeros((shape_prob.q_heads,), mx.float32)
-    k1 = _mlx_kernel(backend, 0, qtype, split_s, shape_plan.kernel)
+    k1 = _mlx_kernel(backend, 0, qtype, split_s, _version(shape_plan))
     k2 = _mlx_kernel(backend, 1, qtype, comb_s)
     return k1, k2, fp1, tabs, zero_sinks, tuple(extra1), tuple(extra2)
 
@@ -582,11 +607,17 @@ class _Launches:
     kernels view fp16 / bf16 as bits)."""
 
     __slots__ = ("k1", "k2", "fp1", "tabs", "zero_sinks", "ip1", "ip2", "out1", "grid1", "tg1", "shape", "grid2",
-                 "no_dep")
+                 "no_dep", "cnt")
 
     def __call__(self, q, kb, vb, sinks):
         import mlx.core as mx
 
+        if self.cnt is not None:   # kernel v3 in one dispatch
+            sk = self.zero_sinks if sinks is None else sinks.astype(mx.float32).reshape(-1)
+            _, _, out = _launch(self.k1, inputs=[q, kb, vb, self.ip1, self.fp1, self.tabs, self.no_dep, self.cnt, sk],
+                                output_shapes=self.out1 + self.shape, output_dtypes=[mx.float32, mx.float32, q.dtype],
+                                grid=self.grid1, threadgroup=self.tg1)
+            return out
         po, pml = _launch(self.k1, inputs=[q, kb, vb, self.ip1, self.fp1, self.tabs, self.no_dep],
                           output_shapes=self.out1, output_dtypes=[mx.float32, mx.float32], grid=self.grid1,
                           threadgroup=self.tg1)
@@ -615,7 +646,24 @@ def _launches(prob: Problem, plan: Plan, qtype: int, backend: str, has_sinks: bo
     f.shape = [(prob.batch, prob.q_heads, prob.head_dim) if prob.squeeze_rows else
                (prob.batch, prob.q_heads, prob.rows, prob.head_dim)]
     f.grid2 = (rows * COMBINE_THREADS, 1, 1)
+    f.cnt = _ticket_counters(prob.batch * prob.kv_heads) if plan.fused else None
     return f
+
+
+_COUNTERS: dict = {}
+
+
+def _ticket_counters(n: int):
+    """Ticket counters of kernel v3's single dispatch: zeros, written in place by the kernel (the
+    merging threadgroup resets its head's counter), one buffer per size shared by every launch (MLX
+    runs a device's kernels in order on one stream)."""
+    buf = _COUNTERS.get(n)
+    if buf is None:
+        import mlx.core as mx
+
+        buf = _COUNTERS[n] = mx.zeros((n,), mx.uint32)
+        mx.eval(buf)
+    return buf
 
 
 def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: str, dyn=False):
@@ -720,7 +768,7 @@ class DecodeLaunch:
         self.l_max = prob.l_max
         self.batch = prob.batch
         self._ip1: dict = {}
-        self.run_info = dict(backend=backend, dispatches=2, kernel=plan.kernel, splits=plan.splits,
+        self.run_info = dict(backend=backend, dispatches=plan.dispatches, kernel=plan.kernel, splits=plan.splits,
                              warps=plan.warps, tile=plan.tile, lanes_per_key=plan.lanes_per_key,
                              chain=plan.chain(prob.l_max), q_precision=plan.q_precision)
         # everything a call passes but q, the buffers, the length buffer and `after`, prepared
@@ -731,6 +779,7 @@ class DecodeLaunch:
         self._grid1, self._tg1 = run.grid1, run.tg1
         self._out2, self._grid2, self._tg2 = run.shape, run.grid2, (COMBINE_THREADS, 1, 1)
         self._dt2 = {0: mx.float32, 1: mx.float16, 2: mx.bfloat16}[qtype]
+        self._cnt = run.cnt
 
     def ip1(self, length: int):
         """The pass-1 int parameters for ``length`` (one array per length, shared by the layers)."""
@@ -746,6 +795,19 @@ class DecodeLaunch:
         return buf
 
     def __call__(self, q, kb, vb, length: int, after=None, sinks=None):
+        if self._cnt is not None:   # kernel v3 in one dispatch
+            if sinks is None:
+                sk = self._zero_sinks
+            else:
+                import mlx.core as mx
+
+                sk = sinks.astype(mx.float32).reshape(-1)
+            _, _, out = self._k1(inputs=[q, kb, vb, self.ip1(length), self._fp1, self._tabs,
+                                         self._no_dep if after is None else after, self._cnt, sk],
+                                 output_shapes=self._out1 + self._out2, output_dtypes=self._dt1 + [self._dt2],
+                                 grid=self._grid1, threadgroup=self._tg1)
+            LAUNCHES[0] += 1
+            return out
         po, pml = self._k1(inputs=[q, kb, vb, self.ip1(length), self._fp1, self._tabs,
                                    self._no_dep if after is None else after],
                            output_shapes=self._out1, output_dtypes=self._dt1, grid=self._grid1, threadgroup=self._tg1)

@@ -354,3 +354,63 @@ for (int x = (int)tid; x < Q * TQA_DV; x += NT) {
     po[pi * TQA_DV + e] = a;
     if (e == 0) { pml[pi * 2] = mx > TQA_NEG_BIG ? mx * (1.0f / LOG2E) : TQA_NEG_BIG; pml[pi * 2 + 1] = l; }
 }
+
+#if TQA_FUSED
+// One dispatch: the last threadgroup of this (batch row, KV head) to finish merges every split's
+// partial (as the combine pass does: the sinks, the softmax sum, the rotation back) and writes the
+// output rows; it resets the head's ticket counter for the next call.
+TQ_SHARED uint* ticket = stage + TQA_STB / 4 - 1;
+tq_device_fence();
+tq_barrier();
+if (tid == 0u) ticket[0] = tq_atomic_inc(cnt_w + bh) == (uint)(n_splits - 1) ? 1u : 0u;
+tq_barrier();
+if (ticket[0]) {   // uniform across the threadgroup
+    tq_device_fence();
+    if (tid == 0u) cnt_w[bh] = 0u;
+    TQ_SHARED float* wsh = (TQ_SHARED float*)stage;      // (n_splits) weights
+    TQ_SHARED float* osh = wsh + TQA_MAXP;               // (DV) one output row
+    TQ_SHARED float* red = osh + TQA_DV;                 // (NT) reductions
+    for (int r = 0; r < Q; ++r) {
+        const size_t pr = row0 + (size_t)r;
+        const int hq = h * G + r / T;
+        float mx = TQA_NEG_BIG;
+        for (int i = (int)tid; i < n_splits; i += NT) {
+            const float mi = tq_load_cg(pml + (pr * (size_t)n_splits + (size_t)i) * 2);
+            mx = mi > mx ? mi : mx;
+        }
+        red[tid] = mx;
+        tq_barrier();
+        for (int w = NT / 2; w > 0; w >>= 1) {
+            if ((int)tid < w) red[tid] = red[tid + w] > red[tid] ? red[tid + w] : red[tid];
+            tq_barrier();
+        }
+        mx = red[0];
+        const float sink = TQA_SINKS ? sinks[hq] : TQA_NEG_BIG;
+        if (TQA_SINKS && sink > mx) mx = sink;
+        tq_barrier();
+        float dp = 0.0f;
+        for (int i = (int)tid; i < n_splits; i += NT) {
+            const size_t pi = pr * (size_t)n_splits + (size_t)i;
+            const float w = tq_exp(tq_load_cg(pml + pi * 2) - mx);
+            wsh[i] = w;
+            dp += tq_load_cg(pml + pi * 2 + 1) * w;
+        }
+        red[tid] = dp;
+        tq_barrier();
+        for (int w = NT / 2; w > 0; w >>= 1) {
+            if ((int)tid < w) red[tid] = red[tid] + red[tid + w];
+            tq_barrier();
+        }
+        const float den = red[0] + (TQA_SINKS ? tq_exp(sink - mx) : 0.0f);
+        for (int e = (int)tid; e < TQA_DV; e += NT) {
+            float a = 0.0f;
+            for (int i = 0; i < n_splits; ++i) a += tq_load_cg(po + (pr * (size_t)n_splits + (size_t)i) * TQA_DV + e) * wsh[i];
+            osh[e] = den > 0.0f ? a / den : 0.0f;
+        }
+        tq_barrier();
+        if (TQA_VROT) tqa_rotate(osh, TQA_DV, TQA_VROT, tabs + TQA_TAB_VS2, tabs + TQA_TAB_VS1, tabs[TQA_TAB_VSCALE], tid, (uint)NT);
+        for (int e = (int)tid; e < TQA_D; e += NT) TQA_OUT(out)[pr * TQA_D + e] = TQA_QSTORE(osh[e]);
+        tq_barrier();
+    }
+}
+#endif

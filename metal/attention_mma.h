@@ -154,6 +154,27 @@ TQ_FUNC void tqa_stage_async(TQ_SHARED uint* dst, TQ_CONST_DEVICE uchar* src, si
     }
 }
 
+// Across threadgroups (kernel v3's single dispatch): tq_device_fence orders this thread's device
+// memory writes before its later ones as seen by other threadgroups (release) and its later reads
+// after them (acquire); tq_atomic_inc returns the old value; tq_load_cg reads past the (non-coherent)
+// L1 cache. The emulator runs threadgroups one after another: plain operations. Metal has only
+// relaxed device atomics, so the single dispatch is not used there.
+#if defined(TQ_BACKEND_CUDA)
+TQ_FUNC void tq_device_fence() { __threadfence(); }
+TQ_FUNC uint tq_atomic_inc(TQ_DEVICE uint* p) { return atomicAdd(p, 1u); }
+TQ_FUNC float tq_load_cg(TQ_CONST_DEVICE float* p) { return __ldcg(p); }
+#elif defined(TQ_BACKEND_METAL)
+TQ_FUNC void tq_device_fence() {}
+TQ_FUNC uint tq_atomic_inc(TQ_DEVICE uint* p) {
+    return atomic_fetch_add_explicit((device atomic_uint*)p, 1u, memory_order_relaxed);
+}
+TQ_FUNC float tq_load_cg(TQ_CONST_DEVICE float* p) { return *p; }
+#else
+TQ_FUNC void tq_device_fence() {}
+TQ_FUNC uint tq_atomic_inc(TQ_DEVICE uint* p) { const uint old = *p; *p = old + 1u; return old; }
+TQ_FUNC float tq_load_cg(TQ_CONST_DEVICE float* p) { return *p; }
+#endif
+
 // float32 -> binary16 bits, round to nearest even (the hardware conversion on the GPUs)
 #if defined(TQ_BACKEND_CUDA)
 TQ_FUNC uint tq_f2h(const float x) { return (uint)__half_as_ushort(__float2half_rn(x)); }

@@ -204,6 +204,8 @@ def test_v2_falls_back_to_v1_when_threadgroup_memory_is_short():
     with pytest.raises(AttentionError, match="kernel v2 does not fit"):
         decode_attention(q, kb, vb, k_format="q8_0", v_format="q4_0", length=20, backend="cpu-emulator", kernel="v2")
     with pytest.raises(AttentionError, match="unknown kernel"):
+        decode_attention(q, kb, vb, k_format="q8_0", v_format="q4_0", length=20, backend="cpu-emulator", kernel="v9")
+    with pytest.raises(AttentionError, match="at most 8 query rows"):   # v3 takes at most 8 rows per group
         decode_attention(q, kb, vb, k_format="q8_0", v_format="q4_0", length=20, backend="cpu-emulator", kernel="v3")
 
 
@@ -244,10 +246,14 @@ def test_metal_source_is_well_formed(tmp_path):
         vb = bridge.quantize(vf, np.zeros((1, 1, 8, 128)))
         prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=8)
         for version in attention_kernel.KERNELS:
-            plan = attention_kernel.make_plan(prob, "metal", kernel=version)
-            for dyn in (False, True):
+            try:
+                plan = attention_kernel.make_plan(prob, "metal", kernel=version)
+            except AttentionError:   # v3 refuses some pairs (f16 K): v2 serves them
+                assert version == "v3"
+                continue
+            for dyn in ((False,) if version == "v3" else (False, True)):   # v3 has no format-generic build
                 statics = attention_kernel._static(prob, plan, qtype, dyn)[:2]
-                for kern, static in zip(attention_kernel._kernel_defs(qtype, version), statics):
+                for kern, static in zip(attention_kernel._kernel_defs(qtype, attention_kernel._version(plan)), statics):
                     src = tmp_path / f"{kern.name}.cpp"
                     src.write_text(te._metal_as_cpp(kern, static))
                     proc = subprocess.run([find_compiler(), "-std=c++17", "-fsyntax-only", "-w", "-I", str(tmp_path),

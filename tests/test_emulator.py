@@ -284,13 +284,18 @@ typedef unsigned int uint;
 typedef unsigned short ushort;
 typedef unsigned char uchar;
 struct uint3 { uint x, y, z; };
-struct half { ushort bits; operator float() const { return 0.0f; } };  // Metal's half, for syntax only
+struct half { ushort bits; half() = default; half(float) : bits(0) {} operator float() const { return 0.0f; } };  // Metal's half, for syntax only
+struct half2 { half x, y; half2 operator*(half2 o) const { return o; } };
 namespace metal {
+struct atomic_uint { uint v; };
+enum memory_order { memory_order_relaxed };
+inline uint atomic_fetch_add_explicit(atomic_uint*, uint, memory_order) { return 0u; }
 template <typename T, typename U> T as_type(U u) { static_assert(sizeof(T) == sizeof(U), "size"); T t; std::memcpy(&t, &u, sizeof t); return t; }
 namespace precise {
 inline float divide(float a, float b) { return a / b; }
 inline float sqrt(float a) { return std::sqrt(a); }
 inline float exp(float a) { return std::exp(a); }
+inline float exp2(float a) { return std::exp2(a); }
 }
 template <typename T> T simd_shuffle(T v, ushort) { return v; }
 template <typename T> T simd_shuffle_xor(T v, ushort) { return v; }
