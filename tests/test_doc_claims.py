@@ -537,3 +537,41 @@ def test_mlx_gguf_loader_float16_limits(tmp_path):
     wq, s, bb, g, bits = to_mlx_affine("q8_0", blocks, 32)
     y32 = np.array(mx.dequantize(wq, s, bb, group_size=g, bits=bits))
     assert np.array_equal(y32[0], dequantize("q8_0", blocks, 32)[0])
+
+
+# ---- cache bytes at a long context (docs/cache.md, README) --------------------------------------------------
+
+def test_cache_bytes_at_a_long_context_are_the_formats_row_sizes():
+    from tqbridge import bridge
+
+    rows, layers, heads, dim = 4352, 30, 3, 64            # 4,103 positions in steps of 256 rows; SmolLM2
+    assert rows == -(-4103 // 256) * 256
+    got = {}
+    for cache, row_bytes, mib in table(text("docs/cache.md"), "| cache | K + V row bytes"):
+        k, v = cache.split("/")
+        kb, vb = (bridge.get_format(f).row_bytes(bridge.padded_dim(f, dim)) for f in (k, v))
+        assert row_bytes == f"{kb} + {vb}", (cache, row_bytes)
+        got[cache] = rows * layers * heads * (kb + vb) / 2**20
+        assert rounds_to(mib, got[cache]), (cache, mib, got[cache])
+    m = re.search(r"f16 (\d+) MiB,\s+q8_0/q4_0 (\d+) MiB, turbo4@g64/turbo3@g64 (\d+) MiB", text("README.md"))
+    assert m
+    for cell, cache in zip(m.groups(), ("f16/f16", "q8_0/q4_0", "turbo4@g64/turbo3@g64")):
+        assert rounds_to(cell, got[cache]), (cache, cell)
+
+
+# ---- kernel campaigns on the emulator (docs/plugin.md) ------------------------------------------------------
+
+def test_plugin_kernel_campaign_table_is_its_record():
+    camps = record("benchmarks/cpu-2026-12-01-fuzz-kernels.json")["campaigns"]
+    bad = []
+    rows = table(text("docs/plugin.md"), "| target | examples | distinct shapes")
+    for name, examples, shapes, formats, worst, seconds, result in rows:
+        s = camps[name.split()[0]]["summary"]
+        check(int(examples) == s["examples"] and int(shapes) == s["shapes"], f"{name} counts", bad)
+        check(int(formats) == len(s["formats"]), f"{name} formats", bad)
+        check(rounds_to(worst, s["worst_error_over_allowed"]), f"{name} worst {worst}", bad)
+        check(rounds_to(seconds, s["seconds"]), f"{name} seconds {seconds}", bad)
+        check((result == "no counterexample") == (s["ok"] and s["failure"] is None), f"{name} result", bad)
+    assert not bad, bad
+    m = re.search(r"worst attention error was ([\d.]+)% of the bound", text("docs/plugin.md"))
+    assert m and rounds_to(m.group(1), 100 * camps["decode-attention"]["summary"]["worst_error_over_allowed"])
