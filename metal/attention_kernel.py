@@ -45,8 +45,10 @@ V3_WARPS = 4
 V3_MAX_TILE = 64             # keys staged per tile (a multiple of 16; a ring of tiles is resident)
 V3_SHARED_CUDA = 48 * 1024   # CUDA's limit of static shared memory per threadgroup
 V3_STAGES_CUDA = 3           # tiles in the copy ring on CUDA (two being copied while one is computed)
-# v3 in one dispatch where device-scope fences and atomics exist (CUDA; the emulator runs threadgroups
-# one after another); Metal's device atomics are relaxed only: two dispatches there
+# v3 in one dispatch (TQBRIDGE_V3_DISPATCHES=1) where device-scope fences and atomics exist (CUDA; the
+# emulator runs threadgroups one after another); Metal's device atomics are relaxed only. Not the
+# default: measured on the H200, the last threadgroup's merge of 64 splits costs more device time
+# than the combine pass (123.7 vs 101.6 + 6.5 us at 128K; BENCHMARKS.md, kernel v3)
 V3_FUSED_BACKENDS = ("cuda", "cpu-emulator")
 TARGET_GROUPS_V3 = 528       # v3 pass-1 threadgroups to aim for on a GPU (H200: 132 SMs x 4)
 V3_MIN_SPLIT_KEYS = 128      # v3 on a GPU: at least this many keys per split
@@ -362,7 +364,7 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
         splits = -(-l_used // split_len)
     import os
 
-    fused = backend in V3_FUSED_BACKENDS and os.environ.get("TQBRIDGE_V3_DISPATCHES") != "2"
+    fused = backend in V3_FUSED_BACKENDS and os.environ.get("TQBRIDGE_V3_DISPATCHES") == "1"
     return Plan(1, nw, splits, split_len, tl, "v3", V3_MAX_ROWS, ns, fused)
 
 
