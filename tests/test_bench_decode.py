@@ -31,3 +31,14 @@ def test_bench_decode_smoke(tmp_path, capsys):
 def test_bench_decode_refuses_bad_spellings(capsys):
     assert main(["bench", "decode", "--models", "tiny", "--caches", "fp16,q9_9/turbo3"]) == 2
     assert "--caches" in capsys.readouterr().err
+
+
+def test_q_precision_suffix_reaches_the_caches(capsys):
+    from tqbridge.metal import decode_bench
+
+    model, _ = decode_bench.build_model("tiny")
+    caches = decode_bench.make_caches(model, "q8_0/turbo3@int8")
+    assert caches and all(c.q_precision == "int8" for c in caches)
+    assert all(c.q_precision is None for c in decode_bench.make_caches(model, "q8_0/turbo3"))
+    assert main(["bench", "decode", "--models", "tiny", "--caches", "q8_0/turbo3@fp8"]) == 2
+    assert "q precision" in capsys.readouterr().err

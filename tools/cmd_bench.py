@@ -128,8 +128,8 @@ def run(args) -> int:
             parts = [int(x) for x in spec.split("x")]
         except ValueError:
             raise CliError(f"--tune: {c!r} is not v2:WARPSxTILE or v1:LPKxWARPS[xTILE]") from None
-        if kern == "v2" and len(parts) == 2:
-            configs.append((f"fused_v2_{spec}", "v2", None, parts[0], parts[1]))
+        if kern in ("v2", "v3") and len(parts) == 2:
+            configs.append((f"fused_{kern}_{spec}", kern, None, parts[0], parts[1]))
         elif kern == "v1" and len(parts) in (2, 3):
             parts += [None] * (3 - len(parts))
             configs.append((f"fused_v1_{spec}", "v1", *parts))
@@ -193,12 +193,14 @@ def run(args) -> int:
 
         row = {"context": ctx}
         kernel_bytes = b * hkv * ctx * (kb0.shape[-1] + vb0.shape[-1])
-        ref = decode_attention(q0[:, :, 0], kb[0], vb[0], k_format=kf, v_format=vf, length=ctx, backend="reference")
-        ref_max = mx.max(mx.abs(ref.astype(mx.float32))).item()
+        refs = {qp: decode_attention(q0[:, :, 0], kb[0], vb[0], k_format=kf, v_format=vf, length=ctx,
+                                     backend="reference", q_precision=qp) for qp in ("exact", "int8")}
+        ref_max = mx.max(mx.abs(refs["exact"].astype(mx.float32))).item()
         for tag, kern, lpk, nw, un in configs:
             try:
                 # one layer against the MLX-ops reference first: a wrong kernel must not look fast
                 got = fused(kern, lpk, nw, un, layers=1)
+                ref = refs["int8" if LAST_RUN.get("q_precision") == "int8" else "exact"]
                 diff = mx.max(mx.abs(got.astype(mx.float32) - ref.astype(mx.float32))).item()
                 row[tag + "_max_abs_diff_vs_reference"] = diff
                 if not diff <= CHECK_TOLERANCE * max(ref_max, 1.0):
@@ -254,8 +256,11 @@ def _run_decode(args) -> int:
     caches = [c for c in args.caches.split(",") if c]
     for c in caches:
         if c not in ("fp16", "mlx-q8", "mlx-q4"):
+            spec, _, qp = c.partition("@")
+            if qp and qp not in ("exact", "int8"):
+                raise CliError(f"--caches: {c!r}: the suffix after @ is the q precision, exact or int8")
             try:
-                parse_kv_spec(c)
+                parse_kv_spec(spec)
             except FormatError as e:
                 raise CliError(f"--caches: {e}") from None
     try:
