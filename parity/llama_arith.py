@@ -44,9 +44,9 @@ VEC_DOT_TYPE = {"q8_0": "q8_0", "q4_0": "q8_0", "q5_0": "q8_0", "iq4_nl": "q8_0"
 # accumulator). Measured on x86-64 (AVX2): synthetic problems (tests/test_llama_arith.py: 11 K/V pairs x
 # 3 geometries x 2-3 seeds, both probes, softcap 2) at most 11 float32 ulps (q4_1) and 0.26 binary16
 # ulps; llama.cpp's own flash-attention outputs in a real run (teacher forcing, SmolLM2, 64 tokens, 9
-# pairs x 30 layers) at most 16 float32 ulps (q5_1) and 0.36 binary16 ulps. The limits are those
-# maxima rounded up to the next power of two above them. For scale: ggml's own distance to exact
-# attention on the same problems is ~1e4-1e5 float32 ulps (NMSE 4e-5 - 8e-5).
+# pairs x 30 layers; and 256 tokens in the demo) at most 16 float32 ulps (q5_1) and 0.45 binary16 ulps.
+# The limits are those maxima rounded up to the next power of two above them. For scale: ggml's own
+# distance to exact attention on the same problems is ~1e4-1e5 float32 ulps (NMSE 4e-5 - 8e-5).
 ULPS = {"f32": 32, "f16": 1}
 
 F32 = np.float32
