@@ -38,8 +38,8 @@ import hashlib
 import io
 import json
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
-import queue as queue_mod
 import random
 import re
 import shutil
@@ -1321,9 +1321,16 @@ def _cap_address_space() -> None:
         pass
 
 
-def _parser_worker(spec: dict, worker: int, first: int, replay_next: int, out: Any, stop: Any) -> None:
-    """Run this worker's replays from ``replay_next`` (every ``jobs``-th saved finding), then mutants
-    ``first, first + jobs, ...`` until the count, or until the parent sets ``stop``."""
+def _parser_worker(spec: dict, worker: int, conn: Any, slot: Any) -> None:
+    """Warm up, say ``ready``, then run each input the parent sends on ``conn`` until ``None``: a
+    negative index ``-(r + 1)`` is saved finding ``r``, any other index ``i`` is mutant ``i``.
+
+    ``conn`` is this worker's own pipe to the parent, written synchronously from this thread: no
+    feeder thread whose unsent messages die with the process, no lock shared with other workers that
+    a process killed mid-write would hold forever (both happened with one multiprocessing.Queue for
+    all workers: lost messages, and a campaign hung). ``slot`` is shared memory ``[consumer number,
+    start in ns]`` written before each consumer call (``-1`` after the last): the parent knows which
+    input it handed out, and the slot which consumer was running and since when, without a message."""
     try:
         # C code (llama.cpp, MLX) writes to the process's stderr: keep it in the database's worker log
         log = os.open(str(Path(spec["db"]) / f"worker-{worker}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -1337,35 +1344,47 @@ def _parser_worker(spec: dict, worker: int, first: int, replay_next: int, out: A
         mem = _Memory()
         # warm up: every consumer on every seed (imports, kernel builds) before limits are set
         seed_results = [run_all(target, s.data, scratch, mem) for s in seeds]
-        out.put(("ready", worker, [{"name": s.name, "bytes": len(s.data), "fields": len(s.fields),
-                                    "outcomes": {r["consumer"]: r["kind"] for r in rs}}
-                                   for s, rs in zip(seeds, seed_results)]))
+        conn.send(("ready", worker, [{"name": s.name, "bytes": len(s.data), "fields": len(s.fields),
+                                      "outcomes": {r["consumer"]: r["kind"] for r in rs}}
+                                     for s, rs in zip(seeds, seed_results)]))
         _cap_address_space()
         mut = Mutator(target, seeds)
         running = Path(spec["db"]) / f"running-{worker}.json"
-
-        def one(index, data, origin):
-            running.write_text(json.dumps({"index": index, "origin": origin, "data": data.hex()}))
-            results = run_all(target, data, scratch, mem, watchdog,
-                              lambda c: out.put(("start", worker, index, c, time.time())))
-            out.put(("result", worker, index, origin, len(data), results,
-                     data.hex() if any(r["kind"] not in ("ok", "clean") for r in results) else None))
-
         replays = spec["replays"]
-        for r in range(replay_next, len(replays), spec["jobs"]):
-            if stop.is_set():
+        numbers = {c: n for n, c in enumerate(target.consumers)}
+
+        def starting(consumer: str) -> None:
+            slot[1] = time.time_ns()                 # the time first: the parent reads the number first
+            slot[0] = numbers[consumer]
+
+        while True:
+            try:
+                index = conn.recv()
+            except EOFError:                         # the parent is gone
                 break
-            one(-(r + 1), Path(replays[r]).read_bytes(), {"replay": os.path.basename(replays[r])})
-        i = first
-        while not stop.is_set() and i < spec["mutants"]:
-            data, seed_name, ops = mut.mutant(_mutant_rng(spec["seed"], i))
-            one(i, data, {"seed": seed_name, "ops": ops})
-            i += spec["jobs"]
+            if index is None:
+                break
+            if index < 0:
+                path = replays[-index - 1]
+                data, origin = Path(path).read_bytes(), {"replay": os.path.basename(path)}
+            else:
+                data, seed_name, ops = mut.mutant(_mutant_rng(spec["seed"], index))
+                origin = {"seed": seed_name, "ops": ops}
+            # the bytes, for the parent to save if this input kills the process (written once per input)
+            running.write_text(json.dumps({"index": index, "origin": origin, "data": data.hex()}))
+            results = run_all(target, data, scratch, mem, watchdog, starting)
+            slot[1] = time.time_ns()
+            slot[0] = -1
+            conn.send(("result", worker, index, origin, len(data), results,
+                       data.hex() if any(r["kind"] not in ("ok", "clean") for r in results) else None))
         running.unlink(missing_ok=True)
         shutil.rmtree(scratch, ignore_errors=True)
-        out.put(("done", worker, i))
+        conn.send(("done", worker))
     except BaseException as e:  # noqa: BLE001 - report, never hang the parent
-        out.put(("error", worker, f"{type(e).__name__}: {e}", traceback.format_exc()))
+        try:
+            conn.send(("error", worker, f"{type(e).__name__}: {e}", traceback.format_exc()))
+        except OSError:
+            pass
 
 
 # ----------------------------------------------------------------------------------- campaign
@@ -1523,19 +1542,59 @@ def run_parser_campaign(target: str, *, examples: "int | None" = None, minutes: 
     camp.memory_measured = _Memory().ok
     t0 = time.monotonic()
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    stop = ctx.Event()
     procs: dict = {}
-    current: dict = {}        # worker -> (index, consumer, started)
+    conns: dict = {}          # worker -> the parent's end of its pipe (tasks out, messages in)
+    closed: set = set()       # workers whose pipe has reached its end
+    slots: dict = {}          # worker -> shared [consumer number (-1: none), start in ns] (_parser_worker)
+    current: dict = {}        # worker -> the index handed to it and not answered yet
     finished: set = set()
     ready: set = set()
     clock: list = []          # monotonic end of a timed campaign, once every worker is warm
+    todo = [-(r + 1) for r in range(len(replays))][::-1]   # saved findings first (popped from the end)
+    nxt = [0]                 # the next mutant index
 
-    def start(w: int, first: int, replay_next: int) -> None:
-        p = ctx.Process(target=_parser_worker, args=(spec, w, first, replay_next, q, stop), daemon=True)
+    def start(w: int) -> None:
+        slots[w] = ctx.RawArray("q", [-1, time.time_ns()])
+        if w in conns:
+            conns[w].close()
+        conns[w], theirs = ctx.Pipe()
+        p = ctx.Process(target=_parser_worker, args=(spec, w, theirs, slots[w]), daemon=True)
         p.start()
+        theirs.close()        # only the worker holds its end: its death is the end of this pipe
         procs[w] = p
+        closed.discard(w)
         current.pop(w, None)
+
+    def send(w: int, index: "int | None") -> None:
+        try:
+            conns[w].send(index)
+        except OSError:       # it died: the liveness check below classifies it
+            pass
+
+    def receive(w: int) -> None:
+        """Every message waiting on worker ``w``'s pipe."""
+        try:
+            while w not in closed and conns[w].poll():
+                handle(conns[w].recv())
+        except (EOFError, OSError):
+            closed.add(w)
+
+    def dispatch(w: int) -> None:
+        """Hand worker ``w`` its next input, recorded here before it is sent; ``None`` ends the worker."""
+        index = None
+        if not stop[0]:
+            if todo:
+                index = todo.pop()
+            elif nxt[0] < spec["mutants"]:
+                index = nxt[0]
+                nxt[0] += 1
+        if index is None:
+            send(w, None)
+            return
+        slots[w][0] = -1
+        slots[w][1] = time.time_ns()
+        current[w] = index
+        send(w, index)
 
     def handle(m) -> None:
         kind, w = m[0], m[1]
@@ -1545,11 +1604,11 @@ def run_parser_campaign(target: str, *, examples: "int | None" = None, minutes: 
             ready.add(w)
             if minutes is not None and not clock and len(ready) == jobs:
                 clock.append(time.monotonic() + 60.0 * minutes)
-        elif kind == "start":
-            current[w] = (m[2], m[3], m[4])
+            dispatch(w)
         elif kind == "result":
             camp.add(m[2], m[3], m[4], m[5], m[6])
             current.pop(w, None)
+            dispatch(w)
         elif kind == "done":
             finished.add(w)
             current.pop(w, None)
@@ -1558,17 +1617,18 @@ def run_parser_campaign(target: str, *, examples: "int | None" = None, minutes: 
             finished.add(w)
 
     def lost(w: int, how: str, kind: str) -> None:
-        """Worker ``w`` hung or died on its current input: record it, restart it after that input."""
-        cur = current.pop(w, None)
-        if cur is None:
-            camp.errors.append(f"worker {w}: {how} outside any input")
+        """Worker ``w`` hung or died: record the input it was handed, start a fresh worker."""
+        index = current.pop(w, None)
+        number = slots[w][0]
+        if index is None or number < 0:
+            where = "outside any input" if index is None else f"on input {index} outside any consumer call"
+            camp.errors.append(f"worker {w}: {how} {where}")
             finished.add(w)
             return
-        index, consumer, _ = cur
+        consumer = camp_target.consumers[number]
         data_hex, origin = None, {}
-        saved = Path(spec["db"]) / f"running-{w}.json"
         try:
-            rec = json.loads(saved.read_text())
+            rec = json.loads((Path(spec["db"]) / f"running-{w}.json").read_text())
             if rec["index"] == index:
                 data_hex, origin = rec["data"], rec["origin"]
         except (OSError, ValueError, KeyError):
@@ -1586,58 +1646,55 @@ def run_parser_campaign(target: str, *, examples: "int | None" = None, minutes: 
         camp.add(index, origin, len(data_hex or "") // 2,
                  [{"consumer": consumer, "kind": kind, "signature": sig, "message": how,
                    "seconds": input_timeout if kind == "hang" else 0.0, "peak_growth": 0}], data_hex)
-        if stop.is_set():
+        if stop[0] or not (todo or nxt[0] < spec["mutants"]):
             finished.add(w)
-        elif index < 0:
-            start(w, w, -index - 1 + jobs)
-        elif index + jobs < spec["mutants"]:
-            start(w, index + jobs, len(replays))
         else:
-            finished.add(w)
+            start(w)
 
+    stop = [False]
     for w in range(jobs):
-        start(w, w, w)
+        start(w)
     try:
         while len(finished) < jobs:
-            try:
-                handle(q.get(timeout=0.25))
-                while True:
-                    handle(q.get_nowait())
-            except queue_mod.Empty:
-                pass
-            now = time.time()
+            waiting = {conns[w]: w for w in procs if w not in finished and w not in closed}
+            for c in mp_connection.wait(list(waiting), timeout=0.25):
+                receive(waiting[c])
+            if not waiting:
+                time.sleep(0.05)
             for w, p in list(procs.items()):
                 if w in finished:
                     continue
-                cur = current.get(w)
-                if cur is not None and now - cur[2] > input_timeout:
+                # a consumer call past the limit is a hang; the harness's own work on an input (a
+                # mutant, the result message) gets a wider one, past it the worker is lost as an error
+                limit = input_timeout if slots[w][0] >= 0 else max(60.0, 5 * input_timeout)
+                if w in current and time.time_ns() - slots[w][1] > limit * 1e9:
                     p.kill()
                     p.join()
-                    lost(w, f"no answer within {input_timeout:g} s", "hang")
+                    lost(w, f"no answer within {limit:g} s", "hang")
                 elif not p.is_alive():
                     p.join()
-                    time.sleep(0.2)
-                    try:                 # what it said before it died
-                        while True:
-                            handle(q.get_nowait())
-                    except queue_mod.Empty:
-                        pass
+                    receive(w)           # what it said before it died (a result, its last words)
                     if w not in finished:
                         code = p.exitcode
                         how = f"process died (signal {-code})" if code and code < 0 else f"process died (exit code {code})"
                         lost(w, how, "crash")
             if clock and time.monotonic() >= clock[0]:
-                stop.set()
+                stop[0] = True
             camp.seconds = time.monotonic() - t0
             if progress is not None:
                 progress(camp)
     finally:
-        stop.set()
+        stop[0] = True
+        for w, p in procs.items():
+            if p.is_alive():
+                send(w, None)
         for p in procs.values():
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
                 p.join()
+        for c in conns.values():
+            c.close()
         for w in range(jobs):
             for name in (f"running-{w}.json", f"stack-{w}.txt"):
                 (Path(spec["db"]) / name).unlink(missing_ok=True)

@@ -40,7 +40,7 @@ PLANTED = textwrap.dedent('''
             if b == 1:
                 ctypes.string_at(0)
             if b == 0xFF:
-                bytearray(600 << 20)                     # touched: peak memory grows by 600 MiB
+                bytearray(400 << 20)                     # touched: peak memory grows by 400 MiB
             if b == 41:
                 raise ValueError("two\\nlines")
             if b == 25:
@@ -52,23 +52,22 @@ PLANTED = textwrap.dedent('''
 
 
 
-@pytest.mark.skipif(os.environ.get("TQBRIDGE_PROFILE", "ci") == "ci",
-                    reason="flaky under load on 2 cores (a known harness race: a segfaulting worker can lose its "
-                           "'start' message, docs/fuzzing.md); runs with TQBRIDGE_PROFILE=dev or deep")
 def test_the_harness_classifies_what_it_is_shown(tmp_path, monkeypatch):
     (tmp_path / "planted.py").write_text(PLANTED)
     monkeypatch.chdir(tmp_path)
     from tqbridge.parity import fuzz_parsers as fp
 
     # mutants of the two-byte seed (bit flips, boundary values, truncations ...) hit every planted byte
+    # the time limit leaves the 400 MiB allocation room on a loaded 2-core machine (3 s did not: it
+    # was once killed as a hang); the planted hang sleeps 60 s
     c = run_parser_campaign("planted:Planted", examples=300, jobs=2, seed=0, db=tmp_path / "db",
-                            input_timeout=3.0)
+                            input_timeout=6.0)
     s = c.summary()
     kinds = {f["signature"]: f["kind"] for f in s["findings"]}
     assert any(v == "crash" and k.startswith("parse: TypeError at planted.py:") for k, v in kinds.items()), kinds
     assert any(k.startswith("parse: hang in planted.py") and v == "hang" for k, v in kinds.items()), kinds
     assert kinds.get("parse: process died (signal 11)") == "crash", kinds
-    assert any(v == "alloc" and re.search(r"peak memory \+(59[0-9]|6[0-9][0-9]) MiB", k) for k, v in kinds.items()), kinds
+    assert any(v == "alloc" and re.search(r"peak memory \+(39[0-9]|4[0-9][0-9]) MiB", k) for k, v in kinds.items()), kinds
     assert any(v == "crash" and "several lines" in k for k, v in kinds.items()), kinds
     assert any(v == "inconsistent" for v in kinds.values()), kinds
     assert s["totals"]["clean"] > 0 and s["totals"]["ok"] > 0 and not s["ok"]
@@ -77,15 +76,54 @@ def test_the_harness_classifies_what_it_is_shown(tmp_path, monkeypatch):
     assert saved and all(p.with_suffix(".json").is_file() for p in saved)
     # the saved findings replay first in the next campaign
     again = run_parser_campaign("planted:Planted", examples=1, jobs=1, seed=5, db=tmp_path / "db",
-                                input_timeout=3.0)
-    if any("outside any input" in e for e in again.errors):
-        # known harness race (seen once in ~5 runs on a loaded 2-core machine): a replayed segfault
-        # can kill the worker before the harness has marked the input as in flight. Run it again;
-        # the race is recorded in docs/fuzzing.md to be fixed in the harness.
-        again = run_parser_campaign("planted:Planted", examples=1, jobs=1, seed=5, db=tmp_path / "db",
-                                    input_timeout=3.0)
+                                input_timeout=6.0)
+    assert not s["errors"] and not again.errors, (s["errors"], again.errors)
     assert again.replayed == len(saved) and again.mutants == len(saved) + 1
     assert fp.PARSER_TARGETS == PARSER_TARGETS
+
+
+DOOMED = textwrap.dedent('''
+    import ctypes
+    from tqbridge.parity.fuzz_parsers import ParserTarget, Seed
+
+    class Doomed(ParserTarget):
+        """Its second consumer segfaults the worker at once on every input but the seed."""
+        name = "doomed"
+        consumers = ("look", "parse")
+
+        def seeds(self, scratch):
+            return [Seed("seed", b"seed bytes")]
+
+        def clean_classes(self, consumer):
+            return (ValueError,)
+
+        def call(self, consumer, data, scratch):
+            if consumer == "parse" and data != b"seed bytes":
+                ctypes.string_at(0)                  # no GIL release, no time for a queue's feeder thread
+            return None
+''')
+
+
+def test_every_input_that_kills_its_worker_is_counted_on_its_consumer(tmp_path, monkeypatch):
+    """A worker that dies mid-call has no chance to send anything: the parent recorded the input it
+    handed out and the worker the consumer it entered (shared memory), so every death is one crash of
+    the right consumer, with the input's bytes saved, and the campaign runs every mutant."""
+    (tmp_path / "doomed.py").write_text(DOOMED)
+    monkeypatch.chdir(tmp_path)
+    n = 12
+    c = run_parser_campaign("doomed:Doomed", examples=n, jobs=2, seed=0, db=tmp_path / "db", input_timeout=10.0)
+    s = c.summary()
+    assert not s["errors"], s["errors"]
+    assert s["mutants"] == n and s["per_consumer"]["parse"]["crash"] == n and s["totals"]["crash"] == n
+    [f] = s["findings"]
+    assert f["signature"] == "parse: process died (signal 11)" and f["count"] == n
+    saved = sorted((tmp_path / "db" / "doomed_Doomed" / "findings").glob("*.bin"))
+    assert saved and all(p.read_bytes() != b"seed bytes" for p in saved)
+    # replayed, each saved input kills a worker again and is counted again
+    again = run_parser_campaign("doomed:Doomed", examples=1, jobs=1, seed=1, db=tmp_path / "db", input_timeout=10.0)
+    assert not again.errors, again.errors
+    assert again.replayed == len(saved) and again.mutants == len(saved) + 1
+    assert again.summary()["per_consumer"]["parse"]["crash"] == len(saved) + 1
 
 
 def test_unknown_targets_and_bad_budgets_are_one_line_errors(tmp_path):
