@@ -293,11 +293,16 @@ def v3_refusal(prob: Problem) -> "str | None":
     return None
 
 
+def _turbo_index_bits(fmt) -> int:
+    """Bits of one turbo centroid index (2 / 3 / 4; the codebook's size), 0 for other formats."""
+    return int(fmt.codec.spec.levels).bit_length() - 1 if fmt.kind == "turbo" else 0
+
+
 def v3_shared_bytes(prob: Problem, warps: int, tile: int, stages: int = 2) -> int:
     """Threadgroup memory of a v3 pass-1 build (each array rounded up to 16 bytes, plus the
     emulator's 64 guard bytes after each)."""
     nb = prob.k_dim // 32
-    vb = {"turbo2": 2, "turbo3": 3, "turbo4": 4}.get(prob.v_format.name, 0)
+    vb = _turbo_index_bits(prob.v_format)
     sizes = [64, 64, 8 * prob.k_dim, 4 * 8 * nb, 4 * 8 * nb, _v3_stage_bytes(prob, warps, tile, stages),
              (1024 if vb == 4 else 256) if vb else 4]
     return sum(-(-x // 16) * 16 + 64 for x in sizes)
@@ -417,7 +422,7 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
                  TQA_DYN=int(dyn), TQA_TILE=tile, TQA_KTB=-(-tile * krb // 4) * 4, TQA_VTB=-(-tile * vrb // 4) * 4)
     if plan.kernel == "v3":
         split.update(TQA_KM=int(prob.k_format.name in ("q4_1", "q5_1")),
-                     TQA_VB={"turbo2": 2, "turbo3": 3, "turbo4": 4}.get(prob.v_format.name, 0),
+                     TQA_VB=_turbo_index_bits(prob.v_format),
                      TQA_STB=_v3_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages,
                      TQA_FUSED=int(plan.fused), TQA_MAXP=MAX_PARTIALS, TQA_SINKS=int(prob.has_sinks))
     elif plan.kernel == "v2":

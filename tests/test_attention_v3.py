@@ -174,7 +174,7 @@ def _check_v3(backend, q, kb, vb, **kw):
     return got, want, bound
 
 
-V_FORMATS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "turbo2", "turbo3", "turbo4", "f16"]
+V_FORMATS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "turbo2", "turbo3", "turbo4", "turbo4@g64", "f16"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
