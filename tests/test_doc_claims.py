@@ -98,7 +98,7 @@ def test_readme_parity_table_is_the_demo_record():
     by_kv = {r["kv"]: r for r in rec["logits"]}
     # the float-cache claim and the iq4_nl sentence quote the same record
     assert rounds_to("3.9e-7", by_kv["f16"]["kl_mean"])
-    m = re.search(r"iq4_nl's cross-runtime KL (?:is|was) ([\d.]+)[^.]*?llama\.cpp's own ([\d.]+)", readme)
+    m = re.search(r"iq4_nl's cross-runtime KL (?:is|was) ([\d.]+)[^.]*?llama\.cpp's own ([\d.]+)", flat(readme))
     assert m, "the iq4_nl sentence"
     assert rounds_to(m.group(1), by_kv["iq4_nl"]["kl_mean"])
     assert rounds_to(m.group(2), by_kv["iq4_nl"]["baseline"]["llama_kl_mean"])
