@@ -575,3 +575,86 @@ def test_plugin_kernel_campaign_table_is_its_record():
     assert not bad, bad
     m = re.search(r"worst attention error was ([\d.]+)% of the bound", text("docs/plugin.md"))
     assert m and rounds_to(m.group(1), 100 * camps["decode-attention"]["summary"]["worst_error_over_allowed"])
+
+
+# ---- kernel v3 (device time, wall time, decode) ------------------------------------------------------
+
+V3_DEV = "benchmarks/h200-2026-12-01-kernel-device-time.json"
+V3_ATT = "benchmarks/h200-2026-12-01-attention-v3.json"
+V3_ONE = "benchmarks/h200-2026-12-01-attention-v3-single-dispatch.json"
+V3_DEC = "benchmarks/h200-2026-12-01-bench-decode-v3.json"
+CTX_NAMES = {"4K": 4096, "32K": 32768, "128K": 131072}
+
+
+def _v3_dev(v: str, kernel: str, ctx: int) -> dict:
+    return next(r for r in record(V3_DEV)["final"][v]["rows"] if r["kernel"] == kernel and r["context"] == ctx)
+
+
+def test_v3_device_time_table_is_its_record():
+    rows = table(text("BENCHMARKS.md"), "| V | context | v2 | v3 |")
+    assert len(rows) == 6
+    bad = []
+    for vf, c, v2, v3, tb, ratio in rows:
+        key = {"turbo3": "q8_0/turbo3", "q4_0": "q8_0/q4_0"}[vf]
+        a, b = _v3_dev(key, "v2", CTX_NAMES[c]), _v3_dev(key, "v3", CTX_NAMES[c])
+        p2, c2 = v2.split(" + ")
+        p3, c3 = v3.split(" + ")
+        check(rounds_to(p2, a["pass1_us"]) and rounds_to(c2, a["pass2_us"]), f"{vf} {c} v2 {v2}", bad)
+        check(rounds_to(p3, b["pass1_us"]) and rounds_to(c3, b["pass2_us"]), f"{vf} {c} v3 {v3}", bad)
+        check(rounds_to(tb, b["pass1_TBps"]), f"{vf} {c} TB/s {tb}", bad)
+        check(rounds_to(ratio, (a["pass1_us"] + a["pass2_us"]) / (b["pass1_us"] + b["pass2_us"])), f"{vf} {c} {ratio}", bad)
+    assert not bad, bad
+    # the share of copy bandwidth and the revision history quoted in the prose
+    rec = record(V3_DEV)
+    last = _v3_dev("q8_0/turbo3", "v3", 131072)
+    doc = flat(text("BENCHMARKS.md"))
+    assert "1.92 (46% of copy)" in doc and rounds_to("46", last["pass1_TBps"] / 4.17, 100)
+    hist = {h["revision"].split(":")[0]: h["rows"] for h in rec["history"]}
+    first = next(r for r in hist["v3 first cut"] if r["kernel"] == "v3" and r["context"] == 131072)
+    assert f"first cut {first['pass1_us']:.1f} µs" in doc
+    ring = next(r for r in hist["v3 + 3-tile cp.async ring (no change"] if r["context"] == 131072)
+    assert f"{ring['pass1_us']:.1f} µs — no change" in doc
+    one = {r["context"]: r["pass1_us"] for r in hist["v3 in one dispatch (TQBRIDGE_V3_DISPATCHES=1)"]}
+    assert f"{one[4096]:.1f} / {one[32768]:.1f} / {one[131072]:.1f} µs device" in doc
+
+
+def test_v3_wall_table_is_its_record():
+    rows = table(text("BENCHMARKS.md"), "| context | v3 | v2 | fp16 SDPA")
+    recs = {r["context"]: r for r in record(V3_ATT)["contexts"]}
+    bad = []
+    for c, v3, v2, sdpa, deq, mlq, ratio in rows:
+        r = recs[CTX_NAMES[c]]
+        for cell, key in ((v3, "fused_us"), (v2, "fused_v2_us"), (sdpa, "sdpa_fp16_us"), (deq, "dequant_sdpa_us"),
+                          (mlq, "mlx_lm_quantized_sdpa_us")):
+            check(rounds_to(cell, r[key]), f"{c} {key} {cell}", bad)
+        check(rounds_to(ratio, r["sdpa_fp16_us"] / r["fused_us"]), f"{c} ratio {ratio}", bad)
+        check(r["fused_plan"]["kernel"] == "v3", f"{c} plan", bad)
+    assert not bad, bad
+    one = {r["context"]: r["fused_us"] for r in record(V3_ONE)["contexts"]}
+    assert f"{one[4096]:.1f} / {one[32768]:.1f} / {one[131072]:.1f} µs (record" in flat(text("BENCHMARKS.md"))
+
+
+def test_v3_decode_table_is_its_record():
+    runs = {(r["model"], r["cache"], r["context"]): r for r in record(V3_DEC)["runs"]}
+    rows = table(text("BENCHMARKS.md"), "| model | context | fp16 | @exact")
+    bad = []
+    for model, _, fp16, ex, i8 in rows:
+        for cells, cache, key in ((fp16, "fp16", "ms_per_token"), (ex, "q8_0/turbo3@exact", "speedup_vs_fp16"),
+                                  (i8, "q8_0/turbo3@int8", "speedup_vs_fp16")):
+            for cell, ctx in zip(cells.split(" / "), CONTEXTS):
+                check(rounds_to(cell, runs[(model, cache, ctx)][key]), f"{model} {cache} {ctx} {cell}", bad)
+    assert not bad, bad
+    readme = flat(text("README.md"))
+    for ctx, cell in ((32768, "1.03× fp16 at 32K"), (131072, "1.00× at 128K")):
+        assert cell in readme and rounds_to(cell, runs[("llama-3.1-8b", "q8_0/turbo3@int8", ctx)]["speedup_vs_fp16"])
+    a, b = _v3_dev("q8_0/turbo3", "v2", 131072), _v3_dev("q8_0/turbo3", "v3", 131072)
+    ta, tb = a["pass1_us"] + a["pass2_us"], b["pass1_us"] + b["pass2_us"]
+    assert f"{ta / tb:.2f}× less device time than v2 at 128K ({tb:.0f} vs {ta:.0f} µs" in readme
+
+
+def test_attention_doc_v3_ratios_are_the_record():
+    ratios = []
+    for ctx in CONTEXTS:
+        a, b = _v3_dev("q8_0/turbo3", "v2", ctx), _v3_dev("q8_0/turbo3", "v3", ctx)
+        ratios.append((a["pass1_us"] + a["pass2_us"]) / (b["pass1_us"] + b["pass2_us"]))
+    assert f"Kernel v3: {ratios[0]:.2f} / {ratios[1]:.2f} / {ratios[2]:.2f}× less device time" in flat(text("docs/attention.md"))
