@@ -52,9 +52,12 @@ V3_STAGES_CUDA = 3           # tiles in the copy ring on CUDA (two being copied 
 V3_FUSED_BACKENDS = ("cuda", "cpu-emulator")
 TARGET_GROUPS_V3 = 528       # v3 pass-1 threadgroups to aim for on a GPU (H200: 132 SMs x 4)
 V3_MIN_SPLIT_KEYS = 128      # v3 on a GPU: at least this many keys per split
-# q's precision when the caller does not choose (decided by measurement: BENCHMARKS.md, kernel v3);
-# TQBRIDGE_Q_PRECISION=exact|int8 overrides it for every backend
-DEFAULT_Q_PRECISION = {"cuda": "exact", "metal": "exact", "cpu-emulator": "exact"}
+# q's precision when the caller does not choose, decided by measurement (TQBRIDGE_Q_PRECISION=exact|int8
+# overrides it for every backend). CUDA: int8 (kernel v3) — 1.40 / 1.81 / 1.85x less device time than
+# v2 at 4K / 32K / 128K on the H200 (BENCHMARKS.md, "Kernel v3") and no measurable KL cost on SmolLM2 or
+# Gemma 3 (docs/q-precision.md). Metal: exact until v3 runs on Apple hardware (its fragments are
+# shuffles there). The emulator: exact (it serves tests; v3's shuffled fragments are slow on a CPU).
+DEFAULT_Q_PRECISION = {"cuda": "int8", "metal": "exact", "cpu-emulator": "exact"}
 
 # format name -> kernel format id (attention_kernel.h, TQA_*)
 FORMAT_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7,

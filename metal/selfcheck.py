@@ -122,7 +122,10 @@ def _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, back
     if launch is None:
         return "no prepared attention launch for this backend"
     got = np.array(launch(q, kc, vc, S, after=flag).astype(mx.float32))
-    want = np.array(decode_attention(q.astype(mx.float32), kc, vc, length=S, backend="reference", **kw))
+    # the reference with the q precision the launch runs (kernel v3 quantizes q to int8)
+    qp = getattr(launch, "run_info", {}).get("q_precision") or getattr(launch, "_kw", {}).get("q_precision")
+    want = np.array(decode_attention(q.astype(mx.float32), kc, vc, length=S, backend="reference", **kw,
+                                     q_precision=qp or "exact"))
     err = float(np.abs(got - want).max())
     top = float(np.abs(want).max()) or 1.0
     if not err <= ATTENTION_TOLERANCE * top:

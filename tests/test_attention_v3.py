@@ -300,3 +300,25 @@ def test_single_dispatch_merges_many_splits(monkeypatch):
         _check_v3("cpu-emulator", q1, kb1, vb1, k_format="q8_0", v_format="q8_0", length=80, splits=1)
     finally:
         attention_kernel._plan_cached.cache_clear()
+
+
+def test_default_q_precision_per_backend(monkeypatch):
+    """CUDA decodes with int8 q (kernel v3) where v3 serves the problem, v2 elsewhere; the emulator
+    and Metal keep q exact; TQBRIDGE_Q_PRECISION overrides."""
+    from tqbridge.metal.attention_kernel import resolve_kernel
+
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 8, 128)).astype(np.float32)
+    q8, t3, f16 = (_cache(rng, f, (1, 2, 8, 128)) for f in ("q8_0", "turbo3", "f16"))
+    good = check_problem(q, q8, t3, k_format="q8_0", v_format="turbo3", length=8)
+    f16k = check_problem(q, f16, t3, k_format="f16", v_format="turbo3", length=8)
+    monkeypatch.delenv("TQBRIDGE_Q_PRECISION", raising=False)
+    assert resolve_kernel(good, "cuda", None, None) == "v3"
+    assert resolve_kernel(f16k, "cuda", None, None) is None              # v2 (or v1) with exact q
+    assert resolve_kernel(good, "metal", None, None) is None
+    assert resolve_kernel(good, "cpu-emulator", None, None) is None
+    assert resolve_kernel(good, "cuda", "v2", None) == "v2"               # an explicit kernel wins
+    monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "exact")
+    assert resolve_kernel(good, "cuda", None, None) is None
+    monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "int8")
+    assert resolve_kernel(good, "cpu-emulator", None, None) == "v3"
