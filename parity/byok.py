@@ -110,6 +110,7 @@ class Claim:
     k_formats: "tuple[str, ...] | None" = None          # decode-attention
     v_formats: "tuple[str, ...] | None" = None
     chain: "Callable[[], int] | None" = None            # longest serial sum of the last call (attention)
+    q_precision: "Callable[[], str] | None" = None      # how the last call's q entered the scores (attention)
 
     @property
     def pass_format(self) -> bool:
@@ -127,13 +128,13 @@ def _keys(v) -> "tuple[str, ...] | None":
 
 
 def make_claim(op: str, fmt: Any = None, *, k_format: Any = None, v_format: Any = None,
-               chain: "Callable[[], int] | None" = None) -> Claim:
+               chain: "Callable[[], int] | None" = None, q_precision: "Callable[[], str] | None" = None) -> Claim:
     if op not in OPS:
         raise KernelClaimError(f"unknown op {op!r}; a kernel can claim one of {', '.join(OPS)}")
     if op == "decode-attention":
         if fmt is not None:
             raise KernelClaimError("decode-attention claims a format pair: use k_format= and v_format=")
-        return Claim(op, None, _keys(k_format), _keys(v_format), chain)
+        return Claim(op, None, _keys(k_format), _keys(v_format), chain, q_precision)
     if k_format is not None or v_format is not None:
         raise KernelClaimError(f"{op} claims one format: use fmt=, not k_format/v_format")
     return Claim(op, _keys(fmt), chain=chain)
@@ -245,7 +246,8 @@ def check_case(fn: Callable, case: Case, claim: "Claim | None" = None) -> float:
                              case.params.get("window"), case.params.get("softcap"), a.get("sinks"))
         kw = p.kwargs()
         got = fn(kw.pop("q"), kw.pop("k_blocks"), kw.pop("v_blocks"), **kw)
-        want, bound = p.oracle(chain=claim.chain() if claim.chain else None)
+        want, bound = p.oracle(chain=claim.chain() if claim.chain else None,
+                               q_precision=(claim.q_precision() if claim.q_precision else None) or "exact")
         return assert_attention_close(got, want, bound, context=f"{p!r}")["worst_ratio"]
     raise KernelClaimError(f"unknown op {op!r}")
 
@@ -329,7 +331,8 @@ def fuzz_kernel(fn: Callable, op: "str | None" = None, fmt: Any = None, *, k_for
                 max_examples: int = 100, seed: "int | None" = None, database: Any = None,
                 derandomize: bool = False, on_example: "Callable[[FuzzResult], None] | None" = None,
                 before_each: "Callable[[Case], None] | None" = None,
-                chain: "Callable[[], int] | None" = None, strategy_options: "dict | None" = None) -> FuzzResult:
+                chain: "Callable[[], int] | None" = None, strategy_options: "dict | None" = None,
+                q_precision: "Callable[[], str] | None" = None) -> FuzzResult:
     """Fuzz ``fn`` against the reference for the claimed op and format(s); never raises for a found bug:
     the :class:`FuzzResult` holds the shrunk counterexample, the failure message and a snippet.
 
@@ -345,8 +348,9 @@ def fuzz_kernel(fn: Callable, op: "str | None" = None, fmt: Any = None, *, k_for
         claim = recorded
     else:
         claim = make_claim(op, fmt, k_format=k_format, v_format=v_format)
-    if chain is not None:
-        claim = Claim(claim.op, claim.formats, claim.k_formats, claim.v_formats, chain)
+    if chain is not None or q_precision is not None:   # (attention) what the last call reports of itself
+        claim = Claim(claim.op, claim.formats, claim.k_formats, claim.v_formats, chain or claim.chain,
+                      q_precision or claim.q_precision)
     strat = cases(claim.op, None if claim.op == "decode-attention" else claim.formats,
                   k_format=claim.k_formats, v_format=claim.v_formats, **(strategy_options or {}))
     result = FuzzResult(claim.op)

@@ -86,7 +86,8 @@ def our_target(name: str, backend: str):
         def fn(q, k_blocks, v_blocks, **kw):
             return _np(decode_attention(q, k_blocks, v_blocks, backend=backend, **kw))
 
-        claim = make_claim("decode-attention", chain=lambda: last_run().get("chain"))
+        claim = make_claim("decode-attention", chain=lambda: last_run().get("chain"),
+                           q_precision=lambda: last_run().get("q_precision", "exact"))
     else:
         raise FuzzError(f"unknown target {name!r}: use one of {', '.join(OUR_TARGETS + PARSER_TARGETS)} or module:function")
     fn.__tqbridge_claim__ = claim
@@ -137,7 +138,7 @@ def resolve_target(spec: dict):
                             k_format=spec.get("k_format"), v_format=spec.get("v_format"))
             if c2.formats is not None and len(c2.formats) == 1:   # one format: it is no longer passed
                 fn = functools.partial(fn, fmt=c2.formats[0])
-            return fn, Claim(c2.op, c2.formats, c2.k_formats, c2.v_formats, c.chain)
+            return fn, Claim(c2.op, c2.formats, c2.k_formats, c2.v_formats, c.chain, c.q_precision)
         return our_target(t, spec["backend"])
     if ":" in t:
         return user_target(t, spec.get("op"), spec.get("fmt"), spec.get("k_format"), spec.get("v_format"))
@@ -197,6 +198,7 @@ def _worker(spec: dict, worker: int, out: Any, stop: Any) -> None:
                     break
             r = fuzz_kernel(fn, claim.op, claim.formats if claim.op != "decode-attention" else None,
                             k_format=claim.k_formats, v_format=claim.v_formats, chain=claim.chain,
+                            q_precision=claim.q_precision,
                             max_examples=n, seed=spec["seed"] * 1_000_003 + worker * 7919 + rnd, database=db,
                             on_example=lambda r: report(r), before_each=save_current)
             report(r, force=True)

@@ -63,17 +63,19 @@ class AttentionProblem:
         t = 1 if self.q.ndim == 3 else self.q.shape[2]
         return (b, hq, self.k_blocks.shape[1], t, self.q.shape[-1], self.k_blocks.shape[2])
 
-    def oracle(self, chain: "int | None" = None) -> tuple[np.ndarray, np.ndarray]:
+    def oracle(self, chain: "int | None" = None, q_precision: str = "exact") -> tuple[np.ndarray, np.ndarray]:
         """``(expected, bound)``, both shaped like q: float64 attention and the per-component error
         bound for a float32 implementation whose longest serial sum has ``chain`` terms (default:
-        the cache length, the most conservative)."""
+        the cache length, the most conservative). ``q_precision="int8"``: for an implementation that
+        quantizes q as llama.cpp's vec_dot does (tqbridge's kernel v3)."""
         from ..metal.attention import check_problem
         from ..metal.attention_ref import oracle
 
         kw = self.kwargs()
         q, kb, vb = kw.pop("q"), kw.pop("k_blocks"), kw.pop("v_blocks")
         prob = check_problem(q, kb, vb, **kw)
-        out, bound = oracle(self.q, self.k_blocks, self.v_blocks, prob, self.sinks, chain=chain)
+        out, bound = oracle(self.q, self.k_blocks, self.v_blocks, prob, self.sinks, chain=chain,
+                            q_precision=q_precision)
         if prob.squeeze_rows:
             out, bound = out[:, :, 0], bound[:, :, 0]
         return out, bound

@@ -322,3 +322,32 @@ def test_default_q_precision_per_backend(monkeypatch):
     assert resolve_kernel(good, "cuda", None, None) is None
     monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "int8")
     assert resolve_kernel(good, "cpu-emulator", None, None) == "v3"
+
+
+def test_fuzz_claim_judges_int8_runs_with_the_int8_oracle(monkeypatch):
+    """`tqbridge fuzz decode-attention` checks whatever the backend ran: with int8 q (the CUDA
+    default) the claim's oracle takes q_precision from the run, so v3 is not reported as a failure,
+    and an exact run keeps the exact oracle."""
+    pytest.importorskip("hypothesis")
+    from tqbridge.parity.byok import fuzz_kernel
+    from tqbridge.parity.fuzz import our_target
+
+    fn, claim = our_target("decode-attention", "cpu-emulator")
+    monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "int8")
+    attention_kernel._plan_cached.cache_clear()
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    kb, vb = _cache(rng, "q8_0", (1, 1, 50, 64)), _cache(rng, "q8_0", (1, 1, 50, 64))
+    fn(q, kb, vb, k_format="q8_0", v_format="q8_0", length=50)
+    assert claim.q_precision() == "int8" and last_run()["kernel"] == "v3"
+    r = fuzz_kernel(fn, "decode-attention", k_format="q8_0", v_format="turbo3", max_examples=12, derandomize=True,
+                    chain=claim.chain, q_precision=claim.q_precision)
+    assert r.failure is None and r.examples > 0, r
+    # the same runs judged by the exact oracle fail: the claim's q precision is what keeps it honest
+    wrong = fuzz_kernel(fn, "decode-attention", k_format="q8_0", v_format="q8_0", max_examples=12, derandomize=True,
+                        chain=claim.chain, q_precision=lambda: "exact")
+    assert wrong.failure is not None
+    monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "exact")
+    fn(q, kb, vb, k_format="q8_0", v_format="q8_0", length=50)
+    assert claim.q_precision() == "exact"
+    attention_kernel._plan_cached.cache_clear()
