@@ -9,6 +9,12 @@ hold only their window), bits per value from the same bytes over the values they
 
 All configurations advance chunk by chunk in lockstep, so only one chunk of logits per
 configuration is alive at a time (vocabularies of 262k entries make whole-text logits too large).
+
+``q_precision`` ("exact" or "int8"; None keeps the backend's default) is set on the caches of the
+configurations under test, for decode steps (query rows of one position: ``chunk=1`` scores every
+position through them); the f16 reference keeps q exact. Each row names the decode path with the q
+precision that ran there (``decode_q``, e.g. ``{"decode:reference q=int8": 1920}``), counted at the
+calls themselves, not taken from the setting.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import math
 import platform
 import sys
 import time
+from collections import Counter
+from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Sequence
 
 import mlx.core as mx
@@ -27,6 +35,7 @@ from tqbridge.bridge.tokenizer import GGUFTokenizer as _BaseTokenizer
 __all__ = ["REFERENCE_KV", "default_text", "evaluate", "to_markdown", "plot", "GGUFTokenizer"]
 
 REFERENCE_KV = "f16/f16"
+Q_PRECISIONS = ("exact", "int8")
 
 
 def default_text() -> str:
@@ -77,10 +86,69 @@ def _cache_bytes(cache: list) -> tuple[int, int]:
     return total, values
 
 
+def _int8_k_formats() -> tuple:
+    """K formats whose decode attention can take q as int8 (kernel v3's, as llama.cpp's vec_dot)."""
+    try:
+        from tqbridge.metal.attention_kernel import V3_K_FORMATS
+    except ImportError:  # pragma: no cover - an install without the kernel
+        return ()
+    return tuple(V3_K_FORMATS)
+
+
+@contextmanager
+def _count_decode_q(tally: dict, current: list):
+    """Count the decode attention calls made while the block runs, by ``decode:<backend> q=<precision>``,
+    into ``tally[current[0]]``: the precision the call ran with (the kernel's own record; the
+    reference path's argument, whose default is exact)."""
+    from tqbridge.metal import attention
+
+    original = attention.decode_attention
+
+    def counted(*args, **kwargs):
+        out = original(*args, **kwargs)
+        run = attention.last_run()
+        backend = run.get("backend") or "kernel"
+        if backend == "reference":
+            qp = kwargs.get("q_precision") or "exact"
+        else:
+            qp = run.get("q_precision") or "exact"
+        if current[0] is not None:
+            tally[current[0]][f"decode:{backend} q={qp}"] += 1
+        return out
+
+    attention.decode_attention = counted
+    try:
+        yield
+    finally:
+        attention.decode_attention = original
+
+
+def _decode_q_paths(cache: list, counted: Counter) -> dict:
+    """Decode steps per ``decode:<backend> q=<precision>``: the counted calls, plus the steps a GPU
+    ran through a layer's prepared launch (which bypasses ``decode_attention``), labelled with that
+    launch's precision."""
+    out = Counter(counted)
+    steps: Counter = Counter()
+    launch_q = set()
+    for c in cache:
+        for path, n in getattr(c, "paths", {}).items():
+            if path.startswith("decode:") and path != "decode:dequant-sdpa":
+                steps[path] += n
+        launch = getattr(c, "decode_launch", None)
+        if launch is not None and getattr(launch, "plan", None) is not None:
+            launch_q.add(launch.plan.q_precision)
+    label = next(iter(launch_q)) if len(launch_q) == 1 else ("mixed" if launch_q else "unknown")
+    for path, n in steps.items():
+        rest = n - sum(v for k, v in counted.items() if k.split(" q=")[0] == path)
+        if rest > 0:
+            out[f"{path} q={label}"] += rest
+    return dict(sorted(out.items()))
+
+
 def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: int = 256,
              sliding: str = "quantize", rotation: str = "llama",
              progress: "Callable[[int], None] | None" = None,
-             decode_mode: str = "auto") -> list[dict]:
+             decode_mode: str = "auto", q_precision: "str | None" = None) -> list[dict]:
     """Quality of each K/V configuration in ``kvs`` against the f16 cache on ``tokens``.
 
     A configuration may carry key calibration on its K side (``q5_1+mean+scale/q4_0``, see
@@ -88,6 +156,8 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
     Returns one dict per configuration, the reference (``f16/f16``) first: kv, kl_mean, kl_max,
     top1, bytes_per_token, bits_per_value, compression_vs_f16, positions, paths, layers.
     ``progress(n)`` is called after each chunk with the number of positions done.
+    ``q_precision``: decode attention's q precision for the configurations under test (see the
+    module's docstring); a K format with no int8 path keeps the backend's default, and its row says so.
     """
     from tqbridge.metal.cache import cache_report, kv_name, make_cache, parse_kv_spec, paths_line
     from tqbridge.metal.routing import route_attention
@@ -97,6 +167,8 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
     tokens = [int(t) for t in tokens]
     if len(tokens) < 2:
         raise ValueError(f"need at least 2 tokens to score next-token distributions, got {len(tokens)}")
+    if q_precision is not None and q_precision not in Q_PRECISIONS:
+        raise ValueError(f"q_precision must be one of {', '.join(Q_PRECISIONS)} or None, got {q_precision!r}")
     specs = {REFERENCE_KV: parse_kv_spec(REFERENCE_KV)}
     for s in kvs:
         k, v, cal = parse_kv_spec(s)
@@ -104,13 +176,30 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
     names = list(specs)
     caches = {n: make_cache(model, specs[n][0], specs[n][1], sliding=sliding, rotation=rotation,
                             calibration=specs[n][2]) for n in names}
+    q_set = {n: None for n in names}
+    q_note = {n: None for n in names}
+    if q_precision is not None:
+        int8_k = _int8_k_formats()
+        for n in names[1:]:   # the f16 reference keeps q exact
+            k_fmt = specs[n][0]
+            if q_precision == "int8" and k_fmt.split("@")[0] not in int8_k:
+                q_note[n] = (f"{k_fmt} K has no int8 q path (K types with one: {', '.join(int8_k)}): "
+                             "q kept at the backend's default")
+                continue
+            q_set[n] = q_precision
+            for c in caches[n]:
+                if hasattr(c, "q_precision"):   # every TQCache layer (not mlx-lm's float window caches)
+                    c.q_precision = q_precision
     stats = {n: {"kl_sum": 0.0, "kl_max": 0.0, "agree": 0, "n": 0, "seconds": 0.0} for n in names}
+    tally = {n: Counter() for n in names}
+    current: list = [None]
     ids = mx.array(tokens)[None]
-    with route_attention(decode_mode):
+    with route_attention(decode_mode), _count_decode_q(tally, current):
         for start in range(0, len(tokens), chunk):
             x = ids[:, start:start + chunk]
             ref = None
             for n in names:
+                current[0] = n
                 t0 = time.perf_counter()
                 logp = _log_softmax(model(x, cache=caches[n])[0])
                 mx.eval(logp)
@@ -147,6 +236,9 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
             "k_format": specs[n][0],
             "v_format": specs[n][1],
             "k_calibration": specs[n][2].spec or None,
+            "q_precision": q_set[n] or "default",
+            "q_precision_note": q_note[n],
+            "decode_q": _decode_q_paths(caches[n], tally[n]),
             "kl_mean": s["kl_sum"] / s["n"],
             "kl_max": s["kl_max"],
             "top1": s["agree"] / s["n"],
@@ -181,15 +273,32 @@ def environment() -> dict:
             "device": str(mx.default_device())}
 
 
+def _decode_cell(r: dict) -> str:
+    """The decode paths of a row with the q precision each ran with: ``reference q=int8 x1920``."""
+    dq = r.get("decode_q") or {}
+    return ", ".join(f"{k.removeprefix('decode:')} x{v}" for k, v in dq.items()) or "-"
+
+
 def to_markdown(rows: list[dict], title: str = "") -> str:
+    """A table of the rows; a "decode path (q)" column when any row ran decode steps."""
+    decode = any(r.get("decode_q") for r in rows)
     head = "| K / V | KL mean | KL max | top-1 | bytes/token | bits/value | vs f16 |"
+    sep = "|---|---|---|---|---|---|---|"
+    if decode:
+        head, sep = head + " decode path (q) |", sep + "---|"
     out = [f"### {title}", ""] if title else []
-    out += [head, "|---|---|---|---|---|---|---|"]
+    out += [head, sep]
     for r in rows:
         bits = "-" if r["bits_per_value"] is None else f"{r['bits_per_value']:.3f}"
         comp = "-" if r["compression_vs_f16"] is None else f"{r['compression_vs_f16']:.2f}x"
-        out.append(f"| {r['kv']} | {r['kl_mean']:.3g} | {r['kl_max']:.3g} | {100 * r['top1']:.1f}% "
-                   f"| {r['bytes_per_token']:.0f} | {bits} | {comp} |")
+        line = (f"| {r['kv']} | {r['kl_mean']:.3g} | {r['kl_max']:.3g} | {100 * r['top1']:.1f}% "
+                f"| {r['bytes_per_token']:.0f} | {bits} | {comp} |")
+        if decode:
+            line += f" {_decode_cell(r)} |"
+        out.append(line)
+    notes = sorted({f"{r['kv']}: {r['q_precision_note']}" for r in rows if r.get("q_precision_note")})
+    if notes:
+        out += [""] + [f"- {n}" for n in notes]
     return "\n".join(out) + "\n"
 
 

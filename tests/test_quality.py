@@ -152,3 +152,93 @@ def test_measure_memory_on_a_tiny_model(tiny):
     for r in rows:
         assert r["context"] == 42 and r["prefill_peak"] >= r["active_after_prefill"] > 0
     assert by["q8_0/q4_0"]["paths"]["decode:reference"] == 2 * 3
+
+
+def _decode_logits(model, toks, k, v, q_precision):
+    """Logits of ``toks`` fed one at a time (every position a routed decode step)."""
+    from tqbridge.metal.cache import make_cache
+    from tqbridge.metal.routing import route_attention
+
+    cache = make_cache(model, k, v)
+    for c in cache:
+        c.q_precision = q_precision
+    out = []
+    with route_attention():
+        for t in toks:
+            out.append(model(mx.array([[t]]), cache=cache)[0, -1])
+    return np.array(mx.stack(out).astype(mx.float32)), cache
+
+
+@pytest.mark.parametrize("k, v", [("q8_0", "q4_0"), ("q5_1", "q8_0")])   # q8_0 q; q8_1 q (offset K)
+def test_int8_q_changes_decode_numerics(tiny, k, v):
+    toks = np.random.default_rng(5).integers(0, 97, 10).tolist()
+    exact, ce = _decode_logits(tiny, toks, k, v, "exact")
+    int8, ci = _decode_logits(tiny, toks, k, v, "int8")
+    f16, _ = _decode_logits(tiny, toks, "f16", "f16", None)
+    for cache in (ce, ci):
+        assert all(c.paths["decode:dequant-sdpa"] == 0 and sum(c.paths.values()) - c.paths["append"] == 10
+                   for c in cache)
+    d = np.abs(int8 - exact).max(axis=1)
+    # position 0 sees one key: its softmax weight is 1 whatever q is, so the logits are identical
+    assert d[0] == 0.0
+    # later positions: q quantized to int8 moves the scores, hence the logits...
+    assert (d[1:] > 0).all(), d
+    # ...by less than the cache's own quantization moves them away from the f16 cache
+    assert d.max() < 0.5 * np.abs(exact - f16).max()
+
+
+def test_evaluate_q_precision_reaches_every_cache(tiny, monkeypatch):
+    from tqbridge.metal import attention, cache as cache_mod
+
+    made = {}
+    real_make = cache_mod.make_cache
+
+    def recording_make(model, k, v, **kw):
+        made[f"{k}/{v}"] = c = real_make(model, k, v, **kw)
+        return c
+
+    monkeypatch.setattr(cache_mod, "make_cache", recording_make)
+    original = attention.decode_attention
+    toks = np.random.default_rng(6).integers(0, 97, 9).tolist()
+    kvs = ["q8_0/q4_0", "q5_1/q8_0", "turbo3/q8_0"]
+    runs = {}
+    for qp in (None, "exact", "int8"):
+        made.clear()
+        rows = q.evaluate(tiny, toks, kvs, chunk=1, q_precision=qp)
+        runs[qp] = {r["kv"]: r for r in rows}
+        assert attention.decode_attention is original    # the call counter is removed again
+        want = {"f16/f16": None, "q8_0/q4_0": qp, "q5_1/q8_0": qp, "turbo3/q8_0": None if qp == "int8" else qp}
+        assert {kv: {c.q_precision for c in made[kv]} for kv in want} == {kv: {w} for kv, w in want.items()}
+    steps = 2 * 9   # layers x positions, every one a decode step
+    for qp, ran in ((None, "exact"), ("exact", "exact"), ("int8", "int8")):
+        r = runs[qp]
+        for kv, want in (("f16/f16", "exact"), ("q8_0/q4_0", ran), ("q5_1/q8_0", ran), ("turbo3/q8_0", "exact")):
+            (path, n), = r[kv]["decode_q"].items()
+            assert path.startswith("decode:") and path.endswith(f" q={want}") and n == steps, (qp, kv, path)
+        assert r["q8_0/q4_0"]["q_precision"] == (qp or "default")
+    assert "no int8 q path" in runs["int8"]["turbo3/q8_0"]["q_precision_note"]
+    assert runs["int8"]["f16/f16"]["q_precision"] == "default"
+    for kv in ("q8_0/q4_0", "q5_1/q8_0"):
+        assert runs["exact"][kv]["kl_mean"] == runs[None][kv]["kl_mean"]      # exact is the CPU default
+        assert runs["int8"][kv]["kl_mean"] != runs["exact"][kv]["kl_mean"]
+    assert runs["int8"]["turbo3/q8_0"]["kl_mean"] == runs["exact"]["turbo3/q8_0"]["kl_mean"]
+    md = q.to_markdown(list(runs["int8"].values()))
+    assert "decode path (q)" in md and "q=int8 x18" in md and "no int8 q path" in md
+    with pytest.raises(ValueError, match="q_precision"):
+        q.evaluate(tiny, toks, kvs, chunk=1, q_precision="fp8")
+
+
+@pytest.mark.model
+def test_quality_cli_q_precision_on_smollm2(tmp_path):
+    model = _smollm2()
+    out = tmp_path / "q.json"
+    cmd = CLI + ["quality", str(model), "--kv", "q8_0/q4_0", "--tokens", "6", "--chunk", "1",
+                 "--q-precision", "int8", "--json", str(out), "--no-progress"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [x["q_precision_option"] for x in rows] == ["int8", "int8"]
+    assert [x["q_precision"] for x in rows] == ["default", "int8"]
+    (path, n), = rows[1]["decode_q"].items()
+    assert path.endswith(" q=int8") and n == 30 * 6    # SmolLM2: 30 layers
+    assert f"q8_0/q4_0: decode q: {path} x{n}" in r.stderr and "decode q precision int8" in r.stdout

@@ -25,6 +25,10 @@ def add_arguments(p) -> None:
                    help="Hadamard-rotate K/V rows of ggml quantized formats as llama.cpp does (default), or not")
     p.add_argument("--sliding", choices=["quantize", "float"], default="quantize",
                    help="sliding-window layers: quantized like the rest, or kept in float")
+    p.add_argument("--q-precision", choices=["exact", "int8"], default=None,
+                   help="decode attention's q precision for the caches under test: exact, or int8 (q "
+                        "quantized per 32 values to q8_0 / q8_1, as llama.cpp's vec_dot does); default: the "
+                        "backend's. Acts on decode steps only (one-token chunks): use it with --chunk 1")
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
     p.add_argument("--markdown", default=None, help="write a Markdown table here")
     p.add_argument("--plot", default=None, help="write a PNG plot of KL vs bits per value here")
@@ -90,21 +94,32 @@ def run(args) -> int:
         done[0] = n
 
     rows = q.evaluate(model, ids, kvs, chunk=args.chunk, sliding=args.sliding, rotation=args.rotation,
-                      progress=progress)
+                      progress=progress, q_precision=args.q_precision)
     if bar is not None:
         bar.close()
     env = q.environment()
     model_name = os.path.basename(args.model)
+    # positions scored through decode steps (one-token chunks): all of them with --chunk 1
+    decode_positions = len(ids) if args.chunk == 1 else int(len(ids) % args.chunk == 1)
+    qp_option = args.q_precision or "default"
     for r in rows:
         r.update(model=model_name, text=source, tokens=len(ids), chunk=args.chunk, sliding=args.sliding,
-                 rotation=args.rotation,
+                 rotation=args.rotation, q_precision_option=qp_option, decode_positions=decode_positions,
                  environment=env)
     title = f"{model_name}, {len(ids)} tokens of {source}, chunk {args.chunk}, rotation {args.rotation}"
+    if args.q_precision or args.chunk == 1:
+        title += f", decode q precision {qp_option} (reference f16: exact)"
+    if args.q_precision and decode_positions < len(ids):
+        print(f"note: --q-precision acts on decode steps only; with --chunk {args.chunk}, {decode_positions} "
+              f"of {len(ids)} positions are scored through one (use --chunk 1)", file=sys.stderr)
     md = q.to_markdown(rows, title)
     print(md)
     for r in rows:   # which paths ran, and any fallback, always visible
         if r.get("paths_line"):
             print(f"{r['kv']}: {r['paths_line']}", file=sys.stderr)
+        if r.get("decode_q"):
+            print(f"{r['kv']}: decode q: " + ", ".join(f"{k} x{v}" for k, v in r["decode_q"].items()),
+                  file=sys.stderr)
     if args.json_out:
         _write_atomic(args.json_out, json.dumps(rows, indent=2))
     if args.markdown:
