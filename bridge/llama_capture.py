@@ -25,8 +25,8 @@ decode steps stay apart. Only the CPU backend is supported (tensor data is read 
 the graph facts above are checked as they are read, and a mismatch raises :class:`CaptureError`.
 
 ``struct ggml_tensor`` is read through ctypes with the layout of ggml.h in llama-cpp-python 0.3.36
-(:class:`GgmlTensor`); :func:`check_tensor_layout` checks it against ggml's own accessors
-(``ggml_nbytes``, ``ggml_get_name``, ``ggml_get_data``, ``ggml_n_dims``) on every captured node.
+(:class:`GgmlTensor`); :func:`check_tensor_layout` checks its name and data fields against ggml's own
+accessors (``ggml_get_name``, ``ggml_get_data``) on every captured node.
 """
 
 from __future__ import annotations
