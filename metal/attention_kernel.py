@@ -54,10 +54,13 @@ TARGET_GROUPS_V3 = 528       # v3 pass-1 threadgroups to aim for on a GPU (H200:
 V3_MIN_SPLIT_KEYS = 128      # v3 on a GPU: at least this many keys per split
 # q's precision when the caller does not choose, decided by measurement (TQBRIDGE_Q_PRECISION=exact|int8
 # overrides it for every backend). CUDA: int8 (kernel v3) — 1.40 / 1.81 / 1.85x less device time than
-# v2 at 4K / 32K / 128K on the H200 (BENCHMARKS.md, "Kernel v3") and no measurable KL cost on SmolLM2 or
-# Gemma 3 (docs/q-precision.md). Metal: exact until v3 runs on Apple hardware (its fragments are
+# v2 at 4K / 32K / 128K on the H200 (BENCHMARKS.md, "Kernel v3") — for caches whose V is compressed below
+# 8 bits per value: there int8 q's own KL cost (2.5-3.6e-4 nats on SmolLM2 / Gemma 3) is lost in the
+# cache's (docs/q-precision.md); a cache of 8-bit V (q8_0 / q8_0), chosen for fidelity, keeps exact q,
+# whose KL int8 q would raise by 35-57%. Metal: exact until v3 runs on Apple hardware (its fragments are
 # shuffles there). The emulator: exact (it serves tests; v3's shuffled fragments are slow on a CPU).
 DEFAULT_Q_PRECISION = {"cuda": "int8", "metal": "exact", "cpu-emulator": "exact"}
+INT8_DEFAULT_MAX_V_BITS = 8.0    # the int8 default applies to V formats of fewer bits per value
 
 # format name -> kernel format id (attention_kernel.h, TQA_*)
 FORMAT_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7,
@@ -384,7 +387,10 @@ def resolve_kernel(prob: Problem, backend: str, kernel: "str | None", q_precisio
     if q_precision is None:
         if kernel is not None:
             return kernel
-        want = os.environ.get("TQBRIDGE_Q_PRECISION") or DEFAULT_Q_PRECISION.get(backend, "exact")
+        forced = os.environ.get("TQBRIDGE_Q_PRECISION")
+        want = forced or DEFAULT_Q_PRECISION.get(backend, "exact")
+        if want == "int8" and not forced and prob.v_format.bits_per_value >= INT8_DEFAULT_MAX_V_BITS:
+            want = "exact"
         return "v3" if want == "int8" and v3_refusal(prob) is None else None
     if q_precision == "int8":
         if kernel not in (None, "v3"):

@@ -318,6 +318,9 @@ def test_default_q_precision_per_backend(monkeypatch):
     assert resolve_kernel(good, "metal", None, None) is None
     assert resolve_kernel(good, "cpu-emulator", None, None) is None
     assert resolve_kernel(good, "cuda", "v2", None) == "v2"               # an explicit kernel wins
+    q8q8 = check_problem(q, q8, q8, k_format="q8_0", v_format="q8_0", length=8)
+    assert resolve_kernel(q8q8, "cuda", None, None) is None               # 8-bit V: kept for fidelity, exact q
+    assert resolve_kernel(q8q8, "cuda", None, "int8") == "v3"
     monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "exact")
     assert resolve_kernel(good, "cuda", None, None) is None
     monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "int8")

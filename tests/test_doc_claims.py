@@ -658,3 +658,12 @@ def test_attention_doc_v3_ratios_are_the_record():
         a, b = _v3_dev("q8_0/turbo3", "v2", ctx), _v3_dev("q8_0/turbo3", "v3", ctx)
         ratios.append((a["pass1_us"] + a["pass2_us"]) / (b["pass1_us"] + b["pass2_us"]))
     assert f"Kernel v3: {ratios[0]:.2f} / {ratios[1]:.2f} / {ratios[2]:.2f}× less device time" in flat(text("docs/attention.md"))
+
+
+def test_q_precision_decision_quotes_the_control():
+    ctl = record("benchmarks/cpu-2026-12-01-q-precision-kl.json")["control"]
+    rises = sorted((r["kl_int8"] - r["kl_exact"]) / r["kl_exact"] * 100
+                   for model in ("smollm2", "gemma3") for r in ctl[model] if r["kv"] == "q8_0/q8_0")
+    assert len(rises) == 2
+    claim = f"{rises[0]:.0f}–{rises[1]:.0f}%"
+    assert claim in flat(text("docs/q-precision.md")), claim
