@@ -117,3 +117,25 @@ def test_on_llama_cpp_cache_blocks():
         q, k, v = state_problem(state.layers()[layer], n_kv_heads=3, q_heads=9, seed=layer)
         res = attention_case(q, k, v, k_format="q8_0", v_format="q4_0")
         assert res["passed"], res
+
+
+def test_an_int8_q_kernel_is_judged_as_int8(monkeypatch):
+    """On CUDA the kernel's default q is int8 (kernel v3): the attention level must judge that run by
+    the int8 oracle (it passes), not the exact one (which it would fail)."""
+    from tqbridge.metal import attention_kernel
+    from tqbridge.parity.level_attention import judge_ours, random_problem
+
+    q, kb, vb = random_problem("q8_0", "q8_0", head_dim=128, seed=3)
+    args = (q[None] * 3, kb[None], vb[None])
+    kw = dict(k_format="q8_0", v_format="q8_0", length=kb.shape[1], scale=128 ** -0.5, backends=("cpu-emulator",))
+    monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "int8")
+    attention_kernel._plan_cached.cache_clear()
+    try:
+        ours, _ = judge_ours(*args, **kw)
+        e = ours["cpu-emulator"]
+        assert e["q_precision"] == "int8" and e["within_bound"], e
+        monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "exact")
+        attention_kernel._plan_cached.cache_clear()
+        assert judge_ours(*args, **kw)[0]["cpu-emulator"]["q_precision"] == "exact"
+    finally:
+        attention_kernel._plan_cached.cache_clear()
