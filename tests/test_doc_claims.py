@@ -91,7 +91,9 @@ def test_readme_parity_table_is_the_demo_record():
     readme = text("README.md")
     rows = table(readme, "| K/V | KL(llama.cpp")
     assert rows == body
-    assert rec["command"] == "tqbridge parity smollm2 --exact-weights --tokens 256" and rec["passed"]
+    assert rec["command"] == ("tqbridge parity smollm2 --exact-weights --tokens 256 --levels "
+                              "blocks,attention,logits,teacher") and rec["passed"]
+    assert "tqbridge parity smollm2 --exact-weights --tokens 256 --levels blocks,attention,logits,teacher" in flat(readme)
     # info.seconds is the logits level's run time (parity/level_logits.py)
     assert f"its logits level {rec['info']['seconds']:.0f} s on 2 cores" in readme
     assert f"the logits level took {rec['info']['seconds']:.0f} s on 2 cores" in flat(readme)
