@@ -114,26 +114,17 @@ def _kernel_rotate32(x: np.ndarray, group: int, s1: np.ndarray, s2: np.ndarray, 
     return (y * (f32(scale) * s2[:group].astype(f32))).reshape(shape)
 
 
-def _round_away(v: np.ndarray) -> np.ndarray:
-    """C's roundf of float32 values (half away from zero), exact in float64."""
-    v = v.astype(np.float64)
-    return np.trunc(v + np.copysign(0.5, v))
-
-
 def quantize_q8(x: np.ndarray, with_sum: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """ggml's quantize_row_q8_0_ref / q8_1_ref of float32 rows (..., n), n a multiple of 32:
-    (codes (..., n) int, d (..., n/32) float16 values, s (..., n/32): d * sum(codes) as binary16,
-    q8_1's extra field)."""
-    f32 = np.float32
-    xb = x.astype(f32).reshape(*x.shape[:-1], -1, 32)
-    amax = np.abs(xb).max(axis=-1)
-    d = (amax / f32(127)).astype(f32)
-    with np.errstate(divide="ignore"):
-        idv = np.where(d != 0, f32(1) / np.where(d != 0, d, f32(1)), f32(0)).astype(f32)
-    codes = _round_away((xb * idv[..., None]).astype(f32)).astype(np.int64)
-    ssum = (codes.sum(axis=-1).astype(f32) * d).astype(f32)
-    return (codes.reshape(x.shape), d.astype(np.float16).astype(np.float64),
-            ssum.astype(np.float16).astype(np.float64) if with_sum else np.zeros_like(ssum, np.float64))
+    """ggml's quantize_row_q8_0_ref / q8_1_ref of float32 rows (..., n), n a multiple of 32 (the
+    bridge's activation codec, :mod:`tqbridge.bridge.q8_act`, variant "ref"): (codes (..., n) int,
+    d (..., n/32) binary16 values, s (..., n/32): q8_1's d * sum(codes) as binary16, zeros for q8_0)."""
+    from ..bridge import q8_act
+
+    fmt = "q8_1" if with_sum else "q8_0"
+    parts = q8_act.split(fmt, q8_act.quantize(fmt, x, variant="ref"))
+    lead, nb = x.shape[:-1], x.shape[-1] // 32
+    s = parts["s"].astype(np.float64).reshape(*lead, nb) if with_sum else np.zeros((*lead, nb))
+    return (parts["q"].astype(np.int64).reshape(x.shape), parts["d"].astype(np.float64).reshape(*lead, nb), s)
 
 
 def _k_codes(fmt, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
