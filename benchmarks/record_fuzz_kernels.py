@@ -10,15 +10,13 @@ the date and the machine.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from record_env import header
 
 TARGETS = ("decode-attention", "append", "quantize", "dequantize")
 
@@ -31,17 +29,9 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
     record: dict = {
-        "date": datetime.date.today().isoformat(),
-        "machine": {"uname -m": platform.machine(), "nproc": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version()},
-        "versions": {},
+        **header(("tqbridge", "mlx", "hypothesis", "numpy")),
         "campaigns": {},
     }
-    for pkg in ("tqbridge", "mlx", "hypothesis", "numpy"):
-        try:
-            record["versions"][pkg] = version(pkg)
-        except PackageNotFoundError:
-            record["versions"][pkg] = None
     with tempfile.TemporaryDirectory(prefix="tqbridge-fuzz-record-") as tmp:
         for target in TARGETS:
             out = Path(tmp) / f"{target}.json"

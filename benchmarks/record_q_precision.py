@@ -26,18 +26,16 @@ prints the same rows as JSON for an f16 and a q8_0 cache (the record keeps them 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from record_env import header
 
 MODELS = ("smollm2", "gemma3")
 PRECISIONS = ("exact", "int8")
@@ -141,21 +139,13 @@ def main() -> int:
         _add_paired(record, args)
         return 0
     record: dict = {
-        "date": datetime.date.today().isoformat(),
-        "machine": {"uname -m": platform.machine(), "nproc": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version()},
-        "versions": {},
+        **header(("tqbridge", "mlx", "mlx-lm", "llama_cpp_python", "numpy")),
         "script": "benchmarks/record_q_precision.py " + " ".join(sys.argv[2:]) + " OUT.json",
         "tokens": args.tokens,
         "chunk": 1,
         "runs": {},
         "table": [],
     }
-    for pkg in ("tqbridge", "mlx", "mlx-lm", "llama_cpp_python", "numpy"):
-        try:
-            record["versions"][pkg] = version(pkg)
-        except PackageNotFoundError:
-            record["versions"][pkg] = None
     jobs = [(m, p) for m in MODELS for p in PRECISIONS]
     with tempfile.TemporaryDirectory(prefix="tqbridge-qprec-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
         futures = {job: pool.submit(_run, *job, args.tokens, tmp) for job in jobs}
