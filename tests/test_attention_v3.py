@@ -10,30 +10,13 @@ import pytest
 
 from tqbridge import bridge
 from tqbridge.bridge import legacy_fields
-from tqbridge.bridge.padding import pad_rows
 from tqbridge.metal import attention_kernel
 from tqbridge.metal.attention import AttentionError, check_problem, decode_attention, last_run
 from tqbridge.metal.attention_ref import oracle, quantize_q8
 from tqbridge.metal.emulator import EmulatedKernel
 from tqbridge.metal.kernel import Kernel
-from tqbridge.parity.strategies_attention import value_rows
+from test_attention_kernel import BACKENDS, GPU, _cache   # the same backends and caches as kernels v1 / v2
 
-
-def _gpu_backend():
-    try:
-        import mlx.core as mx  # noqa: F401
-    except ImportError:
-        return None
-    b = attention_kernel.pick_backend("auto")
-    return b if b in ("cuda", "metal") else None
-
-
-GPU = _gpu_backend()
-BACKENDS = [
-    pytest.param("cpu-emulator", id="emu"),
-    pytest.param(GPU or "gpu", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
-        GPU is None, reason="no MLX GPU backend (Metal or CUDA) on this machine")]),
-]
 
 # ----------------------------------------------------------------------------- the primitives
 
@@ -147,10 +130,6 @@ def test_int8_q_is_ggml_q8_0(seed):
 
 
 # ----------------------------------------------------------------------------- the kernel
-
-
-def _cache(rng, fmt, shape, kind="normal", scale=1.0):
-    return bridge.quantize(fmt, pad_rows(bridge.get_format(fmt), value_rows(rng, kind, shape, scale)))
 
 
 def _check_v3(backend, q, kb, vb, **kw):
