@@ -282,21 +282,26 @@ def _crashed(camp: Campaign, spec: dict, worker: int, exitcode: int) -> None:
                     "snippet": snippet(fn, case, claim)}
 
 
+def check_budget(profile: str, examples: "int | None", minutes: "float | None", jobs: int, error: type) -> None:
+    """A campaign's budget arguments, one clear ``error`` per problem (kernel and parser campaigns)."""
+    if profile not in PROFILES:
+        raise error(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    if examples is not None and minutes is not None:
+        raise error("give --examples or --minutes, not both")
+    if examples is not None and examples < 1:
+        raise error(f"--examples must be at least 1, got {examples}")
+    if minutes is not None and not minutes > 0:
+        raise error(f"--minutes must be positive, got {minutes}")
+    if jobs < 1:
+        raise error(f"--jobs must be at least 1, got {jobs}")
+
+
 def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" = None, minutes: "float | None" = None,
                  profile: str = "ci", jobs: int = 1, seed: "int | None" = None, db: "str | os.PathLike[str] | None" = None,
                  op: "str | None" = None, fmt: "list[str] | None" = None, k_format: "list[str] | None" = None,
                  v_format: "list[str] | None" = None, progress: "Callable[[Campaign], None] | None" = None) -> Campaign:
     """Run one campaign and return its totals (never raises for a counterexample: see ``failure``)."""
-    if profile not in PROFILES:
-        raise FuzzError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
-    if examples is not None and minutes is not None:
-        raise FuzzError("give --examples or --minutes, not both")
-    if examples is not None and examples < 1:
-        raise FuzzError(f"--examples must be at least 1, got {examples}")
-    if minutes is not None and not minutes > 0:
-        raise FuzzError(f"--minutes must be positive, got {minutes}")
-    if jobs < 1:
-        raise FuzzError(f"--jobs must be at least 1, got {jobs}")
+    check_budget(profile, examples, minutes, jobs, FuzzError)
     if backend != "auto" and target in ("append", "decode-attention"):
         from ..metal import backends as usable
 

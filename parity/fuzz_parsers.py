@@ -1514,20 +1514,11 @@ def run_parser_campaign(target: str, *, examples: "int | None" = None, minutes: 
     """Run a mutation campaign against one parser target; never raises for findings (see the counts).
 
     ``--minutes`` counts from the moment every worker has made its seeds and warmed up."""
-    from .fuzz import PROFILES, db_path, default_db_root
+    from .fuzz import check_budget, db_path, default_db_root
 
     if target not in PARSER_TARGETS and ":" not in target:
         raise ParserFuzzError(f"unknown parser target {target!r}: use one of {', '.join(PARSER_TARGETS)}")
-    if profile not in PROFILES:
-        raise ParserFuzzError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
-    if examples is not None and minutes is not None:
-        raise ParserFuzzError("give --examples or --minutes, not both")
-    if examples is not None and examples < 1:
-        raise ParserFuzzError(f"--examples must be at least 1, got {examples}")
-    if minutes is not None and not minutes > 0:
-        raise ParserFuzzError(f"--minutes must be positive, got {minutes}")
-    if jobs < 1:
-        raise ParserFuzzError(f"--jobs must be at least 1, got {jobs}")
+    check_budget(profile, examples, minutes, jobs, ParserFuzzError)
     if not input_timeout > 0:
         raise ParserFuzzError(f"--input-timeout must be positive, got {input_timeout}")
     seed = (0 if profile == "ci" else random.randrange(1 << 30)) if seed is None else int(seed)
