@@ -289,10 +289,10 @@ def byte_alphabet() -> list[str]:
     return out
 
 
-def _tiny_vocab(w) -> None:
-    """A 300-token byte-level BPE vocabulary: enough for llama.cpp's vocabulary loader."""
+def add_tiny_vocab(w, n: int = 300) -> None:
+    """An ``n``-token byte-level BPE vocabulary on GGUFWriter ``w``: enough for llama.cpp's loader."""
     toks = byte_alphabet() + ["\u0120t", "<|endoftext|>"]
-    toks += [f"<x{i}>" for i in range(300 - len(toks))]
+    toks += [f"<x{i}>" for i in range(n - len(toks))]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(toks)
@@ -310,7 +310,7 @@ def write_tiny_gguf_model(path: Path, arch: str = "llama", qtype=None, seed: int
     rng = np.random.default_rng(seed)
     d, n_head, n_kv, hd, ff, n_vocab = 32, 2, 1, 16, 64, 300
     w = gguf.GGUFWriter(str(path), arch)
-    _tiny_vocab(w)
+    add_tiny_vocab(w)
     w.add_context_length(256)
     w.add_embedding_length(d)
     w.add_block_count(1)

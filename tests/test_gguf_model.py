@@ -32,20 +32,7 @@ LAYOUT_MAX_ABS = 1e-3
 N_VOCAB = 512
 
 
-from tqbridge.parity.fuzz_parsers import byte_alphabet as _byte_alphabet  # noqa: E402
-
-
-def _add_tiny_vocab(w: gguf.GGUFWriter) -> None:
-    """A 512-token byte-level BPE vocabulary: enough for llama.cpp to load the model."""
-    toks = _byte_alphabet() + ["\u0120t", "<|endoftext|>"]
-    toks += [f"<x{i}>" for i in range(N_VOCAB - len(toks))]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(toks)
-    w.add_token_types([1] * len(toks))
-    w.add_token_merges(["\u0120 t"])
-    w.add_bos_token_id(257)
-    w.add_eos_token_id(257)
+from tqbridge.parity.fuzz_parsers import add_tiny_vocab  # noqa: E402
 
 
 def write_synthetic(path, arch: str, *, n_layer=2, d=128, n_head=4, n_kv=2, head_dim=32, ff=192,
@@ -54,7 +41,7 @@ def write_synthetic(path, arch: str, *, n_layer=2, d=128, n_head=4, n_kv=2, head
     rng = np.random.default_rng(seed)
     n_vocab = N_VOCAB
     w = gguf.GGUFWriter(str(path), arch)
-    _add_tiny_vocab(w)
+    add_tiny_vocab(w, N_VOCAB)   # 512 tokens: enough for llama.cpp to load the model
     w.add_context_length(2048)
     w.add_embedding_length(d)
     w.add_block_count(n_layer)
