@@ -41,12 +41,12 @@ from typing import Any
 
 import numpy as np
 
+from .ggml_graph import GGML_TYPE_F16, GGML_TYPE_F32
+
 GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 10
 GGML_MAX_OP_PARAMS = 64
 GGML_MAX_NAME = 64
-GGML_TYPE_F32 = 0
-GGML_TYPE_F16 = 1
 GGML_TYPE_I64 = 27
 
 
