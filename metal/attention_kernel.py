@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -350,11 +351,9 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
             raise AttentionError(f"kernel v3 with tile={tl} does not fit {limit} bytes of threadgroup memory")
     else:
         # the most keys in flight ((stages - 1) * tile) that fit; then the larger tile
-        fits = [(n - 1) * t for n in range(2, ns + 1) for t in range(16, V3_MAX_TILE + 1, 16)
+        fits = [(n, t) for n in range(2, ns + 1) for t in range(16, V3_MAX_TILE + 1, 16)
                 if v3_shared_bytes(prob, nw, t, n) <= limit]
-        best = [(n, t) for n in range(2, ns + 1) for t in range(16, V3_MAX_TILE + 1, 16)
-                if v3_shared_bytes(prob, nw, t, n) <= limit and (n - 1) * t == max(fits, default=0)]
-        ns, tl = max(best, key=lambda nt: nt[1]) if best else (2, 16)
+        ns, tl = max(fits, key=lambda nt: ((nt[0] - 1) * nt[1], nt[1])) if fits else (2, 16)
         if v3_shared_bytes(prob, nw, tl, ns) > limit:
             raise AttentionError(f"kernel v3 does not fit {limit} bytes of threadgroup memory for rows of "
                                  f"{prob.k_dim} / {prob.v_dim} values with {nw} SIMD groups")
@@ -373,8 +372,6 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
     if backend != "cpu-emulator":   # whole tiles per split
         split_len = -(-split_len // tl) * tl
         splits = -(-l_used // split_len)
-    import os
-
     fused = backend in V3_FUSED_BACKENDS and os.environ.get("TQBRIDGE_V3_DISPATCHES") == "1"
     return Plan(1, nw, splits, split_len, tl, "v3", V3_MAX_ROWS, ns, fused)
 
@@ -382,8 +379,6 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
 def resolve_kernel(prob: Problem, backend: str, kernel: "str | None", q_precision: "str | None") -> "str | None":
     """The pass-1 kernel for a call: ``q_precision`` "int8" is kernel v3, "exact" kernels v1 / v2;
     None takes the backend's default precision, int8 only where v3 serves the problem."""
-    import os
-
     if q_precision is None:
         if kernel is not None:
             return kernel
@@ -505,12 +500,12 @@ def pick_backend(requested: str) -> str:
 # ----------------------------------------------------------------------------- emulator
 
 
-@lru_cache(maxsize=64)
 def _version(plan: Plan) -> str:
     """The kernel definition a plan runs (v3 in one dispatch is "v3f")."""
     return "v3f" if plan.kernel == "v3" and plan.fused else plan.kernel
 
 
+@lru_cache(maxsize=64)
 def _emulated(which: int, qtype: int, static_items: tuple, version: str = "v1"):
     from .emulator import EmulatedKernel
 
