@@ -613,26 +613,30 @@ def _int_buffer(values: tuple):
 
 
 class _Launches:
-    """The two launches of one call (signature, plan and lengths fixed), every buffer prepared:
-    what a decoding loop repeats. Called with MLX arrays; q and the output keep q's dtype (the
-    kernels view fp16 / bf16 as bits)."""
+    """The launches of one call (signature, plan and lengths fixed), every buffer prepared: what a
+    decoding loop repeats. Called with MLX arrays; q and the output keep q's dtype (the kernels view
+    fp16 / bf16 as bits). :meth:`launch` is the one place that issues them (DecodeLaunch too)."""
 
     __slots__ = ("k1", "k2", "fp1", "tabs", "zero_sinks", "ip1", "ip2", "out1", "grid1", "tg1", "shape", "grid2",
                  "no_dep", "cnt")
 
     def __call__(self, q, kb, vb, sinks):
+        return self.launch(q, kb, vb, sinks, self.ip1, self.no_dep)
+
+    def launch(self, q, kb, vb, sinks, ip1, dep):
+        """Pass 1 (with ``ip1``: its int parameters, ``dep``: the array it must run after) and the
+        combine pass, or kernel v3's single dispatch when the plan has one."""
         import mlx.core as mx
 
+        sk = self.zero_sinks if sinks is None else sinks.astype(mx.float32).reshape(-1)
         if self.cnt is not None:   # kernel v3 in one dispatch
-            sk = self.zero_sinks if sinks is None else sinks.astype(mx.float32).reshape(-1)
-            _, _, out = _launch(self.k1, inputs=[q, kb, vb, self.ip1, self.fp1, self.tabs, self.no_dep, self.cnt, sk],
+            _, _, out = _launch(self.k1, inputs=[q, kb, vb, ip1, self.fp1, self.tabs, dep, self.cnt, sk],
                                 output_shapes=self.out1 + self.shape, output_dtypes=[mx.float32, mx.float32, q.dtype],
                                 grid=self.grid1, threadgroup=self.tg1)
             return out
-        po, pml = _launch(self.k1, inputs=[q, kb, vb, self.ip1, self.fp1, self.tabs, self.no_dep],
+        po, pml = _launch(self.k1, inputs=[q, kb, vb, ip1, self.fp1, self.tabs, dep],
                           output_shapes=self.out1, output_dtypes=[mx.float32, mx.float32], grid=self.grid1,
                           threadgroup=self.tg1)
-        sk = self.zero_sinks if sinks is None else sinks.astype(mx.float32).reshape(-1)
         (out,) = _launch(self.k2, inputs=[po, pml, self.ip2, sk, self.tabs], output_shapes=self.shape,
                          output_dtypes=[q.dtype], grid=self.grid2, threadgroup=(COMBINE_THREADS, 1, 1))
         return out
@@ -768,8 +772,6 @@ class DecodeLaunch:
     that append wrote."""
 
     def __init__(self, prob: Problem, backend: str, qtype: int, q_precision: "str | None" = None):
-        import mlx.core as mx
-
         self.backend = backend
         plan = _plan_cached(prob, backend, None, None, None, None, resolve_kernel(prob, backend, None, q_precision),
                             False)
@@ -782,15 +784,7 @@ class DecodeLaunch:
         self.run_info = dict(backend=backend, dispatches=plan.dispatches, kernel=plan.kernel, splits=plan.splits,
                              warps=plan.warps, tile=plan.tile, lanes_per_key=plan.lanes_per_key,
                              chain=plan.chain(prob.l_max), q_precision=plan.q_precision)
-        # everything a call passes but q, the buffers, the length buffer and `after`, prepared
-        self._k1, self._k2 = run.k1, run.k2
-        self._fp1, self._tabs, self._no_dep, self._ip2 = run.fp1, run.tabs, run.no_dep, run.ip2
-        self._zero_sinks = run.zero_sinks
-        self._out1, self._dt1 = run.out1, [mx.float32, mx.float32]
-        self._grid1, self._tg1 = run.grid1, run.tg1
-        self._out2, self._grid2, self._tg2 = run.shape, run.grid2, (COMBINE_THREADS, 1, 1)
-        self._dt2 = {0: mx.float32, 1: mx.float16, 2: mx.bfloat16}[qtype]
-        self._cnt = run.cnt
+        self._run = run    # the prepared launches; this class adds the per-length parameter buffer
 
     def ip1(self, length: int):
         """The pass-1 int parameters for ``length`` (one array per length, shared by the layers)."""
@@ -806,32 +800,8 @@ class DecodeLaunch:
         return buf
 
     def __call__(self, q, kb, vb, length: int, after=None, sinks=None):
-        if self._cnt is not None:   # kernel v3 in one dispatch
-            if sinks is None:
-                sk = self._zero_sinks
-            else:
-                import mlx.core as mx
-
-                sk = sinks.astype(mx.float32).reshape(-1)
-            _, _, out = self._k1(inputs=[q, kb, vb, self.ip1(length), self._fp1, self._tabs,
-                                         self._no_dep if after is None else after, self._cnt, sk],
-                                 output_shapes=self._out1 + self._out2, output_dtypes=self._dt1 + [self._dt2],
-                                 grid=self._grid1, threadgroup=self._tg1)
-            LAUNCHES[0] += 1
-            return out
-        po, pml = self._k1(inputs=[q, kb, vb, self.ip1(length), self._fp1, self._tabs,
-                                   self._no_dep if after is None else after],
-                           output_shapes=self._out1, output_dtypes=self._dt1, grid=self._grid1, threadgroup=self._tg1)
-        if sinks is None:
-            sk = self._zero_sinks
-        else:
-            import mlx.core as mx
-
-            sk = sinks.astype(mx.float32).reshape(-1)
-        (out,) = self._k2(inputs=[po, pml, self._ip2, sk, self._tabs], output_shapes=self._out2,
-                          output_dtypes=[self._dt2], grid=self._grid2, threadgroup=self._tg2)
-        LAUNCHES[0] += 2
-        return out
+        run = self._run
+        return run.launch(q, kb, vb, sinks, self.ip1(length), run.no_dep if after is None else after)
 
 
 def _param_head(prob: Problem, plan: Plan) -> list:
