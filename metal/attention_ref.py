@@ -101,17 +101,13 @@ def dequantized_cache(fmt, blocks: np.ndarray, n: int, l_used: int, head_dim: in
 
 def _kernel_rotate32(x: np.ndarray, group: int, s1: np.ndarray, s2: np.ndarray, scale: float) -> np.ndarray:
     """The kernels' float32 rotation of q (``tqa_rotate``), operation for operation: x * s1, the
-    butterfly stages h = 1, 2, 4 ..., then x * (scale * s2); ``x`` (..., n) with n a multiple of group."""
+    butterfly stages h = 1, 2, 4 ... (the bridge's), then x * (scale * s2); ``x`` (..., n), n a
+    multiple of group."""
+    from ..bridge.rotation import _butterfly_np
+
     f32 = np.float32
-    shape = x.shape
-    y = x.astype(f32).reshape(-1, shape[-1] // group, group) * s1[:group].astype(f32)
-    h = 1
-    while h < group:
-        y = y.reshape(*y.shape[:-1], group // (2 * h), 2, h)
-        a, b = y[..., 0, :].copy(), y[..., 1, :].copy()
-        y = np.stack([a + b, a - b], axis=-2).reshape(*y.shape[:-3], group)
-        h *= 2
-    return (y * (f32(scale) * s2[:group].astype(f32))).reshape(shape)
+    y = x.astype(f32).reshape(-1, x.shape[-1] // group, group) * s1[:group].astype(f32)
+    return (_butterfly_np(y, group) * (f32(scale) * s2[:group].astype(f32))).reshape(x.shape)
 
 
 def quantize_q8(x: np.ndarray, with_sum: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -133,17 +129,16 @@ def _k_codes(fmt, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     from ..bridge import legacy_fields
     from ..bridge.iq4_nl import KVALUES
 
-    f = fmt
     lead = blocks.shape[:3]
-    flat = np.ascontiguousarray(blocks).reshape(-1, f.type_size)
-    parts = legacy_fields.split_blocks(f, flat)
-    lay = legacy_fields.layout(f)
+    flat = np.ascontiguousarray(blocks).reshape(-1, fmt.type_size)
+    parts = legacy_fields.split_blocks(fmt, flat)
+    lay = legacy_fields.layout(fmt)
     q = parts["q"].astype(np.int64)
-    if f.name == "iq4_nl":
+    if fmt.name == "iq4_nl":
         q = KVALUES.astype(np.int64)[q]
     elif not lay.has_m:
         q = q - lay.offset
-    nb = blocks.shape[3] // f.type_size
+    nb = blocks.shape[3] // fmt.type_size
     d = parts["d"].astype(np.float64).reshape(*lead, nb)
     m = parts["m"].astype(np.float64).reshape(*lead, nb) if lay.has_m else np.zeros((*lead, nb))
     return q.reshape(*lead, nb * 32), d, m
