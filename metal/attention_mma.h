@@ -95,8 +95,8 @@ TQ_FUNC uint tq_movmatrix_t(const uint x, const uint lane) {
 
 // Asynchronous copies of global memory into threadgroup memory (cp.async on CUDA; plain copies
 // elsewhere, where the waits are no-ops): tq_cp_async4 / 16 copy 4 / 16 bytes (both pointers aligned to
-// that size), tq_cp_commit closes a group of copies, tq_cp_wait1 waits for all groups but the newest,
-// tq_cp_wait0 for all. A thread's waits cover its own copies: a barrier must follow before others read.
+// that size), tq_cp_commit closes a group of copies, tq_cp_wait_n(n) waits until at most n groups are
+// pending, tq_cp_wait0 for all. A thread's waits cover its own copies: a barrier must follow before others read.
 #if defined(TQ_BACKEND_CUDA)
 TQ_FUNC void tq_cp_async4(TQ_SHARED void* dst, TQ_CONST_DEVICE void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
@@ -105,7 +105,6 @@ TQ_FUNC void tq_cp_async16(TQ_SHARED void* dst, TQ_CONST_DEVICE void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
 }
 TQ_FUNC void tq_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-TQ_FUNC void tq_cp_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 TQ_FUNC void tq_cp_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 TQ_FUNC void tq_cp_wait_n(const int n) {   // wait until at most n groups are pending (n: 0..3)
     if (n <= 0) asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -122,7 +121,6 @@ TQ_FUNC void tq_cp_async16(TQ_SHARED void* dst, TQ_CONST_DEVICE void* src) {
     for (int i = 0; i < 4; ++i) ((TQ_SHARED uint*)dst)[i] = ((TQ_CONST_DEVICE uint*)src)[i];
 }
 TQ_FUNC void tq_cp_commit() {}
-TQ_FUNC void tq_cp_wait1() {}
 TQ_FUNC void tq_cp_wait0() {}
 TQ_FUNC void tq_cp_wait_n(const int n) { (void)n; }
 TQ_FUNC bool tq_aligned16(TQ_CONST_DEVICE void* p) { (void)p; return false; }
