@@ -4,6 +4,12 @@ A format is addressed as ``name`` (its default variant) or ``name@variant``. Eac
 block size (values per block), type size (bytes per block), bits per value, the ggml type id it has
 in each runtime or fork where it exists, and the codec class that implements it.
 
+The entry is the one table of per-format facts: the kernels' format id, whether llama.cpp takes the
+format as a KV cache type and runs ggml's flash attention on it, ggml's ``vec_dot_type`` for it, the
+named fields of a legacy ggml block. Every other per-format table (``FORMAT_IDS`` of the attention
+kernel, ``LLAMA_KV_TYPES``, ``VEC_DOT_TYPE``, the affine formats, …) is derived from these entries
+with :func:`names` and :func:`kernel_ids`; docs/adding-a-format.md lists the steps of a new format.
+
 Codec classes follow gguf-py's ``quants.py`` shape: class methods working on whole blocks,
 
     quantize_blocks(x: (n_blocks, block_size) float32) -> (n_blocks, type_size) uint8
@@ -16,11 +22,30 @@ contract on ``mlx.core`` arrays (byte-identical to the numpy reference).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 
 class FormatError(ValueError):
     """Unknown format, bad shape or malformed blocks; the message says which."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Named fields of one of ggml's legacy 32-value blocks (ggml-common.h ``block_q8_0`` …
+    ``block_iq4_nl``): an fp16 scale ``d``, an fp16 minimum ``m`` or none, then the codes;
+    :mod:`.legacy_fields` splits and joins blocks by it."""
+
+    bits: int             # bits of one code
+    has_m: bool           # stores a minimum m (x = d*q + m) instead of a fixed code offset
+    offset: int           # code offset for the symmetric types (x = d*(q - offset)); 0 if has_m
+    signed: bool = False  # q8_0 stores int8 codes
+    values: tuple[int, ...] | None = None  # the value each code stands for, where codes index a table
+    values_name: str = ""                  # that table's name in ggml's C (e.g. kvalues_iq4nl)
+
+    @property
+    def affine(self) -> bool:
+        """Whether a code maps to its value as ``d*code + bias`` (MLX's affine quantization)."""
+        return self.values is None
 
 
 @dataclass(frozen=True)
@@ -34,6 +59,23 @@ class Format:
     type_ids: Mapping[str, int] = field(default_factory=dict, compare=False)  # runtime/fork -> ggml type id
     description: str = field(default="", compare=False)
     extension: bool = False         # a tqbridge extension no other runtime reads
+    # --- facts other modules derive their tables from (None / False: the format lacks it) ---
+    # the kernels' format id: TQA_<NAME> of metal/attention_kernel.h (decode) and, for the formats
+    # encoded one by one, QA_<NAME> of metal/quantize_append.h (encode); the same for every variant
+    kernel_id: int | None = field(default=None, compare=False)
+    # quantize options that give the bytes llama.cpp writes into its KV cache (iq4_nl: no scale search),
+    # and the append kernel's id of that encoder (QA_<NAME>_REF) where it is not the default one
+    cache_options: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    cache_kernel_id: int | None = field(default=None, compare=False)
+    llama_kv: bool = field(default=False, compare=False)     # llama.cpp takes it as a KV cache type (type_k/type_v)
+    flash_attn: bool = field(default=False, compare=False)   # llama.cpp's cache of it runs ggml-cpu's flash_attn_ext
+    vec_dot_type: str | None = field(default=None, compare=False)  # ggml-cpu's vec_dot_type: q's type in K.q
+    layout: Layout | None = field(default=None, compare=False)     # legacy ggml block fields
+
+    @property
+    def ggml_id(self) -> int | None:
+        """Its ``enum ggml_type`` value in upstream ggml (None for the formats only forks know)."""
+        return self.type_ids.get("ggml")
 
     @property
     def key(self) -> str:
@@ -129,6 +171,24 @@ def formats() -> list[str]:
 def all_formats() -> list[Format]:
     _ensure_loaded()
     return [_FORMATS[k] for k in _ORDER]
+
+
+def names(where: Callable[[Format], bool]) -> tuple[str, ...]:
+    """The names users type (:func:`display_name`) of the formats for which ``where(format)`` holds,
+    in registry order; e.g. ``names(lambda f: f.llama_kv)``."""
+    return tuple(display_name(f) for f in all_formats() if where(f))
+
+
+def kernel_ids() -> dict[str, int]:
+    """Format name -> the kernels' format id (``TQA_<NAME>`` in metal/attention_kernel.h), for every
+    format the kernels decode, in registry order (all variants of a name share the id)."""
+    out: dict[str, int] = {}
+    for f in all_formats():
+        if f.kernel_id is None:
+            continue
+        if out.setdefault(f.name, f.kernel_id) != f.kernel_id:
+            raise FormatError(f"{f.key}: kernel id {f.kernel_id}, but another variant of {f.name} has {out[f.name]}")
+    return out
 
 
 def display_name(fmt: "str | Format") -> str:

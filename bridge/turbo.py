@@ -303,7 +303,8 @@ SPECS: dict[str, TurboSpec] = {}
 
 
 def _register_all() -> None:
-    for name, bits in (("turbo2", 2), ("turbo3", 3), ("turbo4", 4)):
+    # the kernels' format ids (TQA_TURBO2..4 in metal/attention_kernel.h); one for all variants
+    for name, bits, kernel_id in (("turbo2", 2, 9), ("turbo3", 3, 10), ("turbo4", 4, 11)):
         specs = [
             (_make_spec(name, "fork-pr197", bits, "fork" if bits == 2 else "corrected"),
              {_WHERE_PR197: _IDS["fork-pr197"][name]}, True, False,
@@ -319,7 +320,7 @@ def _register_all() -> None:
             SPECS[f"{name}@{spec.variant}"] = spec
             register(Format(
                 name=name, variant=spec.variant, kind="turbo", block_size=spec.group, type_size=spec.block_bytes,
-                codec=TurboCodec(spec), type_ids=ids, description=desc, extension=ext,
+                codec=TurboCodec(spec), type_ids=ids, description=desc, extension=ext, kernel_id=kernel_id,
             ), default=default)
 
 

@@ -63,9 +63,9 @@ V3_MIN_SPLIT_KEYS = 128      # v3 on a GPU: at least this many keys per split
 DEFAULT_Q_PRECISION = {"cuda": "int8", "metal": "exact", "cpu-emulator": "exact"}
 INT8_DEFAULT_MAX_V_BITS = 8.0    # the int8 default applies to V formats of fewer bits per value
 
-# format name -> kernel format id (attention_kernel.h, TQA_*)
-FORMAT_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7,
-              "iq4_nl": 8, "turbo2": 9, "turbo3": 10, "turbo4": 11}
+# format name -> kernel format id (attention_kernel.h, TQA_*): the format registry's Format.kernel_id
+from ..bridge.registry import kernel_ids  # noqa: E402
+FORMAT_IDS = kernel_ids()
 QTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 

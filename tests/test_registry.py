@@ -1,8 +1,14 @@
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from tqbridge import bridge
 from tqbridge.bridge import FormatError
+from tqbridge.bridge.registry import kernel_ids
+
+METAL = Path(__file__).resolve().parents[1] / "metal"
 
 
 def test_formats_listed_with_sizes():
@@ -34,3 +40,33 @@ def test_bad_lengths_are_clear_errors():
         bridge.dequantize("q8_0", np.zeros(33, np.uint8), 32)
     with pytest.raises(FormatError, match="uint8"):
         bridge.dequantize("q8_0", np.zeros(34, np.int8), 32)
+
+
+def _c_ids(header: str, prefix: str) -> dict[str, int]:
+    """``#define <prefix><NAME> <number>`` lines of a kernel header: NAME -> number."""
+    text = (METAL / header).read_text()
+    return {m[1]: int(m[2]) for m in re.finditer(rf"^#define {prefix}(\w+)[ \t]+(\d+)\b", text, re.M)}
+
+
+def test_kernel_format_ids_are_the_c_constants():
+    """The kernels switch on numeric format ids baked into their sources; the registry's kernel_id
+    must be those numbers: TQA_<NAME> (decode, attention_kernel.h), QA_<NAME> (encode, one block at
+    a time, quantize_append.h; turbo formats share QA_TURBO), QA_<NAME>_REF (llama.cpp's cache encoder)."""
+    import importlib
+
+    attention_kernel = importlib.import_module("tqbridge.metal.attention_kernel")
+    quantize_append = importlib.import_module("tqbridge.metal.quantize_append")  # the package exports a function of that name
+    fmts = bridge.all_formats()
+    upper = {f.name.upper() for f in fmts}
+    ids = kernel_ids()
+    assert len(set(ids.values())) == len(ids)
+    assert attention_kernel.FORMAT_IDS == ids
+    tqa = _c_ids("attention_kernel.h", "TQA_")
+    assert {k: v for k, v in tqa.items() if k in upper} == {n.upper(): i for n, i in ids.items()}
+    qa = _c_ids("quantize_append.h", "QA_")
+    encoders = {f.name.upper(): f.kernel_id for f in fmts if f.kernel_id is not None and f.kind != "turbo"}
+    assert {k: v for k, v in qa.items() if k in upper} == encoders
+    refs = {f.name.upper() + "_REF": f.cache_kernel_id for f in fmts if f.cache_kernel_id is not None}
+    assert refs and {k: qa.get(k) for k in refs} == refs
+    assert qa["TURBO"] == quantize_append._TURBO
+    assert len({*encoders.values(), *refs.values(), qa["TURBO"]}) == len(encoders) + len(refs) + 1
