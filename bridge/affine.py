@@ -25,19 +25,28 @@ from typing import Any
 
 import numpy as np
 
-from .legacy_fields import BLOCK, LAYOUTS, join_blocks, split_blocks
-from .registry import FormatError, get_format
+from .legacy_fields import BLOCK, join_blocks, split_blocks
+from .registry import Format, FormatError, Layout, get_format, names
 
-AFFINE_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
-
-_NOT_AFFINE = {
-    "iq4_nl": "its 16 codes index a fixed non-linear table (kvalues_iq4nl), not an evenly spaced grid",
+_NOT_AFFINE = {   # why a format of this kind has no affine form
     "turbo": "its values are rotated (Walsh-Hadamard) and quantized to non-uniform centroids",
     "float": "it is a plain float format, not block-quantized",
 }
 
 
-_FORMULA = {"q8_0": "d*q", "q4_0": "d*(q-8)", "q5_0": "d*(q-16)"}
+def _is_affine(f: Format) -> bool:
+    return f.layout is not None and f.layout.affine
+
+
+def affine_formats() -> tuple[str, ...]:
+    """The formats that convert to and from MLX affine quantization losslessly: the legacy ggml
+    block formats whose codes are an evenly spaced grid (registry order)."""
+    return names(_is_affine)
+
+
+def _formula(lay: Layout) -> str:
+    """How a symmetric type decodes, e.g. ``d*(q-8)``."""
+    return "d*q" if lay.signed or not lay.offset else f"d*(q-{lay.offset})"
 
 
 def _mx():
@@ -50,18 +59,22 @@ def _mx():
 
 def _affine_format(fmt):
     f = get_format(fmt)
-    if f.key in AFFINE_FORMATS:
-        return f, LAYOUTS[f.key]
-    why = _NOT_AFFINE.get(f.key) or _NOT_AFFINE.get(f.kind) or "it has no affine form"
+    if _is_affine(f):
+        return f, f.layout
+    if f.layout is not None and f.layout.values is not None:
+        why = (f"its {len(f.layout.values)} codes index a fixed non-linear table ({f.layout.values_name}), "
+               "not an evenly spaced grid")
+    else:
+        why = _NOT_AFFINE.get(f.kind) or "it has no affine form"
     raise FormatError(
         f"{f.key} cannot be converted to or from MLX affine quantization: {why}; "
-        f"affine formats: {', '.join(AFFINE_FORMATS)}"
+        f"affine formats: {', '.join(affine_formats())}"
     )
 
 
-def _code_offset(key: str) -> int:
-    """k in bias = -k*d for the symmetric types (q8_0's int8 codes shift by 128)."""
-    return 128 if key == "q8_0" else LAYOUTS[key].offset
+def _code_offset(lay: Layout) -> int:
+    """k in bias = -k*d for the symmetric types (signed int8 codes shift by 128)."""
+    return 128 if lay.signed else lay.offset
 
 
 def _pack(u: np.ndarray, bits: int) -> np.ndarray:
@@ -117,12 +130,12 @@ def to_mlx_affine(fmt, blocks, n: int, *, dtype: Any = None):
     if lay.has_m:
         bias = fields["m"].astype(np.float32)
     else:
-        k = _code_offset(f.key)
+        k = _code_offset(lay)
         bad = np.flatnonzero(np.isinf(d))
         if bad.size:
             raise FormatError(
                 f"{f.key}: block {int(bad[0])} (of {bad.size} such) has d = {d[bad[0]]}; with an infinite d, "
-                f"{_FORMULA[f.key]} has no exact affine form (scale*w + bias gives NaN where ggml gives ±inf)"
+                f"{_formula(lay)} has no exact affine form (scale*w + bias gives NaN where ggml gives ±inf)"
             )
         with np.errstate(invalid="ignore"):
             bias = np.float32(-k) * d
@@ -135,7 +148,7 @@ def to_mlx_affine(fmt, blocks, n: int, *, dtype: Any = None):
                     f"(use float32 scales)"
                 )
     q = fields["q"]
-    u = (q.view(np.uint8) ^ 0x80) if f.key == "q8_0" else q
+    u = (q.view(np.uint8) ^ 0x80) if lay.signed else q
     w = _pack(u, lay.bits)
     nb = n // BLOCK
     w = w.reshape(*lead, nb * lay.bits)
@@ -213,7 +226,7 @@ def from_mlx_affine(fmt, w, scales, biases, group_size: int, bits: int) -> np.nd
                 f"in float16, which is how ggml stores m"
             )
     else:
-        k = _code_offset(key)
+        k = _code_offset(lay)
         inf = np.isinf(s32)
         if inf.any():
             i = _first(inf)
@@ -224,12 +237,13 @@ def from_mlx_affine(fmt, w, scales, biases, group_size: int, bits: int) -> np.nd
             i = _first(~ok)
             raise FormatError(
                 f"{key}: bias {b32[i]!r} at {i} (and {int((~ok).sum()) - 1} more) is not -{k}*scale "
-                f"(= {np.float32(-k) * s32[i]!r}); {key} has no free offset (q4_1/q5_1 have one)"
+                f"(= {np.float32(-k) * s32[i]!r}); {key} has no free offset "
+                f"({'/'.join(names(lambda g: _is_affine(g) and g.layout.has_m))} have one)"
             )
     rep = group_size // BLOCK
     d = np.repeat(s16.reshape(-1), rep)
     m = np.repeat(b16.reshape(-1), rep) if lay.has_m else None
     u = _unpack(w.reshape(-1, bits), bits, BLOCK)
-    q = (u ^ 0x80).view(np.int8) if key == "q8_0" else u
+    q = (u ^ 0x80).view(np.int8) if lay.signed else u
     out = join_blocks(f, d, q, m)
     return out.reshape(*lead, n // BLOCK * f.type_size)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .gguf_io import GGUFError, GGUFFile, TensorInfo
-from .legacy_fields import LAYOUTS, split_blocks
+from .legacy_fields import split_blocks
 from .registry import FormatError, all_formats
 
 _INT_TYPES = {"I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8", "F64": "<f8"}
@@ -46,7 +46,7 @@ def describe_block(g: GGUFFile, name: str, index: int) -> dict[str, Any]:
     }
     b = np.frombuffer(raw, dtype=np.uint8)[None, :]
     fmt = registry_format(t)
-    if fmt is not None and fmt.key in LAYOUTS:
+    if fmt is not None and fmt.layout is not None:
         fields = split_blocks(fmt, b)
         out["fields"] = {"d": _f16(fields["d"][0])}
         if "m" in fields:

@@ -74,11 +74,11 @@ def cpu_from_float(fmt, x: np.ndarray) -> np.ndarray:
 
 def reference_quantize(fmt, x: np.ndarray) -> np.ndarray:
     """ggml's reference quantizer of a cache type, as the bridge has it: ``ggml_quantize_chunk``'s
-    arithmetic, except iq4_nl, whose reference is ``quantize_row_iq4_nl_ref`` (no scale search)."""
+    arithmetic with the format's ``cache_options`` (iq4_nl: ``quantize_row_iq4_nl_ref``, no scale search)."""
     from .api import quantize
 
     f = get_format(fmt)
-    return quantize(f, x, search=False) if f.key == "iq4_nl" else quantize(f, x)
+    return quantize(f, x, **f.cache_options)
 
 
 def reference_disagreement(fmt, x: np.ndarray) -> np.ndarray:

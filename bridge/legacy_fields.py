@@ -11,42 +11,27 @@ Layouts (ggml-common.h, ``block_q8_0`` … ``block_iq4_nl``; all little endian):
 
 4-bit codes: value j (0 <= j < 16) is the low nibble of qs[j], value j + 16 its high nibble.
 5-bit codes add bit j of qh as bit 4 of value j.
+
+Each format's :class:`Layout` is part of its registry entry (``Format.layout``, set where the format
+is registered); this module only reads it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from .registry import FormatError, get_format
-
-
-@dataclass(frozen=True)
-class Layout:
-    bits: int            # bits of one code
-    has_m: bool          # stores a minimum m (x = d*q + m) instead of a fixed code offset
-    offset: int          # code offset for the symmetric types (x = d*(q - offset)); 0 if has_m
-    signed: bool = False  # q8_0 stores int8 codes
-
-
-LAYOUTS: dict[str, Layout] = {
-    "q8_0": Layout(bits=8, has_m=False, offset=0, signed=True),
-    "q4_0": Layout(bits=4, has_m=False, offset=8),
-    "q4_1": Layout(bits=4, has_m=True, offset=0),
-    "q5_0": Layout(bits=5, has_m=False, offset=16),
-    "q5_1": Layout(bits=5, has_m=True, offset=0),
-    "iq4_nl": Layout(bits=4, has_m=False, offset=0),
-}
+from .registry import FormatError, Layout, get_format, names
 
 BLOCK = 32
 
 
 def layout(fmt) -> Layout:
+    """The legacy block fields of ``fmt`` (its registry entry's ``layout``), or a FormatError."""
     f = get_format(fmt)
-    if f.key not in LAYOUTS:
-        raise FormatError(f"{f.key}: not a legacy ggml block format (known: {', '.join(LAYOUTS)})")
-    return LAYOUTS[f.key]
+    if f.layout is None:
+        known = ", ".join(names(lambda g: g.layout is not None))
+        raise FormatError(f"{f.key}: not a legacy ggml block format (known: {known})")
+    return f.layout
 
 
 def _nibbles(qs: np.ndarray) -> np.ndarray:

@@ -69,8 +69,6 @@ CONTEXT_PARAM_FIELDS = ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_
 LLAMA_METHODS = ("eval", "close", "tokenize", "detokenize", "n_vocab", "token_eos")
 LLAMA_KEYWORDS = ("model_path", "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch", "logits_all",
                   "flash_attn", "type_k", "type_v", "vocab_only", "verbose")
-# ggml types tqbridge passes to ggml (the registry's formats with a ggml type id).
-GGML_FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 
 
 class LlamaCppIncompatible(GgmlUnavailable):
@@ -185,13 +183,10 @@ def check_symbols(libs: dict) -> list[str]:
 
 def _expected_types() -> "list[tuple[str, int, int, int]]":
     """(name, ggml type id, block size, type size) of every ggml type tqbridge uses, from the registry."""
-    from .registry import get_format
+    from .registry import all_formats
 
-    out = []
-    for name in GGML_FORMATS:
-        f = get_format(name)
-        out.append((f.name, int(f.type_ids["ggml"]), int(f.block_size), int(f.type_size)))
-    return out
+    return [(f.name, int(f.ggml_id), int(f.block_size), int(f.type_size))
+            for f in all_formats() if f.ggml_id is not None]
 
 
 def check_types(base) -> list[str]:

@@ -10,10 +10,12 @@ from hypothesis import strategies as st
 mx = pytest.importorskip("mlx.core", reason="MLX is not installed (pip install 'tqbridge[mlx]')")
 
 from tqbridge.bridge import FormatError, dequantize, from_mlx_affine, get_format, quantize, to_mlx_affine  # noqa: E402
-from tqbridge.bridge.affine import AFFINE_FORMATS  # noqa: E402
+from tqbridge.bridge.affine import affine_formats  # noqa: E402
 from tqbridge.bridge.legacy_fields import split_blocks  # noqa: E402
 from tqbridge.parity.strategies import adversarial_rows, float_matrices  # noqa: E402
 
+AFFINE_FORMATS = affine_formats()
+assert AFFINE_FORMATS == ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 SYMMETRIC = ("q8_0", "q4_0", "q5_0")
 BITS = {"q8_0": 8, "q4_0": 4, "q4_1": 4, "q5_0": 5, "q5_1": 5}
 
