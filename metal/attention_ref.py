@@ -127,15 +127,14 @@ def _k_codes(fmt, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     """K blocks (B, H, L, row_bytes) -> (int codes (B, H, L, n), d (B, H, L, n/32), m (B, H, L, n/32))
     as kernel v3 reads them: x = d * code (+ m)."""
     from ..bridge import legacy_fields
-    from ..bridge.iq4_nl import KVALUES
 
     lead = blocks.shape[:3]
     flat = np.ascontiguousarray(blocks).reshape(-1, fmt.type_size)
     parts = legacy_fields.split_blocks(fmt, flat)
     lay = legacy_fields.layout(fmt)
     q = parts["q"].astype(np.int64)
-    if fmt.name == "iq4_nl":
-        q = KVALUES.astype(np.int64)[q]
+    if lay.values is not None:          # codes index a value table (iq4_nl)
+        q = np.array(lay.values, np.int64)[q]
     elif not lay.has_m:
         q = q - lay.offset
     nb = blocks.shape[3] // fmt.type_size
@@ -160,7 +159,7 @@ def int8_scores(q: Any, k_blocks: Any, prob: Problem) -> tuple[np.ndarray, np.nd
     group, s1, s2, rscale = _side_rotation(prob.k_format, prob.k_rot)
     if group:
         x = _kernel_rotate32(x, group, s1, s2, rscale)
-    has_m = prob.k_format.name in ("q4_1", "q5_1")
+    has_m = prob.k_format.layout is not None and prob.k_format.layout.has_m
     codes, dq, sq = quantize_q8(x, has_m)                       # (B, Hq, T, n), (B, Hq, T, nb)
     kc, dk, mk = _k_codes(prob.k_format, _np(k_blocks)[:, :, :l_used])   # (B, Hkv, L, n), (B, Hkv, L, nb)
     g = prob.group

@@ -21,7 +21,7 @@ import numpy as np
 from ..bridge import FormatError, get_format, quantize
 from ..bridge.registry import Format
 from .kernel import HERE, BODY_MARKER, Kernel, KernelError
-from .quantize_append import _CODES, _TURBO, _static_and_table
+from .quantize_append import _static_and_table, supported
 
 THREADS = 32
 MAX_DP = 256                 # widest stored row (values) the kernel holds in threadgroup memory
@@ -40,7 +40,7 @@ def _kernel(src16: bool) -> Kernel:
 
 
 def _side_static(prefix: str, f: Format, din: int, dp: int, rot: int) -> dict:
-    st, _ = _static_and_table(f, search=False)   # iq4_nl: the reference quantizer, as llama.cpp's cache
+    st, _ = _static_and_table(f, search=False)   # the quantizer of llama.cpp's cache (iq4_nl: the reference one)
     return {f"{prefix}_FMT": st["QA_FMT"], f"{prefix}_BLOCK": f.block_size, f"{prefix}_TS": f.type_size,
             f"{prefix}_DIN": din, f"{prefix}_DP": dp, f"{prefix}_ROT": rot, f"{prefix}_BITS": st["QA_BITS"],
             f"{prefix}_QS": st["QA_QS_OFF"], f"{prefix}_SG": st["QA_SIGNS_OFF"], f"{prefix}_RN": st["QA_RNORM"],
@@ -48,7 +48,7 @@ def _side_static(prefix: str, f: Format, din: int, dp: int, rot: int) -> dict:
 
 
 def _check_side(f: Format, dp: int, rot: int, what: str) -> None:
-    if f.name not in _CODES and not (f.kind == "turbo" and hasattr(f.codec, "spec")):
+    if not supported(f):
         raise KernelError(f"no in-place append kernel for format {f.key}")
     if dp > MAX_DP or dp % f.block_size:
         raise KernelError(f"{what}: stored rows of {dp} values do not fit the append kernel (<= {MAX_DP}, "
@@ -214,4 +214,4 @@ def reference_append(fmt, rows: np.ndarray, dp: int, rot: int) -> np.ndarray:
     x = hadamard_butterfly(x, rot)
     if not np.isfinite(x).all():
         raise FormatError(f"{f.key}: non-finite input")
-    return quantize(f, x, search=False) if f.name == "iq4_nl" else quantize(f, x)
+    return quantize(f, x, **f.cache_options)

@@ -21,9 +21,10 @@ from .dispatch import build, record_path, resolve
 from .kernel import HERE, Kernel, KernelError
 
 THREADS = 64
-_CODES = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7, "iq4_nl": 8}
+# The kernel's encoder ids (quantize_append.h, QA_*): a format encoded one block per thread has its
+# registry entry's kernel_id (and cache_kernel_id for llama.cpp's cache quantizer, where that differs);
+# every turbo format goes through one encoder, parameterised by its spec.
 _TURBO = 9
-_IQ4_NL_REF = 10
 _SRC = {"float32": 0, "float16": 1, "bfloat16": 2}
 _BUFS_IN = (("tab", "float32"), ("params", "uint32"))
 
@@ -39,20 +40,25 @@ def _kernel(src16: bool) -> Kernel:
 def supported(fmt: "str | Format") -> bool:
     """Whether the kernel handles ``fmt`` (every legacy ggml, float and turbo format)."""
     f = get_format(fmt)
-    return f.name in _CODES or (f.kind == "turbo" and hasattr(f.codec, "spec"))
+    if f.kind == "turbo":
+        return hasattr(f.codec, "spec")
+    return f.kernel_id is not None
 
 
 @lru_cache(maxsize=None)
 def _static_and_table(f: Format, search: bool = True) -> tuple[dict[str, int], np.ndarray]:
-    """Static parameters and table of ``f``; ``search=False`` picks iq4_nl's reference quantizer
-    (``quantize_row_iq4_nl_ref``: what llama.cpp writes into its KV cache)."""
+    """Static parameters and table of ``f``; ``search=False`` picks the quantizer of llama.cpp's KV cache
+    where the format has its own (``cache_kernel_id``; iq4_nl: ``quantize_row_iq4_nl_ref``)."""
     static = {"QA_BLOCK": f.block_size, "QA_TYPE_SIZE": f.type_size, "QA_BITS": 0, "QA_QS_OFF": 0,
               "QA_SIGNS_OFF": 0, "QA_RNORM": 0, "QA_VPL": 1}
-    if f.name in _CODES:
-        static["QA_FMT"] = _IQ4_NL_REF if (f.name == "iq4_nl" and not search) else _CODES[f.name]
-        with np.errstate(invalid="ignore"):  # the NaN this CPU makes for inf - inf (x86-64: 0xFFC00000)
+    if f.kind != "turbo" and f.kernel_id is not None:
+        cache = not search and f.cache_kernel_id is not None
+        static["QA_FMT"] = f.cache_kernel_id if cache else f.kernel_id
+        # table: the NaN this CPU makes for inf - inf (x86-64: 0xFFC00000), which the iq4_nl encoders
+        # store for a NaN scale as the reference does; the other encoders do not read the table
+        with np.errstate(invalid="ignore"):
             host_nan = np.array([np.inf], np.float32) - np.array([np.inf], np.float32)
-        return static, host_nan if f.name == "iq4_nl" else np.zeros(1, np.float32)
+        return static, host_nan
     if not supported(f):
         raise KernelError(f"no quantize-on-append kernel for format {f.key}; use backend='reference'")
     sp = f.codec.spec
@@ -131,7 +137,7 @@ def quantize_append(fmt: "str | Format", rows: Any, *, backend: str = "auto", ch
             rows = np.array(rows.astype(mx.float32))
         x = rows
         record_path("reference")
-        return quantize(f, x, search=search) if f.name == "iq4_nl" else quantize(f, x)
+        return quantize(f, x, **({} if search else f.cache_options))
 
     static, tab = _static_and_table(f, search)
     static = dict(static)
