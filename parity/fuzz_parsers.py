@@ -363,7 +363,7 @@ def write_block_zoo_gguf(path: Path) -> Path:
     import gguf
     import numpy as np
 
-    from tqbridge.bridge import quantize
+    from tqbridge.bridge import all_formats, quantize
 
     T = gguf.GGMLQuantizationType
     rng = np.random.default_rng(0)
@@ -373,9 +373,11 @@ def write_block_zoo_gguf(path: Path) -> Path:
     w.add_array("tokenizer.ggml.tokens", [f"tok{i}" for i in range(12)])
     w.add_array("some.ints", [1, 2, 3])
     w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    for fmt in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"):
-        b = quantize(fmt, rng.standard_normal((2, 32)).astype(np.float32))
-        w.add_tensor(f"blk.0.{fmt}.weight", b, raw_shape=b.shape, raw_dtype=T[fmt.upper()])
+    for f in all_formats():
+        if f.layout is None:            # the legacy block types only
+            continue
+        b = quantize(f, rng.standard_normal((2, 32)).astype(np.float32))
+        w.add_tensor(f"blk.0.{f.name}.weight", b, raw_shape=b.shape, raw_dtype=T(f.ggml_id))
     w.add_tensor("norm.weight", rng.standard_normal((2, 8)).astype(np.float32))
     w.add_tensor("half.weight", rng.standard_normal((4,)).astype(np.float16))
     w.add_tensor("ids", np.arange(6, dtype=np.int32))

@@ -30,9 +30,10 @@ from typing import Any, Iterable
 import numpy as np
 
 from tqbridge.bridge import get_format, quantize
+from tqbridge.bridge.registry import names
 
-# KV types ggml's CPU flash attention accepts in llama.cpp's KV cache (checked in the tests).
-GGML_FA_FORMATS = ("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+# KV types ggml's CPU flash attention accepts in llama.cpp's KV cache (the registry's flash_attn).
+GGML_FA_FORMATS = names(lambda f: f.flash_attn)
 
 # Floors for the informational "no worse than ggml" comparison, for cases where ggml is itself nearly
 # exact: NMSE below 1e-12 and max error below 1e-6 of the output scale are float32 round-off.

@@ -12,10 +12,12 @@ from typing import Any, Iterable
 import numpy as np
 
 from tqbridge import bridge
+from tqbridge.bridge.registry import names
 
-# The formats ggml's C library quantizes (the turbo types exist only in the TurboQuant forks; their
-# C reference is checked through golden vectors instead, tests/test_turbo_golden.py).
-GGML_FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+# The formats ggml's C library quantizes: those with an upstream ggml type id (the turbo types exist
+# only in the TurboQuant forks; their C reference is checked through golden vectors instead,
+# tests/test_turbo_golden.py).
+GGML_FORMATS = names(lambda f: f.ggml_id is not None)
 
 
 def run_blocks_level(formats: Iterable[str] = GGML_FORMATS, *, rows: "np.ndarray | None" = None,

@@ -30,14 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from tqbridge.bridge import dequantize, get_format
+from tqbridge.bridge import all_formats, dequantize, get_format
 from tqbridge.bridge import q8_act
-from tqbridge.bridge.iq4_nl import KVALUES
-from tqbridge.bridge.legacy_fields import split_blocks
+from tqbridge.bridge.legacy_fields import layout, split_blocks
 
-# The K type's vec_dot_type in ggml-cpu (checked against ggml_get_type_traits_cpu in the tests).
-VEC_DOT_TYPE = {"q8_0": "q8_0", "q4_0": "q8_0", "q5_0": "q8_0", "iq4_nl": "q8_0",
-                "q4_1": "q8_1", "q5_1": "q8_1", "f16": "f16"}
+# The K type's vec_dot_type in ggml-cpu (the registry's, checked against ggml_get_type_traits_cpu in the
+# tests), for the K/V types whose llama.cpp cache runs flash_attn_ext: the ones this module reproduces.
+VEC_DOT_TYPE = {f.name: f.vec_dot_type for f in all_formats() if f.flash_attn}
 
 # Agreement with ggml's flash_attn_ext: the largest |ours - ggml| in units of the output's ulp at the
 # output's magnitude (max |o|): float32 ulps for a quantized V, binary16 ulps for an f16 V (its
@@ -59,12 +58,11 @@ def _k_terms(k_format: str, k_blocks: np.ndarray, q_act: dict, n_blocks: int) ->
     sp = split_blocks(fmt, k_blocks.reshape(-1, fmt.type_size))
     dk = sp["d"].astype(np.float32).reshape(n, n_blocks)
     codes = sp["q"].reshape(n, n_blocks, 32).astype(np.int64)
-    if fmt.key == "q4_0":
-        codes = codes - 8
-    elif fmt.key == "q5_0":
-        codes = codes - 16
-    elif fmt.key == "iq4_nl":
-        codes = KVALUES.astype(np.int64)[codes]
+    lay = layout(fmt)
+    if lay.values is not None:                              # codes index a value table (iq4_nl)
+        codes = np.array(lay.values, np.int64)[codes]
+    elif lay.offset:                                        # x = d*(q - offset): q4_0, q5_0
+        codes = codes - lay.offset
     qq = q_act["q"].astype(np.int64)                       # (n_blocks, 32)
     isum = (codes * qq[None]).sum(axis=2)                  # exact integer block dots
     dq = q_act["d"].astype(np.float32)

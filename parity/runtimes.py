@@ -20,9 +20,11 @@ from typing import Any, Callable
 import numpy as np
 
 from tqbridge.bridge.mlx_blas import prefer_fast_blas
+from tqbridge.bridge.registry import get_format, names
 
-# KV types llama.cpp's CPU backend accepts for its cache (ggml names).
-LLAMA_KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+# KV types llama.cpp's CPU backend accepts for its cache (ggml names; the registry's llama_kv).
+LLAMA_KV_TYPES = names(lambda f: f.llama_kv)
+FLOAT_TYPES = names(lambda f: f.kind == "float")
 
 
 class RuntimeError_(RuntimeError):
@@ -53,7 +55,7 @@ class KV:
 
     @property
     def is_float(self) -> bool:
-        return self.k in ("f32", "f16", "bf16") and self.v in ("f32", "f16", "bf16")
+        return self.k in FLOAT_TYPES and self.v in FLOAT_TYPES
 
 
 @contextlib.contextmanager
@@ -95,11 +97,9 @@ class LlamaCppRuntime:
         self.last_state: "bytes | None" = None
 
     def _type_id(self, fmt: str) -> int:
-        import gguf
-
         if fmt not in LLAMA_KV_TYPES:
             raise RuntimeError_(f"llama.cpp has no KV cache type {fmt!r} (has: {', '.join(LLAMA_KV_TYPES)})")
-        return int(gguf.GGMLQuantizationType[fmt.upper()])
+        return int(get_format(fmt).ggml_id)
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         from tqbridge.bridge.tokenizer import GGUFTokenizer
@@ -111,7 +111,7 @@ class LlamaCppRuntime:
     def _context(self, n_tokens: int, kv: KV):
         from llama_cpp import Llama
 
-        if not kv.is_float and not self.flash_attn and kv.v not in ("f16", "f32", "bf16"):
+        if not kv.is_float and not self.flash_attn and kv.v not in FLOAT_TYPES:
             raise RuntimeError_("llama.cpp needs flash attention for a quantized V cache")
         n_ctx = max(256, -(-n_tokens // 256) * 256)
         with _env("LLAMA_ATTN_ROT_DISABLE", None if self.rotation else "1"):

@@ -69,7 +69,7 @@ def scale_offsets(fmt) -> tuple[int, ...]:
         return ()
     if f.kind == "turbo":
         return (0,)
-    return (0, 2) if f.key in ("q4_1", "q5_1") else (0,)
+    return (0, 2) if f.layout is not None and f.layout.has_m else (0,)
 
 
 def _finite_f16_bits(draw, *, nonneg: bool = False) -> int:

@@ -54,12 +54,22 @@ def test_activation_codecs_are_byte_identical_to_ggml(ggml, fmt, type_id, kind):
 
 
 def test_vec_dot_types_are_ggml_cpus(ggml):
+    """The registry's vec_dot_type of every format that has one is ggml-cpu's; llama_arith models
+    the flash-attention types among them."""
+    import gguf
+
+    from tqbridge.bridge import all_formats
     from tqbridge.bridge.ggml_cpu import traits
     from tqbridge.parity.llama_arith import VEC_DOT_TYPE
 
-    ids = {"q8_0": 8, "q8_1": 9, "f16": 1}
-    for k, vt in VEC_DOT_TYPE.items():
-        assert traits(k)["vec_dot_type"] == ids[vt], k
+    checked = 0
+    for f in all_formats():
+        if f.vec_dot_type is not None:
+            assert traits(f)["vec_dot_type"] == int(gguf.GGMLQuantizationType[f.vec_dot_type.upper()]), f.key
+            checked += 1
+    assert checked >= 9
+    assert VEC_DOT_TYPE == {"q8_0": "q8_0", "q4_0": "q8_0", "q5_0": "q8_0", "iq4_nl": "q8_0",
+                            "q4_1": "q8_1", "q5_1": "q8_1", "f16": "f16"}
 
 
 PAIRS = ["f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0/q4_0", "q8_0/iq4_nl", "f16/q5_1",

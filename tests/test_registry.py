@@ -70,3 +70,18 @@ def test_kernel_format_ids_are_the_c_constants():
     assert refs and {k: qa.get(k) for k in refs} == refs
     assert qa["TURBO"] == quantize_append._TURBO
     assert len({*encoders.values(), *refs.values(), qa["TURBO"]}) == len(encoders) + len(refs) + 1
+
+
+def test_tables_derived_from_the_registry():
+    """The per-format tables other modules use are views of the registry entries (values pinned)."""
+    from tqbridge.bridge.affine import affine_formats
+    from tqbridge.parity.level_attention import GGML_FA_FORMATS
+    from tqbridge.parity.level_blocks import GGML_FORMATS
+    from tqbridge.parity.runtimes import LLAMA_KV_TYPES
+
+    ggml = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+    assert LLAMA_KV_TYPES == GGML_FORMATS == ggml
+    assert GGML_FA_FORMATS == ("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+    assert affine_formats() == ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+    assert kernel_ids() == {**{n: i for i, n in enumerate(ggml)}, "turbo2": 9, "turbo3": 10, "turbo4": 11}
+    assert {f.key: dict(f.cache_options) for f in bridge.all_formats() if f.cache_options} == {"iq4_nl": {"search": False}}

@@ -16,15 +16,15 @@ from importlib.metadata import PackageNotFoundError, version
 import numpy as np
 
 from tqbridge import bridge
+from tqbridge.bridge import registry
 from tqbridge.parity.strategies import FAMILIES, adversarial_rows
 
 from .cli import CliError
 
-DEFAULT_FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
-
 
 def add_arguments(p) -> None:
-    p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
+    ggml_formats = registry.names(lambda f: f.ggml_id is not None)   # the formats ggml's C code can check
+    p.add_argument("--formats", default=",".join(ggml_formats),
                    help="comma-separated formats to check (default: every ggml legacy format)")
     p.add_argument("--rows-per-family", type=int, default=80,
                    help=f"rows per value family ({len(FAMILIES)} families; default 80 -> 720 rows)")
@@ -87,7 +87,7 @@ def run(args) -> int:
             f = bridge.get_format(s)
         except bridge.FormatError as e:
             raise CliError(str(e)) from e
-        if "ggml" not in f.type_ids:
+        if f.ggml_id is None:
             raise CliError(f"{s} has no ggml type id: ggml's C code cannot check it")
     if args.rows_per_family < 1 or args.blocks < 1:
         raise CliError("--rows-per-family and --blocks must be at least 1")
