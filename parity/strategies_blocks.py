@@ -32,7 +32,6 @@ from .strategies import _check_int, float_rows
 
 KINDS = ("float", "ggml", "turbo")
 MALFORMED_KINDS = ("wrong_length", "nan_scale", "inf_scale", "wrong_dtype")
-_FLOAT_DTYPES = {"f32": "<f4", "f16": "<f2", "bf16": "<u2"}
 
 
 def _fmt(fmt) -> Format:
