@@ -23,8 +23,10 @@ if not ggml_c.available():  # pragma: no cover - depends on the install
 
 mx = pytest.importorskip("mlx.core", reason="MLX is not installed: the MLX path cannot be checked")
 
-LEGACY = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
-QUANTIZED = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
+# every registered format with an upstream ggml type id (a new one is checked without editing this file)
+LEGACY = list(bridge.registry.names(lambda f: f.ggml_id is not None))
+QUANTIZED = [f for f in LEGACY if bridge.get_format(f).kind != "float"]
+assert len(LEGACY) >= 9 and len(QUANTIZED) >= 6
 BACKENDS = ["numpy", "mlx"]
 
 
