@@ -20,8 +20,8 @@ from __future__ import annotations
 import functools
 import importlib
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
-import queue as queue_mod
 import random
 import re
 import sys
@@ -153,8 +153,19 @@ def db_path(root: "str | os.PathLike[str]", target: str) -> Path:
 # ----------------------------------------------------------------------------------- workers
 
 
-def _worker(spec: dict, worker: int, out: Any, stop: Any) -> None:
-    """Run rounds of fuzz_kernel until the budget or the deadline; report through ``out.put``."""
+def _worker(spec: dict, worker: int, conn: Any, stop: Any) -> None:
+    """Run rounds of fuzz_kernel until the budget or the deadline; report on ``conn``.
+
+    ``conn`` is this worker's own pipe to the parent, written synchronously from this thread: a
+    message is in the pipe when ``send`` returns, so a kernel that kills the process on the next
+    example loses nothing, and no lock is shared with other workers. Until the fix, all workers shared
+    one multiprocessing.Queue, sent by a feeder thread: a worker dying before that thread ran lost its
+    last messages (measured: campaigns of 6 workers that each die on their second example counted 1-5
+    examples, not 6), and one killed while its feeder held the queue's shared write lock, or
+    mid-message, would stall the other workers' messages and hang the campaign — the race the parser
+    harness had (fuzz_parsers._parser_worker). The inputs are drawn here, by hypothesis, not handed out
+    by the parent; what the parser harness gets by recording each input before sending it, this one
+    gets from ``running-<worker>.case``, written synchronously before each call."""
     try:
         # Before hypothesis stores anything: its caches go to tqbridge's cache, not ./.hypothesis.
         os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", spec["hypothesis_home"])
@@ -177,7 +188,8 @@ def _worker(spec: dict, worker: int, out: Any, stop: Any) -> None:
             new_s, new_f = r.shapes - sent_shapes, r.formats - sent_formats
             sent_shapes.update(new_s)
             sent_formats.update(new_f)
-            out.put(("progress", worker, base + r.examples, sorted(new_s), sorted(new_f), max(state["worst"], r.worst_ratio)))
+            conn.send(("progress", worker, base + r.examples, sorted(new_s), sorted(new_f),
+                       max(state["worst"], r.worst_ratio)))
 
         current = Path(spec["db"]) / f"running-{worker}.case"
 
@@ -209,12 +221,15 @@ def _worker(spec: dict, worker: int, out: Any, stop: Any) -> None:
             if r.examples == 0:     # the strategy has nothing left to draw
                 break
             if not r.ok:
-                out.put(("failure", worker, repr(r.failure), r.message, r.snippet))
+                conn.send(("failure", worker, repr(r.failure), r.message, r.snippet))
                 break
         current.unlink(missing_ok=True)
-        out.put(("done", worker, state["examples"]))
+        conn.send(("done", worker, state["examples"]))
     except BaseException as e:  # noqa: BLE001 - report, never hang the parent
-        out.put(("error", worker, f"{type(e).__name__}: {e}"))
+        try:
+            conn.send(("error", worker, f"{type(e).__name__}: {e}"))
+        except OSError:          # the parent is gone
+            pass
 
 
 # ----------------------------------------------------------------------------------- campaign
@@ -328,31 +343,39 @@ def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" =
             progress(camp)
 
     # Workers are processes even for one job: a kernel that crashes takes down its worker, not the
-    # campaign, and the case it was running is reported.
+    # campaign, and the case it was running is reported. Each has its own pipe (see _worker).
     ctx = mp.get_context("spawn")
-    q, stop = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_worker, args=(spec, w, q, stop), daemon=True) for w in range(jobs)]
-    for p in procs:
+    stop = ctx.Event()
+    procs, conns = [], {}
+    for w in range(jobs):
+        conns[w], theirs = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_worker, args=(spec, w, theirs, stop), daemon=True)
         p.start()
+        theirs.close()             # only the worker holds its end: its death is the end of this pipe
+        procs.append(p)
     finished: set = set()
+    closed: set = set()            # workers whose pipe has ended (every message read; the process is gone)
     stopped_at = None
     try:
         while len(finished) < jobs:
             if stopped_at is not None and time.monotonic() - stopped_at > GRACE_S:
                 break                      # a counterexample is in; the others stop at their next round
-            try:
-                msg = q.get(timeout=1.0)
-            except queue_mod.Empty:
-                if all(not p.is_alive() for p in procs):
-                    break
-                tick()
-                continue
-            camp.handle(msg)
-            if msg[0] == "failure" and stopped_at is None:
-                stop.set()
-                stopped_at = time.monotonic()
-            if msg[0] in ("done", "error"):
-                finished.add(msg[1])
+            waiting = {conns[w]: w for w in conns if w not in finished and w not in closed}
+            if not waiting:
+                break                      # every worker has finished or died
+            for c in mp_connection.wait(list(waiting), timeout=1.0):
+                w = waiting[c]
+                try:
+                    msg = c.recv()
+                except (EOFError, OSError):
+                    closed.add(w)
+                    continue
+                camp.handle(msg)
+                if msg[0] == "failure" and stopped_at is None:
+                    stop.set()
+                    stopped_at = time.monotonic()
+                if msg[0] in ("done", "error"):
+                    finished.add(w)
             tick()
     finally:
         stop.set()
@@ -361,6 +384,8 @@ def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" =
             if p.is_alive():
                 p.terminate()
                 p.join()
+        for c in conns.values():
+            c.close()
     for w, p in enumerate(procs):
         if w not in finished and p.exitcode not in (0, None, -15):
             _crashed(camp, spec, w, p.exitcode)

@@ -105,6 +105,29 @@ def test_a_kernel_that_crashes_its_process_is_reported_with_the_case(tmp_path):
     assert case.startswith("Case(dequantize, q8_0, blocks=(") and not case.startswith("Case(dequantize, q8_0, blocks=(1,")
 
 
+def test_workers_that_die_right_after_reporting_lose_no_message(tmp_path):
+    # Every worker's kernel kills its process (SIGKILL) on its second call, just after the worker
+    # reported its first example. Each worker sends on its own pipe synchronously, so every report is
+    # in the pipe before the process dies: 6 workers, 6 examples counted, the campaign ends. With one
+    # multiprocessing.Queue shared by the workers (sent by a feeder thread) five such campaigns counted
+    # 1-5 (measured), and a worker killed while its feeder held the queue's lock would hang the others.
+    (tmp_path / "dies.py").write_text(
+        "import os, signal\n"
+        "from tqbridge import bridge\n"
+        "CALLS = [0]\n"
+        "def deq(blocks, n):\n"
+        "    CALLS[0] += 1\n"
+        "    if CALLS[0] == 2:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return bridge.dequantize('q8_0', blocks, n)\n")
+    rc, out, err = fuzz("dies:deq", "--op", "dequantize", "--format", "q8_0", "--examples", "60", "--jobs", "6",
+                        "--db", "db", "--json", "s.json", cwd=tmp_path)
+    assert rc == 1, out + err
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["examples"] == 6, s
+    assert s["failure"]["message"].startswith("the kernel crashed its process (signal 9)")
+    assert sorted(s["errors"]) == [f"worker {w} died (signal 9)" for w in range(6) if w != s["failure"]["worker"]]
+
 
 def test_a_campaign_leaves_no_hypothesis_folder_in_the_working_directory(tmp_path):
     """Without --db the example database goes to $TQBRIDGE_CACHE/fuzz and hypothesis' own files (its
