@@ -50,6 +50,10 @@ def run(args) -> None:
     kf, vf, cal = parse_kv_spec(args.kv)
     model, _ = load_gguf_model(args.model)
     cache = make_cache(model, kf, vf, calibration=cal)
+    if args.q_precision:
+        for c in cache:
+            if hasattr(c, "q_precision"):
+                c.q_precision = args.q_precision
     mx.reset_peak_memory()
     out, t0, t_first = [], time.perf_counter(), None
     with route_attention("auto"):
@@ -61,6 +65,7 @@ def run(args) -> None:
     t1 = time.perf_counter()
     rep = cache_report(cache)
     res = {"model": Path(args.model).name, "kv": kv_name(kf, vf, cal), "device": str(mx.default_device()),
+           "q_precision_asked": args.q_precision or "default", "decode_runs": _decode_runs(cache),
            "host": platform.node(), "mlx": mx.__version__, "prompt_tokens": len(spec["ids"]),
            "generated": out, "paths": rep["paths"], "layer_kinds": rep["layer_kinds"],
            "cache_used_bytes": rep["used_nbytes"], "peak_memory_bytes": mx.get_peak_memory(),
@@ -68,6 +73,18 @@ def run(args) -> None:
            "date": time.strftime("%Y-%m-%d")}
     write_atomic(args.out, json.dumps(res, indent=1))
     print(json.dumps({k: v for k, v in res.items() if k != "generated"}))
+
+
+def _decode_runs(cache) -> dict:
+    """Which fused kernel and q precision the decode steps ran, counted over layers."""
+    from collections import Counter
+
+    runs = Counter()
+    for c in cache:
+        info = getattr(getattr(c, "decode_launch", None), "run_info", None)
+        if info:
+            runs[f"{info.get('kernel')}/{info.get('q_precision')}"] += 1
+    return dict(runs)
 
 
 def show(args) -> None:
@@ -91,6 +108,8 @@ def main() -> None:
     p.add_argument("--ids", required=True)
     p.add_argument("--kv", default="q8_0/turbo3")
     p.add_argument("--max-tokens", type=int, default=40)
+    p.add_argument("--q-precision", choices=("exact", "int8"), default=None,
+                   help="decode attention's q precision (default: the backend's)")
     p.add_argument("--out", required=True)
     p = sub.add_parser("show")
     p.add_argument("model")

@@ -669,3 +669,63 @@ def test_q_precision_decision_quotes_the_control():
     assert len(rises) == 2
     claim = f"{rises[0]:.0f}–{rises[1]:.0f}%"
     assert claim in flat(text("docs/q-precision.md")), claim
+
+
+# ---- real models and the per-call cost (BENCHMARKS.md, second 2026-12-01 section) -----------------
+
+REAL_DEC = "benchmarks/h200-2026-12-01-bench-decode-real.json"
+LAUNCH = "benchmarks/h200-2026-12-01-launch-cost.json"
+
+
+def test_real_model_decode_table_is_its_record():
+    runs = {(("smollm2" if "SmolLM2" in r["model"] else "gemma3"), r["cache"], r["context"]): r
+            for r in record(REAL_DEC)["runs"]}
+    rows = table(text("BENCHMARKS.md"), "| real model | context | fp16")
+    assert len(rows) == 4
+    bad = []
+    for model, ctx, fp16, ex, i8 in rows:
+        m = "smollm2" if "SmolLM2" in model else "gemma3"
+        c = {"4K": 4096, "32K": 32768}[ctx]
+        check(rounds_to(fp16, runs[(m, "fp16", c)]["ms_per_token"]), f"{m} {c} fp16 {fp16}", bad)
+        for cell, cache in ((ex, "q8_0/turbo3@exact"), (i8, "q8_0/turbo3@int8")):
+            r = runs[(m, cache, c)]
+            check(rounds_to(cell, r["speedup_vs_fp16"]), f"{m} {c} {cache} {cell}", bad)
+            check(r["kv_path_kernels_per_layer"] == 3 and r["kv_path_host_syncs_per_step"] == 0, f"{m} {c} counts", bad)
+    assert not bad, bad
+    g = runs[("gemma3", "fp16", 32768)]["ms_per_token_rounds"]
+    assert " / ".join(f"{x:.2f}" for x in g) in flat(text("BENCHMARKS.md"))
+    assert runs[("gemma3", "fp16", 4096)]["kv_path_kernels_per_layer"] == 9
+
+
+def test_generation_sentence_is_its_record():
+    rec = record("benchmarks/h200-2026-12-01-generate.json")
+    by = {(("smollm2" if "SmolLM2" in r["model"] else "gemma3"), r["kv"], r["q_precision_asked"]): r
+          for r in rec["runs"]}
+    for kv in ("q8_0/q4_0", "q8_0/turbo3@g64", "q5_1+mean+qscale/turbo4@g64", "q5_1+mean+scale/q5_0"):
+        assert by[("smollm2", kv, "exact")]["same_tokens_as_2026_11_29"], kv
+    assert by[("smollm2", "q8_0/q4_0", "default")]["same_tokens_as_2026_11_29"]
+    assert by[("smollm2", "q8_0/q4_0", "default")]["decode_runs"] == {"v3/int8": 30}
+    assert by[("gemma3", "q8_0/turbo4", "exact")]["same_tokens_as_2026_11_29"]
+    for qp in ("exact", "default"):
+        assert by[("gemma3", "q8_0/turbo3", qp)]["first_difference_vs_2026_11_29"] == 0
+    assert rec["cpu_reference"]["generated"][0] == by[("gemma3", "q8_0/turbo3", "exact")]["generated"][0]
+    for r in rec["runs"]:
+        assert set(k for k in r["paths"] if k.startswith("decode:")) == {"decode:cuda"}, r["paths"]
+
+
+def test_launch_cost_table_and_split_are_the_record():
+    rows = {r["context"]: r for r in record(LAUNCH)["rows"]}
+    body = table(text("BENCHMARKS.md"), "| call | 4K build | 4K wall")
+    keys = ["v3_2disp_len", "v3_2disp_len0", "v3_1disp_len", "v3_1disp_len0", "sdpa", "two_trivial_like_ours"]
+    assert len(body) == len(keys)
+    bad = []
+    for (_, b4, w4, b128, w128), key in zip(body, keys):
+        for cell, (ctx, i) in ((b4, (4096, 0)), (w4, (4096, 1)), (b128, (131072, 0)), (w128, (131072, 1))):
+            check(rounds_to(cell, rows[ctx][key][i]), f"{key} {ctx} {cell}", bad)
+    assert not bad, bad
+    r = rows[131072]
+    triv = r["two_trivial_like_ours"][1] - r["two_trivial_like_ours"][0]
+    fixed = r["v3_2disp_len0"][1] - r["v3_2disp_len0"][0] - triv
+    doc = flat(text("BENCHMARKS.md"))
+    assert f"(36.5 − 11.3, the do-nothing pair)" in doc and round(triv) == 25
+    assert "53.1 − 8.9 − 25.2" in doc and round(fixed) == 19
