@@ -169,8 +169,11 @@ def relocate(kc, vc, row0: int, n: int, new_cap: int, after, backend: str):
 
 
 @lru_cache(maxsize=64)
+@lru_cache(maxsize=256)
 def _params(*values: int):
-    """The uint32 parameter buffer of one step (every layer of a step shares it)."""
+    """The uint32 parameter buffer of one step, made once and shared by every layer of the step
+    (the values differ only in the row position, which is the same for the layers of one geometry;
+    MLX arrays are immutable, so sharing is safe)."""
     import mlx.core as mx
 
     return mx.array(np.array(values, np.uint32))
