@@ -8,8 +8,8 @@ TurboQuant forks for these types.
 
 :func:`_register_all` is the table of these formats' facts (see :class:`.registry.Format`): the
 kernels' format id (``TQA_*`` / ``QA_*`` in metal/*.h, checked by tests/test_registry.py), llama.cpp's
-KV cache types (its ``kv_cache_types``), the types whose cache runs ggml-cpu's ``flash_attn_ext``
-(those :mod:`tqbridge.parity.llama_arith` reproduces), ggml-cpu's ``vec_dot_type`` (checked against
+KV cache types (its ``kv_cache_types``), the cache types whose ggml-cpu ``flash_attn_ext``
+:mod:`tqbridge.parity.llama_arith` reproduces, ggml-cpu's ``vec_dot_type`` (checked against
 ``ggml_get_type_traits_cpu``) and the legacy block fields.
 """
 
@@ -186,7 +186,7 @@ def _register_all() -> None:
     _with_mlx(F16, "f16", refuse=False)
     _with_mlx(IQ4NL, "iq4_nl", refuse=True)
     kv = dict(llama_kv=True)             # llama.cpp takes all of these as KV cache types
-    fa = dict(kv, flash_attn=True)       # ... and runs ggml-cpu's flash_attn_ext on these
+    fa = dict(kv, flash_attn=True)       # ... and llama_arith reproduces ggml-cpu's flash_attn_ext on these
     _ggml("f32", T.F32, F32, "float", "IEEE float32", kernel_id=0, vec_dot_type="f32", **kv)
     _ggml("f16", T.F16, F16, "float", "IEEE float16 (round to nearest even)",
           kernel_id=1, vec_dot_type="f16", **fa)
