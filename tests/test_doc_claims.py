@@ -729,3 +729,22 @@ def test_launch_cost_table_and_split_are_the_record():
     doc = flat(text("BENCHMARKS.md"))
     assert f"(36.5 − 11.3, the do-nothing pair)" in doc and round(triv) == 25
     assert "53.1 − 8.9 − 25.2" in doc and round(fixed) == 19
+
+
+def test_static_profile_table_is_its_record():
+    rows = {(r["k_format"], r["v_format"].split("@")[0]): r
+            for r in record("benchmarks/nvcc-2026-12-01-kernel-sass-v3.json")["rows"]}
+    body = table(text("BENCHMARKS.md"), "| K/V | registers | loop instructions")
+    assert len(body) == len(rows)
+    bad = []
+    for kv, regs, loop, per_key, integer, flt, lds in body:
+        r = rows[tuple(kv.split("/"))]
+        for cell, value in ((regs, r["registers"]), (loop, r["loop_instructions"]), (per_key, r["per_key"]),
+                            (integer, r["by_class"]["integer_logic"]), (flt, r["by_class"]["float"]),
+                            (lds, r["by_class"]["shared_load"])):
+            check(rounds_to(cell, value), f"{kv} {cell}", bad)
+    assert not bad, bad
+    t3, q4 = rows[("q8_0", "turbo3")], rows[("q8_0", "q4_0")]
+    assert f"{t3['loop_instructions'] / q4['loop_instructions']:.2f} in loop instructions" in flat(text("BENCHMARKS.md"))
+    ops = t3["top_opcodes"]
+    assert f"{ops['IMAD'] + ops['LOP3'] + ops['SHF']} of turbo3's {t3['by_class']['integer_logic']}" in flat(text("BENCHMARKS.md"))
