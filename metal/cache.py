@@ -135,7 +135,7 @@ def _quantizer(fmt, use_kernel: bool = True) -> tuple[Callable[[mx.array], mx.ar
         if supported(fmt):
             return (lambda x: quantize_append(fmt.key, x, backend=gpu, check_finite=False, search=False)), \
                 f"append-kernel:{gpu}"
-    opts = {"search": False} if fmt.name == "iq4_nl" else {}   # llama.cpp's cache quantizer
+    opts = dict(fmt.cache_options)   # the bytes llama.cpp writes into its cache (iq4_nl: no scale search)
     if getattr(fmt.codec, "mlx_quantize_blocks", None) is not None:
         from tqbridge.bridge import mlx_quantize
         return (lambda x: mlx_quantize(fmt, x, check_finite=False, **opts)), "mlx-ops"
