@@ -52,3 +52,21 @@ def test_teacher_level_through_the_command_line(tmp_path, capsys):
     assert t["backends"] == ["reference", "cpu-emulator"]
     text = capsys.readouterr().out
     assert "teacher: every layer holds" in text and text.rstrip().splitlines()[-1] == "all claims hold: teacher"
+
+
+def test_lane_level_through_the_command_line(tmp_path, capsys):
+    # real model (SmolLM2, F32 copy): the GPU decode lane on the CPU emulator, 16-token prompt and
+    # 12 decode steps with a forced window of 16 on the even layers; ~10 s on 2 cores
+    pytest.importorskip("mlx.core", reason="MLX is not installed")
+    out = tmp_path / "l.json"
+    rc = main(["parity", "smollm2", "--levels", "lane", "--kv", "f16", "--kv", "q8_0/q4_0", "--quiet",
+               "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 0 and report["passed"] is True and report["verdicts"] == [{"level": "lane", "passed": True}]
+    lane = report["lane"]
+    assert lane["kv"] == "q8_0/q4_0"                      # the first quantized pair, as the cache level
+    assert lane["path"].startswith("emulated GPU lane") and lane["paths"]["decode:cpu-emulator"] == 30 * 12
+    assert lane["prompt"] == 16 and lane["decode"] == 12 and lane["slides"] == 45 and len(lane["layers"]) == 30
+    text = capsys.readouterr().out
+    assert "lane: every layer and decode step holds" in text and "emulated GPU lane" in text
+    assert text.rstrip().splitlines()[-1] == "all claims hold: lane"

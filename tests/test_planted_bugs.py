@@ -4,8 +4,10 @@ the level that should catch it, and asserts the level fails; the clean build pas
 
 Mutants planted elsewhere (same idea, same table): q kept in f16 and a flipped q4_0 nibble
 (tests/test_parity_verdicts.py), a decode step that skips the newest key (ibid., logits level's
-decode steps), the iq4_nl search quantizer in the cache (tests/test_llama_state.py, cache level),
-a wrong window start or length in the decode lane (tests/test_decode_step.py).
+decode steps), the iq4_nl search quantizer in the cache (tests/test_llama_state.py, cache level).
+A wrong window start or length in the GPU decode lane is planted here (the lane level, which runs
+the lane's code on a real model with its kernels on the CPU emulator) and in tests/test_decode_step.py
+(the lane against the ops path on tiny models).
 """
 
 from __future__ import annotations
@@ -199,3 +201,90 @@ def test_iq4_nl_search_quantizer_in_the_cache_is_caught_by_teacher(monkeypatch):
     rep = run_teacher(path, toks, ["f16/iq4_nl"], decode=1, windows=windows, attention=False)
     assert not rep["passed"]
     assert all(not L["bytes"]["v"]["ours_is_reference"] for L in rep["kv"][0]["layers"])
+
+
+# ------------------------------------------------------------------ the GPU decode lane, on the CPU emulator
+
+@pytest.fixture(scope="module")
+def lane_model():
+    """SmolLM2 (F32 copy), the lane level's tokens and its mlx-lm model, shared by the lane tests."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    from tqbridge.bridge.gguf_f32 import cached_f32_gguf
+    from tqbridge.bridge.gguf_model import load_gguf_model
+    from tqbridge.metal import backends
+    from tqbridge.parity.level_lane import LANE_TOKENS
+    from tqbridge.parity.level_logits import parity_text
+    from tqbridge.parity.models import ModelUnavailable, model_path
+    from tqbridge.parity.runtimes import LlamaCppRuntime
+
+    if "cpu-emulator" not in backends():
+        pytest.skip("no C++ compiler for the CPU emulator")
+    try:
+        path = str(cached_f32_gguf(model_path("smollm2")))
+    except ModelUnavailable as e:
+        pytest.skip(str(e))
+    toks = LlamaCppRuntime(path).tokenize(parity_text()[0])[:LANE_TOKENS]
+    return path, toks, load_gguf_model(path)[0]
+
+
+def _lane(lane_model):
+    from tqbridge.parity.level_lane import run_lane
+
+    path, toks, model = lane_model
+    rep = run_lane(path, toks, "q8_0/q4_0", model=model)
+    return rep, {r["layer"]: r for r in rep["layers"]}
+
+
+def test_lane_windows_follow_the_model():
+    from tqbridge.parity.level_lane import lane_windows
+
+    gemma = [512] * 5 + [None]                                   # Gemma 3's pattern: 5 local, 1 global
+    assert lane_windows(gemma * 3, 16) == ([16] * 5 + [None]) * 3
+    assert lane_windows([None] * 5, 16) == [16, None, 16, None, 16]   # no window in the model: even layers
+
+
+def test_clean_build_passes_the_lane_level(lane_model):
+    from tqbridge.parity.level_lane import LANE_DECODE, summary_lines
+
+    rep, by = _lane(lane_model)
+    assert rep["passed"], summary_lines(rep)
+    assert "emulated GPU lane" in rep["path"] and rep["appends"] == ["kv-append:cpu-emulator/kv-append:cpu-emulator"]
+    assert rep["paths"]["decode:cpu-emulator"] == 30 * LANE_DECODE        # every decode step of every layer
+    assert rep["windows"] == {"16": list(range(0, 30, 2)), "none": list(range(1, 30, 2))}
+    assert all(by[i]["slides"] == 3 for i in range(0, 30, 2)) and all(r["relocations"] >= 3 for r in by.values())
+
+
+@pytest.mark.parametrize("bug", ["window start", "kept length", "attention window"])
+def test_wrong_window_start_or_length_in_the_lane_is_caught_by_lane(lane_model, monkeypatch, bug):
+    # the lane's own bookkeeping, which no other level runs on a CPU: its device relocation at a window
+    # slide keeps the window from one row early ("window start": every stored position shifted by one)
+    # or one row short ("kept length": the newest kept row not copied), or its prepared attention gets
+    # the window one position long
+    from tqbridge.metal import attention_kernel, kv_append
+
+    planted = []
+    if bug == "attention window":
+        real_prepare = attention_kernel.prepare_decode
+
+        def prepare(*a, window=None, **kw):
+            planted.append(window)
+            return real_prepare(*a, window=window + 1 if window else window, **kw)
+
+        monkeypatch.setattr(attention_kernel, "prepare_decode", prepare)
+    else:
+        real_relocate = kv_append.relocate
+
+        def relocate(kc, vc, row0, n, new_cap, after, backend):
+            if row0 > 0 and not isinstance(kc, np.ndarray):   # a slide, on the MLX buffers (the emulator
+                planted.append(row0)                          # then calls itself on numpy copies)
+                row0, n = (row0 - 1, n) if bug == "window start" else (row0, n - 1)
+            return real_relocate(kc, vc, row0, n, new_cap, after, backend)
+
+        monkeypatch.setattr(kv_append, "relocate", relocate)
+    rep, by = _lane(lane_model)
+    assert planted and not rep["passed"]
+    first = by[0]["failure"]                                  # layer 0 has a window; layer 1 has none
+    if bug == "attention window":
+        assert first["claim"] == "attention" and first["step"] == 1
+    else:   # at the first slide (decode step 4: position 19, 4 rows past the window)
+        assert first["claim"] == "bytes" and first["step"] == 4 and first["start"] == 4

@@ -3,8 +3,11 @@
 Levels: ``blocks`` (same rows through ggml's C and every tqbridge path), ``attention`` (our decode
 kernel vs ggml's ``flash_attn_ext`` vs a float64 oracle), ``logits`` (per-position KL between the
 runtimes), ``cache`` (llama.cpp's cache bytes vs tqbridge's; F32 weights), ``teacher`` (every layer
-fed llama.cpp's own K/V/q rows: cache bytes, rotation, attention and mask, per layer) and ``transplant`` (a
-prompt prefilled in llama.cpp, decoded in MLX, and back). ``all`` runs every level.
+fed llama.cpp's own K/V/q rows: cache bytes, rotation, attention and mask, per layer), ``lane`` (the GPU
+decode lane's code — in-place append, window slides and growth, fused attention — on a real model with its
+kernels on the CPU emulator, per layer and step against the append's reference bytes and the float64
+oracle) and ``transplant`` (a prompt prefilled in llama.cpp, decoded in MLX, and back). ``all`` runs
+every level.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import sys
 
 from tqbridge.tools.cli import CliError
 
-LEVELS = ("blocks", "attention", "logits", "cache", "teacher", "transplant")
+LEVELS = ("blocks", "attention", "logits", "cache", "teacher", "lane", "transplant")
 DEFAULT_LEVELS = ("blocks", "attention", "logits")
 
 
@@ -190,14 +193,15 @@ def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say)
         if not rep["passed"]:
             print("\n".join("  " + line for line in attention_lines(rep)
                              if "OUTSIDE" in line))
-    if "cache" in levels or "transplant" in levels or "teacher" in levels:
+    if "cache" in levels or "transplant" in levels or "teacher" in levels or "lane" in levels:
         from tqbridge.bridge.gguf_f32 import cached_f32_gguf
         from tqbridge.parity.level_logits import parity_text
         from tqbridge.parity.runtimes import LlamaCppRuntime
 
         say("exact weights for the cache levels: F32 copy (cached)")
         f32 = cached_f32_gguf(path)
-        tokens = LlamaCppRuntime(f32).tokenize(parity_text()[0])[: args.tokens]
+        text_ids = LlamaCppRuntime(f32).tokenize(parity_text()[0])
+        tokens = text_ids[: args.tokens]
         rotation = not args.no_rotation
         if "cache" in levels:
             from tqbridge.parity.level_cache import run_cache_level, summary_lines as cache_lines
@@ -219,6 +223,16 @@ def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say)
             print(f"teacher: {'every layer holds' if rep['passed'] else 'a layer FAILED'} "
                   f"({len(specs)} K/V pairs, {rep['tokens']} tokens, {rep['decode']} decode steps)")
             print("\n".join("  " + line for line in teacher_lines(rep)))
+        if "lane" in levels:
+            from tqbridge.parity.level_lane import LANE_TOKENS, run_lane, summary_lines as lane_lines
+
+            say("lane: the GPU decode lane on the CPU emulator, layer by layer")
+            # one K/V pair, as the cache level: the lane's bookkeeping does not depend on the format
+            pair = next((s for s in kv_list if not KV.parse(s).is_float), kv_list[0])
+            out["lane"] = rep = run_lane(str(f32), text_ids[:LANE_TOKENS], pair, rotation=rotation, progress=say)
+            print(f"lane: {'every layer and decode step holds' if rep['passed'] else 'a claim FAILED'} "
+                  f"({rep['kv']}, {rep['decode']} decode steps, {rep['slides']} window slides, {rep['seconds']} s)")
+            print("\n".join("  " + line for line in lane_lines(rep)))
         if "transplant" in levels:
             from tqbridge.parity.transplant import run_transplant
 
