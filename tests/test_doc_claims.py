@@ -701,6 +701,11 @@ def test_real_model_decode_table_is_its_record():
             check(rounds_to(cell, r["speedup_vs_fp16"]), f"{m} {c} {cache} {cell}", bad)
             check(r["kv_path_kernels_per_layer"] == 3 and r["kv_path_host_syncs_per_step"] == 0, f"{m} {c} counts", bad)
     assert not bad, bad
+    quoted = {m: sorted(runs[(m, c, x)]["speedup_vs_fp16"] for c in ("q8_0/turbo3@exact", "q8_0/turbo3@int8")
+                        for x in (4096, 32768)) for m in ("smollm2", "gemma3")}
+    readme = flat(text("README.md"))
+    assert f"SmolLM2-135M {quoted['smollm2'][0]:.2f}–{quoted['smollm2'][-1]:.2f}× fp16" in readme
+    assert f"Gemma 3 270M {quoted['gemma3'][0]:.2f}–{quoted['gemma3'][-1]:.2f}×" in readme
     g = runs[("gemma3", "fp16", 32768)]["ms_per_token_rounds"]
     assert " / ".join(f"{x:.2f}" for x in g) in flat(text("BENCHMARKS.md"))
     assert runs[("gemma3", "fp16", 4096)]["kv_path_kernels_per_layer"] == 9
