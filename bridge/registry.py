@@ -60,8 +60,8 @@ class Format:
     description: str = field(default="", compare=False)
     extension: bool = False         # a tqbridge extension no other runtime reads
     # --- facts other modules derive their tables from (None / False: the format lacks it) ---
-    # the kernels' format id: TQA_<NAME> of metal/attention_kernel.h (decode) and, for the formats
-    # encoded one by one, QA_<NAME> of metal/quantize_append.h (encode); the same for every variant
+    # the kernels' format id: TQA_<NAME> of metal/kernels/attention_kernel.h (decode) and, for the formats
+    # encoded one by one, QA_<NAME> of metal/kernels/quantize_append.h (encode); the same for every variant
     kernel_id: int | None = field(default=None, compare=False)
     # quantize options that give the bytes llama.cpp writes into its KV cache (iq4_nl: no scale search),
     # and the append kernel's id of that encoder (QA_<NAME>_REF) where it is not the default one
@@ -181,7 +181,7 @@ def names(where: Callable[[Format], bool]) -> tuple[str, ...]:
 
 
 def kernel_ids() -> dict[str, int]:
-    """Format name -> the kernels' format id (``TQA_<NAME>`` in metal/attention_kernel.h), for every
+    """Format name -> the kernels' format id (``TQA_<NAME>`` in metal/kernels/attention_kernel.h), for every
     format the kernels decode, in registry order (all variants of a name share the id)."""
     out: dict[str, int] = {}
     for f in all_formats():

@@ -303,7 +303,7 @@ SPECS: dict[str, TurboSpec] = {}
 
 
 def _register_all() -> None:
-    # the kernels' format ids (TQA_TURBO2..4 in metal/attention_kernel.h); one for all variants
+    # the kernels' format ids (TQA_TURBO2..4 in metal/kernels/attention_kernel.h); one for all variants
     for name, bits, kernel_id in (("turbo2", 2, 9), ("turbo3", 3, 10), ("turbo4", 4, 11)):
         specs = [
             (_make_spec(name, "fork-pr197", bits, "fork" if bits == 2 else "corrected"),

@@ -17,15 +17,14 @@ import math
 import os
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import attention
 from .attention import AttentionError, Problem
+from .kernel import KERNEL_DIR
 
-HERE = Path(__file__).resolve().parent
 MAX_PARTIALS = 1024          # pass 2 keeps one weight per partial in threadgroup memory
 COMBINE_THREADS = 256        # >= the largest row (256 values), a power of 2
 TARGET_GROUPS_GPU = 1056     # pass-1 threadgroups to aim for on a GPU (H200: 132 SMs x 8)
@@ -450,7 +449,7 @@ def _kernel_defs(qtype: int, version: str = "v1"):
     """(pass 1, pass 2) kernel definitions for q's element type and the pass-1 kernel version."""
     from .kernel import Kernel
 
-    header = (HERE / "attention_kernel.h").read_text()
+    header = (KERNEL_DIR / "attention_kernel.h").read_text()
     qdt = "float32" if qtype == 0 else "uint16"
     body = {"v1": "attention_kernel_split.cpp", "v2": "attention_kernel_split_v2.cpp",
             "v3": "attention_kernel_split_v3.cpp", "v3f": "attention_kernel_split_v3.cpp"}[version]
@@ -460,14 +459,14 @@ def _kernel_defs(qtype: int, version: str = "v1"):
         (("q", qdt), ("kb", "uint8"), ("vb", "uint8"), ("ip", "int32"), ("fp", "float32"), ("tabs", "float32"),
          ("dep", "uint32")) + ((("cnt", "uint32"), ("sinks", "float32")) if fused else ()),
         (("po", "float32"), ("pml", "float32")) + ((("out", qdt),) if fused else ()),
-        (HERE / body).read_text(),
-        header + ("\n" + (HERE / "attention_mma.h").read_text() if version.startswith("v3") else ""),
+        (KERNEL_DIR / body).read_text(),
+        header + ("\n" + (KERNEL_DIR / "attention_mma.h").read_text() if version.startswith("v3") else ""),
         inplace=("cnt",) if fused else ())
     combine = Kernel(
         "tq_attention_combine",
         (("po", "float32"), ("pml", "float32"), ("ip", "int32"), ("sinks", "float32"), ("tabs", "float32")),
         (("out", qdt),),
-        (HERE / "attention_kernel_combine.cpp").read_text(), header)
+        (KERNEL_DIR / "attention_kernel_combine.cpp").read_text(), header)
     return split, combine
 
 

@@ -16,7 +16,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
 
-HERE = Path(__file__).resolve().parent
+# The dialect sources (kernel bodies, per-backend preludes, the emulator runtime) live in one folder.
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 BODY_MARKER = "//== body =="
 
 # dialect dtype -> C type (the same spelling on every backend)
@@ -32,7 +33,7 @@ class KernelError(ValueError):
 
 @lru_cache(maxsize=None)
 def _read(name: str) -> str:
-    return (HERE / name).read_text()
+    return (KERNEL_DIR / name).read_text()
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..bridge import FormatError, get_format, quantize
 from ..bridge.registry import Format
-from .kernel import HERE, BODY_MARKER, Kernel, KernelError
+from .kernel import KERNEL_DIR, BODY_MARKER, Kernel, KernelError
 from .quantize_append import _static_and_table, supported
 
 THREADS = 32
@@ -30,12 +30,12 @@ _SRC = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 @lru_cache(maxsize=None)
 def _kernel(src16: bool) -> Kernel:
-    qa = (HERE / "quantize_append.h").read_text().split(BODY_MARKER, 1)[0]
+    qa = (KERNEL_DIR / "quantize_append.h").read_text().split(BODY_MARKER, 1)[0]
     x = "uint16" if src16 else "float32"
     return Kernel("kv_append" + ("_u16" if src16 else "_f32"),
                   (("k", x), ("v", x), ("kc", "uint8"), ("vc", "uint8"), ("ktab", "float32"),
                    ("vtab", "float32"), ("params", "uint32"), ("flag_in", "uint32")),
-                  (("flag", "uint32"),), (HERE / "kv_append.cpp").read_text(), qa,
+                  (("flag", "uint32"),), (KERNEL_DIR / "kv_append.cpp").read_text(), qa,
                   inplace=("kc", "vc"))
 
 
@@ -134,7 +134,7 @@ def _on_mlx_buffers(app: "KVAppend", k_rows, v_rows, kc, vc, pos: int, flag_in):
 @lru_cache(maxsize=None)
 def _grow_kernel() -> Kernel:
     return Kernel("kv_grow", (("ko", "uint8"), ("vo", "uint8"), ("flag", "uint32"), ("params", "uint32")),
-                  (("kn", "uint8"), ("vn", "uint8")), (HERE / "kv_grow.cpp").read_text())
+                  (("kn", "uint8"), ("vn", "uint8")), (KERNEL_DIR / "kv_grow.cpp").read_text())
 
 
 def relocate(kc, vc, row0: int, n: int, new_cap: int, after, backend: str):

@@ -18,7 +18,7 @@ import numpy as np
 from ..bridge import FormatError, get_format, quantize
 from ..bridge.registry import Format
 from .dispatch import build, record_path, resolve
-from .kernel import HERE, Kernel, KernelError
+from .kernel import KERNEL_DIR, Kernel, KernelError
 
 THREADS = 64
 # The kernel's encoder ids (quantize_append.h, QA_*): a format encoded one block per thread has its
@@ -32,7 +32,7 @@ _BUFS_IN = (("tab", "float32"), ("params", "uint32"))
 @lru_cache(maxsize=None)
 def _kernel(src16: bool) -> Kernel:
     x = ("x", "uint16" if src16 else "float32")
-    return Kernel.from_file(HERE / "quantize_append.h", "quantize_append" + ("_u16" if src16 else "_f32"),
+    return Kernel.from_file(KERNEL_DIR / "quantize_append.h", "quantize_append" + ("_u16" if src16 else "_f32"),
                             (x,) + _BUFS_IN, (("out", "uint8"),),
                             static_names=("QA_FMT", "QA_SRC", "QA_BLOCK", "QA_TYPE_SIZE"))
 

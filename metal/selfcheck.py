@@ -22,7 +22,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .kernel import HERE
+from .kernel import KERNEL_DIR
 
 # fp16 / bf16 q and output through the kernel vs the float32 MLX-ops reference: output rounding
 # (2^-8 for bf16) plus accumulation order; relative to the largest |output|.
@@ -34,9 +34,9 @@ _RESULTS: dict = {}
 def kernel_digest() -> str:
     """A hash of every kernel source the decode lane compiles."""
     h = hashlib.sha256()
-    for name in sorted(os.listdir(HERE)):
+    for name in sorted(os.listdir(KERNEL_DIR)):
         if name.endswith((".h", ".cpp")):
-            h.update(name.encode() + (HERE / name).read_bytes())
+            h.update(name.encode() + (KERNEL_DIR / name).read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -14,7 +14,7 @@ from tqbridge.metal import attention_kernel
 from tqbridge.metal.attention import AttentionError, check_problem, decode_attention, last_run
 from tqbridge.metal.attention_ref import oracle, quantize_q8
 from tqbridge.metal.emulator import EmulatedKernel
-from tqbridge.metal.kernel import Kernel
+from tqbridge.metal.kernel import KERNEL_DIR, Kernel
 from test_attention_kernel import BACKENDS, GPU, _cache   # the same backends and caches as kernels v1 / v2
 
 
@@ -36,7 +36,7 @@ mt[lane] = t;
 
 
 def _prim_kernel():
-    header = (attention_kernel.HERE / "attention_mma.h").read_text()
+    header = (KERNEL_DIR / "attention_mma.h").read_text()
     return Kernel("tq_mma_probe", (("ain", "uint32"), ("bin", "uint32"), ("hin", "uint32"), ("hbin", "uint32")),
                   (("ci", "int32"), ("cf", "float32"), ("mt", "uint32")), _PRIM_BODY, header)
 

@@ -8,7 +8,7 @@ from tqbridge import bridge
 from tqbridge.bridge import FormatError
 from tqbridge.bridge.registry import kernel_ids
 
-METAL = Path(__file__).resolve().parents[1] / "metal"
+METAL = Path(__file__).resolve().parents[1] / "metal" / "kernels"
 
 
 def test_formats_listed_with_sizes():
