@@ -9,7 +9,8 @@ Public API::
     decode_attention(q, k_blocks, v_blocks, k_format=, v_format=, length=)  fused attention over any K/V pair
 """
 
-from .dispatch import backends, build, last_path, resolve
+from .backend import backends, resolve
+from .dispatch import build, last_path
 from .emulator import EmulatorError
 from .kernel import Kernel, KernelError
 from .quantize_append import quantize_append

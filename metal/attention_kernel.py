@@ -23,6 +23,7 @@ import numpy as np
 
 from . import attention
 from .attention import AttentionError, Problem
+from .backend import pick_backend  # noqa: F401  (the fused attention's backend rule; was defined here)
 from .kernel import KERNEL_DIR
 
 MAX_PARTIALS = 1024          # pass 2 keeps one weight per partial in threadgroup memory
@@ -468,32 +469,6 @@ def _kernel_defs(qtype: int, version: str = "v1"):
         (("out", qdt),),
         (KERNEL_DIR / "attention_kernel_combine.cpp").read_text(), header)
     return split, combine
-
-
-@lru_cache(maxsize=1)
-def _gpu_kind() -> "str | None":
-    try:
-        import mlx.core as mx
-    except ImportError:
-        return None
-    if mx.metal.is_available():
-        return "metal"
-    if getattr(mx, "cuda", None) is not None and mx.cuda.is_available():
-        return "cuda"
-    return None
-
-
-def pick_backend(requested: str) -> str:
-    """``auto``: Metal or CUDA when MLX's default device is that GPU, else the CPU emulator."""
-    if requested in ("cpu-emulator", "cuda", "metal"):
-        return requested
-    gpu = _gpu_kind()
-    if gpu is not None:
-        import mlx.core as mx
-
-        if mx.default_device() == mx.gpu:
-            return gpu
-    return "cpu-emulator"
 
 
 # ----------------------------------------------------------------------------- emulator

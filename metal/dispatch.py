@@ -1,10 +1,9 @@
-"""Builder and dispatcher: one compiled kernel per (kernel, static parameters, backend), and the
-choice of backend.
+"""Builder and dispatcher: one compiled kernel per (kernel, static parameters, backend).
 
 ``build(kernel, static, backend)`` compiles once and caches; the result is called with the
-per-call buffers (lengths and offsets go in a parameter buffer, never in ``static``). ``resolve``
-picks a backend for ``"auto"``: Metal on Apple GPUs, CUDA when MLX runs on CUDA, else the CPU
-emulator. ``last_path()`` tells which path the latest dispatch in this thread ran.
+per-call buffers (lengths and offsets go in a parameter buffer, never in ``static``). Which backend
+``"auto"`` means is :mod:`.backend`'s answer (``resolve`` and ``backends`` are re-exported here).
+``last_path()`` tells which path the latest dispatch in this thread ran.
 """
 
 from __future__ import annotations
@@ -14,76 +13,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .backend import BACKEND_NAMES, _mlx, backends, resolve  # noqa: F401  (re-exported)
+from .backend import gpu_is_default as _gpu_is_default, gpu_kind as _gpu_kind  # noqa: F401  (metal/cache.py)
 from .kernel import Kernel, KernelError
 
-BACKEND_NAMES = ("metal", "cuda", "cpu-emulator", "reference")
 _cache: dict[tuple, Any] = {}
 _cache_lock = threading.Lock()
 _local = threading.local()
-
-
-def _mlx():
-    try:
-        import mlx.core as mx
-    except ImportError:
-        return None
-    return mx
-
-
-def _gpu_kind() -> "str | None":
-    mx = _mlx()
-    if mx is None:
-        return None
-    try:
-        if mx.metal.is_available():
-            return "metal"
-    except Exception:  # pragma: no cover - depends on the MLX build
-        pass
-    try:
-        if mx.cuda.is_available():
-            return "cuda"
-    except Exception:  # pragma: no cover
-        pass
-    return None
-
-
-def _gpu_is_default() -> bool:
-    """Whether MLX's default device is the GPU (a user who sets the CPU gets CPU paths on "auto")."""
-    mx = _mlx()
-    return mx is not None and mx.default_device() == mx.gpu
-
-
-def backends() -> list[str]:
-    """The backends usable here, best first: "metal" / "cuda", "cpu-emulator", "reference". The GPU
-    comes first while MLX's default device is the GPU; after the emulator when it is the CPU."""
-    out = []
-    gpu = _gpu_kind()
-    from .emulator import EmulatorError, find_compiler
-
-    try:
-        find_compiler()
-        out.append("cpu-emulator")
-    except EmulatorError:
-        pass
-    if gpu:
-        out.insert(0 if _gpu_is_default() else len(out), gpu)
-    out.append("reference")
-    return out
-
-
-def resolve(backend: str = "auto") -> str:
-    """The concrete backend for ``backend`` ("auto" picks the first of :func:`backends`)."""
-    if backend == "auto":
-        return backends()[0]
-    if backend not in BACKEND_NAMES:
-        raise KernelError(f"unknown backend {backend!r}; known: auto, {', '.join(BACKEND_NAMES)}")
-    if backend in ("metal", "cuda") and _gpu_kind() != backend:
-        raise KernelError(f"backend {backend!r} is not available here; usable: {', '.join(backends())}")
-    if backend == "cpu-emulator":
-        from .emulator import find_compiler
-
-        find_compiler()
-    return backend
 
 
 def record_path(path: str) -> None:
