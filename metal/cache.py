@@ -15,7 +15,6 @@ classes up by name.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from typing import Any, Callable
 
@@ -112,11 +111,11 @@ def _gpu_backend() -> "str | None":
     ``TQBRIDGE_DECODE_LANE=cpu-emulator`` (tests): on MLX's CPU device, run the GPU decode step's
     kernels (in-place append, device growth, fused attention) on the CPU SIMT emulator, writing into
     the MLX buffers through numpy views — the GPU lane's logic, testable without a GPU (slow)."""
-    from .dispatch import _gpu_kind, _gpu_is_default
+    from .backend import emulated_decode_lane, gpu_is_default as _gpu_is_default, gpu_kind as _gpu_kind
 
     if _gpu_is_default():
         return _gpu_kind()
-    return "cpu-emulator" if os.environ.get("TQBRIDGE_DECODE_LANE") == "cpu-emulator" else None
+    return "cpu-emulator" if emulated_decode_lane() else None
 
 
 def _quantizer(fmt, use_kernel: bool = True) -> tuple[Callable[[mx.array], mx.array], str]:

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 
 import mlx.core as mx
 
+from .backend import emulated_decode_lane
 from .cache import TQCache, hadamard_rotate
 
 __all__ = ["route_attention", "attend", "decode_kernel", "DECODE_MODES"]
@@ -68,7 +69,7 @@ def _decode_backend(mode: str) -> "str | None":
         return mode
     # auto: the fused kernel on a GPU; on CPU the dispatcher's MLX-ops reference, which measured
     # 2-25x faster than the kernel's CPU emulator (TQBRIDGE_CPU_DECODE=kernel picks the emulator).
-    if mx.default_device() == mx.gpu or os.environ.get("TQBRIDGE_DECODE_LANE") == "cpu-emulator":
+    if mx.default_device() == mx.gpu or emulated_decode_lane():
         return "auto"
     return "kernel" if os.environ.get("TQBRIDGE_CPU_DECODE") == "kernel" else "reference"
 
