@@ -104,7 +104,7 @@ def profile(k_format: str, v_format: str, kernel: str = "v3", q_heads: int = 32,
     ops = Counter(op.split(".")[0] for op in body)
     return {"k_format": kf.key, "v_format": vf.key, "kernel": plan.kernel, "arch": arch,
             "shape": dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, context=context),
-            "plan": dict(warps=plan.warps, splits=plan.splits, tile=plan.tile),
+            "plan": dict(warps=plan.warps, splits=plan.splits, tile=plan.tile, q_regs=plan.q_regs),
             "registers": regs, "spill_store_bytes": spills[0], "spill_load_bytes": spills[1], "static_smem_bytes": smem,
             "loop_instructions": len(body), "per_key": round(len(body) / 16, 1), "by_class": dict(by.most_common()),
             "top_opcodes": dict(ops.most_common(12))}
@@ -115,8 +115,14 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", default="q8_0/turbo3,q8_0/q4_0,q8_0/turbo4,q4_0/q4_0,q8_0/f16")
     ap.add_argument("--kernel", default="v3")
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--q-in-smem", action="store_true",
+                    help="v3 with q read from threadgroup memory in the key loop (TQBRIDGE_V3_Q_IN_SMEM=1)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    if a.q_in_smem:
+        import os
+
+        os.environ["TQBRIDGE_V3_Q_IN_SMEM"] = "1"
     for tool in ("nvcc", "cuobjdump", "nvdisasm"):
         if shutil.which(tool) is None:
             print(f"kernel_sass: {tool} not found on PATH (CUDA toolkit; cuobjdump needs nvdisasm)", file=sys.stderr)

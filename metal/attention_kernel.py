@@ -80,6 +80,7 @@ class Plan:
     rows_room: int = 0        # v2: query rows the build holds (TQA_QA)
     stages: int = 2           # v3: tiles in the asynchronous copy ring (TQA_NS)
     fused: bool = False       # v3: one dispatch (the last threadgroup of a head merges the splits)
+    q_regs: bool = True       # v3: q's fragments in registers (False: read from threadgroup memory, TQA_QSMEM)
 
     @property
     def dispatches(self) -> int:
@@ -310,7 +311,7 @@ def v3_shared_bytes(prob: Problem, warps: int, tile: int, stages: int = 2) -> in
     emulator's 64 guard bytes after each)."""
     nb = prob.k_dim // 32
     vb = _turbo_index_bits(prob.v_format)
-    sizes = [64, 64, 8 * prob.k_dim, 4 * 8 * nb, 4 * 8 * nb, _v3_stage_bytes(prob, warps, tile, stages),
+    sizes = [64, 64, 8 * prob.k_dim + 128, 4 * 8 * nb, 4 * 8 * nb, _v3_stage_bytes(prob, warps, tile, stages),
              (1024 if vb == 4 else 256) if vb else 4]
     return sum(-(-x // 16) * 16 + 64 for x in sizes)
 
@@ -373,7 +374,10 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
         split_len = -(-split_len // tl) * tl
         splits = -(-l_used // split_len)
     fused = backend in V3_FUSED_BACKENDS and os.environ.get("TQBRIDGE_V3_DISPATCHES") == "1"
-    return Plan(1, nw, splits, split_len, tl, "v3", V3_MAX_ROWS, ns, fused)
+    # q in threadgroup memory (TQBRIDGE_V3_Q_IN_SMEM=1): fewer registers, more threadgroups per SM, a few
+    # more instructions per key (benchmarks/kernel_sass.py); off until the device time says which wins
+    q_regs = os.environ.get("TQBRIDGE_V3_Q_IN_SMEM") != "1"
+    return Plan(1, nw, splits, split_len, tl, "v3", V3_MAX_ROWS, ns, fused, q_regs)
 
 
 def resolve_kernel(prob: Problem, backend: str, kernel: "str | None", q_precision: "str | None") -> "str | None":
@@ -428,7 +432,8 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
         split.update(TQA_KM=int(prob.k_format.name in ("q4_1", "q5_1")),
                      TQA_VB=_turbo_index_bits(prob.v_format),
                      TQA_STB=_v3_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages,
-                     TQA_FUSED=int(plan.fused), TQA_MAXP=MAX_PARTIALS, TQA_SINKS=int(prob.has_sinks))
+                     TQA_FUSED=int(plan.fused), TQA_MAXP=MAX_PARTIALS, TQA_SINKS=int(prob.has_sinks),
+                     TQA_QSMEM=int(not plan.q_regs))
     elif plan.kernel == "v2":
         split.update(TQA_QA=plan.rows_room or _rows_room(prob, dyn), TQA_KS=v2_key_slots(prob))
     else:

@@ -46,7 +46,10 @@ const int len = ip[19 + b];
 
 TQ_SHARED_ARRAY(float, ktab, 16);
 TQ_SHARED_ARRAY(float, vtab, 16);
-TQ_SHARED_ARRAY(uint, qi, 2 * TQA_DK);        // q's int8 codes, 8 rows
+// q's int8 codes, 8 rows of DK/4 words padded by 4 (the key loop's lanes g read 8 rows at one word
+// offset: the pad puts them in 8 different banks)
+constexpr int QIS = TQA_DK / 4 + 4;
+TQ_SHARED_ARRAY(uint, qi, 8 * QIS);
 TQ_SHARED_ARRAY(float, qd, 8 * NB);           // q's block scales (binary16 values)
 TQ_SHARED_ARRAY(float, qsm, 8 * NB);          // q8_1's s = d * sum(codes) (binary16 values)
 TQ_SHARED_ARRAY(uint, stage, TQA_STB / 4);    // NS tiles (K rows, V rows) in a ring; first q, last the merge
@@ -87,23 +90,28 @@ for (int bi = (int)tid; bi < 8 * NB; bi += NT) {
             sum += c;
             w |= ((uint)c & 0xffu) << (8 * u);
         }
-        qi[bi * 8 + j / 4] = w;
+        qi[(bi / NB) * QIS + (bi % NB) * 8 + j / 4] = w;
     }
     qd[bi] = tq_half_to_float(tq_f32_to_f16_bits(d));
     qsm[bi] = tq_half_to_float(tq_f32_to_f16_bits((float)sum * d));
 }
 tq_barrier();
 
-// this lane's q fragments (column g of B) and the scales of its two output columns 2*t4, 2*t4 + 1
+// this lane's q fragments (column g of B) and the scales of its two output columns 2*t4, 2*t4 + 1:
+// held in registers (TQA_QSMEM 0), or read from threadgroup memory in the key loop (TQA_QSMEM 1: 24
+// fewer registers per thread, e.g. 119 -> 95 for q8_0/turbo3 on sm_90a, 5 threadgroups per SM
+// instead of 4, for 16 more loads per 16 keys; the unused registers' stores are dead code)
+const int qrow = (int)g * QIS + (int)t4;
+const int qcol0 = (2 * (int)t4) * NB, qcol1 = (2 * (int)t4 + 1) * NB;
 uint bq0[NB], bq1[NB];
 float dq0[NB], dq1[NB], sq0[NB], sq1[NB];
 for (int k = 0; k < NB; ++k) {
-    bq0[k] = qi[(int)g * (TQA_DK / 4) + k * 8 + (int)t4];
-    bq1[k] = qi[(int)g * (TQA_DK / 4) + k * 8 + 4 + (int)t4];
-    dq0[k] = qd[(2 * (int)t4) * NB + k];
-    dq1[k] = qd[(2 * (int)t4 + 1) * NB + k];
-    sq0[k] = qsm[(2 * (int)t4) * NB + k];
-    sq1[k] = qsm[(2 * (int)t4 + 1) * NB + k];
+    bq0[k] = qi[qrow + k * 8];
+    bq1[k] = qi[qrow + k * 8 + 4];
+    dq0[k] = qd[qcol0 + k];
+    dq1[k] = qd[qcol1 + k];
+    sq0[k] = qsm[qcol0 + k];
+    sq1[k] = qsm[qcol1 + k];
 }
 // visible key range of the two output columns (query rows) of this lane
 int hi_c[2], lo_c[2];
@@ -170,18 +178,21 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
             tqa_codes8(kf, r0 + k * kbb, (int)t4, ktab, &a0, &a2, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);
             tqa_codes8(kf, r1 + k * kbb, (int)t4, ktab, &a1, &a3, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);
             int c[4] = {0, 0, 0, 0};
-            tq_mma_s8(c, a0, a1, a2, a3, bq0[k], bq1[k], lane);
+            tq_mma_s8(c, a0, a1, a2, a3, TQA_QSMEM ? qi[qrow + k * 8] : bq0[k], TQA_QSMEM ? qi[qrow + k * 8 + 4] : bq1[k],
+                      lane);
             const float d0 = tqa_half(r0 + k * kbb, 0), d1 = tqa_half(r1 + k * kbb, 0);
-            s[0] += (float)c[0] * (d0 * dq0[k]);
-            s[1] += (float)c[1] * (d0 * dq1[k]);
-            s[2] += (float)c[2] * (d1 * dq0[k]);
-            s[3] += (float)c[3] * (d1 * dq1[k]);
+            const float e0 = TQA_QSMEM ? qd[qcol0 + k] : dq0[k], e1 = TQA_QSMEM ? qd[qcol1 + k] : dq1[k];
+            s[0] += (float)c[0] * (d0 * e0);
+            s[1] += (float)c[1] * (d0 * e1);
+            s[2] += (float)c[2] * (d1 * e0);
+            s[3] += (float)c[3] * (d1 * e1);
             if (TQA_KM) {
                 const float m0 = tqa_half(r0 + k * kbb, 2), m1 = tqa_half(r1 + k * kbb, 2);
-                s[0] += m0 * sq0[k];
-                s[1] += m0 * sq1[k];
-                s[2] += m1 * sq0[k];
-                s[3] += m1 * sq1[k];
+                const float u0 = TQA_QSMEM ? qsm[qcol0 + k] : sq0[k], u1 = TQA_QSMEM ? qsm[qcol1 + k] : sq1[k];
+                s[0] += m0 * u0;
+                s[1] += m0 * u1;
+                s[2] += m1 * u0;
+                s[3] += m1 * u1;
             }
         }
         // masks, scale, softcap; then the online softmax of each column
