@@ -5,7 +5,7 @@
 Runs (CPU, F32 weights, llama.cpp's KV rotation on, 4 decode steps, the MLX-ops attention reference):
 SmolLM2 on 256 tokens with the demo's K/V pairs; Gemma 3 on 64 tokens with every cache type and on
 600 tokens (past its 512-position sliding window) with q8_0; and ggml's flash_attn_ext against
-tqbridge.parity.llama_arith on the synthetic problems of tests/test_llama_arith.py. Per run and pair it
+tqbridge.parity.harness.llama_arith on the synthetic problems of tests/test_llama_arith.py. Per run and pair it
 keeps the summary the docs cite (blocks, the q8_0 residual, rotation and attention ratios, ulps), not
 the per-layer records. Deterministic up to llama.cpp's thread scheduling (none in these numbers).
 """
@@ -66,10 +66,10 @@ def summarize(rep: dict) -> list[dict]:
 
 def teacher_runs() -> list[dict]:
     from tqbridge.bridge.gguf_f32 import cached_f32_gguf
-    from tqbridge.parity.level_logits import parity_text
-    from tqbridge.parity.level_teacher import model_windows, run_teacher
-    from tqbridge.parity.models import model_path
-    from tqbridge.parity.runtimes import LlamaCppRuntime
+    from tqbridge.parity.harness.level_logits import parity_text
+    from tqbridge.parity.harness.level_teacher import model_windows, run_teacher
+    from tqbridge.parity.harness.models import model_path
+    from tqbridge.parity.harness.runtimes import LlamaCppRuntime
 
     runs = []
     for model, n, kvs in (("smollm2", 256, DEMO_KV), ("gemma3", 64, ALL_TYPES), ("gemma3", 600, ["q8_0"])):
@@ -83,8 +83,8 @@ def teacher_runs() -> list[dict]:
 
 
 def arith_runs() -> list[dict]:
-    from tqbridge.parity.level_attention import probe_problem, random_problem
-    from tqbridge.parity.llama_arith import ULPS, compare_with_ggml
+    from tqbridge.parity.harness.level_attention import probe_problem, random_problem
+    from tqbridge.parity.harness.llama_arith import ULPS, compare_with_ggml
 
     rows = []
     for spec in ARITH_PAIRS:

@@ -9,7 +9,7 @@ TurboQuant forks for these types.
 :func:`_register_all` is the table of these formats' facts (see :class:`.registry.Format`): the
 kernels' format id (``TQA_*`` / ``QA_*`` in metal/kernels/*.h, checked by tests/test_registry.py), llama.cpp's
 KV cache types (its ``kv_cache_types``), the cache types whose ggml-cpu ``flash_attn_ext``
-:mod:`tqbridge.parity.llama_arith` reproduces, ggml-cpu's ``vec_dot_type`` (checked against
+:mod:`tqbridge.parity.harness.llama_arith` reproduces, ggml-cpu's ``vec_dot_type`` (checked against
 ``ggml_get_type_traits_cpu``) and the legacy block fields.
 """
 

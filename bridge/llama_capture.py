@@ -272,7 +272,7 @@ class GraphCapture:
 
 
 def _env_rotation(rotation: bool):
-    from tqbridge.parity.runtimes import _env
+    from tqbridge.parity.harness.runtimes import _env
 
     return _env("LLAMA_ATTN_ROT_DISABLE", None if rotation else "1")
 

@@ -54,7 +54,7 @@ BASE_SYMBOLS = (
 )
 CPU_SYMBOLS = ("ggml_cpu_init", "ggml_graph_plan", "ggml_graph_compute",
                "ggml_get_type_traits_cpu")  # ggml_cpu.py
-# llama-cpp-python's Python names tqbridge uses (parity/runtimes.py, parity/transplant.py,
+# llama-cpp-python's Python names tqbridge uses (parity/harness/runtimes.py, parity/harness/transplant.py,
 # bridge/llama_state.py, bridge/tokenizer.py, tools/cmd_generate.py).
 PY_NAMES = ("Llama", "llama_state_seq_get_size", "llama_state_seq_get_data", "llama_state_seq_set_data",
             "llama_chat_format.Jinja2ChatFormatter", "_internals.LlamaContext",

@@ -68,7 +68,7 @@ class Format:
     cache_options: Mapping[str, Any] = field(default_factory=dict, compare=False)
     cache_kernel_id: int | None = field(default=None, compare=False)
     llama_kv: bool = field(default=False, compare=False)     # llama.cpp takes it as a KV cache type (type_k/type_v)
-    # ggml-cpu's flash_attn_ext over a llama.cpp cache of it is what parity/llama_arith.py reproduces
+    # ggml-cpu's flash_attn_ext over a llama.cpp cache of it is what parity/harness/llama_arith.py reproduces
     flash_attn: bool = field(default=False, compare=False)
     vec_dot_type: str | None = field(default=None, compare=False)  # ggml-cpu's vec_dot_type: q's type in K.q
     layout: Layout | None = field(default=None, compare=False)     # legacy ggml block fields

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..bridge import get_format, rotation
-from .byok import claims
+from .plugin.byok import claims
 
 _PR197 = "turbo4@fork-pr197"
 _OLD = "turbo4@fork-69d8e4b"

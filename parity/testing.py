@@ -10,18 +10,18 @@
         n = b.shape[1] // 18 * 32
         tqt.assert_values_close(my_dequantize(b, n), tqt.reference_dequantize("q4_0", b, n))
 
-The pytest plugin (:mod:`tqbridge.parity.pytest_plugin`) adds fixtures for the runtimes, the real
+The pytest plugin (:mod:`tqbridge.parity.plugin.pytest_plugin`) adds fixtures for the runtimes, the real
 models and the hypothesis profiles; ``tqbridge fuzz`` runs long campaigns (:mod:`.fuzz`).
 """
 
 from ..bridge import dequantize as reference_dequantize
 from ..bridge import quantize as reference_quantize
-from .assertions import (assert_attention_close, assert_blocks_equal, assert_logits_parity, assert_values_close,
+from .plugin.assertions import (assert_attention_close, assert_blocks_equal, assert_logits_parity, assert_values_close,
                          describe_block)
-from .byok import OPS, Case, Claim, FuzzResult, KernelClaimError, cases, check_case, claims, fuzz_kernel, snippet
-from .strategies import FAMILIES, adversarial_rows, float_matrices, float_rows
-from .strategies_attention import HEAD_DIMS, VALUE_KINDS, AttentionProblem, attention_problems
-from .strategies_blocks import (KVCache, Malformed, blocks, format_blocks, format_names, kv_caches,
+from .plugin.byok import OPS, Case, Claim, FuzzResult, KernelClaimError, cases, check_case, claims, fuzz_kernel, snippet
+from .plugin.strategies import FAMILIES, adversarial_rows, float_matrices, float_rows
+from .plugin.strategies_attention import HEAD_DIMS, VALUE_KINDS, AttentionProblem, attention_problems
+from .plugin.strategies_blocks import (KVCache, Malformed, blocks, format_blocks, format_names, kv_caches,
                                 malformed_blocks, scale_offsets)
 
 __all__ = [

@@ -12,7 +12,7 @@ mx = pytest.importorskip("mlx.core", reason="MLX is not installed (pip install '
 from tqbridge.bridge import FormatError, dequantize, from_mlx_affine, get_format, quantize, to_mlx_affine  # noqa: E402
 from tqbridge.bridge.affine import affine_formats  # noqa: E402
 from tqbridge.bridge.legacy_fields import split_blocks  # noqa: E402
-from tqbridge.parity.strategies import adversarial_rows, float_matrices  # noqa: E402
+from tqbridge.parity.plugin.strategies import adversarial_rows, float_matrices  # noqa: E402
 
 AFFINE_FORMATS = affine_formats()
 assert AFFINE_FORMATS == ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")

@@ -12,7 +12,7 @@ from tqbridge import bridge, metal
 from tqbridge.bridge import FormatError
 from tqbridge.metal.kernel import KernelError
 from tqbridge.metal.quantize_append import quantize_append, supported
-from tqbridge.parity.strategies import adversarial_rows, float_matrices
+from tqbridge.parity.plugin.strategies import adversarial_rows, float_matrices
 
 FORMATS = [f for f in bridge.formats() if supported(f)]
 # 16-bit sources cost one more compiled kernel per format: a representative subset

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tqbridge import bridge
 from tqbridge.bridge.padding import pad_rows
-from tqbridge.parity.strategies_attention import value_rows
+from tqbridge.parity.plugin.strategies_attention import value_rows
 from tqbridge.metal import attention_kernel
 from tqbridge.metal.attention import AttentionError, check_problem, decode_attention, last_run
 from tqbridge.metal.attention_ref import oracle

@@ -311,8 +311,8 @@ def test_fuzz_claim_judges_int8_runs_with_the_int8_oracle(monkeypatch):
     default) the claim's oracle takes q_precision from the run, so v3 is not reported as a failure,
     and an exact run keeps the exact oracle."""
     pytest.importorskip("hypothesis")
-    from tqbridge.parity.byok import fuzz_kernel
-    from tqbridge.parity.fuzz import our_target
+    from tqbridge.parity.plugin.byok import fuzz_kernel
+    from tqbridge.parity.plugin.fuzz import our_target
 
     fn, claim = our_target("decode-attention", "cpu-emulator")
     monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "int8")

@@ -84,7 +84,7 @@ def test_links_and_cited_files_exist(doc):
 # ---- README: parity demo ----------------------------------------------------------------------------
 
 def test_readme_parity_table_is_the_demo_record():
-    from tqbridge.parity.report import table_rows
+    from tqbridge.parity.harness.report import table_rows
 
     rec = record("benchmarks/cpu-2026-12-01-demo.json")
     _, body = table_rows(rec["logits"])
@@ -94,7 +94,7 @@ def test_readme_parity_table_is_the_demo_record():
     assert rec["command"] == ("tqbridge parity smollm2 --exact-weights --tokens 256 --levels "
                               "blocks,attention,logits,teacher") and rec["passed"]
     assert "tqbridge parity smollm2 --exact-weights --tokens 256 --levels blocks,attention,logits,teacher" in flat(readme)
-    # info.seconds is the logits level's run time (parity/level_logits.py)
+    # info.seconds is the logits level's run time (parity/harness/level_logits.py)
     assert f"its logits level {rec['info']['seconds']:.0f} s on 2 cores" in readme
     assert f"the logits level took {rec['info']['seconds']:.0f} s on 2 cores" in flat(readme)
     by_kv = {r["kv"]: r for r in rec["logits"]}

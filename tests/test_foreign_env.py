@@ -68,7 +68,7 @@ def bare_python(tmp_path_factory) -> Path:
 def test_the_bare_venv_has_no_optional_dependencies(bare_python):
     code = ("import importlib.util as u, sys\n"
             "missing = [m for m in ('hypothesis', 'mlx', 'mlx_lm', 'llama_cpp') if u.find_spec(m) is None]\n"
-            "import tqbridge.parity.pytest_plugin as p\n"
+            "import tqbridge.parity.plugin.pytest_plugin as p\n"
             "print(missing, p.HAVE_HYPOTHESIS)\n")
     p = _run([bare_python, "-c", code])
     assert p.returncode == 0, p.stdout + p.stderr

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tqbridge import bridge
 from tqbridge.bridge import FormatError, ggml_c
-from tqbridge.parity.strategies import adversarial_rows, float_matrices
+from tqbridge.parity.plugin.strategies import adversarial_rows, float_matrices
 
 if not ggml_c.available():  # pragma: no cover - depends on the install
     pytest.skip("ggml's C library (llama-cpp-python) is not installed: no oracle to compare with",

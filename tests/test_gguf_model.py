@@ -32,7 +32,7 @@ LAYOUT_MAX_ABS = 1e-3
 N_VOCAB = 512
 
 
-from tqbridge.parity.fuzz_parsers import add_tiny_vocab  # noqa: E402
+from tqbridge.parity.plugin.fuzz_parsers import add_tiny_vocab  # noqa: E402
 
 
 def write_synthetic(path, arch: str, *, n_layer=2, d=128, n_head=4, n_kv=2, head_dim=32, ff=192,
@@ -109,8 +109,8 @@ def synth(tmp_path_factory):
 
 @pytest.mark.parametrize("arch", list(SYNTH))
 def test_synthetic_logits_match_llama_cpp(synth, arch):
-    from tqbridge.parity.metrics import compare_logits
-    from tqbridge.parity.runtimes import KV, LlamaCppRuntime, MLXRuntime
+    from tqbridge.parity.harness.metrics import compare_logits
+    from tqbridge.parity.harness.runtimes import KV, LlamaCppRuntime, MLXRuntime
 
     tokens = list(np.random.default_rng(1).integers(0, N_VOCAB, size=40))
     ref = LlamaCppRuntime(synth[arch], flash_attn=False).logits(tokens, KV.parse("f32"))

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 
 from tqbridge.bridge import quantize
-from tqbridge.parity.strategies import adversarial_rows, float_rows
+from tqbridge.parity.plugin.strategies import adversarial_rows, float_rows
 
 ggml_c = pytest.importorskip("tqbridge.bridge.ggml_c")
 

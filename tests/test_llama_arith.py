@@ -1,5 +1,5 @@
 """llama.cpp's attention arithmetic (issue 14, item 3): the q8_0 / q8_1 activation codecs byte for byte
-against ggml's C, and tqbridge.parity.llama_arith within a few ulps of ggml's flash_attn_ext (ctypes)
+against ggml's C, and tqbridge.parity.harness.llama_arith within a few ulps of ggml's flash_attn_ext (ctypes)
 on every K/V pair, while exact attention is thousands of ulps away. ~4 s on 2 cores."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def test_vec_dot_types_are_ggml_cpus(ggml):
 
     from tqbridge.bridge import all_formats
     from tqbridge.bridge.ggml_cpu import traits
-    from tqbridge.parity.llama_arith import VEC_DOT_TYPE
+    from tqbridge.parity.harness.llama_arith import VEC_DOT_TYPE
 
     checked = 0
     for f in all_formats():
@@ -78,8 +78,8 @@ PAIRS = ["f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0/q4_0", "
 
 @pytest.mark.parametrize("spec", PAIRS)
 def test_same_arithmetic_as_ggml_within_a_few_ulps(ggml, spec):
-    from tqbridge.parity.level_attention import _errors, probe_problem, random_problem
-    from tqbridge.parity.llama_arith import ULPS, compare_with_ggml
+    from tqbridge.parity.harness.level_attention import _errors, probe_problem, random_problem
+    from tqbridge.parity.harness.llama_arith import ULPS, compare_with_ggml
 
     kf, _, vf = spec.partition("/")
     vf = vf or kf
@@ -103,8 +103,8 @@ def test_skipping_the_q_conversion_is_caught(ggml, monkeypatch):
     # the check has teeth: the same reference with one step of ggml's arithmetic left out (q kept in
     # float32 instead of q8_0: the scores of exact attention) is far outside the ulp limit
     from tqbridge.bridge import dequantize
-    from tqbridge.parity import llama_arith
-    from tqbridge.parity.level_attention import random_problem
+    from tqbridge.parity.harness import llama_arith
+    from tqbridge.parity.harness.level_attention import random_problem
 
     q, k, v = random_problem("q8_0", "q4_0", seed=1)
     assert llama_arith.compare_with_ggml(q, k, v, k_format="q8_0", v_format="q4_0")["passed"]

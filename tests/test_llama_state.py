@@ -223,7 +223,7 @@ def f32_model():
 def cache_states(f32_model):
     """Parsed llama.cpp states of one prompt: an F32 cache and quantized pairs covering every type."""
     from tqbridge.bridge.llama_state import parse_state
-    from tqbridge.parity.runtimes import KV, LlamaCppRuntime
+    from tqbridge.parity.harness.runtimes import KV, LlamaCppRuntime
 
     lr = LlamaCppRuntime(f32_model, n_threads=2, rotation=False)   # plain rows: quantizer input = F32 cache
     tokens = lr.tokenize(CACHE_PROMPT)
@@ -238,7 +238,7 @@ def cache_states(f32_model):
 @pytest.mark.parametrize("spec", ["q8_0/q4_0", "q4_1/q5_0", "q5_1/f16", "f16/iq4_nl"])
 def test_cache_same_inputs_byte_identical(cache_states, spec):
     """Layer 0: tqbridge quantizing llama.cpp's own float K/V reproduces its cache bytes."""
-    from tqbridge.parity.level_cache import same_input_check
+    from tqbridge.parity.harness.level_cache import same_input_check
 
     s = same_input_check(cache_states["f32"], cache_states[spec], HEAD_DIM)
     assert s["k"]["identical"] and s["v"]["identical"], s
@@ -254,7 +254,7 @@ def test_planted_search_quantizer_in_the_cache_fails_the_cache_level(cache_state
     instead of quantize_row_iq4_nl_ref, which llama.cpp's cache uses: the same-inputs check fails."""
     from tqbridge.bridge import mlx_quantize
     from tqbridge.metal import cache as tqc
-    from tqbridge.parity.level_cache import same_input_check
+    from tqbridge.parity.harness.level_cache import same_input_check
 
     real = tqc._quantizer
 
@@ -274,8 +274,8 @@ def test_cache_same_inputs_with_llama_rotation(cache_states, f32_model):
     quantizes. The rotation's float32 summation order differs from ggml's matmul, so a rounding
     boundary can flip in a few blocks (measured 0.1-0.3% at 35-140 tokens); everything else matches."""
     from tqbridge.bridge.llama_state import parse_state
-    from tqbridge.parity.level_cache import same_input_check
-    from tqbridge.parity.runtimes import KV, LlamaCppRuntime
+    from tqbridge.parity.harness.level_cache import same_input_check
+    from tqbridge.parity.harness.runtimes import KV, LlamaCppRuntime
 
     lr = LlamaCppRuntime(f32_model, n_threads=2, rotation=True)
     lr.logits(cache_states["tokens"], KV("q8_0", "q4_0"), keep_state=True)
@@ -313,8 +313,8 @@ def test_iq4_nl_cache_uses_ggml_reference_quantizer(cache_states):
 @pytest.mark.model
 def test_cache_across_runtimes(f32_model):
     """llama.cpp's cache vs tqbridge's TQCache after an independent MLX forward pass, per layer."""
-    from tqbridge.parity.level_cache import run_cache_level, summary_lines
-    from tqbridge.parity.runtimes import LlamaCppRuntime
+    from tqbridge.parity.harness.level_cache import run_cache_level, summary_lines
+    from tqbridge.parity.harness.runtimes import LlamaCppRuntime
 
     tokens = LlamaCppRuntime(f32_model).tokenize(CACHE_PROMPT)
     rep = run_cache_level(f32_model, tokens, ["q8_0/q4_0"])
@@ -335,7 +335,7 @@ def test_gemma3_iswa_blob():
     try:
         from llama_cpp import Llama
 
-        from tqbridge.parity.models import ModelUnavailable, model_path
+        from tqbridge.parity.harness.models import ModelUnavailable, model_path
     except ImportError as e:
         pytest.skip(f"needs llama-cpp-python: {e}")
     from tqbridge.bridge.llama_state import read_seq_state

@@ -31,7 +31,7 @@ def test_unknown_level_is_a_one_line_error(capsys):
 
 def test_cache_plot_from_a_cache_report(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed")
-    from tqbridge.parity.report import plot_cache_layers
+    from tqbridge.parity.harness.report import plot_cache_layers
 
     layers = [{"k": {"share_blocks": s}, "v": {"share_blocks": s / 2}} for s in (0.0, 0.3, 0.9)]
     png = plot_cache_layers(tmp_path / "c.png", {"cache": {"kv": [{"kv": "q8_0/q4_0", "layers": layers}]}})

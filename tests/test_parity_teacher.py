@@ -1,7 +1,7 @@
 """Teacher forcing (issue 14, item 2): llama.cpp's own per-layer rows through tqbridge, every layer.
 
 The capture (tqbridge.bridge.llama_capture) reads llama.cpp's graph through its eval callback; the
-level (tqbridge.parity.level_teacher) feeds every layer's rows to TQCache and our attention. Real
+level (tqbridge.parity.harness.level_teacher) feeds every layer's rows to TQCache and our attention. Real
 models, F32 weights, short prompts (48 tokens, 2 decode steps; 600 for Gemma 3's sliding window).
 Time on 2 cores: ~15 s for SmolLM2 (7 cache types, three planted bugs) and ~40 s for Gemma 3 (model
 build included).
@@ -28,7 +28,7 @@ BACKENDS = ("reference",)
 
 def _f32(name: str) -> str:
     from tqbridge.bridge.gguf_f32 import cached_f32_gguf
-    from tqbridge.parity.models import ModelUnavailable, model_path
+    from tqbridge.parity.harness.models import ModelUnavailable, model_path
 
     try:
         return str(cached_f32_gguf(model_path(name)))
@@ -37,8 +37,8 @@ def _f32(name: str) -> str:
 
 
 def _tokens(path: str) -> list[int]:
-    from tqbridge.parity.level_logits import parity_text
-    from tqbridge.parity.runtimes import LlamaCppRuntime
+    from tqbridge.parity.harness.level_logits import parity_text
+    from tqbridge.parity.harness.runtimes import LlamaCppRuntime
 
     return LlamaCppRuntime(path).tokenize(parity_text()[0])[:N_TOKENS]
 
@@ -46,7 +46,7 @@ def _tokens(path: str) -> list[int]:
 @pytest.fixture(scope="module")
 def smollm2():
     path = _f32("smollm2")
-    from tqbridge.parity.level_teacher import model_windows
+    from tqbridge.parity.harness.level_teacher import model_windows
 
     return path, _tokens(path), model_windows(path)
 
@@ -78,7 +78,7 @@ def test_capture_reads_llama_cpp_graph(smollm2):
 
 
 def test_every_type_every_layer_smollm2(smollm2):
-    from tqbridge.parity.level_teacher import run_teacher
+    from tqbridge.parity.harness.level_teacher import run_teacher
 
     path, toks, windows = smollm2
     rep = run_teacher(path, toks, list(TYPES), decode=DECODE, windows=windows, backends=BACKENDS)
@@ -104,7 +104,7 @@ def test_wrong_k_rotation_group_is_caught(smollm2, monkeypatch):
     # planted: TQCache rotates K by a group of 32 instead of llama.cpp's (SmolLM2: 64). Scores stay
     # self-consistent inside MLX; the rotated rows do not match llama.cpp's.
     from tqbridge.metal import cache as cache_mod
-    from tqbridge.parity.level_teacher import run_teacher
+    from tqbridge.parity.harness.level_teacher import run_teacher
 
     real = cache_mod.rotation_group
     monkeypatch.setattr(cache_mod, "rotation_group",
@@ -122,7 +122,7 @@ def test_bf16_scales_in_the_cache_codec_are_caught_at_every_layer(smollm2, monke
     import mlx.core as mx
 
     from tqbridge.bridge import mlx_ggml
-    from tqbridge.parity.level_teacher import run_teacher
+    from tqbridge.parity.harness.level_teacher import run_teacher
 
     real = mlx_ggml._f16_bytes
     monkeypatch.setattr(mlx_ggml, "_f16_bytes", lambda v, **kw: real(v.astype(mx.bfloat16).astype(mx.float32), **kw))
@@ -138,7 +138,7 @@ def test_round_half_even_in_the_cache_codec_is_caught(smollm2, monkeypatch):
     import mlx.core as mx
 
     from tqbridge.bridge import mlx_ggml
-    from tqbridge.parity.level_teacher import run_teacher
+    from tqbridge.parity.harness.level_teacher import run_teacher
 
     monkeypatch.setattr(mlx_ggml, "_roundf", mx.round)
     path, toks, windows = smollm2
@@ -150,13 +150,13 @@ def test_round_half_even_in_the_cache_codec_is_caught(smollm2, monkeypatch):
 @pytest.fixture(scope="module")
 def gemma3():
     path = _f32("gemma3")
-    from tqbridge.parity.level_teacher import model_windows
+    from tqbridge.parity.harness.level_teacher import model_windows
 
     return path, model_windows(path)
 
 
 def test_every_type_every_layer_gemma3(gemma3):
-    from tqbridge.parity.level_teacher import run_teacher
+    from tqbridge.parity.harness.level_teacher import run_teacher
 
     path, windows = gemma3
     rep = run_teacher(path, _tokens(path), list(TYPES), decode=DECODE, windows=windows, backends=BACKENDS)
@@ -175,9 +175,9 @@ def test_sliding_window_past_512_tokens_and_a_config_off_by_one(gemma3):
     # 600 tokens: Gemma 3's local layers (window 512) drop their oldest keys. Clean: llama.cpp's mask
     # is our window convention at every layer. Planted: tqbridge's model gives its local layers a window
     # of 513 -> the mask check fails on exactly those 15 layers.
-    from tqbridge.parity.level_logits import parity_text
-    from tqbridge.parity.runtimes import LlamaCppRuntime
-    from tqbridge.parity.level_teacher import run_teacher
+    from tqbridge.parity.harness.level_logits import parity_text
+    from tqbridge.parity.harness.runtimes import LlamaCppRuntime
+    from tqbridge.parity.harness.level_teacher import run_teacher
 
     path, windows = gemma3
     toks = LlamaCppRuntime(path).tokenize(parity_text()[0])[:600]

@@ -64,7 +64,7 @@ def plant_q_rounded_to_f16(monkeypatch):
 
 def _fake_logits(monkeypatch, passed: bool = True):
     """A logits level that costs nothing: one row with the given verdict."""
-    from tqbridge.parity import level_logits
+    from tqbridge.parity.harness import level_logits
 
     def fake(path, kv_list, **kw):
         row = {"kv": "f16", "k": "f16", "v": "f16", "kl_mean": 1e-7, "kl_max": 1e-6, "top1": 1.0, "max_abs": 0.01,
@@ -133,7 +133,7 @@ def test_verdict_helpers():
 @pytest.mark.model
 def test_real_logits_level_with_a_failing_blocks_level(monkeypatch, tmp_path, capsys):
     """The same conjunction with the real logits level (SmolLM2, f16 cache, 16 tokens)."""
-    from tqbridge.parity.models import ModelUnavailable, smollm2_path
+    from tqbridge.parity.harness.models import ModelUnavailable, smollm2_path
 
     try:
         smollm2_path()
@@ -157,7 +157,7 @@ QUANT_K = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0/q4_0", "q8_0/
 
 def test_q_rounded_to_f16_fails_the_bound_but_passed_the_old_rule(monkeypatch):
     _ggml()
-    from tqbridge.parity.level_attention import run_attention_level
+    from tqbridge.parity.harness.level_attention import run_attention_level
 
     clean = run_attention_level(QUANT_K + ["f16"])
     assert clean["passed"] is True
@@ -190,7 +190,7 @@ def test_probes_catch_ggml_own_f16_arithmetic():
     puts it outside the float32 bound (reported as information, never a verdict), while Gaussian
     rows alone do not show the V accumulation."""
     _ggml()
-    from tqbridge.parity.level_attention import run_attention_level
+    from tqbridge.parity.harness.level_attention import run_attention_level
 
     rep = run_attention_level(["f16"])
     by = {c["problem"]: c for c in rep["cases"]}
@@ -220,7 +220,7 @@ def test_decode_steps_run_through_the_routing_and_a_decode_bug_fails_them(monkey
     routing). A port bug only decode has — the kernel skipping the newest key — must fail the level
     even though the prompt's positions are untouched."""
     from tqbridge.metal import routing
-    from tqbridge.parity.models import ModelUnavailable, smollm2_path
+    from tqbridge.parity.harness.models import ModelUnavailable, smollm2_path
 
     try:
         smollm2_path()

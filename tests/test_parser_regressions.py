@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tqbridge.parity.fuzz_parsers import _gguf_parse, _gguf_write, check_input, write_tiny_gguf_model
+from tqbridge.parity.plugin.fuzz_parsers import _gguf_parse, _gguf_write, check_input, write_tiny_gguf_model
 
 gguf = pytest.importorskip("gguf")
 
@@ -302,7 +302,7 @@ def test_checked_prompt_cache_loader_round_trips(saved, tmp_path):
 def test_long_spellings_give_short_one_line_errors():
     """A 1 MB spelling was echoed whole in the error message."""
     from tqbridge.bridge import FormatError, get_format
-    from tqbridge.parity.runtimes import KV
+    from tqbridge.parity.harness.runtimes import KV
 
     for spec in ("q8_0" * 250_000, "turbo3@" + "g64" * 100_000):
         with pytest.raises(FormatError) as e:

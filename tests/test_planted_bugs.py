@@ -17,7 +17,7 @@ import pytest
 
 mx = pytest.importorskip("mlx.core", reason="MLX is not installed")
 
-from tqbridge.parity.level_blocks import run_blocks_level  # noqa: E402
+from tqbridge.parity.harness.level_blocks import run_blocks_level  # noqa: E402
 
 
 def _blocks(formats):
@@ -25,7 +25,7 @@ def _blocks(formats):
 
 
 def _attention(pairs=("q8_0/q4_0", "q4_0/q8_0")):
-    from tqbridge.parity.level_attention import run_attention_level
+    from tqbridge.parity.harness.level_attention import run_attention_level
 
     return run_attention_level(list(pairs))
 
@@ -86,7 +86,7 @@ def test_missing_gqa_index_is_caught_by_attention(ggml, monkeypatch):
 
 def _options():
     """The attention level's option cases only (softcap, window, llama rotation, turbo): ~0.1 s."""
-    from tqbridge.parity.level_attention import run_attention_level
+    from tqbridge.parity.harness.level_attention import run_attention_level
 
     rep = run_attention_level([])
     return rep, {c["problem"]: c for c in rep["cases"]}
@@ -178,10 +178,10 @@ def test_iq4_nl_search_quantizer_in_the_cache_is_caught_by_teacher(monkeypatch):
     from tqbridge.bridge import mlx_quantize
     from tqbridge.bridge.gguf_f32 import cached_f32_gguf
     from tqbridge.metal import cache as tqc
-    from tqbridge.parity.level_logits import parity_text
-    from tqbridge.parity.level_teacher import run_teacher
-    from tqbridge.parity.models import ModelUnavailable, model_path
-    from tqbridge.parity.runtimes import LlamaCppRuntime
+    from tqbridge.parity.harness.level_logits import parity_text
+    from tqbridge.parity.harness.level_teacher import run_teacher
+    from tqbridge.parity.harness.models import ModelUnavailable, model_path
+    from tqbridge.parity.harness.runtimes import LlamaCppRuntime
 
     try:
         path = str(cached_f32_gguf(model_path("smollm2")))
@@ -212,10 +212,10 @@ def lane_model():
     from tqbridge.bridge.gguf_f32 import cached_f32_gguf
     from tqbridge.bridge.gguf_model import load_gguf_model
     from tqbridge.metal import backends
-    from tqbridge.parity.level_lane import LANE_TOKENS
-    from tqbridge.parity.level_logits import parity_text
-    from tqbridge.parity.models import ModelUnavailable, model_path
-    from tqbridge.parity.runtimes import LlamaCppRuntime
+    from tqbridge.parity.harness.level_lane import LANE_TOKENS
+    from tqbridge.parity.harness.level_logits import parity_text
+    from tqbridge.parity.harness.models import ModelUnavailable, model_path
+    from tqbridge.parity.harness.runtimes import LlamaCppRuntime
 
     if "cpu-emulator" not in backends():
         pytest.skip("no C++ compiler for the CPU emulator")
@@ -228,7 +228,7 @@ def lane_model():
 
 
 def _lane(lane_model):
-    from tqbridge.parity.level_lane import run_lane
+    from tqbridge.parity.harness.level_lane import run_lane
 
     path, toks, model = lane_model
     rep = run_lane(path, toks, "q8_0/q4_0", model=model)
@@ -236,7 +236,7 @@ def _lane(lane_model):
 
 
 def test_lane_windows_follow_the_model():
-    from tqbridge.parity.level_lane import lane_windows
+    from tqbridge.parity.harness.level_lane import lane_windows
 
     gemma = [512] * 5 + [None]                                   # Gemma 3's pattern: 5 local, 1 global
     assert lane_windows(gemma * 3, 16) == ([16] * 5 + [None]) * 3
@@ -244,7 +244,7 @@ def test_lane_windows_follow_the_model():
 
 
 def test_clean_build_passes_the_lane_level(lane_model):
-    from tqbridge.parity.level_lane import LANE_DECODE, summary_lines
+    from tqbridge.parity.harness.level_lane import LANE_DECODE, summary_lines
 
     rep, by = _lane(lane_model)
     assert rep["passed"], summary_lines(rep)

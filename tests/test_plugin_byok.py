@@ -10,8 +10,8 @@ import pytest
 
 from tqbridge.parity import fuzz_demo
 from tqbridge.parity import testing as tqt
-from tqbridge.parity.byok import KernelClaimError, make_claim
-from tqbridge.parity.byok_source import dialect_kernel, mlx_source_kernel
+from tqbridge.parity.plugin.byok import KernelClaimError, make_claim
+from tqbridge.parity.plugin.byok_source import dialect_kernel, mlx_source_kernel
 
 Q8_0_BODY = """
 uint i = tq_gx * tq_tg_size + tq_tid;
@@ -82,7 +82,7 @@ def test_claims_are_checked():
 
 
 def test_snippet_of_our_own_kernel_rebuilds_it_and_runs(tmp_path):
-    from tqbridge.parity.fuzz import our_target
+    from tqbridge.parity.plugin.fuzz import our_target
 
     fn, claim = our_target("append", "reference")
     rng = np.random.default_rng(3)

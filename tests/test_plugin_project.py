@@ -78,8 +78,8 @@ def test_llama_runtime_fixture(llama_cpp_runtime, tqbridge_gguf):
 
 
 def _plugin_args() -> list[str]:
-    installed = any(ep.value.startswith("tqbridge.parity.pytest_plugin") for ep in entry_points(group="pytest11"))
-    return [] if installed else ["-p", "tqbridge.parity.pytest_plugin"]
+    installed = any(ep.value.startswith("tqbridge.parity.plugin.pytest_plugin") for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "tqbridge.parity.plugin.pytest_plugin"]
 
 
 def test_a_separate_project_finds_the_planted_bug(tmp_path):
@@ -114,7 +114,7 @@ import numpy as np
 import pytest
 
 from tqbridge.parity import testing as tqt
-from tqbridge.parity.runtimes import KV
+from tqbridge.parity.harness.runtimes import KV
 
 # SmolLM2 Q4_1: llama.cpp quantizes activations inside its matmuls, MLX does not; measured mean KL
 # 3.4e-3 on 300 tokens (toolchain facts). 6x that leaves room for a short prompt.
@@ -138,7 +138,7 @@ def test_shifted_logits_are_caught(llama_cpp_runtime, mlx_runtime):
 
 @pytest.mark.model
 def test_runtime_fixtures_in_a_separate_project(tmp_path):
-    from tqbridge.parity.models import ModelUnavailable, smollm2_path
+    from tqbridge.parity.harness.models import ModelUnavailable, smollm2_path
 
     try:
         gguf = smollm2_path()

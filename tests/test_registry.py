@@ -75,9 +75,9 @@ def test_kernel_format_ids_are_the_c_constants():
 def test_tables_derived_from_the_registry():
     """The per-format tables other modules use are views of the registry entries (values pinned)."""
     from tqbridge.bridge.affine import affine_formats
-    from tqbridge.parity.level_attention import GGML_FA_FORMATS
-    from tqbridge.parity.level_blocks import GGML_FORMATS
-    from tqbridge.parity.runtimes import LLAMA_KV_TYPES
+    from tqbridge.parity.harness.level_attention import GGML_FA_FORMATS
+    from tqbridge.parity.harness.level_blocks import GGML_FORMATS
+    from tqbridge.parity.harness.runtimes import LLAMA_KV_TYPES
 
     ggml = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
     assert LLAMA_KV_TYPES == GGML_FORMATS == ggml

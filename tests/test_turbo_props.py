@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tqbridge import bridge
 from tqbridge.bridge.lloyd_max import lloyd_max_normal, lloyd_step
 from tqbridge.bridge.turbo import SPECS
-from tqbridge.parity.strategies import FAMILIES, float_rows
+from tqbridge.parity.plugin.strategies import FAMILIES, float_rows
 
 ALL = list(SPECS)
 FORK = [k for k in ALL if not k.endswith("@g64")]

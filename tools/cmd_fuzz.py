@@ -6,7 +6,7 @@ test (``@example`` + the failing call) and saved beside the example database. Ex
 counterexample was found, 1 when one was.
 
 TARGET ``gguf``, ``state-blob``, ``prompt-cache`` or ``kv-spelling`` runs a mutation campaign
-against that file parser (:mod:`tqbridge.parity.fuzz_parsers`): counts of mutants, clean errors,
+against that file parser (:mod:`tqbridge.parity.plugin.fuzz_parsers`): counts of mutants, clean errors,
 crashes, hangs and over-allocations, peak memory; exit code 1 when anything but clean errors and
 accepted inputs came out.
 """
@@ -51,8 +51,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from tqbridge.parity.fuzz import FuzzError, run_campaign
-    from tqbridge.parity.fuzz_parsers import PARSER_TARGETS
+    from tqbridge.parity.plugin.fuzz import FuzzError, run_campaign
+    from tqbridge.parity.plugin.fuzz_parsers import PARSER_TARGETS
 
     if args.target in PARSER_TARGETS:
         return run_parsers(args)
@@ -91,7 +91,7 @@ def run(args) -> int:
     elif not c.errors:
         print("  result       no counterexample")
     if args.json:
-        from tqbridge.parity.report import write_json
+        from tqbridge.parity.harness.report import write_json
 
         write_json(args.json, s)
     if c.failure:
@@ -107,7 +107,7 @@ def _mib(n: int) -> str:
 
 def run_parsers(args) -> int:
     """``tqbridge fuzz gguf|state-blob|prompt-cache|kv-spelling``: a mutation campaign on a parser."""
-    from tqbridge.parity.fuzz_parsers import INPUT_TIMEOUT_S, ParserFuzzError, run_parser_campaign
+    from tqbridge.parity.plugin.fuzz_parsers import INPUT_TIMEOUT_S, ParserFuzzError, run_parser_campaign
 
     for flag in ("op", "fmt", "k_format", "v_format"):
         if getattr(args, flag):
@@ -161,7 +161,7 @@ def run_parsers(args) -> int:
     else:
         print(f"  result       0 tracebacks, 0 hangs, no over-allocation ({t['clean']} clean errors)")
     if args.json:
-        from tqbridge.parity.report import write_json
+        from tqbridge.parity.harness.report import write_json
 
         write_json(args.json, s)
     if c.errors:

@@ -63,10 +63,10 @@ def progress_printer(quiet: bool):
 
 def run(args, command: "str | None" = None) -> int:
     from tqbridge.bridge.gguf_model import GGUFModelError
-    from tqbridge.parity.level_logits import DEFAULT_KV, run_logits
-    from tqbridge.parity.models import ModelUnavailable, model_path
-    from tqbridge.parity.report import markdown, text_table, versions, write_atomic, write_json
-    from tqbridge.parity.runtimes import KV, LLAMA_KV_TYPES
+    from tqbridge.parity.harness.level_logits import DEFAULT_KV, run_logits
+    from tqbridge.parity.harness.models import ModelUnavailable, model_path
+    from tqbridge.parity.harness.report import markdown, text_table, versions, write_atomic, write_json
+    from tqbridge.parity.harness.runtimes import KV, LLAMA_KV_TYPES
 
     try:
         path = model_path(args.model)
@@ -146,7 +146,7 @@ def write_plots(path: str, report: dict) -> None:
     """OUT.png: per-position KL (logits level); OUT-cache.png: per-layer cache agreement (cache level)."""
     from pathlib import Path
 
-    from tqbridge.parity.report import plot_cache_layers, plot_kl
+    from tqbridge.parity.harness.report import plot_cache_layers, plot_kl
 
     try:
         import matplotlib  # noqa: F401
@@ -163,18 +163,18 @@ def write_plots(path: str, report: dict) -> None:
 
 def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say) -> dict:
     """Levels other than logits, each printed as it finishes; returns {level: JSON-ready dict}."""
-    from tqbridge.parity.runtimes import KV
+    from tqbridge.parity.harness.runtimes import KV
 
     out: dict = {}
     if "blocks" in levels:
-        from tqbridge.parity.level_blocks import run_blocks_level, summary_lines
+        from tqbridge.parity.harness.level_blocks import run_blocks_level, summary_lines
 
         say("blocks: ggml's C vs numpy, MLX and the append kernel")
         out["blocks"] = run_blocks_level()
         print(f"blocks: {'identical' if out['blocks']['passed'] else 'DIFFER'}")
         print("\n".join("  " + line for line in summary_lines(out["blocks"])))
     if "attention" in levels:
-        from tqbridge.parity.level_attention import run_attention_level, summary_lines as attention_lines
+        from tqbridge.parity.harness.level_attention import run_attention_level, summary_lines as attention_lines
 
         say("attention: our decode kernel vs ggml's flash_attn_ext vs float64")
         pairs = [KV.parse(s).k + "/" + KV.parse(s).v for s in kv_list]
@@ -195,8 +195,8 @@ def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say)
                              if "OUTSIDE" in line))
     if "cache" in levels or "transplant" in levels or "teacher" in levels or "lane" in levels:
         from tqbridge.bridge.gguf_f32 import cached_f32_gguf
-        from tqbridge.parity.level_logits import parity_text
-        from tqbridge.parity.runtimes import LlamaCppRuntime
+        from tqbridge.parity.harness.level_logits import parity_text
+        from tqbridge.parity.harness.runtimes import LlamaCppRuntime
 
         say("exact weights for the cache levels: F32 copy (cached)")
         f32 = cached_f32_gguf(path)
@@ -204,7 +204,7 @@ def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say)
         tokens = text_ids[: args.tokens]
         rotation = not args.no_rotation
         if "cache" in levels:
-            from tqbridge.parity.level_cache import run_cache_level, summary_lines as cache_lines
+            from tqbridge.parity.harness.level_cache import run_cache_level, summary_lines as cache_lines
 
             say("cache: llama.cpp's cache bytes vs tqbridge's")
             quantized = [s for s in kv_list if not KV.parse(s).is_float] or ["q8_0"]
@@ -213,7 +213,7 @@ def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say)
             print(f"cache: layer-0 bytes {'identical' if rep['passed'] else 'DIFFER'}")
             print("\n".join("  " + line for line in cache_lines(rep)))
         if "teacher" in levels:
-            from tqbridge.parity.level_teacher import run_teacher, summary_lines as teacher_lines
+            from tqbridge.parity.harness.level_teacher import run_teacher, summary_lines as teacher_lines
 
             say("teacher forcing: llama.cpp's own rows through tqbridge, layer by layer")
             specs = [KV.parse(s).name for s in kv_list]
@@ -224,7 +224,7 @@ def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say)
                   f"({len(specs)} K/V pairs, {rep['tokens']} tokens, {rep['decode']} decode steps)")
             print("\n".join("  " + line for line in teacher_lines(rep)))
         if "lane" in levels:
-            from tqbridge.parity.level_lane import LANE_TOKENS, run_lane, summary_lines as lane_lines
+            from tqbridge.parity.harness.level_lane import LANE_TOKENS, run_lane, summary_lines as lane_lines
 
             say("lane: the GPU decode lane on the CPU emulator, layer by layer")
             # one K/V pair, as the cache level: the lane's bookkeeping does not depend on the format
@@ -234,7 +234,7 @@ def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say)
                   f"({rep['kv']}, {rep['decode']} decode steps, {rep['slides']} window slides, {rep['seconds']} s)")
             print("\n".join("  " + line for line in lane_lines(rep)))
         if "transplant" in levels:
-            from tqbridge.parity.transplant import run_transplant
+            from tqbridge.parity.harness.transplant import run_transplant
 
             say("transplant: llama.cpp prefill -> MLX decode, and back")
             n_new = 16

@@ -1,6 +1,6 @@
 """``tqbridge selfcheck``: our quantizers against ggml's own C code, byte for byte.
 
-A fixed set of adversarial float rows (``tqbridge.parity.strategies.adversarial_rows``) is quantized
+A fixed set of adversarial float rows (``tqbridge.parity.plugin.strategies.adversarial_rows``) is quantized
 per format by ggml's C (``ggml_quantize_chunk`` in llama-cpp-python's libggml-base), by the numpy
 reference and by the MLX ops. Bytes must be identical, and decoding ggml's bytes must give the same
 float32 bits as ggml's ``to_float``. Exit code 0 when everything matches, 1 on any mismatch.
@@ -17,7 +17,7 @@ import numpy as np
 
 from tqbridge import bridge
 from tqbridge.bridge import registry
-from tqbridge.parity.strategies import FAMILIES, adversarial_rows
+from tqbridge.parity.plugin.strategies import FAMILIES, adversarial_rows
 
 from .cli import CliError
 

@@ -24,9 +24,9 @@ from typing import Any, Sequence
 import numpy as np
 from hypothesis import strategies as st
 
-from ..bridge import quantize as _quantize
-from ..bridge.padding import pad_rows
-from ..bridge.registry import all_formats
+from ...bridge import quantize as _quantize
+from ...bridge.padding import pad_rows
+from ...bridge.registry import all_formats
 from .strategies import _check_int
 from .strategies_blocks import _check_range, _fmt
 
@@ -68,8 +68,8 @@ class AttentionProblem:
         bound for a float32 implementation whose longest serial sum has ``chain`` terms (default:
         the cache length, the most conservative). ``q_precision="int8"``: for an implementation that
         quantizes q as llama.cpp's vec_dot does (tqbridge's kernel v3)."""
-        from ..metal.attention import check_problem
-        from ..metal.attention_ref import oracle
+        from ...metal.attention import check_problem
+        from ...metal.attention_ref import oracle
 
         kw = self.kwargs()
         q, kb, vb = kw.pop("q"), kw.pop("k_blocks"), kw.pop("v_blocks")

@@ -20,7 +20,7 @@ keyword. Turbo dequantization is judged within :data:`TURBO_DEQUANT_ULPS` roundi
 
 Usage::
 
-    from tqbridge.parity.byok import fuzz_kernel
+    from tqbridge.parity.plugin.byok import fuzz_kernel
     result = fuzz_kernel(my_dequantizer, "dequantize", fmt="turbo4", max_examples=200)
     assert result.ok, result.report()
 """
@@ -41,8 +41,8 @@ from hypothesis import HealthCheck, given, settings, target
 from hypothesis import seed as hyp_seed
 from hypothesis import strategies as st
 
-from .. import bridge
-from ..bridge.padding import pad_rows
+from ... import bridge
+from ...bridge.padding import pad_rows
 from .assertions import _np, assert_attention_close, assert_blocks_equal, assert_values_close
 
 OPS = ("quantize", "dequantize", "append", "decode-attention")

@@ -158,9 +158,9 @@ def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], 
     from tqbridge.bridge import get_format
     from tqbridge.metal.attention import visible_range
     from tqbridge.metal.hadamard import hadamard_rotate
-    from tqbridge.parity.level_attention import judge_ours
-    from tqbridge.parity.llama_arith import ULPS, VEC_DOT_TYPE, ulp_error
-    from tqbridge.parity.llama_arith import attention as llama_attention
+    from tqbridge.parity.harness.level_attention import judge_ours
+    from tqbridge.parity.harness.llama_arith import ULPS, VEC_DOT_TYPE, ulp_error
+    from tqbridge.parity.harness.llama_arith import attention as llama_attention
 
     kf, vf = get_format(kv.k), get_format(kv.v)
     hkv = L.k_cache.shape[0]
@@ -229,7 +229,7 @@ def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], 
         out["attention"] = {"rows": t, "scale": L.scale, "softcap": L.softcap, "ours": ours,
                             "llama_vs_oracle": others["llama"]}
         ok = ok and all(e["within_bound"] for e in ours.values())
-        # llama.cpp's own output of the last row, recomputed with its arithmetic (parity/llama_arith.py)
+        # llama.cpp's own output of the last row, recomputed with its arithmetic (parity/harness/llama_arith.py)
         # from what its flash attention read: q (rotated as it was), every cache cell, the mask row
         if L.mask and kf.key in VEC_DOT_TYPE and vf.key in VEC_DOT_TYPE:
             arith = llama_attention(L.q[-1][-1], L.k_cache, L.v_cache, k_format=kf.key, v_format=vf.key,
@@ -252,7 +252,7 @@ def run_teacher(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, decode
 
     ``windows``: each layer's sliding window in tqbridge's model (default: :func:`model_windows`)."""
     from tqbridge.bridge.llama_capture import capture_run
-    from tqbridge.parity.runtimes import KV
+    from tqbridge.parity.harness.runtimes import KV
 
     if windows is None:
         if progress:

@@ -62,7 +62,7 @@ ADDRESS_SPACE_HEADROOM = 4 << 30   # the worker's address-space cap above its si
 MAX_MESSAGE = 2000             # a clean error's message is one line of at most this many characters
 KEEP_PER_SIGNATURE = 3
 _KINDS = ("ok", "clean", "long", "crash", "hang", "alloc", "inconsistent", "upstream")
-_PKG_ROOT = str(Path(__file__).resolve().parent.parent)
+_PKG_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class ParserFuzzError(ValueError):
@@ -1104,7 +1104,7 @@ class KVSpellingTarget(ParserTarget):
             if parse_kv_spec(kv_name(k, v, cal)) != (k, v, cal):
                 return f"canonical name {kv_name(k, v, cal)!r} parses to something else"
             return None
-        from tqbridge.parity.runtimes import KV
+        from tqbridge.parity.harness.runtimes import KV
 
         kv = KV.parse(spec)
         if KV.parse(kv.name) != kv:
@@ -1501,7 +1501,7 @@ def _target(spec: dict) -> ParserTarget:
             raise ParserFuzzError(f"parser target {name!r}: {e}") from None
         obj = obj() if isinstance(obj, type) else obj
         if not isinstance(obj, ParserTarget):
-            raise ParserFuzzError(f"parser target {name!r} is not a tqbridge.parity.fuzz_parsers.ParserTarget")
+            raise ParserFuzzError(f"parser target {name!r} is not a tqbridge.parity.plugin.fuzz_parsers.ParserTarget")
         return obj
     if name == "state-blob":
         return make_target("state-blob", real=spec.get("real_seeds", True))

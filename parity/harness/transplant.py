@@ -99,7 +99,7 @@ def state_to_tqcache(state: LlamaState, model, n_kv_heads: int, head_dim: int, r
 
 def tqcache_to_state(cache: list, seq_id: int = 0) -> LlamaState:
     """A llama.cpp sequence state from TQCache layers (positions 0..offset-1, one sequence)."""
-    from tqbridge.parity.level_cache import tq_rows
+    from tqbridge.parity.harness.level_cache import tq_rows
 
     layers = []
     n = None
@@ -184,8 +184,8 @@ def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = "q8_0", n_new:
     import mlx.core as mx
 
     from tqbridge.metal.cache import make_cache
-    from tqbridge.parity.level_cache import gguf_head_dim
-    from tqbridge.parity.runtimes import KV, MLXRuntime
+    from tqbridge.parity.harness.level_cache import gguf_head_dim
+    from tqbridge.parity.harness.runtimes import KV, MLXRuntime
 
     pair = KV.parse(kv)
     mr = mlx_runtime or MLXRuntime(gguf_path)

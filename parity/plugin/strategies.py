@@ -9,7 +9,7 @@ of the same families for non-property checks (``tqbridge selfcheck``).
 Usage::
 
     from hypothesis import given
-    from tqbridge.parity.strategies import float_rows
+    from tqbridge.parity.plugin.strategies import float_rows
 
     @given(float_rows(block_size=32, max_blocks=4))
     def test_roundtrip(x): ...

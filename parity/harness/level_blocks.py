@@ -25,7 +25,7 @@ def run_blocks_level(formats: Iterable[str] = GGML_FORMATS, *, rows: "np.ndarray
     """Per format and path: bytes compared and whether they equal ggml's; a JSON-ready dict."""
     from tqbridge.bridge import ggml_c
     from tqbridge.metal import backends, quantize_append
-    from tqbridge.parity.strategies import adversarial_rows
+    from tqbridge.parity.plugin.strategies import adversarial_rows
 
     x = adversarial_rows() if rows is None else np.asarray(rows, dtype=np.float32)
     x = np.ascontiguousarray(x[np.isfinite(x).all(axis=1)], dtype=np.float32)

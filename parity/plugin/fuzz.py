@@ -4,15 +4,15 @@ example database, a progress line and a summary.
 Kernel targets (this module): ``quantize`` (MLX codecs vs the numpy reference, bytes), ``dequantize`` (same, values),
 ``append`` (the quantize-on-append kernel on a backend, bytes), ``decode-attention`` (the fused kernel
 on a backend vs the float64 oracle and its bound), or ``module:function`` (a user's callable; its op
-and formats come from :func:`tqbridge.parity.byok.claims` or from the caller).
+and formats come from :func:`tqbridge.parity.plugin.byok.claims` or from the caller).
 
-Each worker process runs rounds of :func:`tqbridge.parity.byok.fuzz_kernel` with its own seed
+Each worker process runs rounds of :func:`tqbridge.parity.plugin.byok.fuzz_kernel` with its own seed
 against one shared :class:`hypothesis.database.DirectoryBasedExampleDatabase` (one file per example,
 safe for concurrent writers), so a counterexample found once is replayed first by every later run.
 The first counterexample stops the campaign.
 
 Parser targets (``gguf``, ``state-blob``, ``prompt-cache``, ``kv-spelling``) are mutation campaigns
-against the file parsers: :mod:`tqbridge.parity.fuzz_parsers`.
+against the file parsers: :mod:`tqbridge.parity.plugin.fuzz_parsers`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ GRACE_S = 5.0                                         # after a counterexample, 
 def default_db_root() -> Path:
     """Where campaigns keep their example databases when ``--db`` is not given: ``$TQBRIDGE_CACHE/fuzz``
     (default ``~/.cache/tqbridge/fuzz``), never the current directory."""
-    from ..bridge.gguf_f32 import cache_dir
+    from ...bridge.gguf_f32 import cache_dir
 
     return cache_dir() / "fuzz"
 
@@ -48,7 +48,7 @@ def default_db_root() -> Path:
 def hypothesis_home() -> Path:
     """hypothesis' own storage (its caches; ``.hypothesis/`` in the current directory by default) for the
     workers: ``$TQBRIDGE_CACHE/hypothesis``, unless ``HYPOTHESIS_STORAGE_DIRECTORY`` says otherwise."""
-    from ..bridge.gguf_f32 import cache_dir
+    from ...bridge.gguf_f32 import cache_dir
 
     return cache_dir() / "hypothesis"
 
@@ -69,7 +69,7 @@ def _np(a):
 def our_target(name: str, backend: str):
     """``(fn, claim)`` of one of tqbridge's own kernels; ``fn`` carries its claim and the source line
     that rebuilds it (for counterexample snippets)."""
-    from .. import bridge
+    from ... import bridge
     from .byok import make_claim
 
     if name == "quantize":
@@ -77,11 +77,11 @@ def our_target(name: str, backend: str):
     elif name == "dequantize":
         fn, claim = (lambda b, n, fmt: _np(bridge.mlx_dequantize(fmt, b, n))), make_claim("dequantize")
     elif name == "append":
-        from ..metal import quantize_append
+        from ...metal import quantize_append
 
         fn, claim = (lambda rows, fmt: _np(quantize_append(fmt, rows, backend=backend))), make_claim("append")
     elif name == "decode-attention":
-        from ..metal.attention import decode_attention, last_run
+        from ...metal.attention import decode_attention, last_run
 
         def fn(q, k_blocks, v_blocks, **kw):
             return _np(decode_attention(q, k_blocks, v_blocks, backend=backend, **kw))
@@ -91,7 +91,7 @@ def our_target(name: str, backend: str):
     else:
         raise FuzzError(f"unknown target {name!r}: use one of {', '.join(OUR_TARGETS + PARSER_TARGETS)} or module:function")
     fn.__tqbridge_claim__ = claim
-    fn.__tqbridge_source__ = f"from tqbridge.parity.fuzz import our_target\nfn, _ = our_target({name!r}, {backend!r})\n"
+    fn.__tqbridge_source__ = f"from tqbridge.parity.plugin.fuzz import our_target\nfn, _ = our_target({name!r}, {backend!r})\n"
     return fn, claim
 
 
@@ -119,7 +119,7 @@ def user_target(spec: str, op: "str | None", fmt: "list[str] | None", k_format: 
     try:
         if op is None and recorded is None:
             raise FuzzError(f"target {spec!r}: say what it implements with --op (and --format), "
-                            "or decorate it with tqbridge.parity.byok.claims(...)")
+                            "or decorate it with tqbridge.parity.plugin.byok.claims(...)")
         if op is None:
             return obj, recorded
         return obj, make_claim(op, fmt, k_format=k_format, v_format=v_format)
@@ -318,7 +318,7 @@ def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" =
     """Run one campaign and return its totals (never raises for a counterexample: see ``failure``)."""
     check_budget(profile, examples, minutes, jobs, FuzzError)
     if backend != "auto" and target in ("append", "decode-attention"):
-        from ..metal import backends as usable
+        from ...metal import backends as usable
 
         if backend not in usable():
             raise FuzzError(f"backend {backend!r} is not usable here (usable: {', '.join(usable())})")

@@ -60,7 +60,7 @@ def markdown(report: dict) -> str:
     out += ["| " + " | ".join(b) + " |" for b in body]
     out += ["", "Claims: " + "; ".join(sorted({f"{r['kv']}: {r['claim']}" for r in report["logits"]})), ""]
     if report.get("teacher"):
-        from tqbridge.parity.level_teacher import summary_lines as teacher_lines
+        from tqbridge.parity.harness.level_teacher import summary_lines as teacher_lines
 
         t = report["teacher"]
         out += ["## Teacher forcing", "",

@@ -214,7 +214,7 @@ class _Layer:
 
         from tqbridge.metal.attention import check_problem, visible_range
         from tqbridge.metal.attention_ref import UNIT_ROUNDOFF, oracle
-        from tqbridge.parity.level_attention import bound_ratio
+        from tqbridge.parity.harness.level_attention import bound_ratio
 
         c = self.cache
         # 2. bytes of the stored positions, and the visible keys among them
@@ -261,7 +261,7 @@ def run_lane(gguf_path: str, tokens: "list[int]", kv: str, *, rotation: bool = T
     from tqbridge.bridge.gguf_model import load_gguf_model
     from tqbridge.metal.cache import TQCache, make_cache
     from tqbridge.metal.routing import route_attention
-    from tqbridge.parity.runtimes import KV
+    from tqbridge.parity.harness.runtimes import KV
 
     say = progress or (lambda msg: None)
     spec = KV.parse(kv)

@@ -120,7 +120,7 @@ def run_cache_level(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, ro
     same values. ``runtimes``: compare with an MLX forward pass for every pair (True), none
     (False: same-inputs check only) or the pairs listed.
     """
-    from tqbridge.parity.runtimes import KV, LlamaCppRuntime, MLXRuntime
+    from tqbridge.parity.harness.runtimes import KV, LlamaCppRuntime, MLXRuntime
 
     lr = LlamaCppRuntime(gguf_path, rotation=rotation)
     lr.logits(tokens, KV("f32", "f32"), keep_state=True)

@@ -124,8 +124,8 @@ def attention_case(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, *,
     the other options (``window``, ``softcap``, ``rotation``: llama.cpp's Hadamard groups of the
     stored rows) are judged against the oracle alone."""
     from tqbridge.bridge.ggml_graph import flash_attn_ext
-    from tqbridge.parity.llama_arith import ULPS, VEC_DOT_TYPE, ulp_error
-    from tqbridge.parity.llama_arith import attention as llama_attention
+    from tqbridge.parity.harness.llama_arith import ULPS, VEC_DOT_TYPE, ulp_error
+    from tqbridge.parity.harness.llama_arith import attention as llama_attention
 
     kf, vf = get_format(k_format), get_format(v_format)
     q = np.ascontiguousarray(q, dtype=np.float32)
@@ -142,7 +142,7 @@ def attention_case(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, *,
                               softcap=softcap, rotation=rotation, backends=backends, compare=compare)
     arith = None
     if ggml_ok and kf.key in VEC_DOT_TYPE and vf.key in VEC_DOT_TYPE:
-        # information: ggml's output recomputed with its own arithmetic (parity/llama_arith.py)
+        # information: ggml's output recomputed with its own arithmetic (parity/harness/llama_arith.py)
         a = llama_attention(q, k_blocks, v_blocks, k_format=kf.key, v_format=vf.key, scale=scale,
                             softcap=float(softcap or 0.0))
         unit = "f16" if vf.key == "f16" else "f32"

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import bridge
+from ... import bridge
 from .byok import KernelClaimError, make_claim
 
 THREADS = 64     # threads per threadgroup of the wrapped kernels
@@ -81,7 +81,7 @@ def _wrap(run: Callable, op: str, f, to_numpy: Callable) -> Callable:
 def dialect_kernel(body: str, *, op: str, fmt: Any, header: str = "", backend: str = "auto",
                    name: str = "user_kernel") -> Callable:
     """A callable running a tqbridge-dialect ``body`` that claims ``op`` for ``fmt``."""
-    from ..metal import Kernel, build
+    from ...metal import Kernel, build
 
     f = _check(op, fmt)
     ins, outs = _IO[op]
@@ -99,7 +99,7 @@ def mlx_source_kernel(source: str, *, op: str, fmt: Any, backend: str, header: s
     f = _check(op, fmt)
     if backend not in ("metal", "cuda"):
         raise KernelClaimError(f"backend must be 'metal' or 'cuda' for a raw MLX kernel source, not {backend!r}")
-    from ..metal import backends
+    from ...metal import backends
 
     if backend not in backends():
         raise KernelClaimError(f"a raw {backend} kernel needs MLX's {backend} backend; this machine has "
