@@ -26,11 +26,11 @@ from tqbridge.bridge.atomic import write_atomic  # noqa: E402
 
 
 def prepare(args) -> None:
-    from tqbridge.parity.quality import GGUFTokenizer
+    from tqbridge.bridge.tokenizer import ChatTokenizer
     from tqbridge.tools.cmd_generate import chat_prompt, resolve_model
 
     path = resolve_model(args.model)
-    tok = GGUFTokenizer(path)
+    tok = ChatTokenizer(path)
     prompt = chat_prompt(path, args.prompt) if args.chat else args.prompt
     ids = tok.encode(prompt, add_bos=True)
     write_atomic(args.out, json.dumps({"model": Path(path).name, "prompt": args.prompt, "chat": args.chat,
@@ -88,11 +88,11 @@ def _decode_runs(cache) -> dict:
 
 
 def show(args) -> None:
-    from tqbridge.parity.quality import GGUFTokenizer
+    from tqbridge.bridge.tokenizer import ChatTokenizer
     from tqbridge.tools.cmd_generate import resolve_model
 
     res = json.loads(Path(args.gen).read_text())
-    print(GGUFTokenizer(resolve_model(args.model)).decode(res["generated"]))
+    print(ChatTokenizer(resolve_model(args.model)).decode(res["generated"]))
 
 
 def main() -> None:

@@ -97,6 +97,22 @@ class GGUFTokenizer:
         self._llm.close()
 
 
+
+class ChatTokenizer(GGUFTokenizer):
+    """llama.cpp's own tokenizer for a GGUF file (llama-cpp-python, vocabulary only); special-token
+    text (chat templates) becomes those tokens. ``tqbridge generate`` and ``tqbridge quality`` encode
+    with it (re-exported as ``tqbridge.parity.quality.GGUFTokenizer``)."""
+
+    def __init__(self, path: "str | os.PathLike[str]"):
+        try:
+            super().__init__(path)
+        except ImportError as e:  # pragma: no cover - depends on the install
+            raise ImportError("the GGUF tokenizer needs llama-cpp-python: pip install 'tqbridge[llama]'") from e
+
+    def encode(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
+        return super().encode(text, add_bos=add_bos, special=special)
+
+
 # llama.cpp pre-tokenizer names (tokenizer.ggml.pre) -> whether digits are split one by one before
 # GPT-2's byte-level regex. Only byte-level BPE vocabularies are exported; every export is checked
 # against llama.cpp on a sample text before it is written.

@@ -30,7 +30,8 @@ from typing import Any, Callable, Iterable, Sequence
 import mlx.core as mx
 import numpy as np
 
-from tqbridge.bridge.tokenizer import GGUFTokenizer as _BaseTokenizer
+# the tokenizer generate and quality share; its home is bridge/tokenizer.py, next to the GGUF code
+from tqbridge.bridge.tokenizer import ChatTokenizer as GGUFTokenizer
 
 __all__ = ["REFERENCE_KV", "default_text", "evaluate", "to_markdown", "plot", "GGUFTokenizer"]
 
@@ -43,20 +44,6 @@ def default_text() -> str:
     from pydoc_data.topics import topics
 
     return "\n\n".join(topics[k] for k in sorted(topics))
-
-
-class GGUFTokenizer(_BaseTokenizer):
-    """llama.cpp's own tokenizer for a GGUF file (llama-cpp-python, vocabulary only); special-token
-    text (chat templates) becomes those tokens."""
-
-    def __init__(self, path: str):
-        try:
-            super().__init__(path)
-        except ImportError as e:  # pragma: no cover - depends on the install
-            raise ImportError("the GGUF tokenizer needs llama-cpp-python: pip install 'tqbridge[llama]'") from e
-
-    def encode(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
-        return super().encode(text, add_bos=add_bos, special=special)
 
 
 def _log_softmax(x: mx.array) -> mx.array:

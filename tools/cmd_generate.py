@@ -61,9 +61,9 @@ def run(args) -> int:
 
     from tqbridge.bridge import FormatError
     from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
+    from tqbridge.bridge.tokenizer import ChatTokenizer
     from tqbridge.metal.cache import cache_report, kv_name, make_cache, parse_kv_spec, paths_line
     from tqbridge.metal.routing import route_attention
-    from tqbridge.parity.quality import GGUFTokenizer
 
     if args.max_tokens < 0:
         raise CliError(f"--max-tokens must be >= 0, got {args.max_tokens}")
@@ -77,7 +77,7 @@ def run(args) -> int:
         model, _ = load_gguf_model(args.model)
     except GGUFModelError as e:
         raise CliError(str(e)) from e
-    tok = GGUFTokenizer(args.model)
+    tok = ChatTokenizer(args.model)
     if args.chat:
         prompt = chat_prompt(args.model, prompt)
     ids = tok.encode(prompt, add_bos=True)
