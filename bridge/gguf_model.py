@@ -392,8 +392,8 @@ def write_mlx_dir(src: "str | os.PathLike[str]", out_dir: "str | os.PathLike[str
     from .tokenizer import TokenizerExportError, hf_tokenizer_files
 
     try:
-        from pydoc_data.topics import topics
-        sample = "\n\n".join(topics[k] for k in sorted(topics))[:20000]
+        from .evaluation_text import evaluation_text
+        sample = evaluation_text()[0][:20000]
         tok_files = hf_tokenizer_files(src, sample)
         note = "tokenizer.json rebuilt from the GGUF; ids checked against llama.cpp on 20,000 characters"
     except TokenizerExportError as e:

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Sequence
 import mlx.core as mx
 import numpy as np
 
+from tqbridge.bridge.evaluation_text import evaluation_text
 # the tokenizer generate and quality share; its home is bridge/tokenizer.py, next to the GGUF code
 from tqbridge.bridge.tokenizer import ChatTokenizer as GGUFTokenizer
 
@@ -40,10 +41,9 @@ Q_PRECISIONS = ("exact", "int8")
 
 
 def default_text() -> str:
-    """The stdlib's ``pydoc_data.topics`` help texts, joined in sorted topic order (fixed text)."""
-    from pydoc_data.topics import topics
-
-    return "\n\n".join(topics[k] for k in sorted(topics))
+    """The fixed evaluation text (:mod:`tqbridge.bridge.evaluation_text`: the stdlib's
+    ``pydoc_data.topics`` help texts, joined in sorted topic order)."""
+    return evaluation_text()[0]
 
 
 def _log_softmax(x: mx.array) -> mx.array:

@@ -20,6 +20,8 @@ from typing import Callable
 
 import numpy as np
 
+from tqbridge.bridge.evaluation_text import evaluation_text
+
 from .metrics import compare_logits
 from .runtimes import KV, LlamaCppRuntime, MLXRuntime
 
@@ -35,11 +37,8 @@ DEFAULT_KV = ("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0/q4_
 
 
 def parity_text() -> tuple[str, str]:
-    """The fixed text: the stdlib's ``pydoc_data.topics``, topics in sorted order. (text, source)."""
-    from pydoc_data import topics
-
-    keys = sorted(topics.topics)
-    return "\n\n".join(topics.topics[k] for k in keys), f"pydoc_data.topics ({len(keys)} topics, sorted, joined)"
+    """The fixed text both runtimes read (:mod:`tqbridge.bridge.evaluation_text`). (text, source)."""
+    return evaluation_text()
 
 
 @dataclass
