@@ -1,6 +1,7 @@
 """Test configuration: hypothesis profiles and markers.
 
-Profiles (select with ``TQBRIDGE_PROFILE=<name>`` or pytest's ``--hypothesis-profile=<name>``):
+Profiles (one set, parity/plugin/profiles.py; select with ``TQBRIDGE_PROFILE=<name>`` or pytest's
+``--hypothesis-profile=<name>``):
 
 - ``ci``   derandomized and bounded: what CI (2 cores, no GPU) runs; the default.
 - ``dev``  random seeds, a few more examples, for local work.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from tqbridge.bridge.mlx_blas import prefer_fast_blas
@@ -28,10 +29,9 @@ from tqbridge.bridge.gguf_f32 import cache_dir  # noqa: E402 - after the BLAS ch
 if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
     set_hypothesis_home_dir(cache_dir() / "hypothesis")   # this process only; subprocesses choose their own
 
-_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("ci", max_examples=60, derandomize=True, print_blob=True, **_COMMON)
-settings.register_profile("dev", max_examples=150, print_blob=True, **_COMMON)
-settings.register_profile("deep", max_examples=3000, print_blob=True, **_COMMON)
+from tqbridge.parity.plugin.profiles import register as register_profiles  # noqa: E402
+
+register_profiles(prefix="")   # the plugin's profile set (parity/plugin/profiles.py) under the bare names
 settings.load_profile(os.environ.get("TQBRIDGE_PROFILE", "ci"))
 
 

@@ -69,7 +69,7 @@ def test_append_kernel_on_this_machine(kernel_backend, x):
 
 
 def test_profile_fixture(tqbridge_settings):
-    assert tqbridge_settings.max_examples == 100 and tqbridge_settings.derandomize
+    assert tqbridge_settings.max_examples == 60 and tqbridge_settings.derandomize
 
 
 def test_llama_runtime_fixture(llama_cpp_runtime, tqbridge_gguf):

@@ -35,7 +35,7 @@ def add_arguments(p) -> None:
     g.add_argument("--examples", type=int, help="examples in all (default: from --profile)")
     g.add_argument("--minutes", type=float, help="run for this long instead of a number of examples")
     p.add_argument("--profile", default="ci", choices=("ci", "dev", "deep"),
-                   help="ci: 100 examples, seed 0; dev: 300; deep: 3000 (random seed unless --seed)")
+                   help="ci: 60 examples, seed 0; dev: 300; deep: 3000 (random seed unless --seed)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--seed", type=int, help="base seed; give each machine of a spread campaign its own")
     p.add_argument("--db", help="example database root (default $TQBRIDGE_CACHE/fuzz, i.e. ~/.cache/tqbridge/fuzz)")

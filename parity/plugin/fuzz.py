@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 OUR_TARGETS = ("quantize", "dequantize", "append", "decode-attention")
 from .fuzz_parsers import PARSER_TARGETS  # noqa: E402 - mutation campaigns against the file parsers
-PROFILES = {"ci": 100, "dev": 300, "deep": 3000}      # examples per campaign when --examples is not given
+from .profiles import EXAMPLES as PROFILES  # noqa: E402 - examples per campaign when --examples is not given
 ROUND = 25                                            # examples per round when the campaign is timed
 GRACE_S = 5.0                                         # after a counterexample, how long other workers may finish
 

@@ -15,8 +15,8 @@ Fixtures (each skips with the reason when what it needs is missing):
   (:func:`tqbridge.parity.plugin.byok.fuzz_kernel`) with the profile's example count and fails the test
   with the shrunk counterexample and a runnable snippet.
 
-Hypothesis profiles ``tqbridge-ci`` (derandomized, 100 examples), ``tqbridge-dev`` (300) and
-``tqbridge-deep`` (3000) are registered; ``--tqbridge-profile ci|dev|deep`` loads one (so does
+Hypothesis profiles ``tqbridge-ci`` (derandomized, 60 examples), ``tqbridge-dev`` (300) and
+``tqbridge-deep`` (3000) are registered (:mod:`.profiles`); ``--tqbridge-profile ci|dev|deep`` loads one (so does
 hypothesis' own ``--hypothesis-profile tqbridge-deep``).
 
 Safe in any environment: pytest loads this module for every project once tqbridge is installed, so
@@ -33,23 +33,21 @@ import os
 
 import pytest
 
-PROFILES = {"ci": 100, "dev": 300, "deep": 3000}
+from .profiles import EXAMPLES as PROFILES
+from .profiles import register as _register_profiles
 
 # Optional packages and the extra that brings each (checked without importing them).
 _OPTIONAL = {"hypothesis": "test", "mlx": "mlx", "mlx_lm": "lm", "llama_cpp": "llama"}
 
 try:
-    from hypothesis import HealthCheck, settings
+    from hypothesis import settings
 except Exception as _e:  # noqa: BLE001 - a broken or absent hypothesis must not break pytest
     HAVE_HYPOTHESIS = False
     _HYPOTHESIS_ERROR = f"{type(_e).__name__}: {_e}"
 else:
     HAVE_HYPOTHESIS = True
     _HYPOTHESIS_ERROR = ""
-    _COMMON = dict(deadline=None, print_blob=True,
-                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    for _name, _n in PROFILES.items():
-        settings.register_profile(f"tqbridge-{_name}", max_examples=_n, derandomize=_name == "ci", **_COMMON)
+    _register_profiles("tqbridge-")
 
 
 def _installed(module: str) -> bool:
@@ -73,7 +71,7 @@ HINT_TEST = "pip install 'tqbridge[test]'"
 def pytest_addoption(parser):
     g = parser.getgroup("tqbridge")
     g.addoption("--tqbridge-profile", choices=tuple(PROFILES), default=None,
-                help="load the hypothesis profile tqbridge-<name> (ci: 100 derandomized examples, dev: 300, deep: 3000)")
+                help="load the hypothesis profile tqbridge-<name> (ci: 60 derandomized examples, dev: 300, deep: 3000)")
     g.addoption("--tqbridge-gguf", default=None, metavar="PATH",
                 help="GGUF file for the runtime fixtures (default: $TQBRIDGE_GGUF, else SmolLM2 if installed)")
 
