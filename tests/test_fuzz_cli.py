@@ -4,8 +4,10 @@ the planted bugs found and replayed from the example database, and one-line erro
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -34,11 +36,12 @@ def test_decode_attention_campaign_on_the_emulator(tmp_path):
 
 
 def test_planted_gqa_bug_is_found_then_replayed_from_the_database(tmp_path):
-    target = "tqbridge.parity.fuzz_demo:attention_missing_gqa_index"
+    shutil.copy(Path(__file__).resolve().parents[1] / "docs" / "examples" / "fuzz_demo.py", tmp_path)
+    target = "fuzz_demo:attention_missing_gqa_index"
     rc, out, err = fuzz(target, "--db", "db", "--json", "first.json", cwd=tmp_path)
     assert rc == 1, out + err
     assert "COUNTEREXAMPLE Case(decode-attention" in out and "@example(case=CASE)" in out
-    saved = tmp_path / "db" / "tqbridge.parity.fuzz_demo_attention_missing_gqa_index" / "counterexample.py"
+    saved = tmp_path / "db" / "fuzz_demo_attention_missing_gqa_index" / "counterexample.py"
     assert saved.is_file() and "tqt.check_case(fn, CASE)" in saved.read_text()
     first = json.loads((tmp_path / "first.json").read_text())
     rc, out, err = fuzz(target, "--db", "db", "--json", "second.json", cwd=tmp_path)

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tqbridge.parity import fuzz_demo
 from tqbridge.parity import testing as tqt
 from tqbridge.parity.plugin.byok import KernelClaimError, make_claim
 from tqbridge.parity.plugin.byok_source import dialect_kernel, mlx_source_kernel
+
+# the planted-bug kernels of docs/plugin.md's worked example (not part of the package)
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+sys.path.insert(0, str(EXAMPLES))
+import fuzz_demo  # noqa: E402
 
 Q8_0_BODY = """
 uint i = tq_gx * tq_tg_size + tq_tid;
@@ -36,9 +42,10 @@ def test_old_turbo4_table_is_caught_shrunk_and_the_snippet_reproduces_it(tmp_pat
     assert not r.ok
     assert r.failure.op == "dequantize" and r.failure.arrays["blocks"].shape == (1, 66)   # one block
     assert "outside tolerance TURBO_DEQUANT_ULPS" in r.message
-    assert "@example(case=CASE)" in r.snippet and "from tqbridge.parity.fuzz_demo import" in r.snippet
+    assert "@example(case=CASE)" in r.snippet and "from fuzz_demo import" in r.snippet
     same = tqt.Case.from_text(r.failure.to_text())
     assert np.array_equal(same.arrays["blocks"], r.failure.arrays["blocks"]) and same.params == r.failure.params
+    shutil.copy(EXAMPLES / "fuzz_demo.py", tmp_path)   # the snippet imports it from its own folder
     script = tmp_path / "test_repro.py"
     script.write_text(r.snippet)
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)

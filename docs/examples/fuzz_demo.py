@@ -1,4 +1,5 @@
-"""Kernels with planted bugs, for the worked example of ``tqbridge fuzz`` (docs/plugin.md).
+"""Kernels with planted bugs, for the worked example of ``tqbridge fuzz`` (docs/plugin.md); run
+``tqbridge fuzz fuzz_demo:<function>`` in this folder. Not part of the package.
 
 Each looks plausible and passes a hand-written test or two; the fuzzer finds its bug in seconds:
 
@@ -14,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..bridge import get_format, rotation
-from .plugin.byok import claims
+from tqbridge.bridge import get_format, rotation
+from tqbridge.parity.testing import claims
 
 _PR197 = "turbo4@fork-pr197"
 _OLD = "turbo4@fork-69d8e4b"
@@ -49,8 +50,8 @@ def dequantize_turbo4(blocks: np.ndarray, n: int) -> np.ndarray:
 def attention_missing_gqa_index(q, k_blocks, v_blocks, *, k_format, v_format, length, scale=None, window=None,
                                 softcap=None, sinks=None):
     """float32 decode attention for one query row per head, with a wrong GQA head mapping. Planted bug."""
-    from ..bridge import dequantize
-    from ..bridge.padding import padded_dim
+    from tqbridge.bridge import dequantize
+    from tqbridge.bridge.padding import padded_dim
 
     q = np.asarray(q, np.float32)
     rows4 = q.ndim == 4
