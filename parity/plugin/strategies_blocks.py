@@ -5,7 +5,7 @@
   drawn float rows (what a quantizer writes) or from raw fields (every code value, any finite scale).
 - :func:`malformed_blocks`: deliberately broken input, as a :class:`Malformed` that says what is
   wrong (wrong length, NaN or inf scale, wrong dtype) and what the reference does with it.
-- :func:`kv_caches`: a :class:`KVCache`, a sequence of row appends to a K/V cache of one format pair.
+- :func:`kv_caches`: an :class:`AppendSequence`, a sequence of row appends to a K/V cache of one format pair.
 
 Usage::
 
@@ -244,7 +244,7 @@ def malformed_blocks(*, fmt: "str | Sequence[str] | None" = None, kinds: "Sequen
 
 
 @dataclass
-class KVCache:
+class AppendSequence:
     """K/V rows appended in steps to a cache of one format pair, and the blocks the reference makes.
 
     ``steps[i]`` is ``(k_rows, v_rows)``, each float32 ``(B, Hkv, n_i, head_dim)``; ``k_blocks`` /
@@ -267,7 +267,7 @@ class KVCache:
         p.text(repr(self))
 
     def __repr__(self) -> str:
-        return (f"KVCache(k_format={self.k_format!r}, v_format={self.v_format!r}, head_dim={self.head_dim}, "
+        return (f"AppendSequence(k_format={self.k_format!r}, v_format={self.v_format!r}, head_dim={self.head_dim}, "
                 f"steps={[s[0].shape[2] for s in self.steps]}, shape={self.k_blocks.shape[:3]})")
 
 
@@ -287,13 +287,13 @@ def _kv_caches(draw, *, kfs, vfs, head_dims, max_batch, max_kv_heads, max_steps,
                       (rng.standard_normal((b, h, n, d)) * sv).astype(np.float32)))
     k = np.concatenate([s[0] for s in steps], axis=2)
     v = np.concatenate([s[1] for s in steps], axis=2)
-    return KVCache(kf.key, vf.key, d, steps, _quantize(kf, pad_rows(kf, k)), _quantize(vf, pad_rows(vf, v)))
+    return AppendSequence(kf.key, vf.key, d, steps, _quantize(kf, pad_rows(kf, k)), _quantize(vf, pad_rows(vf, v)))
 
 
 def kv_caches(*, k_formats: "Sequence[str] | None" = None, v_formats: "Sequence[str] | None" = None,
               head_dims: Sequence[int] = (64, 80, 128), max_batch: int = 2, max_kv_heads: int = 4,
-              max_steps: int = 4, max_step_rows: int = 8) -> st.SearchStrategy[KVCache]:
-    """A :class:`KVCache`: 1..``max_steps`` appends of 1..``max_step_rows`` rows each."""
+              max_steps: int = 4, max_step_rows: int = 8) -> st.SearchStrategy[AppendSequence]:
+    """An :class:`AppendSequence`: 1..``max_steps`` appends of 1..``max_step_rows`` rows each."""
     every = [f.key for f in all_formats()]
     kfs = every if k_formats is None else [_fmt(x).key for x in k_formats]
     vfs = every if v_formats is None else [_fmt(x).key for x in v_formats]
@@ -307,3 +307,7 @@ def kv_caches(*, k_formats: "Sequence[str] | None" = None, v_formats: "Sequence[
         _check_int(name, v, min_value=1)
     return _kv_caches(kfs=kfs, vfs=vfs, head_dims=head_dims, max_batch=max_batch, max_kv_heads=max_kv_heads,
                       max_steps=max_steps, max_step_rows=max_step_rows)
+
+
+# the name this class had before 2026-12-01 (it clashed with mlx-lm's cache class); kept for existing tests
+KVCache = AppendSequence
