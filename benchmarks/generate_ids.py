@@ -42,8 +42,8 @@ def run(args) -> None:
     import mlx.core as mx
 
     from tqbridge.bridge.gguf_model import load_gguf_model
-    from tqbridge.metal.cache import cache_report, kv_name, make_cache, parse_kv_spec
-    from tqbridge.metal.routing import route_attention
+    from tqbridge.metal.lm.cache import cache_report, kv_name, make_cache, parse_kv_spec
+    from tqbridge.metal.lm.routing import route_attention
     from tqbridge.tools.cmd_generate import generate_tokens
 
     spec = json.loads(Path(args.ids).read_text())

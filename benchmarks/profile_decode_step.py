@@ -14,8 +14,8 @@ import time
 import mlx.core as mx
 from mlx_lm.models import base
 
-from tqbridge.metal import decode_bench
-from tqbridge.metal.routing import route_attention
+from tqbridge.metal.lm import decode_bench
+from tqbridge.metal.lm.routing import route_attention
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """In-place K/V append: one dispatch rotates, quantizes and writes a step's K and V rows into the
 cache buffers (``kv_append.cpp`` with the block helpers of ``quantize_append.h``).
 
-This is the decode step's append (:class:`tqbridge.metal.cache.TQCache` on a GPU): no copy of the
+This is the decode step's append (:class:`tqbridge.metal.lm.cache.TQCache` on a GPU): no copy of the
 cache, no host synchronisation. Non-finite input is not refused on the spot (that needs a sync):
 the kernel returns a sticky flag array (one uint32 per row, OR-ed with the previous call's flag)
 that the cache reads later, once (:meth:`TQCache.check_finite`).

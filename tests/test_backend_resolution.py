@@ -129,7 +129,8 @@ def test_detection_survives_a_failing_probe(machine, monkeypatch):
 def test_decode_lane_switch(machine, monkeypatch, lane, gpu, default):
     """TQBRIDGE_DECODE_LANE=cpu-emulator (any other value: unset) sends the GPU decode lane to the
     emulator on MLX's CPU device; on the GPU device the GPU's lane runs whatever it says."""
-    from tqbridge.metal import backend, cache, routing
+    from tqbridge.metal import backend
+    from tqbridge.metal.lm import cache, routing
 
     machine(gpu, default, True)
     if lane is None:

@@ -34,7 +34,7 @@ def test_bench_decode_refuses_bad_spellings(capsys):
 
 
 def test_q_precision_suffix_reaches_the_caches(capsys):
-    from tqbridge.metal import decode_bench
+    from tqbridge.metal.lm import decode_bench
 
     model, _ = decode_bench.build_model("tiny")
     caches = decode_bench.make_caches(model, "q8_0/turbo3@int8")

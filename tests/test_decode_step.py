@@ -14,9 +14,9 @@ import pytest
 from mlx_lm.models import base
 
 from tqbridge.bridge import FormatError
-from tqbridge.metal import decode_bench
-from tqbridge.metal.cache import TQCache, make_cache
-from tqbridge.metal.routing import route_attention
+from tqbridge.metal.lm import decode_bench
+from tqbridge.metal.lm.cache import TQCache, make_cache
+from tqbridge.metal.lm.routing import route_attention
 from tiny_models import tiny_llama, tokens
 
 
@@ -108,7 +108,7 @@ def test_generation_unchanged_by_the_cpu_codec_path(cpu_device, monkeypatch):
     # the CPU appends now run through the MLX-ops codecs; before, through the kernel (emulator), which
     # is byte-identical to the numpy reference: the same tokens and the same cache bytes as the numpy path
     from mlx_lm.generate import generate_step
-    from tqbridge.metal import cache as tqc
+    from tqbridge.metal.lm import cache as tqc
 
     m = tiny_llama()
     prompt = tokens(12, seed=4)[0]
@@ -299,7 +299,7 @@ def test_real_model_generation_unchanged_by_the_cpu_codec_path(name, kv, cpu_dev
     # the emulator) was byte-identical to
     from mlx_lm.generate import generate_step
     from tqbridge.bridge.gguf_model import load_gguf_model
-    from tqbridge.metal import cache as tqc
+    from tqbridge.metal.lm import cache as tqc
     from tqbridge.parity.harness.models import ModelUnavailable, model_path
 
     try:
@@ -324,8 +324,8 @@ def test_real_model_generation_unchanged_by_the_cpu_codec_path(name, kv, cpu_dev
 
 
 def test_paths_line_names_paths_and_fallbacks(cpu_device, monkeypatch):
-    from tqbridge.metal import routing
-    from tqbridge.metal.cache import paths_line
+    from tqbridge.metal.lm import routing
+    from tqbridge.metal.lm.cache import paths_line
 
     m = tiny_llama()
     cache = make_cache(m, "q8_0", "q4_0")
@@ -351,7 +351,7 @@ def test_self_check_failure_falls_back_loudly(cpu_device, monkeypatch, capsys):
     # a kernel that is wrong on this hardware (planted: the append flips a byte) fails the one-time
     # self-check: the cache takes the reference paths, says so once on stderr and in every report
     from tqbridge.metal import kv_append, selfcheck
-    from tqbridge.metal.cache import paths_line
+    from tqbridge.metal.lm.cache import paths_line
 
     monkeypatch.setenv("TQBRIDGE_DECODE_LANE", "cpu-emulator")
     monkeypatch.setattr(selfcheck, "_RESULTS", {})
@@ -383,7 +383,7 @@ def test_self_check_passes_on_the_emulated_lane(cpu_device, monkeypatch):
     monkeypatch.setattr(selfcheck, "_RESULTS", {})
     for kf, vf, d in (("q8_0", "turbo3", 128), ("q4_0", "iq4_nl", 64), ("f16", "q5_1", 96)):
         from tqbridge.bridge.padding import padded_dim
-        from tqbridge.metal.cache import rotation_group
+        from tqbridge.metal.lm.cache import rotation_group
 
         assert selfcheck.check_decode_lane(kf, vf, d, d, padded_dim(kf, d), padded_dim(vf, d),
                                            rotation_group(kf, d, "k"), rotation_group(vf, d, "v"),

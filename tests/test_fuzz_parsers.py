@@ -137,9 +137,9 @@ def test_unknown_targets_and_bad_budgets_are_one_line_errors(tmp_path):
 
 # A short derandomized campaign per target: seconds each, fixed seed, no replay of earlier findings.
 CI_MUTANTS = {"gguf": 120, "state-blob": 400, "prompt-cache": 200, "kv-spelling": 400}
-# Until metal/cache.py's TQCache.state / meta_state setters check their fields (docs/fuzzing.md has
+# Until metal/lm/cache.py's TQCache.state / meta_state setters check their fields (docs/fuzzing.md has
 # the fix), hostile saved strings end in ValueError from int() or AttributeError there.
-KNOWN_SETTER_SITES = ("metal/cache.py:",)
+KNOWN_SETTER_SITES = ("metal/lm/cache.py:",)
 
 
 def _campaign(target, tmp_path):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tqbridge import bridge, metal
 from tqbridge.bridge.padding import padded_dim
-from tqbridge.metal.cache import rotation_group
+from tqbridge.metal.lm.cache import rotation_group
 from tqbridge.metal.kv_append import hadamard_butterfly, prepared, reference_append
 
 K_FORMATS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "f16", "turbo3", "turbo4@fork-69d8e4b", "turbo2@g64"]

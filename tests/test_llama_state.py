@@ -253,7 +253,7 @@ def test_planted_search_quantizer_in_the_cache_fails_the_cache_level(cache_state
     """Planted bug: TQCache quantizing iq4_nl with the scale-search quantizer (ggml_quantize_chunk's)
     instead of quantize_row_iq4_nl_ref, which llama.cpp's cache uses: the same-inputs check fails."""
     from tqbridge.bridge import mlx_quantize
-    from tqbridge.metal import cache as tqc
+    from tqbridge.metal.lm import cache as tqc
     from tqbridge.parity.harness.level_cache import same_input_check
 
     real = tqc._quantizer

@@ -103,7 +103,7 @@ def test_every_type_every_layer_smollm2(smollm2):
 def test_wrong_k_rotation_group_is_caught(smollm2, monkeypatch):
     # planted: TQCache rotates K by a group of 32 instead of llama.cpp's (SmolLM2: 64). Scores stay
     # self-consistent inside MLX; the rotated rows do not match llama.cpp's.
-    from tqbridge.metal import cache as cache_mod
+    from tqbridge.metal.lm import cache as cache_mod
     from tqbridge.parity.harness.level_teacher import run_teacher
 
     real = cache_mod.rotation_group

@@ -219,7 +219,7 @@ def test_decode_steps_run_through_the_routing_and_a_decode_bug_fails_them(monkey
     """The logits level's last positions are decode steps in both runtimes (MLX: tqbridge's decode
     routing). A port bug only decode has — the kernel skipping the newest key — must fail the level
     even though the prompt's positions are untouched."""
-    from tqbridge.metal import routing
+    from tqbridge.metal.lm import routing
     from tqbridge.parity.harness.models import ModelUnavailable, smollm2_path
 
     try:

@@ -216,7 +216,7 @@ def saved(tmp_path_factory) -> bytes:
     import mlx.core as mx
     from mlx_lm.models.cache import save_prompt_cache
 
-    from tqbridge.metal.cache import TQCache
+    from tqbridge.metal.lm.cache import TQCache
 
     mx.random.seed(0)
     c = TQCache("q8_0", "turbo3")
@@ -287,7 +287,7 @@ def test_checked_prompt_cache_loader_refuses_bad_bytes(saved, tmp_path):
 
 def test_checked_prompt_cache_loader_round_trips(saved, tmp_path):
     from tqbridge.bridge.prompt_cache import load_prompt_cache
-    from tqbridge.metal.cache import TQCache
+    from tqbridge.metal.lm.cache import TQCache
 
     p = tmp_path / "c.safetensors"
     p.write_bytes(saved)

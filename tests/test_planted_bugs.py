@@ -177,7 +177,7 @@ def test_iq4_nl_search_quantizer_in_the_cache_is_caught_by_teacher(monkeypatch):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     from tqbridge.bridge import mlx_quantize
     from tqbridge.bridge.gguf_f32 import cached_f32_gguf
-    from tqbridge.metal import cache as tqc
+    from tqbridge.metal.lm import cache as tqc
     from tqbridge.parity.harness.level_logits import parity_text
     from tqbridge.parity.harness.level_teacher import run_teacher
     from tqbridge.parity.harness.models import ModelUnavailable, model_path

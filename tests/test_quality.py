@@ -126,7 +126,7 @@ def test_cli_errors_are_one_line(tmp_path):
 
 
 def test_bits_per_value_counts_what_sliding_layers_hold(monkeypatch):
-    from tqbridge.metal.cache import TQCache
+    from tqbridge.metal.lm.cache import TQCache
 
     monkeypatch.setattr(TQCache, "step", 4)   # let the windowed layers drop rows within 40 tokens
     m = tiny_gemma3(window=8, seed=4)
@@ -156,8 +156,8 @@ def test_measure_memory_on_a_tiny_model(tiny):
 
 def _decode_logits(model, toks, k, v, q_precision):
     """Logits of ``toks`` fed one at a time (every position a routed decode step)."""
-    from tqbridge.metal.cache import make_cache
-    from tqbridge.metal.routing import route_attention
+    from tqbridge.metal.lm.cache import make_cache
+    from tqbridge.metal.lm.routing import route_attention
 
     cache = make_cache(model, k, v)
     for c in cache:
@@ -188,7 +188,8 @@ def test_int8_q_changes_decode_numerics(tiny, k, v):
 
 
 def test_evaluate_q_precision_reaches_every_cache(tiny, monkeypatch):
-    from tqbridge.metal import attention, cache as cache_mod
+    from tqbridge.metal import attention
+    from tqbridge.metal.lm import cache as cache_mod
 
     made = {}
     real_make = cache_mod.make_cache

@@ -117,7 +117,7 @@ def test_calibrated_cache_is_not_exported():
     """Calibrated keys are not llama.cpp's keys: the export refuses with the reason, no state is made."""
     import mlx.core as mx
 
-    from tqbridge.metal.cache import TQCache
+    from tqbridge.metal.lm.cache import TQCache
     from tqbridge.parity.harness.transplant import TransplantError, tqcache_to_state
 
     c = TQCache("q8_0", "q8_0", calibration="mean")

@@ -2,7 +2,7 @@
 
 ``decode``: end-to-end greedy decode through mlx-lm with TQCache against mlx-lm's own fp16 cache (and
 its QuantizedKVCache where MLX's backend runs it), per model geometry and context; see
-:mod:`tqbridge.metal.decode_bench` for what is measured and how.
+:mod:`tqbridge.metal.lm.decode_bench` for what is measured and how.
 
 ``attention``: the fused decode-attention kernel against MLX's paths, side by side.
 
@@ -249,8 +249,8 @@ def _run_decode(args) -> int:
     except ImportError as e:
         raise CliError(f"needs mlx and mlx-lm: {e}")
     from ..bridge import FormatError
-    from ..metal import decode_bench
-    from ..metal.cache import parse_kv_spec
+    from ..metal.lm import decode_bench
+    from ..metal.lm.cache import parse_kv_spec
 
     models = [m for m in args.models.split(",") if m]
     caches = [c for c in args.caches.split(",") if c]

@@ -62,8 +62,8 @@ def run(args) -> int:
     from tqbridge.bridge import FormatError
     from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
     from tqbridge.bridge.tokenizer import ChatTokenizer
-    from tqbridge.metal.cache import cache_report, kv_name, make_cache, parse_kv_spec, paths_line
-    from tqbridge.metal.routing import route_attention
+    from tqbridge.metal.lm.cache import cache_report, kv_name, make_cache, parse_kv_spec, paths_line
+    from tqbridge.metal.lm.routing import route_attention
 
     if args.max_tokens < 0:
         raise CliError(f"--max-tokens must be >= 0, got {args.max_tokens}")

@@ -1,0 +1,32 @@
+"""tqbridge.metal.lm: the mlx-lm integration of the block cache (needs the ``lm`` extra: mlx-lm).
+
+Modules::
+
+    cache         TQCache (mlx-lm's cache protocol over K/V blocks of any format pair), make_cache,
+                  cache_report, parse_kv_spec
+    routing       route_attention(): decode steps of TQCache layers to the fused kernel, prefill to SDPA
+    calibration   opt-in per-channel key calibration (KeyCalibration)
+    decode_bench  `tqbridge bench decode`: end-to-end decode against mlx-lm's own caches
+
+The names below are imported on first use, so importing the package (or ``calibration``) does not
+import mlx-lm. The old paths ``tqbridge.metal.cache`` / ``routing`` / ``calibration`` /
+``decode_bench`` still import: they are the same module objects as the ones here.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "TQCache": "cache", "make_cache": "cache", "cache_report": "cache", "parse_kv_spec": "cache",
+    "route_attention": "routing",
+    "KeyCalibration": "calibration", "CalibrationError": "calibration",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

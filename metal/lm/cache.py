@@ -1,0 +1,770 @@
+"""TQCache: an mlx-lm KV cache that stores K and V as blocks of any registered format pair.
+
+K and V may use different formats (asymmetric, e.g. ``q8_0`` keys with ``turbo3`` values). Rows are
+quantized when they are appended and kept as raw block bytes, laid out as ``tqbridge.bridge.quantize``
+lays them out: ``(B, n_kv_heads, capacity, row_bytes)`` uint8. A head dim that is not a multiple of
+the format's block size is zero-padded to the next multiple (the TurboQuant forks' rule: 64 -> 128).
+
+``update_and_fetch`` returns float K/V (the dequantized blocks, lazily built), so mlx-lm's own
+attention works unchanged; :mod:`tqbridge.metal.lm.routing` sends decode steps to the fused kernel
+instead. The class follows mlx-lm 0.32's cache protocol (``offset``, ``state``, ``meta_state``,
+``from_state``, ``trim``, ``nbytes``, ``make_mask``, ``empty``), so ``save_prompt_cache`` /
+``load_prompt_cache`` work; importing this module registers the class where mlx-lm's loader looks
+classes up by name.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable
+
+import mlx.core as mx
+from mlx_lm.models import cache as _mlx_cache
+
+from tqbridge.bridge import FormatError, display_name, get_format
+from tqbridge.bridge.registry import shown
+
+from ..hadamard import hadamard_rotate
+from .calibration import CalibrationError, KeyCalibration, fit as _fit_calibration, split_key_spec
+
+__all__ = ["TQCache", "make_cache", "cache_report", "paths_line", "padded_dim", "parse_kv", "parse_kv_spec",
+           "ROTATIONS"]
+
+ROTATIONS = ("llama", "none")
+_MAX_POSITIONS = (1 << 31) - 1   # MLX masks and RoPE offsets are int32
+_MAX_DIM = 1 << 16
+
+
+class CacheStateError(ValueError):
+    """A saved TQCache state this class cannot take (one line says why)."""
+
+
+def _count(name: str, text, hi: int) -> int:
+    if not (isinstance(text, str) and 0 < len(text) <= 20 and text.isascii() and text.isdigit()):
+        raise CacheStateError(f"TQCache state: {name} must be a non-negative integer, got {shown(text)}")
+    n = int(text)
+    if n > hi:
+        raise CacheStateError(f"TQCache state: {name} {n} is larger than {hi}")
+    return n
+
+# Formats stored directly as MLX float bytes (byte-identical to the numpy reference: IEEE
+# round-to-nearest-even casts, as ggml's F16/F32 rows).
+_FLOAT_VIEW = {"f16": mx.float16, "f32": mx.float32}
+
+
+def padded_dim(fmt, dim: int) -> int:
+    """``dim`` rounded up to a multiple of the format's block size (zero padding)."""
+    bs = get_format(fmt).block_size
+    return -(-int(dim) // bs) * bs
+
+
+def parse_kv(spec: str) -> tuple[str, str]:
+    """``"q8_0/turbo3"`` -> ``("q8_0", "turbo3")``; ``"q8_0"`` means the same format for K and V."""
+    parts = [p.strip() for p in str(spec).split("/")]
+    if len(parts) == 1:
+        parts = parts * 2
+    if len(parts) != 2 or not all(parts):
+        raise FormatError(f"bad K/V format pair {shown(spec)}: write K/V, e.g. q8_0/turbo3")
+    return display_name(get_format(parts[0])), display_name(get_format(parts[1]))
+
+
+def parse_kv_spec(spec: str) -> tuple[str, str, KeyCalibration]:
+    """``"q5_1+mean+scale/q4_0"`` -> ``("q5_1", "q4_0", KeyCalibration(...))``.
+
+    The K side may carry key calibration after ``+`` (see :mod:`tqbridge.metal.lm.calibration`);
+    a bad spelling raises :class:`FormatError` with a one-line message.
+    """
+    parts = [p.strip() for p in str(spec).split("/")]
+    if len(parts) == 1:
+        parts = parts * 2
+    if len(parts) != 2 or not all(parts):
+        raise FormatError(f"bad K/V format pair {shown(spec)}: write K/V, e.g. q8_0/turbo3 or q5_1+mean/q4_0")
+    try:
+        kf, cal = split_key_spec(parts[0])
+    except CalibrationError as e:
+        raise FormatError(str(e)) from None
+    if "+" in parts[1]:
+        raise FormatError(f"{shown(spec)}: calibration applies to keys only (write it after the K format)")
+    k, v = parse_kv(f"{kf}/{parts[1]}")
+    return k, v, cal
+
+
+def kv_name(k: str, v: str, cal: "KeyCalibration | None" = None) -> str:
+    """The canonical spelling of a K/V pair with its key calibration."""
+    return f"{k}+{cal.spec}/{v}" if cal else f"{k}/{v}"
+
+
+def _routing_active() -> bool:
+    """Whether :func:`tqbridge.metal.lm.routing.route_attention` is in effect (it brings queries)."""
+    import sys
+
+    routing = sys.modules.get("tqbridge.metal.lm.routing")
+    return bool(routing is not None and getattr(routing, "_depth", 0) > 0)
+
+
+# ---------------------------------------------------------------- codecs: rows <-> blocks
+# Each returns (function, name of the path). The first usable path wins and is remembered.
+
+def _gpu_backend() -> "str | None":
+    """"cuda" / "metal" when MLX's default device is a GPU with a kernel backend, else None.
+
+    ``TQBRIDGE_DECODE_LANE=cpu-emulator`` (tests): on MLX's CPU device, run the GPU decode step's
+    kernels (in-place append, device growth, fused attention) on the CPU SIMT emulator, writing into
+    the MLX buffers through numpy views — the GPU lane's logic, testable without a GPU (slow)."""
+    from ..backend import emulated_decode_lane, gpu_is_default as _gpu_is_default, gpu_kind as _gpu_kind
+
+    if _gpu_is_default():
+        return _gpu_kind()
+    return "cpu-emulator" if emulated_decode_lane() else None
+
+
+def _quantizer(fmt, use_kernel: bool = True) -> tuple[Callable[[mx.array], mx.array], str]:
+    """Rows -> blocks (no NaN/inf check: the cache checks rows itself; iq4_nl through ggml's reference
+    quantizer, what llama.cpp writes into its KV cache). On a GPU the quantize
+    kernel; on the CPU the byte-identical MLX-ops codec (the kernel's CPU emulator exists to test
+    kernel code, not to serve tokens), or the numpy reference where there is no MLX codec."""
+    fmt = get_format(fmt)
+    if fmt.key in _FLOAT_VIEW:
+        dt = _FLOAT_VIEW[fmt.key]
+        return (lambda x: x.astype(dt).view(mx.uint8)), "mlx-view"
+    gpu = _gpu_backend() if use_kernel else None
+    if gpu is not None:
+        from ..quantize_append import quantize_append, supported
+
+        if supported(fmt):
+            return (lambda x: quantize_append(fmt.key, x, backend=gpu, check_finite=False, search=False)), \
+                f"append-kernel:{gpu}"
+    opts = dict(fmt.cache_options)   # the bytes llama.cpp writes into its cache (iq4_nl: no scale search)
+    if getattr(fmt.codec, "mlx_quantize_blocks", None) is not None:
+        from tqbridge.bridge import mlx_quantize
+        return (lambda x: mlx_quantize(fmt, x, check_finite=False, **opts)), "mlx-ops"
+    import numpy as np
+    from tqbridge.bridge import quantize
+
+    return (lambda x: mx.array(quantize(fmt, np.array(x.astype(mx.float32)), **opts))), "numpy"
+
+
+def _any_nonfinite(x: mx.array) -> mx.array:
+    """A lazy uint32 scalar: 1 when ``x`` holds a NaN or an infinity."""
+    return mx.any(mx.logical_not(mx.isfinite(x))).astype(mx.uint32).reshape(1)
+
+
+def _dequantizer(fmt) -> tuple[Callable[[mx.array, int], mx.array], str]:
+    fmt = get_format(fmt)
+    if fmt.key in _FLOAT_VIEW:
+        dt = _FLOAT_VIEW[fmt.key]
+        return (lambda b, n: b.view(dt)), "mlx-view"
+    if getattr(fmt.codec, "mlx_dequantize_blocks", None) is not None:
+        from tqbridge.bridge import mlx_dequantize
+        return (lambda b, n: mlx_dequantize(fmt, b, n)), "mlx-ops"
+    import numpy as np
+    from tqbridge.bridge import dequantize
+
+    return (lambda b, n: mx.array(dequantize(fmt, np.array(b), n))), "numpy"
+
+
+def rotation_group(fmt, dim: int, side: str) -> int:
+    """The Hadamard group llama.cpp rotates a ``side`` ("k"/"v") of ``dim`` values with, or 0.
+
+    llama.cpp (src/llama-kv-cache.cpp, PR #21038) rotates K and V rows of ggml quantized types when
+    the head dim is a multiple of 64: K by the largest power of two dividing it, V by 64 (block
+    diagonal). Float formats are not rotated; turbo formats rotate inside the format instead.
+    """
+    if get_format(fmt).kind != "ggml" or dim % 64:
+        return 0
+    if side == "v":
+        return 64
+    n = 64
+    while dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+class TQCache(_mlx_cache._BaseCache):
+    """K/V cache of quantized blocks (one layer). ``window``: sliding-window size, or None.
+
+    A windowed cache stores the positions ``[start, offset)``: rows no future query can see
+    (older than ``offset - window + 1``) are dropped in batches of at least ``step`` rows, so
+    its memory stays below ``window + step`` rows plus one prompt chunk, however long the context.
+    """
+
+    step = 256
+
+    q_precision = None        # decode attention's q precision (None: the backend's default; see decode_attention)
+
+    def __init__(self, k_format: str = "q8_0", v_format: str = "q8_0", window: "int | None" = None,
+                 rotation: str = "llama", calibration: "KeyCalibration | str | None" = None):
+        self._setup(k_format, v_format, window, rotation, calibration)
+        self.keys = None
+        self.values = None
+        self.offset = 0
+        self.start = 0        # absolute position of stored row 0 (> 0 once a window dropped rows)
+        self.k_dim = None
+        self.v_dim = None
+        self.k_rot = 0        # Hadamard group applied to K rows before quantizing (0: none)
+        self.v_rot = 0
+        self.k_mu = None      # key calibration, (n_kv_heads, k_dim) float32 each, or None
+        self.k_scale = None
+
+    def _setup(self, k_format, v_format, window, rotation="llama", calibration=None) -> None:
+        if not isinstance(calibration, KeyCalibration):
+            calibration = KeyCalibration.parse(calibration)
+        self.calibration = calibration
+        if rotation not in ROTATIONS:
+            raise ValueError(f"rotation must be one of {ROTATIONS}, got {rotation!r}")
+        self.rotation = rotation
+        self.k_format = display_name(get_format(k_format))
+        self.v_format = display_name(get_format(v_format))
+        if window is not None and int(window) <= 0:
+            raise ValueError(f"window must be a positive number of positions, got {window}")
+        self.window = None if window is None else int(window)
+        self._kq, kq_path = _quantizer(self.k_format)
+        self._vq, vq_path = _quantizer(self.v_format)
+        self._kd, kd_path = _dequantizer(self.k_format)
+        self._vd, vd_path = _dequantizer(self.v_format)
+        self.codec_paths = {"k_append": kq_path, "v_append": vq_path,
+                            "k_fetch": kd_path, "v_fetch": vd_path}
+        self.paths: Counter = Counter()      # attention paths taken, filled by the routing
+        self.decode_fallback: "str | None" = None
+        # the decode step (see docs/cache.md): on a GPU one in-place append kernel per step and the
+        # fused attention reading the buffers with a runtime length, no host synchronisation
+        self._flag = None            # device-side NaN/inf flag of the rows appended since the last check
+        self._unsettled = False      # in-place appends the MLX graph does not order (see _settle)
+        self._inplace: dict = {}     # (dtype, dk, dv) -> prepared in-place append, or None
+        self.placeholder = False     # update_and_fetch returned the step's rows, not the cache
+        self._owned = True           # the buffers are this cache's own allocations (in-place writes go there)
+        self._reset_hot()
+        self.decode_launch = None    # the prepared fused attention of this layer (the routing's)
+        self._decode_sig = None
+        self.calibration_note: "str | None" = None
+        self._pending = None  # first chunk's float keys waiting for their queries (qscale)
+
+    def _reset_hot(self) -> None:
+        """Forget the prepared decode-step lane (the buffers or the geometry changed)."""
+        self._hot = None             # (k shape, v shape, dtype, append, capacity) of the in-place step
+        self._hot_attn = None        # (q shape, scale, path name, launch) of the routed attention
+
+    # ------------------------------------------------------------ storage
+    def _encode(self, x: mx.array, fmt: str, quant) -> mx.array:
+        d = x.shape[-1]
+        dp = padded_dim(fmt, d)
+        if dp != d:
+            x = mx.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, dp - d)])
+        return quant(x)
+
+    def _decode(self, blocks: mx.array, fmt: str, deq, dim: int, dtype) -> mx.array:
+        out = deq(blocks, padded_dim(fmt, dim))
+        if out.shape[-1] != dim:
+            out = out[..., :dim]
+        return out.astype(dtype)
+
+    def _keep_from(self, pos: int) -> int:
+        """First position to keep when rows for position ``pos`` onwards are appended."""
+        if not self.window:
+            return self.start
+        need = max(0, pos - self.window + 1)
+        return need if need - self.start >= self.step else self.start
+
+    def _compact(self, pos: int) -> None:
+        keep = self._keep_from(pos)
+        if keep == self.start or self.keys is None:
+            return
+        self._reset_hot()
+        a, b = keep - self.start, pos - self.start
+        self.keys = mx.contiguous(self.keys[..., a:b, :])
+        self.values = mx.contiguous(self.values[..., a:b, :])
+        self.start = keep
+
+    def _grow(self, B: int, H: int, need: int, krb: int, vrb: int, force: bool = False) -> None:
+        cap = 0 if self.keys is None else self.keys.shape[2]
+        if need <= cap and not force:
+            return
+        self.check_finite()   # once per `step` positions: the deferred NaN/inf report of decode steps
+        self._reset_hot()
+        new_cap = max(-(-need // self.step) * self.step, cap)
+        k_new = mx.zeros((B, H, new_cap - cap, krb), mx.uint8)
+        v_new = mx.zeros((B, H, new_cap - cap, vrb), mx.uint8)
+        if self.keys is None:
+            self.keys, self.values = k_new, v_new
+        else:
+            self.keys = mx.concatenate([self.keys[..., :cap, :], k_new], axis=2)
+            self.values = mx.concatenate([self.values[..., :cap, :], v_new], axis=2)
+
+    # ------------------------------------------------------------ key calibration
+    def _bcast(self, a: mx.array) -> mx.array:
+        return a[None, :, None, :]
+
+    def _key_rows(self, keys: mx.array) -> mx.array:
+        """Float keys -> the rows to quantize: calibrated and rotated as configured."""
+        if not self.calibration:
+            return hadamard_rotate(keys, self.k_rot)
+        rotated = self.calibration.basis == "rotated"
+        x = keys.astype(mx.float32)
+        if rotated:
+            x = hadamard_rotate(x, self.k_rot)
+        if self.k_mu is not None:
+            x = x - self._bcast(self.k_mu)
+        if self.k_scale is not None:
+            x = x / self._bcast(self.k_scale)
+        return x if rotated else hadamard_rotate(x, self.k_rot)
+
+    def _key_values(self, rows: mx.array) -> mx.array:
+        """Inverse of :meth:`_key_rows` on dequantized rows (float32)."""
+        rotated = self.calibration.basis == "rotated"
+        x = rows if rotated else hadamard_rotate(rows, self.k_rot)
+        if self.k_scale is not None:
+            x = x * self._bcast(self.k_scale)
+        if self.k_mu is not None:
+            x = x + self._bcast(self.k_mu)
+        return hadamard_rotate(x, self.k_rot) if rotated else x
+
+    def query_for_blocks(self, q: mx.array) -> mx.array:
+        """``q`` (B, Hq, ..., D) such that ``q'.row = q.k - q.mu`` for the stored key rows."""
+        rotated = self.calibration.basis == "rotated"
+        if self.k_scale is None:
+            return hadamard_rotate(q, self.k_rot)
+        s = self.k_scale
+        if q.shape[1] != s.shape[0]:
+            s = mx.repeat(s, q.shape[1] // s.shape[0], axis=0)   # grouped-query heads share a KV head
+        s = s.reshape(1, q.shape[1], *([1] * (q.ndim - 3)), s.shape[-1])
+        if rotated:
+            return (hadamard_rotate(q, self.k_rot).astype(mx.float32) * s).astype(q.dtype)
+        return hadamard_rotate((q.astype(mx.float32) * s).astype(q.dtype), self.k_rot)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        hot = self._hot
+        if hot is not None and keys.shape == hot[0] and values.shape == hot[1] and keys.dtype == hot[2]:
+            # the decode step's lane: one in-place append, nothing else (see _append_in_place)
+            r = self.offset - self.start
+            w = self.window
+            if r < hot[4] and (not w or self.offset - w + 1 - self.start < self.step):
+                self._flag = hot[3](keys, values, self.keys, self.values, r, self._flag)
+                self._unsettled = True
+                self.offset += 1
+                self.paths["append"] += 1
+                if _routing_active():
+                    self.placeholder = True
+                    return keys, values
+                self.placeholder = False
+                return self.fetch(keys.dtype)
+        B, H, S, dk = keys.shape
+        dv = values.shape[-1]
+        if self.k_dim is None:
+            self.k_dim, self.v_dim = int(dk), int(dv)
+            if self.rotation == "llama":
+                self.k_rot = rotation_group(self.k_format, self.k_dim, "k")
+                self.v_rot = rotation_group(self.v_format, self.v_dim, "v")
+            if self.calibration and self.k_mu is None and self.k_scale is None:
+                if self.calibration.queries and _routing_active():
+                    self._pending = keys          # fitted when the routing brings the queries
+                else:
+                    if self.calibration.queries:
+                        self.calibration_note = "qscale without the attention routing: key statistics only"
+                    self._fit(keys, None)
+        elif (dk, dv) != (self.k_dim, self.v_dim):
+            raise ValueError(f"head dims changed from {(self.k_dim, self.v_dim)} to {(dk, dv)}")
+        else:
+            self.finish_calibration(None)
+        if self.calibration and self.k_mu is None and self.k_scale is None and self._pending is None:
+            raise ValueError("TQCache: key calibration is configured but missing (state without it?)")
+        if S > 1:   # prompt chunks: NaN/inf refused before anything is stored (a sync; not the hot loop)
+            self._refuse_nonfinite(keys, values)
+        append = self._inplace_append(keys, values)
+        if append is not None:
+            return self._append_in_place(append, keys, values)
+        self._settle()
+        if S == 1:  # decode steps: checked without a sync, reported at the next check (see check_finite)
+            self._note_nonfinite(_any_nonfinite(keys) | _any_nonfinite(values))
+        if self._pending is None:
+            kb = self._encode(self._key_rows(keys), self.k_format, self._kq)
+        else:  # placeholder rows of the right width, overwritten by finish_calibration
+            kb = self._encode(mx.zeros(keys.shape, mx.float32), self.k_format, self._kq)
+        vb = self._encode(hadamard_rotate(values, self.v_rot), self.v_format, self._vq)
+        prev = self.offset
+        self._compact(prev)
+        r = prev - self.start
+        self._grow(B, H, r + S, kb.shape[-1], vb.shape[-1])
+        self.keys[..., r:r + S, :] = kb
+        self.values[..., r:r + S, :] = vb
+        self.offset = prev + S
+        self.paths["append"] += 1
+        if self._pending is not None:   # the routing quantizes these keys once it has the queries
+            a = self.offset - self.start
+            v = self._decode(self.values[..., :a, :], self.v_format, self._vd, self.v_dim, mx.float32)
+            return keys, hadamard_rotate(v, self.v_rot).astype(values.dtype)
+        return self.fetch(keys.dtype)
+
+    # ------------------------------------------------------------ the in-place decode step
+    def _inplace_append(self, keys: mx.array, values: mx.array):
+        """The prepared in-place append kernel for rows like these, or None (then the ops path)."""
+        key = (keys.dtype, keys.shape[-1], values.shape[-1])
+        if key in self._inplace:
+            return self._inplace[key]
+        app = None
+        gpu = _gpu_backend()
+        if (gpu is not None and not self.calibration and self._pending is None and keys.dtype == values.dtype
+                and keys.dtype in (mx.float16, mx.bfloat16, mx.float32)):
+            from .. import kv_append
+            from ..selfcheck import check_decode_lane
+
+            geo = (self.k_format, self.v_format, self.k_dim, self.v_dim, padded_dim(self.k_format, self.k_dim),
+                   padded_dim(self.v_format, self.v_dim), self.k_rot, self.v_rot,
+                   str(keys.dtype).replace("mlx.core.", ""), gpu)
+            try:
+                app = kv_append.prepared(*geo)
+            except Exception as e:   # a geometry the kernel does not take: the ops path, said once
+                self.codec_paths["append_note"] = f"in-place append unavailable: {type(e).__name__}: {e}"
+            reason = check_decode_lane(*geo) if app is not None else None
+            if reason:   # kernels that fail here on this hardware: the reference paths, loudly
+                app = None
+                self.decode_fallback = f"self-check failed: {reason}"
+                self.codec_paths["append_note"] = f"in-place append off: self-check failed: {reason}"
+                self._kq, kq_path = _quantizer(self.k_format, use_kernel=False)
+                self._vq, vq_path = _quantizer(self.v_format, use_kernel=False)
+                self.codec_paths["k_append"], self.codec_paths["v_append"] = kq_path, vq_path
+        if app is not None:
+            self.codec_paths["k_append"] = self.codec_paths["v_append"] = f"kv-append:{gpu}"
+        self._inplace[key] = app
+        return app
+
+    def _append_in_place(self, append, keys: mx.array, values: mx.array):
+        B, H, S, _ = keys.shape
+        prev = self.offset
+        keep = self._keep_from(prev)
+        cap = 0 if self.keys is None else self.keys.shape[2]
+        if (keep != self.start or prev - self.start + S > cap) and self._owned and self.keys is not None \
+                and self._flag is not None:
+            # slide the window and/or grow on the device, ordered after the in-place appends by their
+            # flag: no sync
+            from ..kv_append import relocate
+
+            a, n = keep - self.start, prev - keep
+            self._reset_hot()
+            self.keys, self.values = relocate(self.keys, self.values, a, n, -(-(n + S) // self.step) * self.step,
+                                              self._flag, append.backend)
+            self.start = keep
+        elif keep != self.start:
+            self._settle()
+            self._compact(prev)
+        r = prev - self.start
+        cap = 0 if self.keys is None else self.keys.shape[2]
+        if r + S > cap or not self._owned:
+            # buffers loaded from a state (possibly views of another cache's) are copied once into
+            # our own before a kernel writes into them
+            self._settle()
+            self._grow(B, H, r + S, append.k_row_bytes, append.v_row_bytes, force=not self._owned)
+            self._owned = True   # fresh buffers; the kernel's graph edge orders it after their allocation
+        flag = self._flag
+        if flag is None or flag.shape[0] != 2 * B * H * S:
+            if flag is not None:
+                self._settle()
+            flag = mx.zeros((2 * B * H * S,), mx.uint32)
+        self._flag = append(keys, values, self.keys, self.values, r, flag)
+        self._unsettled = True
+        self.offset = prev + S
+        self.paths["append"] += 1
+        if S == 1:   # later steps of this geometry take the lane at the top of update_and_fetch
+            self._hot = (keys.shape, values.shape, keys.dtype, append, self.keys.shape[2])
+        if S == 1 and _routing_active():
+            # the routing sends this step to the fused kernel, which reads the buffers: no K/V rows
+            # to build (attend fetches them itself if it has to fall back)
+            self.placeholder = True
+            return keys, values
+        self.placeholder = False
+        return self.fetch(keys.dtype)
+
+    def _note_nonfinite(self, bad: mx.array) -> None:
+        self._flag = bad if self._flag is None or self._flag.shape != bad.shape else self._flag | bad
+
+    def _refuse_nonfinite(self, keys: mx.array, values: mx.array) -> None:
+        if bool((_any_nonfinite(keys) | _any_nonfinite(values)).item()):
+            raise FormatError(f"TQCache({self.k_format}/{self.v_format}): NaN or infinity in the K/V rows "
+                              "to append; nothing was stored")
+
+    def _settle(self) -> None:
+        """Before MLX ops read or replace the buffers: wait for the in-place appends (MLX does not
+        know that kernel wrote them, so nothing else orders it) and report NaN/inf they saw."""
+        if self._unsettled:
+            self.check_finite()
+
+    def check_finite(self) -> None:
+        """Raise :class:`FormatError` if a decode step appended NaN/inf K/V rows (their blocks are
+        unspecified). Decode steps record this on the device without a synchronisation; it is read
+        here — called at every buffer growth (every ``step`` positions), on ``state``, ``trim`` and
+        prompt chunks, and by tqbridge's own generate/quality/bench after a run. One sync."""
+        if self._flag is None:
+            return
+        if self._unsettled:
+            mx.eval(self._flag)
+            self._unsettled = False
+        if bool(mx.any(self._flag).item()):
+            raise FormatError(f"TQCache({self.k_format}/{self.v_format}): a decode step appended NaN or "
+                              f"infinite K/V rows (positions before {self.offset}); their blocks are unspecified")
+
+    def _fit(self, keys: mx.array, queries: "mx.array | None") -> None:
+        rotated = self.calibration.basis == "rotated"
+        k = hadamard_rotate(keys, self.k_rot) if rotated else keys
+        q = None
+        if queries is not None:
+            q = hadamard_rotate(queries, self.k_rot) if rotated else queries
+        self.k_mu, self.k_scale = _fit_calibration(k, self.calibration, q)
+
+    def finish_calibration(self, queries: "mx.array | None") -> None:
+        """Fit a pending ``qscale`` calibration from ``queries`` (None: keys only) and quantize
+        the first chunk's keys with it. Nothing to do when no chunk is pending."""
+        if self._pending is None:
+            return
+        keys, self._pending = self._pending, None
+        if queries is None:
+            self.calibration_note = "qscale: queries never reached the routing; key statistics only"
+        self._fit(keys, queries)
+        kb = self._encode(self._key_rows(keys), self.k_format, self._kq)
+        self.keys[..., :kb.shape[2], :] = kb
+
+    def blocks(self, start: int = 0) -> tuple[mx.array, mx.array]:
+        """The K and V blocks of positions ``max(start, self.start):offset``."""
+        self.finish_calibration(None)
+        self._settle()
+        a, b = max(0, start - self.start), self.offset - self.start
+        return self.keys[..., a:b, :], self.values[..., a:b, :]
+
+    def fetch(self, dtype=mx.float32, start: int = 0) -> tuple[mx.array, mx.array]:
+        """Dequantized K and V of the stored positions from ``start`` (lazy: free if unused)."""
+        kb, vb = self.blocks(start)
+        k = self._decode(kb, self.k_format, self._kd, self.k_dim, mx.float32)
+        k = self._key_values(k) if self.calibration else hadamard_rotate(k, self.k_rot)
+        v = hadamard_rotate(self._decode(vb, self.v_format, self._vd, self.v_dim, mx.float32), self.v_rot)
+        return k.astype(dtype), v.astype(dtype)
+
+    # ------------------------------------------------------------ mlx-lm protocol
+    def size(self) -> int:
+        return self.offset
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    def is_trimmable(self) -> bool:
+        return self.start == 0   # once a window dropped rows, re-appending would need them
+
+    def trim(self, n: int) -> int:
+        # rows past the new offset get overwritten by later in-place appends: let every kernel that
+        # may still read them finish first
+        self._settle()
+        self.check_finite()
+        mx.synchronize()
+        self._reset_hot()
+        n = min(self.offset - self.start, int(n))
+        self.offset -= n
+        return n
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: "int | None" = None):
+        # Keys are the stored positions [start, offset + N): offsets count from the start the
+        # next update will keep (the rule is deterministic, so every windowed layer agrees).
+        window_size = window_size if window_size is not None else self.window
+        return _mlx_cache.create_attention_mask(
+            N, offset=self.offset - self._keep_from(self.offset), return_array=return_array,
+            window_size=window_size)
+
+    @property
+    def meta_state(self) -> tuple:
+        return (str(self.offset), self.k_format, self.v_format, str(self.k_dim or 0),
+                str(self.v_dim or 0), str(self.window or 0), str(self.start), self.rotation,
+                str(self.k_rot), str(self.v_rot)) + ((self.calibration.spec,) if self.calibration else ())
+
+    @meta_state.setter
+    def meta_state(self, v) -> None:
+        # 10 fields, or 11 with the key calibration's spelling last (only when calibrated, so
+        # uncalibrated states keep the layout they always had). Every field is checked before use:
+        # a saved prompt cache is a file a user points at (docs/fuzzing.md).
+        v = tuple(v)
+        if len(v) == 10:
+            v = v + ("none",)
+        if len(v) != 11:
+            raise CacheStateError(f"TQCache meta_state has 10 or 11 entries, got {len(v)}")
+        offset, kf, vf, kd, vd, window, start, rotation, k_rot, v_rot, cal = v
+        offset = _count("offset", offset, _MAX_POSITIONS)
+        start = _count("start", start, offset)
+        k_dim, v_dim = _count("K head dim", kd, _MAX_DIM), _count("V head dim", vd, _MAX_DIM)
+        window = _count("window", window, _MAX_POSITIONS)
+        k_rot, v_rot = _count("K rotation group", k_rot, _MAX_DIM), _count("V rotation group", v_rot, _MAX_DIM)
+        if rotation not in ROTATIONS:
+            raise CacheStateError(f"TQCache state: rotation must be one of {ROTATIONS}, got {shown(rotation)}")
+        try:
+            self._setup(kf, vf, window or None, rotation, cal)
+        except (FormatError, CalibrationError, ValueError) as e:
+            why = str(e)
+            raise CacheStateError(f"TQCache state: {why if len(why) <= 300 else why[:300] + '...'}") from None
+        if (k_dim == 0) != (v_dim == 0):
+            raise CacheStateError("TQCache state: one head dim is known and the other is not")
+        want = (0, 0)
+        if k_dim and rotation == "llama":
+            want = (rotation_group(self.k_format, k_dim, "k"), rotation_group(self.v_format, v_dim, "v"))
+        if (k_rot, v_rot) != want:
+            raise CacheStateError(f"TQCache state: rotation groups {k_rot}/{v_rot}, but {rotation} rotation of "
+                                  f"{self.k_format}/{self.v_format} rows of {k_dim}/{v_dim} values uses "
+                                  f"{want[0]}/{want[1]}")
+        self.offset, self.start = offset, start
+        self.k_rot, self.v_rot = k_rot, v_rot
+        self.k_dim, self.v_dim = k_dim or None, v_dim or None
+
+    @property
+    def state(self):
+        """(K blocks, V blocks, *meta_state): the valid rows only, so a saved cache is compact.
+        A calibrated cache adds its key mean and scale (None where unused) after the V blocks."""
+        self.check_finite()
+        kb, vb = self.blocks() if self.keys is not None else (None, None)
+        if not self.calibration:
+            return (kb, vb, *self.meta_state)
+        return (kb, vb, self.k_mu, self.k_scale, *self.meta_state)
+
+    @state.setter
+    def state(self, v) -> None:
+        v = list(v)
+        if len(v) == 12:          # uncalibrated: no calibration arrays, no spelling
+            v = v[:2] + [None, None] + v[2:] + ["none"]
+        if len(v) != 15:
+            raise CacheStateError(f"TQCache state has 12 entries (15 when calibrated), got {len(v)}")
+        keys, values, mu, scale, *meta = v
+        self.meta_state = tuple(str(m) for m in meta)
+        for name, a in (("K blocks", keys), ("V blocks", values), ("key mean", mu), ("key scale", scale)):
+            if a is not None and not isinstance(a, mx.array):
+                raise CacheStateError(f"TQCache state: {name} must be an array, got {type(a).__name__}")
+        if (keys is None) != (values is None):
+            raise CacheStateError("TQCache state: K blocks and V blocks must be both present or both absent")
+        H = None
+        if keys is not None:
+            if self.k_dim is None:
+                raise CacheStateError("TQCache state: blocks without head dims")
+            if keys.ndim != 4 or values.ndim != 4 or keys.dtype != mx.uint8 or values.dtype != mx.uint8:
+                raise CacheStateError("TQCache state: K and V blocks must be uint8 arrays (batch, heads, rows, bytes)")
+            if keys.shape[:3] != values.shape[:3]:
+                raise CacheStateError(f"TQCache state: K blocks {keys.shape} and V blocks {values.shape} differ in "
+                                      "batch, heads or rows")
+            H = keys.shape[1]
+            if not 0 <= self.offset - self.start <= keys.shape[2]:
+                raise CacheStateError(f"TQCache state: positions {self.start}..{self.offset} do not fit the "
+                                      f"{keys.shape[2]} stored rows")
+            krb = get_format(self.k_format).row_bytes(padded_dim(self.k_format, self.k_dim))
+            vrb = get_format(self.v_format).row_bytes(padded_dim(self.v_format, self.v_dim))
+            if (keys.shape[3], values.shape[3]) != (krb, vrb):
+                raise CacheStateError(f"TQCache state: rows of {keys.shape[3]}/{values.shape[3]} bytes; "
+                                      f"{self.k_format}/{self.v_format} rows of {self.k_dim}/{self.v_dim} values "
+                                      f"take {krb}/{vrb}")
+        elif self.offset != self.start:
+            raise CacheStateError(f"TQCache state: positions {self.start}..{self.offset} but no blocks")
+        for name, a in (("key mean", mu), ("key scale", scale)):
+            if a is not None and (a.ndim != 2 or a.dtype != mx.float32 or a.shape[1] != self.k_dim
+                                  or (H is not None and a.shape[0] != H)):
+                raise CacheStateError(f"TQCache state: {name} has shape {a.shape} ({a.dtype}), expected float32 "
+                                      f"({H or 'heads'}, {self.k_dim})")
+        if (mu is not None) != self.calibration.mean or (scale is not None) != self.calibration.scale:
+            if keys is not None or mu is not None or scale is not None:
+                raise CacheStateError(f"TQCache state: calibration arrays do not match "
+                                      f"{self.calibration.spec or 'no calibration'}")
+        self.k_mu, self.k_scale = mu, scale
+        self.keys, self.values = keys, values
+        self._owned = keys is None
+        self._reset_hot()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated by the live block arrays (including preallocated rows)."""
+        if self.keys is None:
+            return 0
+        return self.keys.nbytes + self.values.nbytes + self.calibration_nbytes
+
+    @property
+    def used_nbytes(self) -> int:
+        """Bytes of the valid rows of the live block arrays (plus the key calibration arrays)."""
+        if self.keys is None:
+            return 0
+        kb, vb = self.blocks()
+        return kb.nbytes + vb.nbytes + self.calibration_nbytes
+
+    @property
+    def calibration_nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.k_mu, self.k_scale) if a is not None)
+
+    def __repr__(self) -> str:
+        w = f", window={self.window}" if self.window else ""
+        return f"TQCache({kv_name(self.k_format, self.v_format, self.calibration)}{w}, offset={self.offset}, start={self.start})"
+
+
+# mlx-lm's load_prompt_cache looks cache classes up by name in its cache module.
+if getattr(_mlx_cache, "TQCache", TQCache) is not TQCache:  # pragma: no cover
+    raise ImportError("mlx_lm.models.cache already defines a different TQCache")
+_mlx_cache.TQCache = TQCache
+
+
+def make_cache(model: Any, k_format: str = "q8_0", v_format: "str | None" = None,
+               *, sliding: str = "quantize", rotation: str = "llama",
+               calibration: "KeyCalibration | str | None" = None) -> list:
+    """A prompt cache for ``model`` with K in ``k_format`` and V in ``v_format``.
+
+    Layers mlx-lm gives a plain ``KVCache`` get a :class:`TQCache`. Sliding-window layers
+    (``RotatingKVCache``, e.g. Gemma 3's local layers) get a windowed TQCache when
+    ``sliding="quantize"`` or keep mlx-lm's float rotating cache when ``sliding="float"``;
+    :func:`cache_report` says which. Other cache kinds (SSM state) are kept as they are.
+    ``rotation="llama"`` rotates K/V rows of ggml quantized formats by a Hadamard matrix before
+    quantizing, as llama.cpp does by default (see :func:`rotation_group`); ``"none"`` does not.
+    ``calibration`` (e.g. ``"mean+scale"``, or written on the K format: ``"q5_1+mean+scale"``)
+    turns on per-channel key calibration, fitted per layer from its first keys
+    (:mod:`tqbridge.metal.lm.calibration`).
+    """
+    if sliding not in ("quantize", "float"):
+        raise ValueError(f"sliding must be 'quantize' or 'float', got {sliding!r}")
+    k_format, k_cal = split_key_spec(k_format)
+    v_format = k_format if v_format is None else v_format
+    cal = KeyCalibration.parse(calibration) if not isinstance(calibration, KeyCalibration) else calibration
+    if k_cal and cal and k_cal != cal:
+        raise ValueError(f"two different key calibrations: {k_cal.spec!r} and {cal.spec!r}")
+    cal = k_cal or cal
+    base = _mlx_cache.make_prompt_cache(model)
+    out = []
+    for c in base:
+        if type(c) is _mlx_cache.KVCache:
+            out.append(TQCache(k_format, v_format, rotation=rotation, calibration=cal))
+        elif type(c) is _mlx_cache.RotatingKVCache and sliding == "quantize":
+            if c.keep:
+                raise ValueError("rotating caches that keep leading tokens are not supported")
+            out.append(TQCache(k_format, v_format, window=c.max_size, rotation=rotation, calibration=cal))
+        else:
+            out.append(c)
+    return out
+
+
+def cache_report(cache: list) -> dict:
+    """What each layer holds and which paths ran: for reports and the CLI."""
+    layers = []
+    paths: Counter = Counter()
+    for i, c in enumerate(cache):
+        if isinstance(c, TQCache):
+            layers.append({"layer": i, "kind": "tqbridge", "kv": f"{c.k_format}/{c.v_format}",
+                           "window": c.window, "codecs": dict(c.codec_paths),
+                           "rotation": [c.k_rot, c.v_rot],
+                           "k_calibration": c.calibration.spec or None,
+                           "calibration_note": c.calibration_note,
+                           "decode_fallback": c.decode_fallback})
+            paths.update(c.paths)
+        else:
+            layers.append({"layer": i, "kind": type(c).__name__, "kv": "float",
+                           "window": getattr(c, "max_size", None)})
+    kinds = Counter(l["kind"] for l in layers)
+    return {"layers": layers, "layer_kinds": dict(kinds), "paths": dict(paths),
+            "nbytes": sum(c.nbytes for c in cache if not c.empty()),
+            "used_nbytes": sum(getattr(c, "used_nbytes", c.nbytes if not c.empty() else 0)
+                               for c in cache)}
+
+
+def paths_line(cache: list) -> str:
+    """One line: which attention paths and append codecs ran, and why any layer fell back."""
+    rep = cache_report(cache)
+    paths = ", ".join(f"{k} x{v}" for k, v in sorted(rep["paths"].items()) if k != "append") or "none yet"
+    codecs = sorted({f"{l['codecs']['k_append']}/{l['codecs']['v_append']}" for l in rep["layers"]
+                     if l.get("codecs")})
+    falls = sorted({f"layer {l['layer']}: {l['decode_fallback']}" for l in rep["layers"] if l.get("decode_fallback")})
+    notes = sorted({l["codecs"]["append_note"] for l in rep["layers"] if l.get("codecs", {}).get("append_note")})
+    out = f"paths: {paths}; appends: {', '.join(codecs) or '-'}"
+    if falls or notes:
+        out += "; FALLBACK: " + "; ".join(falls[:3] + notes[:2]) + (" ..." if len(falls) > 3 else "")
+    return out

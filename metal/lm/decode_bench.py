@@ -1,0 +1,330 @@
+"""End-to-end decode through mlx-lm: TQCache against mlx-lm's own caches, as a user generates.
+
+A model (a named geometry with random fp16 weights, or a real GGUF model), caches pre-filled to a
+context with model-shaped random K/V rows (one ``update_and_fetch`` of ``context`` rows per layer:
+keys and values drawn N(0, 1) in the model's dtype), then ``mlx_lm``'s ``generate_step`` greedy
+decode of ``tokens`` tokens, the length growing every step. Per cache it reports the median
+ms/token (steady state: the first 2 tokens are dropped) and, from one instrumented layer step:
+
+- kernels on the KV path: primitives of the MLX graph one layer's ``update_and_fetch`` + attention
+  builds (read from ``mx.export_to_dot``; views that launch no kernel are counted apart);
+- host synchronisations during that step, and per generated token in the whole loop (calls of
+  ``mx.eval``, ``mx.synchronize``, ``array.item``, ``array.tolist`` counted by wrapping them);
+- Python (graph-building) time of one layer's KV path, median over steps;
+- resident KV bytes: the cache buffers' bytes, and MLX's active-memory growth over the pre-fill.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import mlx.core as mx
+
+GEOMETRIES: dict[str, dict] = {
+    # published configurations (the models' config.json on their hubs), random fp16 weights here
+    "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
+                         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, num_hidden_layers=28, intermediate_size=8960,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, rms_norm_eps=1e-6,
+                         rope_theta=1000000.0, tie_word_embeddings=True),
+    "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, num_hidden_layers=32, intermediate_size=14336,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
+    # a small one for CPU smoke runs
+    "tiny": dict(model_type="llama", hidden_size=256, num_hidden_layers=4, intermediate_size=512,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=512, rms_norm_eps=1e-5,
+                 rope_theta=10000.0, tie_word_embeddings=True),
+}
+REAL_MODELS = ("smollm2", "gemma3")
+# primitives that make a strided view or relabel a buffer: no kernel launch (unless MLX must copy)
+VIEW_PRIMITIVES = frozenset({"Broadcast", "Slice", "ExpandDims", "Squeeze", "Transpose", "Reshape", "Flatten",
+                             "Unflatten", "AsStrided", "Depends", "StopGradient", "View"})
+
+
+def is_view(label: str) -> bool:
+    """Whether a graph node (its label, e.g. ``View uint16``) launches no kernel."""
+    return label.split()[0] in VIEW_PRIMITIVES
+
+
+def build_model(name: str, dtype=mx.float16, seed: int = 0):
+    """``(model, description)``: a named geometry with random weights, or a real model (GGUF)."""
+    if name in GEOMETRIES:
+        import importlib
+
+        cfg = dict(GEOMETRIES[name])
+        mod = importlib.import_module(f"mlx_lm.models.{cfg['model_type']}")
+        mx.random.seed(seed)
+        model = mod.Model(mod.ModelArgs.from_dict(cfg))
+        model.set_dtype(dtype)
+        mx.eval(model.parameters())
+        return model, {"model": name, "weights": f"random {dtype}", **cfg}
+    from tqbridge.bridge.gguf_model import load_gguf_model
+    from tqbridge.parity.harness.models import model_path
+
+    path = model_path(name) if name in REAL_MODELS else name
+    model, _ = load_gguf_model(path)
+    model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    return model, {"model": name, "weights": f"GGUF {os.path.basename(str(path))} as {dtype}"}
+
+
+def make_caches(model, kind: str) -> list:
+    """A prompt cache: ``fp16`` (mlx-lm's KVCache), ``mlx-q8`` / ``mlx-q4`` (its QuantizedKVCache) or a
+    TQCache K/V spelling such as ``q8_0/turbo3``, optionally with ``@int8`` / ``@exact`` (the decode
+    attention's q precision: kernel v3 / v2; default: the backend's)."""
+    from mlx_lm.models import cache as mc
+
+    if kind == "fp16":
+        return mc.make_prompt_cache(model)
+    if kind in ("mlx-q8", "mlx-q4"):
+        bits = 8 if kind == "mlx-q8" else 4
+        return [mc.QuantizedKVCache(group_size=64, bits=bits) if type(c) is mc.KVCache else c
+                for c in mc.make_prompt_cache(model)]
+    from .cache import make_cache, parse_kv_spec
+
+    kind, _, qp = kind.partition("@")
+    k, v, cal = parse_kv_spec(kind)
+    caches = make_cache(model, k, v, calibration=cal or None)
+    if qp:
+        for c in caches:
+            c.q_precision = qp
+    return caches
+
+
+def _kv_shape(model) -> tuple[int, int, int]:
+    layer = model.layers[0].self_attn
+    hkv = getattr(layer, "n_kv_heads", None) or getattr(layer, "num_key_value_heads")
+    hd = getattr(layer, "head_dim", None) or model.args.hidden_size // model.args.num_attention_heads
+    hq = getattr(layer, "n_heads", None) or getattr(layer, "num_attention_heads")
+    return int(hq), int(hkv), int(hd)
+
+
+def prefill(cache: list, model, context: int, dtype, seed: int = 1, chunk: int = 16384) -> None:
+    """Fill every layer with ``context`` random rows (chunks of ``chunk`` rows)."""
+    _, hkv, hd = _kv_shape(model)
+    key = mx.random.key(seed)
+    for c in cache:
+        done = 0
+        while done < context:
+            n = min(chunk, context - done)
+            key, k1, k2 = mx.random.split(key, 3)
+            k = mx.random.normal((1, hkv, n, hd), key=k1).astype(dtype)
+            v = mx.random.normal((1, hkv, n, hd), key=k2).astype(dtype)
+            c.update_and_fetch(k, v)
+            done += n
+        mx.eval([a for a in (getattr(c, "keys", None), getattr(c, "values", None)) if a is not None])
+
+
+@contextlib.contextmanager
+def count_syncs():
+    """Count host synchronisations: calls of mx.eval, mx.synchronize, array.item, array.tolist."""
+    counts = {"n": 0}
+    saved = {}
+
+    def wrap(owner, name):
+        fn = getattr(owner, name)
+        saved[(owner, name)] = fn
+
+        def counted(*a, **kw):
+            counts["n"] += 1
+            return fn(*a, **kw)
+        setattr(owner, name, counted)
+
+    for owner, name in ((mx, "eval"), (mx, "synchronize"), (mx.array, "item"), (mx.array, "tolist")):
+        wrap(owner, name)
+    try:
+        yield counts
+    finally:
+        for (owner, name), fn in saved.items():
+            setattr(owner, name, fn)
+
+
+def graph_primitives(*arrays) -> list[str]:
+    """The primitives (by name) of the unevaluated graph behind ``arrays``."""
+    fd, path = tempfile.mkstemp(suffix=".dot")
+    os.close(fd)
+    try:
+        mx.export_to_dot(path, *arrays)
+        text = open(path).read()
+    finally:
+        os.unlink(path)
+    import re
+
+    return re.findall(r'label ="([^"]+)", shape=rectangle', text)
+
+
+def layer_step_profile(cache: list, model, steps: int = 64, dtype=mx.float16) -> dict:
+    """One layer's KV path (update_and_fetch + attention through mlx-lm's attention entry point),
+    driven directly. Kernels: the primitives of one step's graph. Host time: ``steps`` steps built
+    back to back without evaluating in between (as mlx-lm's pipelined loop builds them), per step.
+    Syncs: counted over all of it."""
+    from mlx_lm.models import base
+
+    from .routing import route_attention
+
+    hq, hkv, hd = _kv_shape(model)
+    c = cache[-1]
+    q = mx.random.normal((1, hq, 1, hd)).astype(dtype)
+    k = mx.random.normal((1, hkv, 1, hd)).astype(dtype)
+    v = mx.random.normal((1, hkv, 1, hd)).astype(dtype)
+    mx.eval(q, k, v)
+    scale = hd ** -0.5
+
+    def deps(out):
+        return [out] + ([c._flag] if getattr(c, "_flag", None) is not None else [])
+
+    with route_attention():
+        attn = base.scaled_dot_product_attention      # routed: TQCache layers go to tqbridge
+        for _ in range(2):                            # warm-up: builds, first-step allocations
+            kk, vv = c.update_and_fetch(k, v)
+            mx.eval(deps(attn(q, kk, vv, cache=c, scale=scale, mask=None)))
+        with count_syncs() as n:
+            kk, vv = c.update_and_fetch(k, v)
+            out = attn(q, kk, vv, cache=c, scale=scale, mask=None)
+            prims = graph_primitives(*deps(out))
+            mx.eval(deps(out))
+            outs = []
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                kk, vv = c.update_and_fetch(k, v)
+                outs.append(attn(q, kk, vv, cache=c, scale=scale, mask=None))
+            t1 = time.perf_counter()
+            mx.eval(deps(outs[-1]) + outs)
+        syncs = n["n"] - 2          # the two evals above are the harness's own
+    kernels = [p for p in prims if not is_view(p)]
+    return {"kv_path_kernels_per_layer": len(kernels), "kv_path_kernel_names": kernels,
+            "kv_path_views_per_layer": len(prims) - len(kernels),
+            "kv_path_host_syncs_per_step": syncs / (steps + 1),
+            "kv_path_python_us_per_layer": (t1 - t0) / steps * 1e6,
+            "paths": dict(getattr(c, "paths", {}) or {})}
+
+
+def _prepare(model, kind: str, context: int, dtype) -> tuple[dict, "list | None"]:
+    row: dict[str, Any] = {"cache": kind, "context": context}
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    try:
+        cache = make_caches(model, kind)
+        prefill(cache, model, context, dtype)
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {e}"[:300]
+        return row, None
+    row["kv_bytes"] = sum(c.nbytes for c in cache if not c.empty())
+    row["kv_active_memory_bytes"] = mx.get_active_memory() - before
+    return row, cache
+
+
+def _decode_tokens(model, cache: list, tokens: int) -> tuple[list[float], float]:
+    """Greedy decode of ``tokens`` tokens through mlx-lm: seconds between tokens, syncs per token."""
+    from mlx_lm.generate import generate_step
+
+    from .routing import route_attention
+
+    stamps = []
+    with route_attention(), count_syncs() as n:
+        for _ in generate_step(mx.array([1], mx.uint32), model, prompt_cache=cache, max_tokens=tokens):
+            stamps.append(time.perf_counter())
+    for c in cache:     # the deferred NaN/inf report of the decode steps (one sync per layer)
+        if hasattr(c, "check_finite"):
+            c.check_finite()
+    return [b - a for a, b in zip(stamps, stamps[1:])][2:], n["n"] / len(stamps)
+
+
+def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int, *, dtype=mx.float16) -> list[dict]:
+    """Every cache of ``kinds`` pre-filled to ``context`` rows, then ``rounds`` rounds in which each
+    cache decodes ``tokens`` tokens in turn (interleaved, so a slow spell of the machine hits every
+    cache alike). Per cache: median over rounds of each round's median ms/token; speed-up against
+    the first cache: median over rounds of the per-round ratios."""
+    rows, caches = [], []
+    for kind in kinds:
+        row, cache = _prepare(model, kind, context, dtype)
+        row["tokens"], row["rounds"] = tokens, rounds
+        rows.append(row)
+        caches.append(cache)
+    per_round: list[list] = [[] for _ in kinds]
+    for _ in range(rounds):
+        for i, cache in enumerate(caches):
+            if cache is None:
+                continue
+            try:
+                deltas, syncs = _decode_tokens(model, cache, tokens)
+            except Exception as e:
+                rows[i]["error"] = f"{type(e).__name__}: {e}"[:300]
+                caches[i] = None
+                continue
+            per_round[i].append(statistics.median(deltas))
+            rows[i]["host_syncs_per_token"] = syncs
+    for i, (row, cache) in enumerate(zip(rows, caches)):
+        if cache is None or not per_round[i]:
+            continue
+        row["ms_per_token_rounds"] = [t * 1e3 for t in per_round[i]]
+        row["ms_per_token"] = statistics.median(per_round[i]) * 1e3
+        row["tokens_per_s"] = 1e3 / row["ms_per_token"]
+        if per_round[0] and len(per_round[0]) == len(per_round[i]):
+            row["speedup_vs_" + kinds[0]] = statistics.median(a / b for a, b in zip(per_round[0], per_round[i]))
+        row.update(layer_step_profile(cache, model, dtype=dtype))
+        if hasattr(cache[-1], "codec_paths"):
+            from .cache import cache_report
+
+            rep = cache_report(cache)
+            row["decode_paths"] = rep["paths"]
+            row["codecs"] = rep["layers"][-1].get("codecs")
+    del caches
+    mx.clear_cache()
+    return rows
+
+
+def run(models: list[str], contexts: list[int], caches: list[str], tokens: int, rounds: int = 3, log=print,
+        save=None, dtype=mx.float16) -> dict:
+    """The whole benchmark: every model x context, its caches interleaved (:func:`decode_group`);
+    speed-ups are against the first cache (fp16). ``save(results)`` is called after every group."""
+    import platform
+
+    out = {"date": time.strftime("%Y-%m-%d"), "hardware": platform.node(), "device": str(mx.default_device()),
+           "mlx": mx.__version__, "prefill": "model-shaped random K/V rows (N(0,1), model dtype), one "
+           "update_and_fetch per layer", "decode": f"mlx_lm.generate.generate_step, greedy, {rounds} interleaved "
+           f"rounds of {tokens} tokens per cache, median ms/token (2 warm-up tokens dropped per round)", "runs": []}
+    try:
+        import mlx_lm
+
+        out["mlx_lm"] = mlx_lm.__version__
+    except Exception:   # pragma: no cover
+        pass
+    for name in models:
+        model, desc = build_model(name, dtype)
+        out.setdefault("models", {})[name] = desc
+        for ctx in contexts:
+            for row in decode_group(model, caches, ctx, tokens, rounds, dtype=dtype):
+                row = {"model": name, **row}
+                out["runs"].append(row)
+                log(row)
+            if save is not None:
+                save(out)
+        del model
+        mx.clear_cache()
+    return out
+
+
+def to_markdown(results: dict) -> str:
+    """The table of a :func:`run` record: ms/token and the speed-up against fp16 per model, context
+    and cache, with the counted kernels, syncs, host time and resident bytes."""
+    lines = ["| model | context | cache | ms/token | vs fp16 | KV kernels/layer | syncs/step | host µs/layer "
+             "| KV MiB |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results["runs"]:
+        if "error" in r:
+            why = ("MLX's backend has no quantized_matmul for it" if "No implementation" in r["error"]
+                   else r["error"][:80])
+            lines.append(f"| {r['model']} | {r['context'] // 1024}K | {r['cache']} | decode failed: {why} | — | — "
+                         f"| — | — | {r.get('kv_bytes', 0) / 2**20:.0f} |")
+            continue
+        lines.append(f"| {r['model']} | {r['context'] // 1024}K | {r['cache']} | {r['ms_per_token']:.2f} | "
+                     f"{r.get('speedup_vs_fp16', 1.0):.2f}× | {r['kv_path_kernels_per_layer']} | "
+                     f"{r['kv_path_host_syncs_per_step']:g} | {r['kv_path_python_us_per_layer']:.0f} | "
+                     f"{r['kv_bytes'] / 2**20:.0f} |")
+    return "\n".join(lines) + "\n"
