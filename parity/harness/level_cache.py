@@ -67,7 +67,7 @@ def same_input_check(f32_state: LlamaState, q_state: LlamaState, head_dim: int, 
     rotation, its layout), so this checks the cache a user runs, not a separate call of the bridge."""
     import mlx.core as mx
 
-    from tqbridge.metal.cache import TQCache
+    from tqbridge.metal.lm.cache import TQCache
 
     fl: LayerKV = f32_state.layers()[layer]
     ql: LayerKV = q_state.layers()[layer]
@@ -157,7 +157,7 @@ def _mlx_prefill(model, tokens: "list[int]", kv, rotation: bool) -> list:
     """tqbridge's cache after one MLX forward pass over ``tokens`` (rotated as llama.cpp's, or not)."""
     import mlx.core as mx
 
-    from tqbridge.metal.cache import make_cache
+    from tqbridge.metal.lm.cache import make_cache
 
     cache = make_cache(model, kv.k, kv.v, rotation="llama" if rotation else "none")
     mx.eval(model(mx.array(list(tokens), dtype=mx.int32)[None], cache=cache))

@@ -91,7 +91,7 @@ def _observed(observe: Callable):
     wrapped where route_attention installed it, and put back on exit)."""
     from mlx_lm.models import base
 
-    from tqbridge.metal.cache import TQCache
+    from tqbridge.metal.lm.cache import TQCache
 
     routed = base.scaled_dot_product_attention
     if getattr(routed, "__wrapped__", None) is None:
@@ -158,7 +158,7 @@ class _Layer:
         self.cache.update_and_fetch = update_and_fetch   # this instance only
 
     def _reference_blocks(self) -> tuple[np.ndarray, np.ndarray]:
-        from tqbridge.metal.cache import padded_dim
+        from tqbridge.metal.lm.cache import padded_dim
         from tqbridge.metal.kv_append import reference_append
 
         c = self.cache
@@ -259,8 +259,8 @@ def run_lane(gguf_path: str, tokens: "list[int]", kv: str, *, rotation: bool = T
     import mlx.core as mx
 
     from tqbridge.bridge.gguf_model import load_gguf_model
-    from tqbridge.metal.cache import TQCache, make_cache
-    from tqbridge.metal.routing import route_attention
+    from tqbridge.metal.lm.cache import TQCache, make_cache
+    from tqbridge.metal.lm.routing import route_attention
     from tqbridge.parity.harness.runtimes import KV
 
     say = progress or (lambda msg: None)

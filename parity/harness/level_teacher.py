@@ -119,7 +119,7 @@ def _tq_feed(k_fmt: str, v_fmt: str, rotation: str, k_chunks, v_chunks, hkv: int
     """A TQCache fed chunk by chunk; returns (cache, K blocks, V blocks) as (Hkv, n, row_bytes)."""
     import mlx.core as mx
 
-    from tqbridge.metal.cache import TQCache
+    from tqbridge.metal.lm.cache import TQCache
 
     cache = TQCache(k_fmt, v_fmt, rotation=rotation)
     for kc, vc in zip(k_chunks, v_chunks):
@@ -143,7 +143,7 @@ def model_windows(gguf_path: str) -> "list[int]":
     GGUF (:func:`tqbridge.bridge.gguf_model.load_gguf_model`) and its TQCaches
     (:func:`tqbridge.metal.cache.make_cache`); 0 for a layer without a window."""
     from tqbridge.bridge.gguf_model import load_gguf_model
-    from tqbridge.metal.cache import make_cache
+    from tqbridge.metal.lm.cache import make_cache
 
     model, _ = load_gguf_model(gguf_path)
     return [int(getattr(c, "window", None) or 0) for c in make_cache(model, "q8_0")]

@@ -167,7 +167,7 @@ def tqbridge_cache_factory(model, k_format: str, v_format: str, rotation: bool =
     ``rotation``: rotate K/V rows of ggml quantized formats by a Hadamard matrix before quantizing,
     as llama.cpp does by default (see ``tqbridge.metal.cache``); match it to the llama.cpp side.
     """
-    from tqbridge.metal.cache import make_cache
+    from tqbridge.metal.lm.cache import make_cache
 
     return make_cache(model, k_format, v_format, rotation="llama" if rotation else "none")
 
@@ -195,7 +195,7 @@ class MLXRuntime:
         GPU, the dispatcher's path on CPU (``cache.paths`` names it)."""
         import mlx.core as mx
 
-        from tqbridge.metal.routing import route_attention
+        from tqbridge.metal.lm.routing import route_attention
 
         toks = mx.array([int(t) for t in tokens], dtype=mx.int32)[None]
         split = toks.shape[1] - max(0, min(int(decode), toks.shape[1] - 1))

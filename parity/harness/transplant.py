@@ -65,7 +65,7 @@ def state_to_tqcache(state: LlamaState, model, n_kv_heads: int, head_dim: int, r
     """
     import mlx.core as mx
 
-    from tqbridge.metal.cache import TQCache, make_cache, rotation_group
+    from tqbridge.metal.lm.cache import TQCache, make_cache, rotation_group
 
     layers = state.layers()
     stream = state.caches[0].stream()
@@ -131,7 +131,7 @@ def greedy_mlx(model, cache: list, first: int, n: int, decode: "str | None" = No
 
     ctx = contextlib.nullcontext()
     if decode is not None:
-        from tqbridge.metal.routing import route_attention
+        from tqbridge.metal.lm.routing import route_attention
 
         ctx = route_attention(decode)
     out = []
@@ -183,7 +183,7 @@ def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = "q8_0", n_new:
     """
     import mlx.core as mx
 
-    from tqbridge.metal.cache import make_cache
+    from tqbridge.metal.lm.cache import make_cache
     from tqbridge.parity.harness.level_cache import gguf_head_dim
     from tqbridge.parity.harness.runtimes import KV, MLXRuntime
 

@@ -955,7 +955,7 @@ class PromptCacheTarget(ParserTarget):
         import mlx.core as mx
         from mlx_lm.models.cache import save_prompt_cache
 
-        from tqbridge.metal.cache import TQCache
+        from tqbridge.metal.lm.cache import TQCache
 
         mx.random.seed(0)
         made = {}
@@ -998,7 +998,7 @@ class PromptCacheTarget(ParserTarget):
         if consumer == "mlx-lm-load":           # mlx-lm's own loader (TQCache registered with it)
             from mlx_lm.models.cache import load_prompt_cache
 
-            import tqbridge.metal.cache  # noqa: F401
+            import tqbridge.metal.lm.cache  # noqa: F401
 
             load_prompt_cache(str(path))
             return None
@@ -1012,7 +1012,7 @@ def _use_caches(caches) -> "str | None":
     """What a loaded prompt cache is for: read it back, fetch it, continue it by one step, save it."""
     import mlx.core as mx
 
-    from tqbridge.metal.cache import TQCache
+    from tqbridge.metal.lm.cache import TQCache
 
     for c in caches:
         if not isinstance(c, TQCache):
@@ -1098,7 +1098,7 @@ class KVSpellingTarget(ParserTarget):
     def call(self, consumer, data, scratch):
         spec = data.decode("utf-8", "surrogateescape")
         if consumer == "parse_kv_spec":
-            from tqbridge.metal.cache import kv_name, parse_kv_spec
+            from tqbridge.metal.lm.cache import kv_name, parse_kv_spec
 
             k, v, cal = parse_kv_spec(spec)
             if parse_kv_spec(kv_name(k, v, cal)) != (k, v, cal):
