@@ -249,6 +249,7 @@ def _run_decode(args) -> int:
     except ImportError as e:
         raise CliError(f"needs mlx and mlx-lm: {e}")
     from ..bridge import FormatError
+    from ..bridge.kv_spec import split_q_precision
     from ..metal.lm import decode_bench
     from ..metal.lm.cache import parse_kv_spec
 
@@ -256,7 +257,7 @@ def _run_decode(args) -> int:
     caches = [c for c in args.caches.split(",") if c]
     for c in caches:
         if c not in ("fp16", "mlx-q8", "mlx-q4"):
-            spec, _, qp = c.partition("@")
+            spec, qp = split_q_precision(c)
             if qp and qp not in ("exact", "int8"):
                 raise CliError(f"--caches: {c!r}: the suffix after @ is the q precision, exact or int8")
             try:

@@ -22,6 +22,7 @@ import mlx.core as mx
 from mlx_lm.models import cache as _mlx_cache
 
 from tqbridge.bridge import FormatError, display_name, get_format
+from tqbridge.bridge.kv_spec import split_kv
 from tqbridge.bridge.registry import shown
 
 from ..hadamard import hadamard_rotate
@@ -60,12 +61,8 @@ def padded_dim(fmt, dim: int) -> int:
 
 def parse_kv(spec: str) -> tuple[str, str]:
     """``"q8_0/turbo3"`` -> ``("q8_0", "turbo3")``; ``"q8_0"`` means the same format for K and V."""
-    parts = [p.strip() for p in str(spec).split("/")]
-    if len(parts) == 1:
-        parts = parts * 2
-    if len(parts) != 2 or not all(parts):
-        raise FormatError(f"bad K/V format pair {shown(spec)}: write K/V, e.g. q8_0/turbo3")
-    return display_name(get_format(parts[0])), display_name(get_format(parts[1]))
+    k, v = split_kv(spec)
+    return display_name(get_format(k)), display_name(get_format(v))
 
 
 def parse_kv_spec(spec: str) -> tuple[str, str, KeyCalibration]:
@@ -74,18 +71,14 @@ def parse_kv_spec(spec: str) -> tuple[str, str, KeyCalibration]:
     The K side may carry key calibration after ``+`` (see :mod:`tqbridge.metal.lm.calibration`);
     a bad spelling raises :class:`FormatError` with a one-line message.
     """
-    parts = [p.strip() for p in str(spec).split("/")]
-    if len(parts) == 1:
-        parts = parts * 2
-    if len(parts) != 2 or not all(parts):
-        raise FormatError(f"bad K/V format pair {shown(spec)}: write K/V, e.g. q8_0/turbo3 or q5_1+mean/q4_0")
+    k_side, v_side = split_kv(spec, example="q8_0/turbo3 or q5_1+mean/q4_0")
     try:
-        kf, cal = split_key_spec(parts[0])
+        kf, cal = split_key_spec(k_side)
     except CalibrationError as e:
         raise FormatError(str(e)) from None
-    if "+" in parts[1]:
+    if "+" in v_side:
         raise FormatError(f"{shown(spec)}: calibration applies to keys only (write it after the K format)")
-    k, v = parse_kv(f"{kf}/{parts[1]}")
+    k, v = parse_kv(f"{kf}/{v_side}")
     return k, v, cal
 
 

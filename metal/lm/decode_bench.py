@@ -86,9 +86,11 @@ def make_caches(model, kind: str) -> list:
         bits = 8 if kind == "mlx-q8" else 4
         return [mc.QuantizedKVCache(group_size=64, bits=bits) if type(c) is mc.KVCache else c
                 for c in mc.make_prompt_cache(model)]
+    from tqbridge.bridge.kv_spec import split_q_precision
+
     from .cache import make_cache, parse_kv_spec
 
-    kind, _, qp = kind.partition("@")
+    kind, qp = split_q_precision(kind)
     k, v, cal = parse_kv_spec(kind)
     caches = make_cache(model, k, v, calibration=cal or None)
     if qp:
