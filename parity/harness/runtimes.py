@@ -27,7 +27,7 @@ LLAMA_KV_TYPES = names(lambda f: f.llama_kv)
 FLOAT_TYPES = names(lambda f: f.kind == "float")
 
 
-class RuntimeError_(RuntimeError):
+class LlamaConfigError(RuntimeError):
     """A runtime cannot run the requested configuration (one line says why)."""
 
 
@@ -40,14 +40,10 @@ class KV:
 
     @classmethod
     def parse(cls, spec: str) -> "KV":
-        parts = [p.strip().lower() for p in str(spec).split("/")]
-        if len(parts) == 1:
-            parts = parts * 2
-        if len(parts) != 2 or not all(parts):
-            from tqbridge.bridge.registry import shown
+        from tqbridge.bridge.kv_spec import split_kv
 
-            raise ValueError(f"bad K/V pair {shown(spec)}: write K/V, e.g. q8_0/q4_0")
-        return cls(parts[0], parts[1])
+        k, v = split_kv(str(spec), error=ValueError, noun="K/V pair", example="q8_0/q4_0")
+        return cls(k.lower(), v.lower())
 
     @property
     def name(self) -> str:
@@ -98,7 +94,7 @@ class LlamaCppRuntime:
 
     def _type_id(self, fmt: str) -> int:
         if fmt not in LLAMA_KV_TYPES:
-            raise RuntimeError_(f"llama.cpp has no KV cache type {fmt!r} (has: {', '.join(LLAMA_KV_TYPES)})")
+            raise LlamaConfigError(f"llama.cpp has no KV cache type {fmt!r} (has: {', '.join(LLAMA_KV_TYPES)})")
         return int(get_format(fmt).ggml_id)
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
@@ -112,7 +108,7 @@ class LlamaCppRuntime:
         from llama_cpp import Llama
 
         if not kv.is_float and not self.flash_attn and kv.v not in FLOAT_TYPES:
-            raise RuntimeError_("llama.cpp needs flash attention for a quantized V cache")
+            raise LlamaConfigError("llama.cpp needs flash attention for a quantized V cache")
         n_ctx = max(256, -(-n_tokens // 256) * 256)
         with _env("LLAMA_ATTN_ROT_DISABLE", None if self.rotation else "1"):
             return Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
