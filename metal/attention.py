@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,13 +29,68 @@ MAX_QUERY_ROWS = 4          # speculative decoding: at most 4 new query rows per
 MAX_ROTATION = 256          # largest Hadamard group (the kernel's sign tables hold 256 entries)
 BACKENDS = ("auto", "reference", "kernel", "cpu-emulator", "cuda", "metal")
 Q_PRECISIONS = ("exact", "int8")   # how q enters the scores (see decode_attention)
-LAST_RUN: dict = {}         # what the most recent call ran: backend, dispatches, splits
-_CHECKED: dict = {}         # call signature -> validated Problem
-FAST_CALLS: dict = {}       # call signature + length + backend + options -> prepared GPU launch
 
 
 class AttentionError(ValueError):
     """Bad arguments to :func:`decode_attention`; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What one :func:`decode_attention` call ran. The reference path sets ``backend`` and
+    ``dispatches`` only; the kernel path sets every field (its launch plan and accumulation chain)."""
+
+    backend: str
+    dispatches: int
+    kernel: "str | None" = None
+    splits: "int | None" = None
+    lanes_per_key: "int | None" = None
+    warps: "int | None" = None
+    tile: "int | None" = None
+    chain: "int | None" = None
+    q_precision: "str | None" = None
+
+    def as_dict(self) -> dict:
+        """The fields that are set (the form :func:`last_run` returns)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
+_local = threading.local()   # .run: the RunRecord of the latest call in this thread
+
+
+def record_run(run: RunRecord) -> None:
+    """Record what the call just made in this thread ran (the attention backends call this)."""
+    _local.run = run
+
+
+def last_run_record() -> "RunRecord | None":
+    """The :class:`RunRecord` of the latest :func:`decode_attention` call in this thread (None before any)."""
+    return getattr(_local, "run", None)
+
+
+class _BoundedCache(dict):
+    """A per-signature memo that forgets everything when it passes ``limit`` entries."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def put(self, key, value) -> None:
+        if len(self) > self.limit:
+            self.clear()
+        self[key] = value
+
+
+# the repeated calls of a decoding loop: validated shapes per call signature, and (on a GPU, MLX
+# arrays) the prepared launches per signature + length + backend + options with the RunRecord they make
+_checked_problems = _BoundedCache(1024)
+_prepared_calls = _BoundedCache(4096)
+
+
+def clear_call_caches() -> None:
+    """Forget the validated call signatures and prepared launches (e.g. after a kernel source edit)."""
+    _checked_problems.clear()
+    _prepared_calls.clear()
 
 
 @dataclass(frozen=True)
@@ -219,23 +275,20 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
     if key is not None:
         # a decoding loop repeats the same call on a GPU: one lookup, then the two launches
         fast_key = (key, length, backend, tuple(sorted(options.items())) if options else ())
-        fast = FAST_CALLS.get(fast_key)
+        fast = _prepared_calls.get(fast_key)
         if (fast is not None and type(q) is type(k_blocks) is type(v_blocks) is fast[1]
                 and (sinks is None or type(sinks) is fast[1])):
             out = fast[0](q, k_blocks, v_blocks, sinks)
-            LAST_RUN.clear()
-            LAST_RUN.update(fast[2])
+            record_run(fast[2])
             return out
-    base = _CHECKED.get(key) if key is not None else None
+    base = _checked_problems.get(key) if key is not None else None
     if base is not None and 0 <= length <= base.l_max:
         prob = dataclasses.replace(base, lengths=(length,) * base.batch)
     else:
         prob = check_problem(q, k_blocks, v_blocks, k_format=k_format, v_format=v_format, length=length,
                              scale=scale, window=window, softcap=softcap, sinks=sinks, rotation=rotation)
         if key is not None:
-            if len(_CHECKED) > 1024:
-                _CHECKED.clear()
-            _CHECKED[key] = prob
+            _checked_problems.put(key, prob)
     qp = options.get("q_precision")
     if qp is not None and qp not in Q_PRECISIONS:
         raise AttentionError(f"q_precision must be one of {', '.join(Q_PRECISIONS)} (or None: the backend's "
@@ -253,14 +306,16 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
     if fast_key is not None:
         from .attention_kernel import fast_call
 
-        fast = fast_call(q, prob, options)
+        run = last_run_record()
+        fast = fast_call(q, prob, options, backend=run.backend)
         if fast is not None:
-            if len(FAST_CALLS) > 4096:
-                FAST_CALLS.clear()
-            FAST_CALLS[fast_key] = (fast, type(q), dict(LAST_RUN))
+            _prepared_calls.put(fast_key, (fast, type(q), run))
     return out
 
 
 def last_run() -> dict:
-    """What the most recent :func:`decode_attention` call ran: ``backend``, ``dispatches`` ..."""
-    return dict(LAST_RUN)
+    """What the latest :func:`decode_attention` call in this thread ran, as a new dict: ``backend``,
+    ``dispatches``, and on the kernel path ``kernel``, ``splits``, ``lanes_per_key``, ``warps``,
+    ``tile``, ``chain``, ``q_precision`` ({} before any call; :func:`last_run_record` gives the record)."""
+    run = last_run_record()
+    return run.as_dict() if run is not None else {}

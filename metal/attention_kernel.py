@@ -709,17 +709,17 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
 
             mx.eval(out)
             out = _np(out)
-    attention.LAST_RUN.clear()
-    attention.LAST_RUN.update(backend=bk, dispatches=LAUNCHES[0] - launches0, kernel=plan.kernel, splits=plan.splits,
-                              lanes_per_key=plan.lanes_per_key, warps=plan.warps, tile=plan.tile,
-                              chain=plan.chain(max(prob.lengths)), q_precision=plan.q_precision)
+    attention.record_run(attention.RunRecord(
+        backend=bk, dispatches=LAUNCHES[0] - launches0, kernel=plan.kernel, splits=plan.splits,
+        lanes_per_key=plan.lanes_per_key, warps=plan.warps, tile=plan.tile,
+        chain=plan.chain(max(prob.lengths)), q_precision=plan.q_precision))
     return out
 
 
-def fast_call(q, prob: Problem, options: dict) -> "_Launches | None":
-    """The prepared launches of the call just made (``attention.LAST_RUN`` says where it ran), when
-    it ran on a GPU with MLX arrays and the default build; else None."""
-    bk = attention.LAST_RUN.get("backend")
+def fast_call(q, prob: Problem, options: dict, *, backend: str) -> "_Launches | None":
+    """The prepared launches of the call just made on ``backend`` (where its RunRecord says it ran),
+    when it ran on a GPU with MLX arrays and the default build; else None."""
+    bk = backend
     if not _is_mlx(q) or bk not in ("cuda", "metal") or set(options) - {"splits", "lanes_per_key", "warps",
                                                                         "tile", "kernel", "q_precision"}:
         return None

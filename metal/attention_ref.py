@@ -356,7 +356,7 @@ def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sin
     l_used = max(prob.lengths)
     if l_used == 0:  # no visible key anywhere: zeros, as the kernel returns (the sinks alone get all weight)
         o = mx.zeros(tuple(qm.shape), out_dtype)
-        attention.LAST_RUN.update(backend="reference", dispatches=0)
+        attention.record_run(attention.RunRecord(backend="reference", dispatches=0))
         return _np(o).astype(np.asarray(q).dtype, copy=False) if was_numpy else o
     # turbo caches stay in their rotated basis: q goes in once, the output comes back once
     k_turbo, v_turbo = _is_turbo(prob.k_format), _is_turbo(prob.v_format)
@@ -409,7 +409,7 @@ def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sin
     if prob.squeeze_rows:
         o = o.reshape(b, hq, d)
     o = o.astype(out_dtype)
-    attention.LAST_RUN.update(backend="reference", dispatches=0)
+    attention.record_run(attention.RunRecord(backend="reference", dispatches=0))
     if was_numpy:
         mx.eval(o)
         return _np(o).astype(np.asarray(q).dtype, copy=False)

@@ -137,8 +137,7 @@ def _clear_kernel_caches():
         for obj in vars(mod).values():
             if isinstance(obj, functools._lru_cache_wrapper):
                 obj.cache_clear()
-    for name in ("FAST_CALLS", "_CHECKED"):
-        getattr(attention, name, {}).clear()
+    attention.clear_call_caches()
 
 
 def test_v_not_rotated_back_in_the_kernel_is_caught_by_attention(ggml, monkeypatch):

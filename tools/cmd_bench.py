@@ -106,7 +106,7 @@ def run(args) -> int:
         raise CliError(f"needs mlx and mlx-lm: {e}")
     from ..bridge import get_format, mlx_quantize
     from ..metal import attention_kernel
-    from ..metal.attention import LAST_RUN, decode_attention
+    from ..metal.attention import decode_attention, last_run
 
     backend = attention_kernel.pick_backend("auto")
     if backend not in ("cuda", "metal"):
@@ -200,7 +200,7 @@ def run(args) -> int:
             try:
                 # one layer against the MLX-ops reference first: a wrong kernel must not look fast
                 got = fused(kern, lpk, nw, un, layers=1)
-                ref = refs["int8" if LAST_RUN.get("q_precision") == "int8" else "exact"]
+                ref = refs["int8" if last_run().get("q_precision") == "int8" else "exact"]
                 diff = mx.max(mx.abs(got.astype(mx.float32) - ref.astype(mx.float32))).item()
                 row[tag + "_max_abs_diff_vs_reference"] = diff
                 if not diff <= CHECK_TOLERANCE * max(ref_max, 1.0):
@@ -213,8 +213,9 @@ def run(args) -> int:
                 continue
             row[tag + "_us"] = t * 1e6
             row[tag + "_GBps"] = kernel_bytes / t / 1e9
-            row[tag + "_plan"] = {k: LAST_RUN.get(k) for k in ("kernel", "splits", "lanes_per_key", "warps", "tile",
-                                                                 "dispatches")}
+            rec = last_run()
+            row[tag + "_plan"] = {k: rec.get(k) for k in ("kernel", "splits", "lanes_per_key", "warps", "tile",
+                                                              "dispatches")}
         row["sdpa_fp16_us"] = _timed(mx, sdpa, args.repeats) / nl * 1e6
         row["dequant_sdpa_us"] = _timed(mx, deq_sdpa, args.repeats) / nl * 1e6
         row["mlx_lm_quantized_sdpa_us"] = _timed(mx, mlxlm, args.repeats) / nl * 1e6

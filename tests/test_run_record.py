@@ -1,0 +1,122 @@
+"""What decode_attention records about each call (``last_run()``) and its per-signature caches.
+
+The fast path (a repeated call on a GPU replays prepared launches) cannot run here; its bookkeeping
+is pinned with a stand-in for ``attention_kernel.fast_call``."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from tqbridge import bridge
+from tqbridge.bridge.padding import pad_rows
+from tqbridge.metal import attention, attention_kernel
+from tqbridge.metal.attention import decode_attention, last_run
+
+pytest.importorskip("mlx.core", reason="MLX is not installed")
+
+KERNEL_KEYS = {"backend", "dispatches", "kernel", "splits", "lanes_per_key", "warps", "tile", "chain", "q_precision"}
+
+
+def _args(seed=0, n=20, d=64):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, 4, d)).astype(np.float32)
+    kb = bridge.quantize("q8_0", pad_rows("q8_0", rng.standard_normal((1, 2, n, d)).astype(np.float32)))
+    vb = bridge.quantize("q8_0", pad_rows("q8_0", rng.standard_normal((1, 2, n, d)).astype(np.float32)))
+    return q, kb, vb, dict(k_format="q8_0", v_format="q8_0", length=n)
+
+
+def test_kernel_run_is_recorded():
+    q, kb, vb, kw = _args()
+    decode_attention(q, kb, vb, backend="cpu-emulator", q_precision="exact", **kw)
+    run = last_run()
+    assert set(run) == KERNEL_KEYS
+    assert run["backend"] == "cpu-emulator" and run["q_precision"] == "exact"
+    assert isinstance(run["chain"], int) and 1 <= run["dispatches"] <= 2
+
+
+def test_reference_run_is_recorded():
+    q, kb, vb, kw = _args()
+    decode_attention(q, kb, vb, backend="cpu-emulator", **kw)
+    decode_attention(q, kb, vb, backend="reference", **kw)
+    # only what the reference path ran: nothing left over from the kernel call before it
+    assert last_run() == {"backend": "reference", "dispatches": 0}
+    assert attention.last_run_record() == attention.RunRecord(backend="reference", dispatches=0)
+
+
+def test_last_run_is_a_copy():
+    q, kb, vb, kw = _args()
+    decode_attention(q, kb, vb, backend="cpu-emulator", **kw)
+    run = last_run()
+    run["backend"] = "changed"
+    run.clear()
+    assert last_run()["backend"] == "cpu-emulator"
+
+
+def test_checked_problem_is_reused_and_the_length_still_checked():
+    q, kb, vb, kw = _args()
+    calls = []
+    real = attention.check_problem
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    attention.clear_call_caches()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(attention, "check_problem", counted)
+        decode_attention(q, kb, vb, backend="reference", **kw)
+        decode_attention(q, kb, vb, backend="reference", **dict(kw, length=7))
+        assert len(calls) == 1
+        with pytest.raises(attention.AttentionError):
+            decode_attention(q, kb, vb, backend="reference", **dict(kw, length=21))
+
+
+def test_fast_path_replays_the_prepared_call_and_its_record(monkeypatch):
+    q, kb, vb, kw = _args(seed=1)
+    attention.clear_call_caches()
+    replayed = []
+
+    def launches(q_, k_, v_, sinks):
+        replayed.append(1)
+        return "replayed"
+
+    monkeypatch.setattr(attention_kernel, "fast_call", lambda *a, **k: launches)
+    first = decode_attention(q, kb, vb, backend="cpu-emulator", **kw)
+    record = last_run()
+    decode_attention(q, kb, vb, backend="reference", **kw)          # another record in between
+    assert last_run()["backend"] == "reference"
+    assert decode_attention(q, kb, vb, backend="cpu-emulator", **kw) == "replayed"
+    assert replayed == [1] and last_run() == record
+    assert isinstance(first, np.ndarray)
+    # a different length is a different prepared call
+    out = decode_attention(q, kb, vb, backend="cpu-emulator", **dict(kw, length=19))
+    assert isinstance(out, np.ndarray) and replayed == [1]
+    attention.clear_call_caches()
+    assert isinstance(decode_attention(q, kb, vb, backend="cpu-emulator", **kw), np.ndarray)
+
+
+def test_fast_call_declines_numpy_and_the_emulator():
+    q, kb, vb, kw = _args()
+    decode_attention(q, kb, vb, backend="cpu-emulator", **kw)
+    prob = attention.check_problem(q, kb, vb, **kw)
+    assert attention_kernel.fast_call(q, prob, {}, backend="cpu-emulator") is None
+
+
+def test_record_is_per_thread():
+    q, kb, vb, kw = _args()
+    decode_attention(q, kb, vb, backend="reference", **kw)
+    seen = {}
+
+    def other():
+        seen["before"] = last_run()
+        decode_attention(q, kb, vb, backend="cpu-emulator", **kw)
+        seen["after"] = last_run()["backend"]
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen == {"before": {}, "after": "cpu-emulator"}
+    assert last_run()["backend"] == "reference"
