@@ -25,6 +25,7 @@ from . import attention
 from .attention import AttentionError, Problem
 from .backend import pick_backend  # noqa: F401  (the fused attention's backend rule; was defined here)
 from .kernel import KERNEL_DIR
+from ..bridge.registry import names as _format_names
 
 MAX_PARTIALS = 1024          # pass 2 keeps one weight per partial in threadgroup memory
 COMBINE_THREADS = 256        # >= the largest row (256 values), a power of 2
@@ -37,9 +38,10 @@ FILL_GROUPS_V2 = 660         # below this many tiles in flight, v2 takes smaller
 V2_MIN_TILES = 1             # v2 on a GPU: at least this many tiles per split
 V2_MIN_TILE = 2              # v2 needs room for at least this many keys per tile, else v1 runs
 KERNELS = ("v1", "v2", "v3")
-# kernel v3 (matrix fragments, int8 q): K formats with int8 codes in 32-value blocks, V formats whose
-# decoded values are binary16 numbers (f32 / bf16 rows may not fit), at most 8 query rows per group
-V3_K_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+# kernel v3 (matrix fragments, int8 q): K formats with int8 codes in 32-value blocks (ggml's legacy
+# blocks: the registry entries with a layout), V formats whose decoded values are binary16 numbers
+# (f32 / bf16 rows may not fit), at most 8 query rows per group
+V3_K_FORMATS = _format_names(lambda f: f.layout is not None)
 V3_V_REFUSED = ("f32", "bf16")
 V3_MAX_ROWS = 8              # the N side of the fragments: query rows of one GQA group
 V3_WARPS = 4
@@ -429,7 +431,7 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
     split = dict(TQA_DK=prob.k_dim, TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_NW=plan.warps, TQA_QTYPE=qtype,
                  TQA_DYN=int(dyn), TQA_TILE=tile, TQA_KTB=-(-tile * krb // 4) * 4, TQA_VTB=-(-tile * vrb // 4) * 4)
     if plan.kernel == "v3":
-        split.update(TQA_KM=int(prob.k_format.name in ("q4_1", "q5_1")),
+        split.update(TQA_KM=int(prob.k_format.layout.has_m),   # q4_1 / q5_1: a minimum m per block
                      TQA_VB=_turbo_index_bits(prob.v_format),
                      TQA_STB=_v3_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages,
                      TQA_FUSED=int(plan.fused), TQA_MAXP=MAX_PARTIALS, TQA_SINKS=int(prob.has_sinks),
