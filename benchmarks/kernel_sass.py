@@ -15,6 +15,7 @@ instructions per key; this is the profile to read before and after a change to t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import shutil
@@ -28,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-CLASSES = (
+CLASSES = (   # opcode (the mnemonic before its first '.') -> class; uniform-datapath ops start with 'U'
     ("tensor", ("IMMA", "HMMA")),
     ("shared_load", ("LDS",)),
     ("global_or_async", ("LDG", "LDGSTS", "STG", "LDGDEPBAR", "DEPBAR")),
@@ -37,17 +38,16 @@ CLASSES = (
                "I2F", "F2I", "I2FP", "F2IP", "FCHK")),
     ("integer_logic", ("IMAD", "IADD3", "LOP3", "SHF", "LEA", "PRMT", "ISETP", "SEL", "VIADD", "IABS", "BMSK",
                        "SGXT", "CS2R", "MOV", "I2I", "POPC", "FLO", "BREV", "PLOP3", "P2R", "R2P")),
-    ("uniform", ("U", "R2UR")),
-    ("control", ("BRA", "BSSY", "BSYNC", "BAR", "WARPSYNC", "EXIT", "NOP", "YIELD", "VOTE", "S2R", "S2UR", "CS2UR", "CALL", "RET")),
+    ("control", ("BRA", "BSSY", "BSYNC", "BAR", "WARPSYNC", "EXIT", "NOP", "YIELD", "VOTE", "S2R", "S2UR", "CS2UR",
+                 "CALL", "RET")),
 )
 
 
 def _class(op: str) -> str:
-    for name, prefixes in CLASSES:
-        if any(op == p or op.startswith(p + ".") or (p == "U" and op.startswith("U") and op != "UNKNOWN")
-               for p in prefixes):
+    for name, ops in CLASSES:
+        if op in ops:
             return name
-    return "other"
+    return "uniform" if op.startswith("U") or op == "R2UR" else "other"
 
 
 def _source(prob, plan):
@@ -71,7 +71,7 @@ def profile(k_format: str, v_format: str, kernel: str = "v3", q_heads: int = 32,
     kb = bridge.quantize(kf, rng.standard_normal((1, kv_heads, 256, head_dim)).astype(np.float32))
     vb = bridge.quantize(vf, rng.standard_normal((1, kv_heads, 256, head_dim)).astype(np.float32))
     prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=256)
-    prob = __import__("dataclasses").replace(prob, l_max=context, lengths=(context,))
+    prob = dataclasses.replace(prob, l_max=context, lengths=(context,))
     plan = ak.make_plan(prob, "cuda", kernel=kernel)
     name, text = _source(prob, plan)
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,7 +83,8 @@ def profile(k_format: str, v_format: str, kernel: str = "v3", q_heads: int = 32,
         sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     regs = int(re.search(r"Used (\d+) registers", usage).group(1))
     spills = [int(x) for x in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", usage).groups()]
-    smem = int((re.search(r"(\d+) bytes smem", usage) or [0, 0])[1] if re.search(r"(\d+) bytes smem", usage) else 0)
+    smem_m = re.search(r"(\d+) bytes smem", usage)
+    smem = int(smem_m.group(1)) if smem_m else 0
     ins = []   # (address, opcode, full text)
     for line in sass.splitlines():
         m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*?);", line)

@@ -41,6 +41,24 @@ def device_times(fn, mx) -> "dict | str":
     return {k: {"count": c, "us": round(t, 2)} for k, (c, t) in out.items()}
 
 
+def build_and_wall(mx, fn, repeats: int, calls: int) -> "tuple[float, float]":
+    """Median µs per call (``fn`` makes ``calls`` chained calls) of building ``fn``'s MLX graph and of
+    the whole evaluation (build + ``mx.eval`` to the end of the device work), after one warm-up."""
+    mx.eval(fn())
+    build, wall = [], []
+    for _ in range(repeats):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        t1 = time.perf_counter()
+        mx.eval(out)
+        mx.synchronize()
+        t2 = time.perf_counter()
+        build.append(t1 - t0)
+        wall.append(t2 - t0)
+    return statistics.median(build) / calls * 1e6, statistics.median(wall) / calls * 1e6
+
+
 def main() -> None:
     import mlx.core as mx
 
@@ -91,20 +109,8 @@ def main() -> None:
 
         row = {"context": ctx}
         for tag, fn in (("fused", fused), ("sdpa_fp16", sdpa)):
-            mx.eval(fn())
-            build, wall = [], []
-            for _ in range(args.repeats):
-                mx.synchronize()
-                t0 = time.perf_counter()
-                out = fn()
-                t1 = time.perf_counter()
-                mx.eval(out)
-                mx.synchronize()
-                t2 = time.perf_counter()
-                build.append(t1 - t0)
-                wall.append(t2 - t0)
-            row[tag] = {"wall_us_per_call": statistics.median(wall) / nl * 1e6,
-                        "build_us_per_call": statistics.median(build) / nl * 1e6,
+            build, wall = build_and_wall(mx, fn, args.repeats, nl)
+            row[tag] = {"wall_us_per_call": wall, "build_us_per_call": build,
                         "device": "skipped" if args.no_cupti else device_times(fn, mx)}
             dev = row[tag]["device"]
             if isinstance(dev, dict):

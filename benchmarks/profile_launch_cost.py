@@ -19,8 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from profile_attention import build_and_wall  # noqa: E402
 
 
 def main() -> None:
@@ -40,20 +44,8 @@ def main() -> None:
                                output_names=["y", "z"], source=src)
 
     def timeit(fn, reps=25):
-        mx.eval(fn())
-        mx.synchronize()
-        build, wall = [], []
-        for _ in range(reps):
-            mx.synchronize()
-            t0 = time.perf_counter()
-            out = fn()
-            t1 = time.perf_counter()
-            mx.eval(out)
-            mx.synchronize()
-            t2 = time.perf_counter()
-            build.append(t1 - t0)
-            wall.append(t2 - t0)
-        return round(statistics.median(build) / nl * 1e6, 1), round(statistics.median(wall) / nl * 1e6, 1)
+        build, wall = build_and_wall(mx, fn, reps, nl)
+        return round(build, 1), round(wall, 1)
 
     report = []
     for ctx in [int(x) for x in args.context.split(",")]:

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tqbridge.bridge.kv_spec import split_kv
 from tqbridge.bridge.mlx_blas import prefer_fast_blas
 from tqbridge.bridge.registry import get_format, names
 
@@ -40,8 +41,6 @@ class KV:
 
     @classmethod
     def parse(cls, spec: str) -> "KV":
-        from tqbridge.bridge.kv_spec import split_kv
-
         k, v = split_kv(str(spec), error=ValueError, noun="K/V pair", example="q8_0/q4_0")
         return cls(k.lower(), v.lower())
 
