@@ -12,51 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
-from collections import defaultdict
 
-
-def device_times(fn, mx) -> "dict | str":
-    """Device time (µs, summed over one evaluation of ``fn``) per kernel name, via CUPTI."""
-    try:
-        import torch
-        from torch.profiler import ProfilerActivity, profile
-    except ImportError as e:
-        return f"no PyTorch profiler: {e}"
-    torch.cuda.init()
-    mx.eval(fn())
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        mx.eval(fn())
-        mx.synchronize()
-        torch.cuda.synchronize()
-    out: dict = defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        dt = getattr(e, "device_type", None)
-        if dt is None or "CUDA" not in str(dt):
-            continue
-        name = e.name[:60]
-        out[name][0] += 1
-        out[name][1] += getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0)
-    return {k: {"count": c, "us": round(t, 2)} for k, (c, t) in out.items()}
-
-
-def build_and_wall(mx, fn, repeats: int, calls: int) -> "tuple[float, float]":
-    """Median µs per call (``fn`` makes ``calls`` chained calls) of building ``fn``'s MLX graph and of
-    the whole evaluation (build + ``mx.eval`` to the end of the device work), after one warm-up."""
-    mx.eval(fn())
-    build, wall = [], []
-    for _ in range(repeats):
-        mx.synchronize()
-        t0 = time.perf_counter()
-        out = fn()
-        t1 = time.perf_counter()
-        mx.eval(out)
-        mx.synchronize()
-        t2 = time.perf_counter()
-        build.append(t1 - t0)
-        wall.append(t2 - t0)
-    return statistics.median(build) / calls * 1e6, statistics.median(wall) / calls * 1e6
+from tqbridge.metal.profiling import build_and_wall, device_times
 
 
 def main() -> None:
@@ -109,9 +66,9 @@ def main() -> None:
 
         row = {"context": ctx}
         for tag, fn in (("fused", fused), ("sdpa_fp16", sdpa)):
-            build, wall = build_and_wall(mx, fn, args.repeats, nl)
+            build, wall = build_and_wall(mx, lambda _: fn(), range(args.repeats + 1), nl)
             row[tag] = {"wall_us_per_call": wall, "build_us_per_call": build,
-                        "device": "skipped" if args.no_cupti else device_times(fn, mx)}
+                        "device": "skipped" if args.no_cupti else device_times(mx, fn)}
             dev = row[tag]["device"]
             if isinstance(dev, dict):
                 row[tag]["device_us_per_call"] = sum(v["us"] for v in dev.values()) / nl

@@ -19,12 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from profile_attention import build_and_wall  # noqa: E402
+from tqbridge.metal.profiling import build_and_wall
 
 
 def main() -> None:
@@ -44,7 +40,7 @@ def main() -> None:
                                output_names=["y", "z"], source=src)
 
     def timeit(fn, reps=25):
-        build, wall = build_and_wall(mx, fn, reps, nl)
+        build, wall = build_and_wall(mx, lambda _: fn(), range(reps + 1), nl)
         return round(build, 1), round(wall, 1)
 
     report = []

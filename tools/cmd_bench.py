@@ -9,11 +9,16 @@ its QuantizedKVCache where MLX's backend runs it), per model geometry and contex
 For each context length: the fused kernel on quantized K/V blocks, ``mx.fast.scaled_dot_product_attention``
 on fp16 K/V, MLX affine dequantize + SDPA, and mlx-lm's quantized SDPA, each over ``--layers``
 distinct caches chained in one evaluation (layer i's output is layer i+1's query), so launch and
-sync costs are amortised as in a model. Reports time per attention call (median of ``--repeats``),
-speed-ups, the kernel's bandwidth on the bytes it reads, and a device-copy bandwidth measured in
-the same run. ``--kernel`` picks the pass-1 kernels timed (default: v2, then v1 for comparison);
-before timing, each kernel's output on one layer is compared with the MLX-ops reference path.
-Needs MLX on a GPU (CUDA or Metal).
+sync costs are amortised as in a model. Two regimes (``--regime``): ``fixed`` calls every path at
+the context length each evaluation; ``growing`` gives each evaluation a new length, as a decoding
+loop does (MLX's paths read a slice of the buffers, as mlx-lm's KVCache hands them to SDPA), and
+also times the prepared launch a TQCache runs (``cache_path``). Reports per attention call: wall
+time (median of ``--repeats``), the host's graph-building share of it, and on CUDA the device time
+summed over the kernels one evaluation ran (CUPTI); speed-ups against MLX's paths; the kernel's
+share of the device's copy bandwidth on the bytes it reads. ``--kernel`` picks the pass-1 kernels
+timed (default: the backend's choice for the pair, then v2); before timing, each one's output on
+one layer is compared with the MLX-ops reference path. Needs MLX on a GPU (CUDA or Metal);
+``--backend cpu-emulator`` runs the same steps on the CPU as a smoke test.
 """
 
 from __future__ import annotations
@@ -53,11 +58,20 @@ def add_arguments(p):
     p.add_argument("--v-format", default="turbo3")
     p.add_argument("--layers", type=int, default=16, help="distinct layers chained per evaluation")
     p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--kernel", default="v2,v1", help="comma-separated pass-1 kernels to time with their default "
-                   "plan (v2: one key per thread; v1: lanes share a key); the first is the headline")
+    p.add_argument("--kernel", default="auto,v2", help="comma-separated pass-1 kernels to time with their default "
+                   "plan (auto: the backend's default for the pair, as a cache runs it; v3: matrix fragments, int8 q; "
+                   "v2: one key per thread; v1: lanes share a key); the first is the headline")
     p.add_argument("--tune", default=DEFAULT_TUNE, help="extra kernel configs, e.g. 'v2:8x64,v2:2x64,v1:16x4x64' "
                    "(v2:warps x keys per tile; v1: lanes_per_key x warps [x tile]; no prefix: v1; '' for none)")
     p.add_argument("--splits", type=int, default=None, help="force the number of context splits")
+    p.add_argument("--regime", default="fixed,growing", help="attention: fixed (the same length every call) and/or "
+                   "growing (a new length every evaluation, as a decoding loop calls it; also times the prepared "
+                   "launch a TQCache runs, as cache_path)")
+    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "metal", "cpu-emulator"],
+                   help="attention: where the kernels run (cpu-emulator: the same steps on the CPU emulator, a smoke "
+                        "test of the command, no timing worth reading)")
+    p.add_argument("--no-device-time", action="store_true", help="attention: skip the device time per call (CUPTI "
+                   "through PyTorch's profiler, summed over the kernels each evaluation ran)")
     p.add_argument("--json", default=None, help="write the results to this file")
 
 
@@ -99,26 +113,16 @@ def _copy_bandwidth(mx, repeats: int) -> dict:
 def run(args) -> int:
     if args.what == "decode":
         return _run_decode(args)
-    try:
-        import mlx.core as mx
-        from mlx_lm.models.base import quantized_scaled_dot_product_attention
-    except ImportError as e:
-        raise CliError(f"needs mlx and mlx-lm: {e}")
-    from ..bridge import get_format, mlx_quantize
-    from ..metal import attention_kernel
-    from ..metal.attention import decode_attention, last_run
+    return _run_attention(args)
 
-    backend = attention_kernel.pick_backend("auto")
-    if backend not in ("cuda", "metal"):
-        raise CliError("bench attention needs MLX on a GPU (CUDA or Metal); this machine has none")
-    b, hq, hkv, d, nl = args.batch, args.q_heads, args.kv_heads, args.head_dim, args.layers
-    kf, vf = get_format(args.k_format), get_format(args.v_format)
-    scale = d ** -0.5
-    configs = []   # (tag, kernel, lanes_per_key, warps, tile)
+
+def _kernel_configs(args, kernels) -> list:
+    """(tag, kernel, lanes_per_key, warps, tile) per timed configuration; the first is the headline."""
+    configs = []
     for k in filter(None, args.kernel.split(",")):
-        if k not in attention_kernel.KERNELS:
-            raise CliError(f"--kernel: unknown kernel {k!r}; choose from {', '.join(attention_kernel.KERNELS)}")
-        configs.append(("fused" if not configs else f"fused_{k}", k, None, None, None))
+        if k != "auto" and k not in kernels:
+            raise CliError(f"--kernel: unknown kernel {k!r}; choose from auto, {', '.join(kernels)}")
+        configs.append(("fused" if not configs else f"fused_{k}", None if k == "auto" else k, None, None, None))
     if not configs:
         raise CliError("--kernel: name at least one kernel")
     for c in filter(None, args.tune.split(",")):
@@ -135,112 +139,225 @@ def run(args) -> int:
             configs.append((f"fused_v1_{spec}", "v1", *parts))
         else:
             raise CliError(f"--tune: {c!r} is not v2:WARPSxTILE or v1:LPKxWARPS[xTILE]")
+    return configs
+
+
+def _run_attention(args) -> int:
+    try:
+        import mlx.core as mx
+        from mlx_lm.models.base import quantized_scaled_dot_product_attention
+    except ImportError as e:
+        raise CliError(f"needs mlx and mlx-lm: {e}")
+    from ..bridge import FormatError, get_format, mlx_quantize
+    from ..metal import attention_kernel, profiling
+    from ..metal.attention import decode_attention, last_run
+
+    regimes = [r for r in args.regime.split(",") if r]
+    if not regimes or set(regimes) - {"fixed", "growing"}:
+        raise CliError(f"--regime: {args.regime!r}; a comma-separated list of fixed and growing")
+    try:
+        contexts = [int(x) for x in args.context.split(",") if x]
+    except ValueError:
+        raise CliError(f"--context: {args.context!r} is not a comma-separated list of integers") from None
+    if args.repeats < 1 or args.layers < 1:
+        raise CliError("--repeats and --layers: at least 1")
+    if any(c <= args.repeats + 2 for c in contexts):
+        raise CliError(f"--context: each context must exceed --repeats + 2 ({args.repeats + 2}): the growing "
+                       "regime times a new length every evaluation below it")
+    try:
+        kf, vf = get_format(args.k_format), get_format(args.v_format)
+        kf.check_length(args.head_dim)
+        vf.check_length(args.head_dim)
+    except FormatError as e:
+        raise CliError(f"--k-format / --v-format / --head-dim: {e}") from None
+    backend = attention_kernel.pick_backend(args.backend)
+    gpu = backend in ("cuda", "metal")
+    if not gpu and args.backend == "auto":
+        raise CliError("bench attention needs MLX on a GPU (CUDA or Metal); this machine has none "
+                       "(--backend cpu-emulator runs the same steps on the emulator: a smoke test, not a timing)")
+    configs = _kernel_configs(args, attention_kernel.KERNELS)
+    b, hq, hkv, d, nl = args.batch, args.q_heads, args.kv_heads, args.head_dim, args.layers
+    scale = d ** -0.5
+    device_time = not args.no_device_time and gpu
+    why_no_device = ("--no-device-time" if args.no_device_time else
+                     f"backend {backend}: no GPU kernels to time" if not gpu else profiling.device_time_unavailable())
     results = {"hardware": platform.node(), "device": str(mx.default_device()), "backend": backend,
                "mlx": mx.__version__, "shape": dict(batch=b, q_heads=hq, kv_heads=hkv, head_dim=d),
-               "formats": [kf.key, vf.key], "layers_per_eval": nl, "repeats": args.repeats,
-               "copy": _copy_bandwidth(mx, args.repeats), "contexts": []}
+               "formats": [kf.key, vf.key], "layers_per_eval": nl, "repeats": args.repeats, "regimes": regimes,
+               "device_time": "CUPTI (PyTorch profiler), summed over the kernels of one evaluation"
+               if device_time and why_no_device is None else f"not measured: {why_no_device}",
+               "copy": _copy_bandwidth(mx, args.repeats) if gpu else {"skipped": f"backend {backend}"},
+               "contexts": []}
+    measure_device = device_time and why_no_device is None
     print(json.dumps(results["copy"]))
-    for ctx in [int(x) for x in args.context.split(",")]:
-        mx.random.seed(ctx)
-        kx = mx.random.normal((b, hkv, ctx, d)).astype(mx.float16)
-        vx = mx.random.normal((b, hkv, ctx, d)).astype(mx.float16)
-        kb0 = mlx_quantize(kf, kx.astype(mx.float32))
-        vb0 = mlx_quantize(vf, vx.astype(mx.float32))
-        kq0 = mx.quantize(kx, group_size=64, bits=8)
-        vq0 = mx.quantize(vx, group_size=64, bits=4)
-        kq40 = mx.quantize(kx, group_size=64, bits=4)
-        mx.eval(kb0, vb0, kq0, vq0, kq40)
-        # distinct buffers per layer (so no layer reads another's data from cache)
-        kb = [kb0 + 0 for _ in range(nl)]
-        vb = [vb0 + 0 for _ in range(nl)]
-        kh = [kx + 0 for _ in range(nl)]
-        vh = [vx + 0 for _ in range(nl)]
-        kq = [tuple(a + 0 for a in kq0) for _ in range(nl)]
-        vq = [tuple(a + 0 for a in vq0) for _ in range(nl)]
-        kq4 = [tuple(a + 0 for a in kq40) for _ in range(nl)]
-        mx.eval(kb, vb, kh, vh, kq, vq, kq4)
-        del kx, vx
-        q0 = mx.random.normal((b, hq, 1, d)).astype(mx.float16)
-
-        def fused(kern="v2", lpk=None, nw=None, un=None, layers=nl):
-            q = q0[:, :, 0]
-            for i in range(layers):
-                q = decode_attention(q, kb[i], vb[i], k_format=kf, v_format=vf, length=ctx, backend=backend,
-                                     kernel=kern, lanes_per_key=lpk, warps=nw, tile=un, splits=args.splits)
-            return q
-
-        def sdpa():
-            q = q0
-            for i in range(nl):
-                q = mx.fast.scaled_dot_product_attention(q, kh[i], vh[i], scale=scale)
-            return q
-
-        def deq_sdpa():
-            q = q0
-            for i in range(nl):
-                k = mx.dequantize(*kq[i], group_size=64, bits=8)
-                v = mx.dequantize(*vq[i], group_size=64, bits=4)
-                q = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)
-            return q
-
-        def mlxlm():
-            q = q0
-            for i in range(nl):
-                # mlx-lm takes one width for K and V: 4-bit (its common setting, fewer bytes than ours)
-                q = quantized_scaled_dot_product_attention(q, kq4[i], vq[i], scale=scale, mask=None, group_size=64,
-                                                           bits=4)
-            return q
-
-        row = {"context": ctx}
-        kernel_bytes = b * hkv * ctx * (kb0.shape[-1] + vb0.shape[-1])
-        refs = {qp: decode_attention(q0[:, :, 0], kb[0], vb[0], k_format=kf, v_format=vf, length=ctx,
-                                     backend="reference", q_precision=qp) for qp in ("exact", "int8")}
-        ref_max = mx.max(mx.abs(refs["exact"].astype(mx.float32))).item()
-        for tag, kern, lpk, nw, un in configs:
-            try:
-                # one layer against the MLX-ops reference first: a wrong kernel must not look fast
-                got = fused(kern, lpk, nw, un, layers=1)
-                ref = refs["int8" if last_run().get("q_precision") == "int8" else "exact"]
-                diff = mx.max(mx.abs(got.astype(mx.float32) - ref.astype(mx.float32))).item()
-                row[tag + "_max_abs_diff_vs_reference"] = diff
-                if not diff <= CHECK_TOLERANCE * max(ref_max, 1.0):
-                    print(f"WARNING: {tag} differs from the reference path by {diff:.3g} (|ref| max {ref_max:.3g})")
-                    row[tag + "_wrong"] = True
-                t = _timed(mx, lambda: fused(kern, lpk, nw, un), args.repeats) / nl
-            except Exception as e:  # one failing configuration must not cost the other measurements
-                row[tag + "_error"] = f"{type(e).__name__}: {e}"[:300]
-                print(f"WARNING: {tag}: {row[tag + '_error']}")
-                continue
-            row[tag + "_us"] = t * 1e6
-            row[tag + "_GBps"] = kernel_bytes / t / 1e9
-            rec = last_run()
-            row[tag + "_plan"] = {k: rec.get(k) for k in ("kernel", "splits", "lanes_per_key", "warps", "tile",
-                                                              "dispatches")}
-        row["sdpa_fp16_us"] = _timed(mx, sdpa, args.repeats) / nl * 1e6
-        row["dequant_sdpa_us"] = _timed(mx, deq_sdpa, args.repeats) / nl * 1e6
-        row["mlx_lm_quantized_sdpa_us"] = _timed(mx, mlxlm, args.repeats) / nl * 1e6
-        row["kernel_bytes"] = kernel_bytes
-        row["fp16_bytes"] = b * hkv * ctx * d * 2 * 2
-        timed = [(k[:-3], v) for k, v in row.items() if k.startswith("fused") and k.endswith("_us")
-                 and not row.get(k[:-3] + "_wrong")]
-        if timed:
-            best_tag, best = min(timed, key=lambda kv: kv[1])
-            row["best_fused_us"] = best
-            row["best_fused"] = best_tag
-            for base in ("sdpa_fp16", "dequant_sdpa", "mlx_lm_quantized_sdpa"):
-                row[f"speedup_vs_{base}"] = row[f"{base}_us"] / best
-                if "fused_us" in row:   # the headline kernel (first of --kernel)
-                    row[f"headline_speedup_vs_{base}"] = row[f"{base}_us"] / row["fused_us"]
-            cp = results["copy"].get("cupy_copy_GBps") or results["copy"]["mlx_copy_GBps"]
-            row["fraction_of_copy_bw"] = kernel_bytes / (best * 1e-6) / 1e9 / cp
+    for ctx in contexts:
+        row = _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure_device,
+                                 decode_attention, last_run, mlx_quantize, quantized_scaled_dot_product_attention,
+                                 profiling, scale, results["copy"])
         results["contexts"].append(row)
         print(json.dumps(row))
-        del kb, vb, kh, vh, kq, vq, kq4
     if args.json:
         from ..bridge.atomic import write_atomic
 
         write_atomic(args.json, json.dumps(results, indent=2))
     return 0
+
+
+def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure_device, decode_attention, last_run,
+                       mlx_quantize, quantized_sdpa, profiling, scale, copy) -> dict:
+    """One context's row: every path timed in each regime (keys ``<path>_us``, ``<path>_build_us``,
+    ``<path>_device_us``; the growing regime's prefixed ``growing_``)."""
+    from ..metal.attention_kernel import prepare_decode
+
+    b, hq, hkv, d, nl = args.batch, args.q_heads, args.kv_heads, args.head_dim, args.layers
+    mx.random.seed(ctx)
+    kx = mx.random.normal((b, hkv, ctx, d)).astype(mx.float16)
+    vx = mx.random.normal((b, hkv, ctx, d)).astype(mx.float16)
+    kb0 = mlx_quantize(kf, kx.astype(mx.float32))
+    vb0 = mlx_quantize(vf, vx.astype(mx.float32))
+    kq0 = mx.quantize(kx, group_size=64, bits=8)
+    vq0 = mx.quantize(vx, group_size=64, bits=4)
+    kq40 = mx.quantize(kx, group_size=64, bits=4)
+    mx.eval(kb0, vb0, kq0, vq0, kq40)
+    # distinct buffers per layer (so no layer reads another's data from cache)
+    kb = [kb0 + 0 for _ in range(nl)]
+    vb = [vb0 + 0 for _ in range(nl)]
+    kh = [kx + 0 for _ in range(nl)]
+    vh = [vx + 0 for _ in range(nl)]
+    kq = [tuple(a + 0 for a in kq0) for _ in range(nl)]
+    vq = [tuple(a + 0 for a in vq0) for _ in range(nl)]
+    kq4 = [tuple(a + 0 for a in kq40) for _ in range(nl)]
+    mx.eval(kb, vb, kh, vh, kq, vq, kq4)
+    del kx, vx
+    q0 = mx.random.normal((b, hq, 1, d)).astype(mx.float16)
+
+    def fused(length, kern=None, lpk=None, nw=None, un=None, layers=nl):
+        q = q0[:, :, 0]
+        for i in range(layers):
+            q = decode_attention(q, kb[i], vb[i], k_format=kf, v_format=vf, length=length, backend=backend,
+                                 kernel=kern, lanes_per_key=lpk, warps=nw, tile=un, splits=args.splits)
+        return q
+
+    launch = prepare_decode(q0[:, :, 0], kb[0], vb[0], k_format=kf, v_format=vf, backend=backend)
+
+    def cache_path(length):   # what TQCache runs each decode step: one prepared launch, the length a parameter
+        q = q0[:, :, 0]
+        for i in range(nl):
+            q = launch(q, kb[i], vb[i], length)
+        return q
+
+    def cut(a, length):
+        return a if length == a.shape[2] else a[:, :, :length]
+
+    def sdpa(length):
+        q = q0
+        for i in range(nl):
+            q = mx.fast.scaled_dot_product_attention(q, cut(kh[i], length), cut(vh[i], length), scale=scale)
+        return q
+
+    def deq_sdpa(length):
+        q = q0
+        for i in range(nl):
+            k = mx.dequantize(*(cut(a, length) for a in kq[i]), group_size=64, bits=8)
+            v = mx.dequantize(*(cut(a, length) for a in vq[i]), group_size=64, bits=4)
+            q = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)
+        return q
+
+    def mlxlm(length):
+        q = q0
+        for i in range(nl):
+            # mlx-lm takes one width for K and V: 4-bit (its common setting, fewer bytes than ours)
+            q = quantized_sdpa(q, tuple(cut(a, length) for a in kq4[i]), tuple(cut(a, length) for a in vq[i]),
+                               scale=scale, mask=None, group_size=64, bits=4)
+        return q
+
+    row = {"context": ctx}
+    kernel_bytes = b * hkv * ctx * (kb0.shape[-1] + vb0.shape[-1])
+    refs = {qp: decode_attention(q0[:, :, 0], kb[0], vb[0], k_format=kf, v_format=vf, length=ctx,
+                                 backend="reference", q_precision=qp) for qp in ("exact", "int8")}
+    ref_max = mx.max(mx.abs(refs["exact"].astype(mx.float32))).item()
+
+    def checked(tag, fn, precision):
+        """One layer against the MLX-ops reference first: a wrong kernel must not look fast."""
+        got = fn()
+        ref = refs["int8" if precision == "int8" else "exact"]
+        diff = mx.max(mx.abs(got.astype(mx.float32) - ref.astype(mx.float32))).item()
+        row[tag + "_max_abs_diff_vs_reference"] = diff
+        if not diff <= CHECK_TOLERANCE * max(ref_max, 1.0):
+            print(f"WARNING: {tag} differs from the reference path by {diff:.3g} (|ref| max {ref_max:.3g})")
+            row[tag + "_wrong"] = True
+
+    def timed(tag, make, regime):
+        """``make(length)`` timed: the fixed regime at the context every evaluation, the growing one at
+        a new length every evaluation (the lengths below the context, as a decoding loop sees them)."""
+        key = tag if regime == "fixed" else f"growing_{tag}"
+        if regime == "fixed":
+            lengths = [ctx] * (args.repeats + 1)
+        else:
+            lengths = list(range(ctx - args.repeats - 2, ctx - 1))
+        build, wall = profiling.build_and_wall(mx, make, lengths, nl)
+        row[key + "_us"], row[key + "_build_us"] = wall, build
+        if measure_device:
+            last = ctx if regime == "fixed" else ctx - 1
+            dev = profiling.device_times(mx, lambda: make(last))
+            row[key + "_device_us"] = profiling.device_us_per_call(dev, nl)
+            row[key + "_kernels"] = dev
+        return key
+
+    for tag, kern, lpk, nw, un in configs:
+        try:
+            fused(ctx, kern, lpk, nw, un, layers=1)
+            rec = last_run()
+            checked(tag, lambda: fused(ctx, kern, lpk, nw, un, layers=1), rec.get("q_precision"))
+            row[tag + "_plan"] = {k: rec.get(k) for k in ("kernel", "splits", "lanes_per_key", "warps", "tile",
+                                                          "dispatches", "q_precision")}
+            for regime in regimes:
+                timed(tag, lambda n: fused(n, kern, lpk, nw, un), regime)
+        except Exception as e:  # one failing configuration must not cost the other measurements
+            row[tag + "_error"] = f"{type(e).__name__}: {e}"[:300]
+            print(f"WARNING: {tag}: {row[tag + '_error']}")
+    if launch is not None and "growing" in regimes:
+        info = getattr(launch, "run_info", None) or {"backend": launch.backend}
+        row["cache_path_plan"] = {k: info[k] for k in ("backend", "kernel", "splits", "warps", "tile", "dispatches",
+                                                       "q_precision") if k in info}
+        checked("cache_path", lambda: launch(q0[:, :, 0], kb[0], vb[0], ctx), info.get("q_precision"))
+        timed("cache_path", cache_path, "growing")
+    for tag, make in (("sdpa_fp16", sdpa), ("dequant_sdpa", deq_sdpa), ("mlx_lm_quantized_sdpa", mlxlm)):
+        for regime in regimes:
+            timed(tag, make, regime)
+    row["kernel_bytes"] = kernel_bytes
+    row["fp16_bytes"] = b * hkv * ctx * d * 2 * 2
+    for prefix in ([""] if "fixed" in regimes else []) + (["growing_"] if "growing" in regimes else []):
+        _speedups(row, prefix, copy, kernel_bytes)
+    return row
+
+
+def _speedups(row: dict, prefix: str, copy: dict, kernel_bytes: int) -> None:
+    """Speed-ups of the headline and the best fused configuration against MLX's paths, and the best's
+    share of the device's copy bandwidth on the bytes it reads (wall time)."""
+    timed = [(k[len(prefix):-3], v) for k, v in row.items()
+             if k.startswith(prefix + "fused") and k.endswith("_us") and not k.endswith(("_build_us", "_device_us"))
+             and not row.get(k[len(prefix):-3] + "_wrong")]
+    if prefix and "growing_cache_path_us" in row and not row.get("cache_path_wrong"):
+        timed.append(("cache_path", row["growing_cache_path_us"]))
+    if not timed:
+        return
+    best_tag, best = min(timed, key=lambda kv: kv[1])
+    row[prefix + "best_fused_us"] = best
+    row[prefix + "best_fused"] = best_tag
+    for base in ("sdpa_fp16", "dequant_sdpa", "mlx_lm_quantized_sdpa"):
+        row[f"{prefix}speedup_vs_{base}"] = row[f"{prefix}{base}_us"] / best
+        if prefix + "fused_us" in row:   # the headline kernel (first of --kernel)
+            row[f"{prefix}headline_speedup_vs_{base}"] = row[f"{prefix}{base}_us"] / row[prefix + "fused_us"]
+        dev, base_dev = row.get(prefix + "fused_device_us"), row.get(f"{prefix}{base}_device_us")
+        if dev and base_dev:
+            row[f"{prefix}headline_device_speedup_vs_{base}"] = base_dev / dev
+    cp = copy.get("cupy_copy_GBps") or copy.get("mlx_copy_GBps")
+    if cp:
+        row[prefix + "fraction_of_copy_bw"] = kernel_bytes / (best * 1e-6) / 1e9 / cp
+        dev = row.get(prefix + "fused_device_us")
+        if dev:
+            row[prefix + "headline_device_fraction_of_copy_bw"] = kernel_bytes / (dev * 1e-6) / 1e9 / cp
 
 
 def _run_decode(args) -> int:

@@ -1,0 +1,86 @@
+"""Timing MLX work on a GPU: host graph building, wall time, and device time per kernel.
+
+``build_and_wall`` splits a call's wall time into the host's graph building and the rest;
+``device_times`` sums the device time of every kernel an evaluation ran, by kernel name, through
+CUPTI (PyTorch's profiler). CUPTI sees every kernel of the process, MLX's included; where PyTorch
+or its CUDA build is missing the answer is a sentence saying why, never a number.
+Used by ``tqbridge bench attention`` and the scripts under ``benchmarks/``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from typing import Any, Callable, Iterable
+
+
+def build_and_wall(mx: Any, make: Callable[[Any], Any], args: Iterable[Any], calls: int) -> "tuple[float, float]":
+    """Median µs per call of building ``make(arg)``'s MLX graph and of the whole evaluation (build +
+    ``mx.eval`` to the end of the device work), one timed evaluation per item of ``args`` after a
+    warm-up on the first (so a sequence of growing lengths times a new length every evaluation).
+    ``make(arg)`` makes ``calls`` chained calls."""
+    args = list(args)
+    if len(args) < 2:
+        raise ValueError("build_and_wall needs a warm-up argument and at least one timed one")
+    mx.eval(make(args[0]))
+    build, wall = [], []
+    for a in args[1:]:
+        mx.synchronize()
+        t0 = time.perf_counter()
+        out = make(a)
+        t1 = time.perf_counter()
+        mx.eval(out)
+        mx.synchronize()
+        t2 = time.perf_counter()
+        build.append(t1 - t0)
+        wall.append(t2 - t0)
+    return statistics.median(build) / calls * 1e6, statistics.median(wall) / calls * 1e6
+
+
+def device_time_unavailable() -> "str | None":
+    """Why :func:`device_times` cannot measure here, or None when it can."""
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile  # noqa: F401
+    except ImportError as e:
+        return f"no PyTorch profiler: {e}"
+    if not torch.cuda.is_available():
+        return "PyTorch sees no CUDA device (device time is measured through CUPTI)"
+    return None
+
+
+def device_times(mx: Any, fn: Callable[[], Any]) -> "dict | str":
+    """Device time (µs, summed over one evaluation of ``fn`` after a warm-up one) per kernel name, as
+    ``{name: {"count": n, "us": t}}``; a sentence instead where CUPTI cannot be reached."""
+    why = device_time_unavailable()
+    if why:
+        return why
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.init()
+    mx.eval(fn())
+    mx.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        mx.eval(fn())
+        mx.synchronize()
+        torch.cuda.synchronize()
+    out: dict = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        dt = getattr(e, "device_type", None)
+        if dt is None or "CUDA" not in str(dt):
+            continue
+        name = e.name[:60]
+        out[name][0] += 1
+        out[name][1] += getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0)
+    if not out:
+        return "the profiler saw no CUDA kernel (MLX may not be running on CUDA)"
+    return {k: {"count": c, "us": round(t, 2)} for k, (c, t) in out.items()}
+
+
+def device_us_per_call(times: "dict | str", calls: int) -> "float | None":
+    """The summed device time of :func:`device_times` per call, None where it is a sentence."""
+    if isinstance(times, str):
+        return None
+    return sum(v["us"] for v in times.values()) / calls

@@ -1,0 +1,66 @@
+"""``tqbridge bench attention`` runs its steps end to end on the CPU emulator (the GPU timings are
+measured on the H200 and recorded in BENCHMARKS.md; here: the command's logic, its keys, its
+reference check, and its refusals)."""
+
+import json
+
+import pytest
+
+pytest.importorskip("mlx.core")
+pytest.importorskip("mlx_lm")
+
+from tqbridge.tools.cli import main  # noqa: E402
+
+SMALL = ["bench", "attention", "--backend", "cpu-emulator", "--context", "96", "--layers", "2", "--repeats", "2",
+         "--q-heads", "4", "--kv-heads", "2", "--head-dim", "128", "--tune", ""]
+
+
+def test_both_regimes_and_the_cache_path(tmp_path):
+    out = tmp_path / "bench.json"
+    assert main(SMALL + ["--kernel", "auto,v2", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["backend"] == "cpu-emulator" and rep["regimes"] == ["fixed", "growing"]
+    assert rep["device_time"].startswith("not measured")   # no GPU kernels on the emulator: said, not faked
+    (row,) = rep["contexts"]
+    for prefix in ("", "growing_"):
+        for path in ("fused", "fused_v2", "sdpa_fp16", "dequant_sdpa", "mlx_lm_quantized_sdpa"):
+            assert row[f"{prefix}{path}_us"] > 0 and 0 < row[f"{prefix}{path}_build_us"] <= row[f"{prefix}{path}_us"]
+        assert row[prefix + "best_fused"] in ("fused", "fused_v2", "cache_path")
+        assert row[prefix + "speedup_vs_sdpa_fp16"] == pytest.approx(row[prefix + "sdpa_fp16_us"]
+                                                                     / row[prefix + "best_fused_us"])
+    assert row["growing_cache_path_us"] > 0 and row["cache_path_plan"]["backend"] == "cpu-emulator"
+    assert "fused_v2_wrong" not in row and "cache_path_wrong" not in row
+    assert row["fused_plan"]["kernel"] in ("v1", "v2", "v3") and row["fused_v2_plan"]["kernel"] == "v2"
+
+
+def test_a_wrong_kernel_is_flagged_and_never_the_best(tmp_path, monkeypatch, capsys):
+    """Plant a bug in the kernel path: the reference check must flag it and keep it out of the speed-ups."""
+    from tqbridge.metal import attention
+
+    real = attention.decode_attention
+
+    def off_by_one_tenth(q, *a, backend="auto", **kw):
+        out = real(q, *a, backend=backend, **kw)
+        return out if backend == "reference" else out + 0.1
+
+    monkeypatch.setattr(attention, "decode_attention", off_by_one_tenth)
+    out = tmp_path / "bench.json"
+    assert main(SMALL + ["--kernel", "v2", "--regime", "fixed", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["contexts"]
+    assert row["fused_wrong"] is True and row["fused_max_abs_diff_vs_reference"] >= 0.09
+    assert "best_fused" not in row and "speedup_vs_sdpa_fp16" not in row
+    assert "WARNING: fused differs from the reference path" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--regime", "warm"], "--regime"),
+    (["--context", "3"], "--context"),
+    (["--context", "4k"], "--context"),
+    (["--kernel", "v9"], "--kernel"),
+    (["--k-format", "q9_9"], "q9_9"),
+    (["--head-dim", "64"], "block size 128"),    # turbo3 V: 128-value groups
+])
+def test_bad_arguments_are_refused_in_one_line(argv, says, capsys):
+    assert main(SMALL + argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
