@@ -44,6 +44,9 @@ from .attention import Problem, check_problem, visible_range
 
 U32 = 2.0 ** -24                     # float32 unit roundoff
 U16 = 2.0 ** -11                     # binary16 unit roundoff (kernel v3 rounds V values and weights to it)
+# half of binary16's smallest subnormal (2^-24): below binary16's normal range (2^-14) a rounding's error
+# is absolute, not relative — a V row of tiny norm (turbo's norm, a block's d) decodes to subnormals
+E16 = 2.0 ** -25
 UNIT_ROUNDOFF = {"float32": 0.0, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}  # output rounding
 SAFETY = 2.0                         # covers the second-order terms of the first-order bound
 
@@ -266,7 +269,12 @@ def oracle(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = Non
                     wv = np.sqrt((yw ** 2).sum(axis=1))[:, None] * np.ones((1, prob.head_dim))
                 else:
                     wv = np.einsum("hn,hnd->hd", w, np.abs(vh)) / den[:, None]
-                bound[b, :, t] += SAFETY * (3 if _is_turbo(prob.v_format) else 2) * U16 * wv
+                # each of those roundings may land below binary16's normal range: + E16 absolute per
+                # value, at most E16 in a weighted mean, sqrt(n) E16 in a component after the rotation
+                # back (a weight, scaled by 2^15, goes subnormal only below 2^-29 of the largest: negligible)
+                n_r = 3 if _is_turbo(prob.v_format) else 2
+                under = n_r * E16 * (math.sqrt(v_rot.shape[-1]) if v_rot is not None else 1.0)
+                bound[b, :, t] += SAFETY * (n_r * U16 * wv + under)
     return out, bound
 
 

@@ -324,7 +324,12 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
         timed("cache_path", cache_path, "growing")
     for tag, make in (("sdpa_fp16", sdpa), ("dequant_sdpa", deq_sdpa), ("mlx_lm_quantized_sdpa", mlxlm)):
         for regime in regimes:
-            timed(tag, make, regime)
+            try:
+                timed(tag, make, regime)
+            except Exception as e:  # e.g. MLX's CUDA quantized matmul refuses lengths off its tile sizes
+                key = tag if regime == "fixed" else f"growing_{tag}"
+                row[key + "_error"] = f"{type(e).__name__}: {e}"[:300]
+                print(f"WARNING: {key}: {row[key + '_error']}")
     row["kernel_bytes"] = kernel_bytes
     row["fp16_bytes"] = b * hkv * ctx * d * 2 * 2
     for prefix in ([""] if "fixed" in regimes else []) + (["growing_"] if "growing" in regimes else []):
@@ -346,6 +351,8 @@ def _speedups(row: dict, prefix: str, copy: dict, kernel_bytes: int) -> None:
     row[prefix + "best_fused_us"] = best
     row[prefix + "best_fused"] = best_tag
     for base in ("sdpa_fp16", "dequant_sdpa", "mlx_lm_quantized_sdpa"):
+        if f"{prefix}{base}_us" not in row:   # that path failed (its error is in the row)
+            continue
         row[f"{prefix}speedup_vs_{base}"] = row[f"{prefix}{base}_us"] / best
         if prefix + "fused_us" in row:   # the headline kernel (first of --kernel)
             row[f"{prefix}headline_speedup_vs_{base}"] = row[f"{prefix}{base}_us"] / row[prefix + "fused_us"]
