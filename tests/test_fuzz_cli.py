@@ -35,6 +35,22 @@ def test_decode_attention_campaign_on_the_emulator(tmp_path):
     assert (tmp_path / "db" / "decode-attention").is_dir()
 
 
+@EMU
+def test_kernel_v3_campaign_with_int8_q(tmp_path):
+    """--q-precision int8 sends every call through kernel v3 where it serves the pair, judged by the
+    int8 oracle; the counterexample snippet would rebuild the same target."""
+    rc, out, err = fuzz("decode-attention", "--backend", "cpu-emulator", "--q-precision", "int8", "--examples", "12",
+                        "--db", "db", "--json", "summary.json", cwd=tmp_path)
+    assert rc == 0, out + err
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["ok"] and s["q_precision"] == "int8" and s["examples"] >= 12
+    assert "q precision int8" in out
+    from tqbridge.parity.plugin.fuzz import our_target
+
+    fn, _ = our_target("decode-attention", "cpu-emulator", "int8")
+    assert "our_target('decode-attention', 'cpu-emulator', q_precision='int8')" in fn.__tqbridge_source__
+
+
 def test_planted_gqa_bug_is_found_then_replayed_from_the_database(tmp_path):
     shutil.copy(Path(__file__).resolve().parents[1] / "docs" / "examples" / "fuzz_demo.py", tmp_path)
     target = "fuzz_demo:attention_missing_gqa_index"
@@ -70,6 +86,8 @@ def test_user_function_with_the_claim_on_the_command_line(tmp_path):
     (["json:dumps"], "say what it implements with --op"),
     (["json:dumps", "--op", "decode-attention", "--format", "q8_0"], "format pair"),
     (["decode-attention", "--jobs", "0"], "--jobs must be at least 1"),
+    (["append", "--q-precision", "int8"], "--q-precision applies to"),
+    (["gguf", "--q-precision", "int8"], "--q-precision does not apply to parser targets"),
 ])
 def test_errors_are_one_line(tmp_path, args, message):
     rc, out, err = fuzz(*args, "--db", "db", cwd=tmp_path)

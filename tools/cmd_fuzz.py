@@ -44,6 +44,9 @@ def add_arguments(p) -> None:
     p.add_argument("--format", dest="fmt", help="format(s) it claims, comma-separated (quantize/dequantize/append)")
     p.add_argument("--k-format", help="K format(s) of a decode-attention target, comma-separated")
     p.add_argument("--v-format", help="V format(s) of a decode-attention target, comma-separated")
+    p.add_argument("--q-precision", choices=("exact", "int8"), default=None,
+                   help="decode-attention: q's precision in every call (int8: kernel v3 wherever it serves the "
+                        "pair; default: the backend's own choice per pair)")
     p.add_argument("--json", metavar="OUT", help="also write the summary as JSON to OUT")
     p.add_argument("--input-timeout", type=float, default=None, metavar="S",
                    help="parser targets: seconds one consumer may take on one input before it counts as a "
@@ -65,13 +68,14 @@ def run(args) -> int:
         c = run_campaign(args.target, backend=args.backend, examples=args.examples, minutes=args.minutes,
                          profile=args.profile, jobs=args.jobs, seed=args.seed, db=args.db, op=args.op,
                          fmt=_list(args.fmt), k_format=_list(args.k_format), v_format=_list(args.v_format),
-                         progress=progress)
+                         progress=progress, q_precision=args.q_precision)
     except FuzzError as e:
         raise CliError(str(e)) from None
     if sys.stderr.isatty():
         print(file=sys.stderr)
     s = c.summary()
-    print(f"tqbridge fuzz {c.target} (backend {c.backend}, {c.jobs} job{'s' if c.jobs > 1 else ''}, seed {c.seed})")
+    qp = f", q precision {c.q_precision}" if c.q_precision else ""
+    print(f"tqbridge fuzz {c.target} (backend {c.backend}{qp}, {c.jobs} job{'s' if c.jobs > 1 else ''}, seed {c.seed})")
     print(f"  examples     {s['examples']}")
     print(f"  shapes       {s['shapes']} distinct")
     print(f"  formats      {len(s['formats'])}: {', '.join(s['formats'])}")
@@ -109,7 +113,7 @@ def run_parsers(args) -> int:
     """``tqbridge fuzz gguf|state-blob|prompt-cache|kv-spelling``: a mutation campaign on a parser."""
     from tqbridge.parity.plugin.fuzz_parsers import INPUT_TIMEOUT_S, ParserFuzzError, run_parser_campaign
 
-    for flag in ("op", "fmt", "k_format", "v_format"):
+    for flag in ("op", "fmt", "k_format", "v_format", "q_precision"):
         if getattr(args, flag):
             raise CliError(f"--{flag.replace('_', '-').replace('fmt', 'format')} does not apply to parser targets")
     if args.backend != "auto":

@@ -66,7 +66,18 @@ def _np(a):
     return to_numpy(a)
 
 
-def our_target(name: str, backend: str):
+def _v3_refuses(q, k_blocks, v_blocks, kw) -> bool:
+    """Whether kernel v3 (int8 q) cannot serve this call (a malformed call: False, and the call raises)."""
+    from ...metal.attention import check_problem
+    from ...metal.attention_kernel import v3_refusal
+
+    try:
+        return v3_refusal(check_problem(q, k_blocks, v_blocks, **kw)) is not None
+    except Exception:   # the call itself then raises its own error, as it would without the option
+        return False
+
+
+def our_target(name: str, backend: str, q_precision: "str | None" = None):
     """``(fn, claim)`` of one of tqbridge's own kernels; ``fn`` carries its claim and the source line
     that rebuilds it (for counterexample snippets)."""
     from ... import bridge
@@ -84,14 +95,18 @@ def our_target(name: str, backend: str):
         from ...metal.attention import decode_attention, last_run
 
         def fn(q, k_blocks, v_blocks, **kw):
-            return _np(decode_attention(q, k_blocks, v_blocks, backend=backend, **kw))
+            qp = {} if q_precision is None else {"q_precision": q_precision}
+            if q_precision == "int8" and _v3_refuses(q, k_blocks, v_blocks, kw):
+                qp = {}   # "int8 wherever v3 serves the pair": the rest keep the backend's default
+            return _np(decode_attention(q, k_blocks, v_blocks, backend=backend, **qp, **kw))
 
         claim = make_claim("decode-attention", chain=lambda: last_run().get("chain"),
                            q_precision=lambda: last_run().get("q_precision", "exact"))
     else:
         raise FuzzError(f"unknown target {name!r}: use one of {', '.join(OUR_TARGETS + PARSER_TARGETS)} or module:function")
     fn.__tqbridge_claim__ = claim
-    fn.__tqbridge_source__ = f"from tqbridge.parity.plugin.fuzz import our_target\nfn, _ = our_target({name!r}, {backend!r})\n"
+    args = f"{name!r}, {backend!r}" + (f", q_precision={q_precision!r}" if q_precision is not None else "")
+    fn.__tqbridge_source__ = f"from tqbridge.parity.plugin.fuzz import our_target\nfn, _ = our_target({args})\n"
     return fn, claim
 
 
@@ -131,7 +146,7 @@ def resolve_target(spec: dict):
     t = spec["target"]
     if t in OUR_TARGETS:
         if any(spec.get(k) for k in ("op", "fmt", "k_format", "v_format")):
-            fn, c = our_target(t, spec["backend"])
+            fn, c = our_target(t, spec["backend"], spec.get("q_precision"))
             from .byok import Claim, make_claim
 
             c2 = make_claim(c.op, spec.get("fmt") if c.op != "decode-attention" else None,
@@ -139,7 +154,9 @@ def resolve_target(spec: dict):
             if c2.formats is not None and len(c2.formats) == 1:   # one format: it is no longer passed
                 fn = functools.partial(fn, fmt=c2.formats[0])
             return fn, Claim(c2.op, c2.formats, c2.k_formats, c2.v_formats, c.chain, c.q_precision)
-        return our_target(t, spec["backend"])
+        return our_target(t, spec["backend"], spec.get("q_precision"))
+    if spec.get("q_precision"):
+        raise FuzzError("--q-precision applies to tqbridge's own decode-attention target")
     if ":" in t:
         return user_target(t, spec.get("op"), spec.get("fmt"), spec.get("k_format"), spec.get("v_format"))
     raise FuzzError(f"unknown target {t!r}: use one of {', '.join(OUR_TARGETS + PARSER_TARGETS)} or module:function")
@@ -251,6 +268,7 @@ class Campaign:
     seconds: float = 0.0
     failure: "dict | None" = None
     errors: list = field(default_factory=list)
+    q_precision: "str | None" = None     # decode-attention: passed to every call (None: the backend's default)
 
     @property
     def examples(self) -> int:
@@ -274,7 +292,8 @@ class Campaign:
                 f"worst error/allowed {self.worst_ratio:.3g}, {self.seconds:.0f} s")
 
     def summary(self) -> dict:
-        return {"target": self.target, "backend": self.backend, "jobs": self.jobs, "seed": self.seed,
+        return {"target": self.target, "backend": self.backend, "q_precision": self.q_precision,
+                "jobs": self.jobs, "seed": self.seed,
                 "database": self.db, "examples": self.examples, "shapes": len(self.shapes),
                 "formats": sorted(self.formats), "worst_error_over_allowed": self.worst_ratio,
                 "seconds": round(self.seconds, 2), "ok": self.failure is None and not self.errors,
@@ -314,9 +333,17 @@ def check_budget(profile: str, examples: "int | None", minutes: "float | None", 
 def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" = None, minutes: "float | None" = None,
                  profile: str = "ci", jobs: int = 1, seed: "int | None" = None, db: "str | os.PathLike[str] | None" = None,
                  op: "str | None" = None, fmt: "list[str] | None" = None, k_format: "list[str] | None" = None,
-                 v_format: "list[str] | None" = None, progress: "Callable[[Campaign], None] | None" = None) -> Campaign:
-    """Run one campaign and return its totals (never raises for a counterexample: see ``failure``)."""
+                 v_format: "list[str] | None" = None, progress: "Callable[[Campaign], None] | None" = None,
+                 q_precision: "str | None" = None) -> Campaign:
+    """Run one campaign and return its totals (never raises for a counterexample: see ``failure``).
+    ``q_precision`` ("exact" / "int8"; decode-attention only) is passed to every call: "int8" fuzzes
+    kernel v3 wherever it serves the pair."""
     check_budget(profile, examples, minutes, jobs, FuzzError)
+    if q_precision is not None:
+        if target != "decode-attention":
+            raise FuzzError("--q-precision applies to tqbridge's own decode-attention target")
+        if q_precision not in ("exact", "int8"):
+            raise FuzzError(f"--q-precision must be exact or int8, got {q_precision!r}")
     if backend != "auto" and target in ("append", "decode-attention"):
         from ...metal import backends as usable
 
@@ -327,6 +354,7 @@ def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" =
     path = db_path(root, target if op is None else f"{target}-{op}")
     path.mkdir(parents=True, exist_ok=True)
     spec = {"target": target, "backend": backend, "op": op, "fmt": fmt, "k_format": k_format, "v_format": v_format,
+            "q_precision": q_precision,
             "db": str(path), "seed": seed, "hypothesis_home": str(hypothesis_home())}
     resolve_target(spec)          # fail fast, in this process, with a clear message
     total = PROFILES[profile] if examples is None and minutes is None else examples
@@ -334,7 +362,7 @@ def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" =
         spec["deadline"] = time.time() + 60.0 * minutes
     else:
         spec["examples_per_worker"] = -(-total // jobs)
-    camp = Campaign(target, backend, jobs, seed, str(path))
+    camp = Campaign(target, backend, jobs, seed, str(path), q_precision=q_precision)
     t0 = time.monotonic()
 
     def tick():
