@@ -51,6 +51,27 @@ def test_kernel_v3_campaign_with_int8_q(tmp_path):
     assert "our_target('decode-attention', 'cpu-emulator', q_precision='int8')" in fn.__tqbridge_source__
 
 
+def test_a_timed_campaign_ends_near_its_deadline_even_mid_round(tmp_path):
+    """A round of slow examples (a GPU build takes ~20 s) must not carry a campaign far past --minutes:
+    measured on the H200, a 2.3-minute campaign was still running at 170 s before this."""
+    import time
+
+    (tmp_path / "slow.py").write_text(
+        "import time\nimport numpy as np\n"
+        "def deq(blocks, n):\n"
+        "    time.sleep(2.0)\n"
+        "    b = np.asarray(blocks, np.uint8).reshape(-1, 34)\n"
+        "    d = b[:, :2].copy().view('<f2').astype(np.float32)\n"
+        "    return (d * b[:, 2:].view(np.int8).astype(np.float32)).reshape(-1, n)\n")
+    t0 = time.monotonic()
+    rc, out, err = fuzz("slow:deq", "--op", "dequantize", "--format", "q8_0", "--minutes", "0.05", "--db", "db",
+                        cwd=tmp_path)
+    elapsed = time.monotonic() - t0
+    assert rc == 0, out + err
+    assert elapsed < 3 + 2 * 5.0 + 10, elapsed      # deadline + grace + join + process start; a round is 50 s
+    assert not list((tmp_path / "db").rglob("running-*.case"))
+
+
 def test_planted_gqa_bug_is_found_then_replayed_from_the_database(tmp_path):
     shutil.copy(Path(__file__).resolve().parents[1] / "docs" / "examples" / "fuzz_demo.py", tmp_path)
     target = "fuzz_demo:attention_missing_gqa_index"

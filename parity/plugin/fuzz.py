@@ -363,6 +363,7 @@ def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" =
     else:
         spec["examples_per_worker"] = -(-total // jobs)
     camp = Campaign(target, backend, jobs, seed, str(path), q_precision=q_precision)
+    deadline = spec.get("deadline")
     t0 = time.monotonic()
 
     def tick():
@@ -388,6 +389,9 @@ def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" =
         while len(finished) < jobs:
             if stopped_at is not None and time.monotonic() - stopped_at > GRACE_S:
                 break                      # a counterexample is in; the others stop at their next round
+            if deadline is not None and time.time() > deadline + GRACE_S:
+                break                      # time is up: rounds in flight (a GPU build can take many seconds)
+                                           # are cut; what the workers reported counts
             waiting = {conns[w]: w for w in conns if w not in finished and w not in closed}
             if not waiting:
                 break                      # every worker has finished or died
@@ -417,6 +421,8 @@ def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" =
     for w, p in enumerate(procs):
         if w not in finished and p.exitcode not in (0, None, -15):
             _crashed(camp, spec, w, p.exitcode)
+        elif p.exitcode == -15:          # cut at the deadline: its case was not a crash
+            (path / f"running-{w}.case").unlink(missing_ok=True)
     camp.seconds = time.monotonic() - t0
     if camp.failure:
         (path / "counterexample.py").write_text(camp.failure["snippet"])
