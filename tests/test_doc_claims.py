@@ -762,3 +762,31 @@ def test_static_profile_table_is_its_record():
     assert f"{t3['loop_instructions'] / q4['loop_instructions']:.2f} in loop instructions" in flat(text("BENCHMARKS.md"))
     ops = t3["top_opcodes"]
     assert f"{ops['IMAD'] + ops['LOP3'] + ops['SHF']} of turbo3's {t3['by_class']['integer_logic']}" in flat(text("BENCHMARKS.md"))
+
+
+# ---- bench attention, fixed and growing length (third session) -----------------------------------------
+
+GROWING = {"q8_0/turbo3": "benchmarks/h200-2026-12-01-bench-attention-q8_0-turbo3.json",
+           "q8_0/q4_0": "benchmarks/h200-2026-12-01-bench-attention-q8_0-q4_0.json"}
+
+
+def test_fixed_and_growing_table_is_its_records():
+    rows = table(text("BENCHMARKS.md"), "| K/V | context | regime | cache path")
+    assert len(rows) == 12
+    bad = []
+    for kv, c, regime, cache, v3, v2, sdpa, deq, mlq, vs in rows:
+        r = next(x for x in record(GROWING[kv])["contexts"] if x["context"] == CTX_NAMES[c])
+        pre = "" if regime == "fixed" else "growing_"
+        cells = [(v3, "fused"), (v2, "fused_v2"), (sdpa, "sdpa_fp16"), (deq, "dequant_sdpa"),
+                 (mlq, "mlx_lm_quantized_sdpa")] + ([(cache, "cache_path")] if pre else [])
+        for cell, key in cells:
+            if cell.startswith("fails"):
+                check(pre + key + "_error" in r, f"{kv} {c} {regime} {key} error", bad)
+                continue
+            wall, dev = cell.split(" (")
+            check(rounds_to(wall, r[pre + key + "_us"]) and rounds_to(dev, r[pre + key + "_device_us"]),
+                  f"{kv} {c} {regime} {key} {cell}", bad)
+        mine = r["growing_cache_path_us"] if pre else r["fused_us"]
+        check(rounds_to(vs, r[pre + "sdpa_fp16_us"] / mine), f"{kv} {c} {regime} vs {vs}", bad)
+        check(r["fused_plan"]["kernel"] == "v3" and r["fused_v2_plan"]["kernel"] == "v2", f"{kv} {c} plans", bad)
+    assert not bad, bad
