@@ -431,9 +431,9 @@ def check_graph(base, cpu) -> list[str]:
 
 def describe(version: "str | None", problems: "list[str]") -> str:
     found = f"llama-cpp-python {version}" if version else "llama-cpp-python (version unknown)"
-    return (f"{found} cannot be used by tqbridge (supported: {SUPPORTED}, tested: {TESTED}): "
-            + "; ".join(problems)
-            + f". Install a supported one: pip install 'llama-cpp-python{SUPPORTED}'")
+    hint = "" if all("instructions this CPU lacks" in p for p in problems) else \
+        f". Install a supported one: pip install 'llama-cpp-python{SUPPORTED}'"
+    return f"{found} cannot be used by tqbridge (supported: {SUPPORTED}, tested: {TESTED}): " + "; ".join(problems) + hint
 
 
 def check(*, version: "str | None" = None, libs: "dict | None" = None, llama_cpp=None) -> list[str]:
