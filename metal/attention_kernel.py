@@ -486,11 +486,13 @@ def _version(plan: Plan) -> str:
     return "v3f" if plan.kernel == "v3" and plan.fused else plan.kernel
 
 
-@lru_cache(maxsize=64)
-def _emulated(which: int, qtype: int, static_items: tuple, version: str = "v1"):
-    from .emulator import EmulatedKernel
+def _built(backend: str, which: int, qtype: int, static: dict, version: str = "v1"):
+    """Pass 1 (``which`` 0) or the combine pass (1), compiled for ``backend`` by the one kernel builder
+    and cache (:func:`.dispatch.build`): the emulator's kernel, or MLX's raw callable on a GPU."""
+    from .dispatch import build
 
-    return EmulatedKernel(_kernel_defs(qtype, version)[which], dict(static_items))
+    kern = build(_kernel_defs(qtype, version)[which], static, backend)
+    return kern if backend == "cpu-emulator" else kern.raw
 
 
 def _np(a: Any) -> np.ndarray:
@@ -517,7 +519,7 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
     fp1 = np.array([prob.scale, prob.softcap], np.float32)
     tabs = tables(prob)
     sk = np.zeros(prob.q_heads, np.float32) if sinks is None else _np(sinks).astype(np.float32).reshape(-1)
-    k1 = _emulated(0, qtype, tuple(sorted(split_s.items())), _version(plan))
+    k1 = _built("cpu-emulator", 0, qtype, split_s, _version(plan))
     ins = [qn, np.ascontiguousarray(_np(kb)), np.ascontiguousarray(_np(vb)), ip1, fp1, tabs, np.zeros(1, np.uint32)]
     grid1 = (prob.batch * prob.kv_heads * plan.splits, 1, 1)
     if plan.fused:
@@ -529,7 +531,7 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
         return out
     po, pml = _launch(k1, ins, [(rows, np_, prob.v_dim), (rows, np_, 2)], grid1, 32 * plan.warps, seed=seed)
     ip2 = np.array([np_, prob.q_heads, int(sinks is not None), *extra2], np.int32)
-    k2 = _emulated(1, qtype, tuple(sorted(comb_s.items())))
+    k2 = _built("cpu-emulator", 1, qtype, comb_s)
     (out,) = _launch(k2, [po, pml, ip2, sk, tabs], [(rows, prob.head_dim)], (rows, 1, 1), COMBINE_THREADS, seed=seed)
     return out
 
@@ -537,31 +539,12 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
 # ----------------------------------------------------------------------------- MLX (CUDA / Metal)
 
 
-_MLX_KERNELS: dict = {}
 LAUNCHES = [0]               # kernel launches made by this module (what the dispatch count reports)
 
 
 def _launch(kernel, *args, **kw):
     LAUNCHES[0] += 1
     return kernel(*args, **kw)
-
-
-def _mlx_kernel(backend: str, which: int, qtype: int, static: dict, version: str = "v1"):
-    import mlx.core as mx
-
-    key = (backend, which, qtype, tuple(sorted(static.items())), version)
-    k = _MLX_KERNELS.get(key)
-    if k is None:
-        kdef = _kernel_defs(qtype, version)[which]
-        make = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
-        name = f"{kdef.name}_{kdef.digest(backend, static)}"
-        from .kernel import mlx_sources
-
-        source, header = mlx_sources(kdef, backend, static)
-        k = make(name=name, input_names=[n for n, _ in kdef.inputs], output_names=[n for n, _ in kdef.outputs],
-                 source=source, header=header)
-        _MLX_KERNELS[key] = k
-    return k
 
 
 @lru_cache(maxsize=256)
@@ -573,8 +556,8 @@ def _mlx_setup(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, 
     fp1 = mx.array(np.array([shape_prob.scale, shape_prob.softcap], np.float32))
     tabs = mx.array(tables(shape_prob))
     zero_sinks = mx.zeros((shape_prob.q_heads,), mx.float32)
-    k1 = _mlx_kernel(backend, 0, qtype, split_s, _version(shape_plan))
-    k2 = _mlx_kernel(backend, 1, qtype, comb_s)
+    k1 = _built(backend, 0, qtype, split_s, _version(shape_plan))
+    k2 = _built(backend, 1, qtype, comb_s)
     return k1, k2, fp1, tabs, zero_sinks, tuple(extra1), tuple(extra2)
 
 

@@ -33,17 +33,20 @@ def last_path() -> "str | None":
 
 
 class MLXKernel:
-    """A kernel built with ``mx.fast.metal_kernel`` or ``mx.fast.cuda_kernel``."""
+    """A kernel built with ``mx.fast.metal_kernel`` or ``mx.fast.cuda_kernel``. Calling it checks the
+    inputs' dtypes and takes the grid in threadgroups; ``raw`` is MLX's own callable, for launch code
+    that prepares its buffers once and repeats the call (the decode step)."""
 
     def __init__(self, kernel: Kernel, static: Mapping[str, int], backend: str):
         mx = _mlx()
         self.kernel, self.static, self.path = kernel, dict(static), backend
-        name = f"tq_{kernel.name}_{kernel.digest(backend, static)}"
+        prefix = "" if kernel.name.startswith("tq_") else "tq_"
+        name = f"{prefix}{kernel.name}_{kernel.digest(backend, static)}"
         make = mx.fast.metal_kernel if backend == "metal" else mx.fast.cuda_kernel
         from .kernel import mlx_sources
 
         source, header = mlx_sources(kernel, backend, static)
-        self._fn = make(
+        self.raw = self._fn = make(
             name=name,
             input_names=[n for n, _ in kernel.inputs],
             output_names=[n for n, _ in kernel.outputs],

@@ -120,3 +120,21 @@ def test_record_is_per_thread():
     t.join()
     assert seen == {"before": {}, "after": "cpu-emulator"}
     assert last_run()["backend"] == "reference"
+
+
+def test_attention_kernels_come_from_the_one_builder(monkeypatch):
+    # one kernel builder and cache (dispatch.build) for every kernel: the attention passes too
+    from tqbridge.metal import dispatch
+
+    built = []
+    real = dispatch.build
+
+    def spy(kernel, static=None, backend="auto"):
+        built.append((kernel.name, backend))
+        return real(kernel, static, backend)
+
+    monkeypatch.setattr(dispatch, "build", spy)
+    q, kb, vb, kw = _args(seed=3)
+    decode_attention(q, kb, vb, backend="cpu-emulator", q_precision="exact", **kw)
+    names = {n for n, b in built if b == "cpu-emulator"}
+    assert any(n.startswith("tq_attention_split") for n in names) and "tq_attention_combine" in names, built
