@@ -33,19 +33,11 @@ constexpr int CV = TQA_DV / TQA_LPK;
 const int KRB = TQA_DK / kgrp * kbb;
 const int VRB = TQA_DV / vgrp * vbb;
 const uint tid = tq_tid;
-const uint tgid = tq_gx;
 const uint lane = tid & 31u;
 const uint warp = tid >> 5;
 const int sub = (int)(lane / (uint)TQA_LPK);
 const int c = (int)(lane % (uint)TQA_LPK);
-const int l_max = ip[0], split_len = ip[1], n_splits = ip[2], window = ip[3], hkv = ip[4];
-const float scale = fp[0], softcap = fp[1];
-const int split = (int)(tgid % (uint)n_splits);
-const int bh = (int)(tgid / (uint)n_splits);
-const int h = bh % hkv;
-const int b = bh / hkv;
-const int hq_all = hkv * G;
-const int len = ip[19 + b];
+TQA_SPLIT_PARAMS
 
 TQ_SHARED_ARRAY(float, ktab, 16);
 TQ_SHARED_ARRAY(float, vtab, 16);

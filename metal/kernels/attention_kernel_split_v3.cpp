@@ -34,15 +34,8 @@ const uint tid = tq_tid;
 const uint lane = tid & 31u;
 const uint warp = tid >> 5;
 const uint g = lane >> 2, t4 = lane & 3u;
-const int l_max = ip[0], split_len = ip[1], n_splits = ip[2], window = ip[3], hkv = ip[4];
-const float scale = fp[0], softcap = fp[1];
+TQA_SPLIT_PARAMS
 const float LOG2E = 1.4426950408889634f;   // the softmax runs in base 2: scores times log2(e), then exp2
-const int split = (int)(tq_gx % (uint)n_splits);
-const int bh = (int)(tq_gx / (uint)n_splits);
-const int h = bh % hkv;
-const int b = bh / hkv;
-const int hq_all = hkv * G;
-const int len = ip[19 + b];
 
 TQ_SHARED_ARRAY(float, ktab, 16);
 TQ_SHARED_ARRAY(float, vtab, 16);
