@@ -20,3 +20,35 @@ def header(packages: "tuple[str, ...]") -> dict:
             "machine": {"uname -m": platform.machine(), "nproc": os.cpu_count(), "platform": platform.platform(),
                         "python": platform.python_version()},
             "versions": versions}
+
+
+def record_fuzz_campaigns(out: str, packages: "tuple[str, ...]", campaigns, *, keep_stderr: int = 0,
+                          fixup=None) -> int:
+    """Run ``tqbridge fuzz TARGET ARGS... --db <fresh dir> --json ...`` for each ``(target, args)`` of
+    ``campaigns`` in one fresh example database (the counts are the campaigns' own) and write one record
+    to ``out``: the header, and per target its command, exit code and summary (``fixup(summary)`` edits
+    it first). ``keep_stderr``: how many characters of each campaign's stderr to echo."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from tqbridge.bridge.atomic import write_atomic
+
+    record: dict = {**header(packages), "campaigns": {}}
+    with tempfile.TemporaryDirectory(prefix="tqbridge-fuzz-record-") as tmp:
+        for target, args in campaigns:
+            summary_path = Path(tmp) / f"{target}.json"
+            cmd = ["tqbridge", "fuzz", target, *args, "--db", str(Path(tmp) / "db"), "--json", str(summary_path)]
+            print(" ".join(cmd), file=sys.stderr, flush=True)
+            p = subprocess.run([sys.executable, "-m", "tqbridge.tools.cli", *cmd[1:]], capture_output=True, text=True)
+            print(p.stdout, p.stderr[-keep_stderr:] if keep_stderr else "", file=sys.stderr, flush=True)
+            summary = json.loads(summary_path.read_text())
+            summary["database"] = "(fresh, temporary)"
+            if fixup is not None:
+                fixup(summary)
+            record["campaigns"][target] = {"command": " ".join(cmd[:-4] + ["--db", "DB", "--json", "OUT"]),
+                                           "exit_code": p.returncode, "summary": summary}
+    write_atomic(out, json.dumps(record, indent=1) + "\n")
+    return 0

@@ -10,13 +10,9 @@ the date and the machine.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-from record_env import header
+from record_env import record_fuzz_campaigns
 
 TARGETS = ("decode-attention", "append", "quantize", "dequantize")
 
@@ -28,26 +24,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
-    record: dict = {
-        **header(("tqbridge", "mlx", "hypothesis", "numpy")),
-        "campaigns": {},
-    }
-    with tempfile.TemporaryDirectory(prefix="tqbridge-fuzz-record-") as tmp:
-        for target in TARGETS:
-            out = Path(tmp) / f"{target}.json"
-            cmd = ["tqbridge", "fuzz", target, "--backend", "cpu-emulator", "--examples", str(args.examples),
-                   "--jobs", str(args.jobs), "--seed", str(args.seed), "--db", str(Path(tmp) / "db"), "--json", str(out)]
-            print(" ".join(cmd), file=sys.stderr, flush=True)
-            p = subprocess.run([sys.executable, "-m", "tqbridge.tools.cli", *cmd[1:]], capture_output=True, text=True)
-            print(p.stdout, p.stderr[-2000:], file=sys.stderr, flush=True)
-            summary = json.loads(out.read_text())
-            summary["database"] = "(fresh, temporary)"
-            record["campaigns"][target] = {"command": " ".join(cmd[:-4] + ["--db", "DB", "--json", "OUT"]),
-                                           "exit_code": p.returncode, "summary": summary}
-    from tqbridge.bridge.atomic import write_atomic
-
-    write_atomic(args.out, json.dumps(record, indent=1) + "\n")
-    return 0
+    runs = [(t, ["--backend", "cpu-emulator", "--examples", str(args.examples), "--jobs", str(args.jobs),
+                 "--seed", str(args.seed)]) for t in TARGETS]
+    return record_fuzz_campaigns(args.out, ("tqbridge", "mlx", "hypothesis", "numpy"), runs, keep_stderr=2000)
 
 
 if __name__ == "__main__":
