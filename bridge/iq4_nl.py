@@ -14,6 +14,7 @@ against the C library confirm.
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGMLQuantizationType
 from gguf import quants as gq
 
 KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
@@ -86,6 +87,8 @@ def _quantize_no_search(x: np.ndarray, w: np.ndarray, mx: np.ndarray, live: np.n
 class IQ4NL:
     """Codec for ``iq4_nl`` (ggml type 20)."""
 
+    qtype = GGMLQuantizationType.IQ4_NL
+
     @staticmethod
     def quantize_blocks(x: np.ndarray, *, search: bool = True) -> np.ndarray:
         """``search=True``: ``ggml_quantize_chunk``'s quantizer (scale search, ``ntry = 7``).
@@ -97,7 +100,7 @@ class IQ4NL:
         from .formats_ggml import refuse_nonfinite
 
         x = np.ascontiguousarray(x, dtype=np.float32)
-        refuse_nonfinite("iq4_nl", x)
+        refuse_nonfinite(IQ4NL.qtype.name.lower(), x)
         n = x.shape[0]
         with np.errstate(all="ignore"):
             w = x * x

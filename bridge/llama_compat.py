@@ -286,18 +286,22 @@ def check_types(base) -> list[str]:
             bad.append(f"struct ggml_type_traits of type {tid}: fields {', '.join(diff)} read {facts} through "
                        f"tqbridge's layout, ggml's functions say {ggml}")
             return bad
-    # to_float of q8_0 on one known block: d = 0.5 (fp16 0x3800), q = -16..15 -> -8.0 .. 7.5.
-    q8 = next((tid for name, tid, *_ in _expected_types() if name == "q8_0" and tid in good_ids), None)
+    # to_float of q8_0 (the legacy block of signed 8-bit codes) on one known block: d = 0.5 (fp16 0x3800),
+    # q = -16..15 -> -8.0 .. 7.5.
+    from .registry import all_formats
+
+    q8 = next((f for f in all_formats() if f.layout is not None and f.layout.signed and f.layout.bits == 8
+               and f.ggml_id in good_ids), None)
     if q8 is not None:
-        to_float = base.ggml_get_type_traits(q8).contents.to_float
+        to_float = base.ggml_get_type_traits(q8.ggml_id).contents.to_float
         block = np.concatenate([np.array([0x3800], "<u2").view(np.uint8), np.arange(-16, 16, dtype=np.int8).view(np.uint8)])
         if not to_float:
-            bad.append("struct ggml_type_traits: q8_0 has no to_float")
+            bad.append(f"struct ggml_type_traits: {q8.name} has no to_float")
         else:
             out = np.zeros(32, np.float32)
             ggml_c._TO_FLOAT(to_float)(block.ctypes.data, out.ctypes.data, 32)
             if not np.array_equal(out, np.arange(-16, 16, dtype=np.float32) * 0.5):
-                bad.append("q8_0's to_float from struct ggml_type_traits decodes a known block wrongly")
+                bad.append(f"{q8.name}'s to_float from struct ggml_type_traits decodes a known block wrongly")
     return bad
 
 

@@ -21,9 +21,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from .registry import all_formats
+
 BLOCK = 32
 VARIANTS = ("ref", "x86")
-TYPE_SIZE = {"q8_0": 34, "q8_1": 36}
+# activation format (the registry's vec_dot_type of a legacy block) -> whether it carries s: the one
+# of the K types with a minimum m (q8_1), whose dot products need sum(q) per block
+WITH_SUM = {f.vec_dot_type: f.layout.has_m for f in all_formats() if f.layout is not None}
+TYPE_SIZE = {t: 2 + 2 * s + BLOCK for t, s in WITH_SUM.items()}   # f16 d (+ f16 s) + 32 int8
+
+
+def activation_format(with_sum: bool) -> str:
+    """The activation format with (q8_1) or without (q8_0) the per-block sum ``s``."""
+    return next(t for t, s in WITH_SUM.items() if s == bool(with_sum))
 
 
 def _blocks(x: np.ndarray) -> np.ndarray:
@@ -61,7 +71,7 @@ def quantize(fmt: str, x: np.ndarray, variant: str = "x86") -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     d16, q = codes(x, variant)
     parts = [d16.reshape(-1, 1).view(np.uint8)]
-    if fmt == "q8_1":
+    if WITH_SUM[fmt]:
         qsum = q.astype(np.int32).sum(axis=1).astype(np.float32)
         d32 = (np.abs(_blocks(x)).max(axis=1) / np.float32(127)).astype(np.float32)   # d before f16
         s = (qsum * d32).astype(np.float32)
@@ -76,7 +86,7 @@ def split(fmt: str, blocks: np.ndarray) -> dict[str, np.ndarray]:
     b = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1, TYPE_SIZE[fmt])
     out = {"d": b[:, 0:2].copy().view("<f2").reshape(-1)}
     pos = 2
-    if fmt == "q8_1":
+    if WITH_SUM[fmt]:
         out["s"] = b[:, 2:4].copy().view("<f2").reshape(-1)
         pos = 4
     out["q"] = b[:, pos:].copy().view(np.int8)

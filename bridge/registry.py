@@ -50,7 +50,7 @@ class Layout:
 
 @dataclass(frozen=True)
 class Format:
-    name: str                       # the base name, e.g. "q8_0", "turbo3"
+    name: str                       # the base name, e.g. q8_0, turbo3
     variant: str | None             # e.g. "fork-pr197"; None for formats with one variant
     kind: str                       # "float" | "ggml" | "turbo"
     block_size: int                 # values per block

@@ -57,7 +57,7 @@ def _symmetric(half: list[float], zero: bool) -> np.ndarray:
 class TurboSpec:
     """The constants of one turbo format, as kernels need them (arrays are read-only float32)."""
 
-    name: str                 # "turbo3"
+    name: str                 # the base name, e.g. turbo3
     variant: str              # "fork-pr197" | "fork-69d8e4b" | "g64"
     bits: int                 # 2, 3, 4
     group: int                # values per block = rotation group (128, or 64 for g64)

@@ -135,10 +135,8 @@ def _fmt_params(fmt) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, float]:
         s2 = np.ones(RMAX, np.float32); s2[: sp.group] = sp.s2
         rot_scale = float(sp.scale)
         static.update(QS=sp.qs_offset, SG=sp.signs_offset or 0, ROT=sp.group)
-    elif fmt.name == "iq4_nl":
-        from ..bridge.iq4_nl import KVALUES
-
-        tab[:] = KVALUES.astype(np.float32)
+    elif fmt.layout is not None and fmt.layout.values is not None:   # codes index a value table (iq4_nl)
+        tab[: len(fmt.layout.values)] = fmt.layout.values
     return static, tab, s1, s2, rot_scale
 
 

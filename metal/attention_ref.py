@@ -119,7 +119,7 @@ def quantize_q8(x: np.ndarray, with_sum: bool) -> tuple[np.ndarray, np.ndarray, 
     d (..., n/32) binary16 values, s (..., n/32): q8_1's d * sum(codes) as binary16, zeros for q8_0)."""
     from ..bridge import q8_act
 
-    fmt = "q8_1" if with_sum else "q8_0"
+    fmt = q8_act.activation_format(with_sum)
     parts = q8_act.split(fmt, q8_act.quantize(fmt, x, variant="ref"))
     lead, nb = x.shape[:-1], x.shape[-1] // 32
     s = parts["s"].astype(np.float64).reshape(*lead, nb) if with_sum else np.zeros((*lead, nb))

@@ -2,13 +2,11 @@
 
 ::
 
-    from hypothesis import given
     from tqbridge.parity import testing as tqt
 
-    @given(tqt.blocks(fmt="q4_0"))
-    def test_my_dequantizer(b):
-        n = b.shape[1] // 18 * 32
-        tqt.assert_values_close(my_dequantize(b, n), tqt.reference_dequantize("q4_0", b, n))
+``tqt.blocks(fmt=...)`` draws valid blocks of a registered format, ``tqt.reference_dequantize(fmt, b, n)``
+decodes them as the bridge does and ``tqt.assert_values_close`` says where yours differ: docs/plugin.md
+opens with that first test, written out.
 
 The pytest plugin (:mod:`tqbridge.parity.plugin.pytest_plugin`) adds fixtures for the runtimes, the real
 models and the hypothesis profiles; ``tqbridge fuzz`` runs long campaigns (:mod:`.fuzz`).

@@ -28,6 +28,8 @@ import platform
 import statistics
 import time
 
+from tqbridge.bridge.kv_spec import DEFAULT_FORMAT, TURBO_FORMAT
+
 from .cli import CliError
 
 # fp16 q and output: the kernel and the reference path each round the output to fp16 (2^-11
@@ -54,8 +56,8 @@ def add_arguments(p):
     p.add_argument("--q-heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--k-format", default="q8_0")
-    p.add_argument("--v-format", default="turbo3")
+    p.add_argument("--k-format", default=DEFAULT_FORMAT)
+    p.add_argument("--v-format", default=TURBO_FORMAT)
     p.add_argument("--layers", type=int, default=16, help="distinct layers chained per evaluation")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--kernel", default="auto,v2", help="comma-separated pass-1 kernels to time with their default "

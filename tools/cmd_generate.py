@@ -5,14 +5,16 @@ from __future__ import annotations
 import sys
 import time
 
+from tqbridge.bridge.kv_spec import CALIBRATED_KV, EXAMPLE_KV, GENERATE_KV
+
 from .cli import CliError
 
 
 def add_arguments(p) -> None:
     p.add_argument("model", help="GGUF model file, or a model name: smollm2, gemma3")
-    p.add_argument("--kv", default="q8_0/q8_0",
-                   help="K/V cache formats, e.g. q8_0/turbo3 (default q8_0/q8_0); keys calibrated per channel: "
-                        "q5_1+mean+scale/q4_0")
+    p.add_argument("--kv", default=GENERATE_KV,
+                   help=f"K/V cache formats, e.g. {EXAMPLE_KV} (default {GENERATE_KV}); keys calibrated per channel: "
+                        f"{CALIBRATED_KV}")
     p.add_argument("--prompt", required=True, help="prompt text ('-' reads standard input)")
     p.add_argument("--max-tokens", type=int, default=100, help="tokens to generate (default 100)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0: greedy)")

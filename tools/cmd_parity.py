@@ -15,6 +15,7 @@ from __future__ import annotations
 import shlex
 import sys
 
+from tqbridge.bridge.kv_spec import DEFAULT_FORMAT
 from tqbridge.tools.cli import CliError
 
 LEVELS = ("blocks", "attention", "logits", "cache", "teacher", "lane", "transplant")
@@ -207,7 +208,7 @@ def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say)
             from tqbridge.parity.harness.level_cache import run_cache_level, summary_lines as cache_lines
 
             say("cache: llama.cpp's cache bytes vs tqbridge's")
-            quantized = [s for s in kv_list if not KV.parse(s).is_float] or ["q8_0"]
+            quantized = [s for s in kv_list if not KV.parse(s).is_float] or [DEFAULT_FORMAT]
             out["cache"] = rep = run_cache_level(str(f32), tokens, quantized, rotation=False,
                                                  runtimes=quantized[:1])
             print(f"cache: layer-0 bytes {'identical' if rep['passed'] else 'DIFFER'}")

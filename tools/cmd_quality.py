@@ -6,18 +6,19 @@ import json
 import os
 import sys
 
+from tqbridge.bridge.kv_spec import CALIBRATED_KV, QUALITY_KV
+
 from .cli import CliError
 from .cmd_generate import resolve_model
 
-DEFAULT_KVS = ["q8_0/q8_0", "q8_0/q4_0", "q4_0/q4_0", "q8_0/turbo4", "q8_0/turbo3", "q8_0/turbo2",
-               "turbo4/turbo3", "turbo3/turbo3"]
+DEFAULT_KVS = list(QUALITY_KV)     # the standard table (named in tqbridge.bridge.kv_spec)
 
 
 def add_arguments(p) -> None:
     p.add_argument("model", help="GGUF model file, or a model name: smollm2, gemma3")
     p.add_argument("--kv", action="append", default=None,
                    help="a K/V format pair (repeatable), keys optionally calibrated per channel: "
-                        "q5_1+mean+scale/q4_0; default: the standard table. f16/f16 is always included")
+                        f"{CALIBRATED_KV}; default: the standard table. f16/f16 is always included")
     p.add_argument("--tokens", type=int, default=2048, help="tokens of text to score (default 2048)")
     p.add_argument("--chunk", type=int, default=256, help="fixed prefill chunk size (default 256)")
     p.add_argument("--text", default=None, help="a text file to score instead of pydoc_data.topics")

@@ -22,7 +22,7 @@ import mlx.core as mx
 from mlx_lm.models import cache as _mlx_cache
 
 from tqbridge.bridge import FormatError, display_name, get_format
-from tqbridge.bridge.kv_spec import split_kv
+from tqbridge.bridge.kv_spec import CALIBRATED_EXAMPLE_KV, DEFAULT_FORMAT, EXAMPLE_KV, split_kv
 from tqbridge.bridge.registry import shown
 
 from ..hadamard import hadamard_rotate
@@ -60,18 +60,18 @@ def padded_dim(fmt, dim: int) -> int:
 
 
 def parse_kv(spec: str) -> tuple[str, str]:
-    """``"q8_0/turbo3"`` -> ``("q8_0", "turbo3")``; ``"q8_0"`` means the same format for K and V."""
+    """``q8_0/turbo3`` -> ``(q8_0, turbo3)``; ``q8_0`` means the same format for K and V."""
     k, v = split_kv(spec)
     return display_name(get_format(k)), display_name(get_format(v))
 
 
 def parse_kv_spec(spec: str) -> tuple[str, str, KeyCalibration]:
-    """``"q5_1+mean+scale/q4_0"`` -> ``("q5_1", "q4_0", KeyCalibration(...))``.
+    """``q5_1+mean+scale/q4_0`` -> ``(q5_1, q4_0, KeyCalibration(mean=True, scale=True))``.
 
     The K side may carry key calibration after ``+`` (see :mod:`tqbridge.metal.lm.calibration`);
     a bad spelling raises :class:`FormatError` with a one-line message.
     """
-    k_side, v_side = split_kv(spec, example="q8_0/turbo3 or q5_1+mean/q4_0")
+    k_side, v_side = split_kv(spec, example=f"{EXAMPLE_KV} or {CALIBRATED_EXAMPLE_KV}")
     try:
         kf, cal = split_key_spec(k_side)
     except CalibrationError as e:
@@ -185,7 +185,7 @@ class TQCache(_mlx_cache._BaseCache):
 
     q_precision = None        # decode attention's q precision (None: the backend's default; see decode_attention)
 
-    def __init__(self, k_format: str = "q8_0", v_format: str = "q8_0", window: "int | None" = None,
+    def __init__(self, k_format: str = DEFAULT_FORMAT, v_format: str = DEFAULT_FORMAT, window: "int | None" = None,
                  rotation: str = "llama", calibration: "KeyCalibration | str | None" = None):
         self._setup(k_format, v_format, window, rotation, calibration)
         self.keys = None
@@ -689,7 +689,7 @@ if getattr(_mlx_cache, "TQCache", TQCache) is not TQCache:  # pragma: no cover
 _mlx_cache.TQCache = TQCache
 
 
-def make_cache(model: Any, k_format: str = "q8_0", v_format: "str | None" = None,
+def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None" = None,
                *, sliding: str = "quantize", rotation: str = "llama",
                calibration: "KeyCalibration | str | None" = None) -> list:
     """A prompt cache for ``model`` with K in ``k_format`` and V in ``v_format``.

@@ -110,7 +110,7 @@ class KeyCalibration:
 
 
 def split_key_spec(k: str) -> tuple[str, KeyCalibration]:
-    """``"q5_1+mean+scale"`` -> ``("q5_1", KeyCalibration(mean=True, scale=True))``."""
+    """``q5_1+mean+scale`` -> ``(q5_1, KeyCalibration(mean=True, scale=True))``."""
     fmt, sep, rest = str(k).strip().partition("+")
     if sep and not rest.strip():
         raise CalibrationError(f"{shown(k)}: nothing after '+' (write e.g. q5_1+mean+scale)")

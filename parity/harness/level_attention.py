@@ -30,6 +30,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from tqbridge.bridge import get_format, quantize
+from tqbridge.bridge.kv_spec import LLAMA_EXAMPLE_KV, TURBO_FORMAT
 from tqbridge.bridge.registry import names
 
 # KV types ggml's CPU flash attention accepts in llama.cpp's KV cache (the registry's flash_attn).
@@ -247,10 +248,10 @@ def probe_problem(kind: str, k_format: str, v_format: str, *, q_heads: int = 8, 
 # so that skipping the option moves the output far beyond the bound: softcap 2 compresses logits of
 # magnitude ~1-10; a window of 17 of 64 keys, where one key more or less moves every weight by ~1/17.
 OPTION_CASES = (
-    ("softcap", "q8_0/q4_0", {"softcap": 2.0}, (8, 2, 64, 64)),
-    ("window", "q8_0/q4_0", {"window": 17}, (8, 2, 64, 64)),
-    ("llama-rotation", "q8_0/q4_0", {"rotation": (64, 64)}, (8, 2, 64, 64)),
-    ("turbo", "turbo3/turbo3", {}, (8, 2, 64, 128)),
+    ("softcap", LLAMA_EXAMPLE_KV, {"softcap": 2.0}, (8, 2, 64, 64)),
+    ("window", LLAMA_EXAMPLE_KV, {"window": 17}, (8, 2, 64, 64)),
+    ("llama-rotation", LLAMA_EXAMPLE_KV, {"rotation": (64, 64)}, (8, 2, 64, 64)),
+    ("turbo", f"{TURBO_FORMAT}/{TURBO_FORMAT}", {}, (8, 2, 64, 128)),
 )
 
 

@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from tqbridge.bridge.evaluation_text import evaluation_text
+from tqbridge.bridge.kv_spec import LOGITS_KV
 
 from .metrics import compare_logits
 from .runtimes import KV, LlamaCppRuntime, MLXRuntime
@@ -33,7 +34,7 @@ FLOAT_TOP1_GOAL = 0.999
 # is the quantized cache inside llama.cpp, measured against llama.cpp's f16 cache.
 BASELINE_RATIO = 2.0
 
-DEFAULT_KV = ("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0/q4_0", "q8_0/iq4_nl")
+DEFAULT_KV = LOGITS_KV     # the default pairs (named in tqbridge.bridge.kv_spec)
 
 
 def parity_text() -> tuple[str, str]:

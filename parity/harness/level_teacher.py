@@ -96,7 +96,7 @@ def bytes_check(ours: np.ndarray, llama: np.ndarray, rows: np.ndarray, fmt) -> d
            "residual_cpu_vs_reference": int(resid.sum()), "unexplained": int(unexplained.sum()),
            "llama_is_cpu_from_float": bool(not d_cpu.any()), "ours_is_reference": bool(not d_ref.any())}
     ok = out["llama_is_cpu_from_float"] and out["ours_is_reference"] and not unexplained.any()
-    if fmt.key == "q8_0" and d_ours.any():
+    if fmt.layout is not None and fmt.layout.bits == 8 and d_ours.any():   # q8_0: d, then int8 codes
         # the residual's size: same f16 scale, int8 codes one step apart (the tie went the other way)
         a = ours.reshape(-1, ts)[d_ours]
         b = llama.reshape(-1, ts)[d_ours]
@@ -146,7 +146,7 @@ def model_windows(gguf_path: str) -> "list[int]":
     from tqbridge.metal.lm.cache import make_cache
 
     model, _ = load_gguf_model(gguf_path)
-    return [int(getattr(c, "window", None) or 0) for c in make_cache(model, "q8_0")]
+    return [int(getattr(c, "window", None) or 0) for c in make_cache(model)]
 
 
 def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], window: int = 0,

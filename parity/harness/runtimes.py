@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tqbridge.bridge.kv_spec import split_kv
+from tqbridge.bridge.kv_spec import LLAMA_EXAMPLE_KV, split_kv
 from tqbridge.bridge.mlx_blas import prefer_fast_blas
 from tqbridge.bridge.registry import get_format, names
 
@@ -41,7 +41,7 @@ class KV:
 
     @classmethod
     def parse(cls, spec: str) -> "KV":
-        k, v = split_kv(str(spec), error=ValueError, noun="K/V pair", example="q8_0/q4_0")
+        k, v = split_kv(str(spec), error=ValueError, noun="K/V pair", example=LLAMA_EXAMPLE_KV)
         return cls(k.lower(), v.lower())
 
     @property

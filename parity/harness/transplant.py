@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tqbridge.bridge import get_format
+from tqbridge.bridge.kv_spec import DEFAULT_FORMAT
 from tqbridge.bridge.llama_state import LlamaState, load_seq_state, parse_state, read_seq_state, seq_state
 
 
@@ -174,7 +175,7 @@ def _agree(a: list[int], b: list[int]) -> int:
     return k
 
 
-def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = "q8_0", n_new: int = 16,
+def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = DEFAULT_FORMAT, n_new: int = 16,
                    mlx_runtime=None, reverse: bool = True, rotation: bool = True,
                    decode: "str | None" = None) -> dict[str, Any]:
     """Both directions for one K/V pair; returns the token streams and how long they agree.

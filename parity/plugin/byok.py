@@ -21,8 +21,10 @@ keyword. Turbo dequantization is judged within :data:`TURBO_DEQUANT_ULPS` roundi
 Usage::
 
     from tqbridge.parity.plugin.byok import fuzz_kernel
-    result = fuzz_kernel(my_dequantizer, "dequantize", fmt="turbo4", max_examples=200)
+    result = fuzz_kernel(my_dequantizer, "dequantize", fmt=FORMAT, max_examples=200)
     assert result.ok, result.report()
+
+with ``FORMAT`` the registered name your dequantizer claims (docs/plugin.md, "Bring your own kernel").
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ most a few inputs per distinct signature, and replayed first by later campaigns.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -807,11 +808,30 @@ def _exercise_state(st) -> None:
 
 # ---- saved prompt caches (mlx-lm's save_prompt_cache / load_prompt_cache with TQCache layers)
 
-_HOSTILE_STRINGS = ("", " ", "-1", "0", "1", "7", "-7", "2147483648", "4294967296", "9223372036854775808",
-                    "99999999999999999999999", "1e9", "1e400", "nan", "inf", "0x10", "1_000", " 3 ", "3\n",
-                    "q8_0", "q4_0", "f16", "turbo3", "turbo3@g64", "turbo4@fork-69d8e4b", "q9_9", "turbo3@nope",
-                    "iq4_nl", "llama", "none", "mean", "mean+scale", "scale=0", "scale=2", "qscale", "+", "/",
-                    "TQCache", "\u00e9", "\x00", "9" * 4000)
+# Format spellings come from the registry (every base name, every name@variant of the turbo default,
+# a name no format has, a variant that does not exist) and the named defaults of bridge/kv_spec.py.
+
+
+@functools.cache
+def _format_spellings() -> "tuple[str, ...]":
+    """Every spelling the registry answers to: each addressable name, then each ``name@variant`` key."""
+    from tqbridge.bridge.registry import all_formats, formats
+
+    return tuple(dict.fromkeys([*formats(), *(f.key for f in all_formats() if f.variant)]))
+
+
+@functools.cache
+def _hostile_strings() -> "tuple[str, ...]":
+    from tqbridge.bridge.kv_spec import TURBO_FORMAT
+    from tqbridge.bridge.registry import all_formats
+
+    names = tuple(dict.fromkeys(f.name for f in all_formats()))
+    turbo = tuple(f.key for f in all_formats() if f.name == TURBO_FORMAT and f.variant)
+    return ("", " ", "-1", "0", "1", "7", "-7", "2147483648", "4294967296", "9223372036854775808",
+            "99999999999999999999999", "1e9", "1e400", "nan", "inf", "0x10", "1_000", " 3 ", "3\n",
+            *names, *turbo, "q9_9", f"{TURBO_FORMAT}@nope",
+            "llama", "none", "mean", "mean+scale", "scale=0", "scale=2", "qscale", "+", "/",
+            "TQCache", "\u00e9", "\x00", "9" * 4000)
 _DTYPES = ("uint8", "int8", "int32", "uint32", "float32", "float16", "bfloat16", "bool", "int64", "uint64",
            "complex64")
 _ST_DTYPE = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16", "U32": "uint32",
@@ -884,7 +904,7 @@ def _prompt_cache_mutation(rng: random.Random, data: bytes, seed: Seed) -> tuple
     r = rng.random()
     if r < 0.40 and strings:
         k = rng.choice(strings)
-        s = rng.choice(_HOSTILE_STRINGS)
+        s = rng.choice(_hostile_strings())
         codes = [ord(c) for c in s]
         if rng.random() < 0.15:
             codes.append(rng.choice((-1, 0x110000, 2**31 - 1, 0xD800)))
@@ -955,15 +975,25 @@ class PromptCacheTarget(ParserTarget):
         import mlx.core as mx
         from mlx_lm.models.cache import save_prompt_cache
 
+        from tqbridge.bridge.kv_spec import CALIBRATED_KV, EXAMPLE_KV, LLAMA_EXAMPLE_KV, split_kv
+        from tqbridge.bridge.registry import names
         from tqbridge.metal.lm.cache import TQCache
 
+        # from the named pairs and the registry: the example pair, a K format with a minimum over f16
+        # with a window, calibrated keys, and an empty cache with the fewest-bits turbo V
+        ek, ev = split_kv(EXAMPLE_KV)
+        mk = names(lambda f: f.layout is not None and f.layout.has_m)[0]
+        ck_side, cv = split_kv(CALIBRATED_KV)
+        ck, _, cal = ck_side.partition("+")
+        lv = split_kv(LLAMA_EXAMPLE_KV)[1]
+        tv = names(lambda f: f.kind == "turbo")[0]
         mx.random.seed(0)
         made = {}
         for name, (kf, vf, window, cal, d, steps) in {
-            "q8_0-turbo3": ("q8_0", "turbo3", None, None, 64, (5, 1)),
-            "q4_1-f16-window": ("q4_1", "f16", 8, None, 32, (6, 1, 1)),
-            "q5_1+mean+scale-q4_0": ("q5_1", "q4_0", None, "mean+scale", 64, (4,)),
-            "empty-q4_0-turbo2": ("q4_0", "turbo2", 16, None, 64, ()),
+            f"{ek}-{ev}": (ek, ev, None, None, 64, (5, 1)),
+            f"{mk}-f16-window": (mk, "f16", 8, None, 32, (6, 1, 1)),
+            f"{ck}+{cal}-{cv}": (ck, cv, None, cal, 64, (4,)),
+            f"empty-{lv}-{tv}": (lv, tv, 16, None, 64, ()),
         }.items():
             layers = []
             for _ in range(2):
@@ -1040,13 +1070,30 @@ def _use_caches(caches) -> "str | None":
 
 # ---- --kv spellings
 
-_KV_SEEDS = ("q8_0", "q8_0/turbo3", "q4_0/q4_0", "f16", "turbo3@g64", "q8_0/turbo4@fork-69d8e4b",
-             "q5_1+mean+scale/q4_0", "q8_0+qscale/turbo3", "q4_1+scale=0.75+rotated/q4_0", "iq4_nl/f32",
-             "bf16/turbo2@fork-pr197", "Q8_0 / TURBO3")
-_KV_TOKENS = ("/", "+", "@", "=", ",", ":", " ", "\t", "\n", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl",
-              "f16", "f32", "bf16", "turbo2", "turbo3", "turbo4", "g64", "fork-pr197", "fork-69d8e4b", "mean",
-              "scale", "qscale", "rotated", "original", "none", "0", "-1", "0.5", "1", "2", "nan", "inf", "1e309",
-              "1e-400", "0x1p-3", "\u00b9", "\u0130", "\x00", "\udcff", "\u212a", "\ufeff", "\u200b")
+@functools.cache
+def _kv_seeds() -> "tuple[str, ...]":
+    """The named pairs of bridge/kv_spec.py (with key calibration forms, upper case and spaces), every
+    spelling the registry answers to alone, and each paired with the next one (K and V sides)."""
+    from tqbridge.bridge.kv_spec import CALIBRATED_KV, DEFAULT_FORMAT, EXAMPLE_KV, LLAMA_EXAMPLE_KV, split_kv
+
+    k, v = split_kv(EXAMPLE_KV)
+    lk, lv = split_kv(LLAMA_EXAMPLE_KV)
+    sp = _format_spellings()
+    return tuple(dict.fromkeys([
+        DEFAULT_FORMAT, EXAMPLE_KV, LLAMA_EXAMPLE_KV, CALIBRATED_KV, f"{k}+qscale/{v}",
+        f"{lk}+scale=0.75+rotated/{lv}", f"{k.upper()} / {v.upper()}",
+        *sp, *(f"{a}/{b}" for a, b in zip(sp, sp[1:] + sp[:1]))]))
+
+
+@functools.cache
+def _kv_tokens() -> "tuple[str, ...]":
+    from tqbridge.bridge.registry import all_formats
+
+    fs = all_formats()
+    formats = tuple(dict.fromkeys([*(f.name for f in fs), *(f.variant for f in fs if f.variant)]))
+    return ("/", "+", "@", "=", ",", ":", " ", "\t", "\n", *formats, "mean",
+            "scale", "qscale", "rotated", "original", "none", "0", "-1", "0.5", "1", "2", "nan", "inf", "1e309",
+            "1e-400", "0x1p-3", "\u00b9", "\u0130", "\x00", "\udcff", "\u212a", "\ufeff", "\u200b")
 
 
 def _kv_mutation(rng: random.Random, data: bytes, seed: Seed) -> tuple[bytes, str]:
@@ -1054,7 +1101,7 @@ def _kv_mutation(rng: random.Random, data: bytes, seed: Seed) -> tuple[bytes, st
     r = rng.random()
     at = rng.randrange(len(s) + 1)
     if r < 0.45:
-        tok = rng.choice(_KV_TOKENS)
+        tok = rng.choice(_kv_tokens())
         s = s[:at] + tok + s[at:]
         op = f"insert {tok!r} at {at}"
     elif r < 0.65 and s:
@@ -1063,15 +1110,15 @@ def _kv_mutation(rng: random.Random, data: bytes, seed: Seed) -> tuple[bytes, st
         op = f"delete [{at}, {b})"
     elif r < 0.80 and s:
         b = min(len(s), at + rng.randrange(1, 6))
-        tok = rng.choice(_KV_TOKENS)
+        tok = rng.choice(_kv_tokens())
         s = s[:at] + tok + s[b:]
         op = f"replace [{at}, {b}) with {tok!r}"
     elif r < 0.90:
         times = rng.choice((2, 3, 50, 5000, 100000))
-        s = (s or "q8_0") * times if len(s) * times < 2_000_000 else s
+        s = (s or _kv_seeds()[0]) * times if len(s) * times < 2_000_000 else s
         op = f"repeat x{times}"
     else:
-        s = s + rng.choice(_KV_TOKENS) * rng.choice((1, 10, 1000, 200000))
+        s = s + rng.choice(_kv_tokens()) * rng.choice((1, 10, 1000, 200000))
         op = "long tail"
     return s.encode("utf-8", "surrogateescape"), op
 
@@ -1085,7 +1132,7 @@ class KVSpellingTarget(ParserTarget):
         self.structured_mutation = _kv_mutation
 
     def seeds(self, scratch):
-        return [Seed(s, s.encode(), [], 0) for s in _KV_SEEDS]
+        return [Seed(s, s.encode(), [], 0) for s in _kv_seeds()]
 
     def clean_classes(self, consumer):
         from tqbridge.bridge.registry import FormatError

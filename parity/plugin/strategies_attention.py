@@ -11,9 +11,11 @@ Usage::
     from hypothesis import given
     from tqbridge.parity.testing import attention_problems, assert_attention_close
 
-    @given(attention_problems(k_formats=["q8_0"], v_formats=["q4_0"], max_length=64))
+    @given(attention_problems(k_formats=K_FORMATS, v_formats=V_FORMATS, max_length=64))
     def test_my_attention(p):
         assert_attention_close(my_attention(**p.kwargs()), *p.oracle())
+
+with the registered names your kernel takes on each side (docs/plugin.md spells out an example).
 """
 
 from __future__ import annotations

@@ -7,13 +7,8 @@
   wrong (wrong length, NaN or inf scale, wrong dtype) and what the reference does with it.
 - :func:`kv_caches`: an :class:`AppendSequence`, a sequence of row appends to a K/V cache of one format pair.
 
-Usage::
-
-    from hypothesis import given
-    from tqbridge.parity.testing import blocks
-
-    @given(blocks(fmt="q4_0", max_rows=4))
-    def test_my_dequantizer(b): ...
+Usage: ``@given(blocks(fmt=<a registered name>, max_rows=4))`` on a test of your dequantizer
+(``from tqbridge.parity.testing import blocks``); docs/plugin.md has a complete test.
 """
 
 from __future__ import annotations
@@ -43,7 +38,7 @@ def _fmt(fmt) -> Format:
 
 def format_names(*, kinds: "Sequence[str] | None" = None, extensions: bool = True,
                  exclude: Sequence[str] = ()) -> st.SearchStrategy[str]:
-    """Registered format keys (``"q8_0"``, ``"turbo3@fork-pr197"`` ...), simplest first.
+    """Registered format keys (q8_0, turbo3@fork-pr197 ...), simplest first.
 
     ``kinds`` limits them to some of ``"float"``, ``"ggml"``, ``"turbo"``; ``extensions=False``
     leaves out tqbridge's own formats (turbo ``@g64``) that no other runtime reads.
