@@ -125,7 +125,7 @@ def attention_case(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, *,
     the other options (``window``, ``softcap``, ``rotation``: llama.cpp's Hadamard groups of the
     stored rows) are judged against the oracle alone."""
     from tqbridge.bridge.ggml_graph import flash_attn_ext
-    from tqbridge.parity.harness.llama_arith import ULPS, VEC_DOT_TYPE, ulp_error
+    from tqbridge.parity.harness.llama_arith import VEC_DOT_TYPE, ulp_error, ulps_limit
     from tqbridge.parity.harness.llama_arith import attention as llama_attention
 
     kf, vf = get_format(k_format), get_format(v_format)
@@ -148,7 +148,8 @@ def attention_case(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, *,
                             softcap=float(softcap or 0.0))
         unit = "f16" if vf.key == "f16" else "f32"
         u = ulp_error(a, np.asarray(compare["ggml"], np.float64), unit)
-        arith = {"ulps": u, "unit": unit, "limit": ULPS[unit], "passed": bool(u <= ULPS[unit])}
+        lim = ulps_limit(unit, d)
+        arith = {"ulps": u, "unit": unit, "limit": lim, "passed": bool(u <= lim)}
     res: dict[str, Any] = {"kv": f"{kf.key}/{vf.key}", "q_heads": hq, "kv_heads": hkv, "keys": n,
                            "head_dim": d, "claim": "|ours - float64 oracle| <= oracle bound, every component",
                            "options": {"window": window or 0, "softcap": float(softcap or 0.0),
