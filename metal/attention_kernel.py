@@ -452,7 +452,13 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
 
 @lru_cache(maxsize=None)
 def _kernel_defs(qtype: int, version: str = "v1"):
-    """(pass 1, pass 2) kernel definitions for q's element type and the pass-1 kernel version."""
+    """(pass 1, pass 2) kernel definitions for q's element type and the pass-1 kernel version.
+
+    Buffer names, as the kernel sources spell them (and the launch code below with a pass number:
+    ``ip1`` / ``fp1`` are pass 1's): ``ip`` / ``fp`` the int / float launch parameters (``TQA_SPLIT_PARAMS``
+    in attention_kernel.h lists pass 1's), ``tabs`` the value and rotation tables, ``dep`` the array the
+    pass must run after, ``po`` the partial outputs of every split, ``pml`` their (running max, sum of
+    weights) pairs, ``cnt`` one dispatch's ticket counters."""
     from .kernel import Kernel
 
     header = (KERNEL_DIR / "attention_kernel.h").read_text()
