@@ -527,7 +527,11 @@ def _main(argv: "list[str] | None" = None) -> int:
     if version is None:
         print("llama-cpp-python is not installed: nothing to check")
         return 0
-    child = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=600)
+    try:
+        child = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        print(f"llama-cpp-python {version}: the probe did not finish in 600 s (not a CPU mismatch; the tests say more)")
+        return 2
     said = (child.stdout + child.stderr).strip()
     if child.returncode < 0:
         name = signal.Signals(-child.returncode).name
