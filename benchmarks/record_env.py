@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 from importlib.metadata import PackageNotFoundError, version
 
 
@@ -28,12 +33,6 @@ def record_fuzz_campaigns(out: str, packages: "tuple[str, ...]", campaigns, *, k
     ``campaigns`` in one fresh example database (the counts are the campaigns' own) and write one record
     to ``out``: the header, and per target its command, exit code and summary (``fixup(summary)`` edits
     it first). ``keep_stderr``: how many characters of each campaign's stderr to echo."""
-    import json
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
-
     from tqbridge.bridge.atomic import write_atomic
 
     record: dict = {**header(packages), "campaigns": {}}

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import os
 import platform
 import threading
 
@@ -194,6 +195,8 @@ def _expected_types() -> "list[tuple[str, int, int, int]]":
 
 # ggml's compile-time feature functions (ggml-cpu.c: `#if defined(__AVX512F__) return 1`) and the flag
 # Linux's /proc/cpuinfo names for the same instructions.
+# The phrase that marks check_cpu's finding (the Makefile's rebuild is for that one alone).
+CPU_MISMATCH = "instructions this CPU lacks"
 X86_FEATURES = (("sse3", "pni"), ("ssse3", "ssse3"), ("avx", "avx"), ("avx2", "avx2"), ("fma", "fma"),
                 ("f16c", "f16c"), ("bmi2", "bmi2"), ("avx_vnni", "avx_vnni"), ("avx512", "avx512f"),
                 ("avx512_vbmi", "avx512vbmi"), ("avx512_vnni", "avx512_vnni"), ("avx512_bf16", "avx512_bf16"),
@@ -204,8 +207,6 @@ def cpu_flags() -> "set[str] | None":
     """The running CPU's instruction-set flags (Linux x86-64), or None where they cannot be read.
     ``TQBRIDGE_ASSUME_CPU_FLAGS`` (flags as /proc/cpuinfo spells them, space-separated) stands in for
     them: would this build run on a machine with only those?"""
-    import os
-
     assumed = os.environ.get("TQBRIDGE_ASSUME_CPU_FLAGS")
     if assumed is not None:
         return set(assumed.split())
@@ -237,7 +238,7 @@ def check_cpu(cpu, flags: "set[str] | None" = None) -> list[str]:
             lacking.append(flag)
     if not lacking:
         return []
-    return [f"its libggml-cpu was built for instructions this CPU lacks ({', '.join(lacking)}): a build made "
+    return [f"its libggml-cpu was built for {CPU_MISMATCH} ({', '.join(lacking)}): a build made "
             "with -march=native on another machine (pip's wheel cache?); rebuild it here: pip cache remove "
             "llama_cpp_python && CMAKE_ARGS=-DGGML_NATIVE=OFF pip install --force-reinstall --no-deps "
             "llama-cpp-python"]
@@ -435,7 +436,7 @@ def check_graph(base, cpu) -> list[str]:
 
 def describe(version: "str | None", problems: "list[str]") -> str:
     found = f"llama-cpp-python {version}" if version else "llama-cpp-python (version unknown)"
-    hint = "" if all("instructions this CPU lacks" in p for p in problems) else \
+    hint = "" if all(CPU_MISMATCH in p for p in problems) else \
         f". Install a supported one: pip install 'llama-cpp-python{SUPPORTED}'"
     return f"{found} cannot be used by tqbridge (supported: {SUPPORTED}, tested: {TESTED}): " + "; ".join(problems) + hint
 
@@ -539,7 +540,7 @@ def _main(argv: "list[str] | None" = None) -> int:
         return 1
     if child.returncode == 3:
         print(describe(version, said.splitlines()))
-        return 1 if "instructions this CPU lacks" in said else 2
+        return 1 if CPU_MISMATCH in said else 2
     if child.returncode != 0:
         print(f"llama-cpp-python {version}: the probe failed (exit {child.returncode}): {said[-400:]}")
         return 2

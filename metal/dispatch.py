@@ -46,7 +46,7 @@ class MLXKernel:
         from .kernel import mlx_sources
 
         source, header = mlx_sources(kernel, backend, static)
-        self.raw = self._fn = make(
+        self.raw = make(
             name=name,
             input_names=[n for n, _ in kernel.inputs],
             output_names=[n for n, _ in kernel.outputs],
@@ -70,7 +70,7 @@ class MLXKernel:
             if a.dtype != self._dtypes[dtype]:
                 raise KernelError(f"kernel {k.name}: input '{name}' must be {dtype}, got {a.dtype}")
             arrs.append(a)
-        return self._fn(
+        return self.raw(
             inputs=arrs,
             output_shapes=[tuple(s) if isinstance(s, (tuple, list)) else (s,) for s in output_shapes],
             output_dtypes=[self._dtypes[d] for _, d in k.outputs],
@@ -81,7 +81,13 @@ class MLXKernel:
 
 
 def build(kernel: Kernel, static: "Mapping[str, int] | None" = None, backend: str = "auto"):
-    """The compiled ``kernel`` for ``static`` on ``backend`` (built once, then cached)."""
+    """The compiled ``kernel`` for ``static`` on ``backend`` (built once, then cached). A kernel already
+    built for a named backend is returned without resolving or checking again (launch code asks per call)."""
+    items = tuple(sorted((static or {}).items()))
+    if backend != "auto" and not any(isinstance(v, bool) for _, v in items):   # a bool is refused below
+        hit = _cache.get((kernel, items, backend))
+        if hit is not None:
+            return hit
     static = kernel.check_static(static or {})
     backend = resolve(backend)
     if backend == "reference":

@@ -272,7 +272,7 @@ def _float_cache_logits(m, toks):
     return np.stack(out)
 
 
-def _lane_matches_ops_path(model, kv, lane_paths):
+def _judge_lane(model, kv, lane_paths):
     m, toks = _tiny(model), tokens(45, seed=9)
     exact = _float_cache_logits(m, toks)
     got, paths = _forced_logits(m, toks, "auto", kv=kv)
@@ -294,7 +294,7 @@ def test_emulated_lane_growth_and_window_slides_match_the_ops_path(model, kv, cp
     # and slide Gemma's 8-position windows many times
     monkeypatch.setenv("TQBRIDGE_DECODE_LANE", "cpu-emulator")
     monkeypatch.setattr(TQCache, "step", 8)
-    _lane_matches_ops_path(model, kv, ("decode:cpu-emulator",))
+    _judge_lane(model, kv, ("decode:cpu-emulator",))
 
 
 @pytest.mark.parametrize("bug", ["window start", "attention window"])
@@ -326,7 +326,7 @@ def test_emulated_lane_verdict_catches_a_wrong_window(bug, cpu_device, monkeypat
 
         monkeypatch.setattr(attention_kernel, "prepare_decode", prepare)
     with pytest.raises(AssertionError, match="Not equal to tolerance"):
-        _lane_matches_ops_path("gemma3", "f32/f32", ("decode:cpu-emulator",))
+        _judge_lane("gemma3", "f32/f32", ("decode:cpu-emulator",))
     assert any(planted)
 
 
@@ -337,7 +337,7 @@ def test_gpu_growth_and_window_slides_as_accurate_as_the_ops_path(model, monkeyp
     # On the GPU the lane's fused kernel and MLX's SDPA differ at rounding level, which flips q4_0
     # codes of later layers' K/V: accuracy against the float cache (QUANTIZED_LANE_ERROR_*).
     monkeypatch.setattr(TQCache, "step", 8)
-    _lane_matches_ops_path(model, "q8_0/q4_0", ("decode:cuda", "decode:metal"))
+    _judge_lane(model, "q8_0/q4_0", ("decode:cuda", "decode:metal"))
 
 
 @pytest.mark.model
