@@ -312,8 +312,17 @@ def v3_shared_bytes(prob: Problem, warps: int, tile: int, stages: int = 2) -> in
     nb = prob.k_dim // 32
     vb = _turbo_index_bits(prob.v_format)
     sizes = [64, 64, 8 * prob.k_dim + 128, 4 * 8 * nb, 4 * 8 * nb, _v3_stage_bytes(prob, warps, tile, stages),
-             (1024 if vb == 4 else 256) if vb else 4]
+             (1024 if vb == 4 or _v3_v23(prob) else 256) if vb else 4]
     return sum(-(-x // 16) * 16 + 64 for x in sizes)
+
+
+def _v3_v23(prob: Problem) -> bool:
+    """Whether v3 decodes V with the byte-permute path for turbo2 / turbo3 (TQA_V23): one 128-value
+    block per row. TQBRIDGE_V3_TURBO_GENERIC=1 sends these through the generic turbo path instead (the
+    two are bit-identical: tests/test_attention_v3_turbo_paths.py)."""
+    if os.environ.get("TQBRIDGE_V3_TURBO_GENERIC") == "1":
+        return False
+    return _turbo_index_bits(prob.v_format) in (2, 3) and prob.v_dim == 128 and prob.v_format.block_size == 128
 
 
 def _v3_stage_bytes(prob: Problem, warps: int, tile: int, stages: int = 2) -> int:
@@ -433,7 +442,7 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
                      TQA_VB=_turbo_index_bits(prob.v_format),
                      TQA_STB=_v3_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages,
                      TQA_FUSED=int(plan.fused), TQA_MAXP=MAX_PARTIALS, TQA_SINKS=int(prob.has_sinks),
-                     TQA_QSMEM=int(not plan.q_regs))
+                     TQA_QSMEM=int(not plan.q_regs), TQA_V23=int(_v3_v23(prob)))
     elif plan.kernel == "v2":
         split.update(TQA_QA=plan.rows_room or _rows_room(prob, dyn), TQA_KS=v2_key_slots(prob))
     else:

@@ -277,17 +277,6 @@ TQ_FUNC uint tqa_turbo_idx4(const int fmt, TQ_SHARED const uchar* p, const int q
     return r;
 }
 
-// Bit interleaving for kernel v3's turbo2 / turbo3 V: 8 fields of 2 bits (16 bits) to 4-bit slots, and
-// 8 single bits to 2-bit slots, so that two keys' fields interleave with one shift and one or.
-TQ_FUNC uint tqa_spread2(uint x) {
-    x = (x | (x << 8)) & 0x00ff00ffu;
-    x = (x | (x << 4)) & 0x0f0f0f0fu;
-    x = (x | (x << 2)) & 0x33333333u;
-    return x;
-}
-TQ_FUNC uint tqa_spread1(uint x) {
-    x = (x | (x << 4)) & 0x0f0fu;
-    x = (x | (x << 2)) & 0x3333u;
-    x = (x | (x << 1)) & 0x5555u;
-    return x;
-}
+// Kernel v3's turbo2 / turbo3 decode (TQA_V23): field / m-tile j of a run of 8 values holds value
+// tqa_v23_col(j) of the run: 0 2 4 6 1 3 5 7 (qs's even 2-bit fields, then its odd ones).
+TQ_FUNC int tqa_v23_col(const int j) { return ((j & 3) << 1) | (j >> 2); }

@@ -15,11 +15,13 @@
 // Each SIMD group keeps its own max, sum and output; the groups merge once at the end through
 // threadgroup memory, and the threadgroup writes one partial per query row.
 // Lane mapping of the V product: row r (0..15) of m-tile i holds output column r * (DV / 16) + i,
-// so each lane decodes two runs of DV / 16 consecutive values per key.
+// so each lane decodes two runs of DV / 16 consecutive values per key (turbo2 / turbo3 with DV 128: the
+// run's values in the order tqa_v23_col, see below).
 //
 // Compile-time (each name prefixed TQA_): as v2 (KF VF KBB VBB KGRP VGRP KQS VQS KSG VSG DK DV D G
 // T NW TILE KTB VTB KROT VROT QTYPE), KM (K has an offset m: q8_1 q), STB (bytes of the staging /
-// merge area), VB (turbo V: bits per index, 2 / 3 / 4; 0: another V format), NS (tiles in the copy ring). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
+// merge area), VB (turbo V: bits per index, 2 / 3 / 4; 0: another V format), V23 (1: the byte-permute decode of
+// turbo2 / turbo3 where it applies; 0: the generic turbo path), NS (tiles in the copy ring). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
 // whose values fit binary16, or f16; G*T <= 8; DK % 32 == 0; DV % 64 == 0. No TQA_DYN build.
 const int kf = TQA_KF, vf = TQA_VF, kbb = TQA_KBB, vbb = TQA_VBB, vgrp = TQA_VGRP;
 const int vqs = TQA_VQS, vsg = TQA_VSG, krot = TQA_KROT;
@@ -47,16 +49,31 @@ TQ_SHARED_ARRAY(float, qd, 8 * NB);           // q's block scales (binary16 valu
 TQ_SHARED_ARRAY(float, qsm, 8 * NB);          // q8_1's s = d * sum(codes) (binary16 values)
 TQ_SHARED_ARRAY(uint, stage, TQA_STB / 4);    // NS tiles (K rows, V rows) in a ring; first q, last the merge
 TQ_SHARED float* qf = (TQ_SHARED float*)stage;  // q rows (rows >= Q zero), rotated: only until the tiles start
-// turbo V: binary16 centroid pairs, entry i0 | i1 << VB = (c[i0], c[i1]) (the A register of two keys)
-TQ_SHARED_ARRAY(uint, ptab, TQA_VB ? (TQA_VB == 4 ? 256 : 64) : 1);
+// turbo2 / turbo3 rows of one 128-value block (RV = 8; TQA_V23, unless the generic turbo path is
+// forced): the centroids are looked up four at a time by byte permutes of registers (tq_byte_perm),
+// the indices assembled as 4-bit fields from one 16-bit load of qs and, for turbo3, a table keyed by
+// the sign byte. Within a run of 8 values the m-tiles then hold the values in the order 0 2 4 6 1 3 5 7
+// (tqa_v23_col), which the final write undoes.
+constexpr bool V23 = TQA_V23 && (TQA_VB == 2 || TQA_VB == 3) && RV == 8 && TQA_VGRP == TQA_DV;
+// turbo V: binary16 centroid pairs, entry i0 | i1 << VB = (c[i0], c[i1]) (the A register of two keys);
+// for V23 turbo3 instead the sign table: entry s = the sign bits of s at bit 2 of the 4-bit fields
+TQ_SHARED_ARRAY(uint, ptab, TQA_VB ? ((TQA_VB == 4 || V23) ? 256 : 64) : 1);
 
 if (tid < 16u) { ktab[tid] = tabs[tid]; vtab[tid] = tabs[16u + tid]; }
-// turbo2 / turbo3 rows of one 128-value block (RV = 8): the pair index is read from interleaved
-// bits, entry q0 | q1 << 2 | s0 << 4 | s1 << 5 = (c[q0 | s0 << 2], c[q1 | s1 << 2])
-constexpr bool V23 = (TQA_VB == 2 || TQA_VB == 3) && RV == 8 && TQA_VGRP == TQA_DV;
+// V23: the 8 (turbo2: 4) binary16 centroids as low bytes (clo0: entries 0..3, clo1: 4..7) and high bytes
+uint clo0 = 0u, clo1 = 0u, chi0 = 0u, chi1 = 0u;
 if (V23) {
-    for (int i = (int)tid; i < 64; i += NT)
-        ptab[i] = tq_pack_h2(tabs[16 + ((i & 3) | (((i >> 4) & 1) << 2))], tabs[16 + (((i >> 2) & 3) | (((i >> 5) & 1) << 2))]);
+    for (int i = 0; i < (1 << TQA_VB); ++i) {
+        const uint h16 = tq_f2h(tabs[16 + i]);
+        if (i < 4) { clo0 |= (h16 & 0xffu) << (8 * i); chi0 |= (h16 >> 8) << (8 * i); }
+        else { clo1 |= (h16 & 0xffu) << (8 * (i - 4)); chi1 |= (h16 >> 8) << (8 * (i - 4)); }
+    }
+    if (TQA_VB == 3)
+        for (int i = (int)tid; i < 256; i += NT) {
+            uint w = 0u;
+            for (int j = 0; j < 8; ++j) w |= (((uint)i >> tqa_v23_col(j)) & 1u) << (4 * j + 2);
+            ptab[i] = w;
+        }
 } else if (TQA_VB) {
     for (int i = (int)tid; i < (1 << (2 * TQA_VB)); i += NT)
         ptab[i] = tq_pack_h2(tabs[16 + (i & ((1 << TQA_VB) - 1))], tabs[16 + (i >> TQA_VB)]);
@@ -239,31 +256,45 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
             kv[x] = kk[x] < n && t0 + kk[x] >= start;
         }
         if (V23) {
-            // turbo2 / turbo3, one block per row: per key and run, 8 indices in one 16-bit load of
-            // qs (+ one byte of signs); the two keys of a register interleaved, 8 table loads per run
-            uint qw[2][2], sw[2][2], npair[2][2];   // [key pair][run]
+            // turbo2 / turbo3, one block per row. Per key and run (8 values): the indices as 4-bit
+            // fields in the order 0 2 4 6 1 3 5 7 (qs's even 2-bit fields to fields 0..3, its odd ones to
+            // 4..7, turbo3's sign bits from the table); keys without weight read any bytes (the fields
+            // stay indices 0..7) and get a zero norm
+            uint w[4][2];
             TQ_UNROLL
-            for (int run = 0; run < 2; ++run) {
-                const int e = ((int)g + 8 * run) * 8;
-                for (int pr = 0; pr < 2; ++pr) {
-                    TQ_SHARED const uchar* va = vts + kk[2 * pr] * VRB;
-                    TQ_SHARED const uchar* vb2 = vts + kk[2 * pr + 1] * VRB;
-                    const bool k0v = kv[2 * pr], k1v = kv[2 * pr + 1];
-                    npair[pr][run] = (k0v ? tqa_u16(va, 0) : 0u) | ((k1v ? tqa_u16(vb2, 0) : 0u) << 16);
-                    qw[pr][run] = tqa_spread2(k0v ? tqa_u16(va, vqs + e / 4) : 0u)
-                                  | (tqa_spread2(k1v ? tqa_u16(vb2, vqs + e / 4) : 0u) << 2);
-                    sw[pr][run] = TQA_VB == 3 ? (tqa_spread1(k0v ? (uint)va[vsg + e / 8] : 0u)
-                                                 | (tqa_spread1(k1v ? (uint)vb2[vsg + e / 8] : 0u) << 1)) : 0u;
+            for (int x = 0; x < 4; ++x) {
+                TQ_SHARED const uchar* vrow = vts + kk[x] * VRB;
+                for (int run = 0; run < 2; ++run) {
+                    const int e8 = (int)g + 8 * run;   // the run's sign byte; its qs at 2 * e8
+                    const uint qx = tqa_u16(vrow, vqs + 2 * e8);
+                    w[x][run] = ((qx << 14) | qx) & 0x33333333u;
+                    if (TQA_VB == 3) w[x][run] |= ptab[vrow[vsg + e8]];
                 }
             }
+            uint npair[2][2], sel[2][2][2];   // [key pair][run]; sel: fields 0..3 / 4..7 of both keys
             TQ_UNROLL
-            for (int u = 0; u < 8; ++u) {
-                uint a[2][2];
+            for (int pr = 0; pr < 2; ++pr)
+                for (int run = 0; run < 2; ++run) {
+                    TQ_SHARED const uchar* va = vts + kk[2 * pr] * VRB;
+                    TQ_SHARED const uchar* vb2 = vts + kk[2 * pr + 1] * VRB;
+                    npair[pr][run] = (kv[2 * pr] ? tqa_u16(va, 0) : 0u) | ((kv[2 * pr + 1] ? tqa_u16(vb2, 0) : 0u) << 16);
+                    // bytes (key a, key b) of fields 0-1, 2-3 / 4-5, 6-7: each 16 bits select 4 centroids
+                    sel[pr][run][0] = tq_byte_perm(w[2 * pr][run], w[2 * pr + 1][run], 0x5140u);
+                    sel[pr][run][1] = tq_byte_perm(w[2 * pr][run], w[2 * pr + 1][run], 0x7362u);
+                }
+            TQ_UNROLL
+            for (int f = 0; f < 4; ++f) {   // fields 2f and 2f + 1: m-tiles 2f, 2f + 1
+                uint a[2][2][2];   // [field][key pair][run]
                 for (int pr = 0; pr < 2; ++pr)
-                    for (int run = 0; run < 2; ++run)
-                        a[pr][run] = tq_hmul2(ptab[((qw[pr][run] >> (4 * u)) & 15u) | (((sw[pr][run] >> (2 * u)) & 3u) << 4)],
-                                              npair[pr][run]);
-                tq_mma_f16(o[u], a[0][0], a[0][1], a[1][0], a[1][1], pb0, pb1, lane);
+                    for (int run = 0; run < 2; ++run) {
+                        const uint sl = sel[pr][run][f >> 1] >> (16 * (f & 1));
+                        // low / high bytes of c[a 2f], c[a 2f+1], c[b 2f], c[b 2f+1]
+                        const uint lo = tq_byte_perm(clo0, clo1, sl), hi = tq_byte_perm(chi0, chi1, sl);
+                        a[0][pr][run] = tq_hmul2(tq_byte_perm(lo, hi, 0x6240u), npair[pr][run]);
+                        a[1][pr][run] = tq_hmul2(tq_byte_perm(lo, hi, 0x7351u), npair[pr][run]);
+                    }
+                tq_mma_f16(o[2 * f], a[0][0][0], a[0][0][1], a[0][1][0], a[0][1][1], pb0, pb1, lane);
+                tq_mma_f16(o[2 * f + 1], a[1][0][0], a[1][0][1], a[1][1][0], a[1][1][1], pb0, pb1, lane);
             }
         } else if (TQA_VB) {
             // turbo V: centroid pairs from the table, times the two keys' norms (binary16 products)
@@ -337,8 +368,9 @@ for (int c = 0; c < 2; ++c) {
     if (r < Q) {
         if (g == 0u) { wm[warp * 8 + r] = mrun[c]; wl[warp * 8 + r] = lrun[c]; }
         for (int i = 0; i < RV; ++i) {
-            wo[((int)warp * 8 + r) * TQA_DV + (int)g * RV + i] = o[i][c] * TQA_P_UNSCALE;
-            wo[((int)warp * 8 + r) * TQA_DV + ((int)g + 8) * RV + i] = o[i][2 + c] * TQA_P_UNSCALE;
+            const int col = V23 ? tqa_v23_col(i) : i;
+            wo[((int)warp * 8 + r) * TQA_DV + (int)g * RV + col] = o[i][c] * TQA_P_UNSCALE;
+            wo[((int)warp * 8 + r) * TQA_DV + ((int)g + 8) * RV + col] = o[i][2 + c] * TQA_P_UNSCALE;
         }
     }
 }
