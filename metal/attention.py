@@ -49,6 +49,7 @@ class RunRecord:
     tile: "int | None" = None
     chain: "int | None" = None
     q_precision: "str | None" = None
+    v_decode: "str | None" = None   # kernel v3: how V rows became fragments (attention_kernel.v3_v_decode)
 
     def as_dict(self) -> dict:
         """The fields that are set (the form :func:`last_run` returns)."""

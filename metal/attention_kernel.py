@@ -312,17 +312,29 @@ def v3_shared_bytes(prob: Problem, warps: int, tile: int, stages: int = 2) -> in
     nb = prob.k_dim // 32
     vb = _turbo_index_bits(prob.v_format)
     sizes = [64, 64, 8 * prob.k_dim + 128, 4 * 8 * nb, 4 * 8 * nb, _v3_stage_bytes(prob, warps, tile, stages),
-             (1024 if vb == 4 or _v3_v23(prob) else 256) if vb else 4]
+             (1024 if vb == 4 or v3_v_decode(prob) == "turbo-permute" else 256) if vb else 4]
     return sum(-(-x // 16) * 16 + 64 for x in sizes)
 
 
-def _v3_v23(prob: Problem) -> bool:
-    """Whether v3 decodes V with the byte-permute path for turbo2 / turbo3 (TQA_V23): one 128-value
-    block per row. TQBRIDGE_V3_TURBO_GENERIC=1 sends these through the generic turbo path instead (the
-    two are bit-identical: tests/test_attention_v3_turbo_paths.py)."""
-    if os.environ.get("TQBRIDGE_V3_TURBO_GENERIC") == "1":
-        return False
-    return _turbo_index_bits(prob.v_format) in (2, 3) and prob.v_dim == 128 and prob.v_format.block_size == 128
+V3_V_DECODES = ("turbo-permute", "codes-permute", "generic")
+
+
+def v3_v_decode(prob: Problem) -> str:
+    """How kernel v3 decodes ``prob``'s V rows into binary16 fragments (the RunRecord's ``v_decode``):
+    "turbo-permute" (turbo2 / turbo3 of one 128-value block per row: four centroids per byte permute of
+    registers), "codes-permute" (legacy blocks x = d * (code - offset) with 4- or 8-bit codes: codes
+    moved into binary16 integers by byte permutes, one subtraction, times the pair of block scales),
+    or "generic" (every other format: the per-value decoder). TQBRIDGE_V3_V_GENERIC=1 takes the generic
+    path for every format; each fast path is bit-identical to it (tests/test_attention_v3_v_paths.py)."""
+    if os.environ.get("TQBRIDGE_V3_V_GENERIC") == "1":
+        return "generic"
+    if _turbo_index_bits(prob.v_format) in (2, 3) and prob.v_dim == 128 and prob.v_format.block_size == 128:
+        return "turbo-permute"
+    lay = prob.v_format.layout
+    if (lay is not None and not lay.has_m and lay.values is None and lay.bits in (4, 8)
+            and prob.v_dim % 64 == 0 and 32 % (prob.v_dim // 16) == 0):
+        return "codes-permute"
+    return "generic"
 
 
 def _v3_stage_bytes(prob: Problem, warps: int, tile: int, stages: int = 2) -> int:
@@ -442,7 +454,8 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
                      TQA_VB=_turbo_index_bits(prob.v_format),
                      TQA_STB=_v3_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages,
                      TQA_FUSED=int(plan.fused), TQA_MAXP=MAX_PARTIALS, TQA_SINKS=int(prob.has_sinks),
-                     TQA_QSMEM=int(not plan.q_regs), TQA_V23=int(_v3_v23(prob)))
+                     TQA_QSMEM=int(not plan.q_regs), TQA_V23=int(v3_v_decode(prob) == "turbo-permute"),
+                     TQA_VCODE=int(v3_v_decode(prob) == "codes-permute"))
     elif plan.kernel == "v2":
         split.update(TQA_QA=plan.rows_room or _rows_room(prob, dyn), TQA_KS=v2_key_slots(prob))
     else:
@@ -710,7 +723,8 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
     attention.record_run(attention.RunRecord(
         backend=bk, dispatches=LAUNCHES[0] - launches0, kernel=plan.kernel, splits=plan.splits,
         lanes_per_key=plan.lanes_per_key, warps=plan.warps, tile=plan.tile,
-        chain=plan.chain(max(prob.lengths)), q_precision=plan.q_precision))
+        chain=plan.chain(max(prob.lengths)), q_precision=plan.q_precision,
+        v_decode=v3_v_decode(prob) if plan.kernel == "v3" else None))
     return out
 
 

@@ -277,6 +277,13 @@ def test_single_dispatch_merges_many_splits(monkeypatch):
         q1 = rng.standard_normal((1, 4, 64)).astype(np.float32)
         kb1, vb1 = _cache(rng, "q8_0", (1, 1, 80, 64)), _cache(rng, "q8_0", (1, 1, 80, 64))
         _check_v3("cpu-emulator", q1, kb1, vb1, k_format="q8_0", v_format="q8_0", length=80, splits=1)
+        # so many splits that the merge's weights of all 8 query rows do not fit the staging area at
+        # once: the rows merged in chunks (one row per chunk at 1000 splits)
+        q2 = rng.standard_normal((1, 8, 128)).astype(np.float32)
+        kb2, vb2 = _cache(rng, "q8_0", (1, 1, 1000, 128)), _cache(rng, "turbo3", (1, 1, 1000, 128))
+        _check_v3("cpu-emulator", q2, kb2, vb2, k_format="q8_0", v_format="turbo3", length=1000, splits=1000,
+                  sinks=rng.standard_normal(8).astype(np.float32))
+        assert last_run()["splits"] == 1000
     finally:
         attention_kernel._plan_cached.cache_clear()
 

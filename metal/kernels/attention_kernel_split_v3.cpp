@@ -20,8 +20,8 @@
 //
 // Compile-time (each name prefixed TQA_): as v2 (KF VF KBB VBB KGRP VGRP KQS VQS KSG VSG DK DV D G
 // T NW TILE KTB VTB KROT VROT QTYPE), KM (K has an offset m: q8_1 q), STB (bytes of the staging /
-// merge area), VB (turbo V: bits per index, 2 / 3 / 4; 0: another V format), V23 (1: the byte-permute decode of
-// turbo2 / turbo3 where it applies; 0: the generic turbo path), NS (tiles in the copy ring). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
+// merge area), VB (turbo V: bits per index, 2 / 3 / 4; 0: another V format), V23 / VCODE (1: the byte-permute
+// decodes of turbo2 / turbo3 and of q4_0 / q8_0 where they apply; attention_kernel.v3_v_decode), NS (tiles in the copy ring). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
 // whose values fit binary16, or f16; G*T <= 8; DK % 32 == 0; DV % 64 == 0. No TQA_DYN build.
 const int kf = TQA_KF, vf = TQA_VF, kbb = TQA_KBB, vbb = TQA_VBB, vgrp = TQA_VGRP;
 const int vqs = TQA_VQS, vsg = TQA_VSG, krot = TQA_KROT;
@@ -55,6 +55,9 @@ TQ_SHARED float* qf = (TQ_SHARED float*)stage;  // q rows (rows >= Q zero), rota
 // the sign byte. Within a run of 8 values the m-tiles then hold the values in the order 0 2 4 6 1 3 5 7
 // (tqa_v23_col), which the final write undoes.
 constexpr bool V23 = TQA_V23 && (TQA_VB == 2 || TQA_VB == 3) && RV == 8 && TQA_VGRP == TQA_DV;
+// q4_0 / q8_0 V (TQA_VCODE): codes turned into binary16 integers by byte permutes (a run of RV values
+// lies in one 32-value block)
+constexpr bool VQ = TQA_VCODE && (TQA_VF == TQA_Q4_0 || TQA_VF == TQA_Q8_0) && 32 % RV == 0;
 // turbo V: binary16 centroid pairs, entry i0 | i1 << VB = (c[i0], c[i1]) (the A register of two keys);
 // for V23 turbo3 instead the sign table: entry s = the sign bits of s at bit 2 of the 4-bit fields
 TQ_SHARED_ARRAY(uint, ptab, TQA_VB ? ((TQA_VB == 4 || V23) ? 256 : 64) : 1);
@@ -329,6 +332,51 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
                                tq_hmul2(a2, npair[1][0]), tq_hmul2(a3, npair[1][1]), pb0, pb1, lane);
                 }
             }
+        } else if (VQ) {
+            // q4_0 / q8_0: x = d * (code - offset). Per key, run and 4 values: the codes as bytes b
+            // (q4_0: the nibble; q8_0: code + 128), interleaved for the key pairs, put into binary16
+            // 1024 + b (0x64 high bytes), minus 1024 + offset (exact), times the keys' scales d
+            uint dpair[2][2];   // [key pair][run]: the blocks' fp16 scales d (0 for keys without weight)
+            TQ_UNROLL
+            for (int run = 0; run < 2; ++run) {
+                const int blk = (((int)g + 8 * run) * RV) / 32;
+                for (int pr = 0; pr < 2; ++pr) {
+                    TQ_SHARED const uchar* va = vts + kk[2 * pr] * VRB + blk * vbb;
+                    TQ_SHARED const uchar* vb2 = vts + kk[2 * pr + 1] * VRB + blk * vbb;
+                    dpair[pr][run] = (kv[2 * pr] ? tqa_u16(va, 0) : 0u) | ((kv[2 * pr + 1] ? tqa_u16(vb2, 0) : 0u) << 16);
+                }
+            }
+            const uint bias = TQA_VF == TQA_Q8_0 ? 0xe480e480u : 0xe408e408u;   // binary16 -1152 / -1032, twice
+            TQ_UNROLL
+            for (int c4 = 0; c4 < RV; c4 += 4) {
+                uint cb[4][2];   // [key][run]
+                for (int x = 0; x < 4; ++x) {
+                    TQ_SHARED const uchar* vrow = vts + kk[x] * VRB;
+                    for (int run = 0; run < 2; ++run) {
+                        const int e = ((int)g + 8 * run) * RV + c4;
+                        const int blk = e / 32, j = e - 32 * (e / 32);
+                        if (TQA_VF == TQA_Q8_0) {
+                            cb[x][run] = tqa_u32(vrow, blk * vbb + 2 + j) ^ 0x80808080u;
+                        } else {   // q4_0: values 0..15 in the low nibbles of qs[0..15], 16..31 in the high ones
+                            const uint w = tqa_u32(vrow, blk * vbb + 2 + (j & 15));
+                            cb[x][run] = (j >= 16 ? w >> 4 : w) & 0x0f0f0f0fu;
+                        }
+                    }
+                }
+                uint a[4][2][2];   // [value][key pair][run]
+                for (int pr = 0; pr < 2; ++pr)
+                    for (int run = 0; run < 2; ++run) {
+                        const uint m01 = tq_byte_perm(cb[2 * pr][run], cb[2 * pr + 1][run], 0x5140u);   // a0 b0 a1 b1
+                        const uint m23 = tq_byte_perm(cb[2 * pr][run], cb[2 * pr + 1][run], 0x7362u);   // a2 b2 a3 b3
+                        a[0][pr][run] = tq_byte_perm(m01, 0x64646464u, 0x4140u);
+                        a[1][pr][run] = tq_byte_perm(m01, 0x64646464u, 0x4342u);
+                        a[2][pr][run] = tq_byte_perm(m23, 0x64646464u, 0x4140u);
+                        a[3][pr][run] = tq_byte_perm(m23, 0x64646464u, 0x4342u);
+                        for (int u = 0; u < 4; ++u) a[u][pr][run] = tq_hmul2(tq_hadd2(a[u][pr][run], bias), dpair[pr][run]);
+                    }
+                for (int u = 0; u < 4; ++u)
+                    tq_mma_f16(o[c4 + u], a[u][0][0], a[u][0][1], a[u][1][0], a[u][1][1], pb0, pb1, lane);
+            }
         } else {
         TQ_UNROLL
         for (int c4 = 0; c4 < RV; c4 += 4) {
@@ -403,49 +451,71 @@ tq_barrier();
 if (ticket[0]) {   // uniform across the threadgroup
     tq_device_fence();
     if (tid == 0u) cnt_w[bh] = 0u;
-    TQ_SHARED float* wsh = (TQ_SHARED float*)stage;      // (n_splits) weights
-    TQ_SHARED float* osh = wsh + TQA_MAXP;               // (DV) one output row
-    TQ_SHARED float* red = osh + TQA_DV;                 // (NT) reductions
-    for (int r = 0; r < Q; ++r) {
-        const size_t pr = row0 + (size_t)r;
-        const int hq = h * G + r / T;
-        float mx = TQA_NEG_BIG;
-        for (int i = (int)tid; i < n_splits; i += NT) {
-            const float mi = tq_load_cg(pml + (pr * (size_t)n_splits + (size_t)i) * 2);
-            mx = mi > mx ? mi : mx;
-        }
-        red[tid] = mx;
-        tq_barrier();
-        for (int w = NT / 2; w > 0; w >>= 1) {
-            if ((int)tid < w) red[tid] = red[tid + w] > red[tid] ? red[tid + w] : red[tid];
-            tq_barrier();
-        }
-        mx = red[0];
-        const float sink = TQA_SINKS ? sinks[hq] : TQA_NEG_BIG;
-        if (TQA_SINKS && sink > mx) mx = sink;
-        tq_barrier();
-        float dp = 0.0f;
-        for (int i = (int)tid; i < n_splits; i += NT) {
-            const size_t pi = pr * (size_t)n_splits + (size_t)i;
-            const float w = tq_exp(tq_load_cg(pml + pi * 2) - mx);
-            wsh[i] = w;
-            dp += tq_load_cg(pml + pi * 2 + 1) * w;
-        }
-        red[tid] = dp;
-        tq_barrier();
-        for (int w = NT / 2; w > 0; w >>= 1) {
-            if ((int)tid < w) red[tid] = red[tid] + red[tid + w];
-            tq_barrier();
-        }
-        const float den = red[0] + (TQA_SINKS ? tq_exp(sink - mx) : 0.0f);
-        for (int e = (int)tid; e < TQA_DV; e += NT) {
-            float a = 0.0f;
-            for (int i = 0; i < n_splits; ++i) a += tq_load_cg(po + (pr * (size_t)n_splits + (size_t)i) * TQA_DV + e) * wsh[i];
-            osh[e] = den > 0.0f ? a / den : 0.0f;
+    // the query rows in chunks of rpp whose weights (rpp x n_splits) and outputs (rpp x DV) fit the
+    // staging area: per row, one SIMD group finds the largest maximum and the weights (lanes over
+    // the splits); then every thread sums 4 consecutive output values over the splits, 8 splits'
+    // loads in flight at a time (the merge is the tail of the dispatch), divides, and the chunk is
+    // rotated back and written
+    constexpr int CAP = TQA_STB / 4 - 1 - 8;
+    const int rpp0 = CAP / (n_splits + TQA_DV);
+    const int rpp = rpp0 < Q ? rpp0 : Q;
+    TQ_SHARED float* den_sh = (TQ_SHARED float*)stage;   // (8) softmax denominators
+    TQ_SHARED float* osh = den_sh + 8;                    // (rpp, DV) output rows
+    TQ_SHARED float* wsh = osh + rpp * TQA_DV;            // (rpp, n_splits) weights
+    for (int r0 = 0; r0 < Q; r0 += rpp) {
+        const int nr = Q - r0 < rpp ? Q - r0 : rpp;
+        for (int rr = (int)warp; rr < nr; rr += TQA_NW) {   // uniform per SIMD group
+            const size_t pr = row0 + (size_t)(r0 + rr);
+            const int hq = h * G + (r0 + rr) / T;
+            float mx = TQA_NEG_BIG;
+            for (int i = (int)lane; i < n_splits; i += 32) {
+                const float mi = tq_load_cg(pml + (pr * (size_t)n_splits + (size_t)i) * 2);
+                mx = mi > mx ? mi : mx;
+            }
+            for (uint off = 16u; off > 0u; off >>= 1) {
+                const float w = tq_simd_shuffle_xor(mx, off);
+                mx = w > mx ? w : mx;
+            }
+            const float sink = TQA_SINKS ? sinks[hq] : TQA_NEG_BIG;
+            if (TQA_SINKS && sink > mx) mx = sink;
+            float dp = 0.0f;
+            for (int i = (int)lane; i < n_splits; i += 32) {
+                const size_t pi = pr * (size_t)n_splits + (size_t)i;
+                const float w = tq_exp(tq_load_cg(pml + pi * 2) - mx);
+                wsh[rr * n_splits + i] = w;
+                dp += tq_load_cg(pml + pi * 2 + 1) * w;
+            }
+            for (uint off = 16u; off > 0u; off >>= 1) dp += tq_simd_shuffle_xor(dp, off);
+            if (lane == 0u) den_sh[rr] = dp + (TQA_SINKS ? tq_exp(sink - mx) : 0.0f);
         }
         tq_barrier();
-        if (TQA_VROT) tqa_rotate(osh, TQA_DV, TQA_VROT, tabs + TQA_TAB_VS2, tabs + TQA_TAB_VS1, tabs[TQA_TAB_VSCALE], tid, (uint)NT);
-        for (int e = (int)tid; e < TQA_D; e += NT) TQA_OUT(out)[pr * TQA_D + e] = TQA_QSTORE(osh[e]);
+        const int nv = nr * TQA_DV;   // a multiple of 4: each thread sums 4 consecutive values of a row
+        for (int x0 = 4 * (int)tid; x0 < nv; x0 += 4 * NT) {
+            const int rr = x0 / TQA_DV;
+            TQ_CONST_DEVICE float* src = po + (row0 + (size_t)(r0 + rr)) * (size_t)n_splits * TQA_DV + (size_t)(x0 - rr * TQA_DV);
+            TQ_SHARED const float* wr = wsh + rr * n_splits;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            int i = 0;
+            for (; i + 8 <= n_splits; i += 8) {   // 32 loads in flight, then the sums in split order
+                float v[8][4];
+                TQ_UNROLL
+                for (int j = 0; j < 8; ++j)
+                    for (int k = 0; k < 4; ++k) v[j][k] = tq_load_cg(src + (size_t)(i + j) * TQA_DV + k);
+                TQ_UNROLL
+                for (int j = 0; j < 8; ++j)
+                    for (int k = 0; k < 4; ++k) acc[k] += v[j][k] * wr[i + j];
+            }
+            for (; i < n_splits; ++i)
+                for (int k = 0; k < 4; ++k) acc[k] += tq_load_cg(src + (size_t)i * TQA_DV + k) * wr[i];
+            const float den = den_sh[rr];
+            for (int k = 0; k < 4; ++k) osh[x0 + k] = den > 0.0f ? acc[k] / den : 0.0f;
+        }
+        tq_barrier();
+        if (TQA_VROT) tqa_rotate(osh, nv, TQA_VROT, tabs + TQA_TAB_VS2, tabs + TQA_TAB_VS1, tabs[TQA_TAB_VSCALE], tid, (uint)NT);
+        for (int x = (int)tid; x < nr * TQA_D; x += NT) {
+            const int rr = x / TQA_D, e = x - rr * TQA_D;
+            TQA_OUT(out)[(row0 + (size_t)(r0 + rr)) * TQA_D + e] = TQA_QSTORE(osh[rr * TQA_DV + e]);
+        }
         tq_barrier();
     }
 }

@@ -204,6 +204,22 @@ TQ_FUNC uint tq_byte_perm(const uint a, const uint b, const uint s) {
 }
 #endif
 
+// two binary16 sums at once, each correctly rounded (kernel v3 uses it where the sums are exact)
+#if defined(TQ_BACKEND_CUDA)
+TQ_FUNC uint tq_hadd2(const uint a, const uint b) {
+    uint r;
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+#elif defined(TQ_BACKEND_METAL)
+TQ_FUNC uint tq_hadd2(const uint a, const uint b) { return as_type<uint>(as_type<half2>(a) + as_type<half2>(b)); }
+#else
+TQ_FUNC uint tq_hadd2(const uint a, const uint b) {
+    return tq_pack_h2(tq_half_to_float(a & 0xffffu) + tq_half_to_float(b & 0xffffu),
+                      tq_half_to_float(a >> 16) + tq_half_to_float(b >> 16));
+}
+#endif
+
 // two binary16 products at once, each correctly rounded (an f16 x f16 product is exact in float32,
 // so one rounding of it to binary16 is the hardware's result)
 #if defined(TQ_BACKEND_CUDA)
