@@ -86,12 +86,31 @@ class _BoundedCache(dict):
 # arrays) the prepared launches per signature + length + backend + options with the RunRecord they make
 _checked_problems = _BoundedCache(1024)
 _prepared_calls = _BoundedCache(4096)
+# MLX arrays on a GPU, a plain length and no launch options but q_precision: one DecodeLaunch per call
+# signature + backend + q_precision (the plan made for the buffers' capacity, the length a parameter,
+# as TQCache runs it), so a loop whose length grows every call plans and prepares once, not per
+# length; False where none applies (numpy inputs, no GPU)
+_length_free_calls = _BoundedCache(1024)
 
 
 def clear_call_caches() -> None:
     """Forget the validated call signatures and prepared launches (e.g. after a kernel source edit)."""
     _checked_problems.clear()
     _prepared_calls.clear()
+    _length_free_calls.clear()
+
+
+def _length_free_launch(key, q, k_blocks, v_blocks, backend, qp, **kw):
+    """(DecodeLaunch, array type, RunRecord) for this call signature on a GPU, or False."""
+    lk = (key, backend, qp)
+    hit = _length_free_calls.get(lk)
+    if hit is None:
+        from .attention_kernel import prepare_decode
+
+        dl = prepare_decode(q, k_blocks, v_blocks, backend=backend, q_precision=qp, **kw)
+        hit = (dl, type(q), RunRecord(**dl.run_info)) if dl is not None else False
+        _length_free_calls.put(lk, hit)
+    return hit
 
 
 @dataclass(frozen=True)
@@ -272,6 +291,18 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
         key = (tuple(q.shape), str(q.dtype), tuple(k_blocks.shape), str(k_blocks.dtype), tuple(v_blocks.shape),
                str(v_blocks.dtype), k_format, v_format, scale, window, softcap,
                None if sinks is None else tuple(sinks.shape), rotation)
+    qp = options.get("q_precision")
+    if qp is not None and qp not in Q_PRECISIONS:
+        raise AttentionError(f"q_precision must be one of {', '.join(Q_PRECISIONS)} (or None: the backend's "
+                             f"default); got {qp!r}")
+    if key is not None and backend in ("auto", "kernel", "cuda", "metal") and not set(options) - {"q_precision"}:
+        hit = _length_free_launch(key, q, k_blocks, v_blocks, backend, qp, k_format=k_format, v_format=v_format,
+                                  scale=scale, window=window, softcap=softcap, sinks=sinks, rotation=rotation)
+        if (hit and type(q) is type(k_blocks) is type(v_blocks) is hit[1] and (sinks is None or type(sinks) is hit[1])
+                and 0 <= length <= hit[0].l_max):
+            out = hit[0](q, k_blocks, v_blocks, length, sinks=sinks)
+            record_run(hit[2])
+            return out
     fast_key = None
     if key is not None:
         # a decoding loop repeats the same call on a GPU: one lookup, then the two launches
@@ -290,10 +321,6 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
                              scale=scale, window=window, softcap=softcap, sinks=sinks, rotation=rotation)
         if key is not None:
             _checked_problems.put(key, prob)
-    qp = options.get("q_precision")
-    if qp is not None and qp not in Q_PRECISIONS:
-        raise AttentionError(f"q_precision must be one of {', '.join(Q_PRECISIONS)} (or None: the backend's "
-                             f"default); got {qp!r}")
     if backend == "reference":
         extra = set(options) - {"q_precision"}
         if extra:

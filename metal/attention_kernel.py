@@ -774,7 +774,8 @@ class DecodeLaunch:
         self._ip1: dict = {}
         self.run_info = dict(backend=backend, dispatches=plan.dispatches, kernel=plan.kernel, splits=plan.splits,
                              warps=plan.warps, tile=plan.tile, lanes_per_key=plan.lanes_per_key,
-                             chain=plan.chain(prob.l_max), q_precision=plan.q_precision)
+                             chain=plan.chain(prob.l_max), q_precision=plan.q_precision,
+                             v_decode=v3_v_decode(prob) if plan.kernel == "v3" else None)
         self._run = run    # the prepared launches; this class adds the per-length parameter buffer
 
     def ip1(self, length: int):

@@ -110,7 +110,7 @@ class KVAppend:
 
         # the decode step's call: rows in their own dtype (the kernel reads half/bfloat16 as bits),
         # one prepared launch; MLX's graph orders it after whatever made the rows and the buffers
-        (flag,) = self._kern._fn(inputs=[k_rows, v_rows, kc, vc, self._ktab, self._vtab,
+        (flag,) = self._kern.raw(inputs=[k_rows, v_rows, kc, vc, self._ktab, self._vtab,
                                          _params(R, S, cap, pos, H, n_in), flag_in],
                                  output_shapes=[(2 * R,)], output_dtypes=[mx.uint32],
                                  grid=(2 * R * THREADS, 1, 1), threadgroup=(THREADS, 1, 1))

@@ -71,15 +71,20 @@ def check_decode_lane(k_format: str, v_format: str, k_dim: int, v_dim: int, k_dp
     if key in disk and backend != "cpu-emulator":
         _RESULTS[key] = disk[key]
         return disk[key]
+    raised = False
     try:
         reason = _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, backend)
     except Exception as e:   # a build or launch error is a failed check, not a crash
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        raised = True
     _RESULTS[key] = reason
     if reason:
         print(f"tqbridge: the {backend} decode kernels failed their self-check for {k_format}/{v_format} "
               f"({reason}); this cache takes the reference paths", file=sys.stderr)
-    if backend != "cpu-emulator":
+    # kept on disk: the verdicts of kernels that ran (keyed by the kernel sources' digest); an error
+    # raised on the way (a launch-code bug, a build failure) is this process's only, since a fix of the
+    # Python around the kernels leaves the digest as it was
+    if backend != "cpu-emulator" and not raised:
         try:
             from ..bridge.atomic import write_atomic
 

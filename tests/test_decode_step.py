@@ -437,3 +437,28 @@ def test_self_check_passes_on_the_emulated_lane(cpu_device, monkeypatch):
         assert selfcheck.check_decode_lane(kf, vf, d, d, padded_dim(kf, d), padded_dim(vf, d),
                                            rotation_group(kf, d, "k"), rotation_group(vf, d, "v"),
                                            "float16", "cpu-emulator") is None
+
+
+def test_self_check_keeps_only_kernel_verdicts_on_disk(monkeypatch, tmp_path):
+    """A failed check whose cause was an error raised on the way (a launch-code bug, e.g. a renamed
+    attribute) is not written to the on-disk results, which are keyed by the kernel sources' digest
+    only: after the Python is fixed the check runs again. A verdict of kernels that ran is kept."""
+    import json
+
+    from tqbridge.metal import selfcheck
+
+    disk = tmp_path / "selfcheck.json"
+    monkeypatch.setattr(selfcheck, "_disk_path", lambda: disk)
+    monkeypatch.setattr(selfcheck, "_RESULTS", {})
+    args = ("q8_0", "turbo3", 128, 128, 128, 128, 128, 128, "float16", "cuda")
+
+    def broken(*a):
+        raise AttributeError("'MLXKernel' object has no attribute '_fn'")
+
+    monkeypatch.setattr(selfcheck, "_run", broken)
+    assert "AttributeError" in selfcheck.check_decode_lane(*args)
+    assert not disk.exists() or not json.loads(disk.read_text())
+    monkeypatch.setattr(selfcheck, "_RESULTS", {})
+    monkeypatch.setattr(selfcheck, "_run", lambda *a: "the fused attention differs from the reference by 1")
+    assert selfcheck.check_decode_lane(*args).startswith("the fused attention differs")
+    assert list(json.loads(disk.read_text()).values()) == ["the fused attention differs from the reference by 1"]

@@ -1,0 +1,56 @@
+"""decode_attention called as a decoding loop calls it: MLX arrays on a GPU, the same buffers, a new
+length every call. Such calls run one prepared launch per call signature (planned for the buffers'
+capacity, the length a parameter, as TQCache runs it) instead of planning and preparing again for
+every length: the outputs stay within the oracle's bound at every length, the launch is built once,
+and what ran is reported. Without a GPU (or with numpy inputs) the path does not apply."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tqbridge.metal import attention
+from tqbridge.metal.attention import check_problem, decode_attention, last_run
+from tqbridge.metal.attention_ref import oracle
+from test_attention_kernel import GPU, _cache
+
+LENGTHS = (1, 17, 300, 513, 599, 600)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU is None, reason="no MLX GPU backend (Metal or CUDA) on this machine")
+@pytest.mark.parametrize("kf,vf,qp", [("q8_0", "turbo3", None), ("q8_0", "q4_0", "int8"), ("q4_0", "q8_0", "exact")])
+def test_growing_length_reuses_one_launch(kf, vf, qp):
+    import mlx.core as mx
+
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 8, 128)).astype(np.float32)
+    kb, vb = _cache(rng, kf, (1, 2, 600, 128)), _cache(rng, vf, (1, 2, 600, 128))
+    qm, kbm, vbm = mx.array(q), mx.array(kb), mx.array(vb)
+    attention.clear_call_caches()
+    opts = {} if qp is None else {"q_precision": qp}
+    runs = []
+    for n in LENGTHS:
+        got = decode_attention(qm, kbm, vbm, k_format=kf, v_format=vf, length=n, **opts)
+        assert isinstance(got, mx.array) and tuple(got.shape) == q.shape
+        run = last_run()
+        runs.append(run)
+        prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=n)
+        want, bound = oracle(q, kb, vb, prob, None, chain=run["chain"], q_precision=run["q_precision"])
+        err = np.abs(np.asarray(got, dtype=np.float64) - want[:, :, 0])
+        assert (err <= bound[:, :, 0]).all(), f"length {n}: error {err.max():.3g}"
+    built = [v for v in attention._length_free_calls.values() if v]
+    assert len(built) == 1, "one prepared launch for every length"
+    assert len({(r["splits"], r["kernel"], r["backend"]) for r in runs}) == 1   # one plan, made for the buffer
+    assert runs[0]["backend"] == GPU and (qp is None or runs[0]["q_precision"] == qp)
+    assert not attention._prepared_calls, "the per-length prepared calls are not used"
+
+
+def test_numpy_inputs_or_no_gpu_keep_the_per_call_path():
+    rng = np.random.default_rng(6)
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    kb, vb = _cache(rng, "q8_0", (1, 1, 40, 64)), _cache(rng, "q8_0", (1, 1, 40, 64))
+    attention.clear_call_caches()
+    decode_attention(q, kb, vb, k_format="q8_0", v_format="q8_0", length=33)
+    assert not any(attention._length_free_calls.values())   # numpy in: per-call planning, numpy out
+    assert last_run()["backend"] in ("cpu-emulator", "cuda", "metal")
