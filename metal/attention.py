@@ -295,7 +295,8 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
     if qp is not None and qp not in Q_PRECISIONS:
         raise AttentionError(f"q_precision must be one of {', '.join(Q_PRECISIONS)} (or None: the backend's "
                              f"default); got {qp!r}")
-    if key is not None and backend in ("auto", "kernel", "cuda", "metal") and not set(options) - {"q_precision"}:
+    if (key is not None and backend in ("auto", "kernel", "cuda", "metal")
+            and not {k for k, v in options.items() if v is not None} - {"q_precision"}):
         hit = _length_free_launch(key, q, k_blocks, v_blocks, backend, qp, k_format=k_format, v_format=v_format,
                                   scale=scale, window=window, softcap=softcap, sinks=sinks, rotation=rotation)
         if (hit and type(q) is type(k_blocks) is type(v_blocks) is hit[1] and (sinks is None or type(sinks) is hit[1])

@@ -50,8 +50,9 @@ V3_SHARED_CUDA = 48 * 1024   # CUDA's limit of static shared memory per threadgr
 V3_STAGES_CUDA = 3           # tiles in the copy ring on CUDA (two being copied while one is computed)
 # v3 in one dispatch (TQBRIDGE_V3_DISPATCHES=1) where device-scope fences and atomics exist (CUDA; the
 # emulator runs threadgroups one after another); Metal's device atomics are relaxed only. Not the
-# default: measured on the H200, the last threadgroup's merge of 64 splits costs more device time
-# than the combine pass (123.7 vs 101.6 + 6.5 us at 128K; BENCHMARKS.md, kernel v3)
+# default: measured on the H200, one dispatch costs -1 / +4 / +6 us more device time than pass 1 +
+# combine at 4K / 32K / 128K (q8_0/turbo3: 91.5 vs 85.4 us at 128K) and its saved launch did not
+# show in wall time beyond the host's run-to-run spread (BENCHMARKS.md, fifth session)
 V3_FUSED_BACKENDS = ("cuda", "cpu-emulator")
 TARGET_GROUPS_V3 = 528       # v3 pass-1 threadgroups to aim for on a GPU (H200: 132 SMs x 4)
 V3_MIN_SPLIT_KEYS = 128      # v3 on a GPU: at least this many keys per split
@@ -322,7 +323,7 @@ V3_V_DECODES = ("turbo-permute", "codes-permute", "generic")
 def v3_v_decode(prob: Problem) -> str:
     """How kernel v3 decodes ``prob``'s V rows into binary16 fragments (the RunRecord's ``v_decode``):
     "turbo-permute" (turbo2 / turbo3 of one 128-value block per row: four centroids per byte permute of
-    registers), "codes-permute" (legacy blocks x = d * (code - offset) with 4- or 8-bit codes: codes
+    registers), "codes-permute" (legacy blocks x = d * (code - offset), 4-, 5- or 8-bit codes: codes
     moved into binary16 integers by byte permutes, one subtraction, times the pair of block scales),
     or "generic" (every other format: the per-value decoder). TQBRIDGE_V3_V_GENERIC=1 takes the generic
     path for every format; each fast path is bit-identical to it (tests/test_attention_v3_v_paths.py)."""
@@ -331,7 +332,7 @@ def v3_v_decode(prob: Problem) -> str:
     if _turbo_index_bits(prob.v_format) in (2, 3) and prob.v_dim == 128 and prob.v_format.block_size == 128:
         return "turbo-permute"
     lay = prob.v_format.layout
-    if (lay is not None and not lay.has_m and lay.values is None and lay.bits in (4, 8)
+    if (lay is not None and not lay.has_m and lay.values is None and lay.bits in (4, 5, 8)
             and prob.v_dim % 64 == 0 and 32 % (prob.v_dim // 16) == 0):
         return "codes-permute"
     return "generic"

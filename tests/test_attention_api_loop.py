@@ -54,3 +54,27 @@ def test_numpy_inputs_or_no_gpu_keep_the_per_call_path():
     decode_attention(q, kb, vb, k_format="q8_0", v_format="q8_0", length=33)
     assert not any(attention._length_free_calls.values())   # numpy in: per-call planning, numpy out
     assert last_run()["backend"] in ("cpu-emulator", "cuda", "metal")
+
+
+def test_which_calls_may_take_one_launch_per_signature(monkeypatch):
+    """Options left at None (as a caller forwarding its defaults passes them) keep a call eligible;
+    a launch option with a value (a kernel, splits, warps ...) or the reference backend does not."""
+    asked = []
+
+    def record(key, q, kb, vb, backend, qp, **kw):
+        asked.append((backend, qp))
+        return False
+
+    monkeypatch.setattr(attention, "_length_free_launch", record)
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    kb, vb = _cache(rng, "q8_0", (1, 1, 40, 64)), _cache(rng, "q8_0", (1, 1, 40, 64))
+    kw = dict(k_format="q8_0", v_format="q8_0", length=33)
+    decode_attention(q, kb, vb, **kw, kernel=None, warps=None, splits=None, q_precision="exact")
+    decode_attention(q, kb, vb, **kw, backend="kernel")
+    assert asked == [("auto", "exact"), ("kernel", None)]
+    decode_attention(q, kb, vb, **kw, kernel="v1")
+    decode_attention(q, kb, vb, **kw, splits=2)
+    decode_attention(q, kb, vb, **kw, backend="reference")
+    decode_attention(q, kb, vb, k_format="q8_0", v_format="q8_0", length=[33])
+    assert len(asked) == 2

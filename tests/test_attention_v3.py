@@ -112,6 +112,68 @@ def test_fragment_primitives_on_cuda(generic):
     _check_prims(np.array(ci), np.array(cf), np.array(mt), A, B, Ah, Bh, hin)
 
 
+_PERM_BODY = """
+const uint lane = tq_lane;
+perm[lane] = tq_byte_perm(pa[lane], pb[lane], ps[lane]);
+hsum[lane] = tq_hadd2(pa[lane], pb[lane]);
+hprod[lane] = tq_hmul2(pa[lane], pb[lane]);
+"""
+
+
+def _perm_kernel():
+    header = (KERNEL_DIR / "attention_mma.h").read_text()
+    return Kernel("tq_perm_probe", (("pa", "uint32"), ("pb", "uint32"), ("ps", "uint32")),
+                  (("perm", "uint32"), ("hsum", "uint32"), ("hprod", "uint32")), _PERM_BODY, header)
+
+
+def _perm_inputs(rng):
+    """32 lanes of (a, b, selector): a and b two binary16 values each of magnitude 1..200 (their sums
+    and products are exact in float32, so one rounding to binary16 is the correct one), selectors
+    of nibbles 0..7 with random upper bits (ignored)."""
+    mag = rng.uniform(1, 200, (2, 32, 2)) * rng.choice([-1, 1], (2, 32, 2))
+    h = mag.astype(np.float16).view(np.uint16).astype(np.uint32)
+    a, b = h[0, :, 0] | (h[0, :, 1] << 16), h[1, :, 0] | (h[1, :, 1] << 16)
+    nib = rng.integers(0, 8, (32, 4)).astype(np.uint32)
+    s = (nib[:, 0] | nib[:, 1] << 4 | nib[:, 2] << 8 | nib[:, 3] << 12
+         | (rng.integers(0, 1 << 16, 32).astype(np.uint32) << 16))
+    return a.astype(np.uint32), b.astype(np.uint32), s.astype(np.uint32), nib
+
+
+def _check_perm(perm, hsum, hprod, a, b, nib):
+    src = a.astype(np.uint64) | (b.astype(np.uint64) << 32)
+    for lane in range(32):
+        want = sum(((int(src[lane]) >> (8 * int(nib[lane, n]))) & 0xff) << (8 * n) for n in range(4))
+        assert int(perm[lane]) == want, f"byte permute, lane {lane}"
+        ha = np.array([a[lane] & 0xffff, a[lane] >> 16], np.uint16).view(np.float16).astype(np.float32)
+        hb = np.array([b[lane] & 0xffff, b[lane] >> 16], np.uint16).view(np.float16).astype(np.float32)
+        for got, exact in ((hsum, ha + hb), (hprod, ha * hb)):
+            w = exact.astype(np.float16).view(np.uint16).astype(np.uint32)
+            assert int(got[lane]) == int(w[0] | (w[1] << 16)), f"binary16 pair op, lane {lane}"
+
+
+def test_byte_permute_and_half_pairs_on_the_emulator():
+    a, b, s, nib = _perm_inputs(np.random.default_rng(8))
+    perm, hsum, hprod = EmulatedKernel(_perm_kernel(), {})([a, b, s], [(32,), (32,), (32,)], (1, 1, 1), 32)
+    _check_perm(perm, hsum, hprod, a, b, nib)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU != "cuda", reason="needs MLX's CUDA backend (prmt, f16x2 arithmetic)")
+def test_byte_permute_and_half_pairs_on_cuda():
+    import mlx.core as mx
+
+    from tqbridge.metal.kernel import mlx_sources
+
+    a, b, s, nib = _perm_inputs(np.random.default_rng(9))
+    kd = _perm_kernel()
+    src, hdr = mlx_sources(kd, "cuda", {})
+    k = mx.fast.cuda_kernel(name="tq_perm_probe", input_names=[n for n, _ in kd.inputs],
+                            output_names=[n for n, _ in kd.outputs], source=src, header=hdr)
+    outs = k(inputs=[mx.array(x) for x in (a, b, s)], output_shapes=[(32,)] * 3, output_dtypes=[mx.uint32] * 3,
+             grid=(32, 1, 1), threadgroup=(32, 1, 1))
+    _check_perm(*[np.array(o) for o in outs], a, b, nib)
+
+
 # ----------------------------------------------------------------------------- the oracle's pieces
 
 

@@ -1,7 +1,7 @@
 """Kernel v3's fast V decodes against its generic one (TQBRIDGE_V3_V_GENERIC=1; attention_kernel.
 v3_v_decode): "turbo-permute" for turbo2 / turbo3 of one 128-value block per row (four centroids per
 byte permute of registers, the sign bits from a table; a run's columns held in another order of
-m-tiles, undone at the write) and "codes-permute" for q4_0 / q8_0 (codes put into binary16 integers
+m-tiles, undone at the write) and "codes-permute" for q4_0 / q5_0 / q8_0 (codes put into binary16 integers
 by byte permutes, one exact subtraction, times the block scales). Each hands the same binary16
 values to the same products for every output column as the generic decoder (the value rounded once
 to binary16), so the outputs must be identical bit for bit on every backend here; and the decode
@@ -23,8 +23,10 @@ CASES = [("q8_0", "turbo3", 4, 1, 300, {}), ("q4_0", "turbo2", 2, 1, 173, {}),
          ("q8_0", "turbo3@fork-69d8e4b", 8, 1, 97, {"window": 40}),
          ("q5_1", "turbo2@fork-69d8e4b", 1, 2, 150, {"sinks": True}),
          ("q8_0", "q4_0", 4, 1, 300, {}), ("q4_1", "q8_0", 2, 1, 173, {"window": 40}),
-         ("q8_0", "q4_0", 8, 1, 97, {"d": 64}), ("iq4_nl", "q8_0", 1, 2, 150, {"d": 256, "sinks": True})]
-WANT = {"turbo3": "turbo-permute", "turbo2": "turbo-permute", "q4_0": "codes-permute", "q8_0": "codes-permute"}
+         ("q8_0", "q4_0", 8, 1, 97, {"d": 64}), ("iq4_nl", "q8_0", 1, 2, 150, {"d": 256, "sinks": True}),
+         ("q5_1", "q5_0", 4, 1, 300, {}), ("q8_0", "q5_0", 2, 1, 90, {"d": 256, "window": 33})]
+WANT = {"turbo3": "turbo-permute", "turbo2": "turbo-permute", "q4_0": "codes-permute", "q5_0": "codes-permute",
+        "q8_0": "codes-permute"}
 
 
 def _run(backend, monkeypatch, generic: bool, kf, vf, g, t, n, opts, kind="normal"):
@@ -65,7 +67,7 @@ def test_byte_permute_decode_is_bit_identical(backend, monkeypatch, kf, vf, g, t
     assert np.array_equal(fast.view(np.uint32), generic.view(np.uint32))
 
 
-@pytest.mark.parametrize("vf", ["turbo3", "q4_0", "q8_0"])
+@pytest.mark.parametrize("vf", ["turbo3", "q4_0", "q5_0", "q8_0"])
 @pytest.mark.parametrize("kind", ["zeros", "tiny", "huge"])
 def test_byte_permute_decode_extreme_norms(monkeypatch, kind, vf):
     """Zero, tiny (binary16-subnormal products) and huge V rows: the same bits through both paths."""
@@ -82,7 +84,7 @@ def test_other_v_rows_take_the_generic_path():
     """64-value turbo blocks (two per row), turbo4, formats with a minimum m or a value table, f16,
     and rows whose runs of values would straddle blocks (head dim 192) take the generic decoder."""
     rng = np.random.default_rng(0)
-    for vf, d in (("turbo3@g64", 128), ("turbo4", 128), ("q4_1", 128), ("q5_0", 128), ("iq4_nl", 128),
+    for vf, d in (("turbo3@g64", 128), ("turbo4", 128), ("q4_1", 128), ("q5_1", 128), ("iq4_nl", 128),
                   ("f16", 128), ("q4_0", 192), ("turbo3", 256)):
         q = rng.standard_normal((1, 4, d)).astype(np.float32)
         kb = _cache(rng, "q8_0", (1, 1, 40, d))

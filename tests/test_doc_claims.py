@@ -790,3 +790,68 @@ def test_fixed_and_growing_table_is_its_records():
         check(rounds_to(vs, r[pre + "sdpa_fp16_us"] / mine), f"{kv} {c} {regime} vs {vs}", bad)
         check(r["fused_plan"]["kernel"] == "v3" and r["fused_v2_plan"]["kernel"] == "v2", f"{kv} {c} plans", bad)
     assert not bad, bad
+
+
+# ---- fifth session: V decodes by byte permutes, one dispatch, decode ------------------------------
+
+PERMUTE_DEV = "benchmarks/h200-2026-12-01-v3-v-decode-device-time.json"
+DISPATCH_WALL = "benchmarks/h200-2026-12-01-bench-attention-dispatches.json"
+PERMUTE_DECODE = "benchmarks/h200-2026-12-01-bench-decode-permute.json"
+
+
+def _copy_tbps() -> float:
+    """The copy bandwidth BENCHMARKS.md's fifth-session section divides by: the largest reading."""
+    return max(r["record"]["copy"]["cupy_copy_GBps"] for r in record(DISPATCH_WALL)["runs"]) / 1000
+
+
+def test_v_decode_device_table_is_its_record():
+    rows = table(text("BENCHMARKS.md"), "| V | decode | registers |")
+    assert len(rows) == 5
+    rec = record(PERMUTE_DEV)
+    static = {r["v_format"]: r for r in record("benchmarks/nvcc-2026-12-01-kernel-sass-v3.json")["rows"]}
+    bad = []
+    for vf, dec, regs, c4, c32, c128, tb in rows:
+        if dec.startswith("pair table"):   # the previous default: its own records
+            rs = [_v3_dev("q8_0/turbo3", "v3", c) for c in (4096, 32768, 131072)]
+            check(regs == str(static["turbo3@fork-pr197"]["registers"]), f"{vf} {dec} registers {regs}", bad)
+        else:
+            word = "TQBRIDGE_V3_V_GENERIC" if dec.startswith("generic") else "default"
+            run = next(r for r in rec["runs"] if r["v_format"] == vf and r["variant"].startswith(word)
+                       and "repeat" not in r["variant"])
+            rs = sorted(run["rows"], key=lambda x: x["context"])
+            check(regs == str(rs[0]["regs"]), f"{vf} {dec} registers {regs}", bad)
+        for cell, r in zip((c4, c32, c128), rs):
+            check(rounds_to(cell.strip("*"), r["pass1_us"]), f"{vf} {dec} {cell}", bad)
+        tbv, pct = tb.split(" (")
+        check(rounds_to(tbv, rs[-1]["pass1_TBps"]) and rounds_to(pct, rs[-1]["pass1_TBps"] / _copy_tbps(), 100),
+              f"{vf} {dec} {tb}", bad)
+    assert not bad, bad
+
+
+def test_dispatch_wall_table_is_its_record():
+    rows = table(text("BENCHMARKS.md"), "| V | dispatches | run |")
+    assert len(rows) == 6
+    rec = record(DISPATCH_WALL)
+    bad = []
+    for vf, disp, run, c4, c32, c128, sdpa, vs in rows:
+        r = next(x for x in rec["runs"] if x["v_format"] == vf and x["dispatches"] == int(disp)
+                 and x["session_run"] == int(run))
+        ctx = sorted(r["record"]["contexts"], key=lambda x: x["context"])
+        assert [x["cache_path_plan"]["dispatches"] for x in ctx] == [int(disp)] * 3
+        for cell, x in zip((c4, c32, c128), ctx):
+            check(rounds_to(cell, x["growing_cache_path_us"]), f"{vf} {disp} {run} {cell}", bad)
+        for cell, x in zip(sdpa.split(" / "), ctx):
+            check(rounds_to(cell, x["growing_sdpa_fp16_us"]), f"{vf} {disp} {run} fp16 {cell}", bad)
+        for cell, x in zip(vs.split(" / "), ctx):
+            check(rounds_to(cell, x["growing_sdpa_fp16_us"] / x["growing_cache_path_us"]), f"{vf} {disp} {run} vs {cell}", bad)
+    assert not bad, bad
+
+
+def test_permute_decode_sentence_is_its_record():
+    runs = {(r["cache"], r["context"]): r for r in record(PERMUTE_DECODE)["runs"]}
+    doc = flat(text("BENCHMARKS.md"))
+    for ctx, words in ((131072, "128K fp16 {f:.2f} ms/token, q8_0/turbo3 {t:.2f}x, q8_0/q4_0 {q:.2f}x"),
+                       (32768, "32K fp16 {f:.2f} ms, {t:.2f}x / {q:.2f}x")):
+        said = words.format(f=runs[("fp16", ctx)]["ms_per_token"], t=runs[("q8_0/turbo3", ctx)]["speedup_vs_fp16"],
+                            q=runs[("q8_0/q4_0", ctx)]["speedup_vs_fp16"])
+        assert said in doc, said

@@ -285,7 +285,7 @@ typedef unsigned short ushort;
 typedef unsigned char uchar;
 struct uint3 { uint x, y, z; };
 struct half { ushort bits; half() = default; half(float) : bits(0) {} operator float() const { return 0.0f; } };  // Metal's half, for syntax only
-struct half2 { half x, y; half2 operator*(half2 o) const { return o; } };
+struct half2 { half x, y; half2 operator*(half2 o) const { return o; } half2 operator+(half2 o) const { return o; } };
 namespace metal {
 struct atomic_uint { uint v; };
 enum memory_order { memory_order_relaxed };

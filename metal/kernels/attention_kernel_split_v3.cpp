@@ -21,7 +21,7 @@
 // Compile-time (each name prefixed TQA_): as v2 (KF VF KBB VBB KGRP VGRP KQS VQS KSG VSG DK DV D G
 // T NW TILE KTB VTB KROT VROT QTYPE), KM (K has an offset m: q8_1 q), STB (bytes of the staging /
 // merge area), VB (turbo V: bits per index, 2 / 3 / 4; 0: another V format), V23 / VCODE (1: the byte-permute
-// decodes of turbo2 / turbo3 and of q4_0 / q8_0 where they apply; attention_kernel.v3_v_decode), NS (tiles in the copy ring). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
+// decodes of turbo2 / turbo3 and of q4_0 / q5_0 / q8_0 where they apply; attention_kernel.v3_v_decode), NS (tiles in the copy ring). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
 // whose values fit binary16, or f16; G*T <= 8; DK % 32 == 0; DV % 64 == 0. No TQA_DYN build.
 const int kf = TQA_KF, vf = TQA_VF, kbb = TQA_KBB, vbb = TQA_VBB, vgrp = TQA_VGRP;
 const int vqs = TQA_VQS, vsg = TQA_VSG, krot = TQA_KROT;
@@ -55,9 +55,9 @@ TQ_SHARED float* qf = (TQ_SHARED float*)stage;  // q rows (rows >= Q zero), rota
 // the sign byte. Within a run of 8 values the m-tiles then hold the values in the order 0 2 4 6 1 3 5 7
 // (tqa_v23_col), which the final write undoes.
 constexpr bool V23 = TQA_V23 && (TQA_VB == 2 || TQA_VB == 3) && RV == 8 && TQA_VGRP == TQA_DV;
-// q4_0 / q8_0 V (TQA_VCODE): codes turned into binary16 integers by byte permutes (a run of RV values
+// q4_0 / q5_0 / q8_0 V (TQA_VCODE): codes turned into binary16 integers by byte permutes (a run of RV values
 // lies in one 32-value block)
-constexpr bool VQ = TQA_VCODE && (TQA_VF == TQA_Q4_0 || TQA_VF == TQA_Q8_0) && 32 % RV == 0;
+constexpr bool VQ = TQA_VCODE && (TQA_VF == TQA_Q4_0 || TQA_VF == TQA_Q5_0 || TQA_VF == TQA_Q8_0) && 32 % RV == 0;
 // turbo V: binary16 centroid pairs, entry i0 | i1 << VB = (c[i0], c[i1]) (the A register of two keys);
 // for V23 turbo3 instead the sign table: entry s = the sign bits of s at bit 2 of the 4-bit fields
 TQ_SHARED_ARRAY(uint, ptab, TQA_VB ? ((TQA_VB == 4 || V23) ? 256 : 64) : 1);
@@ -333,8 +333,8 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
                 }
             }
         } else if (VQ) {
-            // q4_0 / q8_0: x = d * (code - offset). Per key, run and 4 values: the codes as bytes b
-            // (q4_0: the nibble; q8_0: code + 128), interleaved for the key pairs, put into binary16
+            // q4_0 / q5_0 / q8_0: x = d * (code - offset). Per key, run and 4 values: the codes as bytes b
+            // (q4_0 / q5_0: the 4- / 5-bit code; q8_0: code + 128), interleaved for the key pairs, put into binary16
             // 1024 + b (0x64 high bytes), minus 1024 + offset (exact), times the keys' scales d
             uint dpair[2][2];   // [key pair][run]: the blocks' fp16 scales d (0 for keys without weight)
             TQ_UNROLL
@@ -346,7 +346,8 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
                     dpair[pr][run] = (kv[2 * pr] ? tqa_u16(va, 0) : 0u) | ((kv[2 * pr + 1] ? tqa_u16(vb2, 0) : 0u) << 16);
                 }
             }
-            const uint bias = TQA_VF == TQA_Q8_0 ? 0xe480e480u : 0xe408e408u;   // binary16 -1152 / -1032, twice
+            // binary16 -(1024 + offset), twice: q8_0 -1152, q5_0 -1040, q4_0 -1032
+            const uint bias = TQA_VF == TQA_Q8_0 ? 0xe480e480u : (TQA_VF == TQA_Q5_0 ? 0xe410e410u : 0xe408e408u);
             TQ_UNROLL
             for (int c4 = 0; c4 < RV; c4 += 4) {
                 uint cb[4][2];   // [key][run]
@@ -357,9 +358,14 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
                         const int blk = e / 32, j = e - 32 * (e / 32);
                         if (TQA_VF == TQA_Q8_0) {
                             cb[x][run] = tqa_u32(vrow, blk * vbb + 2 + j) ^ 0x80808080u;
-                        } else {   // q4_0: values 0..15 in the low nibbles of qs[0..15], 16..31 in the high ones
+                        } else if (TQA_VF == TQA_Q4_0) {   // values 0..15: low nibbles of qs[0..15], 16..31: high
                             const uint w = tqa_u32(vrow, blk * vbb + 2 + (j & 15));
                             cb[x][run] = (j >= 16 ? w >> 4 : w) & 0x0f0f0f0fu;
+                        } else {   // q5_0: fp16 d, u32 qh (bit j: the 5th bit of value j), qs[16] as q4_0's
+                            const uint w = tqa_u32(vrow, blk * vbb + 6 + (j & 15));
+                            const uint hb = (tqa_u32(vrow, blk * vbb + 2) >> j) & 15u;
+                            // the 4 high bits to bit 4 of each byte (bit i alone lands at 8i + 4: no carries)
+                            cb[x][run] = ((j >= 16 ? w >> 4 : w) & 0x0f0f0f0fu) | ((hb * 0x02040810u) & 0x10101010u);
                         }
                     }
                 }
