@@ -1,0 +1,87 @@
+"""The Python launch code of the GPU branches, run on a machine without a GPU: MLX's custom-kernel
+factory replaced by a recorder that returns zero arrays of the requested shapes. It checks what no
+CPU test of the kernels reaches — the calls the prepared append and the prepared attention launches
+make on MLX's callables (their attribute names, inputs, output shapes, grids) — not the kernels' results
+(those need the GPU: the gpu-marked tests). A rename of MLXKernel's callable that the append's GPU
+branch missed (it failed every GPU append and decode-lane test on the H200, 2026-12-01) fails here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+
+from tqbridge.metal import attention, attention_kernel, dispatch, kv_append   # noqa: E402
+from tqbridge.metal.attention import check_problem, decode_attention, last_run   # noqa: E402
+from tqbridge.metal.lm.cache import rotation_group   # noqa: E402
+
+CALLS: list = []
+
+
+def _fake_factory(name, input_names, output_names, source, header, **kw):
+    def call(*, inputs, output_shapes, output_dtypes, grid, threadgroup, init_value=None, **rest):
+        assert len(inputs) == len(input_names), (name, len(inputs), input_names)
+        assert len(output_shapes) == len(output_dtypes) == len(output_names)
+        assert all(isinstance(a, mx.array) for a in inputs)
+        assert grid[0] % threadgroup[0] == 0
+        CALLS.append((name, [tuple(a.shape) for a in inputs], [tuple(s) for s in output_shapes], grid))
+        return [mx.zeros(tuple(s), d) for s, d in zip(output_shapes, output_dtypes)]
+    return call
+
+
+def _clear():
+    dispatch._cache.clear()
+    for f in (attention_kernel._mlx_setup, attention_kernel._launches, attention_kernel._decode_launch,
+              attention_kernel._plan_cached):
+        f.cache_clear()
+    attention.clear_call_caches()
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    _clear()
+    CALLS.clear()
+    monkeypatch.setattr(mx.fast, "cuda_kernel", _fake_factory, raising=False)
+    monkeypatch.setattr(dispatch, "resolve", lambda b: b)
+    monkeypatch.setattr(attention_kernel, "pick_backend", lambda b: "cuda")
+    yield
+    _clear()   # no recorder-built kernel may outlive the test
+
+
+def test_prepared_append_calls_mlx(fake_cuda):
+    d = 128
+    app = kv_append.prepared("q8_0", "turbo3", d, d, d, d, rotation_group("q8_0", d, "k"),
+                             rotation_group("turbo3", d, "v"), "float16", "cuda")
+    rows = mx.zeros((1, 2, 1, d), mx.float16)
+    kc = mx.zeros((1, 2, 8, app.k_row_bytes), mx.uint8)
+    vc = mx.zeros((1, 2, 8, app.v_row_bytes), mx.uint8)
+    flag = app(rows, rows, kc, vc, 3, mx.zeros((4,), mx.uint32))
+    assert tuple(flag.shape) == (4,)
+    (name, shapes, outs, grid), = CALLS
+    assert shapes[:4] == [(1, 2, 1, d), (1, 2, 1, d), tuple(kc.shape), tuple(vc.shape)] and outs == [(4,)]
+
+
+@pytest.mark.parametrize("dispatches", ["2", "1"])
+def test_prepared_attention_calls_mlx(fake_cuda, monkeypatch, dispatches):
+    monkeypatch.setenv("TQBRIDGE_V3_DISPATCHES", dispatches)
+    rng = np.random.default_rng(0)
+    from tqbridge import bridge
+
+    q = mx.array(rng.standard_normal((1, 8, 128)).astype(np.float16))
+    kb = mx.array(bridge.quantize("q8_0", rng.standard_normal((1, 2, 64, 128)).astype(np.float32)))
+    vb = mx.array(bridge.quantize("turbo3", rng.standard_normal((1, 2, 64, 128)).astype(np.float32)))
+    for n in (5, 17, 64):   # a growing length: one launch, the length a parameter
+        out = decode_attention(q, kb, vb, k_format="q8_0", v_format="turbo3", length=n, backend="cuda",
+                               q_precision="int8")
+        assert tuple(out.shape) == (1, 8, 128) and out.dtype == mx.float16
+        run = last_run()
+        assert run["backend"] == "cuda" and run["kernel"] == "v3" and run["v_decode"] == "turbo-permute"
+        assert run["dispatches"] == int(dispatches)
+    names = [c[0] for c in CALLS]
+    assert len(names) == 3 * int(dispatches)
+    assert all("split_v3" in x for x in names[::int(dispatches)])
+    prob = check_problem(np.zeros((1, 8, 128), np.float16), np.asarray(kb), np.asarray(vb), k_format="q8_0",
+                         v_format="turbo3", length=64)
+    assert CALLS[0][1][:3] == [(1, 8, 128), tuple(kb.shape), tuple(vb.shape)]
+    assert prob.l_max == 64
