@@ -905,3 +905,17 @@ def test_v3_tiny_v_norms_regression(monkeypatch):
     monkeypatch.setattr(attention_ref, "E16", 0.0)   # without the subnormal term the same output fails
     with pytest.raises(AssertionError, match="exceed the oracle bound"):
         tqt.check_case(fn, case)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("vf,d,window", [("turbo4@g64", 192, 1), ("turbo3@g64", 192, None), ("turbo2@g64", 192, 3)])
+def test_v3_runs_across_v_blocks_regression(backend, vf, d, window):
+    """Found by the emulator campaign of 2026-12-01 (iq4_nl / turbo4@g64, D 192, window 1: 1.56x over the
+    bound): with 64-value turbo blocks and DV 192 a lane's run of 12 values crosses a block boundary,
+    and the generic turbo decode took the whole run's norms from its first block. Now per 4 values
+    where runs cross blocks."""
+    rng = np.random.default_rng(d + (window or 0))
+    q = rng.standard_normal((2, 3, d)).astype(np.float32)
+    kb, vb = _cache(rng, "iq4_nl", (2, 3, 89, d)), _cache(rng, vf, (2, 3, 89, d))
+    _check_v3(backend, q, kb, vb, k_format="iq4_nl", v_format=vf, length=36, window=window,
+              sinks=rng.standard_normal(3).astype(np.float32))

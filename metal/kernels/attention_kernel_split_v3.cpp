@@ -300,19 +300,24 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
                 tq_mma_f16(o[2 * f + 1], a[1][0][0], a[1][0][1], a[1][1][0], a[1][1][1], pb0, pb1, lane);
             }
         } else if (TQA_VB) {
-            // turbo V: centroid pairs from the table, times the two keys' norms (binary16 products)
+            // turbo V: centroid pairs from the table, times the two keys' norms (binary16 products).
+            // A run of RV values may cross a block boundary (e.g. 64-value blocks, DV 192: runs of 12):
+            // then the norms are read per 4 values (a multiple of 4 never crosses one), else once per run
+            constexpr bool RUN_IN_BLOCK = TQA_VGRP % RV == 0;
             uint npair[2][2];   // [key pair][run]: the norms of keys (2t, 2t+1) / (2t+8, 2t+9), raw bits
             TQ_UNROLL
-            for (int run = 0; run < 2; ++run) {
-                const int blk = (((int)g + 8 * run) * RV) / vgrp;
-                for (int pr = 0; pr < 2; ++pr) {
-                    TQ_SHARED const uchar* va = vts + kk[2 * pr] * VRB + blk * vbb;
-                    TQ_SHARED const uchar* vb2 = vts + kk[2 * pr + 1] * VRB + blk * vbb;
-                    npair[pr][run] = (kv[2 * pr] ? tqa_u16(va, 0) : 0u) | ((kv[2 * pr + 1] ? tqa_u16(vb2, 0) : 0u) << 16);
-                }
-            }
-            TQ_UNROLL
             for (int c4 = 0; c4 < RV; c4 += 4) {
+                if (!RUN_IN_BLOCK || c4 == 0) {
+                    for (int run = 0; run < 2; ++run) {
+                        const int blk = (((int)g + 8 * run) * RV + c4) / vgrp;
+                        for (int pr = 0; pr < 2; ++pr) {
+                            TQ_SHARED const uchar* va = vts + kk[2 * pr] * VRB + blk * vbb;
+                            TQ_SHARED const uchar* vb2 = vts + kk[2 * pr + 1] * VRB + blk * vbb;
+                            npair[pr][run] = (kv[2 * pr] ? tqa_u16(va, 0) : 0u)
+                                             | ((kv[2 * pr + 1] ? tqa_u16(vb2, 0) : 0u) << 16);
+                        }
+                    }
+                }
                 uint ix[4][2];
                 for (int x = 0; x < 4; ++x) {
                     TQ_SHARED const uchar* vrow = vts + kk[x] * VRB;
