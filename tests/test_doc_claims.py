@@ -855,3 +855,16 @@ def test_permute_decode_sentence_is_its_record():
         said = words.format(f=runs[("fp16", ctx)]["ms_per_token"], t=runs[("q8_0/turbo3", ctx)]["speedup_vs_fp16"],
                             q=runs[("q8_0/q4_0", ctx)]["speedup_vs_fp16"])
         assert said in doc, said
+
+
+def test_emulator_v3_fuzz_sentence_is_its_records():
+    first = record("benchmarks/cpu-2026-12-01-fuzz-v3-emulator-first.json")
+    after = record("benchmarks/cpu-2026-12-01-fuzz-v3-emulator.json")
+    doc = flat(text("BENCHMARKS.md"))
+    assert not first["ok"] and "iq4_nl/turbo4@g64, q=(2, 3, 192)" in first["failure"]["case"]
+    assert f"counterexample after {first['examples']} examples" in doc
+    assert "1.56x over the oracle's bound" in doc and "(1.56x over)" in first["failure"]["message"]
+    assert after["ok"] and not after["errors"]
+    said = (f"{after['examples']} examples, {after['shapes']} shapes, all {len(after['formats'])} formats, worst error "
+            f"{after['worst_error_over_allowed']:.3f} of the bound, no counterexample in {after['seconds']:.0f} s")
+    assert said in doc, said
