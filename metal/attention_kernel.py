@@ -839,6 +839,7 @@ class _EmulatedDecodeLaunch:
         self.l_max = int(k_blocks.shape[2])
         self._kw = dict(k_format=k_format, v_format=v_format, scale=scale, window=window, softcap=softcap,
                         rotation=rotation, q_precision=q_precision)
+        self.run_info = {"backend": self.backend}   # what its latest call ran (a DecodeLaunch's is its plan)
 
     def __call__(self, q, kb, vb, length: int, after=None, sinks=None):
         import mlx.core as mx
@@ -849,4 +850,7 @@ class _EmulatedDecodeLaunch:
         out = decode_attention(np.array(q.astype(mx.float32)), np.array(kb), np.array(vb), length=length,
                                backend="cpu-emulator", sinks=None if sinks is None else np.array(sinks),
                                **self._kw)
+        from .attention import last_run
+
+        self.run_info = last_run()
         return mx.array(out).astype(q.dtype)

@@ -462,3 +462,22 @@ def test_self_check_keeps_only_kernel_verdicts_on_disk(monkeypatch, tmp_path):
     monkeypatch.setattr(selfcheck, "_run", lambda *a: "the fused attention differs from the reference by 1")
     assert selfcheck.check_decode_lane(*args).startswith("the fused attention differs")
     assert list(json.loads(disk.read_text()).values()) == ["the fused attention differs from the reference by 1"]
+
+
+@pytest.mark.parametrize("qp,want", [("int8", "cpu-emulator v3 int8 q V turbo-permute 2 dispatches"),
+                                     ("exact", "cpu-emulator v2 exact q 2 dispatches")])
+def test_cache_report_says_which_decode_kernel_ran(qp, want, cpu_device, monkeypatch):
+    from tqbridge.metal.lm.cache import cache_report, paths_line
+
+    monkeypatch.setenv("TQBRIDGE_DECODE_LANE", "cpu-emulator")
+    c = _prefilled("q8_0/turbo3")
+    c.q_precision = qp
+    assert cache_report([c])["layers"][0]["decode_kernel"] is None   # no decode step yet
+    with route_attention():
+        for i in range(2):
+            out, _ = _step(c, seed=i)
+            mx.eval(out)
+    assert c.paths["decode:cpu-emulator"] == 2
+    info = cache_report([c])["layers"][0]["decode_kernel"]
+    assert info["backend"] == "cpu-emulator" and info["q_precision"] == qp and info["splits"] >= 1
+    assert f"decode kernels: {want}" in paths_line([c])

@@ -726,6 +726,27 @@ def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None
     return out
 
 
+_KERNEL_INFO = ("backend", "kernel", "q_precision", "v_decode", "dispatches", "splits")
+
+
+def _kernel_info(launch) -> "dict | None":
+    """What a layer's prepared decode attention runs (its plan: backend, kernel, q precision, V decode,
+    dispatches, splits), None before the layer's first decode step on a kernel lane."""
+    info = getattr(launch, "run_info", None)
+    return {k: info[k] for k in _KERNEL_INFO if info.get(k) is not None} if info else None
+
+
+def _kernel_words(info: dict) -> str:
+    words = [info["backend"]] + [str(info[k]) for k in ("kernel",) if k in info]
+    if "q_precision" in info:
+        words.append(f"{info['q_precision']} q")
+    if "v_decode" in info:
+        words.append(f"V {info['v_decode']}")
+    if "dispatches" in info:
+        words.append(f"{info['dispatches']} dispatch{'es' if info['dispatches'] != 1 else ''}")
+    return " ".join(words)
+
+
 def cache_report(cache: list) -> dict:
     """What each layer holds and which paths ran: for reports and the CLI."""
     layers = []
@@ -737,7 +758,8 @@ def cache_report(cache: list) -> dict:
                            "rotation": [c.k_rot, c.v_rot],
                            "k_calibration": c.calibration.spec or None,
                            "calibration_note": c.calibration_note,
-                           "decode_fallback": c.decode_fallback})
+                           "decode_fallback": c.decode_fallback,
+                           "decode_kernel": _kernel_info(c.decode_launch)})
             paths.update(c.paths)
         else:
             layers.append({"layer": i, "kind": type(c).__name__, "kv": "float",
@@ -758,6 +780,9 @@ def paths_line(cache: list) -> str:
     falls = sorted({f"layer {l['layer']}: {l['decode_fallback']}" for l in rep["layers"] if l.get("decode_fallback")})
     notes = sorted({l["codecs"]["append_note"] for l in rep["layers"] if l.get("codecs", {}).get("append_note")})
     out = f"paths: {paths}; appends: {', '.join(codecs) or '-'}"
+    kernels = sorted({_kernel_words(l["decode_kernel"]) for l in rep["layers"] if l.get("decode_kernel")})
+    if kernels:
+        out += "; decode kernels: " + ", ".join(kernels)
     if falls or notes:
         out += "; FALLBACK: " + "; ".join(falls[:3] + notes[:2]) + (" ..." if len(falls) > 3 else "")
     return out
