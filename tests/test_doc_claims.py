@@ -868,3 +868,16 @@ def test_emulator_v3_fuzz_sentence_is_its_records():
     said = (f"{after['examples']} examples, {after['shapes']} shapes, all {len(after['formats'])} formats, worst error "
             f"{after['worst_error_over_allowed']:.3f} of the bound, no counterexample in {after['seconds']:.0f} s")
     assert said in doc, said
+
+
+def test_readme_permute_sentence_is_its_records():
+    doc = flat(text("README.md"))
+    rec = record(PERMUTE_DEV)
+    new = {r["v_format"]: r["rows"] for r in rec["runs"] if r["variant"].startswith("default") and "repeat" not in r["variant"]}
+    old_q4 = next(r for r in rec["runs"] if r["v_format"] == "q4_0" and r["variant"].startswith("TQBRIDGE_V3_V_GENERIC"))
+    at = lambda rows: next(x["pass1_us"] for x in rows if x["context"] == 131072)   # noqa: E731
+    dec = next(r for r in record(PERMUTE_DECODE)["runs"] if r["cache"] == "q8_0/turbo3" and r["context"] == 131072)
+    said = (f"pass 1 at 128K takes {at(new['turbo3']):.1f} µs for q8_0/turbo3 (was "
+            f"{_v3_dev('q8_0/turbo3', 'v3', 131072)['pass1_us']:.1f}) and {at(new['q4_0']):.1f} µs for q8_0/q4_0 (was "
+            f"{at(old_q4['rows']):.1f}), and Llama-3.1-8B decodes at {dec['speedup_vs_fp16']:.2f}× fp16 at 128K")
+    assert said in doc, said
