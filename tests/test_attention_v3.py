@@ -129,11 +129,11 @@ def _perm_kernel():
 def _perm_inputs(rng):
     """32 lanes of (a, b, selector): a and b two binary16 values each of magnitude 1..200 (their sums
     and products are exact in float32, so one rounding to binary16 is the correct one), selectors
-    of nibbles 0..7 with random upper bits (ignored)."""
+    of random nibbles (bit 3: sign replication) with random upper bits (ignored)."""
     mag = rng.uniform(1, 200, (2, 32, 2)) * rng.choice([-1, 1], (2, 32, 2))
     h = mag.astype(np.float16).view(np.uint16).astype(np.uint32)
     a, b = h[0, :, 0] | (h[0, :, 1] << 16), h[1, :, 0] | (h[1, :, 1] << 16)
-    nib = rng.integers(0, 8, (32, 4)).astype(np.uint32)
+    nib = rng.integers(0, 16, (32, 4)).astype(np.uint32)   # bit 3: prmt's sign replication
     s = (nib[:, 0] | nib[:, 1] << 4 | nib[:, 2] << 8 | nib[:, 3] << 12
          | (rng.integers(0, 1 << 16, 32).astype(np.uint32) << 16))
     return a.astype(np.uint32), b.astype(np.uint32), s.astype(np.uint32), nib
@@ -142,7 +142,9 @@ def _perm_inputs(rng):
 def _check_perm(perm, hsum, hprod, a, b, nib):
     src = a.astype(np.uint64) | (b.astype(np.uint64) << 32)
     for lane in range(32):
-        want = sum(((int(src[lane]) >> (8 * int(nib[lane, n]))) & 0xff) << (8 * n) for n in range(4))
+        picked = [(int(src[lane]) >> (8 * (int(nib[lane, n]) & 7))) & 0xff for n in range(4)]
+        picked = [(0xff if p & 0x80 else 0) if nib[lane, n] & 8 else p for n, p in enumerate(picked)]
+        want = sum(p << (8 * n) for n, p in enumerate(picked))
         assert int(perm[lane]) == want, f"byte permute, lane {lane}"
         ha = np.array([a[lane] & 0xffff, a[lane] >> 16], np.uint16).view(np.float16).astype(np.float32)
         hb = np.array([b[lane] & 0xffff, b[lane] >> 16], np.uint16).view(np.float16).astype(np.float32)

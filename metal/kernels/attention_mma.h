@@ -183,10 +183,11 @@ TQ_FUNC uint tq_f2h(const float x) { return (uint)tq_f32_to_f16_bits(x); }
 #endif
 TQ_FUNC uint tq_pack_h2(const float lo, const float hi) { return tq_f2h(lo) | (tq_f2h(hi) << 16); }
 
-// Byte permute (PTX prmt in its default mode): byte n of the result is byte
-// ((s >> 4n) & 7) of the 8 bytes {b:a} (a's bytes 0..3, b's 4..7). Kernel v3 uses it as a table
-// lookup of four 3-bit indices at once; the selector's nibbles stay 0..7 (bit 3, the sign-replicate
-// mode of prmt, is never set) and bits 16..31 of s are ignored.
+// Byte permute (PTX prmt in its default mode): byte n of the result is byte ((s >> 4n) & 7) of the
+// 8 bytes {b:a} (a's bytes 0..3, b's 4..7), or, where bit 3 of that nibble is set, that byte's top
+// bit copied into all 8 bits (prmt's sign replication, kept here so the emulator shows a selector
+// that sets it by mistake); bits 16..31 of s are ignored. Kernel v3 uses it as a table lookup of
+// four 3-bit indices at once (its nibbles stay 0..7).
 #if defined(TQ_BACKEND_CUDA)
 TQ_FUNC uint tq_byte_perm(const uint a, const uint b, const uint s) {   // prmt itself: no mask of s
     uint r;
@@ -198,7 +199,9 @@ TQ_FUNC uint tq_byte_perm(const uint a, const uint b, const uint s) {
     uint r = 0u;
     for (int n = 0; n < 4; ++n) {
         const uint i = (s >> (4 * n)) & 7u;
-        r |= (((i < 4u ? a : b) >> (8u * (i & 3u))) & 0xffu) << (8 * n);
+        uint v = ((i < 4u ? a : b) >> (8u * (i & 3u))) & 0xffu;
+        if ((s >> (4 * n + 3)) & 1u) v = (v & 0x80u) ? 0xffu : 0u;
+        r |= v << (8 * n);
     }
     return r;
 }
