@@ -317,9 +317,6 @@ def v3_shared_bytes(prob: Problem, warps: int, tile: int, stages: int = 2) -> in
     return sum(-(-x // 16) * 16 + 64 for x in sizes)
 
 
-V3_V_DECODES = ("turbo-permute", "codes-permute", "generic")
-
-
 def v3_v_decode(prob: Problem) -> str:
     """How kernel v3 decodes ``prob``'s V rows into binary16 fragments (the RunRecord's ``v_decode``):
     "turbo-permute" (turbo2 / turbo3 of one 128-value block per row: four centroids per byte permute of
@@ -451,12 +448,13 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
     split = dict(TQA_DK=prob.k_dim, TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_NW=plan.warps, TQA_QTYPE=qtype,
                  TQA_DYN=int(dyn), TQA_TILE=tile, TQA_KTB=-(-tile * krb // 4) * 4, TQA_VTB=-(-tile * vrb // 4) * 4)
     if plan.kernel == "v3":
+        v_decode = v3_v_decode(prob)
         split.update(TQA_KM=int(prob.k_format.layout.has_m),   # q4_1 / q5_1: a minimum m per block
                      TQA_VB=_turbo_index_bits(prob.v_format),
                      TQA_STB=_v3_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages,
                      TQA_FUSED=int(plan.fused), TQA_MAXP=MAX_PARTIALS, TQA_SINKS=int(prob.has_sinks),
-                     TQA_QSMEM=int(not plan.q_regs), TQA_V23=int(v3_v_decode(prob) == "turbo-permute"),
-                     TQA_VCODE=int(v3_v_decode(prob) == "codes-permute"))
+                     TQA_QSMEM=int(not plan.q_regs), TQA_V23=int(v_decode == "turbo-permute"),
+                     TQA_VCODE=int(v_decode == "codes-permute"))
     elif plan.kernel == "v2":
         split.update(TQA_QA=plan.rows_room or _rows_room(prob, dyn), TQA_KS=v2_key_slots(prob))
     else:
@@ -844,13 +842,11 @@ class _EmulatedDecodeLaunch:
     def __call__(self, q, kb, vb, length: int, after=None, sinks=None):
         import mlx.core as mx
 
-        from .attention import decode_attention
+        from .attention import decode_attention, last_run
 
         mx.eval(q, kb, vb, *([] if after is None else [after]))
         out = decode_attention(np.array(q.astype(mx.float32)), np.array(kb), np.array(vb), length=length,
                                backend="cpu-emulator", sinks=None if sinks is None else np.array(sinks),
                                **self._kw)
-        from .attention import last_run
-
         self.run_info = last_run()
         return mx.array(out).astype(q.dtype)

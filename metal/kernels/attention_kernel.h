@@ -86,6 +86,14 @@ TQ_FUNC uint tqa_u16(TQ_SHARED const uchar* p, int off) {
 
 TQ_FUNC uint tqa_u32(TQ_SHARED const uchar* p, int off) { return tqa_u16(p, off) | (tqa_u16(p, off + 2) << 16); }
 
+// Kernel v3: the 16-bit field at byte `off` of two staged rows (keys ka, kb of a tile at `tile`, rows of
+// `rb` bytes) as one pair, low half key ka; 0 for a key without weight (ok_a / ok_b false) — the binary16
+// scales or norms that multiply the two keys' values of a fragment register.
+TQ_FUNC uint tqa_key_pair_u16(TQ_SHARED const uchar* tile, const int rb, const int ka, const int kb, const bool ok_a,
+                              const bool ok_b, const int off) {
+    return (ok_a ? tqa_u16(tile + ka * rb + off, 0) : 0u) | ((ok_b ? tqa_u16(tile + kb * rb + off, 0) : 0u) << 16);
+}
+
 // fp16 fields: the backend's exact binary16 -> float32 conversion (tq_half_to_float).
 TQ_FUNC float tqa_half(TQ_SHARED const uchar* p, int off) { return tq_half_to_float(tqa_u16(p, off)); }
 

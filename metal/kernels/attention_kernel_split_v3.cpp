@@ -278,9 +278,7 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
             TQ_UNROLL
             for (int pr = 0; pr < 2; ++pr)
                 for (int run = 0; run < 2; ++run) {
-                    TQ_SHARED const uchar* va = vts + kk[2 * pr] * VRB;
-                    TQ_SHARED const uchar* vb2 = vts + kk[2 * pr + 1] * VRB;
-                    npair[pr][run] = (kv[2 * pr] ? tqa_u16(va, 0) : 0u) | ((kv[2 * pr + 1] ? tqa_u16(vb2, 0) : 0u) << 16);
+                    npair[pr][run] = tqa_key_pair_u16(vts, VRB, kk[2 * pr], kk[2 * pr + 1], kv[2 * pr], kv[2 * pr + 1], 0);
                     // bytes (key a, key b) of fields 0-1, 2-3 / 4-5, 6-7: each 16 bits select 4 centroids
                     sel[pr][run][0] = tq_byte_perm(w[2 * pr][run], w[2 * pr + 1][run], 0x5140u);
                     sel[pr][run][1] = tq_byte_perm(w[2 * pr][run], w[2 * pr + 1][run], 0x7362u);
@@ -310,12 +308,9 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
                 if (!RUN_IN_BLOCK || c4 == 0) {
                     for (int run = 0; run < 2; ++run) {
                         const int blk = (((int)g + 8 * run) * RV + c4) / vgrp;
-                        for (int pr = 0; pr < 2; ++pr) {
-                            TQ_SHARED const uchar* va = vts + kk[2 * pr] * VRB + blk * vbb;
-                            TQ_SHARED const uchar* vb2 = vts + kk[2 * pr + 1] * VRB + blk * vbb;
-                            npair[pr][run] = (kv[2 * pr] ? tqa_u16(va, 0) : 0u)
-                                             | ((kv[2 * pr + 1] ? tqa_u16(vb2, 0) : 0u) << 16);
-                        }
+                        for (int pr = 0; pr < 2; ++pr)
+                            npair[pr][run] = tqa_key_pair_u16(vts, VRB, kk[2 * pr], kk[2 * pr + 1], kv[2 * pr],
+                                                              kv[2 * pr + 1], blk * vbb);
                     }
                 }
                 uint ix[4][2];
@@ -345,11 +340,9 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
             TQ_UNROLL
             for (int run = 0; run < 2; ++run) {
                 const int blk = (((int)g + 8 * run) * RV) / 32;
-                for (int pr = 0; pr < 2; ++pr) {
-                    TQ_SHARED const uchar* va = vts + kk[2 * pr] * VRB + blk * vbb;
-                    TQ_SHARED const uchar* vb2 = vts + kk[2 * pr + 1] * VRB + blk * vbb;
-                    dpair[pr][run] = (kv[2 * pr] ? tqa_u16(va, 0) : 0u) | ((kv[2 * pr + 1] ? tqa_u16(vb2, 0) : 0u) << 16);
-                }
+                for (int pr = 0; pr < 2; ++pr)
+                    dpair[pr][run] = tqa_key_pair_u16(vts, VRB, kk[2 * pr], kk[2 * pr + 1], kv[2 * pr], kv[2 * pr + 1],
+                                                      blk * vbb);
             }
             // binary16 -(1024 + offset), twice: q8_0 -1152, q5_0 -1040, q4_0 -1032
             const uint bias = TQA_VF == TQA_Q8_0 ? 0xe480e480u : (TQA_VF == TQA_Q5_0 ? 0xe410e410u : 0xe408e408u);

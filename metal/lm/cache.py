@@ -737,7 +737,7 @@ def _kernel_info(launch) -> "dict | None":
 
 
 def _kernel_words(info: dict) -> str:
-    words = [info["backend"]] + [str(info[k]) for k in ("kernel",) if k in info]
+    words = [info["backend"]] + ([info["kernel"]] if "kernel" in info else [])
     if "q_precision" in info:
         words.append(f"{info['q_precision']} q")
     if "v_decode" in info:
