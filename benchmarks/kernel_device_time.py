@@ -22,6 +22,8 @@ import sys
 
 import numpy as np
 
+COLD_BYTES = 160 << 20   # > 2x the H200's L2 (60 MB): with --cold, a launch's K/V were evicted since their last use
+
 
 def _source(kdef, static: dict) -> str:
     from tqbridge.metal.kernel import CTYPES
@@ -49,6 +51,12 @@ def main(argv=None) -> int:
     p.add_argument("--splits", default="", help="comma-separated split counts to sweep (default: the plan's)")
     p.add_argument("--warps", default="", help="comma-separated warps to sweep (default: the plan's)")
     p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--chain", action="store_true",
+                   help="time pass 1 and pass 2 alternately, as a chain of layers runs them (an event around each "
+                        "kernel), instead of each pass back to back with itself")
+    p.add_argument("--cold", action="store_true",
+                   help="launch over enough copies of the cache (>= COLD_BYTES in all) that no launch finds its "
+                        "K/V in the L2 cache, as in a chain of layers (default: one copy, L2-resident up to ~32K)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     kf, vf = bridge.get_format(a.k_format), bridge.get_format(a.v_format)
@@ -67,7 +75,9 @@ def main(argv=None) -> int:
         vb = np.tile(vrow, (1, 1, ctx // 256, 1))
         prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=ctx)
         bytes_read = kb.nbytes + vb.nbytes
-        dq, dkb, dvb = cp.asarray(q), cp.asarray(kb), cp.asarray(vb)
+        dq = cp.asarray(q)
+        copies = -(-COLD_BYTES // bytes_read) if a.cold else 1
+        dkbs, dvbs = [cp.asarray(kb) for _ in range(copies)], [cp.asarray(vb) for _ in range(copies)]
         for kern in a.kernels.split(","):
             for nw in ([int(x) for x in a.warps.split(",") if x] or [None]):
                 for ns in ([int(x) for x in a.splits.split(",") if x] or [None]):
@@ -96,7 +106,11 @@ def main(argv=None) -> int:
 
                     cnt = cp.zeros(hkv, cp.uint32)
 
+                    turn = [0]
+
                     def one():
+                        i = turn[0] = (turn[0] + 1) % copies
+                        dkb, dvb = dkbs[i], dvbs[i]
                         if plan.fused:   # one dispatch: the merge runs in the last threadgroup of each head
                             k1(g1, t1, (dq, dkb, dvb, ip1, fp1, tabs, dep, cnt, sinks, po, pml, res))
                         else:
@@ -106,7 +120,21 @@ def main(argv=None) -> int:
                         k2(g2, t2, (po, pml, ip2, sinks, tabs, res))
 
                     times = {}
-                    for name, fn in (("pass1", one),) + ((("pass2", two),) if not plan.fused else ()):
+                    if a.chain and not plan.fused:
+                        one(), two()
+                        cp.cuda.Device().synchronize()
+                        ev = [[cp.cuda.Event() for _ in range(3)] for _ in range(a.iters)]
+                        for e in ev:
+                            e[0].record()
+                            one()
+                            e[1].record()
+                            two()
+                            e[2].record()
+                        ev[-1][2].synchronize()
+                        for name, i in (("pass1", 0), ("pass2", 1)):
+                            ts = sorted(cp.cuda.get_elapsed_time(e[i], e[i + 1]) * 1e3 for e in ev)
+                            times[name] = ts[len(ts) // 2]
+                    for name, fn in (() if times else (("pass1", one),) + ((("pass2", two),) if not plan.fused else ())):
                         fn()
                         cp.cuda.Device().synchronize()
                         e0, e1 = cp.cuda.Event(), cp.cuda.Event()
@@ -124,12 +152,12 @@ def main(argv=None) -> int:
                     row = dict(context=ctx, kernel=plan.kernel, warps=plan.warps, splits=plan.splits, tile=plan.tile,
                                ctas=hkv * plan.splits, regs=regs, local_bytes=local, shared_bytes=smem,
                                resident_ctas_per_sm=min(by_regs, by_smem, 32), pass1_us=times["pass1"],
-                               pass2_us=times.get("pass2", 0.0), fused=plan.fused, bytes_read=bytes_read,
+                               pass2_us=times.get("pass2", 0.0), fused=plan.fused, bytes_read=bytes_read, copies=copies, chain=a.chain and not plan.fused,
                                pass1_TBps=bytes_read / times["pass1"] / 1e6)
                     out["rows"].append(row)
                     print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}),
                           flush=True)
-        del dq, dkb, dvb
+        del dq, dkbs, dvbs
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)

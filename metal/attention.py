@@ -50,6 +50,7 @@ class RunRecord:
     chain: "int | None" = None
     q_precision: "str | None" = None
     v_decode: "str | None" = None   # kernel v3: how V rows became fragments (attention_kernel.v3_v_decode)
+    compiled: "bool | None" = None  # a prepared decode launch: whether it ran under mx.compile (COMPILE_BACKENDS)
 
     def as_dict(self) -> dict:
         """The fields that are set (the form :func:`last_run` returns)."""

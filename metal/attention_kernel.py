@@ -65,6 +65,21 @@ V3_MIN_SPLIT_KEYS = 128      # v3 on a GPU: at least this many keys per split
 # shuffles there). The emulator: exact (it serves tests; v3's shuffled fragments are slow on a CPU).
 DEFAULT_Q_PRECISION = {"cuda": "int8", "metal": "exact", "cpu-emulator": "exact"}
 INT8_DEFAULT_MAX_V_BITS = 8.0    # the int8 default applies to V formats of fewer bits per value
+# backends whose prepared decode launches (DecodeLaunch: the cache's decode steps, decode_attention in a
+# loop) run under mx.compile: the launches are traced once and replayed. CUDA: measured on the H200 (graph
+# building 15-21 -> 6-9 us per layer, outputs bit-identical; BENCHMARKS.md, sixth session). Metal: not
+# measured on Apple hardware yet. TQBRIDGE_COMPILE=0 / 1 overrides it for every backend.
+COMPILE_BACKENDS = ("cuda",)
+
+
+def compile_launches(backend: str) -> bool:
+    """Whether prepared decode launches on ``backend`` run under ``mx.compile``."""
+    env = os.environ.get("TQBRIDGE_COMPILE")
+    if env in ("0", "1"):
+        return env == "1"
+    if env:
+        raise AttentionError(f"TQBRIDGE_COMPILE={env!r}: 0 or 1")
+    return backend in COMPILE_BACKENDS
 
 # format name -> kernel format id (attention_kernel.h, TQA_*): the format registry's Format.kernel_id
 from ..bridge.registry import kernel_ids  # noqa: E402
@@ -580,7 +595,10 @@ def _mlx_setup(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, 
     split_s, comb_s, extra1, extra2 = _static(shape_prob, shape_plan, qtype, dyn)
     fp1 = mx.array(np.array([shape_prob.scale, shape_prob.softcap], np.float32))
     tabs = mx.array(tables(shape_prob))
-    zero_sinks = mx.zeros((shape_prob.q_heads,), mx.float32)
+    # constants made from host data (no pending primitive, no host sync): a lazy mx.zeros here would be
+    # part of every mx.compile replay of the launches (an extra fill kernel per call; the decode-step
+    # test's kernel count caught it on the H200), and evaluating it would be a host sync in a decode step
+    zero_sinks = mx.array(np.zeros((shape_prob.q_heads,), np.float32))
     k1 = _built(backend, 0, qtype, split_s, _version(shape_plan))
     k2 = _built(backend, 1, qtype, comb_s)
     return k1, k2, fp1, tabs, zero_sinks, tuple(extra1), tuple(extra2)
@@ -590,7 +608,7 @@ def _mlx_setup(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, 
 def _no_dep():
     import mlx.core as mx
 
-    return mx.zeros((1,), mx.uint32)
+    return mx.array(np.zeros((1,), np.uint32))   # host data: no primitive for mx.compile to replay
 
 
 @lru_cache(maxsize=1024)
@@ -607,10 +625,26 @@ class _Launches:
     fp16 / bf16 as bits). :meth:`launch` is the one place that issues them (DecodeLaunch too)."""
 
     __slots__ = ("k1", "k2", "fp1", "tabs", "zero_sinks", "ip1", "ip2", "out1", "grid1", "tg1", "shape", "grid2",
-                 "no_dep", "cnt")
+                 "no_dep", "cnt", "_compiled")
 
     def __call__(self, q, kb, vb, sinks):
         return self.launch(q, kb, vb, sinks, self.ip1, self.no_dep)
+
+    def compiled(self, has_sinks: bool):
+        """:meth:`launch` under ``mx.compile`` (``(q, kb, vb, ip1, dep[, sinks])``): traced once, then each
+        call replays the traced custom-kernel primitives, so MLX's per-call Python binding and kernel
+        source assembly drop out (H200: 15-21 -> 6-9 us of graph building per layer; see COMPILE_BACKENDS)."""
+        import mlx.core as mx
+
+        fns = self._compiled
+        if fns is None:
+            def plain(q, kb, vb, ip1, dep):
+                return self.launch(q, kb, vb, None, ip1, dep)
+
+            def with_sinks(q, kb, vb, ip1, dep, sinks):
+                return self.launch(q, kb, vb, sinks, ip1, dep)
+            fns = self._compiled = (mx.compile(plain), mx.compile(with_sinks))
+        return fns[1] if has_sinks else fns[0]
 
     def launch(self, q, kb, vb, sinks, ip1, dep):
         """Pass 1 (with ``ip1``: its int parameters, ``dep``: the array it must run after) and the
@@ -637,6 +671,7 @@ def _launches(prob: Problem, plan: Plan, qtype: int, backend: str, has_sinks: bo
     shape_prob = dataclasses.replace(prob, lengths=())
     shape_plan = dataclasses.replace(plan, splits=0, split_len=0)
     f = _Launches()
+    f._compiled = None
     f.k1, f.k2, f.fp1, f.tabs, f.zero_sinks, extra1, extra2 = _mlx_setup(shape_prob, shape_plan, qtype, backend,
                                                                          has_sinks, dyn)
     f.no_dep = _no_dep()
@@ -771,10 +806,11 @@ class DecodeLaunch:
         self.l_max = prob.l_max
         self.batch = prob.batch
         self._ip1: dict = {}
+        self.compiled = compile_launches(backend)
         self.run_info = dict(backend=backend, dispatches=plan.dispatches, kernel=plan.kernel, splits=plan.splits,
                              warps=plan.warps, tile=plan.tile, lanes_per_key=plan.lanes_per_key,
                              chain=plan.chain(prob.l_max), q_precision=plan.q_precision,
-                             v_decode=v3_v_decode(prob) if plan.kernel == "v3" else None)
+                             v_decode=v3_v_decode(prob) if plan.kernel == "v3" else None, compiled=self.compiled)
         self._run = run    # the prepared launches; this class adds the per-length parameter buffer
 
     def ip1(self, length: int):
@@ -792,7 +828,12 @@ class DecodeLaunch:
 
     def __call__(self, q, kb, vb, length: int, after=None, sinks=None):
         run = self._run
-        return run.launch(q, kb, vb, sinks, self.ip1(length), run.no_dep if after is None else after)
+        dep = run.no_dep if after is None else after
+        if self.compiled:
+            fn = run.compiled(sinks is not None)
+            return fn(q, kb, vb, self.ip1(length), dep) if sinks is None else fn(q, kb, vb, self.ip1(length), dep,
+                                                                                 sinks)
+        return run.launch(q, kb, vb, sinks, self.ip1(length), dep)
 
 
 def _param_head(prob: Problem, plan: Plan) -> list:

@@ -86,6 +86,10 @@ class KVAppend:
             import mlx.core as mx
 
             self._ktab, self._vtab = mx.array(ktab), mx.array(vtab)
+        from .attention_kernel import compile_launches
+
+        self.compiled = backend != "cpu-emulator" and compile_launches(backend)
+        self._compiled = None
 
     def __call__(self, k_rows, v_rows, kc, vc, pos: int, flag_in):
         B, H, S = k_rows.shape[:3]
@@ -110,8 +114,19 @@ class KVAppend:
 
         # the decode step's call: rows in their own dtype (the kernel reads half/bfloat16 as bits),
         # one prepared launch; MLX's graph orders it after whatever made the rows and the buffers
-        (flag,) = self._kern.raw(inputs=[k_rows, v_rows, kc, vc, self._ktab, self._vtab,
-                                         _params(R, S, cap, pos, H, n_in), flag_in],
+        params = _params(R, S, cap, pos, H, n_in)
+        if self.compiled:   # traced once per row shape, then replayed (see attention_kernel.COMPILE_BACKENDS)
+            if self._compiled is None:
+                self._compiled = mx.compile(self._launch)
+            return self._compiled(k_rows, v_rows, kc, vc, params, flag_in)
+        return self._launch(k_rows, v_rows, kc, vc, params, flag_in)
+
+    def _launch(self, k_rows, v_rows, kc, vc, params, flag_in):
+        import mlx.core as mx
+
+        B, H, S = k_rows.shape[:3]
+        R = B * H * S
+        (flag,) = self._kern.raw(inputs=[k_rows, v_rows, kc, vc, self._ktab, self._vtab, params, flag_in],
                                  output_shapes=[(2 * R,)], output_dtypes=[mx.uint32],
                                  grid=(2 * R * THREADS, 1, 1), threadgroup=(THREADS, 1, 1))
         return flag
@@ -168,7 +183,6 @@ def relocate(kc, vc, row0: int, n: int, new_cap: int, after, backend: str):
     return tuple(kern([kc, vc, after, mx.array(np.array(params, np.uint32))], shapes, grid, 256))
 
 
-@lru_cache(maxsize=64)
 @lru_cache(maxsize=256)
 def _params(*values: int):
     """The uint32 parameter buffer of one step, made once and shared by every layer of the step

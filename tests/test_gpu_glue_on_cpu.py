@@ -62,9 +62,13 @@ def test_prepared_append_calls_mlx(fake_cuda):
     assert shapes[:4] == [(1, 2, 1, d), (1, 2, 1, d), tuple(kc.shape), tuple(vc.shape)] and outs == [(4,)]
 
 
+@pytest.mark.parametrize("compiled", ["1", "0"])
 @pytest.mark.parametrize("dispatches", ["2", "1"])
-def test_prepared_attention_calls_mlx(fake_cuda, monkeypatch, dispatches):
+def test_prepared_attention_calls_mlx(fake_cuda, monkeypatch, dispatches, compiled):
+    """Three lengths, one prepared launch. Under mx.compile (CUDA's default) the launch code runs once,
+    at the trace, and the two later calls replay it: the recorder sees one call's kernels, not three."""
     monkeypatch.setenv("TQBRIDGE_V3_DISPATCHES", dispatches)
+    monkeypatch.setenv("TQBRIDGE_COMPILE", compiled)
     rng = np.random.default_rng(0)
     from tqbridge import bridge
 
@@ -77,11 +81,40 @@ def test_prepared_attention_calls_mlx(fake_cuda, monkeypatch, dispatches):
         assert tuple(out.shape) == (1, 8, 128) and out.dtype == mx.float16
         run = last_run()
         assert run["backend"] == "cuda" and run["kernel"] == "v3" and run["v_decode"] == "turbo-permute"
-        assert run["dispatches"] == int(dispatches)
+        assert run["dispatches"] == int(dispatches) and run["compiled"] is (compiled == "1")
     names = [c[0] for c in CALLS]
-    assert len(names) == 3 * int(dispatches)
+    assert len(names) == (1 if compiled == "1" else 3) * int(dispatches)
     assert all("split_v3" in x for x in names[::int(dispatches)])
     prob = check_problem(np.zeros((1, 8, 128), np.float16), np.asarray(kb), np.asarray(vb), k_format="q8_0",
                          v_format="turbo3", length=64)
     assert CALLS[0][1][:3] == [(1, 8, 128), tuple(kb.shape), tuple(vb.shape)]
     assert prob.l_max == 64
+
+
+@pytest.mark.parametrize("compiled", ["1", "0"])
+def test_prepared_append_compiled_replays(fake_cuda, monkeypatch, compiled):
+    """The in-place append of a decode loop: under mx.compile its launch code runs at the first step
+    only (one recorded call for three steps); without it, every step."""
+    monkeypatch.setenv("TQBRIDGE_COMPILE", compiled)
+    kv_append.prepared.cache_clear()
+    d = 128
+    app = kv_append.prepared("q8_0", "turbo3", d, d, d, d, rotation_group("q8_0", d, "k"),
+                             rotation_group("turbo3", d, "v"), "float16", "cuda")
+    assert app.compiled is (compiled == "1")
+    rows = mx.zeros((1, 2, 1, d), mx.float16)
+    kc = mx.zeros((1, 2, 8, app.k_row_bytes), mx.uint8)
+    vc = mx.zeros((1, 2, 8, app.v_row_bytes), mx.uint8)
+    flag = mx.zeros((4,), mx.uint32)
+    for pos in (3, 4, 5):
+        flag = app(rows, rows, kc, vc, pos, flag)
+        assert tuple(flag.shape) == (4,)
+    assert len(CALLS) == (1 if compiled == "1" else 3)
+    kv_append.prepared.cache_clear()
+
+
+def test_compile_switch_refuses_other_values(monkeypatch):
+    monkeypatch.setenv("TQBRIDGE_COMPILE", "yes")
+    with pytest.raises(attention.AttentionError, match="TQBRIDGE_COMPILE"):
+        attention_kernel.compile_launches("cuda")
+    monkeypatch.delenv("TQBRIDGE_COMPILE")
+    assert attention_kernel.compile_launches("cuda") and not attention_kernel.compile_launches("metal")
