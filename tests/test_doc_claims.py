@@ -881,3 +881,127 @@ def test_readme_permute_sentence_is_its_records():
             f"{_v3_dev('q8_0/turbo3', 'v3', 131072)['pass1_us']:.1f}) and {at(new['q4_0']):.1f} µs for q8_0/q4_0 (was "
             f"{at(old_q4['rows']):.1f}), and Llama-3.1-8B decodes at {dec['speedup_vs_fp16']:.2f}× fp16 at 128K")
     assert said in doc, said
+
+
+# ---- sixth session: mx.compile, the chain's profile, pass 1 with cold caches ---------------------------
+COMPILE_WALL = "benchmarks/h200-2026-12-01-bench-attention-compile.json"
+COMPILE_DECODE = "benchmarks/h200-2026-12-01-bench-decode-compile.json"
+CHAIN = "benchmarks/h200-2026-12-01-profile-chain.json"
+COLD = "benchmarks/h200-2026-12-01-kernel-device-time-cold.json"
+OCCUPANCY = "benchmarks/h200-2026-12-01-v3-occupancy-splits.json"
+
+
+def test_compile_wall_table_is_its_record():
+    rows = table(text("BENCHMARKS.md"), "| compiled | 4K | 32K | 128K | build")
+    assert [r[0] for r in rows] == ["yes", "no"]
+    rec = {r["compile"]: sorted(r["contexts"], key=lambda x: x["context"]) for r in record(COMPILE_WALL)["runs"]}
+    bad = []
+    for yes, c4, c32, c128, build, dev, sdpa, vs in rows:
+        ctx = rec[yes == "yes"]
+        for cell, x in zip((c4, c32, c128), ctx):
+            check(rounds_to(cell, x["growing_cache_path_us"]), f"{yes} {cell}", bad)
+        for cells, key in ((build, "growing_cache_path_build_us"), (dev, "growing_cache_path_device_us"),
+                           (sdpa, "growing_sdpa_fp16_us")):
+            for cell, x in zip(cells.split(" / "), ctx):
+                check(rounds_to(cell, x[key]), f"{yes} {key} {cell}", bad)
+        for cell, x in zip(vs.split(" / "), ctx):
+            check(rounds_to(cell, x["growing_sdpa_fp16_us"] / x["growing_cache_path_us"]), f"{yes} vs {cell}", bad)
+    assert not bad, bad
+
+
+def _chain(run: int, ctx: int, path: str) -> dict:
+    row = next(r for r in record(CHAIN)["runs"][run]["rows"] if r["context"] == ctx)
+    return row[path]
+
+
+def _split_us(entry: dict, key: str = "device") -> float:
+    return sum(v["us"] for k, v in entry[key].items() if "split" in k or "flash" in k) / 16
+
+
+def test_chain_profile_sentences_are_their_record():
+    doc = flat(text("BENCHMARKS.md"))
+    sd = _chain(0, 4096, "sdpa")
+    said = (f"fp16 SDPA at 4K: build {sd['build_us']:.0f}, wall {sd['wall_us']:.0f}, device {sd['device_us']:.0f} — "
+            f"~{sd['wall_us'] - sd['build_us'] - sd['device_us']:.0f} µs per layer")
+    assert said in doc, said
+    ng = {p: _chain(1, 4096, p) for p in ("sdpa", "v3", "v3_compiled")}
+    said = (f"the same call took {ng['sdpa']['wall_us']:.0f} µs and ours {ng['v3']['wall_us']:.0f} "
+            f"({ng['v3_compiled']['wall_us']:.0f} compiled")
+    assert said in doc, said
+    c = _chain(2, 4096, "v3_compiled")
+    said = f"Ours at 4K, compiled: build {c['build_us']:.0f}, device {c['device_us']:.0f}, wall {c['wall_us']:.0f}."
+    assert said in doc, said
+    builds = [_chain(2, n, "v3")["build_us"] for n in (4096, 32768, 131072)]
+    comp = [_chain(2, n, "v3_compiled")["build_us"] for n in (4096, 32768, 131072)]
+    assert f"graph building {min(builds):.0f}–{max(builds):.0f} → {min(comp):.0f}–{max(comp):.0f} µs" in doc
+    # the split kernel's two modes inside MLX's chain, over every measurement of the three runs
+    by_ctx: dict = {}
+    for run in record(CHAIN)["runs"]:
+        for row in run["rows"]:
+            for path, entry in row.items():
+                if isinstance(entry, dict) and path.startswith("v3") and not path.startswith("v3f"):
+                    for key in ("device", "hot_device", "heated_device"):
+                        by_ctx.setdefault(row["context"], []).append(_split_us(entry, key))
+    fast = {n: min(v) for n, v in by_ctx.items()}
+    slow = {n: sorted(x for x in v if x > fast[n] + 8) for n, v in by_ctx.items() if n < 131072}
+    said = (f"either about that ({fast[4096]:.1f} / {fast[32768]:.1f} µs at 4K / 32K) or ~12 µs more "
+            f"({slow[4096][0]:.0f}–{slow[4096][-1]:.0f} / {slow[32768][0]:.0f}–{slow[32768][-1]:.0f} µs)")
+    assert said in doc, said
+    big = sorted(by_ctx[131072])
+    assert f"and {big[1]:.0f}–{big[-1]:.0f} µs at 128K ({big[0]:.0f} once" in doc
+
+
+def test_cold_pass1_sentence_is_its_record():
+    doc = flat(text("BENCHMARKS.md"))
+    sweep, chain = record(COLD)["runs"]
+    plan_splits = {4096: 32, 32768: 64, 131072: 64}
+    back = {r["context"]: r for r in sweep["rows"] if r["splits"] == plan_splits[r["context"]]}
+    alt = {r["context"]: r for r in chain["rows"]}
+    assert all(r["chain"] for r in chain["rows"]) and all(r["copies"] * r["bytes_read"] >= 160 << 20 for r in sweep["rows"])
+    said = ("12.7 / 26.7 / 78.4 µs at 4K / 32K / 128K back to back".replace("12.7", f"{back[4096]['pass1_us']:.1f}")
+            .replace("26.7", f"{back[32768]['pass1_us']:.1f}").replace("78.4", f"{back[131072]['pass1_us']:.1f}"))
+    assert said in doc, said
+    said = (f"{alt[4096]['pass1_us']:.1f} / {alt[32768]['pass1_us']:.1f} / {alt[131072]['pass1_us']:.1f} alternating "
+            f"with the combine as a chain does (combine {alt[4096]['pass2_us']:.1f} / {alt[32768]['pass2_us']:.1f} / "
+            f"{alt[131072]['pass2_us']:.1f})")
+    assert said in doc, said
+    for ctx in (4096, 32768, 131072):   # "64 splits is the best at every length"
+        rows = [r for r in sweep["rows"] if r["context"] == ctx]
+        assert min(rows, key=lambda r: r["pass1_us"])["splits"] == 64, ctx
+    s128 = {r["splits"]: r["pass1_us"] for r in sweep["rows"] if r["context"] == 131072}
+    assert f"8 splits {s128[8]:.0f}, 256 splits {s128[256]:.0f}" in doc
+
+
+def test_occupancy_sentence_is_its_record():
+    doc = flat(text("BENCHMARKS.md"))
+    runs = {r["q_in_smem"]: {(x["context"], x["splits"]): x for x in r["rows"]} for r in record(OCCUPANCY)["runs"]}
+    smem, regs = runs[True], runs[False]
+    assert smem[(131072, 82)]["regs"] == 94 and smem[(131072, 82)]["resident_ctas_per_sm"] == 5
+    assert regs[(131072, 64)]["resident_ctas_per_sm"] == 4 and smem[(131072, 82)]["ctas"] == 656
+    said = f"{smem[(131072, 82)]['pass1_us']:.1f} µs against {regs[(131072, 64)]['pass1_us']:.1f} — no gain"
+    assert said in doc, said
+    said = (f"at 32K {smem[(32768, 64)]['pass1_us']:.1f} / {smem[(32768, 74)]['pass1_us']:.1f} against "
+            f"{regs[(32768, 64)]['pass1_us']:.1f}")
+    assert said in doc, said
+
+
+def test_compile_decode_sentence_is_its_record():
+    doc = flat(text("BENCHMARKS.md"))
+    runs = {(run["compile"], r["cache"]): r for run in record(COMPILE_DECODE)["runs"] for r in run["runs"]}
+    said = (f"fp16 {runs[(True, 'fp16')]['ms_per_token']:.2f} / {runs[(False, 'fp16')]['ms_per_token']:.2f} ms/token")
+    assert said in doc, said
+    said = (f"q8_0/turbo3 {runs[(True, 'q8_0/turbo3')]['speedup_vs_fp16']:.2f}× / "
+            f"{runs[(False, 'q8_0/turbo3')]['speedup_vs_fp16']:.2f}×, q8_0/q4_0 "
+            f"{runs[(True, 'q8_0/q4_0')]['speedup_vs_fp16']:.2f}× / {runs[(False, 'q8_0/q4_0')]['speedup_vs_fp16']:.2f}×")
+    assert said in doc, said
+
+
+def test_readme_compile_sentence_is_its_record():
+    doc = flat(text("README.md"))
+    rec = {r["compile"]: sorted(r["contexts"], key=lambda x: x["context"]) for r in record(COMPILE_WALL)["runs"]}
+    gains = [a["growing_cache_path_us"] - b["growing_cache_path_us"] for a, b in zip(rec[False], rec[True])]
+    assert all(7.5 <= g < 9.5 for g in gains), gains
+    assert "8–9 µs less wall per layer and call at every length" in doc
+    said = "the cache path at " + " / ".join(f"{x['growing_sdpa_fp16_us'] / x['growing_cache_path_us']:.2f}"
+                                             for x in rec[True]) + "× fp16 SDPA"
+    assert said in doc, said
