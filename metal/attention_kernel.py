@@ -66,9 +66,10 @@ V3_MIN_SPLIT_KEYS = 128      # v3 on a GPU: at least this many keys per split
 DEFAULT_Q_PRECISION = {"cuda": "int8", "metal": "exact", "cpu-emulator": "exact"}
 INT8_DEFAULT_MAX_V_BITS = 8.0    # the int8 default applies to V formats of fewer bits per value
 # backends whose prepared decode launches (DecodeLaunch: the cache's decode steps, decode_attention in a
-# loop) run under mx.compile: the launches are traced once and replayed. CUDA: measured on the H200 (graph
-# building 15-21 -> 6-9 us per layer, outputs bit-identical; BENCHMARKS.md, sixth session). Metal: not
-# measured on Apple hardware yet. TQBRIDGE_COMPILE=0 / 1 overrides it for every backend.
+# loop; the in-place append) run under mx.compile: traced once, then replayed. CUDA: measured on the H200
+# (tqbridge bench attention, cache path: graph building 16 -> 10 us and wall 8-9 us less per layer and call;
+# outputs bit-identical; BENCHMARKS.md, sixth session). Metal: not measured on Apple hardware yet.
+# TQBRIDGE_COMPILE=0 / 1 overrides it for every backend.
 COMPILE_BACKENDS = ("cuda",)
 
 
@@ -829,11 +830,11 @@ class DecodeLaunch:
     def __call__(self, q, kb, vb, length: int, after=None, sinks=None):
         run = self._run
         dep = run.no_dep if after is None else after
+        ip1 = self.ip1(length)
         if self.compiled:
             fn = run.compiled(sinks is not None)
-            return fn(q, kb, vb, self.ip1(length), dep) if sinks is None else fn(q, kb, vb, self.ip1(length), dep,
-                                                                                 sinks)
-        return run.launch(q, kb, vb, sinks, self.ip1(length), dep)
+            return fn(q, kb, vb, ip1, dep) if sinks is None else fn(q, kb, vb, ip1, dep, sinks)
+        return run.launch(q, kb, vb, sinks, ip1, dep)
 
 
 def _param_head(prob: Problem, plan: Plan) -> list:
