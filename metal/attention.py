@@ -51,6 +51,7 @@ class RunRecord:
     q_precision: "str | None" = None
     v_decode: "str | None" = None   # kernel v3: how V rows became fragments (attention_kernel.v3_v_decode)
     compiled: "bool | None" = None  # a prepared decode launch: whether it ran under mx.compile (COMPILE_BACKENDS)
+    device_params: "bool | None" = None   # its per-step ints as views of a device table (TQBRIDGE_DEVICE_PARAMS)
 
     def as_dict(self) -> dict:
         """The fields that are set (the form :func:`last_run` returns)."""

@@ -73,6 +73,33 @@ INT8_DEFAULT_MAX_V_BITS = 8.0    # the int8 default applies to V formats of fewe
 COMPILE_BACKENDS = ("cuda",)
 
 
+def device_params() -> bool:
+    """Whether prepared launches take their per-step integers (pass 1's lengths, the append's row) as
+    views of a table made on the device instead of arrays made from host data every step
+    (``TQBRIDGE_DEVICE_PARAMS=1``; an experiment, off by default). MLX puts arrays made from host data
+    in unified memory written by the CPU, which the first kernel to read them may have to fault over
+    (benchmarks/probe_host_params.py asks whether it does); a view of a device array is neither a host
+    allocation nor a kernel."""
+    env = os.environ.get("TQBRIDGE_DEVICE_PARAMS")
+    if env not in (None, "", "0", "1"):
+        raise AttentionError(f"TQBRIDGE_DEVICE_PARAMS={env!r}: 0 or 1")
+    return env == "1"
+
+
+def param_table(head: "list[int]", n: int, tail: int, np_dtype, after: "list[int]" = ()) -> Any:
+    """A lazy device array of ``n`` rows ``head + [i] * tail + after`` (row i), made by MLX ops from two
+    small constants, not per row from host data: row i is a view, ``table[i]``."""
+    import mlx.core as mx
+
+    parts = [mx.broadcast_to(mx.arange(n, dtype=mx.int32).astype(mx.uint32 if np_dtype == np.uint32 else mx.int32)
+                             [:, None], (n, tail))]
+    if head:
+        parts.insert(0, mx.broadcast_to(mx.array(np.array(head, np_dtype))[None], (n, len(head))))
+    if after:
+        parts.append(mx.broadcast_to(mx.array(np.array(after, np_dtype))[None], (n, len(after))))
+    return mx.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+
+
 def compile_launches(backend: str) -> bool:
     """Whether prepared decode launches on ``backend`` run under ``mx.compile``."""
     env = os.environ.get("TQBRIDGE_COMPILE")
@@ -808,10 +835,14 @@ class DecodeLaunch:
         self.batch = prob.batch
         self._ip1: dict = {}
         self.compiled = compile_launches(backend)
+        self._table = None
+        self.device_params = device_params()
         self.run_info = dict(backend=backend, dispatches=plan.dispatches, kernel=plan.kernel, splits=plan.splits,
                              warps=plan.warps, tile=plan.tile, lanes_per_key=plan.lanes_per_key,
                              chain=plan.chain(prob.l_max), q_precision=plan.q_precision,
                              v_decode=v3_v_decode(prob) if plan.kernel == "v3" else None, compiled=self.compiled)
+        if self.device_params:
+            self.run_info["device_params"] = True
         self._run = run    # the prepared launches; this class adds the per-length parameter buffer
 
     def ip1(self, length: int):
@@ -824,7 +855,12 @@ class DecodeLaunch:
 
             if len(self._ip1) > 64:
                 self._ip1.clear()
-            buf = self._ip1[length] = mx.array(np.array(self._head + [length] * self.batch, np.int32))
+            if self.device_params:   # a view of the device table (see device_params)
+                if self._table is None:
+                    self._table = param_table(self._head, self.l_max + 1, self.batch, np.int32)
+                buf = self._ip1[length] = self._table[length]
+            else:
+                buf = self._ip1[length] = mx.array(np.array(self._head + [length] * self.batch, np.int32))
         return buf
 
     def __call__(self, q, kb, vb, length: int, after=None, sinks=None):

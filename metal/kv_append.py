@@ -86,10 +86,13 @@ class KVAppend:
             import mlx.core as mx
 
             self._ktab, self._vtab = mx.array(ktab), mx.array(vtab)
-        from .attention_kernel import compile_launches
+        from .attention_kernel import compile_launches, device_params
 
         self.compiled = backend != "cpu-emulator" and compile_launches(backend)
         self._compiled = None
+        self.device_params = backend != "cpu-emulator" and device_params()
+        self._ptable: dict = {}   # (R, S, cap, H, n_in) -> device table over the row position (device_params)
+        self._prow: dict = {}     # its rows in use (views), shared by the layers of a step
 
     def __call__(self, k_rows, v_rows, kc, vc, pos: int, flag_in):
         B, H, S = k_rows.shape[:3]
@@ -114,12 +117,30 @@ class KVAppend:
 
         # the decode step's call: rows in their own dtype (the kernel reads half/bfloat16 as bits),
         # one prepared launch; MLX's graph orders it after whatever made the rows and the buffers
-        params = _params(R, S, cap, pos, H, n_in)
+        params = self._device_row(R, S, cap, pos, H, n_in) if self.device_params else _params(R, S, cap, pos, H, n_in)
         if self.compiled:   # traced once per row shape, then replayed (see attention_kernel.COMPILE_BACKENDS)
             if self._compiled is None:
                 self._compiled = mx.compile(self._launch)
             return self._compiled(k_rows, v_rows, kc, vc, params, flag_in)
         return self._launch(k_rows, v_rows, kc, vc, params, flag_in)
+
+    def _device_row(self, R: int, S: int, cap: int, pos: int, H: int, n_in: int):
+        """``_params(R, S, cap, pos, H, n_in)`` as a view of a table made on the device (one table per
+        buffer geometry; see attention_kernel.device_params)."""
+        key = (R, S, cap, pos, H, n_in)
+        row = self._prow.get(key)
+        if row is None:
+            from .attention_kernel import param_table
+
+            tkey = (R, S, cap, H, n_in)
+            tbl = self._ptable.get(tkey)
+            if tbl is None:
+                self._ptable.clear()   # the buffers grew: the old geometry's table is not needed again
+                tbl = self._ptable[tkey] = param_table([R, S, cap], cap + 1, 1, np.uint32, after=[H, n_in])
+            if len(self._prow) > 64:
+                self._prow.clear()
+            row = self._prow[key] = tbl[pos]
+        return row
 
     def _launch(self, k_rows, v_rows, kc, vc, params, flag_in):
         import mlx.core as mx

@@ -78,3 +78,28 @@ def test_which_calls_may_take_one_launch_per_signature(monkeypatch):
     decode_attention(q, kb, vb, **kw, backend="reference")
     decode_attention(q, kb, vb, k_format="q8_0", v_format="q8_0", length=[33])
     assert len(asked) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU is None, reason="no MLX GPU backend (Metal or CUDA) on this machine")
+def test_device_params_give_the_same_outputs(monkeypatch):
+    """TQBRIDGE_DEVICE_PARAMS=1 (pass 1's lengths as views of a device table) changes where the ints
+    live, not what the kernels compute: the outputs are bit-identical at every length."""
+    import mlx.core as mx
+
+    from tqbridge.metal import attention_kernel
+
+    rng = np.random.default_rng(8)
+    q = mx.array(rng.standard_normal((1, 8, 128)).astype(np.float16))
+    kb = mx.array(_cache(rng, "q8_0", (1, 2, 600, 128)))
+    vb = mx.array(_cache(rng, "turbo3", (1, 2, 600, 128)))
+    outs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("TQBRIDGE_DEVICE_PARAMS", flag)
+        attention_kernel._decode_launch.cache_clear()
+        dl = attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3")
+        assert dl.device_params is (flag == "1")
+        outs[flag] = [np.array(dl(q, kb, vb, n)) for n in LENGTHS]
+    attention_kernel._decode_launch.cache_clear()
+    for n, a, b in zip(LENGTHS, outs["0"], outs["1"]):
+        assert np.array_equal(a, b), f"length {n}"

@@ -118,3 +118,46 @@ def test_compile_switch_refuses_other_values(monkeypatch):
         attention_kernel.compile_launches("cuda")
     monkeypatch.delenv("TQBRIDGE_COMPILE")
     assert attention_kernel.compile_launches("cuda") and not attention_kernel.compile_launches("metal")
+
+
+def test_device_params_are_the_host_params(fake_cuda, monkeypatch):
+    """TQBRIDGE_DEVICE_PARAMS=1 (an experiment): the per-step integers become views of a table made by
+    MLX ops — the same values as the arrays made from host data, row by row, for pass 1's lengths and
+    the append's row position."""
+    from tqbridge import bridge
+
+    rng = np.random.default_rng(1)
+    q = mx.array(rng.standard_normal((1, 8, 128)).astype(np.float16))
+    kb = mx.array(bridge.quantize("q8_0", rng.standard_normal((1, 2, 64, 128)).astype(np.float32)))
+    vb = mx.array(bridge.quantize("turbo3", rng.standard_normal((1, 2, 64, 128)).astype(np.float32)))
+    launches = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("TQBRIDGE_DEVICE_PARAMS", flag)
+        attention_kernel._decode_launch.cache_clear()
+        launches[flag] = attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3",
+                                                         q_precision="int8")
+    assert launches["1"].device_params and not launches["0"].device_params
+    assert launches["1"].run_info["device_params"] is True and "device_params" not in launches["0"].run_info
+    for n in (0, 1, 17, 63, 64):
+        a, b = np.array(launches["0"].ip1(n)), np.array(launches["1"].ip1(n))
+        assert a.dtype == b.dtype == np.int32 and np.array_equal(a, b), (n, a, b)
+    with pytest.raises(attention.AttentionError, match="outside"):
+        launches["1"].ip1(65)
+    out = launches["1"](q, kb, vb, 33)   # the launch takes the view like the host-made buffer
+    assert tuple(out.shape) == (1, 8, 128)
+
+    d = 128
+    for flag in ("0", "1"):
+        monkeypatch.setenv("TQBRIDGE_DEVICE_PARAMS", flag)
+        kv_append.prepared.cache_clear()
+        app = kv_append.prepared("q8_0", "turbo3", d, d, d, d, rotation_group("q8_0", d, "k"),
+                                 rotation_group("turbo3", d, "v"), "float16", "cuda")
+        assert app.device_params is (flag == "1")
+        if flag == "1":
+            for args in ((2, 1, 8, 3, 2, 4), (2, 1, 8, 7, 2, 4), (4, 2, 16, 0, 2, 8)):
+                a, b = np.array(kv_append._params(*args)), np.array(app._device_row(*args))
+                assert a.dtype == b.dtype == np.uint32 and np.array_equal(a, b), (args, a, b)
+    kv_append.prepared.cache_clear()
+    monkeypatch.setenv("TQBRIDGE_DEVICE_PARAMS", "yes")
+    with pytest.raises(attention.AttentionError, match="TQBRIDGE_DEVICE_PARAMS"):
+        attention_kernel.device_params()
