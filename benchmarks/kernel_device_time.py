@@ -152,7 +152,8 @@ def main(argv=None) -> int:
                     row = dict(context=ctx, kernel=plan.kernel, warps=plan.warps, splits=plan.splits, tile=plan.tile,
                                ctas=hkv * plan.splits, regs=regs, local_bytes=local, shared_bytes=smem,
                                resident_ctas_per_sm=min(by_regs, by_smem, 32), pass1_us=times["pass1"],
-                               pass2_us=times.get("pass2", 0.0), fused=plan.fused, bytes_read=bytes_read, copies=copies, chain=a.chain and not plan.fused,
+                               pass2_us=times.get("pass2", 0.0), fused=plan.fused, bytes_read=bytes_read, copies=copies,
+                               chain=a.chain and not plan.fused,
                                pass1_TBps=bytes_read / times["pass1"] / 1e6)
                     out["rows"].append(row)
                     print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}),

@@ -30,9 +30,9 @@ import sys
 def main(argv=None) -> int:
     import mlx.core as mx
 
-    from tqbridge.bridge import get_format, mlx_quantize
+    from tqbridge.bridge import get_format
     from tqbridge.metal import attention_kernel as ak
-    from tqbridge.metal.profiling import build_and_wall, device_times
+    from tqbridge.metal.profiling import build_and_wall, device_times, layer_buffers
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", default="4096,131072")
@@ -53,13 +53,8 @@ def main(argv=None) -> int:
 
     for ctx in [int(x) for x in a.context.split(",")]:
         mx.random.seed(ctx)
-        kx, vx = mx.random.normal((b, hkv, ctx, d)), mx.random.normal((b, hkv, ctx, d))
-        kb0, vb0 = mlx_quantize(kf, kx), mlx_quantize(vf, vx)
-        kh0, vh0 = kx.astype(mx.float16), vx.astype(mx.float16)
-        kb, vb = [kb0 + 0 for _ in range(nl)], [vb0 + 0 for _ in range(nl)]
-        kh, vh = [kh0 + 0 for _ in range(nl)], [vh0 + 0 for _ in range(nl)]
-        mx.eval(kb, vb, kh, vh)
-        del kx, vx
+        kb, vb, kh, vh = layer_buffers(mx, kf, vf, (b, hkv, ctx, d), nl)
+        kb0, vb0 = kb[0], vb[0]
         q0 = mx.random.normal((b, hq, d)).astype(mx.float16)
         lengths = list(range(ctx - a.repeats - 2, ctx - 1))
         row: dict = {"context": ctx}
@@ -97,8 +92,7 @@ def main(argv=None) -> int:
             if not want(tag):
                 continue
             os.environ["TQBRIDGE_V3_DISPATCHES"] = disp
-            for c in (ak._plan_cached, ak._decode_launch, ak._launches, ak._mlx_setup):
-                c.cache_clear()
+            ak.clear_launch_caches()
             dl = ak.prepare_decode(q0, kb0, vb0, k_format=kf, v_format=vf, q_precision="int8")
             run = dl._run
             ref = dl(q0, kb0, vb0, ctx - 1)

@@ -20,13 +20,13 @@ import argparse
 import json
 import os
 
-from tqbridge.metal.profiling import build_and_wall
+from tqbridge.metal.profiling import build_and_wall, layer_buffers
 
 
 def main() -> None:
     import mlx.core as mx
 
-    from tqbridge.bridge import get_format, mlx_quantize
+    from tqbridge.bridge import get_format
     from tqbridge.metal import attention_kernel as ak
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -45,19 +45,13 @@ def main() -> None:
 
     report = []
     for ctx in [int(x) for x in args.context.split(",")]:
-        kx, vx = mx.random.normal((b, hkv, ctx, d)), mx.random.normal((b, hkv, ctx, d))
-        kb0, vb0 = mlx_quantize(kf, kx), mlx_quantize(vf, vx)
-        kh0, vh0 = kx.astype(mx.float16), vx.astype(mx.float16)
-        kb, vb = [kb0 + 0 for _ in range(nl)], [vb0 + 0 for _ in range(nl)]
-        kh, vh = [kh0 + 0 for _ in range(nl)], [vh0 + 0 for _ in range(nl)]
-        mx.eval(kb, vb, kh, vh)
+        kb, vb, kh, vh = layer_buffers(mx, kf, vf, (b, hkv, ctx, d), nl)
+        kb0, vb0 = kb[0], vb[0]
         q0 = mx.random.normal((b, hq, d)).astype(mx.float16)
         res: dict = {"context": ctx}
         for disp in ("2", "1"):
             os.environ["TQBRIDGE_V3_DISPATCHES"] = disp
-            ak._plan_cached.cache_clear()
-            ak._decode_launch.cache_clear()
-            ak._launches.cache_clear()
+            ak.clear_launch_caches()
             dl = ak.prepare_decode(q0, kb0, vb0, k_format=kf, v_format=vf, q_precision="int8")
             for lab, ln in (("len", ctx), ("len0", 0), ("len1k", 1024)):
                 step = [ln - 30 if ln > 30 else ln]

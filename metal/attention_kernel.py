@@ -91,8 +91,8 @@ def param_table(head: "list[int]", n: int, tail: int, np_dtype, after: "list[int
     small constants, not per row from host data: row i is a view, ``table[i]``."""
     import mlx.core as mx
 
-    parts = [mx.broadcast_to(mx.arange(n, dtype=mx.int32).astype(mx.uint32 if np_dtype == np.uint32 else mx.int32)
-                             [:, None], (n, tail))]
+    parts = [mx.broadcast_to(mx.arange(n, dtype=mx.uint32 if np_dtype == np.uint32 else mx.int32)[:, None],
+                             (n, tail))]
     if head:
         parts.insert(0, mx.broadcast_to(mx.array(np.array(head, np_dtype))[None], (n, len(head))))
     if after:
@@ -898,6 +898,13 @@ def prepare_decode(q, k_blocks, v_blocks, *, k_format, v_format, scale=None, win
                          length=int(k_blocks.shape[2]), scale=scale, window=window, softcap=softcap,
                          sinks=sinks, rotation=rotation)
     return _decode_launch(prob, bk, QTYPES[qdt], q_precision)
+
+
+def clear_launch_caches() -> None:
+    """Forget every plan, prepared launch and kernel setup (after changing an environment switch such as
+    TQBRIDGE_V3_DISPATCHES, which plans and launches read when they are made)."""
+    for f in (_plan_cached, _decode_launch, _launches, _mlx_setup):
+        f.cache_clear()
 
 
 @lru_cache(maxsize=64)

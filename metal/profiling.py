@@ -38,6 +38,20 @@ def build_and_wall(mx: Any, make: Callable[[Any], Any], args: Iterable[Any], cal
     return statistics.median(build) / calls * 1e6, statistics.median(wall) / calls * 1e6
 
 
+def layer_buffers(mx: Any, k_format, v_format, shape: tuple, layers: int) -> tuple:
+    """Per-layer cache buffers for a chain of ``layers`` (distinct copies, so no layer reads another's
+    data from the L2): K and V blocks of N(0, 1) rows of ``shape`` (B, Hkv, L, D) in the two formats, and
+    the same rows in fp16 for MLX's SDPA; evaluated. Returns ``(kb, vb, kh, vh)``, lists of ``layers``."""
+    from ..bridge import mlx_quantize
+
+    kx, vx = mx.random.normal(shape), mx.random.normal(shape)
+    kb0, vb0 = mlx_quantize(k_format, kx), mlx_quantize(v_format, vx)
+    kh0, vh0 = kx.astype(mx.float16), vx.astype(mx.float16)
+    out = tuple([a + 0 for _ in range(layers)] for a in (kb0, vb0, kh0, vh0))
+    mx.eval(*out)
+    return out
+
+
 def device_time_unavailable() -> "str | None":
     """Why :func:`device_times` cannot measure here, or None when it can."""
     try:

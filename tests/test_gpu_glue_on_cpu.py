@@ -32,9 +32,7 @@ def _fake_factory(name, input_names, output_names, source, header, **kw):
 
 def _clear():
     dispatch._cache.clear()
-    for f in (attention_kernel._mlx_setup, attention_kernel._launches, attention_kernel._decode_launch,
-              attention_kernel._plan_cached):
-        f.cache_clear()
+    attention_kernel.clear_launch_caches()
     attention.clear_call_caches()
 
 
