@@ -75,7 +75,7 @@ def main() -> None:
         mx.eval(kb, vb, q0)
         for flag in ("0", "1", "0", "1"):   # lengths from host data / as views of a device table, twice
             os.environ["TQBRIDGE_DEVICE_PARAMS"] = flag
-            ak._decode_launch.cache_clear()
+            ak.clear_launch_caches()
             dl = ak.prepare_decode(q0, kb0, vb0, k_format=kf, v_format=vf, q_precision="int8")
             lens = list(range(ctx - REPS - 2, ctx - 1))
 

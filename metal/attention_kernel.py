@@ -73,22 +73,31 @@ INT8_DEFAULT_MAX_V_BITS = 8.0    # the int8 default applies to V formats of fewe
 COMPILE_BACKENDS = ("cuda",)
 
 
-def device_params() -> bool:
-    """Whether prepared launches take their per-step integers (pass 1's lengths, the append's row) as
-    views of a table made on the device instead of arrays made from host data every step
-    (``TQBRIDGE_DEVICE_PARAMS=1``; an experiment, off by default). MLX puts arrays made from host data
-    in unified memory written by the CPU, which the first kernel to read them may have to fault over
-    (benchmarks/probe_host_params.py asks whether it does); a view of a device array is neither a host
-    allocation nor a kernel."""
+# Backends whose prepared launches take their per-step integers (pass 1's lengths, the append's row)
+# as views of a table made on the device, not as arrays made from host data every step. On CUDA MLX
+# keeps arrays made from host data in unified memory written by the CPU; the first kernel to read a
+# fresh one paid for it (benchmarks/probe_host_params.py, H200: 16 chained trivial kernels reading a
+# fresh host-made array 364 us per evaluation, one read before 190, one made on the device 209; the
+# cache path over 16 layers at new lengths 1136-1164 -> 836-906 us at 4K; BENCHMARKS.md, seventh
+# session). TQBRIDGE_DEVICE_PARAMS=0 / 1 overrides it for every backend.
+DEVICE_PARAMS_BACKENDS = ("cuda",)
+
+
+def device_params(backend: str) -> bool:
+    """Whether prepared launches on ``backend`` take their per-step integers as views of a device
+    table (:data:`DEVICE_PARAMS_BACKENDS`; ``TQBRIDGE_DEVICE_PARAMS`` overrides): a view of a device
+    array is neither a host allocation nor a kernel."""
     env = os.environ.get("TQBRIDGE_DEVICE_PARAMS")
-    if env not in (None, "", "0", "1"):
+    if env in ("0", "1"):
+        return env == "1"
+    if env:
         raise AttentionError(f"TQBRIDGE_DEVICE_PARAMS={env!r}: 0 or 1")
-    return env == "1"
+    return backend in DEVICE_PARAMS_BACKENDS
 
 
 def param_table(head: "list[int]", n: int, tail: int, np_dtype, after: "list[int]" = ()) -> Any:
     """A lazy device array of ``n`` rows ``head + [i] * tail + after`` (row i), made by MLX ops from two
-    small constants, not per row from host data: row i is a view, ``table[i]``."""
+    small constants, not per row from host data: row i is a view, :func:`table_row`."""
     import mlx.core as mx
 
     parts = [mx.broadcast_to(mx.arange(n, dtype=mx.uint32 if np_dtype == np.uint32 else mx.int32)[:, None],
@@ -98,6 +107,12 @@ def param_table(head: "list[int]", n: int, tail: int, np_dtype, after: "list[int
     if after:
         parts.append(mx.broadcast_to(mx.array(np.array(after, np_dtype))[None], (n, len(after))))
     return mx.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+
+
+def table_row(table, i: int):
+    """Row ``i`` of a :func:`param_table` as a view: a slice and a reshape, no kernel (indexing with
+    an int, ``table[i]``, is a gather: a kernel per step; tests/test_decode_step.py counts them)."""
+    return table[i:i + 1].reshape(-1)
 
 
 def compile_launches(backend: str) -> bool:
@@ -836,13 +851,12 @@ class DecodeLaunch:
         self._ip1: dict = {}
         self.compiled = compile_launches(backend)
         self._table = None
-        self.device_params = device_params()
+        self.device_params = device_params(backend)
         self.run_info = dict(backend=backend, dispatches=plan.dispatches, kernel=plan.kernel, splits=plan.splits,
                              warps=plan.warps, tile=plan.tile, lanes_per_key=plan.lanes_per_key,
                              chain=plan.chain(prob.l_max), q_precision=plan.q_precision,
-                             v_decode=v3_v_decode(prob) if plan.kernel == "v3" else None, compiled=self.compiled)
-        if self.device_params:
-            self.run_info["device_params"] = True
+                             v_decode=v3_v_decode(prob) if plan.kernel == "v3" else None, compiled=self.compiled,
+                             device_params=self.device_params)
         self._run = run    # the prepared launches; this class adds the per-length parameter buffer
 
     def ip1(self, length: int):
@@ -858,7 +872,7 @@ class DecodeLaunch:
             if self.device_params:   # a view of the device table (see device_params)
                 if self._table is None:
                     self._table = param_table(self._head, self.l_max + 1, self.batch, np.int32)
-                buf = self._ip1[length] = self._table[length]
+                buf = self._ip1[length] = table_row(self._table, length)
             else:
                 buf = self._ip1[length] = mx.array(np.array(self._head + [length] * self.batch, np.int32))
         return buf

@@ -90,7 +90,7 @@ class KVAppend:
 
         self.compiled = backend != "cpu-emulator" and compile_launches(backend)
         self._compiled = None
-        self.device_params = backend != "cpu-emulator" and device_params()
+        self.device_params = backend != "cpu-emulator" and device_params(backend)
         self._ptable: dict = {}   # (R, S, cap, H, n_in) -> device table over the row position (device_params)
         self._prow: dict = {}     # its rows in use (views), shared by the layers of a step
 
@@ -130,7 +130,7 @@ class KVAppend:
         key = (R, S, cap, pos, H, n_in)
         row = self._prow.get(key)
         if row is None:
-            from .attention_kernel import param_table
+            from .attention_kernel import param_table, table_row
 
             tkey = (R, S, cap, H, n_in)
             tbl = self._ptable.get(tkey)
@@ -139,7 +139,7 @@ class KVAppend:
                 tbl = self._ptable[tkey] = param_table([R, S, cap], cap + 1, 1, np.uint32, after=[H, n_in])
             if len(self._prow) > 64:
                 self._prow.clear()
-            row = self._prow[key] = tbl[pos]
+            row = self._prow[key] = table_row(tbl, pos)
         return row
 
     def _launch(self, k_rows, v_rows, kc, vc, params, flag_in):

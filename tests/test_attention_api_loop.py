@@ -83,8 +83,9 @@ def test_which_calls_may_take_one_launch_per_signature(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(GPU is None, reason="no MLX GPU backend (Metal or CUDA) on this machine")
 def test_device_params_give_the_same_outputs(monkeypatch):
-    """TQBRIDGE_DEVICE_PARAMS=1 (pass 1's lengths as views of a device table) changes where the ints
-    live, not what the kernels compute: the outputs are bit-identical at every length."""
+    """Device params (pass 1's lengths as views of a device table; CUDA's default) change where the
+    ints live, not what the kernels compute: the outputs are bit-identical to host-made ones at every
+    length."""
     import mlx.core as mx
 
     from tqbridge.metal import attention_kernel

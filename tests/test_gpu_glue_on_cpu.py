@@ -119,9 +119,9 @@ def test_compile_switch_refuses_other_values(monkeypatch):
 
 
 def test_device_params_are_the_host_params(fake_cuda, monkeypatch):
-    """TQBRIDGE_DEVICE_PARAMS=1 (an experiment): the per-step integers become views of a table made by
-    MLX ops — the same values as the arrays made from host data, row by row, for pass 1's lengths and
-    the append's row position."""
+    """Device params (CUDA's default; TQBRIDGE_DEVICE_PARAMS=0 / 1 overrides): the per-step integers
+    become views of a table made by MLX ops — the same values as the arrays made from host data, row
+    by row, for pass 1's lengths and the append's row position."""
     from tqbridge import bridge
 
     rng = np.random.default_rng(1)
@@ -135,12 +135,18 @@ def test_device_params_are_the_host_params(fake_cuda, monkeypatch):
         launches[flag] = attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3",
                                                          q_precision="int8")
     assert launches["1"].device_params and not launches["0"].device_params
-    assert launches["1"].run_info["device_params"] is True and "device_params" not in launches["0"].run_info
+    assert launches["1"].run_info["device_params"] is True and launches["0"].run_info["device_params"] is False
     for n in (0, 1, 17, 63, 64):
         a, b = np.array(launches["0"].ip1(n)), np.array(launches["1"].ip1(n))
         assert a.dtype == b.dtype == np.int32 and np.array_equal(a, b), (n, a, b)
     with pytest.raises(attention.AttentionError, match="outside"):
         launches["1"].ip1(65)
+    # a row is a view of the (evaluated) table: no kernel per step (an int index would be a Gather)
+    from tqbridge.metal.lm import decode_bench
+
+    mx.eval(launches["1"]._table)
+    prims = decode_bench.graph_primitives(launches["1"].ip1(5))
+    assert prims and all(decode_bench.is_view(p) for p in prims), prims
     out = launches["1"](q, kb, vb, 33)   # the launch takes the view like the host-made buffer
     assert tuple(out.shape) == (1, 8, 128)
 
@@ -158,4 +164,9 @@ def test_device_params_are_the_host_params(fake_cuda, monkeypatch):
     kv_append.prepared.cache_clear()
     monkeypatch.setenv("TQBRIDGE_DEVICE_PARAMS", "yes")
     with pytest.raises(attention.AttentionError, match="TQBRIDGE_DEVICE_PARAMS"):
-        attention_kernel.device_params()
+        attention_kernel.device_params("cuda")
+    monkeypatch.delenv("TQBRIDGE_DEVICE_PARAMS")   # the default: CUDA only
+    assert attention_kernel.device_params("cuda") and not attention_kernel.device_params("metal")
+    attention_kernel._decode_launch.cache_clear()
+    assert attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3",
+                                           q_precision="int8").device_params

@@ -321,7 +321,8 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
     if launch is not None and "growing" in regimes:
         info = getattr(launch, "run_info", None) or {"backend": launch.backend}
         row["cache_path_plan"] = {k: info[k] for k in ("backend", "kernel", "splits", "warps", "tile", "dispatches",
-                                                       "q_precision", "v_decode", "compiled") if k in info}
+                                                       "q_precision", "v_decode", "compiled", "device_params")
+                                 if k in info}
         checked("cache_path", lambda: launch(q0[:, :, 0], kb[0], vb[0], ctx), info.get("q_precision"))
         timed("cache_path", cache_path, "growing")
     for tag, make in (("sdpa_fp16", sdpa), ("dequant_sdpa", deq_sdpa), ("mlx_lm_quantized_sdpa", mlxlm)):

@@ -213,14 +213,18 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
         // every key of these 16 visible to every query row (uniform per SIMD group): no per-key masks
         const bool inner = k0 + 16 <= n && t0 + k0 >= start && t0 + k0 + 16 <= len - T + 1
                            && (window <= 0 || t0 + k0 >= len - window);
-        for (int j = 0; j < 4; ++j) {
-            const int c = j & 1;
-            const int ik = k0 + (int)g + 8 * (j >> 1);
-            const int pos = t0 + ik;
-            const bool ok = col_ok[c] && (inner || (ik < n && pos >= start && pos < hi_c[c] && pos >= lo_c[c]));
-            float x = s[j] * scale;
-            if (softcap > 0.0f) x = softcap * tqa_tanh(x / softcap);
-            s[j] = ok ? x * LOG2E : TQA_NEG_BIG;
+        if (inner && softcap <= 0.0f) {   // the common case, as its own branch: no per-key compares issued
+            for (int j = 0; j < 4; ++j) s[j] = col_ok[j & 1] ? (s[j] * scale) * LOG2E : TQA_NEG_BIG;
+        } else {
+            for (int j = 0; j < 4; ++j) {
+                const int c = j & 1;
+                const int ik = k0 + (int)g + 8 * (j >> 1);
+                const int pos = t0 + ik;
+                const bool ok = col_ok[c] && (inner || (ik < n && pos >= start && pos < hi_c[c] && pos >= lo_c[c]));
+                float x = s[j] * scale;
+                if (softcap > 0.0f) x = softcap * tqa_tanh(x / softcap);
+                s[j] = ok ? x * LOG2E : TQA_NEG_BIG;
+            }
         }
         for (int c = 0; c < 2; ++c) {
             float mt = s[c] > s[2 + c] ? s[c] : s[2 + c];
@@ -229,10 +233,13 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
                 mt = w > mt ? w : mt;
             }
             const float mn = mt > mrun[c] ? mt : mrun[c];
-            alpha[c] = tq_exp2(mrun[c] - mn);
+            // one exp2 per weight, results below 2^-126 flushed: a masked score (NEG_BIG) gets weight 0
+            // against any finite max; mb stands in for the max while the column has seen no visible key
+            const float mb = mn > TQA_NEG_BIG ? mn : 0.0f;
+            alpha[c] = tq_exp2_ftz(mrun[c] - mn);   // 1 while both are NEG_BIG: nothing to rescale
             mrun[c] = mn;
-            p[c] = s[c] > TQA_NEG_BIG ? tq_exp2(s[c] - mn) : 0.0f;
-            p[2 + c] = s[2 + c] > TQA_NEG_BIG ? tq_exp2(s[2 + c] - mn) : 0.0f;
+            p[c] = tq_exp2_ftz(s[c] - mb);
+            p[2 + c] = tq_exp2_ftz(s[2 + c] - mb);
             lrun[c] = lrun[c] * alpha[c] + (p[c] + p[2 + c]);
         }
         // rescale the outputs only when some column's max moved (uniform per SIMD group)

@@ -173,6 +173,23 @@ TQ_FUNC uint tq_atomic_inc(TQ_DEVICE uint* p) { const uint old = *p; *p = old + 
 TQ_FUNC float tq_load_cg(TQ_CONST_DEVICE float* p) { return *p; }
 #endif
 
+// 2^x with results below 2^-126 flushed to zero. On CUDA one MUFU.EX2 (`ex2.approx.ftz`: the same
+// instruction and bits exp2f computes for results >= 2^-126; exp2f spends 4 more instructions on
+// denormal results); elsewhere the backend's exp2, flushed. Kernel v3's softmax weights below 2^-126
+// vanish anyway (times 2^15 they are below binary16's smallest subnormal).
+#if defined(TQ_BACKEND_CUDA)
+TQ_FUNC float tq_exp2_ftz(const float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+#else
+TQ_FUNC float tq_exp2_ftz(const float x) {
+    const float y = tq_exp2(x);
+    return y < 1.1754943508222875e-38f ? 0.0f : y;
+}
+#endif
+
 // float32 -> binary16 bits, round to nearest even (the hardware conversion on the GPUs)
 #if defined(TQ_BACKEND_CUDA)
 TQ_FUNC uint tq_f2h(const float x) { return (uint)__half_as_ushort(__float2half_rn(x)); }
