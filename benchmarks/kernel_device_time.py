@@ -50,6 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--splits", default="", help="comma-separated split counts to sweep (default: the plan's)")
     p.add_argument("--warps", default="", help="comma-separated warps to sweep (default: the plan's)")
+    p.add_argument("--tiles", default="", help="comma-separated keys per tile to sweep (default: the plan's)")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--chain", action="store_true",
                    help="time pass 1 and pass 2 alternately, as a chain of layers runs them (an event around each "
@@ -79,85 +80,88 @@ def main(argv=None) -> int:
         copies = -(-COLD_BYTES // bytes_read) if a.cold else 1
         dkbs, dvbs = [cp.asarray(kb) for _ in range(copies)], [cp.asarray(vb) for _ in range(copies)]
         for kern in a.kernels.split(","):
-            for nw in ([int(x) for x in a.warps.split(",") if x] or [None]):
-                for ns in ([int(x) for x in a.splits.split(",") if x] or [None]):
-                    try:
-                        plan = ak.make_plan(prob, "cuda", kernel=kern, warps=nw, splits=ns)
-                    except Exception as e:
-                        print(f"{ctx} {kern} warps={nw} splits={ns}: {e}", file=sys.stderr)
-                        continue
-                    split_s, comb_s, extra1, extra2 = ak._static(prob, plan, 0, False)
-                    k1def, k2def = ak._kernel_defs(0, ak._version(plan))
-                    k1 = cp.RawKernel(_source(k1def, split_s), k1def.name, options=("--std=c++17",))
-                    k2 = cp.RawKernel(_source(k2def, comb_s), k2def.name, options=("--std=c++17",))
-                    ip1 = cp.asarray(np.array([prob.l_max, plan.split_len, plan.splits, prob.window, hkv, *extra1, ctx],
-                                              np.int32))
-                    fp1 = cp.asarray(np.array([prob.scale, 0.0], np.float32))
-                    tabs = cp.asarray(ak.tables(prob))
-                    dep = cp.zeros(1, cp.uint32)
-                    rows = hq
-                    po = cp.empty((rows, plan.partials, prob.v_dim), cp.float32)
-                    pml = cp.empty((rows, plan.partials, 2), cp.float32)
-                    ip2 = cp.asarray(np.array([plan.partials, hq, 0, *extra2], np.int32))
-                    sinks = cp.zeros(hq, cp.float32)
-                    res = cp.empty((rows, d), cp.float32)
-                    g1, t1 = (hkv * plan.splits,), (32 * plan.warps,)
-                    g2, t2 = (rows,), (ak.COMBINE_THREADS,)
+            sweep = [(nw, ns, tl) for nw in ([int(x) for x in a.warps.split(",") if x] or [None])
+                     for ns in ([int(x) for x in a.splits.split(",") if x] or [None])
+                     for tl in ([int(x) for x in a.tiles.split(",") if x] or [None])]
+            for nw, ns, tl in sweep:
+                try:
+                    plan = ak.make_plan(prob, "cuda", kernel=kern, warps=nw, splits=ns, tile=tl)
+                except Exception as e:
+                    print(f"{ctx} {kern} warps={nw} splits={ns} tile={tl}: {e}", file=sys.stderr)
+                    continue
+                split_s, comb_s, extra1, extra2 = ak._static(prob, plan, 0, False)
+                k1def, k2def = ak._kernel_defs(0, ak._version(plan))
+                k1 = cp.RawKernel(_source(k1def, split_s), k1def.name, options=("--std=c++17",))
+                k2 = cp.RawKernel(_source(k2def, comb_s), k2def.name, options=("--std=c++17",))
+                ip1 = cp.asarray(np.array([prob.l_max, plan.split_len, plan.splits, prob.window, hkv, *extra1, ctx],
+                                          np.int32))
+                fp1 = cp.asarray(np.array([prob.scale, 0.0], np.float32))
+                tabs = cp.asarray(ak.tables(prob))
+                dep = cp.zeros(1, cp.uint32)
+                rows = hq
+                po = cp.empty((rows, plan.partials, prob.v_dim), cp.float32)
+                pml = cp.empty((rows, plan.partials, 2), cp.float32)
+                ip2 = cp.asarray(np.array([plan.partials, hq, 0, *extra2], np.int32))
+                sinks = cp.zeros(hq, cp.float32)
+                res = cp.empty((rows, d), cp.float32)
+                g1, t1 = (hkv * plan.splits,), (32 * plan.warps,)
+                g2, t2 = (rows,), (ak.COMBINE_THREADS,)
 
-                    cnt = cp.zeros(hkv, cp.uint32)
+                cnt = cp.zeros(hkv, cp.uint32)
 
-                    turn = [0]
+                turn = [0]
 
-                    def one():
-                        i = turn[0] = (turn[0] + 1) % copies
-                        dkb, dvb = dkbs[i], dvbs[i]
-                        if plan.fused:   # one dispatch: the merge runs in the last threadgroup of each head
-                            k1(g1, t1, (dq, dkb, dvb, ip1, fp1, tabs, dep, cnt, sinks, po, pml, res))
-                        else:
-                            k1(g1, t1, (dq, dkb, dvb, ip1, fp1, tabs, dep, po, pml))
+                def one():
+                    i = turn[0] = (turn[0] + 1) % copies
+                    dkb, dvb = dkbs[i], dvbs[i]
+                    if plan.fused:   # one dispatch: the merge runs in the last threadgroup of each head
+                        k1(g1, t1, (dq, dkb, dvb, ip1, fp1, tabs, dep, cnt, sinks, po, pml, res))
+                    else:
+                        k1(g1, t1, (dq, dkb, dvb, ip1, fp1, tabs, dep, po, pml))
 
-                    def two():
-                        k2(g2, t2, (po, pml, ip2, sinks, tabs, res))
+                def two():
+                    k2(g2, t2, (po, pml, ip2, sinks, tabs, res))
 
-                    times = {}
-                    if a.chain and not plan.fused:
-                        one(), two()
-                        cp.cuda.Device().synchronize()
-                        ev = [[cp.cuda.Event() for _ in range(3)] for _ in range(a.iters)]
-                        for e in ev:
-                            e[0].record()
-                            one()
-                            e[1].record()
-                            two()
-                            e[2].record()
-                        ev[-1][2].synchronize()
-                        for name, i in (("pass1", 0), ("pass2", 1)):
-                            ts = sorted(cp.cuda.get_elapsed_time(e[i], e[i + 1]) * 1e3 for e in ev)
-                            times[name] = ts[len(ts) // 2]
-                    for name, fn in (() if times else (("pass1", one),) + ((("pass2", two),) if not plan.fused else ())):
+                times = {}
+                if a.chain and not plan.fused:
+                    one(), two()
+                    cp.cuda.Device().synchronize()
+                    ev = [[cp.cuda.Event() for _ in range(3)] for _ in range(a.iters)]
+                    for e in ev:
+                        e[0].record()
+                        one()
+                        e[1].record()
+                        two()
+                        e[2].record()
+                    ev[-1][2].synchronize()
+                    for name, i in (("pass1", 0), ("pass2", 1)):
+                        ts = sorted(cp.cuda.get_elapsed_time(e[i], e[i + 1]) * 1e3 for e in ev)
+                        times[name] = ts[len(ts) // 2]
+                for name, fn in (() if times else (("pass1", one),) + ((("pass2", two),) if not plan.fused else ())):
+                    fn()
+                    cp.cuda.Device().synchronize()
+                    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                    e0.record()
+                    for _ in range(a.iters):
                         fn()
-                        cp.cuda.Device().synchronize()
-                        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-                        e0.record()
-                        for _ in range(a.iters):
-                            fn()
-                        e1.record()
-                        e1.synchronize()
-                        times[name] = cp.cuda.get_elapsed_time(e0, e1) * 1e3 / a.iters
-                    at = k1.attributes
-                    regs, local, smem = at["num_regs"], at["local_size_bytes"], at["shared_size_bytes"]
-                    threads = 32 * plan.warps
-                    by_regs = 65536 // max(1, regs * threads)
-                    by_smem = (props.get("sharedMemPerMultiprocessor", 233472)) // max(1, smem + 1024)
-                    row = dict(context=ctx, kernel=plan.kernel, warps=plan.warps, splits=plan.splits, tile=plan.tile,
-                               ctas=hkv * plan.splits, regs=regs, local_bytes=local, shared_bytes=smem,
-                               resident_ctas_per_sm=min(by_regs, by_smem, 32), pass1_us=times["pass1"],
-                               pass2_us=times.get("pass2", 0.0), fused=plan.fused, bytes_read=bytes_read, copies=copies,
-                               chain=a.chain and not plan.fused,
-                               pass1_TBps=bytes_read / times["pass1"] / 1e6)
-                    out["rows"].append(row)
-                    print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}),
-                          flush=True)
+                    e1.record()
+                    e1.synchronize()
+                    times[name] = cp.cuda.get_elapsed_time(e0, e1) * 1e3 / a.iters
+                at = k1.attributes
+                regs, local, smem = at["num_regs"], at["local_size_bytes"], at["shared_size_bytes"]
+                threads = 32 * plan.warps
+                by_regs = 65536 // max(1, regs * threads)
+                by_smem = (props.get("sharedMemPerMultiprocessor", 233472)) // max(1, smem + 1024)
+                row = dict(context=ctx, kernel=plan.kernel, warps=plan.warps, splits=plan.splits, tile=plan.tile,
+                           stages=plan.stages,
+                           ctas=hkv * plan.splits, regs=regs, local_bytes=local, shared_bytes=smem,
+                           resident_ctas_per_sm=min(by_regs, by_smem, 32), pass1_us=times["pass1"],
+                           pass2_us=times.get("pass2", 0.0), fused=plan.fused, bytes_read=bytes_read, copies=copies,
+                           chain=a.chain and not plan.fused,
+                           pass1_TBps=bytes_read / times["pass1"] / 1e6)
+                out["rows"].append(row)
+                print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}),
+                      flush=True)
         del dq, dkbs, dvbs
     if a.json:
         with open(a.json, "w") as f:

@@ -1,4 +1,4 @@
-"""Does a parameter array made from host data every call cost the GPU a page fault? (not yet run)
+"""Does a parameter array made from host data every call cost the GPU? (yes: BENCHMARKS.md, seventh session)
 
     python benchmarks/probe_host_params.py
 
@@ -11,8 +11,8 @@ and already read by the GPU, or made on the device (``mx.full``), and (2) the ca
 fused attention over 16 layers with lengths it has not seen against lengths whose parameter
 buffers it made (and the GPU read) before. A gap in (1) between fresh and pre-touched is the
 fault; whether (2) shows it says whether the decode step pays it, and (2) with
-``TQBRIDGE_DEVICE_PARAMS=1`` (the lengths as views of a table made on the device) whether avoiding
-host-made arrays wins it back.
+``TQBRIDGE_DEVICE_PARAMS=1`` (the lengths as views of a table made on the device, now CUDA's default)
+whether avoiding host-made arrays wins it back.
 """
 
 from __future__ import annotations

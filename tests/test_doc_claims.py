@@ -1005,3 +1005,114 @@ def test_readme_compile_sentence_is_its_record():
     said = "the cache path at " + " / ".join(f"{x['growing_sdpa_fp16_us'] / x['growing_cache_path_us']:.2f}"
                                              for x in rec[True]) + "× fp16 SDPA"
     assert said in doc, said
+
+
+# ---- seventh session: device params, the softmax's exp2, pass 1's ablations -----------------------------
+PROBE = "benchmarks/h200-2026-12-01-probe-host-params.json"
+DP_WALL = "benchmarks/h200-2026-12-01-bench-attention-device-params.json"
+DP_DECODE = "benchmarks/h200-2026-12-01-bench-decode-device-params.json"
+SOFTMAX = "benchmarks/h200-2026-12-01-v3-softmax-exp2.json"
+ABLATION = "benchmarks/h200-2026-12-02-v3-ablation.json"
+PLAN_SWEEP = "benchmarks/h200-2026-12-02-v3-plan-sweep.json"
+
+
+def _three(vals, fmt=".1f") -> str:
+    return " / ".join(f"{v:{fmt}}" for v in vals)
+
+
+def test_probe_sentences_are_their_record():
+    doc = flat(text("BENCHMARKS.md"))
+    rec = record(PROBE)
+    triv = {}
+    for r in rec["trivial_chain"]:
+        triv.setdefault(r["case"], r["us_per_evaluation"])   # the first round of each case
+    said = (f"took {triv['fresh']:.0f} µs per evaluation when the array was made fresh from host data "
+            f"(`mx.array(numpy)`), {triv['pretouched']:.0f} µs when it had been made earlier and read by the GPU "
+            f"once, {triv['device_full']:.0f} µs when made on the device")
+    assert said in doc, said
+    at4 = [r for r in rec["cache_path"] if r["context"] == 4096]
+    host = [r["new_lengths_us"] for r in at4 if not r["device_params"]]
+    dev = [r["new_lengths_us"] for r in at4 if r["device_params"]]
+    said = (f"{host[0]:.0f} / {host[1]:.0f} µs per evaluation with host-made length buffers, "
+            f"{dev[0]:.0f} / {dev[1]:.0f} µs with views of a device table")
+    assert said in doc, said
+
+
+def test_device_params_wall_table_is_its_record():
+    rows = table(text("BENCHMARKS.md"), "| 4K | 32K | 128K | build 4K")
+    assert len(rows) == 1
+    ctx = sorted(record(DP_WALL)["runs"][0]["contexts"], key=lambda x: x["context"])
+    c4, c32, c128, build, dev, sdpa, vs = rows[0]
+    bad = []
+    for cell, x in zip((c4, c32, c128), ctx):
+        check(rounds_to(cell, x["growing_cache_path_us"]), cell, bad)
+    for cells, key in ((build, "growing_cache_path_build_us"), (dev, "growing_cache_path_device_us"),
+                       (sdpa, "growing_sdpa_fp16_us")):
+        for cell, x in zip(cells.split(" / "), ctx):
+            check(rounds_to(cell, x[key]), f"{key} {cell}", bad)
+    for cell, x in zip(vs.split(" / "), ctx):
+        check(rounds_to(cell, x["growing_sdpa_fp16_us"] / x["growing_cache_path_us"]), f"vs {cell}", bad)
+    assert not bad, bad
+    assert all(record(DP_WALL)["runs"][0]["contexts"][i]["cache_path_plan"]["device_params"] for i in range(3))
+
+
+def test_device_params_decode_sentence_is_its_record():
+    doc = flat(text("BENCHMARKS.md"))
+    runs = {run["device_params"]: {r["cache"]: r for r in run["runs"]} for run in record(DP_DECODE)["runs"]}
+
+    def vs(dp, cache):
+        return runs[dp]["fp16"]["ms_per_token"] / runs[dp][cache]["ms_per_token"]
+    on, off = runs[True]["fp16"], runs[False]["fp16"]
+    said = (f"with device params q8_0/turbo3 {vs(True, 'q8_0/turbo3'):.2f}× and q8_0/q4_0 {vs(True, 'q8_0/q4_0'):.2f}× "
+            f"fp16's tokens/s (fp16 {on['ms_per_token']:.2f} ms/token, its rounds {_three(on['ms_per_token_rounds'], '.2f')}); "
+            f"without, {vs(False, 'q8_0/turbo3'):.2f}× / {vs(False, 'q8_0/q4_0'):.2f}× (fp16 {off['ms_per_token']:.2f} "
+            f"ms/token, rounds {_three(off['ms_per_token_rounds'], '.2f')})")
+    assert said in doc, said
+
+
+def test_softmax_and_ablation_sentences_are_their_records():
+    doc = flat(text("BENCHMARKS.md"))
+    rows = record(SOFTMAX)["rows"]
+    assert all(r["chain"] and r["copies"] * r["bytes_read"] >= 160 << 20 for r in rows)
+
+    def p1(ring):
+        return [r["pass1_us"] for r in sorted(rows, key=lambda r: r["context"]) if r["warp_ring"] is ring]
+    assert f"alternating with the combine: {_three(p1(False))} µs at 4K / 32K / 128K" in doc
+    assert f"SIMD barriers only: {_three(p1(True))}, not kept" in doc
+    ab: dict = {}
+    for r in sorted(record(ABLATION)["rows"], key=lambda r: r["context"]):
+        ab.setdefault(r["ablation"], []).append(r)
+
+    def us(name):
+        return _three([r["pass1_us"] for r in ab[name]])
+    said = (f"the full kernel {us('none')}; without the V path (decode + V product) {us('nov')}; without the K "
+            f"products {us('nok')}; with the K codes from registers instead of threadgroup memory {us('nokld')}; "
+            f"without K and V {us('nokv')} ({ab['nokv'][-1]['pass1_TBps']:.2f} TB/s")
+    assert said in doc, said
+    copy = record(DP_WALL)["runs"][0]["copy"]["cupy_copy_GBps"] / 1000
+    full = ab["none"][-1]["pass1_TBps"]
+    assert f"{100 * full / copy:.0f}% (pass 1 at {full:.2f} TB/s against CuPy's {copy:.2f} TB/s copy)" in doc
+    assert f"run at {100 * ab['nokv'][-1]['pass1_TBps'] / copy:.0f}% of a device copy" in doc
+    # the plan sweep: the plan (4 warps, 64 keys, 64 splits) best or within 1.5% at 32K and 128K
+    sw = record(PLAN_SWEEP)["rows"]
+    for n in (32768, 131072):
+        at = [r for r in sw if r["context"] == n]
+        plan = next(r for r in at if (r["warps"], r["tile"], r["splits"]) == (4, 64, 64))
+        assert plan["pass1_us"] <= 1.015 * min(r["pass1_us"] for r in at), n
+
+
+def test_readme_device_params_sentence_is_its_record():
+    doc = flat(text("README.md"))
+    ctx = sorted(record(DP_WALL)["runs"][0]["contexts"], key=lambda x: x["context"])
+    said = "the cache path runs at " + " / ".join(f"{x['growing_sdpa_fp16_us'] / x['growing_cache_path_us']:.2f}"
+                                                  for x in ctx) + "× fp16 SDPA"
+    assert said in doc, said
+
+
+def test_readme_fresh_array_cost_is_its_record():
+    triv = {}
+    for r in record(PROBE)["trivial_chain"]:
+        triv.setdefault(r["case"], []).append(r["us_per_evaluation"])
+    gaps = [f - p for f, p in zip(triv["fresh"], triv["pretouched"])]
+    assert all(160 <= g <= 180 for g in gaps), gaps   # "~170 µs"
+    assert "a chain of kernels reading a fresh one took ~170 µs longer per evaluation" in flat(text("README.md"))
