@@ -8,6 +8,8 @@ compiler cannot fold; the benchmark's softcap is 0):
     nok    the K products and their scaling (scores 0)
     nokld  the K codes' loads from threadgroup memory (the products run on register values)
     nokv   nok + nov: the copies, the softmax and the merge only
+    v23nonorm / v23nosign / v23noidx   inside the turbo2 / turbo3 V decode: no norms (loads and
+           products), no sign bytes (turbo3's third index bit), no index loads at all
 
     python benchmarks/ablate_pass1.py --ablate none,nov,nok,nokld,nokv --kernels v3 --cold --chain \
         --context 4096,32768,131072 [--json out.json]
@@ -41,6 +43,19 @@ SUBS = {
                "            a0 = lane * 0x01010101u + k; a1 = a0 ^ 0x5a5a5a5au; a2 = a0 + 7u; a3 = a1 + 3u;")],
 }
 SUBS["nokv"] = SUBS["nok"] + SUBS["nov"]
+# inside the turbo2 / turbo3 permute decode (V23)
+SUBS["v23nonorm"] = [   # the keys' norms: neither loaded nor multiplied in (an upper bound on folding them into P)
+    ("                    npair[pr][run] = tqa_key_pair_u16(vts, VRB, kk[2 * pr], kk[2 * pr + 1], kv[2 * pr], kv[2 * pr + 1], 0);",
+     "                    npair[pr][run] = 0x3c003c00u;"),
+    ("                        a[0][pr][run] = tq_hmul2(tq_byte_perm(lo, hi, 0x6240u), npair[pr][run]);\n"
+     "                        a[1][pr][run] = tq_hmul2(tq_byte_perm(lo, hi, 0x7351u), npair[pr][run]);",
+     "                        a[0][pr][run] = tq_byte_perm(lo, hi, 0x6240u);\n"
+     "                        a[1][pr][run] = tq_byte_perm(lo, hi, 0x7351u);")]
+SUBS["v23nosign"] = [   # turbo3's sign bytes and their table: not read
+    ("                    if (TQA_VB == 3) w[x][run] |= ptab[vrow[vsg + e8]];", "")]
+SUBS["v23noidx"] = SUBS["v23nosign"] + [   # the indices from registers, not threadgroup memory
+    ("                    const uint qx = tqa_u16(vrow, vqs + 2 * e8);",
+     "                    const uint qx = (uint)(kk[x] * 0x9e37 + e8) & 0xffffu;")]
 PLAIN_SOURCE = kdt._source   # the unedited builder (each ablation starts from it)
 
 

@@ -1116,3 +1116,15 @@ def test_readme_fresh_array_cost_is_its_record():
     gaps = [f - p for f, p in zip(triv["fresh"], triv["pretouched"])]
     assert all(160 <= g <= 180 for g in gaps), gaps   # "~170 µs"
     assert "a chain of kernels reading a fresh one took ~170 µs longer per evaluation" in flat(text("README.md"))
+
+
+def test_v_decode_ablation_sentence_is_its_record():
+    doc = flat(text("BENCHMARKS.md"))
+    at = {r["ablation"]: r["pass1_us"] for r in record("benchmarks/h200-2026-12-02-v3-ablation-v-decode.json")["rows"]
+          if r["context"] == 131072}
+    said = (f"(a second run, 128K: the full kernel {at['none']:.1f}, without V {at['nov']:.1f}): without the norms "
+            f"(neither loaded nor multiplied in) {at['v23nonorm']:.1f}, without turbo3's sign bytes {at['v23nosign']:.1f}, "
+            f"without any index loads {at['v23noidx']:.1f} µs — the norms ~{at['none'] - at['v23nonorm']:.0f} µs, "
+            f"the index loads ~{at['none'] - at['v23noidx']:.0f}, the byte-permute decode and the products the "
+            f"remaining ~{at['v23noidx'] - at['nov']:.0f}")
+    assert said in doc, said
