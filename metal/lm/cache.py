@@ -726,12 +726,14 @@ def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None
     return out
 
 
-_KERNEL_INFO = ("backend", "kernel", "q_precision", "v_decode", "dispatches", "splits", "compiled", "device_params")
+_KERNEL_INFO = ("backend", "kernel", "q_precision", "v_decode", "dispatches", "splits", "compiled",
+                "device_params")
 
 
 def _kernel_info(launch) -> "dict | None":
     """What a layer's prepared decode attention runs (its plan: backend, kernel, q precision, V decode,
-    dispatches, splits, whether under mx.compile, whether its per-step ints are device views), None before the layer's first decode step on a kernel lane."""
+    dispatches, splits, whether under mx.compile, whether its per-step ints are device views), None
+    before the layer's first decode step on a kernel lane."""
     info = getattr(launch, "run_info", None)
     return {k: info[k] for k in _KERNEL_INFO if info.get(k) is not None} if info else None
 

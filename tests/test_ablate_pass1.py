@@ -1,0 +1,57 @@
+"""benchmarks/ablate_pass1.py edits kernel v3's pass-1 source by text substitution; a kernel change
+that breaks a substitution must fail here (CI), not on the GPU machine. No GPU or CuPy needed:
+the ablated sources are only built as text, and each must differ from the plain one."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def ablate():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import ablate_pass1
+        yield ablate_pass1
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def _v3_defs(v_format: str):
+    from tqbridge import bridge
+    from tqbridge.metal import attention_kernel as ak
+    from tqbridge.metal.attention import check_problem
+
+    rng = np.random.default_rng(0)
+    kf, vf = bridge.get_format("q8_0"), bridge.get_format(v_format)
+    q = rng.standard_normal((1, 32, 128)).astype(np.float32)
+    kb = bridge.quantize(kf, rng.standard_normal((1, 8, 64, 128)).astype(np.float32))
+    vb = bridge.quantize(vf, rng.standard_normal((1, 8, 64, 128)).astype(np.float32))
+    prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=64)
+    plan = ak.make_plan(prob, "cuda", kernel="v3")
+    split_s, comb_s, _, _ = ak._static(prob, plan, 0, False)
+    k1, k2 = ak._kernel_defs(0, ak._version(plan))
+    return (k1, split_s), (k2, comb_s)
+
+
+@pytest.mark.parametrize("name", ["nov", "nok", "nokld", "nokv", "v23nonorm", "v23nosign", "v23noidx"])
+def test_every_ablation_still_matches_the_kernel(ablate, name):
+    (k1, s1), (k2, s2) = _v3_defs("turbo3")
+    plain = ablate.PLAIN_SOURCE(k1, s1)
+    edited = ablate.ablated_source([name])(k1, s1)
+    assert edited != plain
+    assert ablate.ablated_source([name])(k2, s2) == ablate.PLAIN_SOURCE(k2, s2)   # the combine: untouched
+    assert ablate.ablated_source(["none"])(k1, s1) == plain
+
+
+def test_a_stale_substitution_stops_the_run(ablate, monkeypatch):
+    (k1, s1), _ = _v3_defs("turbo3")
+    monkeypatch.setitem(ablate.SUBS, "stale", [("this text is not in the kernel", "")])
+    with pytest.raises(SystemExit, match="no longer matches"):
+        ablate.ablated_source(["stale"])(k1, s1)
