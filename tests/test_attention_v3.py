@@ -176,6 +176,54 @@ def test_byte_permute_and_half_pairs_on_cuda():
     _check_perm(*[np.array(o) for o in outs], a, b, nib)
 
 
+_EXP2_BODY = """
+const uint lane = tq_lane;
+const float x = tq_as_float(xs[lane]);
+ftz[lane] = tq_as_uint(tq_exp2_ftz(x));
+full[lane] = tq_as_uint(tq_exp2(x));
+"""
+# arguments around binary32's normal limit (2^-126), the softmax's masked score (-3e38), and ordinary ones
+_EXP2_X = np.array([0.0, -1.0, 3.5, -0.3, -20.25, -125.0, -125.9, -126.0, -126.01, -126.5, -127.0, -130.0,
+                    -149.0, -150.0, -200.0, -3.0e38] + list(np.linspace(-140.0, 10.0, 16)), np.float32)
+
+
+def _exp2_kernel():
+    header = (KERNEL_DIR / "attention_mma.h").read_text()
+    return Kernel("tq_exp2_probe", (("xs", "uint32"),), (("ftz", "uint32"), ("full", "uint32")), _EXP2_BODY, header)
+
+
+def _check_exp2(ftz, full):
+    """tq_exp2_ftz is the backend's exp2 bit for bit wherever that is a normal number (>= 2^-126),
+    and exactly +0 below it (where the backend's exp2 gives a subnormal or 0)."""
+    f = full.view(np.float32)
+    normal = f >= np.float32(2.0 ** -126)
+    assert normal.sum() >= 10 and (~normal).sum() >= 8   # both sides of the limit are probed
+    assert np.array_equal(ftz[normal], full[normal]), _EXP2_X[normal][ftz[normal] != full[normal]]
+    assert np.all(ftz[~normal] == 0), _EXP2_X[~normal][ftz[~normal] != 0]
+    assert f[0] == 1.0 and f[1] == 0.5
+
+
+def test_exp2_ftz_on_the_emulator():
+    ftz, full = EmulatedKernel(_exp2_kernel(), {})([_EXP2_X.view(np.uint32)], [(32,), (32,)], (1, 1, 1), 32)
+    _check_exp2(np.asarray(ftz), np.asarray(full))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU != "cuda", reason="needs MLX's CUDA backend (ex2.approx.ftz against exp2f)")
+def test_exp2_ftz_on_cuda():
+    import mlx.core as mx
+
+    from tqbridge.metal.kernel import mlx_sources
+
+    kd = _exp2_kernel()
+    src, hdr = mlx_sources(kd, "cuda", {})
+    k = mx.fast.cuda_kernel(name="tq_exp2_probe", input_names=["xs"], output_names=["ftz", "full"], source=src,
+                            header=hdr)
+    ftz, full = k(inputs=[mx.array(_EXP2_X.view(np.uint32))], output_shapes=[(32,)] * 2,
+                  output_dtypes=[mx.uint32] * 2, grid=(32, 1, 1), threadgroup=(32, 1, 1))
+    _check_exp2(np.array(ftz), np.array(full))
+
+
 # ----------------------------------------------------------------------------- the oracle's pieces
 
 
