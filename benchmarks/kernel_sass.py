@@ -9,7 +9,7 @@ every branch inside the loop (the masked-edge path, the rescale taken only when 
 are included, so the common path issues fewer. An issue-bound kernel's time follows its
 instructions per key; this is the profile to read before and after a change to the inner loop.
 
-    python benchmarks/kernel_sass.py --pairs q8_0/turbo3,q8_0/q4_0 [--kernel v3] [--json out.json]
+    python benchmarks/kernel_sass.py --pairs q8_0/turbo3,q8_0/q4_0 [--kernel v3] [--common-path] [--json out.json]
 """
 
 from __future__ import annotations
@@ -59,8 +59,23 @@ def _source(prob, plan):
     return k1def.name, src(k1def, split_s)
 
 
+# --common-path: the loop as a long context runs it almost always (every key of a tile visible, no
+# softcap, no running maximum moved): the other branches are removed from the source, so that the
+# static count of what remains is the common path's count (v3)
+COMMON_PATH = (("        if (inner && softcap <= 0.0f) {", "        if (true) {"),
+               ("        if (moved) {", "        if (false) {"))
+
+
+def _common_path(text: str) -> str:
+    for old, new in COMMON_PATH:
+        if old not in text:
+            raise SystemExit(f"kernel_sass: --common-path: {old.strip()!r} is no longer in the kernel source")
+        text = text.replace(old, new, 1)
+    return text
+
+
 def profile(k_format: str, v_format: str, kernel: str = "v3", q_heads: int = 32, kv_heads: int = 8,
-            head_dim: int = 128, context: int = 131072, arch: str = "sm_90a") -> dict:
+            head_dim: int = 128, context: int = 131072, arch: str = "sm_90a", common_path: bool = False) -> dict:
     from tqbridge import bridge
     from tqbridge.metal import attention_kernel as ak
     from tqbridge.metal.attention import check_problem
@@ -74,6 +89,8 @@ def profile(k_format: str, v_format: str, kernel: str = "v3", q_heads: int = 32,
     prob = dataclasses.replace(prob, l_max=context, lengths=(context,))
     plan = ak.make_plan(prob, "cuda", kernel=kernel)
     name, text = _source(prob, plan)
+    if common_path:
+        text = _common_path(text)
     with tempfile.TemporaryDirectory() as tmp:
         cu, cubin = Path(tmp) / "k.cu", Path(tmp) / "k.cubin"
         cu.write_text(text)
@@ -107,6 +124,7 @@ def profile(k_format: str, v_format: str, kernel: str = "v3", q_heads: int = 32,
             "shape": dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, context=context),
             "plan": dict(warps=plan.warps, splits=plan.splits, tile=plan.tile, q_regs=plan.q_regs),
             "registers": regs, "spill_store_bytes": spills[0], "spill_load_bytes": spills[1], "static_smem_bytes": smem,
+            "common_path": common_path,
             "loop_instructions": len(body), "per_key": round(len(body) / 16, 1), "by_class": dict(by.most_common()),
             "top_opcodes": dict(ops.most_common(12))}
 
@@ -118,6 +136,8 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--q-in-smem", action="store_true",
                     help="v3 with q read from threadgroup memory in the key loop (TQBRIDGE_V3_Q_IN_SMEM=1)")
+    ap.add_argument("--common-path", action="store_true",
+                    help="v3: count the loop's common path only (every key visible, no softcap, no rescale)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.q_in_smem:
@@ -131,7 +151,7 @@ def main(argv=None) -> int:
     rows = []
     for pair in a.pairs.split(","):
         k, v = pair.split("/")
-        row = profile(k, v, a.kernel, head_dim=a.head_dim)
+        row = profile(k, v, a.kernel, head_dim=a.head_dim, common_path=a.common_path)
         rows.append(row)
         print(json.dumps({x: row[x] for x in ("k_format", "v_format", "registers", "spill_store_bytes",
                                               "loop_instructions", "per_key", "by_class")}))

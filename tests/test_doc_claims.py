@@ -1128,3 +1128,18 @@ def test_v_decode_ablation_sentence_is_its_record():
             f"the index loads ~{at['none'] - at['v23noidx']:.0f}, the byte-permute decode and the products the "
             f"remaining ~{at['v23noidx'] - at['nov']:.0f}")
     assert said in doc, said
+
+
+def test_common_path_count_sentence_is_its_record():
+    doc = flat(text("BENCHMARKS.md"))
+    rec = record("benchmarks/nvcc-2026-12-02-kernel-sass-v3-common-path.json")
+    b, a = (next(r for r in rec[k]["rows"] if r["v_format"].startswith("turbo3")) for k in ("before", "after"))
+    assert a["common_path"] is True
+    said = (f"went from {b['loop_instructions']} to {a['loop_instructions']} instructions per 16 keys, "
+            f"{b['per_key']} → {a['per_key']} per key")
+    assert said in doc, said
+    cut = 1 - a["loop_instructions"] / b["loop_instructions"]
+    assert f"Predicted from the instruction count ~{100 * cut:.0f}% at 128K; measured 3%" in doc
+    rows = {r["warp_ring"]: r for r in record(SOFTMAX)["rows"] if r["context"] == 131072}
+    before = next(r for r in record(COLD)["runs"][1]["rows"] if r["context"] == 131072)   # sixth session, alternating
+    assert f"{100 * (1 - rows[False]['pass1_us'] / before['pass1_us']):.0f}%" == "3%"
