@@ -1,6 +1,7 @@
-"""benchmarks/ablate_pass1.py edits kernel v3's pass-1 source by text substitution; a kernel change
-that breaks a substitution must fail here (CI), not on the GPU machine. No GPU or CuPy needed:
-the ablated sources are only built as text, and each must differ from the plain one."""
+"""benchmarks/ablate_pass1.py (and kernel_sass.py --common-path) edit kernel v3's pass-1 source by
+text substitution; a kernel change that breaks a substitution must fail here (CI), not on the GPU
+machine. No GPU or CuPy needed: the edited sources are only built as text, and each must differ
+from the plain one."""
 
 from __future__ import annotations
 
@@ -55,3 +56,14 @@ def test_a_stale_substitution_stops_the_run(ablate, monkeypatch):
     monkeypatch.setitem(ablate.SUBS, "stale", [("this text is not in the kernel", "")])
     with pytest.raises(SystemExit, match="no longer matches"):
         ablate.ablated_source(["stale"])(k1, s1)
+
+
+def test_kernel_sass_common_path_still_matches_the_kernel(ablate):
+    import kernel_sass   # benchmarks/ is on the path while the fixture holds
+
+    (k1, s1), _ = _v3_defs("turbo3")
+    plain = ablate.PLAIN_SOURCE(k1, s1)
+    reduced = kernel_sass._common_path(plain)
+    assert reduced != plain and "if (true) {" in reduced and "if (false) {" in reduced
+    with pytest.raises(SystemExit, match="no longer in the kernel source"):
+        kernel_sass._common_path(reduced)   # applied twice: its anchors are gone
