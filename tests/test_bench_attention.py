@@ -82,3 +82,49 @@ def test_a_failing_baseline_costs_only_its_own_numbers(tmp_path, monkeypatch):
         assert "No implementation" in row[prefix + "mlx_lm_quantized_sdpa_error"]
         assert prefix + "speedup_vs_mlx_lm_quantized_sdpa" not in row
         assert row[prefix + "speedup_vs_sdpa_fp16"] > 0 and row[prefix + "dequant_sdpa_us"] > 0
+
+
+def test_variants_are_timed_in_interleaved_rounds(tmp_path, monkeypatch):
+    """--variants: each setting's cache path, then fp16 SDPA, in every round, within one process; the
+    launch caches cleared before each variant (so its plan is made under its settings) and the
+    settings restored after."""
+    import os
+
+    from tqbridge.metal import attention_kernel
+
+    cleared = []
+    real_clear = attention_kernel.clear_launch_caches
+    monkeypatch.setattr(attention_kernel, "clear_launch_caches", lambda: (cleared.append(1), real_clear()))
+    monkeypatch.delenv("TQBRIDGE_V3_DISPATCHES", raising=False)
+    out = tmp_path / "bench.json"
+    spec = "TQBRIDGE_Q_PRECISION=int8,TQBRIDGE_V3_DISPATCHES=1;TQBRIDGE_Q_PRECISION=int8"
+    assert main(SMALL + ["--kernel", "auto", "--regime", "growing", "--variants", spec, "--variant-rounds", "2",
+                         "--json", str(out)]) == 0
+    assert "TQBRIDGE_V3_DISPATCHES" not in os.environ and os.environ.get("TQBRIDGE_Q_PRECISION") is None
+    assert len(cleared) == 2 * 2 + 1
+    (row,) = json.loads(out.read_text())["contexts"]
+    order = [(r["variant"], r["round"]) for r in row["variants"]]
+    assert order == [(0, 0), (1, 0), ("sdpa_fp16", 0), (0, 1), (1, 1), ("sdpa_fp16", 1)]
+    for r in row["variants"]:
+        assert r["wall_us"] > 0 and 0 < r["build_us"] <= r["wall_us"]
+        if r["variant"] != "sdpa_fp16":
+            assert r["plan"]["kernel"] == "v3" and r["plan"]["dispatches"] == (1 if r["variant"] == 0 else 2)
+            assert r["wrong"] is False
+    sd = {r["round"]: r["wall_us"] for r in row["variants"] if r["variant"] == "sdpa_fp16"}
+    for s in row["variant_summary"]:
+        mine = [r for r in row["variants"] if r["variant"] == s["variant"]]
+        assert s["vs_sdpa_fp16_median"] == pytest.approx(sum(sd[r["round"]] / r["wall_us"] for r in mine) / 2)
+        assert s["env"] == mine[0]["env"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--variants", "FOO=1;"], "TQBRIDGE_NAME=value"),
+    (["--variants", "TQBRIDGE_V3_DISPATCHES"], "TQBRIDGE_NAME=value"),
+    (["--variants", "TQBRIDGE_V3_DISPATCHES=1"], "at least two variants"),
+    (["--variants", "TQBRIDGE_V3_DISPATCHES=1;", "--regime", "fixed"], "growing regime"),
+    (["--variants", "TQBRIDGE_V3_DISPATCHES=1;", "--variant-rounds", "0"], "--variant-rounds"),
+])
+def test_bad_variants_are_refused_in_one_line(argv, says, capsys):
+    assert main(SMALL + argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err

@@ -74,7 +74,56 @@ def add_arguments(p):
                         "test of the command, no timing worth reading)")
     p.add_argument("--no-device-time", action="store_true", help="attention: skip the device time per call (CUPTI "
                    "through PyTorch's profiler, summed over the kernels each evaluation ran)")
+    p.add_argument("--variants", default=None, help="attention: settings of the cache path to compare within this "
+                   "process, in interleaved rounds with fp16 SDPA timed in each round (ratios free of the run-to-run "
+                   "spread between processes): ';'-separated variants, each ','-separated TQBRIDGE_*=value settings, "
+                   "an empty one for the defaults; e.g. 'TQBRIDGE_V3_DISPATCHES=1;' (growing length)")
+    p.add_argument("--variant-rounds", type=int, default=2, help="attention: rounds of --variants (default 2)")
     p.add_argument("--json", default=None, help="write the results to this file")
+
+
+def parse_variants(spec: "str | None") -> list:
+    """``--variants``: a list of {TQBRIDGE_* name: value} settings (an empty dict: the defaults)."""
+    if spec is None:
+        return []
+    out = []
+    for part in spec.split(";"):
+        env = {}
+        for item in (x.strip() for x in part.split(",")):
+            if not item:
+                continue
+            name, eq, value = item.partition("=")
+            if not eq or not name.startswith("TQBRIDGE_") or not name[len("TQBRIDGE_"):].replace("_", "").isalnum():
+                raise CliError(f"--variants: {item!r} is not a TQBRIDGE_NAME=value setting")
+            env[name] = value
+        out.append(env)
+    if len(out) < 2:
+        raise CliError("--variants: at least two variants, ';'-separated (an empty one for the defaults)")
+    return out
+
+
+class _Env:
+    """Environment settings applied for a ``with`` block and restored after it."""
+
+    def __init__(self, env: dict):
+        self.env, self.saved = env, {}
+
+    def __enter__(self):
+        import os
+
+        for k, v in self.env.items():
+            self.saved[k] = os.environ.get(k)
+            os.environ[k] = v
+        return self
+
+    def __exit__(self, *exc):
+        import os
+
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _timed(mx, fn, repeats: int) -> float:
@@ -163,6 +212,9 @@ def _run_attention(args) -> int:
         raise CliError(f"--context: {args.context!r} is not a comma-separated list of integers") from None
     if args.repeats < 1 or args.layers < 1:
         raise CliError("--repeats and --layers: at least 1")
+    args.variant_list = parse_variants(args.variants)
+    if args.variant_list and (args.variant_rounds < 1 or "growing" not in regimes):
+        raise CliError("--variants: needs --variant-rounds >= 1 and the growing regime")
     if any(c <= args.repeats + 2 for c in contexts):
         raise CliError(f"--context: each context must exceed --repeats + 2 ({args.repeats + 2}): the growing "
                        "regime times a new length every evaluation below it")
@@ -325,6 +377,8 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
                                  if k in info}
         checked("cache_path", lambda: launch(q0[:, :, 0], kb[0], vb[0], ctx), info.get("q_precision"))
         timed("cache_path", cache_path, "growing")
+    if getattr(args, "variant_list", None):
+        _variant_rounds(mx, args, ctx, row, q0, kb, vb, kf, vf, backend, sdpa, checked, measure_device, profiling)
     for tag, make in (("sdpa_fp16", sdpa), ("dequant_sdpa", deq_sdpa), ("mlx_lm_quantized_sdpa", mlxlm)):
         for regime in regimes:
             try:
@@ -338,6 +392,56 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
     for prefix in ([""] if "fixed" in regimes else []) + (["growing_"] if "growing" in regimes else []):
         _speedups(row, prefix, copy, kernel_bytes)
     return row
+
+
+def _variant_rounds(mx, args, ctx, row, q0, kb, vb, kf, vf, backend, sdpa, checked, measure_device, profiling):
+    """``--variants``: the cache path under each setting, then fp16 SDPA, in each of the rounds, a new
+    length every evaluation; the launch caches are cleared between variants so that each plan and
+    launch is made under its own settings. ``row["variants"]``: every measurement;
+    ``row["variant_summary"]``: per variant the median wall time and the median of its same-round
+    ratio to fp16 SDPA."""
+    from ..metal import attention_kernel
+    from ..metal.attention_kernel import prepare_decode
+
+    nl = args.layers
+    lengths = list(range(ctx - args.repeats - 2, ctx - 1))
+    runs = row["variants"] = []
+    for rnd in range(args.variant_rounds):
+        for i, env in enumerate(args.variant_list):
+            with _Env(env):
+                attention_kernel.clear_launch_caches()
+                vl = prepare_decode(q0[:, :, 0], kb[0], vb[0], k_format=kf, v_format=vf, backend=backend)
+                mx.eval(vl(q0[:, :, 0], kb[0], vb[0], ctx))   # (the emulated launch says its plan after a call)
+                info = getattr(vl, "run_info", None) or {"backend": vl.backend}
+                tag = f"variant{i}_round{rnd}"
+                checked(tag, lambda: vl(q0[:, :, 0], kb[0], vb[0], ctx), info.get("q_precision"))
+
+                def chain(length, vl=vl):
+                    q = q0[:, :, 0]
+                    for j in range(nl):
+                        q = vl(q, kb[j], vb[j], length)
+                    return q
+                build, wall = profiling.build_and_wall(mx, chain, lengths, nl)
+                entry = {"variant": i, "env": env, "round": rnd, "wall_us": wall, "build_us": build,
+                         "plan": {k: info[k] for k in ("kernel", "splits", "dispatches", "q_precision", "v_decode",
+                                                       "compiled", "device_params") if k in info},
+                         "wrong": bool(row.get(tag + "_wrong"))}
+                if measure_device:
+                    entry["device_us"] = profiling.device_us_per_call(
+                        profiling.device_times(mx, lambda: chain(ctx - 1)), nl)
+            runs.append(entry)
+        build, wall = profiling.build_and_wall(mx, sdpa, lengths, nl)
+        runs.append({"variant": "sdpa_fp16", "round": rnd, "wall_us": wall, "build_us": build})
+    attention_kernel.clear_launch_caches()   # the settings are restored: later launches take the defaults
+    sd = {r["round"]: r["wall_us"] for r in runs if r["variant"] == "sdpa_fp16"}
+    row["variant_summary"] = []
+    for i, env in enumerate(args.variant_list):
+        mine = [r for r in runs if r["variant"] == i]
+        row["variant_summary"].append({
+            "variant": i, "env": env, "wall_us_median": statistics.median(r["wall_us"] for r in mine),
+            "vs_sdpa_fp16_median": statistics.median(sd[r["round"]] / r["wall_us"] for r in mine),
+            "plan": mine[-1]["plan"], "wrong": any(r["wrong"] for r in mine)})
+    print("variants at", ctx, json.dumps(row["variant_summary"]))
 
 
 def _speedups(row: dict, prefix: str, copy: dict, kernel_bytes: int) -> None:
