@@ -4,11 +4,14 @@
 ``device_times`` sums the device time of every kernel an evaluation ran, by kernel name, through
 CUPTI (PyTorch's profiler). CUPTI sees every kernel of the process, MLX's included; where PyTorch
 or its CUDA build is missing the answer is a sentence saying why, never a number.
-Used by ``tqbridge bench attention`` and the scripts under ``benchmarks/``.
+``parse_settings`` / ``settings`` apply TQBRIDGE_* environment switches for a block of one process
+(comparisons within a process, free of the spread between processes).
+Used by ``tqbridge bench attention`` / ``bench decode`` and the scripts under ``benchmarks/``.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections import defaultdict
@@ -98,3 +101,87 @@ def device_us_per_call(times: "dict | str", calls: int) -> "float | None":
     if isinstance(times, str):
         return None
     return sum(v["us"] for v in times.values()) / calls
+
+
+class SettingsError(ValueError):
+    """A settings string that is not ``TQBRIDGE_NAME=value[,...]``."""
+
+
+def parse_settings(text: str) -> dict:
+    """``"TQBRIDGE_A=1,TQBRIDGE_B=0"`` -> {name: value}; the empty string: no settings."""
+    env = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        name, eq, value = item.partition("=")
+        if not eq or not name.startswith("TQBRIDGE_") or not name[len("TQBRIDGE_"):].replace("_", "").isalnum():
+            raise SettingsError(f"{item!r} is not a TQBRIDGE_NAME=value setting")
+        env[name] = value
+    return env
+
+
+class settings:
+    """``with settings(env):`` the TQBRIDGE_* switches of ``env`` set for the block and restored after;
+    the attention and append launch caches are cleared on entry and exit when ``env`` sets anything
+    (plans and launches read the switches when they are made, so a cached one would ignore them)."""
+
+    def __init__(self, env: dict):
+        self.env, self.saved = dict(env), {}
+
+    @staticmethod
+    def _clear() -> None:
+        from . import attention_kernel, kv_append
+
+        attention_kernel.clear_launch_caches()
+        kv_append.prepared.cache_clear()
+
+    def __enter__(self):
+        for k, v in self.env.items():
+            self.saved[k] = os.environ.get(k)
+            os.environ[k] = v
+        if self.env:
+            self._clear()
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if self.env:
+            self._clear()
+        return False
+
+
+def split_top(text: str, sep: str = ",") -> "list[str]":
+    """``text`` split at ``sep`` outside braces: ``"a,b{X=1,Y=2}"`` -> ``["a", "b{X=1,Y=2}"]``."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth < 0:
+                raise SettingsError(f"{text!r}: '}}' without its '{{'")
+        if ch == sep and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if depth:
+        raise SettingsError(f"{text!r}: '{{' without its '}}'")
+    parts.append("".join(cur))
+    return [p for p in (x.strip() for x in parts) if p]
+
+
+def split_settings(label: str) -> "tuple[str, dict]":
+    """``"q8_0/turbo3{TQBRIDGE_DEVICE_PARAMS=0}"`` -> ``("q8_0/turbo3", {"TQBRIDGE_DEVICE_PARAMS": "0"})``;
+    a label without braces -> ``(label, {})``."""
+    if "{" not in label and "}" not in label:
+        return label, {}
+    base, brace, rest = label.partition("{")
+    if not brace or not rest.endswith("}") or "{" in rest or not base:
+        raise SettingsError(f"{label!r}: settings go in one pair of braces after the name, e.g. "
+                            "q8_0/turbo3{TQBRIDGE_DEVICE_PARAMS=0}")
+    return base, parse_settings(rest[:-1])

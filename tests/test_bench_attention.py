@@ -101,7 +101,7 @@ def test_variants_are_timed_in_interleaved_rounds(tmp_path, monkeypatch):
     assert main(SMALL + ["--kernel", "auto", "--regime", "growing", "--variants", spec, "--variant-rounds", "2",
                          "--json", str(out)]) == 0
     assert "TQBRIDGE_V3_DISPATCHES" not in os.environ and os.environ.get("TQBRIDGE_Q_PRECISION") is None
-    assert len(cleared) == 2 * 2 + 1
+    assert len(cleared) == 2 * 2 * 2   # both variants set something: cleared on entry and exit, each round
     (row,) = json.loads(out.read_text())["contexts"]
     order = [(r["variant"], r["round"]) for r in row["variants"]]
     assert order == [(0, 0), (1, 0), ("sdpa_fp16", 0), (0, 1), (1, 1), ("sdpa_fp16", 1)]
@@ -128,3 +128,28 @@ def test_bad_variants_are_refused_in_one_line(argv, says, capsys):
     assert main(SMALL + argv) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
+
+
+def test_settings_apply_restore_and_clear(monkeypatch):
+    import os
+
+    from tqbridge.metal import attention_kernel, kv_append, profiling
+
+    cleared = []
+    monkeypatch.setattr(attention_kernel, "clear_launch_caches", lambda: cleared.append("attention"))
+    monkeypatch.setattr(kv_append.prepared, "cache_clear", lambda: cleared.append("append"))
+    monkeypatch.setenv("TQBRIDGE_COMPILE", "1")
+    monkeypatch.delenv("TQBRIDGE_V3_DISPATCHES", raising=False)
+    with profiling.settings({"TQBRIDGE_COMPILE": "0", "TQBRIDGE_V3_DISPATCHES": "1"}):
+        assert os.environ["TQBRIDGE_COMPILE"] == "0" and os.environ["TQBRIDGE_V3_DISPATCHES"] == "1"
+        assert cleared == ["attention", "append"]
+    assert os.environ["TQBRIDGE_COMPILE"] == "1" and "TQBRIDGE_V3_DISPATCHES" not in os.environ
+    assert cleared == ["attention", "append"] * 2
+    with profiling.settings({}):   # nothing set: nothing cleared
+        pass
+    assert len(cleared) == 4
+    assert profiling.parse_settings(" TQBRIDGE_A=1 , TQBRIDGE_B_C=x") == {"TQBRIDGE_A": "1", "TQBRIDGE_B_C": "x"}
+    assert profiling.parse_settings("") == {}
+    for bad in ("A=1", "TQBRIDGE_A", "TQBRIDGE_=1", "TQBRIDGE_A-B=1"):
+        with pytest.raises(profiling.SettingsError):
+            profiling.parse_settings(bad)

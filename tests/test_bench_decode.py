@@ -42,3 +42,40 @@ def test_q_precision_suffix_reaches_the_caches(capsys):
     assert all(c.q_precision is None for c in decode_bench.make_caches(model, "q8_0/turbo3"))
     assert main(["bench", "decode", "--models", "tiny", "--caches", "q8_0/turbo3@fp8"]) == 2
     assert "q precision" in capsys.readouterr().err
+
+
+def test_a_cache_under_switches_is_its_own_row(tmp_path, monkeypatch):
+    """'q8_0/turbo3{TQBRIDGE_...}' decodes that cache under those switches, in the same interleaved
+    rounds as the others: its own row (named as given, the settings recorded), the environment set
+    only while it runs."""
+    import os
+
+    from tqbridge.metal.lm import decode_bench
+
+    seen = []
+    real = decode_bench._decode_tokens
+
+    def spy(model, cache, tokens):
+        seen.append(os.environ.get("TQBRIDGE_V3_DISPATCHES"))
+        return real(model, cache, tokens)
+
+    monkeypatch.setattr(decode_bench, "_decode_tokens", spy)
+    monkeypatch.delenv("TQBRIDGE_V3_DISPATCHES", raising=False)
+    out = tmp_path / "decode.json"
+    kinds = "fp16,q8_0/turbo3,q8_0/turbo3{TQBRIDGE_V3_DISPATCHES=1,TQBRIDGE_COMPILE=0}"
+    assert main(["bench", "decode", "--models", "tiny", "--context", "80", "--caches", kinds, "--tokens", "4",
+                 "--rounds", "2", "--json", str(out)]) == 0
+    runs = {r["cache"]: r for r in json.loads(out.read_text())["runs"]}
+    switched = "q8_0/turbo3{TQBRIDGE_V3_DISPATCHES=1,TQBRIDGE_COMPILE=0}"
+    assert set(runs) == {"fp16", "q8_0/turbo3", switched}
+    assert runs[switched]["settings"] == {"TQBRIDGE_V3_DISPATCHES": "1", "TQBRIDGE_COMPILE": "0"}
+    assert "settings" not in runs["q8_0/turbo3"] and runs[switched]["ms_per_token"] > 0
+    assert seen == [None, None, "1"] * 2   # interleaved rounds; the switch only around its own cache
+    assert "TQBRIDGE_V3_DISPATCHES" not in os.environ
+
+
+def test_bad_switches_are_refused(capsys):
+    for caches in ("fp16,q8_0/turbo3{X=1}", "fp16,q8_0/turbo3{TQBRIDGE_A=1", "fp16,{TQBRIDGE_A=1}"):
+        assert main(["bench", "decode", "--models", "tiny", "--caches", caches]) == 2
+        err = capsys.readouterr().err
+        assert "--caches" in err and "Traceback" not in err

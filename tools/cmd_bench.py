@@ -47,7 +47,9 @@ def add_arguments(p):
                         "llama-3.2-1b, tiny) or real models (smollm2, gemma3, a GGUF path)")
     p.add_argument("--caches", default="fp16,q8_0/turbo3,q8_0/q4_0,mlx-q8",
                    help="decode: comma-separated caches: fp16 (mlx-lm KVCache), mlx-q8 / mlx-q4 (mlx-lm "
-                        "QuantizedKVCache), or TQCache K/V spellings; fp16 first (speed-ups are against it)")
+                        "QuantizedKVCache), or TQCache K/V spellings; fp16 first (speed-ups are against it); a "
+                        "cache may carry TQBRIDGE_* switches in braces, e.g. 'q8_0/turbo3{TQBRIDGE_COMPILE=0}', to "
+                        "compare settings in one process")
     p.add_argument("--tokens", type=int, default=32, help="decode: tokens generated per cache and round")
     p.add_argument("--rounds", type=int, default=3, help="decode: interleaved rounds (every cache decodes in each)")
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
@@ -86,44 +88,15 @@ def parse_variants(spec: "str | None") -> list:
     """``--variants``: a list of {TQBRIDGE_* name: value} settings (an empty dict: the defaults)."""
     if spec is None:
         return []
-    out = []
-    for part in spec.split(";"):
-        env = {}
-        for item in (x.strip() for x in part.split(",")):
-            if not item:
-                continue
-            name, eq, value = item.partition("=")
-            if not eq or not name.startswith("TQBRIDGE_") or not name[len("TQBRIDGE_"):].replace("_", "").isalnum():
-                raise CliError(f"--variants: {item!r} is not a TQBRIDGE_NAME=value setting")
-            env[name] = value
-        out.append(env)
+    from ..metal.profiling import SettingsError, parse_settings
+
+    try:
+        out = [parse_settings(part) for part in spec.split(";")]
+    except SettingsError as e:
+        raise CliError(f"--variants: {e}") from None
     if len(out) < 2:
         raise CliError("--variants: at least two variants, ';'-separated (an empty one for the defaults)")
     return out
-
-
-class _Env:
-    """Environment settings applied for a ``with`` block and restored after it."""
-
-    def __init__(self, env: dict):
-        self.env, self.saved = env, {}
-
-    def __enter__(self):
-        import os
-
-        for k, v in self.env.items():
-            self.saved[k] = os.environ.get(k)
-            os.environ[k] = v
-        return self
-
-    def __exit__(self, *exc):
-        import os
-
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _timed(mx, fn, repeats: int) -> float:
@@ -396,20 +369,19 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
 
 def _variant_rounds(mx, args, ctx, row, q0, kb, vb, kf, vf, backend, sdpa, checked, measure_device, profiling):
     """``--variants``: the cache path under each setting, then fp16 SDPA, in each of the rounds, a new
-    length every evaluation; the launch caches are cleared between variants so that each plan and
-    launch is made under its own settings. ``row["variants"]``: every measurement;
+    length every evaluation; each variant's plan and launch are made under its settings
+    (:class:`tqbridge.metal.profiling.settings` clears the launch caches around it). ``row["variants"]``: every measurement;
     ``row["variant_summary"]``: per variant the median wall time and the median of its same-round
     ratio to fp16 SDPA."""
-    from ..metal import attention_kernel
     from ..metal.attention_kernel import prepare_decode
+    from ..metal.profiling import settings
 
     nl = args.layers
     lengths = list(range(ctx - args.repeats - 2, ctx - 1))
     runs = row["variants"] = []
     for rnd in range(args.variant_rounds):
         for i, env in enumerate(args.variant_list):
-            with _Env(env):
-                attention_kernel.clear_launch_caches()
+            with settings(env):   # the launch caches cleared on entry and exit: plans made under env
                 vl = prepare_decode(q0[:, :, 0], kb[0], vb[0], k_format=kf, v_format=vf, backend=backend)
                 mx.eval(vl(q0[:, :, 0], kb[0], vb[0], ctx))   # (the emulated launch says its plan after a call)
                 info = getattr(vl, "run_info", None) or {"backend": vl.backend}
@@ -432,7 +404,6 @@ def _variant_rounds(mx, args, ctx, row, q0, kb, vb, kf, vf, backend, sdpa, check
             runs.append(entry)
         build, wall = profiling.build_and_wall(mx, sdpa, lengths, nl)
         runs.append({"variant": "sdpa_fp16", "round": rnd, "wall_us": wall, "build_us": build})
-    attention_kernel.clear_launch_caches()   # the settings are restored: later launches take the defaults
     sd = {r["round"]: r["wall_us"] for r in runs if r["variant"] == "sdpa_fp16"}
     row["variant_summary"] = []
     for i, env in enumerate(args.variant_list):
@@ -485,9 +456,15 @@ def _run_decode(args) -> int:
     from ..metal.lm import decode_bench
     from ..metal.lm.cache import parse_kv_spec
 
+    from ..metal.profiling import SettingsError, split_settings, split_top
+
     models = [m for m in args.models.split(",") if m]
-    caches = [c for c in args.caches.split(",") if c]
-    for c in caches:
+    try:
+        caches = split_top(args.caches)
+        bases = [split_settings(c)[0] for c in caches]
+    except SettingsError as e:
+        raise CliError(f"--caches: {e}") from None
+    for c in bases:
         if c not in ("fp16", "mlx-q8", "mlx-q4"):
             spec, qp = split_q_precision(c)
             if qp and qp not in ("exact", "int8"):

@@ -241,21 +241,31 @@ def _decode_tokens(model, cache: list, tokens: int) -> tuple[list[float], float]
 def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int, *, dtype=mx.float16) -> list[dict]:
     """Every cache of ``kinds`` pre-filled to ``context`` rows, then ``rounds`` rounds in which each
     cache decodes ``tokens`` tokens in turn (interleaved, so a slow spell of the machine hits every
-    cache alike). Per cache: median over rounds of each round's median ms/token; speed-up against
+    cache alike). A kind may carry TQBRIDGE_* switches in braces (``q8_0/turbo3{TQBRIDGE_COMPILE=0}``):
+    its prefill, decoding and profile run under them (:class:`tqbridge.metal.profiling.settings`). Per cache: median over rounds of each round's median ms/token; speed-up against
     the first cache: median over rounds of the per-round ratios."""
-    rows, caches = [], []
+    from ..profiling import settings, split_settings
+
+    rows, caches, envs = [], [], []
     for kind in kinds:
-        row, cache = _prepare(model, kind, context, dtype)
+        base, env = split_settings(kind)   # "q8_0/turbo3{TQBRIDGE_X=0}": that cache under those switches
+        with settings(env):
+            row, cache = _prepare(model, base, context, dtype)
+        row["cache"] = kind
+        if env:
+            row["settings"] = env
         row["tokens"], row["rounds"] = tokens, rounds
         rows.append(row)
         caches.append(cache)
+        envs.append(env)
     per_round: list[list] = [[] for _ in kinds]
     for _ in range(rounds):
         for i, cache in enumerate(caches):
             if cache is None:
                 continue
             try:
-                deltas, syncs = _decode_tokens(model, cache, tokens)
+                with settings(envs[i]):
+                    deltas, syncs = _decode_tokens(model, cache, tokens)
             except Exception as e:
                 rows[i]["error"] = f"{type(e).__name__}: {e}"[:300]
                 caches[i] = None
@@ -270,7 +280,8 @@ def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int
         row["tokens_per_s"] = 1e3 / row["ms_per_token"]
         if per_round[0] and len(per_round[0]) == len(per_round[i]):
             row["speedup_vs_" + kinds[0]] = statistics.median(a / b for a, b in zip(per_round[0], per_round[i]))
-        row.update(layer_step_profile(cache, model, dtype=dtype))
+        with settings(envs[i]):
+            row.update(layer_step_profile(cache, model, dtype=dtype))
         if hasattr(cache[-1], "codec_paths"):
             from .cache import cache_report
 
