@@ -10,6 +10,8 @@ what ``tqbridge bench attention`` / ``bench decode`` measure.
 
     python benchmarks/kernel_device_time.py --context 4096,32768,131072 --kernels v2,v3 --json out.json
 
+``--managed`` puts every array in managed memory, as MLX's CUDA allocator does (the same kernel's
+device time inside MLX's chain exceeds CuPy's by 12-16 us per call: BENCHMARKS.md, seventh session).
 Needs CuPy and a CUDA GPU (H200 here). Not part of the test suite.
 """
 
@@ -58,15 +60,21 @@ def main(argv=None) -> int:
     p.add_argument("--cold", action="store_true",
                    help="launch over enough copies of the cache (>= COLD_BYTES in all) that no launch finds its "
                         "K/V in the L2 cache, as in a chain of layers (default: one copy, L2-resident up to ~32K)")
+    p.add_argument("--managed", action="store_true",
+                   help="every CuPy array in managed (unified) memory, cudaMallocManaged, as MLX's CUDA allocator "
+                        "makes every buffer (default: device memory)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    if a.managed:
+        cp.cuda.set_allocator(cp.cuda.MemoryPool(cp.cuda.malloc_managed).malloc)
     kf, vf = bridge.get_format(a.k_format), bridge.get_format(a.v_format)
     hq, hkv, d = a.q_heads, a.kv_heads, a.head_dim
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
     sms = props["multiProcessorCount"]
     out = {"hardware": platform.node(), "gpu": props["name"].decode(), "sms": sms, "formats": [kf.key, vf.key],
-           "shape": dict(q_heads=hq, kv_heads=hkv, head_dim=d), "rows": []}
+           "shape": dict(q_heads=hq, kv_heads=hkv, head_dim=d), "memory": "managed" if a.managed else "device",
+           "rows": []}
     rng = np.random.default_rng(0)
     for ctx in [int(x) for x in a.context.split(",")]:
         q = rng.standard_normal((1, hq, d)).astype(np.float32)

@@ -1143,3 +1143,21 @@ def test_common_path_count_sentence_is_its_record():
     rows = {r["warp_ring"]: r for r in record(SOFTMAX)["rows"] if r["context"] == 131072}
     before = next(r for r in record(COLD)["runs"][1]["rows"] if r["context"] == 131072)   # sixth session, alternating
     assert f"{100 * (1 - rows[False]['pass1_us'] / before['pass1_us']):.0f}%" == "3%"
+
+
+def test_in_chain_pass1_sentence_is_its_records():
+    doc = flat(text("BENCHMARKS.md"))
+    ctx = sorted(record(DP_WALL)["runs"][0]["contexts"], key=lambda x: x["context"])
+
+    def per_layer(row, part):
+        ks = row["growing_cache_path_kernels"]
+        (name,) = [k for k in ks if part in k]
+        return ks[name]["us"] / ks[name]["count"]
+    p1 = [per_layer(r, "split_v3") for r in ctx]
+    comb = [per_layer(r, "combine") for r in ctx]
+    alone = [r["pass1_us"] for r in sorted(record(ABLATION)["rows"], key=lambda r: r["context"]) if r["ablation"] == "none"]
+    said = (f"pass 1 {_three(p1)} µs, combine {_three(comb)} at 4K / 32K / 128K, against {_three(alone)} µs for pass 1 "
+            f"in CuPy")
+    assert said in doc, said
+    gaps = [a - b for a, b in zip(p1, alone)]
+    assert all(11.5 <= g <= 16.5 for g in gaps), gaps   # "12–16 µs more per call"
