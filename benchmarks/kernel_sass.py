@@ -10,6 +10,7 @@ are included, so the common path issues fewer. An issue-bound kernel's time foll
 instructions per key; this is the profile to read before and after a change to the inner loop.
 
     python benchmarks/kernel_sass.py --pairs q8_0/turbo3,q8_0/q4_0 [--kernel v3] [--common-path] [--json out.json]
+    python benchmarks/kernel_sass.py --cubin MODULE.ptx    (a cubin built elsewhere, e.g. MLX's cached one)
 """
 
 from __future__ import annotations
@@ -74,6 +75,46 @@ def _common_path(text: str) -> str:
     return text
 
 
+def loop_profile(sass: str) -> dict:
+    """The key loop of ``cuobjdump -sass`` text (the innermost loop holding every tensor-core product),
+    counted by instruction class; ``per_key``: the body serves 16 keys per SIMD group."""
+    ins = []   # (address, opcode, full text)
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*?);", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(3), m.group(3) + m.group(4)))
+    mma = [a for a, op, _ in ins if op.startswith(("HMMA", "IMMA"))]
+    loops = []
+    for a, op, t in ins:
+        if op.startswith("BRA"):
+            tgt = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", t)
+            if tgt and int(tgt.group(1), 16) < a and mma and int(tgt.group(1), 16) <= min(mma) and a >= max(mma):
+                loops.append((int(tgt.group(1), 16), a))
+    if not loops:
+        raise RuntimeError("no loop encloses the tensor-core products")
+    lo, hi = max(loops)   # the innermost: the latest start among the enclosing back-edges
+    body = [op for a, op, _ in ins if lo <= a <= hi]
+    by = Counter(_class(op.split(".")[0]) for op in body)
+    ops = Counter(op.split(".")[0] for op in body)
+    return {"loop_instructions": len(body), "per_key": round(len(body) / 16, 1), "by_class": dict(by.most_common()),
+            "top_opcodes": dict(ops.most_common(12))}
+
+
+def cubin_profile(path: str) -> dict:
+    """Registers, shared memory and the key loop of a kernel built elsewhere: e.g. the cubin MLX caches
+    for a custom kernel (``$MLX_PTX_CACHE_DIR``, default ``<tmp>/mlx/<version>/ptx``, one module per
+    kernel; its ``.ptx`` holds a cubin when NVRTC compiles to machine code), to compare with this
+    script's own build of the same source."""
+    res = subprocess.run(["cuobjdump", "-res-usage", path], capture_output=True, text=True, check=True).stdout
+    sass = subprocess.run(["cuobjdump", "-sass", path], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)", res)
+    if not m:
+        raise RuntimeError(f"cuobjdump -res-usage {path}: no resource line")
+    regs, stack, smem, local = (int(x) for x in m.groups())
+    return {"cubin": Path(path).name, "registers": regs, "stack_bytes": stack, "static_smem_bytes": smem,
+            "local_bytes": local, **loop_profile(sass)}
+
+
 def profile(k_format: str, v_format: str, kernel: str = "v3", q_heads: int = 32, kv_heads: int = 8,
             head_dim: int = 128, context: int = 131072, arch: str = "sm_90a", common_path: bool = False) -> dict:
     from tqbridge import bridge
@@ -102,31 +143,12 @@ def profile(k_format: str, v_format: str, kernel: str = "v3", q_heads: int = 32,
     spills = [int(x) for x in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", usage).groups()]
     smem_m = re.search(r"(\d+) bytes smem", usage)
     smem = int(smem_m.group(1)) if smem_m else 0
-    ins = []   # (address, opcode, full text)
-    for line in sass.splitlines():
-        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*?);", line)
-        if m:
-            ins.append((int(m.group(1), 16), m.group(3), m.group(3) + m.group(4)))
-    mma = [a for a, op, _ in ins if op.startswith(("HMMA", "IMMA"))]
-    loops = []
-    for a, op, t in ins:
-        if op.startswith("BRA"):
-            tgt = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", t)
-            if tgt and int(tgt.group(1), 16) < a and mma and int(tgt.group(1), 16) <= min(mma) and a >= max(mma):
-                loops.append((int(tgt.group(1), 16), a))
-    if not loops:
-        raise RuntimeError("no loop encloses the tensor-core products")
-    lo, hi = max(loops)   # the innermost: the latest start among the enclosing back-edges
-    body = [op for a, op, _ in ins if lo <= a <= hi]
-    by = Counter(_class(op.split(".")[0]) for op in body)
-    ops = Counter(op.split(".")[0] for op in body)
+    loop = loop_profile(sass)
     return {"k_format": kf.key, "v_format": vf.key, "kernel": plan.kernel, "arch": arch,
             "shape": dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, context=context),
             "plan": dict(warps=plan.warps, splits=plan.splits, tile=plan.tile, q_regs=plan.q_regs),
             "registers": regs, "spill_store_bytes": spills[0], "spill_load_bytes": spills[1], "static_smem_bytes": smem,
-            "common_path": common_path,
-            "loop_instructions": len(body), "per_key": round(len(body) / 16, 1), "by_class": dict(by.most_common()),
-            "top_opcodes": dict(ops.most_common(12))}
+            "common_path": common_path, **loop}
 
 
 def main(argv=None) -> int:
@@ -138,6 +160,8 @@ def main(argv=None) -> int:
                     help="v3 with q read from threadgroup memory in the key loop (TQBRIDGE_V3_Q_IN_SMEM=1)")
     ap.add_argument("--common-path", action="store_true",
                     help="v3: count the loop's common path only (every key visible, no softcap, no rescale)")
+    ap.add_argument("--cubin", default=None, help="profile this prebuilt cubin (e.g. MLX's cached build of the "
+                    "kernel) instead of building --pairs")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.q_in_smem:
@@ -148,6 +172,14 @@ def main(argv=None) -> int:
         if shutil.which(tool) is None:
             print(f"kernel_sass: {tool} not found on PATH (CUDA toolkit; cuobjdump needs nvdisasm)", file=sys.stderr)
             return 2
+    if a.cubin:
+        row = cubin_profile(a.cubin)
+        print(json.dumps({x: row[x] for x in ("cubin", "registers", "static_smem_bytes", "local_bytes",
+                                              "loop_instructions", "per_key", "by_class")}))
+        if a.json:
+            Path(a.json).write_text(json.dumps({"what": "static profile of a prebuilt cubin", "rows": [row]},
+                                               indent=1) + "\n")
+        return 0
     rows = []
     for pair in a.pairs.split(","):
         k, v = pair.split("/")
