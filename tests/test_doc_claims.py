@@ -1161,3 +1161,11 @@ def test_in_chain_pass1_sentence_is_its_records():
     assert said in doc, said
     gaps = [a - b for a, b in zip(p1, alone)]
     assert all(11.5 <= g <= 16.5 for g in gaps), gaps   # "12–16 µs more per call"
+
+
+def test_softmax_fuzz_sentence_is_its_record():
+    rec = record("benchmarks/cpu-2026-12-02-fuzz-v3-emulator-softmax.json")
+    assert rec["ok"] is True and rec["failure"] is None and rec["q_precision"] == "int8"
+    said = (f"(int8 q, {rec['seconds'] / 60:.0f} minutes, {rec['examples']} examples, windows / softcaps / sinks): no "
+            f"counterexample, worst error {rec['worst_error_over_allowed']:.3f} of the")
+    assert flat(said) in flat(text("BENCHMARKS.md")), said
