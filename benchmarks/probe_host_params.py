@@ -17,7 +17,6 @@ whether avoiding host-made arrays wins it back.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
@@ -44,6 +43,7 @@ def main() -> None:
 
     from tqbridge.bridge import get_format, mlx_quantize
     from tqbridge.metal import attention_kernel as ak
+    from tqbridge.metal.profiling import settings
 
     src = "if (threadIdx.x == 0 && blockIdx.x == 0) { y[0] = x[0] + (float)p[0]; }"
     triv = mx.fast.cuda_kernel(name="trivp", input_names=["x", "p"], output_names=["y"], source=src)
@@ -74,9 +74,8 @@ def main() -> None:
         q0 = mx.random.normal((1, 32, 128)).astype(mx.float16)
         mx.eval(kb, vb, q0)
         for flag in ("0", "1", "0", "1"):   # lengths from host data / as views of a device table, twice
-            os.environ["TQBRIDGE_DEVICE_PARAMS"] = flag
-            ak.clear_launch_caches()
-            dl = ak.prepare_decode(q0, kb0, vb0, k_format=kf, v_format=vf, q_precision="int8")
+            with settings({"TQBRIDGE_DEVICE_PARAMS": flag}):   # read when the launch is made
+                dl = ak.prepare_decode(q0, kb0, vb0, k_format=kf, v_format=vf, q_precision="int8")
             lens = list(range(ctx - REPS - 2, ctx - 1))
 
             def chain(i, dl=dl, kb=kb, vb=vb, q0=q0, lens=lens):

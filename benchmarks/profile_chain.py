@@ -32,7 +32,7 @@ def main(argv=None) -> int:
 
     from tqbridge.bridge import get_format
     from tqbridge.metal import attention_kernel as ak
-    from tqbridge.metal.profiling import build_and_wall, device_times, layer_buffers
+    from tqbridge.metal.profiling import build_and_wall, device_times, layer_buffers, settings
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", default="4096,131072")
@@ -91,9 +91,8 @@ def main(argv=None) -> int:
             tag = "v3" if disp == "2" else "v3f"
             if not want(tag):
                 continue
-            os.environ["TQBRIDGE_V3_DISPATCHES"] = disp
-            ak.clear_launch_caches()
-            dl = ak.prepare_decode(q0, kb0, vb0, k_format=kf, v_format=vf, q_precision="int8")
+            with settings({"TQBRIDGE_V3_DISPATCHES": disp}):   # read when the launch is made
+                dl = ak.prepare_decode(q0, kb0, vb0, k_format=kf, v_format=vf, q_precision="int8")
             run = dl._run
             ref = dl(q0, kb0, vb0, ctx - 1)
 
@@ -115,7 +114,6 @@ def main(argv=None) -> int:
                         q = fn(q, kb[j], vb[j], ip1, run.no_dep)
                     return q
                 measure(tag + suffix, chain, lambda n, chain=chain: chain(n, hot=True))
-        os.environ["TQBRIDGE_V3_DISPATCHES"] = "2"
         report["rows"].append(row)
         del kb, vb, kh, vh
     if a.json:

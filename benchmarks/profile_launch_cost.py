@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
-from tqbridge.metal.profiling import build_and_wall, layer_buffers
+from tqbridge.metal.profiling import build_and_wall, layer_buffers, settings
 
 
 def main() -> None:
@@ -50,9 +49,8 @@ def main() -> None:
         q0 = mx.random.normal((b, hq, d)).astype(mx.float16)
         res: dict = {"context": ctx}
         for disp in ("2", "1"):
-            os.environ["TQBRIDGE_V3_DISPATCHES"] = disp
-            ak.clear_launch_caches()
-            dl = ak.prepare_decode(q0, kb0, vb0, k_format=kf, v_format=vf, q_precision="int8")
+            with settings({"TQBRIDGE_V3_DISPATCHES": disp}):   # read when the launch is made
+                dl = ak.prepare_decode(q0, kb0, vb0, k_format=kf, v_format=vf, q_precision="int8")
             for lab, ln in (("len", ctx), ("len0", 0), ("len1k", 1024)):
                 step = [ln - 30 if ln > 30 else ln]
 
@@ -63,7 +61,6 @@ def main() -> None:
                         q = dl(q, kb[i], vb[i], step[0])
                     return q
                 res[f"v3_{disp}disp_{lab}"] = timeit(fused)
-        os.environ["TQBRIDGE_V3_DISPATCHES"] = "2"
 
         def sdpa():
             q = q0[:, :, None]

@@ -83,16 +83,22 @@ COMPILE_BACKENDS = ("cuda",)
 DEVICE_PARAMS_BACKENDS = ("cuda",)
 
 
+def _backend_switch(name: str, backend: str, backends: tuple) -> bool:
+    """An on/off switch of prepared launches: environment variable ``name`` (0 / 1) if set, else
+    whether ``backend`` is one of ``backends``."""
+    env = os.environ.get(name)
+    if env in ("0", "1"):
+        return env == "1"
+    if env:
+        raise AttentionError(f"{name}={env!r}: 0 or 1")
+    return backend in backends
+
+
 def device_params(backend: str) -> bool:
     """Whether prepared launches on ``backend`` take their per-step integers as views of a device
     table (:data:`DEVICE_PARAMS_BACKENDS`; ``TQBRIDGE_DEVICE_PARAMS`` overrides): a view of a device
     array is neither a host allocation nor a kernel."""
-    env = os.environ.get("TQBRIDGE_DEVICE_PARAMS")
-    if env in ("0", "1"):
-        return env == "1"
-    if env:
-        raise AttentionError(f"TQBRIDGE_DEVICE_PARAMS={env!r}: 0 or 1")
-    return backend in DEVICE_PARAMS_BACKENDS
+    return _backend_switch("TQBRIDGE_DEVICE_PARAMS", backend, DEVICE_PARAMS_BACKENDS)
 
 
 def param_table(head: "list[int]", n: int, tail: int, np_dtype, after: "list[int]" = ()) -> Any:
@@ -117,12 +123,7 @@ def table_row(table, i: int):
 
 def compile_launches(backend: str) -> bool:
     """Whether prepared decode launches on ``backend`` run under ``mx.compile``."""
-    env = os.environ.get("TQBRIDGE_COMPILE")
-    if env in ("0", "1"):
-        return env == "1"
-    if env:
-        raise AttentionError(f"TQBRIDGE_COMPILE={env!r}: 0 or 1")
-    return backend in COMPILE_BACKENDS
+    return _backend_switch("TQBRIDGE_COMPILE", backend, COMPILE_BACKENDS)
 
 # format name -> kernel format id (attention_kernel.h, TQA_*): the format registry's Format.kernel_id
 from ..bridge.registry import kernel_ids  # noqa: E402

@@ -266,12 +266,7 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
         return q
 
     launch = prepare_decode(q0[:, :, 0], kb[0], vb[0], k_format=kf, v_format=vf, backend=backend)
-
-    def cache_path(length):   # what TQCache runs each decode step: one prepared launch, the length a parameter
-        q = q0[:, :, 0]
-        for i in range(nl):
-            q = launch(q, kb[i], vb[i], length)
-        return q
+    cache_path = _chained(launch, q0, kb, vb, nl)
 
     def cut(a, length):
         return a if length == a.shape[2] else a[:, :, :length]
@@ -350,7 +345,7 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
                                  if k in info}
         checked("cache_path", lambda: launch(q0[:, :, 0], kb[0], vb[0], ctx), info.get("q_precision"))
         timed("cache_path", cache_path, "growing")
-    if getattr(args, "variant_list", None):
+    if args.variant_list:
         _variant_rounds(mx, args, ctx, row, q0, kb, vb, kf, vf, backend, sdpa, checked, measure_device, profiling)
     for tag, make in (("sdpa_fp16", sdpa), ("dequant_sdpa", deq_sdpa), ("mlx_lm_quantized_sdpa", mlxlm)):
         for regime in regimes:
@@ -365,6 +360,17 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
     for prefix in ([""] if "fixed" in regimes else []) + (["growing_"] if "growing" in regimes else []):
         _speedups(row, prefix, copy, kernel_bytes)
     return row
+
+
+def _chained(launch, q0, kb, vb, layers: int):
+    """``f(length)``: what TQCache runs each decode step over ``layers`` layers — one prepared launch
+    per layer, the length a parameter, each layer's output the next one's q."""
+    def run(length):
+        q = q0[:, :, 0]
+        for i in range(layers):
+            q = launch(q, kb[i], vb[i], length)
+        return q
+    return run
 
 
 def _variant_rounds(mx, args, ctx, row, q0, kb, vb, kf, vf, backend, sdpa, checked, measure_device, profiling):
@@ -388,11 +394,7 @@ def _variant_rounds(mx, args, ctx, row, q0, kb, vb, kf, vf, backend, sdpa, check
                 tag = f"variant{i}_round{rnd}"
                 checked(tag, lambda: vl(q0[:, :, 0], kb[0], vb[0], ctx), info.get("q_precision"))
 
-                def chain(length, vl=vl):
-                    q = q0[:, :, 0]
-                    for j in range(nl):
-                        q = vl(q, kb[j], vb[j], length)
-                    return q
+                chain = _chained(vl, q0, kb, vb, nl)
                 build, wall = profiling.build_and_wall(mx, chain, lengths, nl)
                 entry = {"variant": i, "env": env, "round": rnd, "wall_us": wall, "build_us": build,
                          "plan": {k: info[k] for k in ("kernel", "splits", "dispatches", "q_precision", "v_decode",
