@@ -376,9 +376,9 @@ def _chained(launch, q0, kb, vb, layers: int):
 def _variant_rounds(mx, args, ctx, row, q0, kb, vb, kf, vf, backend, sdpa, checked, measure_device, profiling):
     """``--variants``: the cache path under each setting, then fp16 SDPA, in each of the rounds, a new
     length every evaluation; each variant's plan and launch are made under its settings
-    (:class:`tqbridge.metal.profiling.settings` clears the launch caches around it). ``row["variants"]``: every measurement;
-    ``row["variant_summary"]``: per variant the median wall time and the median of its same-round
-    ratio to fp16 SDPA."""
+    (:class:`tqbridge.metal.profiling.settings` clears the launch caches around it).
+    ``row["variants"]``: every measurement; ``row["variant_summary"]``: per variant the median wall
+    time and the median of its same-round ratio to fp16 SDPA."""
     from ..metal.attention_kernel import prepare_decode
     from ..metal.profiling import settings
 

@@ -239,11 +239,12 @@ def _decode_tokens(model, cache: list, tokens: int) -> tuple[list[float], float]
 
 
 def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int, *, dtype=mx.float16) -> list[dict]:
-    """Every cache of ``kinds`` pre-filled to ``context`` rows, then ``rounds`` rounds in which each
-    cache decodes ``tokens`` tokens in turn (interleaved, so a slow spell of the machine hits every
-    cache alike). A kind may carry TQBRIDGE_* switches in braces (``q8_0/turbo3{TQBRIDGE_COMPILE=0}``):
-    its prefill, decoding and profile run under them (:class:`tqbridge.metal.profiling.settings`). Per cache: median over rounds of each round's median ms/token; speed-up against
-    the first cache: median over rounds of the per-round ratios."""
+    """Every cache of ``kinds`` pre-filled to ``context`` rows, then ``rounds`` rounds in which each cache
+    decodes ``tokens`` tokens in turn (interleaved, so a slow spell of the machine hits every cache
+    alike). A kind may carry TQBRIDGE_* switches in braces (``q8_0/turbo3{TQBRIDGE_COMPILE=0}``): its
+    prefill, decoding and profile run under them (:class:`tqbridge.metal.profiling.settings`). Per
+    cache: median over rounds of each round's median ms/token; speed-up against the first cache: median
+    over rounds of the per-round ratios."""
     from ..profiling import settings, split_settings
 
     rows, caches, envs = [], [], []
