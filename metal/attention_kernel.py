@@ -82,6 +82,16 @@ COMPILE_BACKENDS = ("cuda",)
 # session). TQBRIDGE_DEVICE_PARAMS=0 / 1 overrides it for every backend.
 DEVICE_PARAMS_BACKENDS = ("cuda",)
 
+# Backends whose prepared launches read their constant buffers (pass 1's float parameters, the value
+# tables, the zero sinks, the dependency placeholder, the int parameters) from arrays made on the device
+# and at least MIN_CONST_BYTES long, not from arrays made from host data. MLX's CUDA allocator (read in
+# ml-explore/mlx, mlx/backend/cuda/allocator.cpp) serves buffers of at most 8 bytes from a small pool of
+# unified memory that the CPU writes and the GPU reads through a mapping (cudaMemAdviseSetAccessedBy),
+# and arrays made from host data from unified memory too; pass 1's two floats (8 bytes) lived there.
+# TQBRIDGE_DEVICE_CONSTS=0 / 1 overrides it for every backend.
+DEVICE_CONSTS_BACKENDS = ("cuda",)
+MIN_CONST_BYTES = 16   # > the allocator's 8-byte small-buffer limit (allocator.cpp, small_block_size)
+
 
 def _backend_switch(name: str, backend: str, backends: tuple) -> bool:
     """An on/off switch of prepared launches: environment variable ``name`` (0 / 1) if set, else
@@ -99,6 +109,34 @@ def device_params(backend: str) -> bool:
     table (:data:`DEVICE_PARAMS_BACKENDS`; ``TQBRIDGE_DEVICE_PARAMS`` overrides): a view of a device
     array is neither a host allocation nor a kernel."""
     return _backend_switch("TQBRIDGE_DEVICE_PARAMS", backend, DEVICE_PARAMS_BACKENDS)
+
+
+def device_consts(backend: str) -> bool:
+    """Whether prepared launches on ``backend`` read constant buffers made on the device
+    (:data:`DEVICE_CONSTS_BACKENDS`; ``TQBRIDGE_DEVICE_CONSTS`` overrides)."""
+    return _backend_switch("TQBRIDGE_DEVICE_CONSTS", backend, DEVICE_CONSTS_BACKENDS)
+
+
+def const_buffer(values, backend: str) -> Any:
+    """The MLX array of a launch's constant input ``values`` (numpy). Where :func:`device_consts`
+    holds: a 1-D buffer zero-padded to :data:`MIN_CONST_BYTES` (kernels read the leading values only)
+    and copied once by a device kernel, so it lives in device memory (scheduled here with
+    ``mx.async_eval``, once per prepared launch: no host synchronisation, and replayed launches do not
+    re-run the copy); else the array made from host data."""
+    import mlx.core as mx
+
+    a = np.ascontiguousarray(values)
+    if not device_consts(backend):
+        return mx.array(a)
+    if a.ndim == 1 and a.nbytes < MIN_CONST_BYTES:
+        a = np.concatenate([a, np.zeros(-(-MIN_CONST_BYTES // a.itemsize) - a.size, a.dtype)])
+    bits = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.itemsize]
+    host = mx.array(a.view(bits))
+    # an elementwise kernel's output is allocated on the device; on the bits, so every value (NaN
+    # payloads too) is copied exactly, then viewed back as the buffer's dtype
+    dev = mx.view(host * 1, mx.array(a[:0]).dtype)
+    mx.async_eval(dev)   # scheduled: detached from its graph (a constant to mx.compile), no wait
+    return dev
 
 
 def param_table(head: "list[int]", n: int, tail: int, np_dtype, after: "list[int]" = ()) -> Any:
@@ -637,30 +675,27 @@ def _mlx_setup(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, 
     import mlx.core as mx
 
     split_s, comb_s, extra1, extra2 = _static(shape_prob, shape_plan, qtype, dyn)
-    fp1 = mx.array(np.array([shape_prob.scale, shape_prob.softcap], np.float32))
-    tabs = mx.array(tables(shape_prob))
+    fp1 = const_buffer(np.array([shape_prob.scale, shape_prob.softcap], np.float32), backend)
+    tabs = const_buffer(tables(shape_prob), backend)
     # constants made from host data (no pending primitive, no host sync): a lazy mx.zeros here would be
     # part of every mx.compile replay of the launches (an extra fill kernel per call; the decode-step
     # test's kernel count caught it on the H200), and evaluating it would be a host sync in a decode step
-    zero_sinks = mx.array(np.zeros((shape_prob.q_heads,), np.float32))
+    zero_sinks = const_buffer(np.zeros((shape_prob.q_heads,), np.float32), backend)
     k1 = _built(backend, 0, qtype, split_s, _version(shape_plan))
     k2 = _built(backend, 1, qtype, comb_s)
     return k1, k2, fp1, tabs, zero_sinks, tuple(extra1), tuple(extra2)
 
 
-@lru_cache(maxsize=1)
-def _no_dep():
-    import mlx.core as mx
-
-    return mx.array(np.zeros((1,), np.uint32))   # host data: no primitive for mx.compile to replay
+@lru_cache(maxsize=4)
+def _no_dep(backend: str):
+    # evaluated (host data, or const_buffer's device copy): no primitive for mx.compile to replay
+    return const_buffer(np.zeros((1,), np.uint32), backend)
 
 
 @lru_cache(maxsize=1024)
-def _int_buffer(values: tuple):
+def _int_buffer(values: tuple, backend: str):
     """An int32 parameter buffer, made once per distinct content."""
-    import mlx.core as mx
-
-    return mx.array(np.array(values, np.int32))
+    return const_buffer(np.array(values, np.int32), backend)
 
 
 class _Launches:
@@ -718,10 +753,10 @@ def _launches(prob: Problem, plan: Plan, qtype: int, backend: str, has_sinks: bo
     f._compiled = None
     f.k1, f.k2, f.fp1, f.tabs, f.zero_sinks, extra1, extra2 = _mlx_setup(shape_prob, shape_plan, qtype, backend,
                                                                          has_sinks, dyn)
-    f.no_dep = _no_dep()
+    f.no_dep = _no_dep(backend)
     f.ip1 = _int_buffer((prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1,
-                         *prob.lengths))
-    f.ip2 = _int_buffer((plan.partials, prob.q_heads, int(has_sinks), *extra2))
+                         *prob.lengths), backend)
+    f.ip2 = _int_buffer((plan.partials, prob.q_heads, int(has_sinks), *extra2), backend)
     rows = prob.batch * prob.q_heads * prob.rows
     f.out1 = [(rows, plan.partials, prob.v_dim), (rows, plan.partials, 2)]
     f.grid1 = (prob.batch * prob.kv_heads * plan.splits * 32 * plan.warps, 1, 1)
@@ -918,7 +953,7 @@ def prepare_decode(q, k_blocks, v_blocks, *, k_format, v_format, scale=None, win
 def clear_launch_caches() -> None:
     """Forget every plan, prepared launch and kernel setup (after changing an environment switch such as
     TQBRIDGE_V3_DISPATCHES, which plans and launches read when they are made)."""
-    for f in (_plan_cached, _decode_launch, _launches, _mlx_setup):
+    for f in (_plan_cached, _decode_launch, _launches, _mlx_setup, _no_dep, _int_buffer):
         f.cache_clear()
 
 

@@ -83,9 +83,9 @@ class KVAppend:
         if backend == "cpu-emulator":
             self._ktab, self._vtab = ktab, vtab
         else:
-            import mlx.core as mx
+            from .attention_kernel import const_buffer
 
-            self._ktab, self._vtab = mx.array(ktab), mx.array(vtab)
+            self._ktab, self._vtab = const_buffer(ktab, backend), const_buffer(vtab, backend)
         from .attention_kernel import compile_launches, device_params
 
         self.compiled = backend != "cpu-emulator" and compile_launches(backend)

@@ -1104,7 +1104,7 @@ def test_softmax_and_ablation_sentences_are_their_records():
 def test_readme_device_params_sentence_is_its_record():
     doc = flat(text("README.md"))
     ctx = sorted(record(DP_WALL)["runs"][0]["contexts"], key=lambda x: x["context"])
-    said = "the cache path runs at " + " / ".join(f"{x['growing_sdpa_fp16_us'] / x['growing_cache_path_us']:.2f}"
+    said = "the cache path ran at " + " / ".join(f"{x['growing_sdpa_fp16_us'] / x['growing_cache_path_us']:.2f}"
                                                   for x in ctx) + "× fp16 SDPA"
     assert said in doc, said
 
@@ -1169,3 +1169,137 @@ def test_softmax_fuzz_sentence_is_its_record():
     said = (f"(int8 q, {rec['seconds'] / 60:.0f} minutes, {rec['examples']} examples, windows / softcaps / sinks): no "
             f"counterexample, worst error {rec['worst_error_over_allowed']:.3f} of the")
     assert flat(said) in flat(text("BENCHMARKS.md")), said
+
+
+# ---- eighth session: device consts (BENCHMARKS.md) --------------------------------------------------
+
+CONSTS = "benchmarks/h200-2026-12-02-bench-attention-device-consts.json"
+CONSTS_DECODE = "benchmarks/h200-2026-12-02-bench-decode-device-consts.json"
+MANAGED = "benchmarks/h200-2026-12-02-kernel-device-time-managed.json"
+CUDA_FUZZ_8 = "benchmarks/h200-2026-12-02-fuzz-v3-cuda-softmax-consts.json"
+
+
+def _by_ctx(res):
+    return sorted(res["contexts"], key=lambda r: r["context"])
+
+
+def _variant(res, env):
+    """(median wall, median device, median same-round ratio to fp16) per context of one --variants entry."""
+    import statistics
+
+    out = []
+    for r in _by_ctx(res):
+        (s,) = [v for v in r["variant_summary"] if v["env"] == env]
+        dev = statistics.median(v["device_us"] for v in r["variants"] if v.get("env") == env)
+        out.append((s["wall_us_median"], dev, s["vs_sdpa_fp16_median"]))
+    return out
+
+
+def _kernel_us(row, part):
+    ks = row["growing_cache_path_kernels"]
+    (name,) = [k for k in ks if part in k]
+    return ks[name]["us"] / ks[name]["count"]
+
+
+def test_device_consts_table_is_its_record():
+    doc = text("BENCHMARKS.md")
+    full = record(CONSTS)["runs"][1]["result"]
+    ctx = _by_ctx(full)
+
+    def cells(key):
+        return [r[key + "_us"] for r in ctx] + [r[key + "_device_us"] for r in ctx]
+
+    def var(env):
+        v = _variant(full, env)
+        return [x[0] for x in v] + [x[1] for x in v]
+    want = {("cache path, v3, device consts (default)", "growing"): cells("growing_cache_path"),
+            ("same, `TQBRIDGE_DEVICE_CONSTS=0`", "growing"): var({"TQBRIDGE_DEVICE_CONSTS": "0"}),
+            ("same, one dispatch", "growing"): var({"TQBRIDGE_V3_DISPATCHES": "1"}),
+            ("v3, `decode_attention` per call", "growing"): cells("growing_fused"),
+            ("v3, `decode_attention` per call", "fixed"): cells("fused"),
+            ("v2, `decode_attention` per call", "growing"): cells("growing_fused_v2"),
+            ("v2, `decode_attention` per call", "fixed"): cells("fused_v2"),
+            ("fp16 SDPA", "growing"): cells("growing_sdpa_fp16"),
+            ("fp16 SDPA", "fixed"): cells("sdpa_fp16"),
+            ("dequantize (MLX affine 8 / 4 bit) + fp16 SDPA", "growing"): cells("growing_dequant_sdpa")}
+    rows = table(doc, "| path | regime | wall 4K", after="eighth session")
+    assert [(r[0], r[1]) for r in rows] == list(want), rows
+    bad = []
+    for r in rows:
+        for cell, v in zip(r[2:], want[(r[0], r[1])]):
+            check(rounds_to(cell, v), f"{r[0]} {r[1]}: {cell} vs {v}", bad)
+    assert not bad, bad
+
+
+def test_device_consts_sentences_are_their_records():
+    doc = flat(text("BENCHMARKS.md"))
+    runs = record(CONSTS)["runs"]
+    second, full, ops8 = (r["result"] for r in runs)
+    assert "MLX_MAX_OPS_PER_BUFFER=8" in runs[2]["command"]
+    man = record(MANAGED)
+    ctx = _by_ctx(full)
+    last = ctx[-1]
+    p1 = _kernel_us(last, "split_v3")
+    on = _variant(full, {})
+    ratios = lambda v: _three([x[2] for x in v], ".2f")   # noqa: E731
+    gaps = [r["growing_cache_path_us"] - r["growing_cache_path_device_us"] for r in ctx]
+    assert max(gaps) - min(gaps) < 2.0, gaps   # "one constant"
+    fp128, dev128 = last["growing_sdpa_fp16_device_us"], last["growing_cache_path_device_us"]
+    said = [
+        f"(pass 1 {_three(r['pass1_us'] for r in man['managed']['rows'])} µs against "
+        f"{_three(r['pass1_us'] for r in man['device']['rows'])} at 4K / 32K / 128K)",
+        f"pass 1 {_three(_kernel_us(r, 'split_v3') for r in ctx)} µs, combine "
+        f"{_three(_kernel_us(r, 'combine') for r in ctx)} at 4K / 32K / 128K",
+        f"At 128K pass 1 reads {last['kernel_bytes'] / p1 / 1e6:.2f} TB/s, "
+        f"{100 * last['kernel_bytes'] / p1 / 1e3 / full['copy']['cupy_copy_GBps']:.0f}% of a CuPy device copy",
+        f"device consts on: {ratios(on)} in this run and {ratios(_variant(second, {}))} in a second run "
+        f"(4 rounds; off: {ratios(_variant(second, {'TQBRIDGE_DEVICE_CONSTS': '0'}))})",
+        f"wall minus device time is {_three(gaps)} µs per call",
+        f"the cache path ran {_three(r['growing_cache_path_us'] for r in _by_ctx(ops8))} µs against fp16's "
+        f"{_three(r['growing_sdpa_fp16_us'] for r in _by_ctx(ops8))} (same-round {ratios(_variant(ops8, {}))}×)",
+        f"the device time alone, {dev128:.1f} µs against fp16's {fp128:.1f}, caps the ratio at "
+        f"{fp128 / dev128:.2f}×; 2.2× would need pass 1 + combine in {fp128 / 2.2:.0f} µs",
+        f"({_three(x[1] for x in _variant(full, {'TQBRIDGE_V3_DISPATCHES': '1'}))} µs vs {_three(x[1] for x in on)}); "
+        "it stays off"]
+    assert min(x[2] for x in on) >= 1.0
+    assert on[0][2] >= 1.5 and on[1][2] < 2.0 and on[2][2] < 2.2   # "met at 4K, missed at 32K and 128K"
+    assert all(x[2] >= 1.5 for x in (on[0], _variant(second, {})[0]))
+    for s in said:
+        assert s in doc, s
+
+
+def test_device_consts_decode_sentence_is_its_record():
+    doc = flat(text("BENCHMARKS.md"))
+    res = record(CONSTS_DECODE)["runs"][1]["result"]
+    runs = {(r["cache"], r["context"]): r for r in res["runs"]}
+    caches = ("fp16", "q8_0/turbo3", "q8_0/turbo3{TQBRIDGE_DEVICE_CONSTS=0}")
+
+    def ms(n):
+        return " / ".join(f"{runs[(c, n)]['ms_per_token']:.2f}" for c in caches)
+
+    def sp(c, n):
+        return f"{runs[(c, n)]['speedup_vs_fp16']:.2f}"
+    spread = runs[("fp16", 32768)]["ms_per_token_rounds"]
+    said = (f"at 128K {ms(131072)} ms/token for fp16 / q8_0/turbo3 / its consts off: **{sp(caches[1], 131072)}×** "
+            f"fp16 (off: {sp(caches[2], 131072)}×); at 32K {ms(32768)} ({sp(caches[1], 32768)}× / {sp(caches[2], 32768)}×; "
+            f"fp16's own rounds spread {min(spread):.2f}–{max(spread):.2f} ms")
+    assert said in doc, said
+
+
+def test_device_consts_fuzz_sentence_is_its_record():
+    rec = record(CUDA_FUZZ_8)["summary"]
+    assert rec["ok"] is True and rec["failure"] is None and rec["backend"] == "cuda" and rec["q_precision"] == "int8"
+    said = (f"({rec['seconds']:.0f} s, 12 processes, int8 q, {len(rec['formats'])} formats): {rec['examples']} examples "
+            f"over {rec['shapes']} shapes, no counterexample, worst error {rec['worst_error_over_allowed']:.3f} of the")
+    assert said in flat(text("BENCHMARKS.md")), said
+
+
+def test_readme_device_consts_sentence_is_its_records():
+    full = record(CONSTS)["runs"][1]["result"]
+    ctx = _by_ctx(full)
+    dec = record(CONSTS_DECODE)["runs"][1]["result"]
+    (r128,) = [r for r in dec["runs"] if r["cache"] == "q8_0/turbo3" and r["context"] == 131072]
+    said = (f"pass 1 inside the chain takes {_three(_kernel_us(r, 'split_v3') for r in ctx)} µs at 4K / 32K / 128K "
+            f"(was 27.7 / 43.0 / 89.9), the cache path runs at {_three((x[2] for x in _variant(full, {})), '.2f')}× fp16 "
+            f"SDPA, and Llama-3.1-8B decodes at {r128['speedup_vs_fp16']:.2f}× fp16 at 128K")
+    assert said in flat(text("README.md")), said

@@ -170,3 +170,50 @@ def test_device_params_are_the_host_params(fake_cuda, monkeypatch):
     attention_kernel._decode_launch.cache_clear()
     assert attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3",
                                            q_precision="int8").device_params
+
+
+def test_device_consts_leave_no_small_host_buffer(fake_cuda, monkeypatch):
+    """Device consts (CUDA's default; TQBRIDGE_DEVICE_CONSTS=0 / 1 overrides): every constant input of
+    the prepared attention launches and of the append is at least MIN_CONST_BYTES long (MLX's CUDA
+    allocator serves buffers of <= 8 bytes from unified memory the GPU reads through a mapping), holds
+    the host values in front and keeps their dtype; the switch off gives the host-made arrays."""
+    from tqbridge import bridge
+
+    rng = np.random.default_rng(2)
+    q = mx.array(rng.standard_normal((1, 8, 128)).astype(np.float16))
+    kb = mx.array(bridge.quantize("q8_0", rng.standard_normal((1, 2, 64, 128)).astype(np.float32)))
+    vb = mx.array(bridge.quantize("turbo3", rng.standard_normal((1, 2, 64, 128)).astype(np.float32)))
+    d = 128
+    got = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("TQBRIDGE_DEVICE_CONSTS", flag)
+        attention_kernel.clear_launch_caches()
+        kv_append.prepared.cache_clear()
+        launch = attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3", q_precision="int8")
+        run = launch._run
+        app = kv_append.prepared("q8_0", "turbo3", d, d, d, d, rotation_group("q8_0", d, "k"),
+                                 rotation_group("turbo3", d, "v"), "float16", "cuda")
+        got[flag] = {"fp1": run.fp1, "tabs": run.tabs, "zero_sinks": run.zero_sinks, "no_dep": run.no_dep,
+                     "ip2": run.ip2, "ktab": app._ktab, "vtab": app._vtab}
+        CALLS.clear()
+        launch(q, kb, vb, 40)
+        (_, p1_shapes, _, _), (_, p2_shapes, _, _) = CALLS   # pass 1, combine
+        got[flag]["p1_fp_dep"] = (p1_shapes[4], p1_shapes[6])
+    from tqbridge.metal.lm import decode_bench
+
+    for name, host in got["0"].items():
+        if name == "p1_fp_dep":
+            continue
+        dev = got["1"][name]
+        # scheduled with async_eval (no host sync in a decode step), so no graph left for mx.compile
+        # to fold into every replay of the launches
+        assert decode_bench.graph_primitives(dev) == [], name
+        assert dev.dtype == host.dtype, name
+        assert dev.nbytes >= attention_kernel.MIN_CONST_BYTES, (name, dev.shape)
+        h, g = np.array(host).reshape(-1).view(np.uint8), np.array(dev).reshape(-1).view(np.uint8)
+        assert np.array_equal(g[:h.size], h) and not g[h.size:].any(), name   # the bytes (NaN placeholders too)
+    assert got["0"]["fp1"].nbytes == 8 and got["0"]["no_dep"].nbytes == 4   # what the switch exists for
+    assert got["1"]["p1_fp_dep"] == ((4,), (4,)) and got["0"]["p1_fp_dep"] == ((2,), (1,))
+    monkeypatch.delenv("TQBRIDGE_DEVICE_CONSTS")   # the default: CUDA only
+    assert attention_kernel.device_consts("cuda") and not attention_kernel.device_consts("metal")
+    kv_append.prepared.cache_clear()
