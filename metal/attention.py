@@ -52,6 +52,7 @@ class RunRecord:
     v_decode: "str | None" = None   # kernel v3: how V rows became fragments (attention_kernel.v3_v_decode)
     compiled: "bool | None" = None  # a prepared decode launch: whether it ran under mx.compile (COMPILE_BACKENDS)
     device_params: "bool | None" = None   # its per-step ints as views of a device table (TQBRIDGE_DEVICE_PARAMS)
+    device_consts: "bool | None" = None   # its constant inputs as device copies of >= 16 bytes (TQBRIDGE_DEVICE_CONSTS)
 
     def as_dict(self) -> dict:
         """The fields that are set (the form :func:`last_run` returns)."""

@@ -892,7 +892,7 @@ class DecodeLaunch:
                              warps=plan.warps, tile=plan.tile, lanes_per_key=plan.lanes_per_key,
                              chain=plan.chain(prob.l_max), q_precision=plan.q_precision,
                              v_decode=v3_v_decode(prob) if plan.kernel == "v3" else None, compiled=self.compiled,
-                             device_params=self.device_params)
+                             device_params=self.device_params, device_consts=device_consts(backend))
         self._run = run    # the prepared launches; this class adds the per-length parameter buffer
 
     def ip1(self, length: int):

@@ -294,3 +294,21 @@ def test_rotation_is_validated():
         decode_attention(q, kb, vb, k_format="q8_0", v_format="turbo3", length=4, rotation=(128, 64))
     with pytest.raises(AttentionError, match="power of two"):
         decode_attention(q, kb, vb, k_format="q8_0", v_format="turbo3", length=4, rotation=(96, 0))
+
+
+@pytest.mark.parametrize("splits,length,v_format,sinks", [(1, 40, "q8_0", False), (64, 320, "turbo3", False),
+                                                          (65, 325, "q4_0", True), (300, 600, "turbo3", True)])
+def test_combine_merges_any_number_of_partials(splits, length, v_format, sinks):
+    """The combine pass holds up to 32 partial outputs per thread in registers and one (max, sum) pair
+    per thread (256 threads); beyond either the rest is looped over. Around both limits (64 = 2 groups
+    x 32 for 128-value rows; 300 > 256 pairs; every split holds keys) the merged rows stay within the
+    oracle's bound."""
+    rng = np.random.default_rng(splits)
+    kb = _cache(rng, "q8_0", (1, 1, length, 128))
+    vb = _cache(rng, v_format, (1, 1, length, 128))
+    q = rng.standard_normal((1, 2, 128)).astype(np.float32)
+    kw = dict(k_format="q8_0", v_format=v_format, length=length, kernel="v2", splits=splits)
+    if sinks:
+        kw["sinks"] = rng.standard_normal(2).astype(np.float32)
+    _check("cpu-emulator", q, kb, vb, **kw)
+    assert last_run()["splits"] == splits and length % splits == 0

@@ -1303,3 +1303,22 @@ def test_readme_device_consts_sentence_is_its_records():
             f"(was 27.7 / 43.0 / 89.9), the cache path runs at {_three((x[2] for x in _variant(full, {})), '.2f')}× fp16 "
             f"SDPA, and Llama-3.1-8B decodes at {r128['speedup_vs_fp16']:.2f}× fp16 at 128K")
     assert said in flat(text("README.md")), said
+
+
+def test_combine_rewrite_paragraph_is_its_record():
+    doc = flat(text("BENCHMARKS.md"))
+    runs = record("benchmarks/h200-2026-12-02-combine-simd.json")["runs"]
+    assert [r["combine"] for r in runs] == ["new", "old", "new", "old", "new"]
+    assert "q4_0" in runs[4]["command"] and "turbo3" in runs[2]["command"] and "turbo3" in runs[3]["command"]
+    kn, ko = ([r["pass2_us"] for r in x["result"]["rows"]] for x in runs[:2])
+    bn, bo, bq = (x["result"] for x in runs[2:])
+    comb = [[_kernel_us(r, "combine") for r in _by_ctx(b)] for b in (bn, bo, bq)]
+    dev = [[r["growing_cache_path_device_us"] for r in _by_ctx(b)] for b in (bn, bq)]
+    said = [f"(CUPTI, q8_0/turbo3): {_three(comb[0])} µs at 4K / 32K / 128K, against {_three(comb[1])} for the previous",
+            f"outside MLX (CuPy, cold): {_three(kn)} against {_three(ko)}",
+            f"which has no rotation back, takes {_three(comb[2])} µs",
+            f"q8_0/turbo3 {_three(dev[0])} µs, q8_0/q4_0 {_three(dev[1])} (issue 13: q8_0/q4_0 within 10% of"]
+    for s in said:
+        assert s in doc, s
+    assert all(n < o for n, o in zip(comb[0], comb[1])) and all(n < o for n, o in zip(kn, ko))
+    assert all(abs(q / t - 1) <= 0.10 or q < t for q, t in zip(dev[1], dev[0]))   # "within 10%"

@@ -178,6 +178,7 @@ def test_device_consts_leave_no_small_host_buffer(fake_cuda, monkeypatch):
     allocator serves buffers of <= 8 bytes from unified memory the GPU reads through a mapping), holds
     the host values in front and keeps their dtype; the switch off gives the host-made arrays."""
     from tqbridge import bridge
+    from tqbridge.metal.lm import cache as cache_mod
 
     rng = np.random.default_rng(2)
     q = mx.array(rng.standard_normal((1, 8, 128)).astype(np.float16))
@@ -199,6 +200,9 @@ def test_device_consts_leave_no_small_host_buffer(fake_cuda, monkeypatch):
         launch(q, kb, vb, 40)
         (_, p1_shapes, _, _), (_, p2_shapes, _, _) = CALLS   # pass 1, combine
         got[flag]["p1_fp_dep"] = (p1_shapes[4], p1_shapes[6])
+        assert launch.run_info["device_consts"] is (flag == "1")   # what reports and bench plans print
+        words = cache_mod._kernel_words(cache_mod._kernel_info(launch))
+        assert ("device consts" in words) is (flag == "1"), words
     from tqbridge.metal.lm import decode_bench
 
     for name, host in got["0"].items():

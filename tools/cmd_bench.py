@@ -341,7 +341,8 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
     if launch is not None and "growing" in regimes:
         info = getattr(launch, "run_info", None) or {"backend": launch.backend}
         row["cache_path_plan"] = {k: info[k] for k in ("backend", "kernel", "splits", "warps", "tile", "dispatches",
-                                                       "q_precision", "v_decode", "compiled", "device_params")
+                                                       "q_precision", "v_decode", "compiled", "device_params",
+                                                       "device_consts")
                                  if k in info}
         checked("cache_path", lambda: launch(q0[:, :, 0], kb[0], vb[0], ctx), info.get("q_precision"))
         timed("cache_path", cache_path, "growing")
@@ -398,7 +399,7 @@ def _variant_rounds(mx, args, ctx, row, q0, kb, vb, kf, vf, backend, sdpa, check
                 build, wall = profiling.build_and_wall(mx, chain, lengths, nl)
                 entry = {"variant": i, "env": env, "round": rnd, "wall_us": wall, "build_us": build,
                          "plan": {k: info[k] for k in ("kernel", "splits", "dispatches", "q_precision", "v_decode",
-                                                       "compiled", "device_params") if k in info},
+                                                       "compiled", "device_params", "device_consts") if k in info},
                          "wrong": bool(row.get(tag + "_wrong"))}
                 if measure_device:
                     entry["device_us"] = profiling.device_us_per_call(

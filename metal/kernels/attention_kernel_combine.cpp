@@ -19,47 +19,69 @@ const int hq = (int)(row / (uint)T) % hq_all;
 TQ_SHARED_ARRAY(float, osh, TQA_DV);
 TQ_SHARED_ARRAY(float, wsh, TQA_MAXP);
 TQ_SHARED_ARRAY(float, red, TQA_NT);
+constexpr int NSG = TQA_NT / 32;      // SIMD groups
+TQ_SHARED_ARRAY(float, sg_max, NSG);
+TQ_SHARED_ARRAY(float, sg_den, NSG);
+const uint lane = tid % 32u, sg = tid / 32u;
 const size_t base = (size_t)row * (size_t)np;
-// the largest of the partial maxima and the sink (tree over the threads)
-float mx = TQA_NEG_BIG;
-for (int i = (int)tid; i < np; i += TQA_NT) { const float mi = pml[(base + i) * 2]; mx = mi > mx ? mi : mx; }
-red[tid] = mx;
-tq_barrier();
-for (int w = TQA_NT / 2; w > 0; w >>= 1) {
-    if ((int)tid < w) red[tid] = red[tid + w] > red[tid] ? red[tid + w] : red[tid];
-    tq_barrier();
+// The partial outputs a thread weighs (up to PR of them, into registers) and the partials' (max, sum)
+// pairs are loaded first, before any reduction, and the reductions run in SIMD groups (one barrier
+// each): a row costs a few dependent memory round trips and barriers, not one per step of a tree.
+constexpr int PG = TQA_NT / TQA_DV;   // groups of threads splitting the partials in the weighted sum
+constexpr int PR = 32;                // partial outputs per thread held in registers (the rest: a loop)
+const int dcol = (int)tid % TQA_DV, g = (int)tid / TQA_DV;
+const bool summer = (int)tid < PG * TQA_DV;
+float pv[PR];
+TQ_UNROLL
+for (int j = 0; j < PR; ++j) {
+    const int i = g + j * PG;
+    pv[j] = (summer && i < np) ? po[(base + i) * TQA_DV + dcol] : 0.0f;
 }
-mx = red[0];
+const bool one = np <= TQA_NT;        // each thread holds at most one (max, sum) pair
+const float m0 = ((int)tid < np) ? pml[(base + tid) * 2] : TQA_NEG_BIG;
+const float l0 = ((int)tid < np) ? pml[(base + tid) * 2 + 1] : 0.0f;
+// the largest of the partial maxima and the sink: per thread, per SIMD group, then across groups
+float mx = m0;
+if (!one) for (int i = (int)tid + TQA_NT; i < np; i += TQA_NT) { const float mi = pml[(base + i) * 2]; mx = mi > mx ? mi : mx; }
+mx = tq_simd_max(mx);
+if (lane == 0u) sg_max[sg] = mx;
+tq_barrier();
+mx = sg_max[0];
+for (int w = 1; w < NSG; ++w) mx = sg_max[w] > mx ? sg_max[w] : mx;
 const float sink = has_sinks ? sinks[hq] : TQA_NEG_BIG;
 if (has_sinks && sink > mx) mx = sink;
-tq_barrier();
-// weights of the partials and the softmax denominator
+// weights of the partials and the softmax denominator (same layout)
 float dp = 0.0f;
-for (int i = (int)tid; i < np; i += TQA_NT) {
-    const float w = tq_exp(pml[(base + i) * 2] - mx);
-    wsh[i] = w;
-    dp += pml[(base + i) * 2 + 1] * w;
+if ((int)tid < np) { const float w = tq_exp(m0 - mx); wsh[tid] = w; dp = l0 * w; }
+if (!one) {
+    for (int i = (int)tid + TQA_NT; i < np; i += TQA_NT) {
+        const float w = tq_exp(pml[(base + i) * 2] - mx);
+        wsh[i] = w;
+        dp += pml[(base + i) * 2 + 1] * w;
+    }
 }
-red[tid] = dp;
+dp = tq_simd_sum(dp);
+if (lane == 0u) sg_den[sg] = dp;
 tq_barrier();
-for (int w = TQA_NT / 2; w > 0; w >>= 1) {
-    if ((int)tid < w) red[tid] = red[tid] + red[tid + w];
-    tq_barrier();
-}
-const float den = red[0] + (has_sinks ? tq_exp(sink - mx) : 0.0f);
-tq_barrier();
+float den = 0.0f;
+for (int w = 0; w < NSG; ++w) den += sg_den[w];
+den += has_sinks ? tq_exp(sink - mx) : 0.0f;
 // weighted sum of the partial outputs: PG groups of threads split the partials, then add up
-constexpr int PG = TQA_NT / TQA_DV;
-if ((int)tid < PG * TQA_DV) {
-    const int d = (int)tid % TQA_DV, g = (int)tid / TQA_DV;
-    float a = 0.0f;
-    for (int i = g; i < np; i += PG) a += po[(base + i) * TQA_DV + d] * wsh[i];
-    red[tid] = a;
+if (summer) {
+    float a0 = 0.0f, a1 = 0.0f;
+    TQ_UNROLL
+    for (int j = 0; j < PR; j += 2) {
+        const int i = g + j * PG;
+        if (i < np) a0 += pv[j] * wsh[i];
+        if (i + PG < np) a1 += pv[j + 1] * wsh[i + PG];
+    }
+    for (int i = g + PR * PG; i < np; i += PG) a0 += po[(base + i) * TQA_DV + dcol] * wsh[i];
+    red[tid] = a0 + a1;
 }
 tq_barrier();
 if ((int)tid < TQA_DV) {
     float a = 0.0f;
-    for (int g = 0; g < PG; ++g) a += red[g * TQA_DV + (int)tid];
+    for (int gg = 0; gg < PG; ++gg) a += red[gg * TQA_DV + (int)tid];
     osh[tid] = den > 0.0f ? a / den : 0.0f;
 }
 tq_barrier();

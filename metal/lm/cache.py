@@ -727,12 +727,13 @@ def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None
 
 
 _KERNEL_INFO = ("backend", "kernel", "q_precision", "v_decode", "dispatches", "splits", "compiled",
-                "device_params")
+                "device_params", "device_consts")
 
 
 def _kernel_info(launch) -> "dict | None":
     """What a layer's prepared decode attention runs (its plan: backend, kernel, q precision, V decode,
-    dispatches, splits, whether under mx.compile, whether its per-step ints are device views), None
+    dispatches, splits, whether under mx.compile, whether its per-step ints are device views and its
+    constants device copies), None
     before the layer's first decode step on a kernel lane."""
     info = getattr(launch, "run_info", None)
     return {k: info[k] for k in _KERNEL_INFO if info.get(k) is not None} if info else None
@@ -750,6 +751,8 @@ def _kernel_words(info: dict) -> str:
         words.append("compiled")
     if info.get("device_params"):
         words.append("device params")
+    if info.get("device_consts"):
+        words.append("device consts")
     return " ".join(words)
 
 
