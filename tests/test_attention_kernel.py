@@ -312,3 +312,69 @@ def test_combine_merges_any_number_of_partials(splits, length, v_format, sinks):
         kw["sinks"] = rng.standard_normal(2).astype(np.float32)
     _check("cpu-emulator", q, kb, vb, **kw)
     assert last_run()["splits"] == splits and length % splits == 0
+
+
+_ROT_BODY = """
+const uint tid = tq_tid;
+const int n = 32 * P_VPL;
+const int group = (int)params[0];
+const float scale = tq_as_float(params[1]);
+TQ_SHARED_ARRAY(float, xa, 256);
+TQ_SHARED_ARRAY(float, xb, 256);
+for (int i = (int)tid; i < n; i += 64) { xa[i] = xs[i]; xb[i] = xs[i]; }
+tq_barrier();
+tqa_rotate(xa, n, group, tabs, tabs + 256, scale, tid, 64u);
+if (tid < 32u) tqa_rotate_simd<P_VPL>(xb, group, tabs, tabs + 256, scale, tid);
+tq_barrier();
+for (int i = (int)tid; i < n; i += 64) { a[i] = xa[i]; b[i] = xb[i]; }
+"""
+
+
+def _rotate_probe():
+    from tqbridge.metal.kernel import KERNEL_DIR, Kernel
+
+    return Kernel("tq_rotate_probe", (("xs", "float32"), ("tabs", "float32"), ("params", "uint32")),
+                  (("a", "float32"), ("b", "float32")), _ROT_BODY, (KERNEL_DIR / "attention_kernel.h").read_text())
+
+
+def _rotate_inputs(rng, vpl: int, group: int):
+    n = 32 * vpl
+    x = (rng.standard_normal(n) * rng.choice([1e-30, 1.0, 1e20], n)).astype(np.float32)
+    x[:3] = [np.inf if group < n else 7.0, -0.0, 1e-40]   # an infinity (its group only), a signed zero, a subnormal
+    tabs = np.zeros(512, np.float32)
+    tabs[:group] = rng.choice([-1.0, 1.0], group) * rng.uniform(0.5, 2.0, group)
+    tabs[256:256 + group] = rng.choice([-1.0, 1.0], group)
+    params = np.array([group, np.float32(1.0 / np.sqrt(group)).view(np.uint32)], np.uint32)
+    return n, x, tabs, params
+
+
+@pytest.mark.parametrize("vpl,group", [(1, 32), (1, 8), (2, 64), (2, 16), (4, 128), (4, 64), (4, 32), (8, 256),
+                                       (8, 128), (8, 2)])
+def test_rotate_simd_is_tqa_rotate_bit_for_bit(vpl, group):
+    """tqa_rotate_simd (one SIMD group, values in registers, shuffles across lanes) gives the bits of
+    tqa_rotate (the threadgroup in threadgroup memory) for every row width and rotation group the
+    combine pass uses it for, on the emulator (the CUDA twin: test_rotate_simd_on_cuda)."""
+    from tqbridge.metal.emulator import EmulatedKernel
+
+    n, x, tabs, params = _rotate_inputs(np.random.default_rng(vpl * 1000 + group), vpl, group)
+    a, b = EmulatedKernel(_rotate_probe(), {"P_VPL": vpl})([x, tabs, params], [(n,), (n,)], (1, 1, 1), 64)
+    a, b = np.asarray(a), np.asarray(b)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert np.isfinite(a[3:]).any() and not np.array_equal(a, x)   # it rotated something
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU != "cuda", reason="needs MLX's CUDA backend (the shuffle rotation against tqa_rotate there)")
+@pytest.mark.parametrize("vpl,group", [(1, 32), (2, 64), (4, 128), (4, 32), (8, 256)])
+def test_rotate_simd_on_cuda(vpl, group):
+    import mlx.core as mx
+
+    from tqbridge.metal.kernel import mlx_sources
+
+    n, x, tabs, params = _rotate_inputs(np.random.default_rng(vpl * 1000 + group), vpl, group)
+    src, hdr = mlx_sources(_rotate_probe(), "cuda", {"P_VPL": vpl})
+    k = mx.fast.cuda_kernel(name=f"tq_rotate_probe_{vpl}", input_names=["xs", "tabs", "params"],
+                            output_names=["a", "b"], source=src, header=hdr)
+    a, b = k(inputs=[mx.array(x), mx.array(tabs), mx.array(params)], output_shapes=[(n,), (n,)],
+             output_dtypes=[mx.float32] * 2, grid=(64, 1, 1), threadgroup=(64, 1, 1))
+    assert np.array_equal(np.array(a).view(np.uint32), np.array(b).view(np.uint32))

@@ -144,14 +144,17 @@ def test_v_not_rotated_back_in_the_kernel_is_caught_by_attention(ggml, monkeypat
     # kernel bug: the combine pass skips rotating the output back (turbo V, and llama.cpp's rotated V)
     import pathlib
 
-    file, old = "attention_kernel_combine.cpp", "if (vrot) tqa_rotate("
+    # both ways the combine rotates back: SIMD group 0 in registers, or the whole threadgroup
+    file, edits = "attention_kernel_combine.cpp", (("if (vrot && SIMD_ROT)", "if (0 && SIMD_ROT)"),
+                                                   ("} else if (vrot) {", "} else if (0) {"))
     real_read = pathlib.Path.read_text
 
     def edited(self, *a, **kw):
         text = real_read(self, *a, **kw)
         if self.name == file:
-            assert old in text, f"the planted bug's anchor {old!r} is gone from {file}: update this test"
-            text = text.replace(old, "if (0) tqa_rotate(")
+            for old, new in edits:
+                assert old in text, f"the planted bug's anchor {old!r} is gone from {file}: update this test"
+                text = text.replace(old, new)
         return text
 
     with monkeypatch.context() as m:

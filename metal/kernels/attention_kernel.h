@@ -213,6 +213,47 @@ TQ_FUNC void tqa_rotate(TQ_SHARED float* x, const int n, const int group, TQ_CON
     tq_barrier();
 }
 
+// tqa_rotate by one SIMD group, for rows of n = 32 * VPL values (VPL a power of 2 up to 8; every
+// lane of the group calls it, the rest of the threadgroup need not): lane l holds values l * VPL ..
+// l * VPL + VPL - 1 in registers; pairs closer than VPL are in one lane, the others one shuffle
+// apart. Each value goes through the same operations in the same order as in tqa_rotate, rounded
+// alike (tq_mul: no contraction into an FMA), so the results are bit-identical; no barrier inside.
+template <int VPL>
+TQ_FUNC void tqa_rotate_simd(TQ_SHARED float* x, const int group, TQ_CONST_DEVICE float* first,
+                             TQ_CONST_DEVICE float* last, const float scale, const uint lane) {
+    float v[VPL];
+    TQ_UNROLL
+    for (int j = 0; j < VPL; ++j) {
+        const uint i = lane * (uint)VPL + (uint)j;
+        v[j] = tq_mul(x[i], first[i % (uint)group]);
+    }
+    for (int h = 1; h < group; h <<= 1) {
+        if (h < VPL) {
+            TQ_UNROLL
+            for (int j = 0; j < VPL; ++j) {
+                if ((j & h) == 0) {
+                    const float u = v[j], w = v[j + h];
+                    v[j] = tq_add(u, w);
+                    v[j + h] = tq_sub(u, w);
+                }
+            }
+        } else {
+            const uint m = (uint)(h / VPL);
+            const bool upper = (lane & m) != 0u;
+            TQ_UNROLL
+            for (int j = 0; j < VPL; ++j) {
+                const float o = tq_simd_shuffle_xor(v[j], m);
+                v[j] = upper ? tq_sub(o, v[j]) : tq_add(v[j], o);
+            }
+        }
+    }
+    TQ_UNROLL
+    for (int j = 0; j < VPL; ++j) {
+        const uint i = lane * (uint)VPL + (uint)j;
+        x[i] = tq_mul(v[j], tq_mul(scale, last[i % (uint)group]));
+    }
+}
+
 // ----- kernel v3 (attention_kernel_split_v3.cpp) -----
 
 // P is scaled by 2^15 before it is rounded to binary16 (weights in [0, 1] stay normal numbers down

@@ -85,5 +85,14 @@ if ((int)tid < TQA_DV) {
     osh[tid] = den > 0.0f ? a / den : 0.0f;
 }
 tq_barrier();
-if (vrot) tqa_rotate(osh, TQA_DV, vrot, tabs + TQA_TAB_VS2, tabs + TQA_TAB_VS1, tabs[TQA_TAB_VSCALE], tid, (uint)TQA_NT);
+// the rotation back: by SIMD group 0 in registers where the row is 32 x a power of 2 up to 8 values
+// (bit-identical to tqa_rotate, without its barrier per stage), else by the threadgroup
+constexpr int RVPL = TQA_DV / 32;
+constexpr bool SIMD_ROT = TQA_DV % 32 == 0 && RVPL >= 1 && RVPL <= 8 && (RVPL & (RVPL - 1)) == 0;
+if (vrot && SIMD_ROT) {
+    if (sg == 0u) tqa_rotate_simd<SIMD_ROT ? RVPL : 1>(osh, vrot, tabs + TQA_TAB_VS2, tabs + TQA_TAB_VS1, tabs[TQA_TAB_VSCALE], lane);
+    tq_barrier();
+} else if (vrot) {
+    tqa_rotate(osh, TQA_DV, vrot, tabs + TQA_TAB_VS2, tabs + TQA_TAB_VS1, tabs[TQA_TAB_VSCALE], tid, (uint)TQA_NT);
+}
 for (int d = (int)tid; d < TQA_D; d += TQA_NT) TQA_OUT(out)[(size_t)row * TQA_D + d] = TQA_QSTORE(osh[d]);
