@@ -25,6 +25,15 @@ from .quantize_append import _static_and_table, supported
 
 THREADS = 32
 MAX_DP = 256                 # widest stored row (values) the kernel holds in threadgroup memory
+# the flag has at least this many uint32 slots (the slots past the 2R rows' are zero): 2 slots would be
+# 8 bytes, which MLX's CUDA allocator serves from unified memory the GPU reads through a mapping
+# (attention_kernel.MIN_CONST_BYTES); one KV head, one row per step gives 2R = 2
+FLAG_MIN = 4
+
+
+def flag_slots(rows: int) -> int:
+    """The flag's length for an append of ``rows`` rows per side (R = B * H * S)."""
+    return max(2 * rows, FLAG_MIN)
 _SRC = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
@@ -75,7 +84,7 @@ class KVAppend:
         self.k_dim, self.v_dim = k_dim, v_dim
         self.k_row_bytes = k_dp // kf.block_size * kf.type_size
         self.v_row_bytes = v_dp // vf.block_size * vf.type_size
-        static = {"QA_SRC": _SRC[src_dtype], "KV_MAX_DP": MAX_DP,
+        static = {"QA_SRC": _SRC[src_dtype], "KV_MAX_DP": MAX_DP, "KV_FLAG_MIN": FLAG_MIN,
                   **_side_static("KA", kf, k_dim, k_dp, k_rot), **_side_static("VA", vf, v_dim, v_dp, v_rot)}
         kern = _kernel(src_dtype != "float32")
         self._kern = build(kern, static, backend)
@@ -110,7 +119,7 @@ class KVAppend:
             if src16:
                 k, v = k.view(np.uint16), v.view(np.uint16)
             params = np.array([R, S, cap, pos, H, n_in], np.uint32)
-            (flag,) = self._kern([k, v, kc, vc, self._ktab, self._vtab, params, flag_in], [(2 * R,)],
+            (flag,) = self._kern([k, v, kc, vc, self._ktab, self._vtab, params, flag_in], [(flag_slots(R),)],
                                  (2 * R, 1, 1), THREADS)
             return flag
         import mlx.core as mx
@@ -148,7 +157,7 @@ class KVAppend:
         B, H, S = k_rows.shape[:3]
         R = B * H * S
         (flag,) = self._kern.raw(inputs=[k_rows, v_rows, kc, vc, self._ktab, self._vtab, params, flag_in],
-                                 output_shapes=[(2 * R,)], output_dtypes=[mx.uint32],
+                                 output_shapes=[(flag_slots(R),)], output_dtypes=[mx.uint32],
                                  grid=(2 * R * THREADS, 1, 1), threadgroup=(THREADS, 1, 1))
         return flag
 

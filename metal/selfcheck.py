@@ -112,7 +112,7 @@ def _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, back
     kc = mx.zeros((B, H, cap, app.k_row_bytes), mx.uint8)
     vc = mx.zeros((B, H, cap, app.v_row_bytes), mx.uint8)
     mx.eval(kc, vc)
-    flag = app(km, vm, kc, vc, 0, mx.zeros((2 * B * H * S,), mx.uint32))
+    flag = app(km, vm, kc, vc, 0, mx.zeros((kv_append.flag_slots(B * H * S),), mx.uint32))
     mx.eval(flag)
     kin, vin = np.array(km.astype(mx.float32)), np.array(vm.astype(mx.float32))
     for name, got, fmt, x, dp, rot in (("K", kc, k_format, kin, k_dp, k_rot), ("V", vc, v_format, vin, v_dp, v_rot)):

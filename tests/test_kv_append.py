@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tqbridge import bridge, metal
 from tqbridge.bridge.padding import padded_dim
 from tqbridge.metal.lm.cache import rotation_group
+from tqbridge.metal import kv_append
 from tqbridge.metal.kv_append import hadamard_butterfly, prepared, reference_append
 
 K_FORMATS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "f16", "turbo3", "turbo4@fork-69d8e4b", "turbo2@g64"]
@@ -111,7 +112,14 @@ def test_flag_is_sticky():
     vc = kc.copy()
     x = np.ones((1, 1, 1, 32), np.float32)
     flag = app(x, x, kc, vc, 0, np.array([0, 1], np.uint32))
-    assert flag.tolist() == [0, 1]   # the previous call's flag survives a clean append
+    # the previous call's flag survives a clean append; the flag has FLAG_MIN slots, the ones past the
+    # 2R rows' zero (a buffer of 2 uint32 would be 8 bytes: MLX's unified-memory small pool on CUDA)
+    assert kv_append.FLAG_MIN == 4 and flag.tolist() == [0, 1, 0, 0]
+    flag = app(x, x, kc, vc, 0, np.array([0, 1, 7, 7], np.uint32))   # padding slots in: not carried
+    assert flag.tolist() == [0, 1, 0, 0]
+    x[0, 0, 0, 3] = np.nan
+    assert app(x, x, kc, vc, 1, np.zeros(4, np.uint32)).tolist() == [1, 1, 0, 0]
+    assert [kv_append.flag_slots(r) for r in (1, 2, 3)] == [4, 4, 6]
 
 
 def test_butterfly_is_the_orthonormal_hadamard():

@@ -14,8 +14,9 @@
 // (turbo fields), and QA_SRC (the rows' element type, both sides). Buffers: k, v (rows), kc, vc
 // (cache buffers, written in place), ktab, vtab (quantize_append's tables), params (uint32: R rows
 // per side, S rows per head, cap (cache rows per head), pos, H, n_in), flag_in (uint32, n_in slots).
-// Out: flag (2R uint32): flag_in[g % n_in] | (1 if row g held a NaN/inf) — a sticky device-side
-// flag the cache reads once, later, instead of synchronising on every append.
+// Out: flag (max(2R, KV_FLAG_MIN) uint32): flag_in[g % n_in] | (1 if row g held a NaN/inf), the slots
+// past 2R zero — a sticky device-side flag the cache reads once, later, instead of synchronising on
+// every append.
 // the rows arrive typed as the caller's arrays (float, half or bfloat16): read them as float32 or as bits
 #if QA_SRC == 0
 #define KV_ROWS(p) ((TQ_CONST_DEVICE float*)(p))
@@ -89,3 +90,4 @@ if (is_k) {
 #endif
 }
 if (lane == 0u) flag[g] = flag_in[g % params[5]] | bad;
+if (g == 0u && lane == 0u) for (uint i = 2u * R; i < (uint)KV_FLAG_MIN; ++i) flag[i] = 0u;
