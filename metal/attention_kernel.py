@@ -779,7 +779,9 @@ def _ticket_counters(n: int):
     if buf is None:
         import mlx.core as mx
 
-        buf = _COUNTERS[n] = mx.zeros((n,), mx.uint32)
+        # at least MIN_CONST_BYTES: one KV head's single counter (4 bytes) would sit in MLX's small
+        # pool of unified memory (see DEVICE_CONSTS_BACKENDS), its atomics crossing the interconnect
+        buf = _COUNTERS[n] = mx.zeros((max(n, MIN_CONST_BYTES // 4),), mx.uint32)
         mx.eval(buf)
     return buf
 

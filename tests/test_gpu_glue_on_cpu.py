@@ -221,3 +221,24 @@ def test_device_consts_leave_no_small_host_buffer(fake_cuda, monkeypatch):
     monkeypatch.delenv("TQBRIDGE_DEVICE_CONSTS")   # the default: CUDA only
     assert attention_kernel.device_consts("cuda") and not attention_kernel.device_consts("metal")
     kv_append.prepared.cache_clear()
+
+
+def test_single_dispatch_counters_are_not_a_small_buffer(fake_cuda, monkeypatch):
+    """Kernel v3 in one dispatch counts finished splits per KV head in a buffer of atomics: with one or
+    two KV heads that is 4-8 bytes, which MLX's CUDA allocator would serve from its unified-memory small
+    pool; the buffer has at least MIN_CONST_BYTES, zeros past the heads'."""
+    from tqbridge import bridge
+
+    rng = np.random.default_rng(3)
+    monkeypatch.setenv("TQBRIDGE_V3_DISPATCHES", "1")
+    for hkv in (1, 2, 8):
+        attention_kernel.clear_launch_caches()
+        attention_kernel._COUNTERS.clear()
+        q = mx.array(rng.standard_normal((1, 4 * hkv, 128)).astype(np.float16))
+        kb = mx.array(bridge.quantize("q8_0", rng.standard_normal((1, hkv, 64, 128)).astype(np.float32)))
+        vb = mx.array(bridge.quantize("turbo3", rng.standard_normal((1, hkv, 64, 128)).astype(np.float32)))
+        launch = attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3", q_precision="int8")
+        assert launch.run_info["dispatches"] == 1
+        cnt = launch._run.cnt
+        assert cnt.nbytes >= attention_kernel.MIN_CONST_BYTES and cnt.shape[0] >= hkv and not np.array(cnt).any()
+    attention_kernel._COUNTERS.clear()
