@@ -672,14 +672,13 @@ def _launch(kernel, *args, **kw):
 @lru_cache(maxsize=256)
 def _mlx_setup(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, has_sinks: bool, dyn: bool = False):
     """Kernels and constant buffers of one call signature (lengths and splits left out)."""
-    import mlx.core as mx
-
     split_s, comb_s, extra1, extra2 = _static(shape_prob, shape_plan, qtype, dyn)
     fp1 = const_buffer(np.array([shape_prob.scale, shape_prob.softcap], np.float32), backend)
     tabs = const_buffer(tables(shape_prob), backend)
-    # constants made from host data (no pending primitive, no host sync): a lazy mx.zeros here would be
-    # part of every mx.compile replay of the launches (an extra fill kernel per call; the decode-step
-    # test's kernel count caught it on the H200), and evaluating it would be a host sync in a decode step
+    # constants already evaluated (host data, or const_buffer's scheduled device copy: no pending
+    # primitive, no host sync): a lazy mx.zeros here would be part of every mx.compile replay of the
+    # launches (an extra fill kernel per call; the decode-step test's kernel count caught it on the
+    # H200), and evaluating it with mx.eval would be a host sync in a decode step
     zero_sinks = const_buffer(np.zeros((shape_prob.q_heads,), np.float32), backend)
     k1 = _built(backend, 0, qtype, split_s, _version(shape_plan))
     k2 = _built(backend, 1, qtype, comb_s)
