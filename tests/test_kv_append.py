@@ -170,3 +170,16 @@ def test_relocate_refuses_rows_outside_the_buffer():
     kc = np.zeros((1, 1, 4, 34), np.uint8)
     with pytest.raises(KernelError, match="cannot move"):
         relocate(kc, kc.copy(), 2, 3, 8, np.zeros(2, np.uint32), "cpu-emulator")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_head_one_row_flag_is_padded(backend):
+    """One KV head, one row per step (R = 1): the flag has FLAG_MIN slots, not 2 (8 bytes, MLX's
+    unified-memory small pool on CUDA); the padding is zero, a NaN K row sets slot 0 only."""
+    inp, before, after = _run(backend, "q8_0", "turbo3", 128, 1, 1, 1, 8, 3, np.float16, seed=4)
+    _check("q8_0", "turbo3", 3, 1, inp, before, after)
+    assert after[2].shape == (kv_append.FLAG_MIN,)
+    inp, before, after = _run(backend, "q8_0", "turbo3", 128, 1, 1, 1, 8, 3, np.float16, seed=4,
+                              poison=(0, 0, 0, 5))
+    _check("q8_0", "turbo3", 3, 1, inp, before, after, poisoned=True)
+    assert after[2].tolist() == [1, 0, 0, 0]
