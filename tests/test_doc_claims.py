@@ -1322,3 +1322,11 @@ def test_combine_rewrite_paragraph_is_its_record():
         assert s in doc, s
     assert all(n < o for n, o in zip(comb[0], comb[1])) and all(n < o for n, o in zip(kn, ko))
     assert all(abs(q / t - 1) <= 0.10 or q < t for q, t in zip(dev[1], dev[0]))   # "within 10%"
+
+
+def test_combine_emulator_fuzz_sentence_is_its_record():
+    rec = record("benchmarks/cpu-2026-12-02-fuzz-combine-emulator.json")
+    assert rec["ok"] is True and rec["failure"] is None and rec["backend"] == "cpu-emulator"
+    said = (f"(int8 q, {rec['seconds'] / 60:.0f} minutes, {rec['examples']} examples over {rec['shapes']} shapes, every "
+            f"format pair): no counterexample, worst error {rec['worst_error_over_allowed']:.2f} of the allowed bound")
+    assert said in flat(text("BENCHMARKS.md")), said
