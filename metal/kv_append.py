@@ -29,12 +29,12 @@ MAX_DP = 256                 # widest stored row (values) the kernel holds in th
 # 8 bytes, which MLX's CUDA allocator serves from unified memory the GPU reads through a mapping
 # (attention_kernel.MIN_CONST_BYTES); one KV head, one row per step gives 2R = 2
 FLAG_MIN = 4
+_SRC = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
 def flag_slots(rows: int) -> int:
     """The flag's length for an append of ``rows`` rows per side (R = B * H * S)."""
     return max(2 * rows, FLAG_MIN)
-_SRC = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
 @lru_cache(maxsize=None)
@@ -88,14 +88,13 @@ class KVAppend:
                   **_side_static("KA", kf, k_dim, k_dp, k_rot), **_side_static("VA", vf, v_dim, v_dp, v_rot)}
         kern = _kernel(src_dtype != "float32")
         self._kern = build(kern, static, backend)
+        from .attention_kernel import compile_launches, const_buffer, device_params
+
         ktab, vtab = _static_and_table(kf, False)[1], _static_and_table(vf, False)[1]
         if backend == "cpu-emulator":
             self._ktab, self._vtab = ktab, vtab
         else:
-            from .attention_kernel import const_buffer
-
             self._ktab, self._vtab = const_buffer(ktab, backend), const_buffer(vtab, backend)
-        from .attention_kernel import compile_launches, device_params
 
         self.compiled = backend != "cpu-emulator" and compile_launches(backend)
         self._compiled = None

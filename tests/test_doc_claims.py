@@ -1147,14 +1147,9 @@ def test_common_path_count_sentence_is_its_record():
 
 def test_in_chain_pass1_sentence_is_its_records():
     doc = flat(text("BENCHMARKS.md"))
-    ctx = sorted(record(DP_WALL)["runs"][0]["contexts"], key=lambda x: x["context"])
-
-    def per_layer(row, part):
-        ks = row["growing_cache_path_kernels"]
-        (name,) = [k for k in ks if part in k]
-        return ks[name]["us"] / ks[name]["count"]
-    p1 = [per_layer(r, "split_v3") for r in ctx]
-    comb = [per_layer(r, "combine") for r in ctx]
+    ctx = _by_ctx(record(DP_WALL)["runs"][0])
+    p1 = [_kernel_us(r, "split_v3") for r in ctx]
+    comb = [_kernel_us(r, "combine") for r in ctx]
     alone = [r["pass1_us"] for r in sorted(record(ABLATION)["rows"], key=lambda r: r["context"]) if r["ablation"] == "none"]
     said = (f"pass 1 {_three(p1)} µs, combine {_three(comb)} at 4K / 32K / 128K, against {_three(alone)} µs for pass 1 "
             f"in CuPy")
