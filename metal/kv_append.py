@@ -32,9 +32,9 @@ FLAG_MIN = 4
 _SRC = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
-def flag_slots(rows: int) -> int:
+def flag_slots(rows: int, flag_min: int = FLAG_MIN) -> int:
     """The flag's length for an append of ``rows`` rows per side (R = B * H * S)."""
-    return max(2 * rows, FLAG_MIN)
+    return max(2 * rows, flag_min)
 
 
 @lru_cache(maxsize=None)
@@ -84,11 +84,15 @@ class KVAppend:
         self.k_dim, self.v_dim = k_dim, v_dim
         self.k_row_bytes = k_dp // kf.block_size * kf.type_size
         self.v_row_bytes = v_dp // vf.block_size * vf.type_size
-        static = {"QA_SRC": _SRC[src_dtype], "KV_MAX_DP": MAX_DP, "KV_FLAG_MIN": FLAG_MIN,
+        from .attention_kernel import compile_launches, const_buffer, device_consts, device_params
+
+        # the padding is one of the small-buffer measures TQBRIDGE_DEVICE_CONSTS switches (0: a flag of
+        # 2R slots, for measuring what the padding buys)
+        self.flag_min = FLAG_MIN if backend == "cpu-emulator" or device_consts(backend) else 1
+        static = {"QA_SRC": _SRC[src_dtype], "KV_MAX_DP": MAX_DP, "KV_FLAG_MIN": self.flag_min,
                   **_side_static("KA", kf, k_dim, k_dp, k_rot), **_side_static("VA", vf, v_dim, v_dp, v_rot)}
         kern = _kernel(src_dtype != "float32")
         self._kern = build(kern, static, backend)
-        from .attention_kernel import compile_launches, const_buffer, device_params
 
         ktab, vtab = _static_and_table(kf, False)[1], _static_and_table(vf, False)[1]
         if backend == "cpu-emulator":
@@ -101,6 +105,10 @@ class KVAppend:
         self.device_params = backend != "cpu-emulator" and device_params(backend)
         self._ptable: dict = {}   # (R, S, cap, H, n_in) -> device table over the row position (device_params)
         self._prow: dict = {}     # its rows in use (views), shared by the layers of a step
+
+    def flag_slots(self, rows: int) -> int:
+        """This append's flag length for ``rows`` rows per side (:func:`flag_slots`)."""
+        return flag_slots(rows, self.flag_min)
 
     def __call__(self, k_rows, v_rows, kc, vc, pos: int, flag_in):
         B, H, S = k_rows.shape[:3]
@@ -118,7 +126,7 @@ class KVAppend:
             if src16:
                 k, v = k.view(np.uint16), v.view(np.uint16)
             params = np.array([R, S, cap, pos, H, n_in], np.uint32)
-            (flag,) = self._kern([k, v, kc, vc, self._ktab, self._vtab, params, flag_in], [(flag_slots(R),)],
+            (flag,) = self._kern([k, v, kc, vc, self._ktab, self._vtab, params, flag_in], [(self.flag_slots(R),)],
                                  (2 * R, 1, 1), THREADS)
             return flag
         import mlx.core as mx
@@ -156,7 +164,7 @@ class KVAppend:
         B, H, S = k_rows.shape[:3]
         R = B * H * S
         (flag,) = self._kern.raw(inputs=[k_rows, v_rows, kc, vc, self._ktab, self._vtab, params, flag_in],
-                                 output_shapes=[(flag_slots(R),)], output_dtypes=[mx.uint32],
+                                 output_shapes=[(self.flag_slots(R),)], output_dtypes=[mx.uint32],
                                  grid=(2 * R * THREADS, 1, 1), threadgroup=(THREADS, 1, 1))
         return flag
 
@@ -222,11 +230,21 @@ def _params(*values: int):
     return mx.array(np.array(values, np.uint32))
 
 
-@lru_cache(maxsize=64)
 def prepared(k_format: str, v_format: str, k_dim: int, v_dim: int, k_dp: int, v_dp: int, k_rot: int,
              v_rot: int, src_dtype: str, backend: str) -> KVAppend:
-    """One :class:`KVAppend` per geometry (kernel built once)."""
+    """One :class:`KVAppend` per geometry (kernel built once) and setting of the small-buffer switch."""
+    from .attention_kernel import device_consts
+
+    pad = backend == "cpu-emulator" or device_consts(backend)
+    return _prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend, pad)
+
+
+@lru_cache(maxsize=64)
+def _prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend, pad) -> KVAppend:
     return KVAppend(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend)
+
+
+prepared.cache_clear = _prepared.cache_clear   # as on an lru_cache: drop every prepared append
 
 
 def hadamard_butterfly(x: np.ndarray, n: int) -> np.ndarray:

@@ -89,6 +89,25 @@ def test_prepared_attention_calls_mlx(fake_cuda, monkeypatch, dispatches, compil
     assert prob.l_max == 64
 
 
+@pytest.mark.parametrize("consts, slots", [("1", 4), ("0", 2)])
+def test_append_flag_padding_follows_the_small_buffer_switch(fake_cuda, monkeypatch, consts, slots):
+    """One KV head, one row: the flag is 4 slots (16 bytes) under the device-consts default and the
+    bare 2 (8 bytes, MLX's unified-memory pool) with TQBRIDGE_DEVICE_CONSTS=0, the A/B the decode
+    benchmark measures; the kernel is built for the flag length it is given."""
+    monkeypatch.setenv("TQBRIDGE_DEVICE_CONSTS", consts)
+    kv_append.prepared.cache_clear()
+    d = 256
+    app = kv_append.prepared("q8_0", "turbo3", d, d, d, d, rotation_group("q8_0", d, "k"),
+                             rotation_group("turbo3", d, "v"), "float16", "cuda")
+    rows = mx.zeros((1, 1, 1, d), mx.float16)
+    kc = mx.zeros((1, 1, 8, app.k_row_bytes), mx.uint8)
+    vc = mx.zeros((1, 1, 8, app.v_row_bytes), mx.uint8)
+    flag = app(rows, rows, kc, vc, 3, mx.zeros((slots,), mx.uint32))
+    assert tuple(flag.shape) == (slots,) and app.flag_slots(1) == slots
+    assert app._kern.static["KV_FLAG_MIN"] == (4 if consts == "1" else 1)
+    kv_append.prepared.cache_clear()
+
+
 @pytest.mark.parametrize("compiled", ["1", "0"])
 def test_prepared_append_compiled_replays(fake_cuda, monkeypatch, compiled):
     """The in-place append of a decode loop: under mx.compile its launch code runs at the first step

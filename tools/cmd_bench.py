@@ -233,7 +233,7 @@ def _run_attention(args) -> int:
 def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure_device, decode_attention, last_run,
                        mlx_quantize, quantized_sdpa, profiling, scale, copy) -> dict:
     """One context's row: every path timed in each regime (keys ``<path>_us``, ``<path>_build_us``,
-    ``<path>_device_us``; the growing regime's prefixed ``growing_``)."""
+    ``<path>_encode_us``, ``<path>_device_us``; the growing regime's prefixed ``growing_``)."""
     from ..metal.attention_kernel import prepare_decode
 
     b, hq, hkv, d, nl = args.batch, args.q_heads, args.kv_heads, args.head_dim, args.layers
@@ -317,8 +317,8 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
             lengths = [ctx] * (args.repeats + 1)
         else:
             lengths = list(range(ctx - args.repeats - 2, ctx - 1))
-        build, wall = profiling.build_and_wall(mx, make, lengths, nl)
-        row[key + "_us"], row[key + "_build_us"] = wall, build
+        build, encode, wall = profiling.build_encode_wall(mx, make, lengths, nl)
+        row[key + "_us"], row[key + "_build_us"], row[key + "_encode_us"] = wall, build, encode
         if measure_device:
             last = ctx if regime == "fixed" else ctx - 1
             dev = profiling.device_times(mx, lambda: make(last))
@@ -422,7 +422,7 @@ def _speedups(row: dict, prefix: str, copy: dict, kernel_bytes: int) -> None:
     """Speed-ups of the headline and the best fused configuration against MLX's paths, and the best's
     share of the device's copy bandwidth on the bytes it reads (wall time)."""
     timed = [(k[len(prefix):-3], v) for k, v in row.items()
-             if k.startswith(prefix + "fused") and k.endswith("_us") and not k.endswith(("_build_us", "_device_us"))
+             if k.startswith(prefix + "fused") and k.endswith("_us") and not k.endswith(("_build_us", "_encode_us", "_device_us"))
              and not row.get(k[len(prefix):-3] + "_wrong")]
     if prefix and "growing_cache_path_us" in row and not row.get("cache_path_wrong"):
         timed.append(("cache_path", row["growing_cache_path_us"]))

