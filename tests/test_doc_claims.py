@@ -1325,3 +1325,92 @@ def test_combine_emulator_fuzz_sentence_is_its_record():
     said = (f"(int8 q, {rec['seconds'] / 60:.0f} minutes, {rec['examples']} examples over {rec['shapes']} shapes, every "
             f"format pair): no counterexample, worst error {rec['worst_error_over_allowed']:.2f} of the allowed bound")
     assert said in flat(text("BENCHMARKS.md")), said
+
+
+ENCODE = "benchmarks/h200-2026-12-02-bench-attention-encode.json"
+ENCODE_PROBE = "benchmarks/h200-2026-12-02-probe-encode-size.json"
+GEMMA_GEO = "benchmarks/h200-2026-12-02-bench-decode-gemma-geometry.json"
+CUDA_FUZZ_9 = "benchmarks/h200-2026-12-02-fuzz-v3-cuda-combine.json"
+GPU_TESTS_9 = "benchmarks/h200-2026-12-02-gpu-tests.json"
+
+
+def _ratios(ctx, num="growing_sdpa_fp16", den="growing_cache_path", suffix="_us"):
+    return _three((r[num + suffix] / r[den + suffix] for r in ctx), ".2f")
+
+
+def test_ninth_session_combine_and_ratio_sentences_are_their_records():
+    doc = flat(text("BENCHMARKS.md"))
+    runs = record(ENCODE)["runs"]
+    assert "MLX_USE_CUDA_GRAPHS=0" in runs[2]["command"] and "MLX_USE_CUDA_GRAPHS" not in runs[1]["command"]
+    c1, c2, c3 = (_by_ctx(r["result"]) for r in runs)
+    last = c2[-1]
+    said = [f"measured (CUPTI) {_three(_kernel_us(r, 'combine') for r in c1)} µs in one run and "
+            f"{_three(_kernel_us(r, 'combine') for r in c2)} in a second (before: 4.2 / 5.4 / 5.0)",
+            f"unchanged ({_three(_kernel_us(r, 'split_v3') for r in c2)} µs)",
+            f"wall {_ratios(c1)}× in one run, {_ratios(c2)}× in a second; device time "
+            f"{_three(r['growing_cache_path_device_us'] for r in c2)} µs against fp16's "
+            f"{_three(r['growing_sdpa_fp16_device_us'] for r in c2)} ({_ratios(c2, suffix='_device_us')}×)",
+            f"At 128K pass 1 + combine read {100 * last['growing_headline_device_fraction_of_copy_bw']:.0f}% of a CuPy",
+            f"builds in {_three(r['growing_cache_path_build_us'] for r in c2)} µs and encodes in "
+            f"{_three(r['growing_cache_path_encode_us'] for r in c2)}; fp16 SDPA builds in "
+            f"{_three(r['growing_sdpa_fp16_build_us'] for r in c2)} and encodes in "
+            f"{_three(r['growing_sdpa_fp16_encode_us'] for r in c2)}",
+            f"fp16 SDPA drops to {_three(r['growing_sdpa_fp16_us'] for r in c3)} µs (wall) and the cache path runs "
+            f"{_three(r['growing_cache_path_us'] for r in c3)}, so the ratio falls to {_ratios(c3)}×",
+            f"there ({last['growing_cache_path_us']:.1f} < {last['growing_cache_path_build_us']:.1f} + "
+            f"{last['growing_cache_path_encode_us']:.1f} + {last['growing_cache_path_device_us']:.1f} µs)"]
+    for s in said:
+        assert s in doc, s
+    # the claims beside the numbers
+    comb_before = (4.2, 5.4, 5.0)
+    assert all(_kernel_us(r, "combine") < b for c in (c1, c2) for r, b in zip(c, comb_before))
+    for c in (c1, c2):   # "4K met; 32K, 128K and the bandwidth missed"
+        q = [r["growing_sdpa_fp16_us"] / r["growing_cache_path_us"] for r in c]
+        assert q[0] >= 1.5 and q[1] < 2.0 and q[2] < 2.2
+    assert last["growing_headline_device_fraction_of_copy_bw"] < 0.75
+    fenc = [r["growing_sdpa_fp16_encode_us"] for r in c2]
+    enc = [r["growing_cache_path_encode_us"] for r in c2]
+    assert f"costs MLX {min(fenc):.0f}–{max(fenc):.0f} µs of host time per call, " \
+           f"{min(f / e for f, e in zip(fenc, enc)):.1f} to {max(f / e for f, e in zip(fenc, enc)):.1f} times" in doc
+    assert enc[0] < enc[1] < enc[2]   # "grows with the context"
+    # "wall < build + encode + device there", and 195 MB per layer cut by MLX's 1000 MB commit
+    assert last["growing_cache_path_us"] < (last["growing_cache_path_build_us"] + last["growing_cache_path_encode_us"]
+                                            + last["growing_cache_path_device_us"])
+    assert round(last["kernel_bytes"] / 1e6) == 195 and round(last["fp16_bytes"] / 1e6) == 537
+    per_graph = lambda b: int(1000 // (b / 2 ** 20)) + 1   # noqa: E731  layers until bytes >> 20 exceeds 1000
+    assert -(-16 // per_graph(last["kernel_bytes"])) == 3 and -(-16 // per_graph(last["fp16_bytes"])) == 8
+    assert c2[1]["kernel_bytes"] * 16 < 1000 * 2 ** 20   # "no commit at" 32K
+
+
+def test_ninth_session_probe_gemma_fuzz_and_tests_are_their_records():
+    doc = flat(text("BENCHMARKS.md"))
+    on, off = record(ENCODE_PROBE)["runs"]
+    assert on["graphs"] == "default" and off["graphs"] == "0" and [r["mb"] for r in on["rows"]] == [1, 12, 48, 192]
+    assert (f"encodes in {_three(r['encode_us'] for r in on['rows'])} µs per kernel with graphs "
+            f"({_three(r['encode_us'] for r in off['rows'])} without)") in doc
+    assert max(r["encode_us"] for r in on["rows"]) <= on["rows"][0]["encode_us"] * 1.1   # no growth with size
+    g = {(r["cache"], r["context"]): r for r in record(GEMMA_GEO)["result"]["runs"]}
+    off_c = "q8_0/turbo3{TQBRIDGE_DEVICE_CONSTS=0}"
+
+    def two(cache, key, sep=" / "):
+        return sep.join(format(g[(cache, n)][key], ".2f") for n in (4096, 32768))
+    rounds = sorted(g[("q8_0/turbo3", 32768)]["ms_per_token_rounds"])
+    said = [f"q8_0/turbo3 decodes at {two('q8_0/turbo3', 'speedup_vs_fp16', '× / ')}× fp16 at 4K / 32K "
+            f"({two('q8_0/turbo3', 'ms_per_token')} ms/token against fp16's {two('fp16', 'ms_per_token')})",
+            f"the same cache ran {two(off_c, 'speedup_vs_fp16', '× / ')}× ({two(off_c, 'ms_per_token')} ms): "
+            f"**no measurable difference** (one of the default's 32K rounds ran {rounds[0]:.2f} ms, its others "
+            f"{rounds[1]:.2f}–{rounds[2]:.2f})"]
+    for s in said:
+        assert s in doc, s
+    for n in (4096, 32768):   # the difference is inside the default's own round spread
+        spread = max(g[("q8_0/turbo3", n)]["ms_per_token_rounds"]) - min(g[("q8_0/turbo3", n)]["ms_per_token_rounds"])
+        assert abs(g[(off_c, n)]["ms_per_token"] - g[("q8_0/turbo3", n)]["ms_per_token"]) <= spread
+    fz = record(CUDA_FUZZ_9)["summary"]
+    assert fz["ok"] is True and fz["failure"] is None and fz["backend"] == "cuda" and fz["q_precision"] == "int8"
+    assert (f"combine ({fz['seconds']:.0f} s, 12 processes, int8 q, {len(fz['formats'])} formats) found no counterexample "
+            f"in {fz['examples']} examples over {fz['shapes']} shapes, worst error "
+            f"{fz['worst_error_over_allowed']:.3f} of the allowed bound") in doc
+    t = record(GPU_TESTS_9)["outcomes"]
+    assert len(t) == 7 and not any(k.startswith(("FAILED", "ERROR")) for v in t.values() for k in v)
+    n = sum(c for v in t.values() for k, c in v.items() if not k.endswith("7e8de75"))
+    assert f"Every GPU test of the seven kernel test files passed on the H200 ({n} tests:" in doc
