@@ -31,7 +31,9 @@ def build_encode_wall(mx: Any, make: Callable[[Any], Any], args: Iterable[Any],
                       calls: int) -> "tuple[float, float, float]":
     """As :func:`build_and_wall`, with the median µs per call that ``mx.async_eval`` takes in between:
     the host's share of the evaluation (MLX encodes every primitive on the calling thread and returns
-    once the work is submitted), so ``wall - build - encode`` is the wait for the device."""
+    once the work is submitted; a graph MLX commits before the end already runs meanwhile), so per
+    evaluation ``wall - build - encode`` is the wait for the device after the last submission (the
+    three medians need not add up)."""
     args = list(args)
     if len(args) < 2:
         raise ValueError("build_and_wall needs a warm-up argument and at least one timed one")
