@@ -72,7 +72,7 @@ class KVAppend:
     on the emulator, where kc / vc are written in place as on the GPU)."""
 
     def __init__(self, k_format, v_format, k_dim: int, v_dim: int, k_dp: int, v_dp: int, k_rot: int,
-                 v_rot: int, src_dtype: str, backend: str):
+                 v_rot: int, src_dtype: str, backend: str, pad_flag: "bool | None" = None):
         from .dispatch import build
 
         kf, vf = get_format(k_format), get_format(v_format)
@@ -84,11 +84,11 @@ class KVAppend:
         self.k_dim, self.v_dim = k_dim, v_dim
         self.k_row_bytes = k_dp // kf.block_size * kf.type_size
         self.v_row_bytes = v_dp // vf.block_size * vf.type_size
-        from .attention_kernel import compile_launches, const_buffer, device_consts, device_params
+        from .attention_kernel import compile_launches, const_buffer, device_params
 
         # the padding is one of the small-buffer measures TQBRIDGE_DEVICE_CONSTS switches (0: a flag of
-        # 2R slots, for measuring what the padding buys)
-        self.flag_min = FLAG_MIN if backend == "cpu-emulator" or device_consts(backend) else 1
+        # 2R slots, for measuring what the padding buys); None: read the switch (_pad_flag)
+        self.flag_min = FLAG_MIN if (_pad_flag(backend) if pad_flag is None else pad_flag) else 1
         static = {"QA_SRC": _SRC[src_dtype], "KV_MAX_DP": MAX_DP, "KV_FLAG_MIN": self.flag_min,
                   **_side_static("KA", kf, k_dim, k_dp, k_rot), **_side_static("VA", vf, v_dim, v_dp, v_rot)}
         kern = _kernel(src_dtype != "float32")
@@ -233,15 +233,20 @@ def _params(*values: int):
 def prepared(k_format: str, v_format: str, k_dim: int, v_dim: int, k_dp: int, v_dp: int, k_rot: int,
              v_rot: int, src_dtype: str, backend: str) -> KVAppend:
     """One :class:`KVAppend` per geometry (kernel built once) and setting of the small-buffer switch."""
+    return _prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend,
+                     _pad_flag(backend))
+
+
+def _pad_flag(backend: str) -> bool:
+    """Whether the flag is padded to FLAG_MIN slots: always on the emulator, else with device consts."""
     from .attention_kernel import device_consts
 
-    pad = backend == "cpu-emulator" or device_consts(backend)
-    return _prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend, pad)
+    return backend == "cpu-emulator" or device_consts(backend)
 
 
 @lru_cache(maxsize=64)
 def _prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend, pad) -> KVAppend:
-    return KVAppend(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend)
+    return KVAppend(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend, pad)
 
 
 prepared.cache_clear = _prepared.cache_clear   # as on an lru_cache: drop every prepared append

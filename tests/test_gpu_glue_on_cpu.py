@@ -47,13 +47,19 @@ def fake_cuda(monkeypatch):
     _clear()   # no recorder-built kernel may outlive the test
 
 
-def test_prepared_append_calls_mlx(fake_cuda):
-    d = 128
+def _append_case(d: int, heads: int):
+    """A prepared q8_0/turbo3 append on the fake CUDA, one step's rows and 8-row cache buffers."""
     app = kv_append.prepared("q8_0", "turbo3", d, d, d, d, rotation_group("q8_0", d, "k"),
                              rotation_group("turbo3", d, "v"), "float16", "cuda")
-    rows = mx.zeros((1, 2, 1, d), mx.float16)
-    kc = mx.zeros((1, 2, 8, app.k_row_bytes), mx.uint8)
-    vc = mx.zeros((1, 2, 8, app.v_row_bytes), mx.uint8)
+    rows = mx.zeros((1, heads, 1, d), mx.float16)
+    kc = mx.zeros((1, heads, 8, app.k_row_bytes), mx.uint8)
+    vc = mx.zeros((1, heads, 8, app.v_row_bytes), mx.uint8)
+    return app, rows, kc, vc
+
+
+def test_prepared_append_calls_mlx(fake_cuda):
+    d = 128
+    app, rows, kc, vc = _append_case(d, 2)
     flag = app(rows, rows, kc, vc, 3, mx.zeros((4,), mx.uint32))
     assert tuple(flag.shape) == (4,)
     (name, shapes, outs, grid), = CALLS
@@ -96,12 +102,7 @@ def test_append_flag_padding_follows_the_small_buffer_switch(fake_cuda, monkeypa
     benchmark measures; the kernel is built for the flag length it is given."""
     monkeypatch.setenv("TQBRIDGE_DEVICE_CONSTS", consts)
     kv_append.prepared.cache_clear()
-    d = 256
-    app = kv_append.prepared("q8_0", "turbo3", d, d, d, d, rotation_group("q8_0", d, "k"),
-                             rotation_group("turbo3", d, "v"), "float16", "cuda")
-    rows = mx.zeros((1, 1, 1, d), mx.float16)
-    kc = mx.zeros((1, 1, 8, app.k_row_bytes), mx.uint8)
-    vc = mx.zeros((1, 1, 8, app.v_row_bytes), mx.uint8)
+    app, rows, kc, vc = _append_case(256, 1)
     flag = app(rows, rows, kc, vc, 3, mx.zeros((slots,), mx.uint32))
     assert tuple(flag.shape) == (slots,) and app.flag_slots(1) == slots
     assert app._kern.static["KV_FLAG_MIN"] == (4 if consts == "1" else 1)
@@ -114,13 +115,8 @@ def test_prepared_append_compiled_replays(fake_cuda, monkeypatch, compiled):
     only (one recorded call for three steps); without it, every step."""
     monkeypatch.setenv("TQBRIDGE_COMPILE", compiled)
     kv_append.prepared.cache_clear()
-    d = 128
-    app = kv_append.prepared("q8_0", "turbo3", d, d, d, d, rotation_group("q8_0", d, "k"),
-                             rotation_group("turbo3", d, "v"), "float16", "cuda")
+    app, rows, kc, vc = _append_case(128, 2)
     assert app.compiled is (compiled == "1")
-    rows = mx.zeros((1, 2, 1, d), mx.float16)
-    kc = mx.zeros((1, 2, 8, app.k_row_bytes), mx.uint8)
-    vc = mx.zeros((1, 2, 8, app.v_row_bytes), mx.uint8)
     flag = mx.zeros((4,), mx.uint32)
     for pos in (3, 4, 5):
         flag = app(rows, rows, kc, vc, pos, flag)
