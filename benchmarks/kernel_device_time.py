@@ -53,6 +53,8 @@ def main(argv=None) -> int:
     p.add_argument("--splits", default="", help="comma-separated split counts to sweep (default: the plan's)")
     p.add_argument("--warps", default="", help="comma-separated warps to sweep (default: the plan's)")
     p.add_argument("--tiles", default="", help="comma-separated keys per tile to sweep (default: the plan's)")
+    p.add_argument("--chunks", default="", help="v3: comma-separated 16-key chunks per SIMD-group step to sweep "
+                   "(default: the plan's)")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--chain", action="store_true",
                    help="time pass 1 and pass 2 alternately, as a chain of layers runs them (an event around each "
@@ -88,14 +90,16 @@ def main(argv=None) -> int:
         copies = -(-COLD_BYTES // bytes_read) if a.cold else 1
         dkbs, dvbs = [cp.asarray(kb) for _ in range(copies)], [cp.asarray(vb) for _ in range(copies)]
         for kern in a.kernels.split(","):
-            sweep = [(nw, ns, tl) for nw in ([int(x) for x in a.warps.split(",") if x] or [None])
+            sweep = [(nw, ns, tl, kc) for nw in ([int(x) for x in a.warps.split(",") if x] or [None])
                      for ns in ([int(x) for x in a.splits.split(",") if x] or [None])
-                     for tl in ([int(x) for x in a.tiles.split(",") if x] or [None])]
-            for nw, ns, tl in sweep:
+                     for tl in ([int(x) for x in a.tiles.split(",") if x] or [None])
+                     for kc in ([int(x) for x in a.chunks.split(",") if x] or [None])]
+            for nw, ns, tl, kc in sweep:
                 try:
-                    plan = ak.make_plan(prob, "cuda", kernel=kern, warps=nw, splits=ns, tile=tl)
+                    plan = ak.make_plan(prob, "cuda", kernel=kern, warps=nw, splits=ns, tile=tl,
+                                        **({"chunks": kc} if kc is not None else {}))
                 except Exception as e:
-                    print(f"{ctx} {kern} warps={nw} splits={ns} tile={tl}: {e}", file=sys.stderr)
+                    print(f"{ctx} {kern} warps={nw} splits={ns} tile={tl} chunks={kc}: {e}", file=sys.stderr)
                     continue
                 split_s, comb_s, extra1, extra2 = ak._static(prob, plan, 0, False)
                 k1def, k2def = ak._kernel_defs(0, ak._version(plan))
@@ -161,7 +165,7 @@ def main(argv=None) -> int:
                 by_regs = 65536 // max(1, regs * threads)
                 by_smem = (props.get("sharedMemPerMultiprocessor", 233472)) // max(1, smem + 1024)
                 row = dict(context=ctx, kernel=plan.kernel, warps=plan.warps, splits=plan.splits, tile=plan.tile,
-                           stages=plan.stages,
+                           stages=plan.stages, chunks=plan.chunks,
                            ctas=hkv * plan.splits, regs=regs, local_bytes=local, shared_bytes=smem,
                            resident_ctas_per_sm=min(by_regs, by_smem, 32), pass1_us=times["pass1"],
                            pass2_us=times.get("pass2", 0.0), fused=plan.fused, bytes_read=bytes_read, copies=copies,

@@ -4,7 +4,7 @@ Compiles the same dialect source MLX compiles on CUDA (as ``kernel_device_time.p
 the local ``nvcc``, then reads the machine code (``cuobjdump -sass``, which needs ``nvdisasm`` on
 the PATH) and reports: registers per thread, spill bytes, static shared memory, and the key loop —
 the innermost loop holding the tensor-core products — counted by instruction class. The loop body
-serves 16 keys per SIMD group, so ``per_key`` = body / 16. The counts are static: both sides of
+serves 16 keys per SIMD group and chunk (``--chunks``, v3's ``Plan.chunks``), so ``per_key`` = body / (16 x chunks). The counts are static: both sides of
 every branch inside the loop (the masked-edge path, the rescale taken only when a maximum moved)
 are included, so the common path issues fewer. An issue-bound kernel's time follows its
 instructions per key; this is the profile to read before and after a change to the inner loop.
@@ -63,7 +63,7 @@ def _source(prob, plan):
 # --common-path: the loop as a long context runs it almost always (every key of a tile visible, no
 # softcap, no running maximum moved): the other branches are removed from the source, so that the
 # static count of what remains is the common path's count (v3)
-COMMON_PATH = (("        if (inner && softcap <= 0.0f) {", "        if (true) {"),
+COMMON_PATH = (("            if (inner && softcap <= 0.0f) {", "            if (true) {"),
                ("        if (moved) {", "        if (false) {"))
 
 
@@ -75,9 +75,10 @@ def _common_path(text: str) -> str:
     return text
 
 
-def loop_profile(sass: str) -> dict:
+def loop_profile(sass: str, keys: int = 16) -> dict:
     """The key loop of ``cuobjdump -sass`` text (the innermost loop holding every tensor-core product),
-    counted by instruction class; ``per_key``: the body serves 16 keys per SIMD group."""
+    counted by instruction class; ``per_key``: the body serves ``keys`` keys per SIMD group (v3: 16 per
+    chunk, ``Plan.chunks`` chunks per step)."""
     ins = []   # (address, opcode, full text)
     for line in sass.splitlines():
         m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*?);", line)
@@ -96,7 +97,8 @@ def loop_profile(sass: str) -> dict:
     body = [op for a, op, _ in ins if lo <= a <= hi]
     by = Counter(_class(op.split(".")[0]) for op in body)
     ops = Counter(op.split(".")[0] for op in body)
-    return {"loop_instructions": len(body), "per_key": round(len(body) / 16, 1), "by_class": dict(by.most_common()),
+    return {"loop_instructions": len(body), "per_key": round(len(body) / keys, 1), "keys_per_iteration": keys,
+            "by_class": dict(by.most_common()),
             "top_opcodes": dict(ops.most_common(12))}
 
 
@@ -143,10 +145,10 @@ def profile(k_format: str, v_format: str, kernel: str = "v3", q_heads: int = 32,
     spills = [int(x) for x in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", usage).groups()]
     smem_m = re.search(r"(\d+) bytes smem", usage)
     smem = int(smem_m.group(1)) if smem_m else 0
-    loop = loop_profile(sass)
+    loop = loop_profile(sass, 16 * plan.chunks)
     return {"k_format": kf.key, "v_format": vf.key, "kernel": plan.kernel, "arch": arch,
             "shape": dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, context=context),
-            "plan": dict(warps=plan.warps, splits=plan.splits, tile=plan.tile, q_regs=plan.q_regs),
+            "plan": dict(warps=plan.warps, splits=plan.splits, tile=plan.tile, q_regs=plan.q_regs, chunks=plan.chunks),
             "registers": regs, "spill_store_bytes": spills[0], "spill_load_bytes": spills[1], "static_smem_bytes": smem,
             "common_path": common_path, **loop}
 
@@ -158,6 +160,8 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--q-in-smem", action="store_true",
                     help="v3 with q read from threadgroup memory in the key loop (TQBRIDGE_V3_Q_IN_SMEM=1)")
+    ap.add_argument("--chunks", type=int, default=None,
+                    help="v3: 16-key chunks per SIMD-group step (TQBRIDGE_V3_CHUNKS; default: the plan's)")
     ap.add_argument("--common-path", action="store_true",
                     help="v3: count the loop's common path only (every key visible, no softcap, no rescale)")
     ap.add_argument("--cubin", default=None, help="profile this prebuilt cubin (e.g. MLX's cached build of the "
@@ -168,6 +172,10 @@ def main(argv=None) -> int:
         import os
 
         os.environ["TQBRIDGE_V3_Q_IN_SMEM"] = "1"
+    if a.chunks is not None:
+        import os
+
+        os.environ["TQBRIDGE_V3_CHUNKS"] = str(a.chunks)
     for tool in ("nvcc", "cuobjdump", "nvdisasm"):
         if shutil.which(tool) is None:
             print(f"kernel_sass: {tool} not found on PATH (CUDA toolkit; cuobjdump needs nvdisasm)", file=sys.stderr)

@@ -48,6 +48,7 @@ V3_WARPS = 4
 V3_MAX_TILE = 64             # keys staged per tile (a multiple of 16; a ring of tiles is resident)
 V3_SHARED_CUDA = 48 * 1024   # CUDA's limit of static shared memory per threadgroup
 V3_STAGES_CUDA = 3           # tiles in the copy ring on CUDA (two being copied while one is computed)
+V3_CHUNKS = (1, 2)           # 16-key chunks per SIMD-group step v3 builds (TQBRIDGE_V3_CHUNKS; the tile a multiple)
 # v3 in one dispatch (TQBRIDGE_V3_DISPATCHES=1) where device-scope fences and atomics exist (CUDA; the
 # emulator runs threadgroups one after another); Metal's device atomics are relaxed only. Not the
 # default: measured on the H200, one dispatch costs -1 / +4 / +6 us more device time than pass 1 +
@@ -181,6 +182,7 @@ class Plan:
     stages: int = 2           # v3: tiles in the asynchronous copy ring (TQA_NS)
     fused: bool = False       # v3: one dispatch (the last threadgroup of a head merges the splits)
     q_regs: bool = True       # v3: q's fragments in registers (False: read from threadgroup memory, TQA_QSMEM)
+    chunks: int = 1           # v3: 16-key chunks a SIMD group takes per online-softmax step (TQA_KC)
 
     @property
     def dispatches(self) -> int:
@@ -308,7 +310,7 @@ def _v2_tile(prob: Problem, warps: int, dyn: bool, tile: "int | None") -> int:
 
 def make_plan(prob: Problem, backend: str, *, splits: "int | None" = None, lanes_per_key: "int | None" = None,
               warps: "int | None" = None, tile: "int | None" = None, kernel: "str | None" = None,
-              dyn: bool = False) -> Plan:
+              dyn: bool = False, chunks: "int | None" = None) -> Plan:
     """Launch plan. ``kernel``: None (v2 when it fits, else v1), "v1" or "v2"; ``dyn``: the build is
     format-generic (the emulator's default), which sizes threadgroup memory for f32 rows."""
     if max(prob.k_dim, prob.v_dim) > COMBINE_THREADS:
@@ -319,7 +321,9 @@ def make_plan(prob: Problem, backend: str, *, splits: "int | None" = None, lanes
     if kernel == "v3":
         if lanes_per_key is not None:
             raise AttentionError("lanes_per_key is an option of kernel v1 only")
-        return _make_plan_v3(prob, backend, splits, warps, tile)
+        return _make_plan_v3(prob, backend, splits, warps, tile, chunks)
+    if chunks is not None:
+        raise AttentionError("chunks is an option of kernel v3 only")
     if kernel != "v1" and lanes_per_key is None:
         plan = _make_plan_v2(prob, backend, splits, warps, tile, dyn, required=kernel == "v2")
         if plan is not None:
@@ -447,10 +451,27 @@ def _v3_limits(backend: str) -> tuple[int, int]:
     return (V3_SHARED_CUDA, V3_STAGES_CUDA) if backend == "cuda" else (SHARED_BYTES, V3_STAGES_CUDA)
 
 
-def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
+def v3_chunks() -> int:
+    """The 16-key chunks per SIMD-group step of v3 plans made without an explicit ``chunks``:
+    TQBRIDGE_V3_CHUNKS, else 1."""
+    raw = os.environ.get("TQBRIDGE_V3_CHUNKS", "1")
+    try:
+        kc = int(raw)
+    except ValueError:
+        kc = 0
+    if kc not in V3_CHUNKS:
+        raise AttentionError(f"TQBRIDGE_V3_CHUNKS must be one of {', '.join(map(str, V3_CHUNKS))}, got {raw!r}")
+    return kc
+
+
+def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks=None) -> Plan:
     why = v3_refusal(prob)
     if why:
         raise AttentionError(why)
+    kc = v3_chunks() if chunks is None else int(chunks)
+    if kc not in V3_CHUNKS:
+        raise AttentionError(f"kernel v3 takes chunks of {' or '.join(map(str, V3_CHUNKS))} (16-key chunks per "
+                             f"SIMD-group step), got {chunks}")
     nw = V3_WARPS if warps is None else int(warps)
     if not 1 <= nw <= 8:
         raise AttentionError(f"warps must be 1..8, got {nw}")
@@ -460,20 +481,28 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
             nw //= 2
     if tile is not None:
         tl = int(tile)
-        if tl % 16 or not 16 <= tl <= 256:
-            raise AttentionError(f"kernel v3 takes a tile of a multiple of 16 keys up to 256, got {tile}")
+        if tl % (16 * kc) or not 16 <= tl <= 256:
+            raise AttentionError(f"kernel v3 with chunks={kc} takes a tile of a multiple of {16 * kc} keys up to 256, "
+                                 f"got {tile}")
         while ns > 2 and v3_shared_bytes(prob, nw, tl, ns) > limit:
             ns -= 1
         if v3_shared_bytes(prob, nw, tl, ns) > limit:
             raise AttentionError(f"kernel v3 with tile={tl} does not fit {limit} bytes of threadgroup memory")
     else:
         # the most keys in flight ((stages - 1) * tile) that fit; then the larger tile
-        fits = [(n, t) for n in range(2, ns + 1) for t in range(16, V3_MAX_TILE + 1, 16)
+        fits = [(n, t) for n in range(2, ns + 1) for t in range(16 * kc, V3_MAX_TILE + 1, 16 * kc)
                 if v3_shared_bytes(prob, nw, t, n) <= limit]
-        ns, tl = max(fits, key=lambda nt: ((nt[0] - 1) * nt[1], nt[1])) if fits else (2, 16)
+        ns, tl = max(fits, key=lambda nt: ((nt[0] - 1) * nt[1], nt[1])) if fits else (2, 16 * kc)
         if v3_shared_bytes(prob, nw, tl, ns) > limit:
             raise AttentionError(f"kernel v3 does not fit {limit} bytes of threadgroup memory for rows of "
                                  f"{prob.k_dim} / {prob.v_dim} values with {nw} SIMD groups")
+    # each SIMD group takes 16 * chunks keys of a tile per step: with chunks > 1, no more groups than a tile
+    # has steps (one chunk per step keeps its plans as they were: the emulator's 48-key tiles idle a group)
+    if kc > 1 and 16 * kc * nw > tl:
+        if warps is not None:
+            raise AttentionError(f"kernel v3 with {nw} SIMD groups of {16 * kc} keys per step leaves some idle in a "
+                                 f"tile of {tl} keys; take at most {max(1, tl // (16 * kc))} or a larger tile")
+        nw = max(1, tl // (16 * kc))
     l_used = max(max(prob.lengths), 1)
     heads = prob.batch * prob.kv_heads
     if splits is None:
@@ -493,7 +522,7 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile) -> Plan:
     # q in threadgroup memory (TQBRIDGE_V3_Q_IN_SMEM=1): fewer registers, more threadgroups per SM, a few
     # more instructions per key (benchmarks/kernel_sass.py); off until the device time says which wins
     q_regs = os.environ.get("TQBRIDGE_V3_Q_IN_SMEM") != "1"
-    return Plan(1, nw, splits, split_len, tl, "v3", V3_MAX_ROWS, ns, fused, q_regs)
+    return Plan(1, nw, splits, split_len, tl, "v3", V3_MAX_ROWS, ns, fused, q_regs, kc)
 
 
 def resolve_kernel(prob: Problem, backend: str, kernel: "str | None", q_precision: "str | None") -> "str | None":
@@ -550,7 +579,7 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
                      TQA_VB=_turbo_index_bits(prob.v_format),
                      TQA_STB=_v3_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages,
                      TQA_FUSED=int(plan.fused), TQA_MAXP=MAX_PARTIALS, TQA_SINKS=int(prob.has_sinks),
-                     TQA_QSMEM=int(not plan.q_regs), TQA_V23=int(v_decode == "turbo-permute"),
+                     TQA_QSMEM=int(not plan.q_regs), TQA_KC=plan.chunks, TQA_V23=int(v_decode == "turbo-permute"),
                      TQA_VCODE=int(v_decode == "codes-permute"))
     elif plan.kernel == "v2":
         split.update(TQA_QA=plan.rows_room or _rows_room(prob, dyn), TQA_KS=v2_key_slots(prob))
@@ -838,7 +867,8 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
         backend=bk, dispatches=LAUNCHES[0] - launches0, kernel=plan.kernel, splits=plan.splits,
         lanes_per_key=plan.lanes_per_key, warps=plan.warps, tile=plan.tile,
         chain=plan.chain(max(prob.lengths)), q_precision=plan.q_precision,
-        v_decode=v3_v_decode(prob) if plan.kernel == "v3" else None))
+        v_decode=v3_v_decode(prob) if plan.kernel == "v3" else None,
+        chunks=plan.chunks if plan.kernel == "v3" else None))
     return out
 
 
@@ -891,6 +921,7 @@ class DecodeLaunch:
         self.device_params = device_params(backend)
         self.run_info = dict(backend=backend, dispatches=plan.dispatches, kernel=plan.kernel, splits=plan.splits,
                              warps=plan.warps, tile=plan.tile, lanes_per_key=plan.lanes_per_key,
+                             chunks=plan.chunks if plan.kernel == "v3" else None,
                              chain=plan.chain(prob.l_max), q_precision=plan.q_precision,
                              v_decode=v3_v_decode(prob) if plan.kernel == "v3" else None, compiled=self.compiled,
                              device_params=self.device_params, device_consts=device_consts(backend))

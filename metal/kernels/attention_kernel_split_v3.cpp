@@ -180,54 +180,67 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
     tq_barrier();
     TQ_SHARED const uchar* kts = (TQ_SHARED const uchar*)(stage + buf * HALF);
     TQ_SHARED const uchar* vts = kts + TQA_KTB;
-    for (int k0 = 16 * (int)warp; k0 < n; k0 += 16 * TQA_NW) {   // uniform per SIMD group
-        // scores of keys k0 + g and k0 + g + 8 against this lane's two columns
-        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        TQ_SHARED const uchar* r0 = kts + (k0 + (int)g) * KRB;
-        TQ_SHARED const uchar* r1 = r0 + 8 * KRB;
+    // TQA_KC chunks of 16 keys per step of a SIMD group (kc = k0, k0 + 16, ..): their scores, one online-softmax
+    // update for all of them, then their V products; the chunks' chains are independent until the max
+    for (int k0 = 16 * TQA_KC * (int)warp; k0 < n; k0 += 16 * TQA_KC * TQA_NW) {   // uniform per SIMD group
+        float sc[TQA_KC][4];
         TQ_UNROLL
-        for (int k = 0; k < NB; ++k) {
-            uint a0, a1, a2, a3;
-            tqa_codes8(kf, r0 + k * kbb, (int)t4, ktab, &a0, &a2, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);
-            tqa_codes8(kf, r1 + k * kbb, (int)t4, ktab, &a1, &a3, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);
-            int c[4] = {0, 0, 0, 0};
-            tq_mma_s8(c, a0, a1, a2, a3, TQA_QSMEM ? qi[qrow + k * 8] : bq0[k], TQA_QSMEM ? qi[qrow + k * 8 + 4] : bq1[k],
-                      lane);
-            const float d0 = tqa_half(r0 + k * kbb, 0), d1 = tqa_half(r1 + k * kbb, 0);
-            const float e0 = TQA_QSMEM ? qd[qcol0 + k] : dq0[k], e1 = TQA_QSMEM ? qd[qcol1 + k] : dq1[k];
-            s[0] += (float)c[0] * (d0 * e0);
-            s[1] += (float)c[1] * (d0 * e1);
-            s[2] += (float)c[2] * (d1 * e0);
-            s[3] += (float)c[3] * (d1 * e1);
-            if (TQA_KM) {
-                const float m0 = tqa_half(r0 + k * kbb, 2), m1 = tqa_half(r1 + k * kbb, 2);
-                const float u0 = TQA_QSMEM ? qsm[qcol0 + k] : sq0[k], u1 = TQA_QSMEM ? qsm[qcol1 + k] : sq1[k];
-                s[0] += m0 * u0;
-                s[1] += m0 * u1;
-                s[2] += m1 * u0;
-                s[3] += m1 * u1;
+        for (int hc = 0; hc < TQA_KC; ++hc) {
+            const int kc = k0 + 16 * hc;
+            // scores of keys kc + g and kc + g + 8 against this lane's two columns
+            float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            TQ_SHARED const uchar* r0 = kts + (kc + (int)g) * KRB;
+            TQ_SHARED const uchar* r1 = r0 + 8 * KRB;
+            TQ_UNROLL
+            for (int k = 0; k < NB; ++k) {
+                uint a0, a1, a2, a3;
+                tqa_codes8(kf, r0 + k * kbb, (int)t4, ktab, &a0, &a2, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);
+                tqa_codes8(kf, r1 + k * kbb, (int)t4, ktab, &a1, &a3, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);
+                int c[4] = {0, 0, 0, 0};
+                tq_mma_s8(c, a0, a1, a2, a3, TQA_QSMEM ? qi[qrow + k * 8] : bq0[k], TQA_QSMEM ? qi[qrow + k * 8 + 4] : bq1[k],
+                          lane);
+                const float d0 = tqa_half(r0 + k * kbb, 0), d1 = tqa_half(r1 + k * kbb, 0);
+                const float e0 = TQA_QSMEM ? qd[qcol0 + k] : dq0[k], e1 = TQA_QSMEM ? qd[qcol1 + k] : dq1[k];
+                s[0] += (float)c[0] * (d0 * e0);
+                s[1] += (float)c[1] * (d0 * e1);
+                s[2] += (float)c[2] * (d1 * e0);
+                s[3] += (float)c[3] * (d1 * e1);
+                if (TQA_KM) {
+                    const float m0 = tqa_half(r0 + k * kbb, 2), m1 = tqa_half(r1 + k * kbb, 2);
+                    const float u0 = TQA_QSMEM ? qsm[qcol0 + k] : sq0[k], u1 = TQA_QSMEM ? qsm[qcol1 + k] : sq1[k];
+                    s[0] += m0 * u0;
+                    s[1] += m0 * u1;
+                    s[2] += m1 * u0;
+                    s[3] += m1 * u1;
+                }
             }
-        }
-        // masks, scale, softcap; then the online softmax of each column
-        float alpha[2], p[4];
-        // every key of these 16 visible to every query row (uniform per SIMD group): no per-key masks
-        const bool inner = k0 + 16 <= n && t0 + k0 >= start && t0 + k0 + 16 <= len - T + 1
-                           && (window <= 0 || t0 + k0 >= len - window);
-        if (inner && softcap <= 0.0f) {   // the common case, as its own branch: no per-key compares issued
-            for (int j = 0; j < 4; ++j) s[j] = col_ok[j & 1] ? (s[j] * scale) * LOG2E : TQA_NEG_BIG;
-        } else {
-            for (int j = 0; j < 4; ++j) {
-                const int c = j & 1;
-                const int ik = k0 + (int)g + 8 * (j >> 1);
-                const int pos = t0 + ik;
-                const bool ok = col_ok[c] && (inner || (ik < n && pos >= start && pos < hi_c[c] && pos >= lo_c[c]));
-                float x = s[j] * scale;
-                if (softcap > 0.0f) x = softcap * tqa_tanh(x / softcap);
-                s[j] = ok ? x * LOG2E : TQA_NEG_BIG;
+            // masks, scale, softcap
+            // every key of these 16 visible to every query row (uniform per SIMD group): no per-key masks
+            const bool inner = kc + 16 <= n && t0 + kc >= start && t0 + kc + 16 <= len - T + 1
+                               && (window <= 0 || t0 + kc >= len - window);
+            if (inner && softcap <= 0.0f) {   // the common case, as its own branch: no per-key compares issued
+                for (int j = 0; j < 4; ++j) s[j] = col_ok[j & 1] ? (s[j] * scale) * LOG2E : TQA_NEG_BIG;
+            } else {
+                for (int j = 0; j < 4; ++j) {
+                    const int c = j & 1;
+                    const int ik = kc + (int)g + 8 * (j >> 1);
+                    const int pos = t0 + ik;
+                    const bool ok = col_ok[c] && (inner || (ik < n && pos >= start && pos < hi_c[c] && pos >= lo_c[c]));
+                    float x = s[j] * scale;
+                    if (softcap > 0.0f) x = softcap * tqa_tanh(x / softcap);
+                    s[j] = ok ? x * LOG2E : TQA_NEG_BIG;
+                }
             }
+            for (int j = 0; j < 4; ++j) sc[hc][j] = s[j];
         }
+        // the online softmax of each column over the step's TQA_KC * 16 keys: one max, one rescale
+        float alpha[2], p[TQA_KC][4];
         for (int c = 0; c < 2; ++c) {
-            float mt = s[c] > s[2 + c] ? s[c] : s[2 + c];
+            float mt = sc[0][c] > sc[0][2 + c] ? sc[0][c] : sc[0][2 + c];
+            for (int hc = 1; hc < TQA_KC; ++hc) {
+                mt = sc[hc][c] > mt ? sc[hc][c] : mt;
+                mt = sc[hc][2 + c] > mt ? sc[hc][2 + c] : mt;
+            }
             for (uint off = 4u; off < 32u; off <<= 1) {
                 const float w = tq_simd_shuffle_xor(mt, off);
                 mt = w > mt ? w : mt;
@@ -238,9 +251,13 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
             const float mb = mn > TQA_NEG_BIG ? mn : 0.0f;
             alpha[c] = tq_exp2_ftz(mrun[c] - mn);   // 1 while both are NEG_BIG: nothing to rescale
             mrun[c] = mn;
-            p[c] = tq_exp2_ftz(s[c] - mb);
-            p[2 + c] = tq_exp2_ftz(s[2 + c] - mb);
-            lrun[c] = lrun[c] * alpha[c] + (p[c] + p[2 + c]);
+            float sum = 0.0f;
+            for (int hc = 0; hc < TQA_KC; ++hc) {
+                p[hc][c] = tq_exp2_ftz(sc[hc][c] - mb);
+                p[hc][2 + c] = tq_exp2_ftz(sc[hc][2 + c] - mb);
+                sum = hc ? sum + (p[hc][c] + p[hc][2 + c]) : p[hc][c] + p[hc][2 + c];
+            }
+            lrun[c] = lrun[c] * alpha[c] + sum;
         }
         // rescale the outputs only when some column's max moved (uniform per SIMD group)
         int moved = (alpha[0] != 1.0f || alpha[1] != 1.0f) ? 1 : 0;
@@ -255,160 +272,164 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
                 o[i][3] = o[i][3] * alpha[1];
             }
         }
-        // P^T as the B fragment: rows (keys) 2*t4.., column (query row) g
-        const uint pb0 = tq_movmatrix_t(tq_pack_h2(p[0] * TQA_P_SCALE, p[1] * TQA_P_SCALE), lane);
-        const uint pb1 = tq_movmatrix_t(tq_pack_h2(p[2] * TQA_P_SCALE, p[3] * TQA_P_SCALE), lane);
-        // V^T fragments: keys k0 + 2*t4 + {0, 1, 8, 9}, runs g * RV and (g + 8) * RV
-        int kk[4];
-        bool kv[4];
-        for (int x = 0; x < 4; ++x) {
-            kk[x] = k0 + 2 * (int)t4 + (x & 1) + 8 * (x >> 1);
-            kv[x] = kk[x] < n && t0 + kk[x] >= start;
-        }
-        if (V23) {
-            // turbo2 / turbo3, one block per row. Per key and run (8 values): the indices as 4-bit
-            // fields in the order 0 2 4 6 1 3 5 7 (qs's even 2-bit fields to fields 0..3, its odd ones to
-            // 4..7, turbo3's sign bits from the table); keys without weight read any bytes (the fields
-            // stay indices 0..7) and get a zero norm
-            uint w[4][2];
-            TQ_UNROLL
+        TQ_UNROLL
+        for (int hc = 0; hc < TQA_KC; ++hc) {
+            const int kc = k0 + 16 * hc;
+            // P^T as the B fragment: rows (keys) 2*t4.., column (query row) g
+            const uint pb0 = tq_movmatrix_t(tq_pack_h2(p[hc][0] * TQA_P_SCALE, p[hc][1] * TQA_P_SCALE), lane);
+            const uint pb1 = tq_movmatrix_t(tq_pack_h2(p[hc][2] * TQA_P_SCALE, p[hc][3] * TQA_P_SCALE), lane);
+            // V^T fragments: keys kc + 2*t4 + {0, 1, 8, 9}, runs g * RV and (g + 8) * RV
+            int kk[4];
+            bool kv[4];
             for (int x = 0; x < 4; ++x) {
-                TQ_SHARED const uchar* vrow = vts + kk[x] * VRB;
-                for (int run = 0; run < 2; ++run) {
-                    const int e8 = (int)g + 8 * run;   // the run's sign byte; its qs at 2 * e8
-                    const uint qx = tqa_u16(vrow, vqs + 2 * e8);
-                    w[x][run] = ((qx << 14) | qx) & 0x33333333u;
-                    if (TQA_VB == 3) w[x][run] |= ptab[vrow[vsg + e8]];
-                }
+                kk[x] = kc + 2 * (int)t4 + (x & 1) + 8 * (x >> 1);
+                kv[x] = kk[x] < n && t0 + kk[x] >= start;
             }
-            uint npair[2][2], sel[2][2][2];   // [key pair][run]; sel: fields 0..3 / 4..7 of both keys
-            TQ_UNROLL
-            for (int pr = 0; pr < 2; ++pr)
-                for (int run = 0; run < 2; ++run) {
-                    npair[pr][run] = tqa_key_pair_u16(vts, VRB, kk[2 * pr], kk[2 * pr + 1], kv[2 * pr], kv[2 * pr + 1], 0);
-                    // bytes (key a, key b) of fields 0-1, 2-3 / 4-5, 6-7: each 16 bits select 4 centroids
-                    sel[pr][run][0] = tq_byte_perm(w[2 * pr][run], w[2 * pr + 1][run], 0x5140u);
-                    sel[pr][run][1] = tq_byte_perm(w[2 * pr][run], w[2 * pr + 1][run], 0x7362u);
+            if (V23) {
+                // turbo2 / turbo3, one block per row. Per key and run (8 values): the indices as 4-bit
+                // fields in the order 0 2 4 6 1 3 5 7 (qs's even 2-bit fields to fields 0..3, its odd ones to
+                // 4..7, turbo3's sign bits from the table); keys without weight read any bytes (the fields
+                // stay indices 0..7) and get a zero norm
+                uint w[4][2];
+                TQ_UNROLL
+                for (int x = 0; x < 4; ++x) {
+                    TQ_SHARED const uchar* vrow = vts + kk[x] * VRB;
+                    for (int run = 0; run < 2; ++run) {
+                        const int e8 = (int)g + 8 * run;   // the run's sign byte; its qs at 2 * e8
+                        const uint qx = tqa_u16(vrow, vqs + 2 * e8);
+                        w[x][run] = ((qx << 14) | qx) & 0x33333333u;
+                        if (TQA_VB == 3) w[x][run] |= ptab[vrow[vsg + e8]];
+                    }
                 }
-            TQ_UNROLL
-            for (int f = 0; f < 4; ++f) {   // fields 2f and 2f + 1: m-tiles 2f, 2f + 1
-                uint a[2][2][2];   // [field][key pair][run]
+                uint npair[2][2], sel[2][2][2];   // [key pair][run]; sel: fields 0..3 / 4..7 of both keys
+                TQ_UNROLL
                 for (int pr = 0; pr < 2; ++pr)
                     for (int run = 0; run < 2; ++run) {
-                        const uint sl = sel[pr][run][f >> 1] >> (16 * (f & 1));
-                        // low / high bytes of c[a 2f], c[a 2f+1], c[b 2f], c[b 2f+1]
-                        const uint lo = tq_byte_perm(clo0, clo1, sl), hi = tq_byte_perm(chi0, chi1, sl);
-                        a[0][pr][run] = tq_hmul2(tq_byte_perm(lo, hi, 0x6240u), npair[pr][run]);
-                        a[1][pr][run] = tq_hmul2(tq_byte_perm(lo, hi, 0x7351u), npair[pr][run]);
+                        npair[pr][run] = tqa_key_pair_u16(vts, VRB, kk[2 * pr], kk[2 * pr + 1], kv[2 * pr], kv[2 * pr + 1], 0);
+                        // bytes (key a, key b) of fields 0-1, 2-3 / 4-5, 6-7: each 16 bits select 4 centroids
+                        sel[pr][run][0] = tq_byte_perm(w[2 * pr][run], w[2 * pr + 1][run], 0x5140u);
+                        sel[pr][run][1] = tq_byte_perm(w[2 * pr][run], w[2 * pr + 1][run], 0x7362u);
                     }
-                tq_mma_f16(o[2 * f], a[0][0][0], a[0][0][1], a[0][1][0], a[0][1][1], pb0, pb1, lane);
-                tq_mma_f16(o[2 * f + 1], a[1][0][0], a[1][0][1], a[1][1][0], a[1][1][1], pb0, pb1, lane);
-            }
-        } else if (TQA_VB) {
-            // turbo V: centroid pairs from the table, times the two keys' norms (binary16 products).
-            // A run of RV values may cross a block boundary (e.g. 64-value blocks, DV 192: runs of 12):
-            // then the norms are read per 4 values (a multiple of 4 never crosses one), else once per run
-            constexpr bool RUN_IN_BLOCK = TQA_VGRP % RV == 0;
-            uint npair[2][2];   // [key pair][run]: the norms of keys (2t, 2t+1) / (2t+8, 2t+9), raw bits
-            TQ_UNROLL
-            for (int c4 = 0; c4 < RV; c4 += 4) {
-                if (!RUN_IN_BLOCK || c4 == 0) {
-                    for (int run = 0; run < 2; ++run) {
-                        const int blk = (((int)g + 8 * run) * RV + c4) / vgrp;
-                        for (int pr = 0; pr < 2; ++pr)
-                            npair[pr][run] = tqa_key_pair_u16(vts, VRB, kk[2 * pr], kk[2 * pr + 1], kv[2 * pr],
-                                                              kv[2 * pr + 1], blk * vbb);
+                TQ_UNROLL
+                for (int f = 0; f < 4; ++f) {   // fields 2f and 2f + 1: m-tiles 2f, 2f + 1
+                    uint a[2][2][2];   // [field][key pair][run]
+                    for (int pr = 0; pr < 2; ++pr)
+                        for (int run = 0; run < 2; ++run) {
+                            const uint sl = sel[pr][run][f >> 1] >> (16 * (f & 1));
+                            // low / high bytes of c[a 2f], c[a 2f+1], c[b 2f], c[b 2f+1]
+                            const uint lo = tq_byte_perm(clo0, clo1, sl), hi = tq_byte_perm(chi0, chi1, sl);
+                            a[0][pr][run] = tq_hmul2(tq_byte_perm(lo, hi, 0x6240u), npair[pr][run]);
+                            a[1][pr][run] = tq_hmul2(tq_byte_perm(lo, hi, 0x7351u), npair[pr][run]);
+                        }
+                    tq_mma_f16(o[2 * f], a[0][0][0], a[0][0][1], a[0][1][0], a[0][1][1], pb0, pb1, lane);
+                    tq_mma_f16(o[2 * f + 1], a[1][0][0], a[1][0][1], a[1][1][0], a[1][1][1], pb0, pb1, lane);
+                }
+            } else if (TQA_VB) {
+                // turbo V: centroid pairs from the table, times the two keys' norms (binary16 products).
+                // A run of RV values may cross a block boundary (e.g. 64-value blocks, DV 192: runs of 12):
+                // then the norms are read per 4 values (a multiple of 4 never crosses one), else once per run
+                constexpr bool RUN_IN_BLOCK = TQA_VGRP % RV == 0;
+                uint npair[2][2];   // [key pair][run]: the norms of keys (2t, 2t+1) / (2t+8, 2t+9), raw bits
+                TQ_UNROLL
+                for (int c4 = 0; c4 < RV; c4 += 4) {
+                    if (!RUN_IN_BLOCK || c4 == 0) {
+                        for (int run = 0; run < 2; ++run) {
+                            const int blk = (((int)g + 8 * run) * RV + c4) / vgrp;
+                            for (int pr = 0; pr < 2; ++pr)
+                                npair[pr][run] = tqa_key_pair_u16(vts, VRB, kk[2 * pr], kk[2 * pr + 1], kv[2 * pr],
+                                                                  kv[2 * pr + 1], blk * vbb);
+                        }
+                    }
+                    uint ix[4][2];
+                    for (int x = 0; x < 4; ++x) {
+                        TQ_SHARED const uchar* vrow = vts + kk[x] * VRB;
+                        for (int run = 0; run < 2; ++run) {
+                            const int e = ((int)g + 8 * run) * RV + c4;
+                            const int blk = e / vgrp;
+                            ix[x][run] = kv[x] ? tqa_turbo_idx4(vf, vrow + blk * vbb, vqs, vsg, e - blk * vgrp) : 0u;
+                        }
+                    }
+                    for (int u = 0; u < 4; ++u) {
+                        const int sh = 4 * u;
+                        const uint a0 = ptab[((ix[0][0] >> sh) & 15u) | (((ix[1][0] >> sh) & 15u) << TQA_VB)];
+                        const uint a1 = ptab[((ix[0][1] >> sh) & 15u) | (((ix[1][1] >> sh) & 15u) << TQA_VB)];
+                        const uint a2 = ptab[((ix[2][0] >> sh) & 15u) | (((ix[3][0] >> sh) & 15u) << TQA_VB)];
+                        const uint a3 = ptab[((ix[2][1] >> sh) & 15u) | (((ix[3][1] >> sh) & 15u) << TQA_VB)];
+                        tq_mma_f16(o[c4 + u], tq_hmul2(a0, npair[0][0]), tq_hmul2(a1, npair[0][1]),
+                                   tq_hmul2(a2, npair[1][0]), tq_hmul2(a3, npair[1][1]), pb0, pb1, lane);
                     }
                 }
-                uint ix[4][2];
+            } else if (VQ) {
+                // q4_0 / q5_0 / q8_0: x = d * (code - offset). Per key, run and 4 values: the codes as bytes b
+                // (q4_0 / q5_0: the 4- / 5-bit code; q8_0: code + 128), interleaved for the key pairs, put into binary16
+                // 1024 + b (0x64 high bytes), minus 1024 + offset (exact), times the keys' scales d
+                uint dpair[2][2];   // [key pair][run]: the blocks' fp16 scales d (0 for keys without weight)
+                TQ_UNROLL
+                for (int run = 0; run < 2; ++run) {
+                    const int blk = (((int)g + 8 * run) * RV) / 32;
+                    for (int pr = 0; pr < 2; ++pr)
+                        dpair[pr][run] = tqa_key_pair_u16(vts, VRB, kk[2 * pr], kk[2 * pr + 1], kv[2 * pr], kv[2 * pr + 1],
+                                                          blk * vbb);
+                }
+                // binary16 -(1024 + offset), twice: q8_0 -1152, q5_0 -1040, q4_0 -1032
+                const uint bias = TQA_VF == TQA_Q8_0 ? 0xe480e480u : (TQA_VF == TQA_Q5_0 ? 0xe410e410u : 0xe408e408u);
+                TQ_UNROLL
+                for (int c4 = 0; c4 < RV; c4 += 4) {
+                    uint cb[4][2];   // [key][run]
+                    for (int x = 0; x < 4; ++x) {
+                        TQ_SHARED const uchar* vrow = vts + kk[x] * VRB;
+                        for (int run = 0; run < 2; ++run) {
+                            const int e = ((int)g + 8 * run) * RV + c4;
+                            const int blk = e / 32, j = e - 32 * (e / 32);
+                            if (TQA_VF == TQA_Q8_0) {
+                                cb[x][run] = tqa_u32(vrow, blk * vbb + 2 + j) ^ 0x80808080u;
+                            } else if (TQA_VF == TQA_Q4_0) {   // values 0..15: low nibbles of qs[0..15], 16..31: high
+                                const uint w = tqa_u32(vrow, blk * vbb + 2 + (j & 15));
+                                cb[x][run] = (j >= 16 ? w >> 4 : w) & 0x0f0f0f0fu;
+                            } else {   // q5_0: fp16 d, u32 qh (bit j: the 5th bit of value j), qs[16] as q4_0's
+                                const uint w = tqa_u32(vrow, blk * vbb + 6 + (j & 15));
+                                const uint hb = (tqa_u32(vrow, blk * vbb + 2) >> j) & 15u;
+                                // the 4 high bits to bit 4 of each byte (bit i alone lands at 8i + 4: no carries)
+                                cb[x][run] = ((j >= 16 ? w >> 4 : w) & 0x0f0f0f0fu) | ((hb * 0x02040810u) & 0x10101010u);
+                            }
+                        }
+                    }
+                    uint a[4][2][2];   // [value][key pair][run]
+                    for (int pr = 0; pr < 2; ++pr)
+                        for (int run = 0; run < 2; ++run) {
+                            const uint m01 = tq_byte_perm(cb[2 * pr][run], cb[2 * pr + 1][run], 0x5140u);   // a0 b0 a1 b1
+                            const uint m23 = tq_byte_perm(cb[2 * pr][run], cb[2 * pr + 1][run], 0x7362u);   // a2 b2 a3 b3
+                            a[0][pr][run] = tq_byte_perm(m01, 0x64646464u, 0x4140u);
+                            a[1][pr][run] = tq_byte_perm(m01, 0x64646464u, 0x4342u);
+                            a[2][pr][run] = tq_byte_perm(m23, 0x64646464u, 0x4140u);
+                            a[3][pr][run] = tq_byte_perm(m23, 0x64646464u, 0x4342u);
+                            for (int u = 0; u < 4; ++u) a[u][pr][run] = tq_hmul2(tq_hadd2(a[u][pr][run], bias), dpair[pr][run]);
+                        }
+                    for (int u = 0; u < 4; ++u)
+                        tq_mma_f16(o[c4 + u], a[u][0][0], a[u][0][1], a[u][1][0], a[u][1][1], pb0, pb1, lane);
+                }
+            } else {
+            TQ_UNROLL
+            for (int c4 = 0; c4 < RV; c4 += 4) {
+                tqa_f4 f[4][2];
                 for (int x = 0; x < 4; ++x) {
                     TQ_SHARED const uchar* vrow = vts + kk[x] * VRB;
                     for (int run = 0; run < 2; ++run) {
                         const int e = ((int)g + 8 * run) * RV + c4;
-                        const int blk = e / vgrp;
-                        ix[x][run] = kv[x] ? tqa_turbo_idx4(vf, vrow + blk * vbb, vqs, vsg, e - blk * vgrp) : 0u;
-                    }
-                }
-                for (int u = 0; u < 4; ++u) {
-                    const int sh = 4 * u;
-                    const uint a0 = ptab[((ix[0][0] >> sh) & 15u) | (((ix[1][0] >> sh) & 15u) << TQA_VB)];
-                    const uint a1 = ptab[((ix[0][1] >> sh) & 15u) | (((ix[1][1] >> sh) & 15u) << TQA_VB)];
-                    const uint a2 = ptab[((ix[2][0] >> sh) & 15u) | (((ix[3][0] >> sh) & 15u) << TQA_VB)];
-                    const uint a3 = ptab[((ix[2][1] >> sh) & 15u) | (((ix[3][1] >> sh) & 15u) << TQA_VB)];
-                    tq_mma_f16(o[c4 + u], tq_hmul2(a0, npair[0][0]), tq_hmul2(a1, npair[0][1]),
-                               tq_hmul2(a2, npair[1][0]), tq_hmul2(a3, npair[1][1]), pb0, pb1, lane);
-                }
-            }
-        } else if (VQ) {
-            // q4_0 / q5_0 / q8_0: x = d * (code - offset). Per key, run and 4 values: the codes as bytes b
-            // (q4_0 / q5_0: the 4- / 5-bit code; q8_0: code + 128), interleaved for the key pairs, put into binary16
-            // 1024 + b (0x64 high bytes), minus 1024 + offset (exact), times the keys' scales d
-            uint dpair[2][2];   // [key pair][run]: the blocks' fp16 scales d (0 for keys without weight)
-            TQ_UNROLL
-            for (int run = 0; run < 2; ++run) {
-                const int blk = (((int)g + 8 * run) * RV) / 32;
-                for (int pr = 0; pr < 2; ++pr)
-                    dpair[pr][run] = tqa_key_pair_u16(vts, VRB, kk[2 * pr], kk[2 * pr + 1], kv[2 * pr], kv[2 * pr + 1],
-                                                      blk * vbb);
-            }
-            // binary16 -(1024 + offset), twice: q8_0 -1152, q5_0 -1040, q4_0 -1032
-            const uint bias = TQA_VF == TQA_Q8_0 ? 0xe480e480u : (TQA_VF == TQA_Q5_0 ? 0xe410e410u : 0xe408e408u);
-            TQ_UNROLL
-            for (int c4 = 0; c4 < RV; c4 += 4) {
-                uint cb[4][2];   // [key][run]
-                for (int x = 0; x < 4; ++x) {
-                    TQ_SHARED const uchar* vrow = vts + kk[x] * VRB;
-                    for (int run = 0; run < 2; ++run) {
-                        const int e = ((int)g + 8 * run) * RV + c4;
-                        const int blk = e / 32, j = e - 32 * (e / 32);
-                        if (TQA_VF == TQA_Q8_0) {
-                            cb[x][run] = tqa_u32(vrow, blk * vbb + 2 + j) ^ 0x80808080u;
-                        } else if (TQA_VF == TQA_Q4_0) {   // values 0..15: low nibbles of qs[0..15], 16..31: high
-                            const uint w = tqa_u32(vrow, blk * vbb + 2 + (j & 15));
-                            cb[x][run] = (j >= 16 ? w >> 4 : w) & 0x0f0f0f0fu;
-                        } else {   // q5_0: fp16 d, u32 qh (bit j: the 5th bit of value j), qs[16] as q4_0's
-                            const uint w = tqa_u32(vrow, blk * vbb + 6 + (j & 15));
-                            const uint hb = (tqa_u32(vrow, blk * vbb + 2) >> j) & 15u;
-                            // the 4 high bits to bit 4 of each byte (bit i alone lands at 8i + 4: no carries)
-                            cb[x][run] = ((j >= 16 ? w >> 4 : w) & 0x0f0f0f0fu) | ((hb * 0x02040810u) & 0x10101010u);
+                        if (kv[x]) {
+                            f[x][run] = tqa_dq4(vf, vbb, vgrp, vqs, vsg, vrow, e, vtab);
+                        } else {
+                            for (int u = 0; u < 4; ++u) f[x][run].v[u] = 0.0f;
                         }
                     }
                 }
-                uint a[4][2][2];   // [value][key pair][run]
-                for (int pr = 0; pr < 2; ++pr)
-                    for (int run = 0; run < 2; ++run) {
-                        const uint m01 = tq_byte_perm(cb[2 * pr][run], cb[2 * pr + 1][run], 0x5140u);   // a0 b0 a1 b1
-                        const uint m23 = tq_byte_perm(cb[2 * pr][run], cb[2 * pr + 1][run], 0x7362u);   // a2 b2 a3 b3
-                        a[0][pr][run] = tq_byte_perm(m01, 0x64646464u, 0x4140u);
-                        a[1][pr][run] = tq_byte_perm(m01, 0x64646464u, 0x4342u);
-                        a[2][pr][run] = tq_byte_perm(m23, 0x64646464u, 0x4140u);
-                        a[3][pr][run] = tq_byte_perm(m23, 0x64646464u, 0x4342u);
-                        for (int u = 0; u < 4; ++u) a[u][pr][run] = tq_hmul2(tq_hadd2(a[u][pr][run], bias), dpair[pr][run]);
-                    }
-                for (int u = 0; u < 4; ++u)
-                    tq_mma_f16(o[c4 + u], a[u][0][0], a[u][0][1], a[u][1][0], a[u][1][1], pb0, pb1, lane);
-            }
-        } else {
-        TQ_UNROLL
-        for (int c4 = 0; c4 < RV; c4 += 4) {
-            tqa_f4 f[4][2];
-            for (int x = 0; x < 4; ++x) {
-                TQ_SHARED const uchar* vrow = vts + kk[x] * VRB;
-                for (int run = 0; run < 2; ++run) {
-                    const int e = ((int)g + 8 * run) * RV + c4;
-                    if (kv[x]) {
-                        f[x][run] = tqa_dq4(vf, vbb, vgrp, vqs, vsg, vrow, e, vtab);
-                    } else {
-                        for (int u = 0; u < 4; ++u) f[x][run].v[u] = 0.0f;
-                    }
+                for (int u = 0; u < 4; ++u) {
+                    tq_mma_f16(o[c4 + u], tq_pack_h2(f[0][0].v[u], f[1][0].v[u]), tq_pack_h2(f[0][1].v[u], f[1][1].v[u]),
+                               tq_pack_h2(f[2][0].v[u], f[3][0].v[u]), tq_pack_h2(f[2][1].v[u], f[3][1].v[u]), pb0, pb1,
+                               lane);
                 }
             }
-            for (int u = 0; u < 4; ++u) {
-                tq_mma_f16(o[c4 + u], tq_pack_h2(f[0][0].v[u], f[1][0].v[u]), tq_pack_h2(f[0][1].v[u], f[1][1].v[u]),
-                           tq_pack_h2(f[2][0].v[u], f[3][0].v[u]), tq_pack_h2(f[2][1].v[u], f[3][1].v[u]), pb0, pb1,
-                           lane);
             }
-        }
         }
     }
     tq_barrier();

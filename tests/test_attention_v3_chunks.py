@@ -1,0 +1,134 @@
+"""Kernel v3 with two 16-key chunks per SIMD-group step (TQBRIDGE_V3_CHUNKS=2, ``Plan.chunks``): both
+chunks' scores, one online-softmax update over their 32 keys, then both chunks' V products, so the
+chunks' dependency chains can overlap. The softmax sees a different running maximum than with one
+chunk per step, so the outputs are not bit-identical: each must hold the int8 oracle's bound, on
+every backend here, through tails (a step whose second chunk lies past the last key), windows,
+softcap, sinks, several rows per query and each V decode path. The plan refuses what would idle a
+SIMD group or split a step across tiles, and the run record says which variant ran."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tqbridge.metal import attention_kernel
+from tqbridge.metal.attention import AttentionError, check_problem, last_run
+from test_attention_kernel import BACKENDS, _cache
+from test_attention_v3 import _check_v3
+
+# (K format, V format, head dim, GQA group, rows per query, length, options): the V decode paths of v3
+# (turbo byte permutes, generic turbo across 64-value blocks, code permutes, generic f16) and the K
+# offset path (q4_1); lengths with a last tile whose second chunk is empty (143: 15 keys past 128)
+CASES = [
+    ("q8_0", "turbo3", 128, 4, 1, 143, {}),
+    ("q8_0", "turbo2", 128, 8, 1, 300, {"splits": 3}),
+    ("q4_1", "q8_0", 128, 2, 2, 97, {"window": 40}),
+    ("q5_0", "turbo4@g64", 192, 3, 1, 77, {"softcap": 4.0}),
+    ("iq4_nl", "f16", 64, 4, 1, 33, {"sinks": True}),
+    ("q8_0", "q4_0", 128, 1, 4, 200, {}),
+    ("q5_1", "q5_0", 128, 4, 1, 1, {}),
+]
+
+
+def _plan_env(monkeypatch, chunks):
+    if chunks is None:
+        monkeypatch.delenv("TQBRIDGE_V3_CHUNKS", raising=False)
+    else:
+        monkeypatch.setenv("TQBRIDGE_V3_CHUNKS", str(chunks))
+    attention_kernel._plan_cached.cache_clear()
+
+
+@pytest.fixture
+def clean_plans():
+    yield
+    attention_kernel._plan_cached.cache_clear()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}-d{c[2]}-g{c[3]}t{c[4]}-n{c[5]}" for c in CASES])
+def test_two_chunks_hold_the_oracle_bound(backend, case, monkeypatch, clean_plans):
+    kf, vf, d, g, t, n, opts = case
+    opts = dict(opts)
+    rng = np.random.default_rng(d * 7 + g * 3 + n)
+    hkv = 2
+    q = (rng.standard_normal((1, hkv * g, t, d)) * 2).astype(np.float32)
+    kb, vb = _cache(rng, kf, (1, hkv, n + 5, d)), _cache(rng, vf, (1, hkv, n + 5, d))
+    if opts.pop("sinks", False):
+        opts["sinks"] = rng.standard_normal(hkv * g).astype(np.float32)
+    _plan_env(monkeypatch, 2)
+    got2, want, bound = _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=n, **opts)
+    run = last_run()
+    assert run["chunks"] == 2 and run["tile"] % 32 == 0 and 32 * run["warps"] <= run["tile"]
+    _plan_env(monkeypatch, None)
+    got1, _, _ = _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=n, **opts)
+    assert last_run()["chunks"] == 1
+    # the two variants differ only by roundings: both within the bound of the same oracle
+    assert (np.abs(got2 - got1) <= 2 * bound).all()
+
+
+def test_two_chunks_across_many_tiles_and_splits(monkeypatch, clean_plans):
+    """Every key of a long row through full steps, tile after tile (2 batch rows of different
+    lengths, one of them a multiple of 32 plus one key): the bound must hold, and the bound is not
+    so loose that a kernel dropping the second chunk's V products would pass (the planted bug of
+    test_dropping_the_second_chunk_fails)."""
+    rng = np.random.default_rng(41)
+    q = rng.standard_normal((2, 8, 128)).astype(np.float32)
+    kb, vb = _cache(rng, "q8_0", (2, 2, 700, 128)), _cache(rng, "turbo3", (2, 2, 700, 128))
+    _plan_env(monkeypatch, 2)
+    _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=[700, 289], splits=2)
+    assert last_run()["chunks"] == 2
+
+
+def test_dropping_the_second_chunk_fails(monkeypatch, tmp_path, clean_plans):
+    """Plant the bug this file guards against (the second chunk's V products skipped) in a copy of
+    the kernel sources the emulator builds: the oracle check must fail."""
+    import shutil
+
+    src = (attention_kernel.KERNEL_DIR / "attention_kernel_split_v3.cpp").read_text()
+    marker = "        TQ_UNROLL\n        for (int hc = 0; hc < TQA_KC; ++hc) {\n            const int kc = k0 + 16 * hc;\n            // P^T"
+    assert src.count(marker) == 1, "the V loop over the chunks is no longer where this test plants its bug"
+    for f in attention_kernel.KERNEL_DIR.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    (tmp_path / "attention_kernel_split_v3.cpp").write_text(src.replace(marker, marker.replace("hc < TQA_KC", "hc < 1")))
+    monkeypatch.setattr(attention_kernel, "KERNEL_DIR", tmp_path)
+    attention_kernel._kernel_defs.cache_clear()
+    try:
+        _plan_env(monkeypatch, 2)
+        rng = np.random.default_rng(3)
+        q = rng.standard_normal((1, 8, 128)).astype(np.float32)
+        kb, vb = _cache(rng, "q8_0", (1, 2, 150, 128)), _cache(rng, "turbo3", (1, 2, 150, 128))
+        with pytest.raises(AssertionError, match="bound"):
+            _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=143)
+        # the same call with one chunk per step does not run the planted loop's second pass: it holds
+        _plan_env(monkeypatch, None)
+        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=143)
+    finally:
+        monkeypatch.undo()
+        attention_kernel._kernel_defs.cache_clear()
+
+
+def test_chunk_plans_and_refusals(monkeypatch, clean_plans):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 32, 128)).astype(np.float32)
+    kb, vb = _cache(rng, "q8_0", (1, 8, 64, 128)), _cache(rng, "turbo3", (1, 8, 64, 128))
+    prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
+    one = attention_kernel.make_plan(prob, "cuda", kernel="v3")
+    assert one.chunks == 1 and (one.warps, one.tile) == (4, 64)
+    two = attention_kernel.make_plan(prob, "cuda", kernel="v3", chunks=2)
+    # a 64-key tile holds two steps of 32 keys: two SIMD groups, none idle
+    assert two.chunks == 2 and (two.warps, two.tile) == (2, 64)
+    assert attention_kernel._static(prob, two, 0, False)[0]["TQA_KC"] == 2
+    assert attention_kernel._static(prob, one, 0, False)[0]["TQA_KC"] == 1
+    with pytest.raises(AttentionError, match="multiple of 32"):
+        attention_kernel.make_plan(prob, "cuda", kernel="v3", chunks=2, tile=48)
+    with pytest.raises(AttentionError, match="idle"):
+        attention_kernel.make_plan(prob, "cuda", kernel="v3", chunks=2, warps=4, tile=64)
+    with pytest.raises(AttentionError, match="chunks of 1 or 2"):
+        attention_kernel.make_plan(prob, "cuda", kernel="v3", chunks=3)
+    with pytest.raises(AttentionError, match="v3 only"):
+        attention_kernel.make_plan(prob, "cuda", kernel="v2", chunks=2)
+    monkeypatch.setenv("TQBRIDGE_V3_CHUNKS", "two")
+    with pytest.raises(AttentionError, match="TQBRIDGE_V3_CHUNKS"):
+        attention_kernel.make_plan(prob, "cuda", kernel="v3")
+    monkeypatch.setenv("TQBRIDGE_V3_CHUNKS", "2")
+    assert attention_kernel.make_plan(prob, "cuda", kernel="v3").chunks == 2
