@@ -104,6 +104,9 @@ def main(argv=None) -> int:
                 split_s, comb_s, extra1, extra2 = ak._static(prob, plan, 0, False)
                 k1def, k2def = ak._kernel_defs(0, ak._version(plan))
                 k1 = cp.RawKernel(_source(k1def, split_s), k1def.name, options=("--std=c++17",))
+                dsmem = int(split_s.get("TQ_DSMEM", 0))   # dynamic shared memory, as MLX requests it
+                if dsmem > 48000:
+                    k1.max_dynamic_shared_size_bytes = dsmem
                 k2 = cp.RawKernel(_source(k2def, comb_s), k2def.name, options=("--std=c++17",))
                 ip1 = cp.asarray(np.array([prob.l_max, plan.split_len, plan.splits, prob.window, hkv, *extra1, ctx],
                                           np.int32))
@@ -127,9 +130,9 @@ def main(argv=None) -> int:
                     i = turn[0] = (turn[0] + 1) % copies
                     dkb, dvb = dkbs[i], dvbs[i]
                     if plan.fused:   # one dispatch: the merge runs in the last threadgroup of each head
-                        k1(g1, t1, (dq, dkb, dvb, ip1, fp1, tabs, dep, cnt, sinks, po, pml, res))
+                        k1(g1, t1, (dq, dkb, dvb, ip1, fp1, tabs, dep, cnt, sinks, po, pml, res), shared_mem=dsmem)
                     else:
-                        k1(g1, t1, (dq, dkb, dvb, ip1, fp1, tabs, dep, po, pml))
+                        k1(g1, t1, (dq, dkb, dvb, ip1, fp1, tabs, dep, po, pml), shared_mem=dsmem)
 
                 def two():
                     k2(g2, t2, (po, pml, ip2, sinks, tabs, res))
@@ -163,9 +166,9 @@ def main(argv=None) -> int:
                 regs, local, smem = at["num_regs"], at["local_size_bytes"], at["shared_size_bytes"]
                 threads = 32 * plan.warps
                 by_regs = 65536 // max(1, regs * threads)
-                by_smem = (props.get("sharedMemPerMultiprocessor", 233472)) // max(1, smem + 1024)
+                by_smem = (props.get("sharedMemPerMultiprocessor", 233472)) // max(1, smem + dsmem + 1024)
                 row = dict(context=ctx, kernel=plan.kernel, warps=plan.warps, splits=plan.splits, tile=plan.tile,
-                           stages=plan.stages, chunks=plan.chunks,
+                           stages=plan.stages, chunks=plan.chunks, dynamic_shared_bytes=dsmem,
                            ctas=hkv * plan.splits, regs=regs, local_bytes=local, shared_bytes=smem,
                            resident_ctas_per_sm=min(by_regs, by_smem, 32), pass1_us=times["pass1"],
                            pass2_us=times.get("pass2", 0.0), fused=plan.fused, bytes_read=bytes_read, copies=copies,

@@ -148,7 +148,8 @@ def profile(k_format: str, v_format: str, kernel: str = "v3", q_heads: int = 32,
     loop = loop_profile(sass, 16 * plan.chunks)
     return {"k_format": kf.key, "v_format": vf.key, "kernel": plan.kernel, "arch": arch,
             "shape": dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, context=context),
-            "plan": dict(warps=plan.warps, splits=plan.splits, tile=plan.tile, q_regs=plan.q_regs, chunks=plan.chunks),
+            "plan": dict(warps=plan.warps, splits=plan.splits, tile=plan.tile, q_regs=plan.q_regs, chunks=plan.chunks,
+                         dyn_smem=plan.dyn_smem),
             "registers": regs, "spill_store_bytes": spills[0], "spill_load_bytes": spills[1], "static_smem_bytes": smem,
             "common_path": common_path, **loop}
 

@@ -48,6 +48,8 @@ V3_WARPS = 4
 V3_MAX_TILE = 64             # keys staged per tile (a multiple of 16; a ring of tiles is resident)
 V3_SHARED_CUDA = 48 * 1024   # CUDA's limit of static shared memory per threadgroup
 V3_STAGES_CUDA = 3           # tiles in the copy ring on CUDA (two being copied while one is computed)
+V3_DYNAMIC_CUDA = 100 * 1024  # CUDA, tiles beyond static shared memory: at most this per threadgroup (2 per SM)
+DSMEM_MIN = 48016            # dynamic requests start here: MLX raises CUDA's limit only for more than 48000 bytes
 V3_CHUNKS = (1, 2)           # 16-key chunks per SIMD-group step v3 builds (TQBRIDGE_V3_CHUNKS; the tile a multiple)
 # v3 in one dispatch (TQBRIDGE_V3_DISPATCHES=1) where device-scope fences and atomics exist (CUDA; the
 # emulator runs threadgroups one after another); Metal's device atomics are relaxed only. Not the
@@ -183,6 +185,7 @@ class Plan:
     fused: bool = False       # v3: one dispatch (the last threadgroup of a head merges the splits)
     q_regs: bool = True       # v3: q's fragments in registers (False: read from threadgroup memory, TQA_QSMEM)
     chunks: int = 1           # v3: 16-key chunks a SIMD group takes per online-softmax step (TQA_KC)
+    dyn_smem: int = 0         # v3: bytes of dynamic threadgroup memory holding the staging area (TQ_DSMEM; 0: static)
 
     @property
     def dispatches(self) -> int:
@@ -475,27 +478,47 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks=None)
     nw = V3_WARPS if warps is None else int(warps)
     if not 1 <= nw <= 8:
         raise AttentionError(f"warps must be 1..8, got {nw}")
-    limit, ns = _v3_limits(backend)
+    limit, ns0 = _v3_limits(backend)
     if warps is None:   # wide rows: fewer SIMD groups (a smaller merge area) where 4 do not fit
         while nw > 1 and v3_shared_bytes(prob, nw, 16, 2) > limit:
             nw //= 2
+    # CUDA: a staging area beyond the static limit goes to dynamic threadgroup memory (two chunks per step
+    # want 16 * chunks * warps keys per tile: 128 for 4 SIMD groups)
+    dyn_limit = V3_DYNAMIC_CUDA if backend == "cuda" else limit
+
+    def stages_for(t):   # (stages, dynamic) for tile t: the most stages that fit, static before dynamic
+        for n in range(ns0, 1, -1):
+            need = v3_shared_bytes(prob, nw, t, n)
+            if need <= limit:
+                return n, False
+            if need <= dyn_limit:
+                return n, True
+        return None
+
     if tile is not None:
         tl = int(tile)
         if tl % (16 * kc) or not 16 <= tl <= 256:
             raise AttentionError(f"kernel v3 with chunks={kc} takes a tile of a multiple of {16 * kc} keys up to 256, "
                                  f"got {tile}")
-        while ns > 2 and v3_shared_bytes(prob, nw, tl, ns) > limit:
-            ns -= 1
-        if v3_shared_bytes(prob, nw, tl, ns) > limit:
-            raise AttentionError(f"kernel v3 with tile={tl} does not fit {limit} bytes of threadgroup memory")
+        got = stages_for(tl)
+        if got is None:
+            raise AttentionError(f"kernel v3 with tile={tl} does not fit {dyn_limit} bytes of threadgroup memory")
+        ns, dyn = got
     else:
-        # the most keys in flight ((stages - 1) * tile) that fit; then the larger tile
-        fits = [(n, t) for n in range(2, ns + 1) for t in range(16 * kc, V3_MAX_TILE + 1, 16 * kc)
+        # the most keys in flight ((stages - 1) * tile) that fit; then the larger tile. One chunk per step:
+        # static memory and tiles up to V3_MAX_TILE, as before; two: tiles up to a step per SIMD group
+        top = V3_MAX_TILE if kc == 1 else max(V3_MAX_TILE, 16 * kc * nw)
+        fits = [(n, t, False) for n in range(2, ns0 + 1) for t in range(16 * kc, top + 1, 16 * kc)
                 if v3_shared_bytes(prob, nw, t, n) <= limit]
-        ns, tl = max(fits, key=lambda nt: ((nt[0] - 1) * nt[1], nt[1])) if fits else (2, 16 * kc)
-        if v3_shared_bytes(prob, nw, tl, ns) > limit:
+        if kc > 1:
+            fits += [(n, t, True) for n in range(2, ns0 + 1) for t in range(16 * kc, top + 1, 16 * kc)
+                     if limit < v3_shared_bytes(prob, nw, t, n) <= dyn_limit]
+        if not fits:
             raise AttentionError(f"kernel v3 does not fit {limit} bytes of threadgroup memory for rows of "
                                  f"{prob.k_dim} / {prob.v_dim} values with {nw} SIMD groups")
+        ns, tl, dyn = max(fits, key=lambda f: ((f[0] - 1) * f[1], f[1], not f[2]))
+    if os.environ.get("TQBRIDGE_V3_DYNAMIC_SHARED") == "1" and backend != "metal":
+        dyn = True   # the dynamic declaration also where static memory would do (tests: the emulator runs it)
     # each SIMD group takes 16 * chunks keys of a tile per step: with chunks > 1, no more groups than a tile
     # has steps (one chunk per step keeps its plans as they were: the emulator's 48-key tiles idle a group)
     if kc > 1 and 16 * kc * nw > tl:
@@ -522,7 +545,11 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks=None)
     # q in threadgroup memory (TQBRIDGE_V3_Q_IN_SMEM=1): fewer registers, more threadgroups per SM, a few
     # more instructions per key (benchmarks/kernel_sass.py); off until the device time says which wins
     q_regs = os.environ.get("TQBRIDGE_V3_Q_IN_SMEM") != "1"
-    return Plan(1, nw, splits, split_len, tl, "v3", V3_MAX_ROWS, ns, fused, q_regs, kc)
+    dsmem = 0
+    if dyn:
+        stb = -(-_v3_stage_bytes(prob, nw, tl, ns) // 16) * 16
+        dsmem = stb if backend != "cuda" else max(stb, DSMEM_MIN)
+    return Plan(1, nw, splits, split_len, tl, "v3", V3_MAX_ROWS, ns, fused, q_regs, kc, dsmem)
 
 
 def resolve_kernel(prob: Problem, backend: str, kernel: "str | None", q_precision: "str | None") -> "str | None":
@@ -579,7 +606,7 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
                      TQA_VB=_turbo_index_bits(prob.v_format),
                      TQA_STB=_v3_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages,
                      TQA_FUSED=int(plan.fused), TQA_MAXP=MAX_PARTIALS, TQA_SINKS=int(prob.has_sinks),
-                     TQA_QSMEM=int(not plan.q_regs), TQA_KC=plan.chunks, TQA_V23=int(v_decode == "turbo-permute"),
+                     TQA_QSMEM=int(not plan.q_regs), TQA_KC=plan.chunks, TQ_DSMEM=plan.dyn_smem, TQA_V23=int(v_decode == "turbo-permute"),
                      TQA_VCODE=int(v_decode == "codes-permute"))
     elif plan.kernel == "v2":
         split.update(TQA_QA=plan.rows_room or _rows_room(prob, dyn), TQA_KS=v2_key_slots(prob))
@@ -868,7 +895,8 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
         lanes_per_key=plan.lanes_per_key, warps=plan.warps, tile=plan.tile,
         chain=plan.chain(max(prob.lengths)), q_precision=plan.q_precision,
         v_decode=v3_v_decode(prob) if plan.kernel == "v3" else None,
-        chunks=plan.chunks if plan.kernel == "v3" else None))
+        chunks=plan.chunks if plan.kernel == "v3" else None,
+        dyn_smem=plan.dyn_smem if plan.kernel == "v3" else None))
     return out
 
 
@@ -922,6 +950,7 @@ class DecodeLaunch:
         self.run_info = dict(backend=backend, dispatches=plan.dispatches, kernel=plan.kernel, splits=plan.splits,
                              warps=plan.warps, tile=plan.tile, lanes_per_key=plan.lanes_per_key,
                              chunks=plan.chunks if plan.kernel == "v3" else None,
+                             dyn_smem=plan.dyn_smem if plan.kernel == "v3" else None,
                              chain=plan.chain(prob.l_max), q_precision=plan.q_precision,
                              v_decode=v3_v_decode(prob) if plan.kernel == "v3" else None, compiled=self.compiled,
                              device_params=self.device_params, device_consts=device_consts(backend))

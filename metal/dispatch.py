@@ -53,6 +53,8 @@ class MLXKernel:
             source=source,
             header=header,
             ensure_row_contiguous=True,
+            # dynamic threadgroup memory (TQ_DYN_SHARED_ARRAY): CUDA only, MLX raises the launch's limit
+            **({"shared_memory": int(static["TQ_DSMEM"])} if backend == "cuda" and static.get("TQ_DSMEM") else {}),
         )
         self._dtypes = {"float32": mx.float32, "int32": mx.int32, "uint32": mx.uint32,
                         "uint16": mx.uint16, "uint8": mx.uint8}

@@ -13,7 +13,7 @@ import pytest
 
 from tqbridge.metal import attention_kernel
 from tqbridge.metal.attention import AttentionError, check_problem, last_run
-from test_attention_kernel import BACKENDS, _cache
+from test_attention_kernel import BACKENDS, GPU, _cache
 from test_attention_v3 import _check_v3
 
 # (K format, V format, head dim, GQA group, rows per query, length, options): the V decode paths of v3
@@ -114,8 +114,8 @@ def test_chunk_plans_and_refusals(monkeypatch, clean_plans):
     prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
     one = attention_kernel.make_plan(prob, "cuda", kernel="v3")
     assert one.chunks == 1 and (one.warps, one.tile) == (4, 64)
-    two = attention_kernel.make_plan(prob, "cuda", kernel="v3", chunks=2)
-    # a 64-key tile holds two steps of 32 keys: two SIMD groups, none idle
+    # the emulator's 32 KB take a 64-key tile: two steps of 32 keys, so two SIMD groups, none idle
+    two = attention_kernel.make_plan(prob, "cpu-emulator", kernel="v3", chunks=2)
     assert two.chunks == 2 and (two.warps, two.tile) == (2, 64)
     assert attention_kernel._static(prob, two, 0, False)[0]["TQA_KC"] == 2
     assert attention_kernel._static(prob, one, 0, False)[0]["TQA_KC"] == 1
@@ -132,3 +132,82 @@ def test_chunk_plans_and_refusals(monkeypatch, clean_plans):
         attention_kernel.make_plan(prob, "cuda", kernel="v3")
     monkeypatch.setenv("TQBRIDGE_V3_CHUNKS", "2")
     assert attention_kernel.make_plan(prob, "cuda", kernel="v3").chunks == 2
+
+
+# ----------------------------------------------------------------------------- dynamic threadgroup memory
+
+def test_dynamic_shared_memory_plans(monkeypatch, clean_plans):
+    """CUDA: two chunks per step with 4 SIMD groups want 128-key tiles, a staging area beyond the 48 KB
+    of static shared memory: the plan puts it in dynamic memory (TQ_DSMEM, at least MLX's 48000-byte
+    threshold); what fits stays static; Metal and the emulator never ask for it on their own."""
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 32, 128)).astype(np.float32)
+    kb, vb = _cache(rng, "q8_0", (1, 8, 64, 128)), _cache(rng, "turbo3", (1, 8, 64, 128))
+    prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
+    two = attention_kernel.make_plan(prob, "cuda", kernel="v3", chunks=2)
+    assert (two.warps, two.tile, two.stages) == (4, 128, 3)
+    assert two.dyn_smem >= attention_kernel.DSMEM_MIN and two.dyn_smem % 16 == 0
+    assert two.dyn_smem >= attention_kernel._static(prob, two, 0, False)[0]["TQA_STB"]
+    assert attention_kernel._static(prob, two, 0, False)[0]["TQ_DSMEM"] == two.dyn_smem
+    assert attention_kernel.v3_shared_bytes(prob, 4, 128, 3) <= attention_kernel.V3_DYNAMIC_CUDA
+    one = attention_kernel.make_plan(prob, "cuda", kernel="v3")
+    assert one.dyn_smem == 0 and attention_kernel._static(prob, one, 0, False)[0]["TQ_DSMEM"] == 0
+    assert attention_kernel.make_plan(prob, "cuda", kernel="v3", chunks=2, warps=2).dyn_smem == 0
+    for backend in ("metal", "cpu-emulator"):
+        p = attention_kernel.make_plan(prob, backend, kernel="v3", chunks=2)
+        assert p.dyn_smem == 0 and 32 * p.warps <= p.tile
+    with pytest.raises(AttentionError, match="does not fit"):
+        attention_kernel.make_plan(prob, "cpu-emulator", kernel="v3", chunks=2, warps=4, tile=128)
+    monkeypatch.setenv("TQBRIDGE_V3_DYNAMIC_SHARED", "1")
+    assert attention_kernel.make_plan(prob, "cpu-emulator", kernel="v3").dyn_smem > 0
+    assert attention_kernel.make_plan(prob, "metal", kernel="v3").dyn_smem == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_dynamic_declaration_is_bit_identical(backend, chunks, monkeypatch, clean_plans):
+    """TQBRIDGE_V3_DYNAMIC_SHARED=1: the staging area declared as dynamic threadgroup memory with the
+    same plan otherwise; the same operations on the same bytes: identical outputs, bit for bit."""
+    rng = np.random.default_rng(9 + chunks)
+    q = rng.standard_normal((1, 8, 128)).astype(np.float32)
+    kb, vb = _cache(rng, "q8_0", (1, 2, 300, 128)), _cache(rng, "turbo3", (1, 2, 300, 128))
+    outs = []
+    for dyn in (False, True):
+        _plan_env(monkeypatch, chunks)
+        if dyn:
+            monkeypatch.setenv("TQBRIDGE_V3_DYNAMIC_SHARED", "1")
+        else:
+            monkeypatch.delenv("TQBRIDGE_V3_DYNAMIC_SHARED", raising=False)
+        attention_kernel._plan_cached.cache_clear()
+        got, _, _ = _check_v3(backend, q, kb, vb, k_format="q8_0", v_format="turbo3", length=287)
+        run = last_run()
+        assert (run["dyn_smem"] > 0) is dyn and run["chunks"] == chunks
+        outs.append(got)
+    assert np.array_equal(outs[0].view(np.uint64), outs[1].view(np.uint64))
+
+
+def test_four_groups_of_two_chunks_on_the_emulator(monkeypatch, clean_plans):
+    """The CUDA default geometry of two chunks per step (4 SIMD groups, 128-key tiles) where the
+    emulator's 32 KB hold it (64-value rows): the bound holds through full tiles, a tail and 3 splits."""
+    rng = np.random.default_rng(12)
+    q = rng.standard_normal((1, 8, 64)).astype(np.float32)
+    kb, vb = _cache(rng, "q4_0", (1, 2, 600, 64)), _cache(rng, "q4_0", (1, 2, 600, 64))
+    _plan_env(monkeypatch, 2)
+    _check_v3("cpu-emulator", q, kb, vb, k_format="q4_0", v_format="q4_0", length=557, splits=3, warps=4, tile=128)
+    run = last_run()
+    assert (run["warps"], run["tile"], run["chunks"]) == (4, 128, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU != "cuda", reason="needs MLX's CUDA backend (dynamic shared memory beyond 48 KB)")
+def test_dynamic_shared_memory_on_cuda(monkeypatch, clean_plans):
+    """The default two-chunk plan on CUDA: 128-key tiles in 71 KB of dynamic shared memory, against
+    the oracle, at lengths that fill many tiles and splits."""
+    rng = np.random.default_rng(77)
+    q = rng.standard_normal((1, 32, 128)).astype(np.float32)
+    kb, vb = _cache(rng, "q8_0", (1, 8, 5000, 128)), _cache(rng, "turbo3", (1, 8, 5000, 128))
+    _plan_env(monkeypatch, 2)
+    for n in (4999, 1200, 129):
+        _check_v3("cuda", q, kb, vb, k_format="q8_0", v_format="turbo3", length=n)
+        run = last_run()
+        assert run["dyn_smem"] > 48000 and (run["warps"], run["tile"], run["chunks"]) == (4, 128, 2)

@@ -47,7 +47,13 @@ constexpr int QIS = TQA_DK / 4 + 4;
 TQ_SHARED_ARRAY(uint, qi, 8 * QIS);
 TQ_SHARED_ARRAY(float, qd, 8 * NB);           // q's block scales (binary16 values)
 TQ_SHARED_ARRAY(float, qsm, 8 * NB);          // q8_1's s = d * sum(codes) (binary16 values)
-TQ_SHARED_ARRAY(uint, stage, TQA_STB / 4);    // NS tiles (K rows, V rows) in a ring; first q, last the merge
+// NS tiles (K rows, V rows) in a ring; first q, last the merge. Dynamic threadgroup memory where the plan
+// asks (TQ_DSMEM >= TQA_STB bytes: CUDA, tiles beyond its 48 KB of static shared memory)
+#if TQ_DSMEM
+TQ_DYN_SHARED_ARRAY(uint, stage);
+#else
+TQ_SHARED_ARRAY(uint, stage, TQA_STB / 4);
+#endif
 TQ_SHARED float* qf = (TQ_SHARED float*)stage;  // q rows (rows >= Q zero), rotated: only until the tiles start
 // turbo2 / turbo3 rows of one 128-value block (RV = 8; TQA_V23, unless the generic turbo path is
 // forced): the centroids are looked up four at a time by byte permutes of registers (tq_byte_perm),

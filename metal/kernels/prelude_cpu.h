@@ -74,3 +74,5 @@ template <typename T> inline T simd(int op, T v, uint arg, int line) {
 #define tq_simd_broadcast(v, lane) tqemu::simd(tqemu::OP_BROADCAST, (v), (uint)(lane), __LINE__)
 #define tq_barrier() tqemu::sync_barrier(__LINE__)
 #define TQ_SHARED_ARRAY(T, name, n) T* name = (T*)tqemu::shared_alloc(sizeof(T) * (size_t)(n), alignof(T), __LINE__)
+// dynamic threadgroup memory (TQ_DSMEM bytes): from the same arena, under the same limit
+#define TQ_DYN_SHARED_ARRAY(T, name) T* name = (T*)tqemu::shared_alloc((size_t)(TQ_DSMEM), 16, __LINE__)

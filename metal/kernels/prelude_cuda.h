@@ -43,3 +43,6 @@ TQ_FUNC int tq_simd_sum(int v) { for (int o = 16; o > 0; o >>= 1) v = v + __shfl
 TQ_FUNC uint tq_simd_sum(uint v) { for (int o = 16; o > 0; o >>= 1) v = v + __shfl_xor_sync(0xffffffffu, v, o); return v; }
 #define tq_barrier() __syncthreads()
 #define TQ_SHARED_ARRAY(T, name, n) __shared__ T name[n]
+// the kernel's dynamic threadgroup memory (TQ_DSMEM bytes, a static parameter the launch requests): one
+// array per kernel; CUDA's static shared memory stops at 48 KB, the dynamic one may go beyond
+#define TQ_DYN_SHARED_ARRAY(T, name) extern __shared__ __align__(16) T name[]
