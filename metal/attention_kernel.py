@@ -482,8 +482,8 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks=None)
     if warps is None:   # wide rows: fewer SIMD groups (a smaller merge area) where 4 do not fit
         while nw > 1 and v3_shared_bytes(prob, nw, 16, 2) > limit:
             nw //= 2
-    # CUDA: a staging area beyond the static limit goes to dynamic threadgroup memory (two chunks per step
-    # want 16 * chunks * warps keys per tile: 128 for 4 SIMD groups)
+    # CUDA: a staging area beyond the static limit goes to dynamic threadgroup memory (an explicit tile, e.g.
+    # 128 keys for 4 SIMD groups of two chunks; or nothing static fits)
     dyn_limit = V3_DYNAMIC_CUDA if backend == "cuda" else limit
 
     def stages_for(t):   # (stages, dynamic) for tile t: the most stages that fit, static before dynamic
@@ -505,14 +505,15 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks=None)
             raise AttentionError(f"kernel v3 with tile={tl} does not fit {dyn_limit} bytes of threadgroup memory")
         ns, dyn = got
     else:
-        # the most keys in flight ((stages - 1) * tile) that fit; then the larger tile. One chunk per step:
-        # static memory and tiles up to V3_MAX_TILE, as before; two: tiles up to a step per SIMD group
-        top = V3_MAX_TILE if kc == 1 else max(V3_MAX_TILE, 16 * kc * nw)
-        fits = [(n, t, False) for n in range(2, ns0 + 1) for t in range(16 * kc, top + 1, 16 * kc)
+        # the most keys in flight ((stages - 1) * tile) that fit in static memory; then the larger tile.
+        # Dynamic memory only where nothing static fits: 4 SIMD groups of two chunks in 128-key tiles
+        # (71 KB dynamic) measured slower than 2 groups in 64-key tiles (static) on the H200
+        # (benchmarks/h200-2026-12-02-v3-chunks-dynamic.json)
+        fits = [(n, t, False) for n in range(2, ns0 + 1) for t in range(16 * kc, V3_MAX_TILE + 1, 16 * kc)
                 if v3_shared_bytes(prob, nw, t, n) <= limit]
-        if kc > 1:
-            fits += [(n, t, True) for n in range(2, ns0 + 1) for t in range(16 * kc, top + 1, 16 * kc)
-                     if limit < v3_shared_bytes(prob, nw, t, n) <= dyn_limit]
+        if not fits:
+            fits = [(n, t, True) for n in range(2, ns0 + 1) for t in range(16 * kc, V3_MAX_TILE + 1, 16 * kc)
+                    if v3_shared_bytes(prob, nw, t, n) <= dyn_limit]
         if not fits:
             raise AttentionError(f"kernel v3 does not fit {limit} bytes of threadgroup memory for rows of "
                                  f"{prob.k_dim} / {prob.v_dim} values with {nw} SIMD groups")
