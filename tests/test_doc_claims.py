@@ -1414,3 +1414,102 @@ def test_ninth_session_probe_gemma_fuzz_and_tests_are_their_records():
     assert len(t) == 7 and not any(k.startswith(("FAILED", "ERROR")) for v in t.values() for k in v)
     n = sum(c for v in t.values() for k, c in v.items() if not k.endswith("7e8de75"))
     assert f"Every GPU test of the seven kernel test files passed on the H200 ({n} tests:" in doc
+
+
+MAX_MB = "benchmarks/h200-2026-12-02-bench-attention-max-mb.json"
+CHUNKS = "benchmarks/h200-2026-12-02-v3-chunks.json"
+CHUNKS_DYN = "benchmarks/h200-2026-12-02-v3-chunks-dynamic.json"
+CHUNKS_DECODE = "benchmarks/h200-2026-12-02-bench-decode-chunks.json"
+CHUNKS_TESTS = "benchmarks/h200-2026-12-02-v3-chunks-gpu-tests-fuzz.json"
+CHUNKS_SASS = "benchmarks/nvcc-2026-12-02-kernel-sass-v3-chunks.json"
+
+
+def _pass1(rec, ctx, warps, tile, chunks):
+    (r,) = [r for r in rec["sweep"]["result"]["rows"]
+            if (r["context"], r["warps"], r["tile"], r["chunks"]) == (ctx, warps, tile, chunks)]
+    return r["pass1_us"]
+
+
+def _summary(rec, env):
+    return [next(s for s in c["variant_summary"] if s["env"] == env) for c in _by_ctx(rec["variants"]["result"])]
+
+
+def test_tenth_session_host_time_sentences_are_their_record():
+    doc = flat(text("BENCHMARKS.md"))
+    runs = record(MAX_MB)["runs"]
+    assert ["MLX_MAX_MB_PER_BUFFER=100000" in r["command"] for r in runs] == [False, True, False, True]
+    cs = [_by_ctx(r["result"]) for r in runs]
+    enc = [[r["growing_cache_path_encode_us"] for r in c] for c in cs]
+    said = ["encode " + ", ".join(_three(e) for e in enc[:3]) + " and " + _three(enc[3]) + " µs per layer",
+            "fp16 SDPA in these four runs: " + ", ".join(_ratios(c) for c in cs[:3]) + " and " + _ratios(cs[3]) + "×",
+            f"(32K: {min(e[1] for e in enc):.1f} to {max(e[1] for e in enc):.1f} µs)",
+            f"(the third run: {enc[2][1]:.1f} against {enc[2][0]:.1f})"]
+    for s in said:
+        assert s in doc, s
+    assert max(e[1] for e in enc) / min(e[1] for e in enc) > 1.8 and enc[2][1] < enc[2][0]   # "up to twice"
+    # "no consistent effect": the setting's runs are neither both below nor both above the defaults' at 32K
+    d32, m32 = [enc[0][1], enc[2][1]], [enc[1][1], enc[3][1]]
+    assert not (max(m32) < min(d32) or min(m32) > max(d32))
+    assert all(c[1]["growing_sdpa_fp16_us"] / c[1]["growing_cache_path_us"] < 2.0 for c in cs)
+
+
+def test_tenth_session_chunk_sentences_are_their_records():
+    doc = flat(text("BENCHMARKS.md"))
+    rec, dyn = record(CHUNKS), record(CHUNKS_DYN)
+    ctxs = (4096, 32768, 131072)
+    p = lambda r, w, t, k: _three(_pass1(r, c, w, t, k) for c in ctxs)   # noqa: E731
+    sass = record(CHUNKS_SASS)
+    one, two = sass["one_chunk"]["rows"][0], sass["two_chunks"]["rows"][0]
+    assert (one["plan"]["chunks"], two["plan"]["chunks"], two["plan"]["warps"]) == (1, 2, 2)
+    cut = 1 - two["per_key"] / one["per_key"]
+    said = [f"{two['per_key']:.1f} instructions per key against {one['per_key']:.1f} ({100 * cut:.0f}% fewer",
+            f"the same code as before, {one['loop_instructions']} instructions per 16 keys",
+            f"up to {100 * cut:.0f}% less pass-1 time",
+            f"1 group × 64 keys {p(rec, 1, 64, 1)} → {p(rec, 1, 64, 2)} with two chunks",
+            f"2 groups × 64 keys {p(rec, 2, 64, 1)} → {p(rec, 2, 64, 2)}",
+            f"(4 groups × 64 keys, one chunk) {p(rec, 4, 64, 1)}"]
+    kc2, dflt = _summary(rec, {"TQBRIDGE_V3_CHUNKS": "2"}), _summary(rec, {})
+    said.append(f"{_three(s['wall_us_median'] for s in kc2)} µs against the default's "
+                f"{_three(s['wall_us_median'] for s in dflt)} ({_three((s['vs_sdpa_fp16_median'] for s in kc2), '.2f')}× "
+                f"fp16 against {_three((s['vs_sdpa_fp16_median'] for s in dflt), '.2f')}×)")
+    for s in said:
+        assert s in doc, s
+    g1 = 1 - _pass1(rec, 131072, 1, 64, 2) / _pass1(rec, 131072, 1, 64, 1)
+    g2 = 1 - _pass1(rec, 131072, 2, 64, 2) / _pass1(rec, 131072, 2, 64, 1)
+    assert "(14% at 128K, the predicted size)" in doc and round(100 * g1) == 14 and f"({100 * g2:.0f}%)" in doc
+    assert g2 < g1   # "the gain shrinks" with more SIMD groups
+    vs = [_pass1(rec, c, 2, 64, 2) / _pass1(rec, c, 4, 64, 1) for c in ctxs]
+    assert "two chunks win 4% at 32K and 128K and lose 4% at 4K" in doc
+    assert [round(100 * (v - 1)) for v in vs] == [4, -4, -4]
+    # dynamic shared memory: 4 x 128 x 2 against 2 x 64 x 2 and the default in the same run
+    q = lambda w, t, k, c=131072: _pass1(dyn, c, w, t, k)   # noqa: E731
+    assert (f"measured {q(4, 128, 2):.1f} (4 × 128, two chunks) against {q(2, 64, 2):.1f} for 2 × 64 and "
+            f"{q(4, 64, 1):.1f} for the default in the same run; one chunk in 128-key tiles {q(4, 128, 1):.1f}") in doc
+    assert q(4, 128, 2) > q(2, 64, 2) and q(4, 128, 1) > q(4, 64, 1)
+    assert f"each threadgroup holds a single tile ({q(4, 128, 2, 4096):.1f} µs)" in doc
+    big = [r for r in dyn["sweep"]["result"]["rows"] if r["tile"] == 128]
+    assert big and all(r["dynamic_shared_bytes"] > 48000 and r["resident_ctas_per_sm"] == 3 for r in big)
+    assert round(big[0]["dynamic_shared_bytes"] / 1000) == 71
+
+
+def test_tenth_session_decode_tests_and_fuzz_are_their_records():
+    doc = flat(text("BENCHMARKS.md"))
+    runs = record(CHUNKS_DECODE)["decode"]["result"]
+    rows = runs["runs"] if isinstance(runs, dict) and "runs" in runs else runs
+    g = {(r["cache"], r["context"]): r for r in rows}
+    kc2 = "q8_0/turbo3{TQBRIDGE_V3_CHUNKS=2}"
+    sp = lambda c: " / ".join(f"{g[(c, n)]['speedup_vs_fp16']:.3f}" for n in (32768, 131072))   # noqa: E731
+    ms = " / ".join(f"{g[('fp16', n)]['ms_per_token']:.2f}" for n in (32768, 131072))
+    assert (f"q8_0/turbo3 {sp('q8_0/turbo3')}× fp16 at 32K / 128K with one chunk, {sp(kc2)}× with two. "
+            f"fp16 itself ran {ms} ms per token") in doc
+    assert abs(g[("fp16", 32768)]["ms_per_token"] - g[("fp16", 131072)]["ms_per_token"]) < 0.1   # "the same"
+    t = record(CHUNKS_TESTS)
+    assert len(t["gpu_tests"]["passed"]) == 39 and not t["gpu_tests"]["failed"]
+    assert "all 39 GPU tests of tests/test_attention_v3.py passed" in doc
+    fz = t["fuzz"]["summary"]
+    assert fz["ok"] is True and fz["failure"] is None and fz["backend"] == "cuda"
+    assert "TQBRIDGE_V3_CHUNKS=2" in t["fuzz"]["command"]
+    assert (f"{fz['examples']} examples over {fz['shapes']} shapes, {len(fz['formats'])} formats, no counterexample, "
+            f"worst error {fz['worst_error_over_allowed']:.3f} of the allowed bound") in doc
+    d = record(CHUNKS_DECODE)["gpu_tests"]
+    assert not d["failed"] and any("test_attention_v3_chunks.py" in x for x in d["passed"])
