@@ -67,3 +67,24 @@ def test_kernel_sass_common_path_still_matches_the_kernel(ablate):
     assert reduced != plain and "if (true) {" in reduced and "if (false) {" in reduced
     with pytest.raises(SystemExit, match="no longer in the kernel source"):
         kernel_sass._common_path(reduced)   # applied twice: its anchors are gone
+
+
+def test_kernel_sass_counts_per_key_of_the_step(ablate, monkeypatch):
+    """kernel_sass.loop_profile divides the loop by the keys one iteration serves: 16 per chunk
+    (v3 with two chunks per step serves 32); the edits still match the two-chunk source."""
+    import kernel_sass
+
+    sass = "\n".join(f"        /*{a:04x}*/                   {op} ;" for a, op in [
+        (0x0000, "LDS R2, [R3]"), (0x0010, "IMMA.16832.S8.S8 R4, R8, R12, R4"), (0x0020, "HMMA.16816.F32 R0, R4, R8, R0"),
+        (0x0030, "PRMT R5, R6, 0x5140, R7"), (0x0040, "BRA 0x0000")])
+    one, two = kernel_sass.loop_profile(sass), kernel_sass.loop_profile(sass, 32)
+    assert one["loop_instructions"] == two["loop_instructions"] == 5
+    assert (one["per_key"], one["keys_per_iteration"]) == (round(5 / 16, 1), 16)
+    assert (two["per_key"], two["keys_per_iteration"]) == (round(5 / 32, 1), 32)
+    monkeypatch.setenv("TQBRIDGE_V3_CHUNKS", "2")   # _v3_defs makes its plan directly (no plan cache)
+    (k1, s1), _ = _v3_defs("turbo3")
+    assert s1["TQA_KC"] == 2 and s1["TQ_DSMEM"] == 0
+    plain = ablate.PLAIN_SOURCE(k1, s1)
+    assert kernel_sass._common_path(plain) != plain
+    for name in ("nov", "nok", "v23noidx"):
+        assert ablate.ablated_source([name])(k1, s1) != plain
