@@ -104,8 +104,8 @@ def main(argv=None) -> int:
                 split_s, comb_s, extra1, extra2 = ak._static(prob, plan, 0, False)
                 k1def, k2def = ak._kernel_defs(0, ak._version(plan))
                 k1 = cp.RawKernel(_source(k1def, split_s), k1def.name, options=("--std=c++17",))
-                dsmem = int(split_s.get("TQ_DSMEM", 0))   # dynamic shared memory, as MLX requests it
-                if dsmem > 48000:
+                dsmem = int(split_s.get("TQ_DSMEM", 0))   # dynamic shared memory (>= ak.DSMEM_MIN on CUDA), as MLX requests it
+                if dsmem:
                     k1.max_dynamic_shared_size_bytes = dsmem
                 k2 = cp.RawKernel(_source(k2def, comb_s), k2def.name, options=("--std=c++17",))
                 ip1 = cp.asarray(np.array([prob.l_max, plan.split_len, plan.splits, prob.window, hkv, *extra1, ctx],

@@ -471,10 +471,10 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks=None)
     why = v3_refusal(prob)
     if why:
         raise AttentionError(why)
-    kc = v3_chunks() if chunks is None else int(chunks)
-    if kc not in V3_CHUNKS:
+    if chunks is not None and int(chunks) not in V3_CHUNKS:
         raise AttentionError(f"kernel v3 takes chunks of {' or '.join(map(str, V3_CHUNKS))} (16-key chunks per "
                              f"SIMD-group step), got {chunks}")
+    kc = v3_chunks() if chunks is None else int(chunks)
     nw = V3_WARPS if warps is None else int(warps)
     if not 1 <= nw <= 8:
         raise AttentionError(f"warps must be 1..8, got {nw}")
@@ -509,11 +509,10 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks=None)
         # Dynamic memory only where nothing static fits: 4 SIMD groups of two chunks in 128-key tiles
         # (71 KB dynamic) measured slower than 2 groups in 64-key tiles (static) on the H200
         # (benchmarks/h200-2026-12-02-v3-chunks-dynamic.json)
-        fits = [(n, t, False) for n in range(2, ns0 + 1) for t in range(16 * kc, V3_MAX_TILE + 1, 16 * kc)
-                if v3_shared_bytes(prob, nw, t, n) <= limit]
-        if not fits:
-            fits = [(n, t, True) for n in range(2, ns0 + 1) for t in range(16 * kc, V3_MAX_TILE + 1, 16 * kc)
-                    if v3_shared_bytes(prob, nw, t, n) <= dyn_limit]
+        need = {(n, t): v3_shared_bytes(prob, nw, t, n)
+                for n in range(2, ns0 + 1) for t in range(16 * kc, V3_MAX_TILE + 1, 16 * kc)}
+        fits = [(n, t, False) for (n, t), b in need.items() if b <= limit] \
+            or [(n, t, True) for (n, t), b in need.items() if b <= dyn_limit]
         if not fits:
             raise AttentionError(f"kernel v3 does not fit {limit} bytes of threadgroup memory for rows of "
                                  f"{prob.k_dim} / {prob.v_dim} values with {nw} SIMD groups")
@@ -895,10 +894,15 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
         backend=bk, dispatches=LAUNCHES[0] - launches0, kernel=plan.kernel, splits=plan.splits,
         lanes_per_key=plan.lanes_per_key, warps=plan.warps, tile=plan.tile,
         chain=plan.chain(max(prob.lengths)), q_precision=plan.q_precision,
-        v_decode=v3_v_decode(prob) if plan.kernel == "v3" else None,
-        chunks=plan.chunks if plan.kernel == "v3" else None,
-        dyn_smem=plan.dyn_smem if plan.kernel == "v3" else None))
+        **_v3_report(prob, plan)))
     return out
+
+
+def _v3_report(prob: Problem, plan: Plan) -> dict:
+    """What a run record and ``run_info`` say of a v3 build (None for the other kernels)."""
+    v3 = plan.kernel == "v3"
+    return dict(v_decode=v3_v_decode(prob) if v3 else None, chunks=plan.chunks if v3 else None,
+                dyn_smem=plan.dyn_smem if v3 else None)
 
 
 def fast_call(q, prob: Problem, options: dict, *, backend: str) -> "_Launches | None":
@@ -950,10 +954,8 @@ class DecodeLaunch:
         self.device_params = device_params(backend)
         self.run_info = dict(backend=backend, dispatches=plan.dispatches, kernel=plan.kernel, splits=plan.splits,
                              warps=plan.warps, tile=plan.tile, lanes_per_key=plan.lanes_per_key,
-                             chunks=plan.chunks if plan.kernel == "v3" else None,
-                             dyn_smem=plan.dyn_smem if plan.kernel == "v3" else None,
-                             chain=plan.chain(prob.l_max), q_precision=plan.q_precision,
-                             v_decode=v3_v_decode(prob) if plan.kernel == "v3" else None, compiled=self.compiled,
+                             chain=plan.chain(prob.l_max), q_precision=plan.q_precision, **_v3_report(prob, plan),
+                             compiled=self.compiled,
                              device_params=self.device_params, device_consts=device_consts(backend))
         self._run = run    # the prepared launches; this class adds the per-length parameter buffer
 
