@@ -97,9 +97,14 @@ def loop_profile(sass: str, keys: int = 16) -> dict:
     body = [op for a, op, _ in ins if lo <= a <= hi]
     by = Counter(_class(op.split(".")[0]) for op in body)
     ops = Counter(op.split(".")[0] for op in body)
+    # the outermost enclosing loop (v3: the tile loop, staging copies and barriers around the key loop)
+    tlo, thi = min(loops)
+    outer = [op for a, op, _ in ins if tlo <= a <= thi and not lo <= a <= hi]
     return {"loop_instructions": len(body), "per_key": round(len(body) / keys, 1), "keys_per_iteration": keys,
             "by_class": dict(by.most_common()),
-            "top_opcodes": dict(ops.most_common(12))}
+            "top_opcodes": dict(ops.most_common(12)),
+            "outer_loop_extra_instructions": len(outer),
+            "outer_loop_copies": sum(op.startswith("LDGSTS") for op in outer)}
 
 
 def cubin_profile(path: str) -> dict:

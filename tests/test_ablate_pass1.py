@@ -88,3 +88,17 @@ def test_kernel_sass_counts_per_key_of_the_step(ablate, monkeypatch):
     assert kernel_sass._common_path(plain) != plain
     for name in ("nov", "nok", "v23noidx"):
         assert ablate.ablated_source([name])(k1, s1) != plain
+
+
+def test_kernel_sass_counts_the_tile_loop_around_the_key_loop(ablate):
+    """The outermost loop around the tensor-core products (v3: the tile loop with its staging copies)
+    is counted apart from the key loop: its extra instructions and its asynchronous copies."""
+    import kernel_sass
+
+    sass = "\n".join(f"        /*{a:04x}*/                   {op} ;" for a, op in [
+        (0x0000, "LDGSTS.E.BYPASS.128 [R1], desc[UR6][R2.64]"), (0x0010, "BAR.SYNC.DEFER_BLOCKING 0x0"),
+        (0x0020, "IMMA.16832.S8.S8 R4, R8, R12, R4"), (0x0030, "HMMA.16816.F32 R0, R4, R8, R0"), (0x0040, "BRA 0x0020"),
+        (0x0050, "LDGSTS.E [R1+0x4], desc[UR6][R2.64+0x4]"), (0x0060, "BRA 0x0000")])
+    p = kernel_sass.loop_profile(sass)
+    assert p["loop_instructions"] == 3   # the key loop: 0x20..0x40
+    assert p["outer_loop_extra_instructions"] == 4 and p["outer_loop_copies"] == 2

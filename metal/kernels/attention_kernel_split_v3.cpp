@@ -158,32 +158,54 @@ const size_t koff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)KRB;
 const size_t voff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)VRB;
 
 // tiles start at an even position (every staged row at an even byte); TQA_NS buffers in a ring:
-// while tile i is computed, tiles i + 1 .. i + NS - 1 are being copied asynchronously
+// while tile i is computed, tiles i + 1 .. i + NS - 1 are being copied asynchronously. A whole tile whose
+// rows start 16-aligned (the usual case: even row lengths, splits of a multiple of 8 keys) is staged by
+// straight 16-byte copies (tqa_stage_full16), any other by the generic loop
 constexpr int HALF = (TQA_KTB + TQA_VTB) / 4;  // words per staged tile
+constexpr bool FULL16 = TQA_KTB == TQA_TILE * KRB && TQA_VTB == TQA_TILE * VRB && TQA_KTB % 16 == 0 &&
+                        TQA_VTB % 16 == 0;
+const bool stage16 = FULL16 && tq_aligned16_shared(stage);   // (each tile's sources are checked as it is staged)
 const int first = start - (start & 1);
 for (int s0 = 0; s0 < TQA_NS - 1; ++s0) {
     const int ts = first + s0 * TQA_TILE;
     if (ts < end) {
         const int n = end - ts < TQA_TILE ? end - ts : TQA_TILE;
-        tqa_stage_async(stage + s0 * HALF, kb, koff + (size_t)ts * (size_t)KRB, n * KRB, tid, (uint)NT);
-        tqa_stage_async(stage + s0 * HALF + TQA_KTB / 4, vb, voff + (size_t)ts * (size_t)VRB, n * VRB, tid, (uint)NT);
+        TQ_SHARED uint* dk = stage + s0 * HALF;
+        TQ_CONST_DEVICE uchar* sk = kb + koff + (size_t)ts * (size_t)KRB;
+        TQ_CONST_DEVICE uchar* sv = vb + voff + (size_t)ts * (size_t)VRB;
+        if (FULL16 && stage16 && n == TQA_TILE && tq_aligned16(sk) && tq_aligned16(sv)) {
+            tqa_stage_full16<FULL16 ? TQA_KTB : 16, NT>(dk, sk, tid);
+            tqa_stage_full16<FULL16 ? TQA_VTB : 16, NT>(dk + TQA_KTB / 4, sv, tid);
+        } else {
+            tqa_stage_async(dk, kb, koff + (size_t)ts * (size_t)KRB, n * KRB, tid, (uint)NT);
+            tqa_stage_async(dk + TQA_KTB / 4, vb, voff + (size_t)ts * (size_t)VRB, n * VRB, tid, (uint)NT);
+        }
     }
     tq_cp_commit();
 }
 int buf = 0;
 for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadgroup
     const int n = end - t0 < TQA_TILE ? end - t0 : TQA_TILE;
+    // tile i's copies (group i) landed: at most NS - 2 later groups pending; the barrier makes every thread's
+    // copies visible and ends every SIMD group's reading of tile i - 1, whose buffer the next copy refills
+    tq_cp_wait_n(TQA_NS - 2);
+    tq_barrier();
     const int t1 = t0 + (TQA_NS - 1) * TQA_TILE;
     if (t1 < end) {
         const int n1 = end - t1 < TQA_TILE ? end - t1 : TQA_TILE;
-        const int b1 = (buf + TQA_NS - 1) % TQA_NS;
-        tqa_stage_async(stage + b1 * HALF, kb, koff + (size_t)t1 * (size_t)KRB, n1 * KRB, tid, (uint)NT);
-        tqa_stage_async(stage + b1 * HALF + TQA_KTB / 4, vb, voff + (size_t)t1 * (size_t)VRB, n1 * VRB, tid,
-                        (uint)NT);
+        const int b1 = buf == 0 ? TQA_NS - 1 : buf - 1;   // (buf + NS - 1) % NS: tile i - 1's buffer
+        TQ_SHARED uint* dk = stage + b1 * HALF;
+        TQ_CONST_DEVICE uchar* sk = kb + koff + (size_t)t1 * (size_t)KRB;
+        TQ_CONST_DEVICE uchar* sv = vb + voff + (size_t)t1 * (size_t)VRB;
+        if (FULL16 && stage16 && n1 == TQA_TILE && tq_aligned16(sk) && tq_aligned16(sv)) {
+            tqa_stage_full16<FULL16 ? TQA_KTB : 16, NT>(dk, sk, tid);
+            tqa_stage_full16<FULL16 ? TQA_VTB : 16, NT>(dk + TQA_KTB / 4, sv, tid);
+        } else {
+            tqa_stage_async(dk, kb, koff + (size_t)t1 * (size_t)KRB, n1 * KRB, tid, (uint)NT);
+            tqa_stage_async(dk + TQA_KTB / 4, vb, voff + (size_t)t1 * (size_t)VRB, n1 * VRB, tid, (uint)NT);
+        }
     }
     tq_cp_commit();
-    tq_cp_wait_n(TQA_NS - 1);   // all but the newest NS - 1 groups: tile i has landed
-    tq_barrier();
     TQ_SHARED const uchar* kts = (TQ_SHARED const uchar*)(stage + buf * HALF);
     TQ_SHARED const uchar* vts = kts + TQA_KTB;
     // TQA_KC chunks of 16 keys per step of a SIMD group (kc = k0, k0 + 16, ..): their scores, one online-softmax
@@ -438,10 +460,10 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
             }
         }
     }
-    tq_barrier();
     buf = buf + 1 == TQA_NS ? 0 : buf + 1;
 }
 tq_cp_wait0();
+tq_barrier();   // every SIMD group is done with the last tile before the merge below reuses the area
 
 // every SIMD group's sums over its lanes, then the groups merged through threadgroup memory
 for (int c = 0; c < 2; ++c)

@@ -113,6 +113,7 @@ TQ_FUNC void tq_cp_wait_n(const int n) {   // wait until at most n groups are pe
     else asm volatile("cp.async.wait_group 3;" ::: "memory");
 }
 TQ_FUNC bool tq_aligned16(TQ_CONST_DEVICE void* p) { return (((size_t)p) & 15u) == 0u; }
+TQ_FUNC bool tq_aligned16_shared(TQ_SHARED const void* p) { return ((unsigned)__cvta_generic_to_shared(p) & 15u) == 0u; }
 #else
 TQ_FUNC void tq_cp_async4(TQ_SHARED void* dst, TQ_CONST_DEVICE void* src) {
     *(TQ_SHARED uint*)dst = *(TQ_CONST_DEVICE uint*)src;
@@ -123,8 +124,33 @@ TQ_FUNC void tq_cp_async16(TQ_SHARED void* dst, TQ_CONST_DEVICE void* src) {
 TQ_FUNC void tq_cp_commit() {}
 TQ_FUNC void tq_cp_wait0() {}
 TQ_FUNC void tq_cp_wait_n(const int n) { (void)n; }
+#if defined(TQ_EMULATOR)
+// the emulator takes the 16-byte paths where CUDA would, so CI runs the code CUDA runs
+TQ_FUNC bool tq_aligned16(TQ_CONST_DEVICE void* p) { return (((size_t)p) & 15u) == 0u; }
+TQ_FUNC bool tq_aligned16_shared(TQ_SHARED const void* p) { return (((size_t)p) & 15u) == 0u; }
+#else
 TQ_FUNC bool tq_aligned16(TQ_CONST_DEVICE void* p) { (void)p; return false; }
+TQ_FUNC bool tq_aligned16_shared(TQ_SHARED const void* p) { (void)p; return false; }
 #endif
+#endif
+
+// Stage one whole tile of NBYTES (a multiple of 16) from 16-aligned device memory into 16-aligned
+// threadgroup words, all NT threads together, asynchronously: NBYTES / 16 copies of 16 bytes, thread
+// tid taking copies tid, tid + NT, ..; the trip count is static, so the loop unrolls into straight
+// copies at constant offsets (only the last round's are predicated). The generic tqa_stage_async
+// below pays a loop with run-time bounds and alignment branches per call (kernel v3's pass 1 on the
+// H200: 129 of its 647 instructions per 16 keys, benchmarks/h200-2026-12-02-ncu-pass1.json).
+template <int NBYTES, int NT>
+TQ_FUNC void tqa_stage_full16(TQ_SHARED uint* dst, TQ_CONST_DEVICE uchar* s, uint tid) {
+    static_assert(NBYTES % 16 == 0, "whole 16-byte copies");
+    constexpr int N16 = NBYTES / 16;
+    // this thread's first copy, then the others at constant offsets (immediates in the copy instructions)
+    TQ_SHARED uint* d = dst + 4u * tid;
+    TQ_CONST_DEVICE uchar* p = s + 16u * tid;
+    TQ_UNROLL
+    for (int j = 0; j < (N16 + NT - 1) / NT; ++j)
+        if ((j + 1) * NT <= N16 || (int)tid + j * NT < N16) tq_cp_async16(d + 4 * NT * j, p + 16 * NT * j);
+}
 
 // Stage nbytes (even) of device memory from byte `off` (even) of `src` into threadgroup words `dst`,
 // all threads together, asynchronously (then tq_cp_commit / wait / barrier): 16-byte copies when

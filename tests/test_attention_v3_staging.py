@@ -1,0 +1,114 @@
+"""Kernel v3's staging of K / V tiles into threadgroup memory: a whole tile whose rows start 16-aligned
+goes through straight 16-byte copies at constant offsets (``tqa_stage_full16``), any other tile (a
+split's last, partial one; rows of odd offset) through the generic loop (``tqa_stage_async``). Staging
+is a pure copy, so the two paths must give bit-identical outputs; the emulator takes the 16-byte path
+where CUDA does (its ``tq_aligned16`` checks the address), so CI runs both. One barrier per tile: the
+copy into the buffer of tile i - 1 is issued after the barrier that ends every SIMD group's reading of
+it. Planted bugs (in a copy of the sources) show that the tests see each part."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from tqbridge.metal import attention_kernel
+from tqbridge.metal.attention import decode_attention, last_run
+from test_attention_kernel import BACKENDS, _cache
+from test_attention_v3 import _check_v3
+
+SRC = "attention_kernel_split_v3.cpp"
+MMA = "attention_mma.h"
+
+
+def _rows(kf, vf, n, l_max, hkv=2, d=128, seed=5):
+    """The same first n keys / values of every head in caches of l_max rows (the rest random)."""
+    rng = np.random.default_rng(seed)
+    kb, vb = _cache(rng, kf, (1, hkv, 256, d)), _cache(rng, vf, (1, hkv, 256, d))
+    return np.ascontiguousarray(kb[:, :, :l_max]), np.ascontiguousarray(vb[:, :, :l_max])
+
+
+@pytest.fixture
+def fresh_plans():
+    attention_kernel._plan_cached.cache_clear()
+    yield
+    attention_kernel._plan_cached.cache_clear()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("chunks", [1, 2])
+@pytest.mark.parametrize("kf,vf", [("q8_0", "turbo3"), ("q4_0", "q8_0")])
+def test_whole_tile_copies_match_the_generic_loop(backend, chunks, kf, vf, monkeypatch, fresh_plans):
+    """l_max = 200: every head's rows start 16-aligned (q8_0 rows of 136 bytes, turbo3 of 50: a multiple
+    of 8 rows), so whole tiles take the 16-byte path; l_max = 201 moves heads >= 1 off alignment (the
+    generic loop). On the emulator two splits of 75 keys start tiles off alignment too (GPU plans round
+    splits to whole tiles). The outputs must be bit-identical."""
+    monkeypatch.setenv("TQBRIDGE_V3_CHUNKS", str(chunks))
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((1, 8, 128)).astype(np.float32)
+    n = 150
+    outs = {}
+    for l_max in (200, 201):
+        kb, vb = _rows(kf, vf, n, l_max)
+        for splits in (1, 2):
+            got = decode_attention(q, kb, vb, k_format=kf, v_format=vf, length=n, backend=backend,
+                                   q_precision="int8", splits=splits)
+            assert last_run()["kernel"] == "v3" and last_run()["chunks"] == chunks
+            outs[l_max, splits] = np.asarray(got)
+    for splits in (1, 2):   # (other splits merge other partial sums: compared within one split count)
+        assert np.array_equal(outs[201, splits], outs[200, splits]), f"splits={splits}: l_max 201 differs from 200"
+
+
+def _planted(tmp_path, monkeypatch, name, old, new):
+    src = (attention_kernel.KERNEL_DIR / name).read_text()
+    assert src.count(old) == 1, f"{name} changed: the text this test plants its bug in is gone"
+    for f in attention_kernel.KERNEL_DIR.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    (tmp_path / name).write_text(src.replace(old, new))
+    monkeypatch.setattr(attention_kernel, "KERNEL_DIR", tmp_path)
+    attention_kernel._kernel_defs.cache_clear()
+
+
+@pytest.fixture
+def restore_kernels():
+    yield
+    attention_kernel._kernel_defs.cache_clear()
+    attention_kernel._plan_cached.cache_clear()
+
+
+def test_dropping_the_last_round_of_whole_tile_copies_fails(tmp_path, monkeypatch, restore_kernels):
+    """The 16-byte path without its last, partial round of copies leaves the end of every staged K tile
+    stale: the oracle check fails, so the aligned layout above did run that path."""
+    _planted(tmp_path, monkeypatch, MMA, "if ((j + 1) * NT <= N16 || (int)tid + j * NT < N16)",
+             "if ((j + 1) * NT <= N16)")
+    rng = np.random.default_rng(12)
+    q = rng.standard_normal((1, 8, 128)).astype(np.float32)
+    kb, vb = _rows("q8_0", "turbo3", 150, 200)
+    with pytest.raises(AssertionError, match="bound"):
+        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=150, splits=1)
+
+
+def test_dropping_the_generic_loop_fails(tmp_path, monkeypatch, restore_kernels):
+    """The generic loop staging nothing: with l_max = 201 the heads >= 1 (and every split's partial last
+    tile) go through it, and the oracle check fails, so the odd layout above did run it."""
+    _planted(tmp_path, monkeypatch, MMA, "for (int i = done + (int)tid; i < nw; i += (int)nt) tq_cp_async4",
+             "for (int i = done + (int)tid; i < 0; i += (int)nt) tq_cp_async4")
+    rng = np.random.default_rng(13)
+    q = rng.standard_normal((1, 8, 128)).astype(np.float32)
+    kb, vb = _rows("q8_0", "turbo3", 150, 201)
+    with pytest.raises(AssertionError, match="bound"):
+        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=150, splits=1)
+
+
+def test_refilling_a_buffer_before_the_barrier_fails(tmp_path, monkeypatch, restore_kernels):
+    """The tile loop without its one barrier: the copy into tile i - 1's buffer is then issued while other
+    SIMD groups may still be computing tile i - 1 (they read tile i + NS - 1's rows), and the oracle
+    check fails (the emulator switches threads at every barrier and SIMD operation)."""
+    _planted(tmp_path, monkeypatch, SRC, "    tq_cp_wait_n(TQA_NS - 2);\n    tq_barrier();\n",
+             "    tq_cp_wait_n(TQA_NS - 2);\n")
+    rng = np.random.default_rng(14)
+    q = rng.standard_normal((1, 8, 128)).astype(np.float32)
+    kb, vb = _rows("q8_0", "turbo3", 250, 256)
+    with pytest.raises(AssertionError, match="bound"):
+        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=250, splits=1)
