@@ -18,6 +18,7 @@ Needs CuPy and a CUDA GPU (H200 here). Not part of the test suite.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import sys
@@ -55,6 +56,8 @@ def main(argv=None) -> int:
     p.add_argument("--tiles", default="", help="comma-separated keys per tile to sweep (default: the plan's)")
     p.add_argument("--chunks", default="", help="v3: comma-separated 16-key chunks per SIMD-group step to sweep "
                    "(default: the plan's)")
+    p.add_argument("--stages", default="", help="v3: comma-separated tiles in the copy ring to sweep, each at most "
+                   "the plan's (fewer stages: less threadgroup memory, more threadgroups per SM; default: the plan's)")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--chain", action="store_true",
                    help="time pass 1 and pass 2 alternately, as a chain of layers runs them (an event around each "
@@ -90,17 +93,23 @@ def main(argv=None) -> int:
         copies = -(-COLD_BYTES // bytes_read) if a.cold else 1
         dkbs, dvbs = [cp.asarray(kb) for _ in range(copies)], [cp.asarray(vb) for _ in range(copies)]
         for kern in a.kernels.split(","):
-            sweep = [(nw, ns, tl, kc) for nw in ([int(x) for x in a.warps.split(",") if x] or [None])
+            sweep = [(nw, ns, tl, kc, st) for nw in ([int(x) for x in a.warps.split(",") if x] or [None])
                      for ns in ([int(x) for x in a.splits.split(",") if x] or [None])
                      for tl in ([int(x) for x in a.tiles.split(",") if x] or [None])
-                     for kc in ([int(x) for x in a.chunks.split(",") if x] or [None])]
-            for nw, ns, tl, kc in sweep:
+                     for kc in ([int(x) for x in a.chunks.split(",") if x] or [None])
+                     for st in ([int(x) for x in a.stages.split(",") if x] or [None])]
+            for nw, ns, tl, kc, st in sweep:
                 try:
                     plan = ak.make_plan(prob, "cuda", kernel=kern, warps=nw, splits=ns, tile=tl,
                                         **({"chunks": kc} if kc is not None else {}))
                 except Exception as e:
                     print(f"{ctx} {kern} warps={nw} splits={ns} tile={tl} chunks={kc}: {e}", file=sys.stderr)
                     continue
+                if st is not None:
+                    if plan.kernel != "v3" or not 2 <= st <= plan.stages:
+                        print(f"{ctx} {kern} stages={st}: v3 takes 2..{plan.stages} here", file=sys.stderr)
+                        continue
+                    plan = dataclasses.replace(plan, stages=st)   # a smaller ring fits where the plan's did
                 split_s, comb_s, extra1, extra2 = ak._static(prob, plan, 0, False)
                 k1def, k2def = ak._kernel_defs(0, ak._version(plan))
                 k1 = cp.RawKernel(_source(k1def, split_s), k1def.name, options=("--std=c++17",))

@@ -454,10 +454,23 @@ def _v3_limits(backend: str) -> tuple[int, int]:
     return (V3_SHARED_CUDA, V3_STAGES_CUDA) if backend == "cuda" else (SHARED_BYTES, V3_STAGES_CUDA)
 
 
-def v3_chunks() -> int:
+# tiles in the copy ring of CUDA's automatic v3 plans (an explicit tile takes as many as fit): with whole
+# tiles staged by straight copies, 2 stages (26 KB, 8 threadgroups of 2 SIMD groups per SM) measured faster
+# than 3 (38 KB, 5): pass 1 11.7 / 24.7 / 64.6 us against 12.4 / 26.0 / 67.2 at 4K / 32K / 128K for two chunks,
+# 10.9 / 26.3 / 70.1 against 11.7 / 26.8 / 71.0 for one (benchmarks/h200-2026-12-02-v3-stages.json)
+V3_AUTO_STAGES_CUDA = 2
+
+# v3's chunks per step where neither the call nor TQBRIDGE_V3_CHUNKS says: 2 on CUDA, where two chunks in
+# 2 SIMD groups x 64-key tiles measured faster than one in 4 x 64 once whole tiles are staged by straight
+# copies (pass 1 at 32K / 128K: 25.8 / 67.2 us vs 26.7 / 70.9, benchmarks/h200-2026-12-02-ncu-pass1.json);
+# 1 elsewhere (not measured on Metal; the emulator's plans stay as its tests know them)
+V3_DEFAULT_CHUNKS = {"cuda": 2}
+
+
+def v3_chunks(backend: str = "") -> int:
     """The 16-key chunks per SIMD-group step of v3 plans made without an explicit ``chunks``:
-    TQBRIDGE_V3_CHUNKS, else 1."""
-    raw = os.environ.get("TQBRIDGE_V3_CHUNKS", "1")
+    TQBRIDGE_V3_CHUNKS, else V3_DEFAULT_CHUNKS for the backend (2 on CUDA), else 1."""
+    raw = os.environ.get("TQBRIDGE_V3_CHUNKS", str(V3_DEFAULT_CHUNKS.get(backend, 1)))
     try:
         kc = int(raw)
     except ValueError:
@@ -474,7 +487,7 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks=None)
     if chunks is not None and int(chunks) not in V3_CHUNKS:
         raise AttentionError(f"kernel v3 takes chunks of {' or '.join(map(str, V3_CHUNKS))} (16-key chunks per "
                              f"SIMD-group step), got {chunks}")
-    kc = v3_chunks() if chunks is None else int(chunks)
+    kc = v3_chunks(backend) if chunks is None else int(chunks)
     nw = V3_WARPS if warps is None else int(warps)
     if not 1 <= nw <= 8:
         raise AttentionError(f"warps must be 1..8, got {nw}")
@@ -517,6 +530,11 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks=None)
             raise AttentionError(f"kernel v3 does not fit {limit} bytes of threadgroup memory for rows of "
                                  f"{prob.k_dim} / {prob.v_dim} values with {nw} SIMD groups")
         ns, tl, dyn = max(fits, key=lambda f: ((f[0] - 1) * f[1], f[1], not f[2]))
+        # CUDA: a tile of 64 keys or more in a ring of V3_AUTO_STAGES_CUDA where that fits static memory (a
+        # whole tile still in flight while one is computed): the smaller staging area lets more threadgroups
+        # share an SM, which measured faster than a deeper ring (64-key tiles; smaller ones keep their ring)
+        if backend == "cuda" and ns > V3_AUTO_STAGES_CUDA and tl >= 64 and need[V3_AUTO_STAGES_CUDA, tl] <= limit:
+            ns, dyn = V3_AUTO_STAGES_CUDA, False
     if os.environ.get("TQBRIDGE_V3_DYNAMIC_SHARED") == "1" and backend != "metal":
         dyn = True   # the dynamic declaration also where static memory would do (tests: the emulator runs it)
     # each SIMD group takes 16 * chunks keys of a tile per step: with chunks > 1, no more groups than a tile

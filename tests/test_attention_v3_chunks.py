@@ -59,7 +59,7 @@ def test_two_chunks_hold_the_oracle_bound(backend, case, monkeypatch, clean_plan
     got2, want, bound = _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=n, **opts)
     run = last_run()
     assert run["chunks"] == 2 and run["tile"] % 32 == 0 and 32 * run["warps"] <= run["tile"]
-    _plan_env(monkeypatch, None)
+    _plan_env(monkeypatch, 1)
     got1, _, _ = _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=n, **opts)
     assert last_run()["chunks"] == 1
     # the two variants differ only by roundings: both within the bound of the same oracle
@@ -100,7 +100,7 @@ def test_dropping_the_second_chunk_fails(monkeypatch, tmp_path, clean_plans):
         with pytest.raises(AssertionError, match="bound"):
             _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=143)
         # the same call with one chunk per step does not run the planted loop's second pass: it holds
-        _plan_env(monkeypatch, None)
+        _plan_env(monkeypatch, 1)
         _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=143)
     finally:
         monkeypatch.undo()
@@ -112,7 +112,13 @@ def test_chunk_plans_and_refusals(monkeypatch, clean_plans):
     q = rng.standard_normal((1, 32, 128)).astype(np.float32)
     kb, vb = _cache(rng, "q8_0", (1, 8, 64, 128)), _cache(rng, "turbo3", (1, 8, 64, 128))
     prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
-    one = attention_kernel.make_plan(prob, "cuda", kernel="v3")
+    monkeypatch.delenv("TQBRIDGE_V3_CHUNKS", raising=False)
+    # the defaults: two chunks in 2 SIMD groups x 64-key tiles on CUDA (measured), one elsewhere
+    auto = attention_kernel.make_plan(prob, "cuda", kernel="v3")
+    assert auto.chunks == 2 and (auto.warps, auto.tile) == (2, 64)
+    assert attention_kernel.make_plan(prob, "cpu-emulator", kernel="v3").chunks == 1
+    assert attention_kernel.make_plan(prob, "metal", kernel="v3").chunks == 1
+    one = attention_kernel.make_plan(prob, "cuda", kernel="v3", chunks=1)
     assert one.chunks == 1 and (one.warps, one.tile) == (4, 64)
     # the emulator's 32 KB take a 64-key tile: two steps of 32 keys, so two SIMD groups, none idle
     two = attention_kernel.make_plan(prob, "cpu-emulator", kernel="v3", chunks=2)
@@ -152,7 +158,10 @@ def test_dynamic_shared_memory_plans(monkeypatch, clean_plans):
     assert attention_kernel._static(prob, big, 0, False)[0]["TQ_DSMEM"] == big.dyn_smem
     assert attention_kernel.v3_shared_bytes(prob, 4, 128, 3) <= attention_kernel.V3_DYNAMIC_CUDA
     auto = attention_kernel.make_plan(prob, "cuda", kernel="v3", chunks=2)
-    assert (auto.warps, auto.tile, auto.stages, auto.dyn_smem) == (2, 64, 3, 0)
+    # automatic CUDA plans take V3_AUTO_STAGES_CUDA (2) tiles in the ring where a 64-key tile fits
+    assert (auto.warps, auto.tile, auto.stages, auto.dyn_smem) == (2, 64, attention_kernel.V3_AUTO_STAGES_CUDA, 0)
+    assert attention_kernel.V3_AUTO_STAGES_CUDA == 2 < attention_kernel.V3_STAGES_CUDA
+    assert attention_kernel.make_plan(prob, "cpu-emulator", kernel="v3").stages == attention_kernel.V3_STAGES_CUDA
     one = attention_kernel.make_plan(prob, "cuda", kernel="v3")
     assert one.dyn_smem == 0 and attention_kernel._static(prob, one, 0, False)[0]["TQ_DSMEM"] == 0
     assert attention_kernel.make_plan(prob, "cuda", kernel="v3", tile=128).dyn_smem > 0

@@ -1513,3 +1513,126 @@ def test_tenth_session_decode_tests_and_fuzz_are_their_records():
             f"worst error {fz['worst_error_over_allowed']:.3f} of the allowed bound") in doc
     d = record(CHUNKS_DECODE)["gpu_tests"]
     assert not d["failed"] and any("test_attention_v3_chunks.py" in x for x in d["passed"])
+
+
+NCU = "benchmarks/h200-2026-12-02-ncu-pass1.json"
+
+
+def _ncu_numbers():
+    r = record(NCU)
+    n = r["ncu"]
+    return r, n["before_c1_128K"], n["after_c1_128K"], n["after_c2_128K"], n["after_c1_4K"]
+
+
+def _pct(x) -> str:
+    return f"{100 * x:.0f}"
+
+
+def test_eleventh_session_profile_sentences_are_their_record():
+    doc = flat(text("BENCHMARKS.md"))
+    r, b, a1, a2, a14 = _ncu_numbers()
+    st, hand = b["stall_share"], r["ncu"]["before_c1_128K_regions_instructions_per_16_keys"]
+    said = [f"chunk): {b['duration_us']} µs, DRAM {b['dram_throughput_pct']:.0f}% busy, issue slots "
+            f"{b['issue_slots_busy_pct']:.0f}% busy, **{b['warp_instructions_per_key_and_kv_head']:.1f} warp instructions per key**",
+            f"cost {b['staging_head_instructions_per_key']:.1f} instructions per key ({hand['staging (copy issue)']:.0f} per 16 keys, "
+            f"{100 * hand['staging (copy issue)'] / (16 * b['warp_instructions_per_key_and_kv_head']):.0f}% of all) and "
+            f"{_pct(b['staging_head_share_of_stall_samples'])}% of the stall samples",
+            f"Stalls: wait {_pct(st['wait'])}%, selected {_pct(st['selected'])}%, not selected {_pct(st['not_selected'])}%, "
+            f"short scoreboard {_pct(st['short_sb'])}%, barrier {_pct(st['barrier'])}%",
+            f"**{b['staging_head_instructions_per_key']:.1f} → {a1['staging_head_instructions_per_key']:.1f} instructions per key**, "
+            f"{b['warp_instructions_per_key_and_kv_head']:.1f} → {a1['warp_instructions_per_key_and_kv_head']:.1f} in all, pass 1 "
+            f"{b['duration_us']} → {a1['duration_us']} µs under the profiler",
+            f"(wait stalls {_pct(a1['stall_share']['wait'])}%)",
+            f"(long scoreboard {_pct(a14['stall_share']['long_sb'])}% of the stalls)",
+            f"({a2['warp_instructions_per_key_and_kv_head']:.1f} instructions per key, pass 1 {a2['duration_us']} µs under the "
+            f"profiler, DRAM {a2['dram_throughput_pct']:.0f}% busy; only {a2['achieved_warps_per_sm']:.1f} warps resident per SM, "
+            f"{a2['eligible_warps_per_scheduler']:.2f} eligible per scheduler"]
+    for s in said:
+        assert s in doc, s
+    # "the difference is the tile loop": the executed count exceeds the key loop's static 27.9 by the staging and more
+    assert b["warp_instructions_per_key_and_kv_head"] - 27.9 > b["staging_head_instructions_per_key"]
+    assert a2["duration_us"] < a1["duration_us"] < b["duration_us"]
+    assert a2["eligible_warps_per_scheduler"] < 1 and a14["stall_share"]["long_sb"] == max(a14["stall_share"].values())
+
+
+def test_eleventh_session_device_time_and_mlx_sentences_are_their_record():
+    doc = flat(text("BENCHMARKS.md"))
+    r = record(NCU)
+
+    def dt(side, ch):
+        out = []
+        for ctx in (4096, 32768, 131072):
+            vals = sorted({round(x["pass1_us"], 1) for rep in r["device_time"][side] for x in rep
+                           if x["context"] == ctx and x["chunks"] == ch})
+            out.append("–".join(f"{v:.1f}" for v in vals))
+        return " / ".join(out)
+
+    assert f"one chunk {dt('before', 1)} → {dt('after', 1)}; two chunks (2 SIMD groups × 64 keys) {dt('before', 2)} → {dt('after', 2)}" in doc
+    after = {(x["context"], x["chunks"]): x["pass1_us"] for rep in r["device_time"]["after"] for x in rep}
+    worst2 = lambda c, k: max(x["pass1_us"] for rep in r["device_time"]["after"] for x in rep if (x["context"], x["chunks"]) == (c, k))  # noqa: E731
+    best1 = lambda c, k: min(x["pass1_us"] for rep in r["device_time"]["after"] for x in rep if (x["context"], x["chunks"]) == (c, k))  # noqa: E731
+    assert all(worst2(c, 2) < best1(c, 1) for c in (32768, 131072)) and after   # "win at 32K and 128K in every run"
+    sw = {(x["context"], x["warps"], x["tile"]): x["pass1_us"] for x in r["sweep_two_chunks"]["rows"]}
+    assert (f"fastest at 4K ({sw[4096, 4, 128]:.1f} µs against {sw[4096, 2, 64]:.1f} for 2 × 64) and slower at 32K / 128K "
+            f"({sw[32768, 4, 128]:.1f} / {sw[131072, 4, 128]:.1f} against {sw[32768, 2, 64]:.1f} / {sw[131072, 2, 64]:.1f})") in doc
+    assert min(sw.values()) == sw[4096, 4, 128] and all(sw[c, 1, t] > sw[c, 2, 64] for c in (4096, 32768, 131072)
+                                                        for t in (32, 64, 128) if (c, 1, t) in sw)
+    runs = list(r["bench_attention"]["runs"].values())
+    tri = lambda c, k, f="{:.1f}": " / ".join(f.format(x[k]) for x in c["contexts"])   # noqa: E731
+    said = [f"{tri(runs[0], 'growing_cache_path_device_us')} µs with one chunk, {tri(runs[1], 'growing_cache_path_device_us')} with two",
+            f"{tri(runs[0], 'growing_headline_device_speedup_vs_sdpa_fp16', '{:.2f}')}× and "
+            f"{tri(runs[1], 'growing_headline_device_speedup_vs_sdpa_fp16', '{:.2f}')}×",
+            f"at 128K {runs[0]['contexts'][2]['growing_headline_device_fraction_of_copy_bw']:.2f} and "
+            f"{runs[1]['contexts'][2]['growing_headline_device_fraction_of_copy_bw']:.2f}",
+            f"{tri(runs[0], 'growing_cache_path_us')} and {tri(runs[1], 'growing_cache_path_us')} µs"]
+    for s in said:
+        assert s in doc, s
+    assert all(x["growing_headline_device_fraction_of_copy_bw"] < 0.75 for c in runs for x in c["contexts"])   # "missed"
+    bd = {(x["cache"], x["context"]): x for x in r["bench_decode"]["rows"]}
+    kc2 = "q8_0/turbo3{TQBRIDGE_V3_CHUNKS=2}"
+    sp = lambda c: " / ".join(f"{bd[c, n]['speedup_vs_fp16']:.3f}" for n in (32768, 131072))   # noqa: E731
+    assert (f"q8_0/turbo3 {sp('q8_0/turbo3')}× fp16 at 32K / 128K with one chunk, {sp(kc2)}× with two; fp16 ran "
+            + " / ".join(f"{bd['fp16', n]['ms_per_token']:.2f}" for n in (32768, 131072)) + " ms per token") in doc
+    assert (f"(Python {bd['q8_0/turbo3', 32768]['kv_path_python_us_per_layer']:.1f} µs per layer against fp16's "
+            f"{bd['fp16', 32768]['kv_path_python_us_per_layer']:.1f})") in doc
+    assert bd["q8_0/turbo3", 32768]["speedup_vs_fp16"] < 1 < bd["q8_0/turbo3", 131072]["speedup_vs_fp16"]
+    assert f"at 128K {100 * (bd['q8_0/turbo3', 131072]['speedup_vs_fp16'] - 1):.0f}% faster" in doc
+
+
+def test_eleventh_session_default_chunks_sentence_is_its_record():
+    from tqbridge.metal import attention_kernel
+
+    first = {(x["context"], x["chunks"]): x["pass1_us"] for x in record(NCU)["device_time"]["after"][0]}
+    assert (f"pass 1 on the H200 {first[32768, 2]:.1f} / {first[131072, 2]:.1f} µs at 32K / 128K against one chunk's "
+            f"{first[32768, 1]:.1f} / {first[131072, 1]:.1f},") in flat(text("docs/attention.md"))
+    assert attention_kernel.V3_DEFAULT_CHUNKS == {"cuda": 2}
+
+
+STAGES = "benchmarks/h200-2026-12-02-v3-stages.json"
+
+
+def test_eleventh_session_stages_sentences_are_their_record():
+    from tqbridge.metal import attention_kernel
+
+    doc = flat(text("BENCHMARKS.md"))
+    r = record(STAGES)
+    g = {(x["context"], x["chunks"], x["stages"]): x for x in r["stages"]["rows"]}
+    tri = lambda ch, st: " / ".join(f"{g[c, ch, st]['pass1_us']:.1f}" for c in (4096, 32768, 131072))   # noqa: E731
+    assert (f"{g[131072, 2, 2]['resident_ctas_per_sm']} threadgroups of 2 SIMD groups per SM) beat 3 (38 KB, "
+            f"{g[131072, 2, 3]['resident_ctas_per_sm']}) in a later process: two chunks {tri(2, 2)} µs against {tri(2, 3)} "
+            f"at 4K / 32K / 128K, one chunk {tri(1, 2)} against {tri(1, 3)}") in doc
+    assert all(g[c, k, 2]["pass1_us"] < g[c, k, 3]["pass1_us"] for c in (4096, 32768, 131072) for k in (1, 2))
+    earlier = [x["pass1_us"] for rep in record(NCU)["device_time"]["after"] for x in rep
+               if (x["context"], x["chunks"]) == (4096, 2)]
+    assert (f"{g[4096, 2, 3]['pass1_us']:.1f} against {min(earlier):.1f}–{max(earlier):.1f} µs") in doc
+    assert g[4096, 2, 3]["pass1_us"] < min(earlier)
+    for c in (32768, 131072):   # "and 32K / 128K alike"
+        prev = [x["pass1_us"] for rep in record(NCU)["device_time"]["after"] for x in rep if (x["context"], x["chunks"]) == (c, 2)]
+        assert all(abs(g[c, 2, 3]["pass1_us"] - v) < 0.5 for v in prev)
+    t, fz = r["gpu_tests"], r["fuzz"]["summary"]
+    assert not t["failed"] and len(t["passed"]) == 98 and t["summary"].startswith("98 passed")
+    assert "all 98 GPU tests of six kernel test files passed" in doc and t["command"].count("tests/") == 6
+    assert fz["ok"] is True and fz["failure"] is None and fz["backend"] == "cuda"
+    assert (f"({fz['seconds']:.0f} s, {fz['jobs']} processes) with no counterexample in {fz['examples']} examples over "
+            f"{fz['shapes']} shapes, {len(fz['formats'])} formats, worst error {fz['worst_error_over_allowed']:.3f} of the allowed bound") in doc
+    assert attention_kernel.V3_AUTO_STAGES_CUDA == 2
