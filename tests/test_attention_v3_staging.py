@@ -70,6 +70,16 @@ def _planted(tmp_path, monkeypatch, name, old, new):
     attention_kernel._kernel_defs.cache_clear()
 
 
+def _fails_the_oracle(n, l_max, seed):
+    """A q8_0 / turbo3 call of n keys in caches of l_max rows, one split, on the emulator: the int8
+    oracle's check must fail (a planted bug is in the sources)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, 8, 128)).astype(np.float32)
+    kb, vb = _rows("q8_0", "turbo3", n, l_max)
+    with pytest.raises(AssertionError, match="bound"):
+        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=n, splits=1)
+
+
 @pytest.fixture
 def restore_kernels():
     yield
@@ -82,11 +92,7 @@ def test_dropping_the_last_round_of_whole_tile_copies_fails(tmp_path, monkeypatc
     stale: the oracle check fails, so the aligned layout above did run that path."""
     _planted(tmp_path, monkeypatch, MMA, "if ((j + 1) * NT <= N16 || (int)tid + j * NT < N16)",
              "if ((j + 1) * NT <= N16)")
-    rng = np.random.default_rng(12)
-    q = rng.standard_normal((1, 8, 128)).astype(np.float32)
-    kb, vb = _rows("q8_0", "turbo3", 150, 200)
-    with pytest.raises(AssertionError, match="bound"):
-        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=150, splits=1)
+    _fails_the_oracle(150, 200, seed=12)
 
 
 def test_dropping_the_generic_loop_fails(tmp_path, monkeypatch, restore_kernels):
@@ -94,11 +100,7 @@ def test_dropping_the_generic_loop_fails(tmp_path, monkeypatch, restore_kernels)
     tile) go through it, and the oracle check fails, so the odd layout above did run it."""
     _planted(tmp_path, monkeypatch, MMA, "for (int i = done + (int)tid; i < nw; i += (int)nt) tq_cp_async4",
              "for (int i = done + (int)tid; i < 0; i += (int)nt) tq_cp_async4")
-    rng = np.random.default_rng(13)
-    q = rng.standard_normal((1, 8, 128)).astype(np.float32)
-    kb, vb = _rows("q8_0", "turbo3", 150, 201)
-    with pytest.raises(AssertionError, match="bound"):
-        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=150, splits=1)
+    _fails_the_oracle(150, 201, seed=13)
 
 
 def test_refilling_a_buffer_before_the_barrier_fails(tmp_path, monkeypatch, restore_kernels):
@@ -107,8 +109,4 @@ def test_refilling_a_buffer_before_the_barrier_fails(tmp_path, monkeypatch, rest
     check fails (the emulator switches threads at every barrier and SIMD operation)."""
     _planted(tmp_path, monkeypatch, SRC, "    tq_cp_wait_n(TQA_NS - 2);\n    tq_barrier();\n",
              "    tq_cp_wait_n(TQA_NS - 2);\n")
-    rng = np.random.default_rng(14)
-    q = rng.standard_normal((1, 8, 128)).astype(np.float32)
-    kb, vb = _rows("q8_0", "turbo3", 250, 256)
-    with pytest.raises(AssertionError, match="bound"):
-        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=250, splits=1)
+    _fails_the_oracle(250, 256, seed=14)

@@ -162,25 +162,13 @@ const size_t voff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)VRB;
 // rows start 16-aligned (the usual case: even row lengths, splits of a multiple of 8 keys) is staged by
 // straight 16-byte copies (tqa_stage_full16), any other by the generic loop
 constexpr int HALF = (TQA_KTB + TQA_VTB) / 4;  // words per staged tile
-constexpr bool FULL16 = TQA_KTB == TQA_TILE * KRB && TQA_VTB == TQA_TILE * VRB && TQA_KTB % 16 == 0 &&
-                        TQA_VTB % 16 == 0;
-const bool stage16 = FULL16 && tq_aligned16_shared(stage);   // (each tile's sources are checked as it is staged)
+const bool stage16 = tq_aligned16_shared(stage);   // (tqa_stage_tile checks the rest, tile by tile)
 const int first = start - (start & 1);
 for (int s0 = 0; s0 < TQA_NS - 1; ++s0) {
     const int ts = first + s0 * TQA_TILE;
-    if (ts < end) {
-        const int n = end - ts < TQA_TILE ? end - ts : TQA_TILE;
-        TQ_SHARED uint* dk = stage + s0 * HALF;
-        TQ_CONST_DEVICE uchar* sk = kb + koff + (size_t)ts * (size_t)KRB;
-        TQ_CONST_DEVICE uchar* sv = vb + voff + (size_t)ts * (size_t)VRB;
-        if (FULL16 && stage16 && n == TQA_TILE && tq_aligned16(sk) && tq_aligned16(sv)) {
-            tqa_stage_full16<FULL16 ? TQA_KTB : 16, NT>(dk, sk, tid);
-            tqa_stage_full16<FULL16 ? TQA_VTB : 16, NT>(dk + TQA_KTB / 4, sv, tid);
-        } else {
-            tqa_stage_async(dk, kb, koff + (size_t)ts * (size_t)KRB, n * KRB, tid, (uint)NT);
-            tqa_stage_async(dk + TQA_KTB / 4, vb, voff + (size_t)ts * (size_t)VRB, n * VRB, tid, (uint)NT);
-        }
-    }
+    if (ts < end)
+        tqa_stage_tile<TQA_TILE, KRB, VRB, TQA_KTB, TQA_VTB, NT>(stage + s0 * HALF, kb, koff, vb, voff, ts,
+                                                                 end - ts < TQA_TILE ? end - ts : TQA_TILE, stage16, tid);
     tq_cp_commit();
 }
 int buf = 0;
@@ -191,20 +179,10 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
     tq_cp_wait_n(TQA_NS - 2);
     tq_barrier();
     const int t1 = t0 + (TQA_NS - 1) * TQA_TILE;
-    if (t1 < end) {
-        const int n1 = end - t1 < TQA_TILE ? end - t1 : TQA_TILE;
-        const int b1 = buf == 0 ? TQA_NS - 1 : buf - 1;   // (buf + NS - 1) % NS: tile i - 1's buffer
-        TQ_SHARED uint* dk = stage + b1 * HALF;
-        TQ_CONST_DEVICE uchar* sk = kb + koff + (size_t)t1 * (size_t)KRB;
-        TQ_CONST_DEVICE uchar* sv = vb + voff + (size_t)t1 * (size_t)VRB;
-        if (FULL16 && stage16 && n1 == TQA_TILE && tq_aligned16(sk) && tq_aligned16(sv)) {
-            tqa_stage_full16<FULL16 ? TQA_KTB : 16, NT>(dk, sk, tid);
-            tqa_stage_full16<FULL16 ? TQA_VTB : 16, NT>(dk + TQA_KTB / 4, sv, tid);
-        } else {
-            tqa_stage_async(dk, kb, koff + (size_t)t1 * (size_t)KRB, n1 * KRB, tid, (uint)NT);
-            tqa_stage_async(dk + TQA_KTB / 4, vb, voff + (size_t)t1 * (size_t)VRB, n1 * VRB, tid, (uint)NT);
-        }
-    }
+    if (t1 < end)   // into tile i - 1's buffer, (buf + NS - 1) % NS
+        tqa_stage_tile<TQA_TILE, KRB, VRB, TQA_KTB, TQA_VTB, NT>(stage + (buf == 0 ? TQA_NS - 1 : buf - 1) * HALF, kb,
+                                                                 koff, vb, voff, t1,
+                                                                 end - t1 < TQA_TILE ? end - t1 : TQA_TILE, stage16, tid);
     tq_cp_commit();
     TQ_SHARED const uchar* kts = (TQ_SHARED const uchar*)(stage + buf * HALF);
     TQ_SHARED const uchar* vts = kts + TQA_KTB;

@@ -178,6 +178,23 @@ TQ_FUNC void tqa_stage_async(TQ_SHARED uint* dst, TQ_CONST_DEVICE uchar* src, si
     }
 }
 
+// Stage one tile of n (<= TILE) K rows (KRB bytes each; KTB bytes of staging area) and V rows (VRB, VTB) from
+// row ts of the row blocks at koff / voff into dst (K) and dst + KTB / 4 (V): straight 16-byte copies for a
+// whole tile of 16-aligned rows where the area allows them (stage16), the generic loop otherwise.
+template <int TILE, int KRB, int VRB, int KTB, int VTB, int NT>
+TQ_FUNC void tqa_stage_tile(TQ_SHARED uint* dst, TQ_CONST_DEVICE uchar* kb, size_t koff, TQ_CONST_DEVICE uchar* vb,
+                            size_t voff, int ts, int n, bool stage16, uint tid) {
+    constexpr bool FULL16 = KTB == TILE * KRB && VTB == TILE * VRB && KTB % 16 == 0 && VTB % 16 == 0;
+    const size_t ko = koff + (size_t)ts * (size_t)KRB, vo = voff + (size_t)ts * (size_t)VRB;
+    if (FULL16 && stage16 && n == TILE && tq_aligned16(kb + ko) && tq_aligned16(vb + vo)) {
+        tqa_stage_full16<FULL16 ? KTB : 16, NT>(dst, kb + ko, tid);
+        tqa_stage_full16<FULL16 ? VTB : 16, NT>(dst + KTB / 4, vb + vo, tid);
+    } else {
+        tqa_stage_async(dst, kb, ko, n * KRB, tid, (uint)NT);
+        tqa_stage_async(dst + KTB / 4, vb, vo, n * VRB, tid, (uint)NT);
+    }
+}
+
 // Across threadgroups (kernel v3's single dispatch): tq_device_fence orders this thread's device
 // memory writes before its later ones as seen by other threadgroups (release) and its later reads
 // after them (acquire); tq_atomic_inc returns the old value; tq_load_cg reads past the (non-coherent)
