@@ -51,6 +51,7 @@ class RunRecord:
     q_precision: "str | None" = None
     v_decode: "str | None" = None   # kernel v3: how V rows became fragments (attention_kernel.v3_v_decode)
     chunks: "int | None" = None     # kernel v3: 16-key chunks per SIMD-group step (attention_kernel.Plan.chunks)
+    stages: "int | None" = None     # kernel v3: tiles in the copy ring (attention_kernel.Plan.stages)
     dyn_smem: "int | None" = None   # kernel v3: bytes of dynamic threadgroup memory (0: static; Plan.dyn_smem)
     compiled: "bool | None" = None  # a prepared decode launch: whether it ran under mx.compile (COMPILE_BACKENDS)
     device_params: "bool | None" = None   # its per-step ints as views of a device table (TQBRIDGE_DEVICE_PARAMS)

@@ -920,7 +920,7 @@ def _v3_report(prob: Problem, plan: Plan) -> dict:
     """What a run record and ``run_info`` say of a v3 build (None for the other kernels)."""
     v3 = plan.kernel == "v3"
     return dict(v_decode=v3_v_decode(prob) if v3 else None, chunks=plan.chunks if v3 else None,
-                dyn_smem=plan.dyn_smem if v3 else None)
+                stages=plan.stages if v3 else None, dyn_smem=plan.dyn_smem if v3 else None)
 
 
 def fast_call(q, prob: Problem, options: dict, *, backend: str) -> "_Launches | None":

@@ -110,3 +110,18 @@ def test_refilling_a_buffer_before_the_barrier_fails(tmp_path, monkeypatch, rest
     _planted(tmp_path, monkeypatch, SRC, "    tq_cp_wait_n(TQA_NS - 2);\n    tq_barrier();\n",
              "    tq_cp_wait_n(TQA_NS - 2);\n")
     _fails_the_oracle(250, 256, seed=14)
+
+
+def test_a_two_stage_ring_holds_the_bound_across_tiles_and_splits(monkeypatch, fresh_plans):
+    """CUDA's automatic plans take a ring of V3_AUTO_STAGES_CUDA = 2 tiles: the wait for every pending
+    copy, one barrier, then the refill of the other buffer. The emulator runs that ring when its limits
+    allow only 2 stages: long rows over many tiles and splits, whole tiles and partial ones."""
+    monkeypatch.setattr(attention_kernel, "_v3_limits", lambda backend: (attention_kernel.SHARED_BYTES, 2))
+    rng = np.random.default_rng(15)
+    q = rng.standard_normal((2, 8, 128)).astype(np.float32)
+    kb, vb = _cache(rng, "q8_0", (2, 2, 600, 128)), _cache(rng, "turbo3", (2, 2, 600, 128))
+    for chunks in (1, 2):
+        monkeypatch.setenv("TQBRIDGE_V3_CHUNKS", str(chunks))
+        attention_kernel._plan_cached.cache_clear()
+        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=[600, 333], splits=2)
+        assert (last_run()["chunks"], last_run()["stages"]) == (chunks, 2)

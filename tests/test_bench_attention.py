@@ -33,6 +33,10 @@ def test_both_regimes_and_the_cache_path(tmp_path):
     assert row["growing_cache_path_us"] > 0 and row["cache_path_plan"]["backend"] == "cpu-emulator"
     assert "fused_v2_wrong" not in row and "cache_path_wrong" not in row
     assert row["fused_plan"]["kernel"] in ("v1", "v2", "v3") and row["fused_v2_plan"]["kernel"] == "v2"
+    # the report says which v3 variant ran (chunks per step, copy ring, dynamic memory); v2 has none
+    if row["fused_plan"]["kernel"] == "v3":
+        assert {"chunks", "stages", "dyn_smem"} <= set(row["fused_plan"])
+    assert not {"chunks", "stages"} & set(row["fused_v2_plan"])
 
 
 def test_a_wrong_kernel_is_flagged_and_never_the_best(tmp_path, monkeypatch, capsys):
@@ -155,3 +159,13 @@ def test_settings_apply_restore_and_clear(monkeypatch):
     for bad in ("A=1", "TQBRIDGE_A", "TQBRIDGE_=1", "TQBRIDGE_A-B=1"):
         with pytest.raises(profiling.SettingsError):
             profiling.parse_settings(bad)
+
+
+def test_a_v3_plan_reports_its_variant(tmp_path):
+    """bench attention's plan of a v3 run names the variant that ran: chunks per step, the copy ring's
+    stages, the dynamic threadgroup memory (the emulator's plan: one chunk, 3 stages, static)."""
+    out = tmp_path / "v3.json"
+    assert main(SMALL + ["--kernel", "v3", "--regime", "fixed", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["contexts"]
+    plan = row["fused_plan"]
+    assert plan["kernel"] == "v3" and (plan["chunks"], plan["stages"], plan["dyn_smem"]) == (1, 3, 0)

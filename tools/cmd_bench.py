@@ -332,7 +332,8 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
             rec = last_run()
             checked(tag, lambda: fused(ctx, kern, lpk, nw, un, layers=1), rec.get("q_precision"))
             row[tag + "_plan"] = {k: rec.get(k) for k in ("kernel", "splits", "lanes_per_key", "warps", "tile",
-                                                          "dispatches", "q_precision")}
+                                                          "dispatches", "q_precision", "chunks", "stages", "dyn_smem")
+                                  if k in rec}
             for regime in regimes:
                 timed(tag, lambda n: fused(n, kern, lpk, nw, un), regime)
         except Exception as e:  # one failing configuration must not cost the other measurements
@@ -341,8 +342,8 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
     if launch is not None and "growing" in regimes:
         info = getattr(launch, "run_info", None) or {"backend": launch.backend}
         row["cache_path_plan"] = {k: info[k] for k in ("backend", "kernel", "splits", "warps", "tile", "dispatches",
-                                                       "q_precision", "v_decode", "compiled", "device_params",
-                                                       "device_consts")
+                                                       "q_precision", "v_decode", "chunks", "stages", "dyn_smem",
+                                                       "compiled", "device_params", "device_consts")
                                  if k in info}
         checked("cache_path", lambda: launch(q0[:, :, 0], kb[0], vb[0], ctx), info.get("q_precision"))
         timed("cache_path", cache_path, "growing")
