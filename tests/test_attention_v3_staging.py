@@ -22,8 +22,8 @@ SRC = "attention_kernel_split_v3.cpp"
 MMA = "attention_mma.h"
 
 
-def _rows(kf, vf, n, l_max, hkv=2, d=128, seed=5):
-    """The same first n keys / values of every head in caches of l_max rows (the rest random)."""
+def _rows(kf, vf, l_max, hkv=2, d=128, seed=5):
+    """Caches of l_max rows cut from the same random 256: any two share their first rows, head by head."""
     rng = np.random.default_rng(seed)
     kb, vb = _cache(rng, kf, (1, hkv, 256, d)), _cache(rng, vf, (1, hkv, 256, d))
     return np.ascontiguousarray(kb[:, :, :l_max]), np.ascontiguousarray(vb[:, :, :l_max])
@@ -50,7 +50,7 @@ def test_whole_tile_copies_match_the_generic_loop(backend, chunks, kf, vf, monke
     n = 150
     outs = {}
     for l_max in (200, 201):
-        kb, vb = _rows(kf, vf, n, l_max)
+        kb, vb = _rows(kf, vf, l_max)
         for splits in (1, 2):
             got = decode_attention(q, kb, vb, k_format=kf, v_format=vf, length=n, backend=backend,
                                    q_precision="int8", splits=splits)
@@ -75,7 +75,7 @@ def _fails_the_oracle(n, l_max, seed):
     oracle's check must fail (a planted bug is in the sources)."""
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((1, 8, 128)).astype(np.float32)
-    kb, vb = _rows("q8_0", "turbo3", n, l_max)
+    kb, vb = _rows("q8_0", "turbo3", l_max)
     with pytest.raises(AssertionError, match="bound"):
         _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=n, splits=1)
 

@@ -1524,6 +1524,12 @@ def _ncu_numbers():
     return r, n["before_c1_128K"], n["after_c1_128K"], n["after_c2_128K"], n["after_c1_4K"]
 
 
+def _after_us(ctx, chunks):
+    """Pass 1's device times after the staging change, every process of the record, for one plan."""
+    return [x["pass1_us"] for rep in record(NCU)["device_time"]["after"] for x in rep
+            if (x["context"], x["chunks"]) == (ctx, chunks)]
+
+
 def _pct(x) -> str:
     return f"{100 * x:.0f}"
 
@@ -1568,10 +1574,7 @@ def test_eleventh_session_device_time_and_mlx_sentences_are_their_record():
         return " / ".join(out)
 
     assert f"one chunk {dt('before', 1)} → {dt('after', 1)}; two chunks (2 SIMD groups × 64 keys) {dt('before', 2)} → {dt('after', 2)}" in doc
-    after = {(x["context"], x["chunks"]): x["pass1_us"] for rep in r["device_time"]["after"] for x in rep}
-    worst2 = lambda c, k: max(x["pass1_us"] for rep in r["device_time"]["after"] for x in rep if (x["context"], x["chunks"]) == (c, k))  # noqa: E731
-    best1 = lambda c, k: min(x["pass1_us"] for rep in r["device_time"]["after"] for x in rep if (x["context"], x["chunks"]) == (c, k))  # noqa: E731
-    assert all(worst2(c, 2) < best1(c, 1) for c in (32768, 131072)) and after   # "win at 32K and 128K in every run"
+    assert all(max(_after_us(c, 2)) < min(_after_us(c, 1)) for c in (32768, 131072))   # "win ... in every run"
     sw = {(x["context"], x["warps"], x["tile"]): x["pass1_us"] for x in r["sweep_two_chunks"]["rows"]}
     assert (f"fastest at 4K ({sw[4096, 4, 128]:.1f} µs against {sw[4096, 2, 64]:.1f} for 2 × 64) and slower at 32K / 128K "
             f"({sw[32768, 4, 128]:.1f} / {sw[131072, 4, 128]:.1f} against {sw[32768, 2, 64]:.1f} / {sw[131072, 2, 64]:.1f})") in doc
@@ -1622,13 +1625,11 @@ def test_eleventh_session_stages_sentences_are_their_record():
             f"{g[131072, 2, 3]['resident_ctas_per_sm']}) in a later process: two chunks {tri(2, 2)} µs against {tri(2, 3)} "
             f"at 4K / 32K / 128K, one chunk {tri(1, 2)} against {tri(1, 3)}") in doc
     assert all(g[c, k, 2]["pass1_us"] < g[c, k, 3]["pass1_us"] for c in (4096, 32768, 131072) for k in (1, 2))
-    earlier = [x["pass1_us"] for rep in record(NCU)["device_time"]["after"] for x in rep
-               if (x["context"], x["chunks"]) == (4096, 2)]
+    earlier = _after_us(4096, 2)
     assert (f"{g[4096, 2, 3]['pass1_us']:.1f} against {min(earlier):.1f}–{max(earlier):.1f} µs") in doc
     assert g[4096, 2, 3]["pass1_us"] < min(earlier)
     for c in (32768, 131072):   # "and 32K / 128K alike"
-        prev = [x["pass1_us"] for rep in record(NCU)["device_time"]["after"] for x in rep if (x["context"], x["chunks"]) == (c, 2)]
-        assert all(abs(g[c, 2, 3]["pass1_us"] - v) < 0.5 for v in prev)
+        assert all(abs(g[c, 2, 3]["pass1_us"] - v) < 0.5 for v in _after_us(c, 2))
     t, fz = r["gpu_tests"], r["fuzz"]["summary"]
     assert not t["failed"] and len(t["passed"]) == 98 and t["summary"].startswith("98 passed")
     assert "all 98 GPU tests of six kernel test files passed" in doc and t["command"].count("tests/") == 6
