@@ -27,6 +27,8 @@ def test_bench_decode_smoke(tmp_path, capsys):
     # resident bytes measured from the buffers: the quantized caches hold fewer than fp16's
     assert runs["q8_0/turbo3"]["kv_bytes"] < runs["fp16"]["kv_bytes"] / 2
     assert runs["q8_0/turbo3"]["decode_paths"]["decode:reference"] > 0   # CPU: the ops reference decodes
+    # the row names the kernel plan that ran (None: the reference ran, no prepared launch)
+    assert "decode_kernel" in runs["q8_0/turbo3"] and runs["q8_0/turbo3"]["decode_kernel"] is None
     assert "q8_0/turbo3" in capsys.readouterr().out
 
 

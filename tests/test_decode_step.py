@@ -464,7 +464,7 @@ def test_self_check_keeps_only_kernel_verdicts_on_disk(monkeypatch, tmp_path):
     assert list(json.loads(disk.read_text()).values()) == ["the fused attention differs from the reference by 1"]
 
 
-@pytest.mark.parametrize("qp,want", [("int8", "cpu-emulator v3 int8 q V turbo-permute 2 dispatches"),
+@pytest.mark.parametrize("qp,want", [("int8", "cpu-emulator v3 int8 q V turbo-permute 1 chunk 3 stages 2 dispatches"),
                                      ("exact", "cpu-emulator v2 exact q 2 dispatches")])
 def test_cache_report_says_which_decode_kernel_ran(qp, want, cpu_device, monkeypatch):
     from tqbridge.metal.lm.cache import cache_report, paths_line
@@ -480,4 +480,6 @@ def test_cache_report_says_which_decode_kernel_ran(qp, want, cpu_device, monkeyp
     assert c.paths["decode:cpu-emulator"] == 2
     info = cache_report([c])["layers"][0]["decode_kernel"]
     assert info["backend"] == "cpu-emulator" and info["q_precision"] == qp and info["splits"] >= 1
+    # v3's variant is the emulator's plan default (CUDA's differs: V3_DEFAULT_CHUNKS, V3_AUTO_STAGES_CUDA)
+    assert (info.get("chunks"), info.get("stages")) == ((1, 3) if qp == "int8" else (None, None))
     assert f"decode kernels: {want}" in paths_line([c])

@@ -727,14 +727,14 @@ def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None
     return out
 
 
-_KERNEL_INFO = ("backend", "kernel", "q_precision", "v_decode", "dispatches", "splits", "compiled",
-                "device_params", "device_consts")
+_KERNEL_INFO = ("backend", "kernel", "q_precision", "v_decode", "chunks", "stages", "dyn_smem", "warps", "tile",
+                "dispatches", "splits", "compiled", "device_params", "device_consts")
 
 
 def _kernel_info(launch) -> "dict | None":
     """What a layer's prepared decode attention runs (its plan: backend, kernel, q precision, V decode,
-    dispatches, splits, whether under mx.compile, whether its per-step ints are device views and its
-    constants device copies), None
+    v3's chunks / stages / dynamic memory, SIMD groups and tile, dispatches, splits, whether under
+    mx.compile, whether its per-step ints are device views and its constants device copies), None
     before the layer's first decode step on a kernel lane."""
     info = getattr(launch, "run_info", None)
     return {k: info[k] for k in _KERNEL_INFO if info.get(k) is not None} if info else None
@@ -746,6 +746,10 @@ def _kernel_words(info: dict) -> str:
         words.append(f"{info['q_precision']} q")
     if info.get("v_decode"):
         words.append(f"V {info['v_decode']}")
+    if info.get("chunks"):   # kernel v3's variant: 16-key chunks per online-softmax step, copy-ring depth
+        words.append(f"{info['chunks']} chunk{'s' if info['chunks'] != 1 else ''}")
+    if info.get("stages"):
+        words.append(f"{info['stages']} stages")
     if "dispatches" in info:
         words.append(f"{info['dispatches']} dispatch{'es' if info['dispatches'] != 1 else ''}")
     if info.get("compiled"):

@@ -296,6 +296,7 @@ def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int
             rep = cache_report(cache)
             row["decode_paths"] = rep["paths"]
             row["codecs"] = rep["layers"][-1].get("codecs")
+            row["decode_kernel"] = rep["layers"][-1].get("decode_kernel")   # the plan that ran
     del caches
     mx.clear_cache()
     return rows
