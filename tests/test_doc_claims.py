@@ -1637,3 +1637,39 @@ def test_eleventh_session_stages_sentences_are_their_record():
     assert (f"({fz['seconds']:.0f} s, {fz['jobs']} processes) with no counterexample in {fz['examples']} examples over "
             f"{fz['shapes']} shapes, {len(fz['formats'])} formats, worst error {fz['worst_error_over_allowed']:.3f} of the allowed bound") in doc
     assert attention_kernel.V3_AUTO_STAGES_CUDA == 2
+
+
+STAGES2 = "benchmarks/h200-2026-12-02-v3-stages2-default.json"
+
+
+def test_twelfth_session_default_on_the_gpu_is_its_record():
+    from tqbridge.metal import attention_kernel
+
+    doc = flat(text("BENCHMARKS.md"))
+    r = record(STAGES2)
+    t, fz = r["gpu_tests"], r["fuzz"]["summary"]
+    assert not t["failed"] and len(t["passed"]) == 98 and t["summary"].startswith("98 passed")
+    assert t["command"].count("tests/") == 6 and "all 98 GPU tests of the six kernel test files passed" in doc
+    assert fz["ok"] is True and fz["failure"] is None and fz["backend"] == "cuda" and fz["q_precision"] == "int8"
+    assert (f"({fz['seconds']:.0f} s, {fz['jobs']} processes, int8 q) found no counterexample in {fz['examples']} "
+            f"examples over {fz['shapes']} shapes,\n18 formats".replace("\n", " ")) in doc
+    assert len(fz["formats"]) == 18 and f"worst error {fz['worst_error_over_allowed']:.3f} of the allowed bound" in doc
+    # the plan that ran is the default the eleventh session set (two chunks, 2 stages, static memory)
+    plans = r["cuda_plan_q8_0_turbo3_b1_hq32_hkv8_d128"]["plans"]
+    assert all((p["warps"], p["tile"], p["chunks"], p["stages"], p["dyn_smem"]) == (2, 64, 2, 2, 0) for p in plans.values())
+    assert attention_kernel.V3_AUTO_STAGES_CUDA == 2 and attention_kernel.V3_DEFAULT_CHUNKS == {"cuda": 2}
+    g = {(x["cache"], x["context"]): x for x in r["bench_decode"]["result"]["runs"]}
+    c1 = "q8_0/turbo3{TQBRIDGE_V3_CHUNKS=1}"
+    sp = lambda c: " / ".join(f"{g[c, n]['speedup_vs_fp16']:.3f}" for n in (32768, 131072))   # noqa: E731
+    ms = " / ".join(f"{g['fp16', n]['ms_per_token']:.2f}" for n in (32768, 131072))
+    assert (f"q8_0/turbo3 {sp('q8_0/turbo3')}× fp16 at 32K / 128K (one chunk per step: {sp(c1)}×); fp16 ran {ms} ms "
+            "per token") in doc
+    f32, o32 = g["fp16", 32768]["ms_per_token_rounds"], g["q8_0/turbo3", 32768]["ms_per_token_rounds"]
+    assert (f"fp16's three rounds spread from {min(f32):.2f} to {max(f32):.2f} ms per token (ours "
+            f"{min(o32):.2f}–{max(o32):.2f})") in doc
+    assert min(f32) < min(o32)   # "in its fastest round fp16 beat every round of ours"
+    assert all(max(g[c, 131072]["ms_per_token_rounds"]) - min(g[c, 131072]["ms_per_token_rounds"]) <= 0.04
+               for c in ("fp16", "q8_0/turbo3"))
+    assert f"cache is {100 * (g['q8_0/turbo3', 131072]['speedup_vs_fp16'] - 1):.0f}% faster" in doc
+    assert (f"Python per layer: {g['q8_0/turbo3', 32768]['kv_path_python_us_per_layer']:.1f} µs against fp16's "
+            f"{g['fp16', 32768]['kv_path_python_us_per_layer']:.1f}") in doc
