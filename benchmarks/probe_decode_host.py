@@ -10,10 +10,12 @@ Two parts, each per cache (``fp16``: mlx-lm's KVCache; a TQCache spelling such a
   ``wall`` (to the end of the device work). A step whose build + encode exceed its device time is
   host-bound: then only host time per layer moves tokens/s.
 - ``kv``: one layer's KV path in a chain of ``--layers`` calls on one cache (its length grows every
-  call): ``update_and_fetch`` + the routed attention as a model calls them; for a TQCache also
-  ``fused_compiled``, the same two launches (in-place append, then pass 1 + combine ordered after it
-  by the append's flag) traced as ONE ``mx.compile`` function instead of two — what deferring the
-  append into the attention call would save. Per layer: build / encode / wall µs.
+  call): ``update_and_fetch`` + the routed attention as a model calls them. Per layer: build /
+  encode / wall µs.
+
+A cache spelled ``kind{TQBRIDGE_X=v,...}`` runs under those switches (as in ``tqbridge bench decode``),
+e.g. ``q8_0/turbo3{TQBRIDGE_DEFER_APPEND=0}``: the append as its own compiled call, not inside the
+attention's.
 """
 
 from __future__ import annotations
@@ -51,12 +53,12 @@ def main() -> None:
 
     from tqbridge.metal.lm import decode_bench
     from tqbridge.metal.lm.routing import route_attention
-    from tqbridge.metal.profiling import build_encode_wall
+    from tqbridge.metal.profiling import build_encode_wall, settings, split_settings, split_top
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--context", default="32768")
-    ap.add_argument("--caches", default="fp16,q8_0/turbo3")
+    ap.add_argument("--caches", default="fp16,q8_0/turbo3,q8_0/turbo3{TQBRIDGE_DEFER_APPEND=0}")
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2)
@@ -70,12 +72,13 @@ def main() -> None:
         "model": args.model, "layers": nl, "runs": []}
     for ctx in [int(x) for x in args.context.split(",")]:
         for rnd in range(args.rounds):
-            for kind in args.caches.split(","):
+            for label in split_top(args.caches):
+                kind, env = split_settings(label)
                 cache = decode_bench.make_caches(model, kind)
                 decode_bench.prefill(cache, model, ctx, mx.float16)
                 mx.eval([c.state for c in cache])
-                res = {"context": ctx, "round": rnd, "cache": kind}
-                with route_attention():
+                res = {"context": ctx, "round": rnd, "cache": label}
+                with settings(env), route_attention():
                     res["step"] = _step_times(mx, model, cache, args.tokens)
                     res["step"]["build_us_per_layer"] = round(res["step"]["build_us"] / nl, 2)
                     res["step"]["encode_us_per_layer"] = round(res["step"]["encode_us"] / nl, 2)
@@ -93,13 +96,11 @@ def main() -> None:
                         return out
                     b, e, w = build_encode_wall(mx, kv_path, range(26), args.layers)
                     res["kv"] = {"routed": {"build_us": round(b, 2), "encode_us": round(e, 2), "wall_us": round(w, 2)}}
-                    fused = _fused(mx, c, q, k, args.layers) if kind != "fp16" else None
-                    if fused is not None:
-                        b, e, w = build_encode_wall(mx, fused, range(26), args.layers)
-                        res["kv"]["fused_compiled"] = {"build_us": round(b, 2), "encode_us": round(e, 2),
-                                                       "wall_us": round(w, 2)}
                     if kind != "fp16":
                         res["kv"]["paths"] = dict(c.paths)
+                        from tqbridge.metal.lm.cache import cache_report
+
+                        res["decode_kernel"] = cache_report(cache)["layers"][-1]["decode_kernel"]
                 report["runs"].append(res)
                 print(json.dumps(res), flush=True)
                 del cache
@@ -108,36 +109,6 @@ def main() -> None:
         from tqbridge.bridge.atomic import write_atomic
 
         write_atomic(args.json, json.dumps(report, indent=2))
-
-
-def _fused(mx, c, q, k, layers: int):
-    """``make(_)`` for the chain of one compiled call per layer (append + attention), or None."""
-    hot, launch = getattr(c, "_hot", None), getattr(c, "decode_launch", None)
-    if hot is None or launch is None or not hasattr(launch, "_run"):
-        return None
-    app, run = hot[3], launch._run
-
-    def both(k_rows, v_rows, kc, vc, params, flag_in, qq, ip1):
-        flag = app._launch(k_rows, v_rows, kc, vc, params, flag_in)
-        return flag, run.launch(qq, kc, vc, None, ip1, flag)
-    fn = mx.compile(both)
-    B, H, S = k.shape[:3]
-    qq0 = q
-    # rewrite the rows the routed chain just appended (the buffers need not grow): the lengths run
-    # over the same range again
-    c.offset -= min(c.offset - c.start, 26 * layers)
-
-    def make(_):
-        out = qq0
-        for _i in range(layers):
-            r = c.offset - c.start
-            if r >= c.keys.shape[2]:
-                raise RuntimeError("the cache filled up; use fewer layers or evaluations")
-            params = app._device_row(B * H * S, S, int(c.keys.shape[2]), r, H, int(c._flag.shape[0]))
-            c._flag, out = fn(k, k, c.keys, c.values, params, c._flag, out, launch.ip1(r + 1))
-            c.offset += 1
-        return out
-    return make
 
 
 def _hardware(mx) -> str:

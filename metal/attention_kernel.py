@@ -85,6 +85,20 @@ COMPILE_BACKENDS = ("cuda",)
 # session). TQBRIDGE_DEVICE_PARAMS=0 / 1 overrides it for every backend.
 DEVICE_PARAMS_BACKENDS = ("cuda",)
 
+
+# Backends whose decode step defers its in-place append into the routed attention call: TQCache keeps
+# the step's K/V rows and the prepared attention runs append + pass 1 + combine as ONE mx.compile
+# function (DecodeLaunch.with_append) instead of two, so the step pays one compiled call's Python and
+# MLX replay per layer instead of two (the kernels, their order and their outputs are the same).
+# Any other reader of the cache's buffers writes the deferred rows first (TQCache.keys / values).
+# TQBRIDGE_DEFER_APPEND=0 / 1 overrides it for every backend (the emulator's decode lane included).
+DEFER_APPEND_BACKENDS = ("cuda",)
+
+
+def defer_append(backend: str) -> bool:
+    """Whether decode steps on ``backend`` fuse the append into the attention call (see above)."""
+    return _backend_switch("TQBRIDGE_DEFER_APPEND", backend, DEFER_APPEND_BACKENDS)
+
 # Backends whose prepared launches read their constant buffers (pass 1's float parameters, the value
 # tables, the zero sinks, the dependency placeholder, the int parameters) from arrays made on the device
 # and at least MIN_CONST_BYTES long, not from arrays made from host data. MLX's CUDA allocator (read in
@@ -976,6 +990,8 @@ class DecodeLaunch:
                              compiled=self.compiled,
                              device_params=self.device_params, device_consts=device_consts(backend))
         self._run = run    # the prepared launches; this class adds the per-length parameter buffer
+        self.fuses_append = defer_append(backend)
+        self._with_append: dict = {}   # prepared append -> the compiled append + attention
 
     def ip1(self, length: int):
         """The pass-1 int parameters for ``length`` (one array per length, shared by the layers)."""
@@ -1003,6 +1019,28 @@ class DecodeLaunch:
             fn = run.compiled(sinks is not None)
             return fn(q, kb, vb, ip1, dep) if sinks is None else fn(q, kb, vb, ip1, dep, sinks)
         return run.launch(q, kb, vb, sinks, ip1, dep)
+
+    def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int):
+        """The decode step's in-place append of ``k_rows`` / ``v_rows`` at row ``pos`` (``append``: the
+        cache's prepared :class:`~tqbridge.metal.kv_append.KVAppend`, ``flag_in`` its flag) and then this
+        attention at ``length``, ordered after it by the append's flag: ``(flag, out)``. Compiled
+        launches trace both as one function (one replay per layer instead of two)."""
+        params = append.step_params(k_rows, kb, pos, flag_in)
+        ip1 = self.ip1(length)
+        if not self.compiled:
+            flag = append.launch(k_rows, v_rows, kb, vb, params, flag_in)
+            return flag, self._run.launch(q, kb, vb, None, ip1, flag)
+        fn = self._with_append.get(append)
+        if fn is None:
+            import mlx.core as mx
+
+            run = self._run
+
+            def both(k_rows, v_rows, q, kb, vb, params, flag_in, ip1):
+                flag = append.launch(k_rows, v_rows, kb, vb, params, flag_in)
+                return flag, run.launch(q, kb, vb, None, ip1, flag)
+            fn = self._with_append[append] = mx.compile(both)
+        return fn(k_rows, v_rows, q, kb, vb, params, flag_in, ip1)
 
 
 def _param_head(prob: Problem, plan: Plan) -> list:
@@ -1054,7 +1092,13 @@ class _EmulatedDecodeLaunch:
         self.l_max = int(k_blocks.shape[2])
         self._kw = dict(k_format=k_format, v_format=v_format, scale=scale, window=window, softcap=softcap,
                         rotation=rotation, q_precision=q_precision)
+        self.fuses_append = defer_append(self.backend)
         self.run_info = {"backend": self.backend}   # what its latest call ran (a DecodeLaunch's is its plan)
+
+    def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int):
+        """:meth:`DecodeLaunch.with_append`'s contract: the append, then this attention (two calls here)."""
+        flag = append(k_rows, v_rows, kb, vb, pos, flag_in)
+        return flag, self(q, kb, vb, length, after=flag)
 
     def __call__(self, q, kb, vb, length: int, after=None, sinks=None):
         import mlx.core as mx

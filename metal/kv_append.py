@@ -136,9 +136,20 @@ class KVAppend:
         params = self._device_row(R, S, cap, pos, H, n_in) if self.device_params else _params(R, S, cap, pos, H, n_in)
         if self.compiled:   # traced once per row shape, then replayed (see attention_kernel.COMPILE_BACKENDS)
             if self._compiled is None:
-                self._compiled = mx.compile(self._launch)
+                self._compiled = mx.compile(self.launch)
             return self._compiled(k_rows, v_rows, kc, vc, params, flag_in)
-        return self._launch(k_rows, v_rows, kc, vc, params, flag_in)
+        return self.launch(k_rows, v_rows, kc, vc, params, flag_in)
+
+    def step_params(self, k_rows, kc, pos: int, flag_in):
+        """The parameter buffer of a GPU append of ``k_rows`` at row ``pos`` of ``kc`` (for
+        :meth:`launch`, e.g. inside a compiled decode step; checks the row fits)."""
+        B, H, S = k_rows.shape[:3]
+        R = B * H * S
+        cap = int(kc.shape[2])
+        if pos < 0 or pos + S > cap:
+            raise KernelError(f"append of {S} rows at row {pos} overflows a cache of {cap} rows")
+        n_in = int(flag_in.shape[0])
+        return self._device_row(R, S, cap, pos, H, n_in) if self.device_params else _params(R, S, cap, pos, H, n_in)
 
     def _device_row(self, R: int, S: int, cap: int, pos: int, H: int, n_in: int):
         """``_params(R, S, cap, pos, H, n_in)`` as a view of a table made on the device (one table per
@@ -158,7 +169,8 @@ class KVAppend:
             row = self._prow[key] = table_row(tbl, pos)
         return row
 
-    def _launch(self, k_rows, v_rows, kc, vc, params, flag_in):
+    def launch(self, k_rows, v_rows, kc, vc, params, flag_in):
+        """The GPU append kernel's launch (``params``: :meth:`step_params`); returns the new flag."""
         import mlx.core as mx
 
         B, H, S = k_rows.shape[:3]

@@ -185,6 +185,67 @@ class TQCache(_mlx_cache._BaseCache):
 
     q_precision = None        # decode attention's q precision (None: the backend's default; see decode_attention)
 
+    # The decode step's deferred append: (K rows, V rows, row, prepared append) the routed attention
+    # writes in the same call as it attends (_attend_step), or None. Every other reader of the buffers or
+    # of the flag writes them first: ``keys``, ``values`` and ``_flag`` are properties over _kbuf, _vbuf,
+    # _flagbuf that do so, and their setters too, so no path can see (or replace) buffers without the row.
+    _deferred = None
+
+    @property
+    def keys(self):
+        if self._deferred is not None:
+            self._write_deferred()
+        return self._kbuf
+
+    @keys.setter
+    def keys(self, a) -> None:
+        if self._deferred is not None:
+            self._write_deferred()
+        self._kbuf = a
+
+    @property
+    def values(self):
+        if self._deferred is not None:
+            self._write_deferred()
+        return self._vbuf
+
+    @values.setter
+    def values(self, a) -> None:
+        if self._deferred is not None:
+            self._write_deferred()
+        self._vbuf = a
+
+    @property
+    def _flag(self):
+        if self._deferred is not None:
+            self._write_deferred()
+        return self._flagbuf
+
+    @_flag.setter
+    def _flag(self, a) -> None:
+        if self._deferred is not None:
+            self._write_deferred()
+        self._flagbuf = a
+
+    def _write_deferred(self) -> None:
+        """The deferred append on its own (something other than the routed attention reads the cache)."""
+        k, v, r, append = self._deferred
+        self._deferred = None
+        self._flagbuf = append(k, v, self._kbuf, self._vbuf, r, self._flagbuf)
+        self._unsettled = True
+
+    def _attend_step(self, launch, queries):
+        """The routed attention of a decode step over the buffers (``launch``: the layer's prepared
+        fused attention), with the step's deferred append in the same call where there is one."""
+        d = self._deferred
+        if d is None:
+            return launch(queries, self.keys, self.values, self.offset - self.start, self._flag)
+        self._deferred = None
+        self._flagbuf, out = launch.with_append(d[3], d[0], d[1], queries, self._kbuf, self._vbuf, d[2],
+                                                self._flagbuf, self.offset - self.start)
+        self._unsettled = True
+        return out
+
     def __init__(self, k_format: str = DEFAULT_FORMAT, v_format: str = DEFAULT_FORMAT, window: "int | None" = None,
                  rotation: str = "llama", calibration: "KeyCalibration | str | None" = None):
         self._setup(k_format, v_format, window, rotation, calibration)
@@ -331,11 +392,19 @@ class TQCache(_mlx_cache._BaseCache):
             r = self.offset - self.start
             w = self.window
             if r < hot[4] and (not w or self.offset - w + 1 - self.start < self.step):
-                self._flag = hot[3](keys, values, self.keys, self.values, r, self._flag)
-                self._unsettled = True
+                routed = _routing_active()
+                attn = self._hot_attn
+                if routed and attn is not None and attn[3].fuses_append:
+                    # the routed attention that follows writes these rows in its own call
+                    if self._deferred is not None:   # the last step's rows were never attended
+                        self._write_deferred()
+                    self._deferred = (keys, values, r, hot[3])
+                else:
+                    self._flag = hot[3](keys, values, self.keys, self.values, r, self._flag)
+                    self._unsettled = True
                 self.offset += 1
                 self.paths["append"] += 1
-                if _routing_active():
+                if routed:
                     self.placeholder = True
                     return keys, values
                 self.placeholder = False
@@ -728,16 +797,20 @@ def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None
 
 
 _KERNEL_INFO = ("backend", "kernel", "q_precision", "v_decode", "chunks", "stages", "dyn_smem", "warps", "tile",
-                "dispatches", "splits", "compiled", "device_params", "device_consts")
+                "dispatches", "splits", "compiled", "fused_append", "device_params", "device_consts")
 
 
 def _kernel_info(launch) -> "dict | None":
     """What a layer's prepared decode attention runs (its plan: backend, kernel, q precision, V decode,
     v3's chunks / stages / dynamic memory, SIMD groups and tile, dispatches, splits, whether under
-    mx.compile, whether its per-step ints are device views and its constants device copies), None
+    mx.compile, whether the step's append runs in its call, whether its per-step ints are device views
+    and its constants device copies), None
     before the layer's first decode step on a kernel lane."""
     info = getattr(launch, "run_info", None)
-    return {k: info[k] for k in _KERNEL_INFO if info.get(k) is not None} if info else None
+    if not info:
+        return None
+    info = {**info, "fused_append": getattr(launch, "fuses_append", None)}   # the cache's step, not the plan
+    return {k: info[k] for k in _KERNEL_INFO if info.get(k) is not None}
 
 
 def _kernel_words(info: dict) -> str:
@@ -754,6 +827,8 @@ def _kernel_words(info: dict) -> str:
         words.append(f"{info['dispatches']} dispatch{'es' if info['dispatches'] != 1 else ''}")
     if info.get("compiled"):
         words.append("compiled")
+    if info.get("fused_append"):
+        words.append("append fused")
     if info.get("device_params"):
         words.append("device params")
     if info.get("device_consts"):

@@ -184,7 +184,7 @@ def _routed(original):
                 # the decode step's lane: the prepared fused attention over the cache buffers
                 cache.placeholder = False
                 cache.paths[hot[2]] += 1
-                return hot[3](queries, cache.keys, cache.values, cache.offset - cache.start, cache._flag)
+                return cache._attend_step(hot[3], queries)
             return attend(cache, queries, keys, values, scale=scale, mask=mask, sinks=sinks,
                           mode=_mode)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)

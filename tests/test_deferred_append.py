@@ -1,0 +1,167 @@
+"""The decode step's deferred append (attention_kernel.DEFER_APPEND_BACKENDS): TQCache keeps the step's
+K/V rows and the routed attention writes them in its own call (append + attention, one compiled
+function on CUDA). Here on the CPU emulator's decode lane (TQBRIDGE_DECODE_LANE=cpu-emulator,
+TQBRIDGE_DEFER_APPEND=1), which runs the same cache logic: every result bit-identical to the
+append-then-attend lane, and every other reader of the cache sees the deferred rows.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import base
+
+from tqbridge.metal import attention_kernel
+from tqbridge.metal.lm.cache import TQCache, make_cache
+from tqbridge.metal.lm.routing import route_attention
+from tiny_models import tiny_gemma3, tiny_llama, tokens
+
+
+@pytest.fixture
+def emulated_lane(monkeypatch):
+    prev = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    monkeypatch.setenv("TQBRIDGE_DECODE_LANE", "cpu-emulator")
+    attention_kernel.clear_launch_caches()
+    yield monkeypatch
+    attention_kernel.clear_launch_caches()
+    mx.set_default_device(prev)
+
+
+def _spy_fused(monkeypatch) -> list:
+    """Count the fused append + attention calls of the emulated lane."""
+    calls = []
+    real = attention_kernel._EmulatedDecodeLaunch.with_append
+
+    def spy(self, *a, **kw):
+        calls.append(a[5])   # the row
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(attention_kernel._EmulatedDecodeLaunch, "with_append", spy)
+    return calls
+
+
+def _decode(model_name: str, defer: str, monkeypatch, kv=("q8_0", "q4_0"), n=30):
+    """Teacher-forced decode of ``n`` tokens: per-step logits and every layer's stored blocks."""
+    monkeypatch.setenv("TQBRIDGE_DEFER_APPEND", defer)
+    attention_kernel.clear_launch_caches()
+    m = tiny_llama(head_dim=128) if model_name == "llama" else tiny_gemma3(window=8)
+    toks = tokens(n + 5, seed=11)
+    cache = make_cache(m, *kv)
+    out = []
+    with route_attention():
+        mx.eval(m(toks[:, :5], cache=cache))
+        for i in range(5, toks.shape[1]):
+            lg = m(toks[:, i:i + 1], cache=cache)[0, -1].astype(mx.float32)
+            mx.eval(lg)
+            out.append(np.array(lg))
+    for c in cache:
+        c.check_finite()
+    blocks = [np.array(b) for c in cache if isinstance(c, TQCache) for b in c.blocks()]
+    return np.stack(out), blocks, cache
+
+
+@pytest.mark.parametrize("model_name", ["llama", "gemma3"])
+def test_deferred_lane_is_bit_identical(model_name, emulated_lane):
+    # a small step makes decode grow the buffers (and slide Gemma's windows) many times: growth and
+    # slides read the buffers, so they write a deferred row first
+    emulated_lane.setattr(TQCache, "step", 8)
+    calls = _spy_fused(emulated_lane)
+    want, want_blocks, _ = _decode(model_name, "0", emulated_lane)
+    assert not calls
+    got, got_blocks, cache = _decode(model_name, "1", emulated_lane)
+    assert len(calls) > 20, len(calls)   # the fused call ran (not a fall back to append-then-attend)
+    assert np.array_equal(got, want)
+    assert len(got_blocks) == len(want_blocks) and all(np.array_equal(a, b) for a, b in zip(got_blocks, want_blocks))
+    assert all(c._deferred is None for c in cache if isinstance(c, TQCache))
+
+
+def _routed_step(c, k, v, q, attend=True):
+    kk, vv = c.update_and_fetch(k, v)
+    return base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=64 ** -0.5, mask=None) if attend else None
+
+
+def _primed(defer: str, monkeypatch):
+    monkeypatch.setenv("TQBRIDGE_DEFER_APPEND", defer)
+    attention_kernel.clear_launch_caches()
+    c = TQCache("q8_0", "turbo3")
+    x = mx.random.normal((1, 2, 40, 64), key=mx.random.key(3))
+    c.update_and_fetch(x, 0.5 * x)
+    rows = [(mx.random.normal((1, 2, 1, 64), key=mx.random.key(10 + i)),
+             mx.random.normal((1, 2, 1, 64), key=mx.random.key(50 + i))) for i in range(4)]
+    q = mx.random.normal((1, 4, 1, 64), key=mx.random.key(99))
+    with route_attention():
+        for k, v in rows[:2]:       # the lanes get prepared (append, then the routed attention)
+            mx.eval(_routed_step(c, k, v, q))
+        _routed_step(c, *rows[2], q, attend=False)   # a step whose attention never comes
+        _routed_step(c, *rows[3], q, attend=False)
+    return c
+
+
+@pytest.mark.parametrize("reader", ["state", "blocks", "fetch", "trim", "check_finite", "nbytes"])
+def test_every_reader_sees_the_deferred_rows(reader, emulated_lane):
+    ref = _primed("0", emulated_lane)
+    c = _primed("1", emulated_lane)
+    assert c._deferred is not None and c._deferred[2] == 43   # the second unattended step's row waits
+    assert ref._deferred is None
+    for cache in (ref, c):
+        if reader == "state":
+            cache.state
+        elif reader == "blocks":
+            cache.blocks()
+        elif reader == "fetch":
+            cache.fetch()
+        elif reader == "trim":
+            cache.trim(1)
+        elif reader == "check_finite":
+            cache.check_finite()
+        else:
+            assert cache.nbytes > 0
+    assert c._deferred is None
+    assert c.offset == ref.offset
+    for a, b in zip(c.blocks(), ref.blocks()):
+        assert np.array_equal(np.array(a), np.array(b))
+
+
+def test_a_lost_deferred_row_is_caught(emulated_lane):
+    """The comparison above with a planted bug: the deferred row dropped instead of written."""
+    ref = _primed("0", emulated_lane)
+    emulated_lane.setattr(TQCache, "_write_deferred", lambda self: setattr(self, "_deferred", None))
+    c = _primed("1", emulated_lane)
+    kb, kr = np.array(c.blocks()[0]), np.array(ref.blocks()[0])
+    assert not np.array_equal(kb, kr)
+    assert np.array_equal(kb[..., :42, :], kr[..., :42, :])   # only the dropped rows differ (42 and 43)
+    assert not np.array_equal(kb[..., 42:, :], kr[..., 42:, :])
+
+
+def test_reports_say_whether_the_append_is_fused(emulated_lane):
+    from tqbridge.metal.lm.cache import cache_report, paths_line
+
+    for defer in ("0", "1"):
+        _, _, cache = _decode("llama", defer, emulated_lane, n=3)
+        info = cache_report(cache)["layers"][0]["decode_kernel"]
+        assert info.get("fused_append", False) is (defer == "1"), info
+        assert ("append fused" in paths_line(cache)) is (defer == "1")
+
+
+_GPU = mx.metal.is_available() or (getattr(mx, "cuda", None) is not None and mx.cuda.is_available())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU, reason="no MLX GPU backend (Metal or CUDA) here")
+@pytest.mark.parametrize("kv", [("q8_0", "turbo3"), ("q4_0", "q4_0")])
+def test_gpu_fused_step_is_bit_identical(kv, monkeypatch):
+    """On the GPU (compiled launches: append + attention traced as one function where deferral is on):
+    the same logits and cache bytes as append-then-attend, with growth every 8 positions."""
+    monkeypatch.setattr(TQCache, "step", 8)
+    spy = []
+    real = attention_kernel.DecodeLaunch.with_append
+    monkeypatch.setattr(attention_kernel.DecodeLaunch, "with_append",
+                        lambda self, *a, **kw: spy.append(1) or real(self, *a, **kw))
+    want, want_blocks, _ = _decode("llama", "0", monkeypatch, kv=kv)
+    assert not spy
+    got, got_blocks, cache = _decode("llama", "1", monkeypatch, kv=kv)
+    assert len(spy) > 20 and all(c.decode_launch.compiled for c in cache)
+    assert np.array_equal(got, want)
+    assert all(np.array_equal(a, b) for a, b in zip(got_blocks, want_blocks))
