@@ -14,8 +14,8 @@ Two parts, each per cache (``fp16``: mlx-lm's KVCache; a TQCache spelling such a
   encode / wall µs.
 
 A cache spelled ``kind{TQBRIDGE_X=v,...}`` runs under those switches (as in ``tqbridge bench decode``),
-e.g. ``q8_0/turbo3{TQBRIDGE_DEFER_APPEND=0}``: the append as its own compiled call, not inside the
-attention's.
+e.g. ``q8_0/turbo3{TQBRIDGE_DEFER_APPEND=1}``: the append inside the attention's compiled call, not
+as its own.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--context", default="32768")
-    ap.add_argument("--caches", default="fp16,q8_0/turbo3,q8_0/turbo3{TQBRIDGE_DEFER_APPEND=0}")
+    ap.add_argument("--caches", default="fp16,q8_0/turbo3,q8_0/turbo3{TQBRIDGE_DEFER_APPEND=1}")
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2)

@@ -92,7 +92,8 @@ DEVICE_PARAMS_BACKENDS = ("cuda",)
 # MLX replay per layer instead of two (the kernels, their order and their outputs are the same).
 # Any other reader of the cache's buffers writes the deferred rows first (TQCache.keys / values).
 # TQBRIDGE_DEFER_APPEND=0 / 1 overrides it for every backend (the emulator's decode lane included).
-DEFER_APPEND_BACKENDS = ("cuda",)
+# Off everywhere until measured on the GPU (benchmarks/probe_decode_host.py, tqbridge bench decode).
+DEFER_APPEND_BACKENDS: tuple = ()
 
 
 def defer_append(backend: str) -> bool:
