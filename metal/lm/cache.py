@@ -87,12 +87,14 @@ def kv_name(k: str, v: str, cal: "KeyCalibration | None" = None) -> str:
     return f"{k}+{cal.spec}/{v}" if cal else f"{k}/{v}"
 
 
+# route_attention's nesting depth, kept here by routing.py (read by every decode step: a list lookup,
+# not a module lookup — the old sys.modules + getattr test cost ~0.5 µs of each layer's step)
+ROUTING_DEPTH = [0]
+
+
 def _routing_active() -> bool:
     """Whether :func:`tqbridge.metal.lm.routing.route_attention` is in effect (it brings queries)."""
-    import sys
-
-    routing = sys.modules.get("tqbridge.metal.lm.routing")
-    return bool(routing is not None and getattr(routing, "_depth", 0) > 0)
+    return ROUTING_DEPTH[0] > 0
 
 
 # ---------------------------------------------------------------- codecs: rows <-> blocks
@@ -392,7 +394,7 @@ class TQCache(_mlx_cache._BaseCache):
             r = self.offset - self.start
             w = self.window
             if r < hot[4] and (not w or self.offset - w + 1 - self.start < self.step):
-                routed = _routing_active()
+                routed = ROUTING_DEPTH[0] > 0
                 attn = self._hot_attn
                 if routed and attn is not None and attn[3].fuses_append:
                     # the routed attention that follows writes these rows in its own call

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 import mlx.core as mx
 
 from ..backend import emulated_decode_lane
-from .cache import TQCache, hadamard_rotate
+from .cache import ROUTING_DEPTH, TQCache, hadamard_rotate
 
 __all__ = ["route_attention", "attend", "decode_kernel", "DECODE_MODES"]
 
@@ -219,11 +219,13 @@ def route_attention(mode: str = "auto"):
                     _saved[name] = mod
                     mod.scaled_dot_product_attention = routed
         _depth += 1
+        ROUTING_DEPTH[0] = _depth
     try:
         yield
     finally:
         with _lock:
             _depth -= 1
+            ROUTING_DEPTH[0] = _depth
             _mode = prev_mode
             if _depth == 0:
                 for mod in _saved.values():
