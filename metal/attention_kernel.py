@@ -92,8 +92,10 @@ DEVICE_PARAMS_BACKENDS = ("cuda",)
 # MLX replay per layer instead of two (the kernels, their order and their outputs are the same).
 # Any other reader of the cache's buffers writes the deferred rows first (TQCache.keys / values).
 # TQBRIDGE_DEFER_APPEND=0 / 1 overrides it for every backend (the emulator's decode lane included).
-# Off everywhere until measured on the GPU (benchmarks/probe_decode_host.py, tqbridge bench decode).
-DEFER_APPEND_BACKENDS: tuple = ()
+# Measured on the H200 (Llama 3.1 8B geometry, q8_0/turbo3; BENCHMARKS.md, twelfth session): the KV
+# path's Python per layer lower in every one of 6 bench decode rows (-1.4 to -5.8 us), graph building
+# per layer -3.7 / -9.8 us at 32K / 128K (benchmarks/probe_decode_host.py); outputs bit-identical.
+DEFER_APPEND_BACKENDS = ("cuda",)
 
 
 def defer_append(backend: str) -> bool:

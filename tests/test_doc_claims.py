@@ -1673,3 +1673,55 @@ def test_twelfth_session_default_on_the_gpu_is_its_record():
     assert f"cache is {100 * (g['q8_0/turbo3', 131072]['speedup_vs_fp16'] - 1):.0f}% faster" in doc
     assert (f"Python per layer: {g['q8_0/turbo3', 32768]['kv_path_python_us_per_layer']:.1f} µs against fp16's "
             f"{g['fp16', 32768]['kv_path_python_us_per_layer']:.1f}") in doc
+
+
+DEFERRED = "benchmarks/h200-2026-12-02-deferred-append.json"
+
+
+def test_twelfth_session_deferred_append_is_its_record():
+    from tqbridge.metal import attention_kernel
+
+    doc = flat(text("BENCHMARKS.md"))
+    raw = text("BENCHMARKS.md")
+    r = record(DEFERRED)
+    t = r["gpu_tests"]
+    assert not t["failed"] and len(t["passed"]) == 42 and t["summary"].startswith("42 passed")
+    assert "TQBRIDGE_DEFER_APPEND=1" in t["command"] and t["command"].count("tests/") == 4
+    assert any("test_gpu_fused_step_is_bit_identical" in x for x in t["passed"])
+    assert "all 42 GPU tests of those four files passed with the switch on" in doc
+    assert r["gpu_tests_default_on"]["summary"].startswith("57 passed") and "and 57 GPU tests of the deferral" in doc
+    assert attention_kernel.DEFER_APPEND_BACKENDS == ("cuda",)
+    p = {(x["context"], x["cache"]): x["kv"]["routed"] for x in r["probe_decode_host"]["runs"]}
+    on, off = "q8_0/turbo3{TQBRIDGE_DEFER_APPEND=1}", "q8_0/turbo3"
+    f = lambda c, k, n: f"{p[n, c][k]:.2f}"   # noqa: E731
+    assert (f"graph building per layer: {f(off, 'build_us', 32768)} → {f(on, 'build_us', 32768)} µs at 32K and "
+            f"{f(off, 'build_us', 131072)} → {f(on, 'build_us', 131072)} at 128K (fp16's: {f('fp16', 'build_us', 32768)} / "
+            f"{f('fp16', 'build_us', 131072)}); MLX's encoding {f(off, 'encode_us', 32768)} → {f(on, 'encode_us', 32768)} and "
+            f"{f(off, 'encode_us', 131072)} → {f(on, 'encode_us', 131072)} (fp16's SDPA path: {f('fp16', 'encode_us', 32768)} / "
+            f"{f('fp16', 'encode_us', 131072)})") in doc
+    assert all(p[n, on]["build_us"] < p[n, off]["build_us"] for n in (32768, 131072))
+    saved, better, spread = [], 0, 0.0
+    for i, b in enumerate(r["bench_decode"]):
+        g = {(x["cache"], x["context"]): x for x in b["result"]["runs"]}
+        for ctx in sorted({x["context"] for x in b["result"]["runs"]}):
+            a, d, fp = g[off, ctx], g[on, ctx], g["fp16", ctx]
+            assert d["decode_kernel"]["fused_append"] is True and a["decode_kernel"]["fused_append"] is False
+            row = (f"| {i + 1} | {ctx // 1024}K | {fp['ms_per_token']:.2f} | {a['speedup_vs_fp16']:.3f}× | "
+                   f"{d['speedup_vs_fp16']:.3f}× | {fp['kv_path_python_us_per_layer']:.1f} | "
+                   f"{a['kv_path_python_us_per_layer']:.1f} | {d['kv_path_python_us_per_layer']:.1f} |")
+            assert row in raw, row
+            saved.append(a["kv_path_python_us_per_layer"] - d["kv_path_python_us_per_layer"])
+            better += d["speedup_vs_fp16"] > a["speedup_vs_fp16"]
+            if ctx == 32768:
+                spread = max(spread, *(max(x["ms_per_token_rounds"]) - min(x["ms_per_token_rounds"]) for x in (a, d, fp)))
+    assert len(saved) == 6 and min(saved) > 0
+    assert f"lower in all six rows ({min(saved):.1f} to {max(saved):.1f} µs)" in doc
+    assert better == 5 and "better in five rows and worse in one" in doc
+    assert f"spread by up to {spread:.1f} ms per token" in doc
+    cs = r["bench_attention_growing"]["result"]["contexts"]
+    tri = lambda k, fmt="{:.2f}": " / ".join(fmt.format(c[k]) for c in cs)   # noqa: E731
+    assert (f"the cache path's device time per call {tri('growing_cache_path_device_us', '{:.1f}')} µs at 4K / 32K / 128K, "
+            f"{cs[2]['growing_headline_device_fraction_of_copy_bw']:.2f} of the device's copy bandwidth at 128K") in doc
+    assert (f"wall ratio to fp16 SDPA {tri('growing_headline_speedup_vs_sdpa_fp16')}× (issue 13: 1.5 / 2.0 / 2.2×), "
+            f"device ratio {tri('growing_headline_device_speedup_vs_sdpa_fp16')}×") in doc
+    assert cs[2]["growing_headline_device_fraction_of_copy_bw"] < 0.75   # "asks 0.75": still missed
