@@ -111,15 +111,11 @@ class KVAppend:
         return flag_slots(rows, self.flag_min)
 
     def __call__(self, k_rows, v_rows, kc, vc, pos: int, flag_in):
-        B, H, S = k_rows.shape[:3]
-        R = B * H * S
-        cap = int(kc.shape[2])
-        if pos < 0 or pos + S > cap:
-            raise KernelError(f"append of {S} rows at row {pos} overflows a cache of {cap} rows")
-        n_in = int(flag_in.shape[0])
         if self.backend == "cpu-emulator" and _is_mx(kc):
+            self._geometry(k_rows, kc, pos, flag_in)
             return _on_mlx_buffers(self, k_rows, v_rows, kc, vc, pos, flag_in)
         if self.backend == "cpu-emulator":
+            R, S, cap, H, n_in = self._geometry(k_rows, kc, pos, flag_in)
             src16 = self._kern.kernel.inputs[0][1] == "uint16"
             k = np.ascontiguousarray(k_rows).reshape(-1)
             v = np.ascontiguousarray(v_rows).reshape(-1)
@@ -133,22 +129,27 @@ class KVAppend:
 
         # the decode step's call: rows in their own dtype (the kernel reads half/bfloat16 as bits),
         # one prepared launch; MLX's graph orders it after whatever made the rows and the buffers
-        params = self._device_row(R, S, cap, pos, H, n_in) if self.device_params else _params(R, S, cap, pos, H, n_in)
+        params = self.step_params(k_rows, kc, pos, flag_in)
         if self.compiled:   # traced once per row shape, then replayed (see attention_kernel.COMPILE_BACKENDS)
             if self._compiled is None:
                 self._compiled = mx.compile(self.launch)
             return self._compiled(k_rows, v_rows, kc, vc, params, flag_in)
         return self.launch(k_rows, v_rows, kc, vc, params, flag_in)
 
-    def step_params(self, k_rows, kc, pos: int, flag_in):
-        """The parameter buffer of a GPU append of ``k_rows`` at row ``pos`` of ``kc`` (for
-        :meth:`launch`, e.g. inside a compiled decode step; checks the row fits)."""
+    @staticmethod
+    def _geometry(k_rows, kc, pos: int, flag_in) -> tuple:
+        """``(R, S, cap, H, n_in)`` of an append of ``k_rows`` at row ``pos`` of ``kc``; refuses one that
+        does not fit."""
         B, H, S = k_rows.shape[:3]
-        R = B * H * S
         cap = int(kc.shape[2])
         if pos < 0 or pos + S > cap:
             raise KernelError(f"append of {S} rows at row {pos} overflows a cache of {cap} rows")
-        n_in = int(flag_in.shape[0])
+        return B * H * S, S, cap, H, int(flag_in.shape[0])
+
+    def step_params(self, k_rows, kc, pos: int, flag_in):
+        """The parameter buffer of a GPU append of ``k_rows`` at row ``pos`` of ``kc`` (for
+        :meth:`launch`, e.g. inside a compiled decode step; checks the row fits)."""
+        R, S, cap, H, n_in = self._geometry(k_rows, kc, pos, flag_in)
         return self._device_row(R, S, cap, pos, H, n_in) if self.device_params else _params(R, S, cap, pos, H, n_in)
 
     def _device_row(self, R: int, S: int, cap: int, pos: int, H: int, n_in: int):

@@ -17,7 +17,7 @@ from tqbridge.bridge import FormatError
 from tqbridge.metal.lm import decode_bench
 from tqbridge.metal.lm.cache import TQCache, make_cache
 from tqbridge.metal.lm.routing import route_attention
-from tiny_models import tiny_llama, tokens
+from tiny_models import forced_decode, tiny_llama, tokens
 
 
 @pytest.fixture
@@ -229,17 +229,9 @@ def test_gpu_generation_matches_the_ops_path():
 def _forced_logits(m, toks, mode, kv="q8_0/q4_0"):
     """Teacher-forced decode (the same tokens fed in every mode: no cascade): per-step logits."""
     cache = make_cache(m, *kv.split("/"))
-    out = []
-    with route_attention(mode):
-        mx.eval(m(toks[:, :5], cache=cache))
-        for i in range(5, toks.shape[1]):
-            lg = m(toks[:, i:i + 1], cache=cache)[0, -1].astype(mx.float32)
-            mx.eval(lg)
-            out.append(np.array(lg))
-    for c in cache:
-        c.check_finite()
+    out = forced_decode(m, toks, cache, mode)
     paths = sum((c.paths for c in cache), start=__import__("collections").Counter())
-    return np.stack(out), paths
+    return out, paths
 
 
 # Float32 K/V: the lane's logits against mlx-lm's own float cache (KVCache, no tqbridge storage at all)

@@ -15,7 +15,7 @@ from mlx_lm.models import base
 from tqbridge.metal import attention_kernel
 from tqbridge.metal.lm.cache import TQCache, make_cache
 from tqbridge.metal.lm.routing import route_attention
-from tiny_models import tiny_gemma3, tiny_llama, tokens
+from tiny_models import forced_decode, tiny_gemma3, tiny_llama, tokens
 
 
 @pytest.fixture
@@ -49,17 +49,9 @@ def _decode(model_name: str, defer: str, monkeypatch, kv=("q8_0", "q4_0"), n=30)
     m = tiny_llama(head_dim=128) if model_name == "llama" else tiny_gemma3(window=8)
     toks = tokens(n + 5, seed=11)
     cache = make_cache(m, *kv)
-    out = []
-    with route_attention():
-        mx.eval(m(toks[:, :5], cache=cache))
-        for i in range(5, toks.shape[1]):
-            lg = m(toks[:, i:i + 1], cache=cache)[0, -1].astype(mx.float32)
-            mx.eval(lg)
-            out.append(np.array(lg))
-    for c in cache:
-        c.check_finite()
+    out = forced_decode(m, toks, cache)
     blocks = [np.array(b) for c in cache if isinstance(c, TQCache) for b in c.blocks()]
-    return np.stack(out), blocks, cache
+    return out, blocks, cache
 
 
 @pytest.mark.parametrize("model_name", ["llama", "gemma3"])

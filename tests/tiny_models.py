@@ -48,3 +48,21 @@ def cpu_device():
     mx.set_default_device(mx.cpu)
     yield
     mx.set_default_device(prev)
+
+
+def forced_decode(m, toks: mx.array, cache: list, mode: str = "auto", prompt: int = 5) -> np.ndarray:
+    """Teacher-forced decode under ``route_attention(mode)``: the first ``prompt`` tokens as one chunk,
+    then one token per step (the same tokens whatever the cache does: no cascade); per-step logits
+    (float32), every cache checked for non-finite rows after."""
+    from tqbridge.metal.lm.routing import route_attention
+
+    out = []
+    with route_attention(mode):
+        mx.eval(m(toks[:, :prompt], cache=cache))
+        for i in range(prompt, toks.shape[1]):
+            lg = m(toks[:, i:i + 1], cache=cache)[0, -1].astype(mx.float32)
+            mx.eval(lg)
+            out.append(np.array(lg))
+    for c in cache:
+        c.check_finite()
+    return np.stack(out)
