@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    model, desc = decode_bench.build_model(args.model)
+    model, _ = decode_bench.build_model(args.model)
     hq, hkv, hd = decode_bench._kv_shape(model)
     nl = len(model.layers)
     report = {"command": "python benchmarks/probe_decode_host.py " + " ".join(

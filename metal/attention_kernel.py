@@ -1028,11 +1028,6 @@ class DecodeLaunch:
         cache's prepared :class:`~tqbridge.metal.kv_append.KVAppend`, ``flag_in`` its flag) and then this
         attention at ``length``, ordered after it by the append's flag: ``(flag, out)``. Compiled
         launches trace both as one function (one replay per layer instead of two)."""
-        params = append.step_params(k_rows, kb, pos, flag_in)
-        ip1 = self.ip1(length)
-        if not self.compiled:
-            flag = append.launch(k_rows, v_rows, kb, vb, params, flag_in)
-            return flag, self._run.launch(q, kb, vb, None, ip1, flag)
         fn = self._with_append.get(append)
         if fn is None:
             import mlx.core as mx
@@ -1042,8 +1037,8 @@ class DecodeLaunch:
             def both(k_rows, v_rows, q, kb, vb, params, flag_in, ip1):
                 flag = append.launch(k_rows, v_rows, kb, vb, params, flag_in)
                 return flag, run.launch(q, kb, vb, None, ip1, flag)
-            fn = self._with_append[append] = mx.compile(both)
-        return fn(k_rows, v_rows, q, kb, vb, params, flag_in, ip1)
+            fn = self._with_append[append] = mx.compile(both) if self.compiled else both
+        return fn(k_rows, v_rows, q, kb, vb, append.step_params(k_rows, kb, pos, flag_in), flag_in, self.ip1(length))
 
 
 def _param_head(prob: Problem, plan: Plan) -> list:

@@ -175,6 +175,21 @@ def rotation_group(fmt, dim: int, side: str) -> int:
     return n
 
 
+def _written_first(slot: str) -> property:
+    """A TQCache buffer attribute stored in ``slot`` that writes a deferred decode row (see
+    TQCache._deferred) before it is read or replaced."""
+    def get(self):
+        if self._deferred is not None:
+            self._write_deferred()
+        return getattr(self, slot)
+
+    def put(self, a) -> None:
+        if self._deferred is not None:
+            self._write_deferred()
+        setattr(self, slot, a)
+    return property(get, put)
+
+
 class TQCache(_mlx_cache._BaseCache):
     """K/V cache of quantized blocks (one layer). ``window``: sliding-window size, or None.
 
@@ -193,41 +208,9 @@ class TQCache(_mlx_cache._BaseCache):
     # _flagbuf that do so, and their setters too, so no path can see (or replace) buffers without the row.
     _deferred = None
 
-    @property
-    def keys(self):
-        if self._deferred is not None:
-            self._write_deferred()
-        return self._kbuf
-
-    @keys.setter
-    def keys(self, a) -> None:
-        if self._deferred is not None:
-            self._write_deferred()
-        self._kbuf = a
-
-    @property
-    def values(self):
-        if self._deferred is not None:
-            self._write_deferred()
-        return self._vbuf
-
-    @values.setter
-    def values(self, a) -> None:
-        if self._deferred is not None:
-            self._write_deferred()
-        self._vbuf = a
-
-    @property
-    def _flag(self):
-        if self._deferred is not None:
-            self._write_deferred()
-        return self._flagbuf
-
-    @_flag.setter
-    def _flag(self, a) -> None:
-        if self._deferred is not None:
-            self._write_deferred()
-        self._flagbuf = a
+    keys = _written_first("_kbuf")
+    values = _written_first("_vbuf")
+    _flag = _written_first("_flagbuf")
 
     def _write_deferred(self) -> None:
         """The deferred append on its own (something other than the routed attention reads the cache)."""

@@ -37,7 +37,6 @@ __all__ = ["route_attention", "attend", "decode_kernel", "DECODE_MODES"]
 
 DECODE_MODES = ("auto", "kernel", "reference", "sdpa")
 _lock = threading.Lock()
-_depth = 0
 _saved: dict = {}
 _mode = "auto"
 
@@ -202,7 +201,7 @@ def route_attention(mode: str = "auto"):
     if it cannot run), ``reference`` (decode_attention's ops reference) or ``sdpa`` (dequantize +
     ``mx.fast.scaled_dot_product_attention``, as prefill).
     """
-    global _depth, _mode
+    global _mode
     if mode not in DECODE_MODES:
         raise ValueError(f"decode mode must be one of {DECODE_MODES}, got {mode!r}")
     from mlx_lm.models import base
@@ -211,23 +210,21 @@ def route_attention(mode: str = "auto"):
     with _lock:
         prev_mode = _mode
         _mode = mode
-        if _depth == 0:
+        if ROUTING_DEPTH[0] == 0:
             routed = _routed(original)
             for name, mod in list(sys.modules.items()):
                 if (name.startswith("mlx_lm.models.") or name == "mlx_lm.models") and mod is not None \
                         and getattr(mod, "scaled_dot_product_attention", None) is original:
                     _saved[name] = mod
                     mod.scaled_dot_product_attention = routed
-        _depth += 1
-        ROUTING_DEPTH[0] = _depth
+        ROUTING_DEPTH[0] += 1   # read by TQCache's decode step (cache.ROUTING_DEPTH)
     try:
         yield
     finally:
         with _lock:
-            _depth -= 1
-            ROUTING_DEPTH[0] = _depth
+            ROUTING_DEPTH[0] -= 1
             _mode = prev_mode
-            if _depth == 0:
+            if ROUTING_DEPTH[0] == 0:
                 for mod in _saved.values():
                     mod.scaled_dot_product_attention = original
                 _saved.clear()
