@@ -35,7 +35,7 @@ def _spy_fused(monkeypatch) -> list:
     real = attention_kernel._EmulatedDecodeLaunch.with_append
 
     def spy(self, *a, **kw):
-        calls.append(a[5])   # the row
+        calls.append(a[6])   # the row (pos)
         return real(self, *a, **kw)
 
     monkeypatch.setattr(attention_kernel._EmulatedDecodeLaunch, "with_append", spy)
