@@ -497,6 +497,28 @@ def v3_chunks(backend: str = "") -> int:
     return kc
 
 
+def v3_target_groups() -> int:
+    """Pass-1 threadgroups v3's GPU plans aim for: ``TQBRIDGE_V3_GROUPS`` if set, else TARGET_GROUPS_V3."""
+    raw = os.environ.get("TQBRIDGE_V3_GROUPS")
+    if raw is None:
+        return TARGET_GROUPS_V3
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise AttentionError(f"TQBRIDGE_V3_GROUPS must be a positive number of threadgroups, got {raw!r}")
+    return n
+
+
+def v3_q8_words() -> bool:
+    """Whether v3 reads q8_0 K rows of 4-byte aligned length by whole 32-bit words (``tqa_q8_pair``: the
+    even block of each pair of 34-byte blocks has its fragment slots, and q's, rotated by 2; results
+    bit-identical) instead of 16-bit halves for the two blocks in four that sit 2 bytes off a word.
+    ``TQBRIDGE_V3_Q8_WORDS`` = 0 / 1; on by default."""
+    return _backend_switch("TQBRIDGE_V3_Q8_WORDS", "", ("",))
+
+
 def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks=None) -> Plan:
     why = v3_refusal(prob)
     if why:
@@ -567,7 +589,7 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks=None)
         if backend == "cpu-emulator":
             splits = -(-l_used // EMU_SPLIT_KEYS)
         else:
-            splits = max(1, min(-(-l_used // V3_MIN_SPLIT_KEYS), TARGET_GROUPS_V3 // heads))
+            splits = max(1, min(-(-l_used // V3_MIN_SPLIT_KEYS), v3_target_groups() // heads))
     splits = int(splits)
     if splits < 1:
         raise AttentionError(f"splits must be positive, got {splits}")
@@ -642,7 +664,7 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
                      TQA_STB=_v3_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages,
                      TQA_FUSED=int(plan.fused), TQA_MAXP=MAX_PARTIALS, TQA_SINKS=int(prob.has_sinks),
                      TQA_QSMEM=int(not plan.q_regs), TQA_KC=plan.chunks, TQ_DSMEM=plan.dyn_smem, TQA_V23=int(v_decode == "turbo-permute"),
-                     TQA_VCODE=int(v_decode == "codes-permute"))
+                     TQA_VCODE=int(v_decode == "codes-permute"), TQA_Q8W=int(v3_q8_words()))
     elif plan.kernel == "v2":
         split.update(TQA_QA=plan.rows_room or _rows_room(prob, dyn), TQA_KS=v2_key_slots(prob))
     else:

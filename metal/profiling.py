@@ -54,6 +54,31 @@ def build_encode_wall(mx: Any, make: Callable[[Any], Any], args: Iterable[Any],
     return tuple(statistics.median(x) / calls * 1e6 for x in (build, encode, wall))
 
 
+def pipelined_wall(mx: Any, make: Callable[[Any], Any], args: Iterable[Any], calls: int) -> float:
+    """µs per call of evaluating ``make(arg)`` for each item of ``args`` after a warm-up on the first, in a
+    pipelined loop as mlx-lm's generate runs its decode steps: evaluation i + 1's graph is built and
+    submitted (``mx.async_eval``) before the loop waits for evaluation i, so the host's building and
+    encoding of one evaluation overlap the device's work on the one before. The total from the first
+    build to the end of the last evaluation, divided by the evaluations and ``calls``: about
+    max(host time, device time) per call once the pipeline is full."""
+    args = list(args)
+    if len(args) < 2:
+        raise ValueError("pipelined_wall needs a warm-up argument and at least one timed one")
+    mx.eval(make(args[0]))
+    mx.synchronize()
+    t0 = time.perf_counter()
+    prev = None
+    for a in args[1:]:
+        out = make(a)
+        mx.async_eval(out)
+        if prev is not None:
+            mx.eval(prev)
+        prev = out
+    mx.eval(prev)
+    mx.synchronize()
+    return (time.perf_counter() - t0) / (len(args) - 1) / calls * 1e6
+
+
 def layer_buffers(mx: Any, k_format, v_format, shape: tuple, layers: int) -> tuple:
     """Per-layer cache buffers for a chain of ``layers`` (distinct copies, so no layer reads another's
     data from the L2): K and V blocks of N(0, 1) rows of ``shape`` (B, Hkv, L, D) in the two formats, and

@@ -319,6 +319,8 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
             lengths = list(range(ctx - args.repeats - 2, ctx - 1))
         build, encode, wall = profiling.build_encode_wall(mx, make, lengths, nl)
         row[key + "_us"], row[key + "_build_us"], row[key + "_encode_us"] = wall, build, encode
+        if regime == "growing":   # as a decoding loop runs: the next evaluation built while the device works
+            row[key + "_pipelined_us"] = profiling.pipelined_wall(mx, make, lengths, nl)
         if measure_device:
             last = ctx if regime == "fixed" else ctx - 1
             dev = profiling.device_times(mx, lambda: make(last))
@@ -399,6 +401,7 @@ def _variant_rounds(mx, args, ctx, row, q0, kb, vb, kf, vf, backend, sdpa, check
                 chain = _chained(vl, q0, kb, vb, nl)
                 build, wall = profiling.build_and_wall(mx, chain, lengths, nl)
                 entry = {"variant": i, "env": env, "round": rnd, "wall_us": wall, "build_us": build,
+                         "pipelined_us": profiling.pipelined_wall(mx, chain, lengths, nl),
                          "plan": {k: info[k] for k in ("kernel", "splits", "dispatches", "q_precision", "v_decode",
                                                        "compiled", "device_params", "device_consts") if k in info},
                          "wrong": bool(row.get(tag + "_wrong"))}
@@ -407,14 +410,19 @@ def _variant_rounds(mx, args, ctx, row, q0, kb, vb, kf, vf, backend, sdpa, check
                         profiling.device_times(mx, lambda: chain(ctx - 1)), nl)
             runs.append(entry)
         build, wall = profiling.build_and_wall(mx, sdpa, lengths, nl)
-        runs.append({"variant": "sdpa_fp16", "round": rnd, "wall_us": wall, "build_us": build})
+        runs.append({"variant": "sdpa_fp16", "round": rnd, "wall_us": wall, "build_us": build,
+                     "pipelined_us": profiling.pipelined_wall(mx, sdpa, lengths, nl)})
     sd = {r["round"]: r["wall_us"] for r in runs if r["variant"] == "sdpa_fp16"}
+    sdp = {r["round"]: r["pipelined_us"] for r in runs if r["variant"] == "sdpa_fp16"}
     row["variant_summary"] = []
     for i, env in enumerate(args.variant_list):
         mine = [r for r in runs if r["variant"] == i]
         row["variant_summary"].append({
             "variant": i, "env": env, "wall_us_median": statistics.median(r["wall_us"] for r in mine),
             "vs_sdpa_fp16_median": statistics.median(sd[r["round"]] / r["wall_us"] for r in mine),
+            "pipelined_vs_sdpa_fp16_median": statistics.median(sdp[r["round"]] / r["pipelined_us"] for r in mine),
+            "device_us_median": (statistics.median(r["device_us"] for r in mine)
+                                 if all(r.get("device_us") for r in mine) else None),
             "plan": mine[-1]["plan"], "wrong": any(r["wrong"] for r in mine)})
     print("variants at", ctx, json.dumps(row["variant_summary"]))
 
@@ -423,7 +431,8 @@ def _speedups(row: dict, prefix: str, copy: dict, kernel_bytes: int) -> None:
     """Speed-ups of the headline and the best fused configuration against MLX's paths, and the best's
     share of the device's copy bandwidth on the bytes it reads (wall time)."""
     timed = [(k[len(prefix):-3], v) for k, v in row.items()
-             if k.startswith(prefix + "fused") and k.endswith("_us") and not k.endswith(("_build_us", "_encode_us", "_device_us"))
+             if k.startswith(prefix + "fused") and k.endswith("_us")
+             and not k.endswith(("_build_us", "_encode_us", "_device_us", "_pipelined_us"))
              and not row.get(k[len(prefix):-3] + "_wrong")]
     if prefix and "growing_cache_path_us" in row and not row.get("cache_path_wrong"):
         timed.append(("cache_path", row["growing_cache_path_us"]))
@@ -441,6 +450,10 @@ def _speedups(row: dict, prefix: str, copy: dict, kernel_bytes: int) -> None:
         dev, base_dev = row.get(prefix + "fused_device_us"), row.get(f"{prefix}{base}_device_us")
         if dev and base_dev:
             row[f"{prefix}headline_device_speedup_vs_{base}"] = base_dev / dev
+    if prefix and row.get("growing_cache_path_pipelined_us") and row.get("growing_sdpa_fp16_pipelined_us") \
+            and not row.get("cache_path_wrong"):
+        row["growing_pipelined_speedup_vs_sdpa_fp16"] = (row["growing_sdpa_fp16_pipelined_us"]
+                                                        / row["growing_cache_path_pipelined_us"])
     cp = copy.get("cupy_copy_GBps") or copy.get("mlx_copy_GBps")
     if cp:
         row[prefix + "fraction_of_copy_bw"] = kernel_bytes / (best * 1e-6) / 1e9 / cp

@@ -311,6 +311,30 @@ TQ_FUNC void tqa_codes8(const int fmt, TQ_SHARED const uchar* p, const int t, TQ
     }
 }
 
+// q8_0 rows of 4-byte aligned length (an even number of blocks, e.g. DK 128: 136 bytes): two 34-byte
+// blocks fill 17 aligned words W[0..16], so every code word is one 32-bit load. Word W[i] = bytes 4i..4i+3
+// of the pair: W[0] = (d of the even block, its codes 0, 1), W[1..7] its codes 2..29, W[8] = (its codes 30,
+// 31, d of the odd block), W[9..16] the odd block's codes. The even block's fragment slots are its codes
+// rotated by 2 (slot j holds code (j + 2) % 32; lane t: W[1 + t] and W[5 + t], lane 3 with codes 0, 1 from
+// W[0] in place of the odd d); q's codes for even blocks are rotated alike (the int32 products' sum does not
+// depend on the order of its terms). `pair` is the even block (4-byte aligned), `odd` which block.
+TQ_FUNC void tqa_q8_pair(TQ_SHARED const uchar* pair, const int odd, const int t, TQ_THREAD uint* lo,
+                         TQ_THREAD uint* hi, TQ_THREAD float* d) {
+    TQ_SHARED const uint* w = (TQ_SHARED const uint*)pair;
+    const uint w8 = w[8];
+    if (odd) {
+        *lo = w[9 + t];
+        *hi = w[13 + t];
+        *d = tq_half_to_float(w8 >> 16);
+    } else {
+        const uint w0 = w[0];
+        const uint h = w[5 + t];   // lane 3: W[8]
+        *lo = w[1 + t];
+        *hi = t == 3 ? ((h & 0xffffu) | (w0 & 0xffff0000u)) : h;
+        *d = tq_half_to_float(w0 & 0xffffu);
+    }
+}
+
 // Turbo indices of 4 consecutive values j..j+3 (j % 4 == 0) of the block at `p`, as 4-bit fields
 // (value u at bits 4u..4u+3): turbo2 2-bit qs, turbo3 2-bit qs + 1-bit signs, turbo4 4-bit qs.
 TQ_FUNC uint tqa_turbo_idx4(const int fmt, TQ_SHARED const uchar* p, const int qso, const int sgo, const int j) {

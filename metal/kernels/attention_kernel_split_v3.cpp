@@ -21,7 +21,7 @@
 // Compile-time (each name prefixed TQA_): as v2 (KF VF KBB VBB KGRP VGRP KQS VQS KSG VSG DK DV D G
 // T NW TILE KTB VTB KROT VROT QTYPE), KM (K has an offset m: q8_1 q), STB (bytes of the staging /
 // merge area), VB (turbo V: bits per index, 2 / 3 / 4; 0: another V format), V23 / VCODE (1: the byte-permute
-// decodes of turbo2 / turbo3 and of q4_0 / q5_0 / q8_0 where they apply; attention_kernel.v3_v_decode), NS (tiles in the copy ring). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
+// decodes of turbo2 / turbo3 and of q4_0 / q5_0 / q8_0 where they apply; attention_kernel.v3_v_decode), NS (tiles in the copy ring), Q8W (q8_0 K by whole words: tqa_q8_pair). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
 // whose values fit binary16, or f16; G*T <= 8; DK % 32 == 0; DV % 64 == 0. No TQA_DYN build.
 const int kf = TQA_KF, vf = TQA_VF, kbb = TQA_KBB, vbb = TQA_VBB, vgrp = TQA_VGRP;
 const int vqs = TQA_VQS, vsg = TQA_VSG, krot = TQA_KROT;
@@ -32,6 +32,8 @@ constexpr int NB = TQA_DK / 32;             // K blocks per row
 constexpr int RV = TQA_DV / 16;             // V values per run (and m-tiles)
 constexpr int KRB = TQA_DK / 32 * TQA_KBB;
 constexpr int VRB = TQA_DV / TQA_VGRP * TQA_VBB;
+// q8_0 K rows of 4-byte aligned length: whole-word code loads, even blocks' slots rotated by 2 (tqa_q8_pair)
+constexpr bool Q8W = TQA_Q8W && TQA_KF == TQA_Q8_0 && (KRB & 3) == 0;
 const uint tid = tq_tid;
 const uint lane = tid & 31u;
 const uint warp = tid >> 5;
@@ -102,10 +104,11 @@ for (int bi = (int)tid; bi < 8 * NB; bi += NT) {
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     int sum = 0;
+    const int rot = (Q8W && (bi % NB) % 2 == 0) ? 2 : 0;   // slot j holds value (j + rot) % 32 (tqa_q8_pair)
     for (int j = 0; j < 32; j += 4) {
         uint w = 0u;
         for (int u = 0; u < 4; ++u) {
-            const int c = (int)tqa_round_away(x[j + u] * id);
+            const int c = (int)tqa_round_away(x[(j + u + rot) & 31] * id);
             sum += c;
             w |= ((uint)c & 0xffu) << (8 * u);
         }
@@ -200,12 +203,19 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
             TQ_UNROLL
             for (int k = 0; k < NB; ++k) {
                 uint a0, a1, a2, a3;
-                tqa_codes8(kf, r0 + k * kbb, (int)t4, ktab, &a0, &a2, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);
-                tqa_codes8(kf, r1 + k * kbb, (int)t4, ktab, &a1, &a3, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);
+                float d0, d1;
+                if (Q8W) {   // 32-bit loads only (tqa_q8_pair; the even blocks' slots rotated by 2, q's too)
+                    tqa_q8_pair(r0 + (k & ~1) * 34, k & 1, (int)t4, &a0, &a2, &d0);
+                    tqa_q8_pair(r1 + (k & ~1) * 34, k & 1, (int)t4, &a1, &a3, &d1);
+                } else {
+                    tqa_codes8(kf, r0 + k * kbb, (int)t4, ktab, &a0, &a2, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);
+                    tqa_codes8(kf, r1 + k * kbb, (int)t4, ktab, &a1, &a3, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);
+                    d0 = tqa_half(r0 + k * kbb, 0);
+                    d1 = tqa_half(r1 + k * kbb, 0);
+                }
                 int c[4] = {0, 0, 0, 0};
                 tq_mma_s8(c, a0, a1, a2, a3, TQA_QSMEM ? qi[qrow + k * 8] : bq0[k], TQA_QSMEM ? qi[qrow + k * 8 + 4] : bq1[k],
                           lane);
-                const float d0 = tqa_half(r0 + k * kbb, 0), d1 = tqa_half(r1 + k * kbb, 0);
                 const float e0 = TQA_QSMEM ? qd[qcol0 + k] : dq0[k], e1 = TQA_QSMEM ? qd[qcol1 + k] : dq1[k];
                 s[0] += (float)c[0] * (d0 * e0);
                 s[1] += (float)c[1] * (d0 * e1);
