@@ -297,11 +297,12 @@ def test_rotation_is_validated():
 
 
 @pytest.mark.parametrize("splits,length,v_format,sinks", [(1, 40, "q8_0", False), (64, 320, "turbo3", False),
-                                                          (65, 325, "q4_0", True), (300, 600, "turbo3", True)])
+                                                          (65, 325, "q4_0", True), (128, 256, "turbo3", False),
+                                                          (129, 258, "q8_0", True), (300, 600, "turbo3", True)])
 def test_combine_merges_any_number_of_partials(splits, length, v_format, sinks):
-    """The combine pass holds up to 32 partial outputs per thread in registers and one (max, sum) pair
-    per thread (256 threads); beyond either the rest is looped over. Around both limits (64 = 2 groups
-    x 32 for 128-value rows; 300 > 256 pairs; every split holds keys) the merged rows stay within the
+    """The combine pass holds up to 64 partial outputs per thread in registers and one (max, sum) pair
+    per thread (256 threads); beyond either the rest is looped over. Around both limits (128 = 2 groups
+    x 64 for 128-value rows; 300 > 256 pairs; every split holds keys) the merged rows stay within the
     oracle's bound."""
     rng = np.random.default_rng(splits)
     kb = _cache(rng, "q8_0", (1, 1, length, 128))

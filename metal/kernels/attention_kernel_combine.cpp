@@ -28,7 +28,7 @@ const size_t base = (size_t)row * (size_t)np;
 // pairs are loaded first, before any reduction, and the reductions run in SIMD groups (one barrier
 // each): a row costs a few dependent memory round trips and barriers, not one per step of a tree.
 constexpr int PG = TQA_NT / TQA_DV;   // groups of threads splitting the partials in the weighted sum
-constexpr int PR = 32;                // partial outputs per thread held in registers (the rest: a loop)
+constexpr int PR = 64;                // partial outputs per thread held in registers (the rest: a loop)
 const int dcol = (int)tid % TQA_DV, g = (int)tid / TQA_DV;
 const bool summer = (int)tid < PG * TQA_DV;
 float pv[PR];
