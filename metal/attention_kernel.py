@@ -58,6 +58,12 @@ V3_CHUNKS = (1, 2)           # 16-key chunks per SIMD-group step v3 builds (TQBR
 # show in wall time beyond the host's run-to-run spread (BENCHMARKS.md, fifth session)
 V3_FUSED_BACKENDS = ("cuda", "cpu-emulator")
 TARGET_GROUPS_V3 = 528       # v3 pass-1 threadgroups to aim for on a GPU (H200: 132 SMs x 4)
+# CUDA, long contexts: 6 threadgroups per SM where every split still holds V3_LONG_SPLIT_KEYS keys. Measured on
+# the H200 at 128K (q8_0/turbo3, two processes): 98 splits (784 threadgroups) 61.3 / 62.0 us per call through
+# MLX against 64.2 / 64.2 for 64 splits; at 32K the 86 splits of that target were slower (28.2 / 28.6 against
+# 26.7 / 26.3), hence the floor on keys per split (benchmarks/h200-2026-12-02-q8-words-splits.json)
+TARGET_GROUPS_V3_LONG = 792
+V3_LONG_SPLIT_KEYS = 1024
 V3_MIN_SPLIT_KEYS = 128      # v3 on a GPU: at least this many keys per split
 # q's precision when the caller does not choose, decided by measurement (TQBRIDGE_Q_PRECISION=exact|int8
 # overrides it for every backend). CUDA: int8 (kernel v3) — 1.40 / 1.81 / 1.85x less device time than
@@ -497,10 +503,15 @@ def v3_chunks(backend: str = "") -> int:
     return kc
 
 
-def v3_target_groups() -> int:
-    """Pass-1 threadgroups v3's GPU plans aim for: ``TQBRIDGE_V3_GROUPS`` if set, else TARGET_GROUPS_V3."""
+def v3_target_groups(backend: str = "", length: int = 0, heads: int = 1) -> int:
+    """Pass-1 threadgroups v3's GPU plans aim for: ``TQBRIDGE_V3_GROUPS`` if set; else on CUDA
+    TARGET_GROUPS_V3_LONG where each of its splits keeps V3_LONG_SPLIT_KEYS keys of ``length``; else
+    TARGET_GROUPS_V3."""
     raw = os.environ.get("TQBRIDGE_V3_GROUPS")
     if raw is None:
+        long_splits = max(1, TARGET_GROUPS_V3_LONG // max(heads, 1))
+        if backend == "cuda" and length // long_splits >= V3_LONG_SPLIT_KEYS:
+            return TARGET_GROUPS_V3_LONG
         return TARGET_GROUPS_V3
     try:
         n = int(raw)
@@ -589,7 +600,7 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks=None)
         if backend == "cpu-emulator":
             splits = -(-l_used // EMU_SPLIT_KEYS)
         else:
-            splits = max(1, min(-(-l_used // V3_MIN_SPLIT_KEYS), v3_target_groups() // heads))
+            splits = max(1, min(-(-l_used // V3_MIN_SPLIT_KEYS), v3_target_groups(backend, l_used, heads) // heads))
     splits = int(splits)
     if splits < 1:
         raise AttentionError(f"splits must be positive, got {splits}")

@@ -224,3 +224,27 @@ def test_dynamic_shared_memory_on_cuda(monkeypatch, clean_plans, chunks):
         _check_v3("cuda", q, kb, vb, k_format="q8_0", v_format="turbo3", length=n, tile=128)
         run = last_run()
         assert run["dyn_smem"] > 48000 and (run["warps"], run["tile"], run["chunks"]) == (4, 128, chunks)
+
+
+@pytest.mark.parametrize("length,splits", [(4096, 32), (32768, 64), (65536, 64), (131072, 98)])
+def test_cuda_plans_take_six_threadgroups_per_sm_only_for_long_splits(length, splits, monkeypatch, clean_plans):
+    """CUDA's v3 plans for 8 KV heads: 528 threadgroups (64 splits) until 792 (98 splits, 6 per H200 SM) leave
+    each split at least V3_LONG_SPLIT_KEYS keys (measured at 128K; at 32K 86 splits were slower); Metal keeps
+    the one target; TQBRIDGE_V3_GROUPS overrides both."""
+    import dataclasses
+
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 32, 128)).astype(np.float32)
+    kb, vb = _cache(rng, "q8_0", (1, 8, 64, 128)), _cache(rng, "turbo3", (1, 8, 64, 128))
+    prob = dataclasses.replace(check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64),
+                               lengths=(length,))
+    monkeypatch.delenv("TQBRIDGE_V3_GROUPS", raising=False)
+    assert attention_kernel.make_plan(prob, "cuda", kernel="v3").splits == splits
+    metal = attention_kernel.make_plan(prob, "metal", kernel="v3").splits
+    monkeypatch.setenv("TQBRIDGE_V3_GROUPS", str(attention_kernel.TARGET_GROUPS_V3))
+    assert attention_kernel.make_plan(prob, "metal", kernel="v3").splits == metal
+    monkeypatch.setenv("TQBRIDGE_V3_GROUPS", "1056")
+    assert attention_kernel.make_plan(prob, "cuda", kernel="v3").splits == min(128, length // 128)
+    monkeypatch.setenv("TQBRIDGE_V3_GROUPS", "none")
+    with pytest.raises(AttentionError, match="TQBRIDGE_V3_GROUPS"):
+        attention_kernel.make_plan(prob, "cuda", kernel="v3")

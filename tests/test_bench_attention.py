@@ -31,6 +31,11 @@ def test_both_regimes_and_the_cache_path(tmp_path):
         assert row[prefix + "speedup_vs_sdpa_fp16"] == pytest.approx(row[prefix + "sdpa_fp16_us"]
                                                                      / row[prefix + "best_fused_us"])
     assert row["growing_cache_path_us"] > 0 and row["cache_path_plan"]["backend"] == "cpu-emulator"
+    # the growing regime also in a pipelined loop (the next evaluation submitted before waiting for the last)
+    for path in ("fused", "cache_path", "sdpa_fp16"):
+        assert row[f"growing_{path}_pipelined_us"] > 0 and f"{path}_pipelined_us" not in row
+    assert row["growing_pipelined_speedup_vs_sdpa_fp16"] == pytest.approx(
+        row["growing_sdpa_fp16_pipelined_us"] / row["growing_cache_path_pipelined_us"])
     assert "fused_v2_wrong" not in row and "cache_path_wrong" not in row
     assert row["fused_plan"]["kernel"] in ("v1", "v2", "v3") and row["fused_v2_plan"]["kernel"] == "v2"
     # the report says which v3 variant ran (chunks per step, copy ring, dynamic memory); v2 has none
@@ -117,9 +122,13 @@ def test_variants_are_timed_in_interleaved_rounds(tmp_path, monkeypatch):
             assert r["plan"]["kernel"] == "v3" and r["plan"]["dispatches"] == (1 if r["variant"] == 0 else 2)
             assert r["wrong"] is False
     sd = {r["round"]: r["wall_us"] for r in row["variants"] if r["variant"] == "sdpa_fp16"}
+    sdp = {r["round"]: r["pipelined_us"] for r in row["variants"] if r["variant"] == "sdpa_fp16"}
     for s in row["variant_summary"]:
         mine = [r for r in row["variants"] if r["variant"] == s["variant"]]
         assert s["vs_sdpa_fp16_median"] == pytest.approx(sum(sd[r["round"]] / r["wall_us"] for r in mine) / 2)
+        assert s["pipelined_vs_sdpa_fp16_median"] == pytest.approx(
+            sum(sdp[r["round"]] / r["pipelined_us"] for r in mine) / 2)
+        assert s["device_us_median"] is None   # not measured on the emulator: said, not faked
         assert s["env"] == mine[0]["env"]
 
 

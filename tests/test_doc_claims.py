@@ -1725,3 +1725,55 @@ def test_twelfth_session_deferred_append_is_its_record():
     assert (f"wall ratio to fp16 SDPA {tri('growing_headline_speedup_vs_sdpa_fp16')}× (issue 13: 1.5 / 2.0 / 2.2×), "
             f"device ratio {tri('growing_headline_device_speedup_vs_sdpa_fp16')}×") in doc
     assert cs[2]["growing_headline_device_fraction_of_copy_bw"] < 0.75   # "asks 0.75": still missed
+
+
+Q8_WORDS = "benchmarks/h200-2026-12-02-q8-words-splits.json"
+
+
+def test_thirteenth_session_whole_words_and_splits_are_their_record():
+    from tqbridge.metal import attention_kernel
+
+    doc = flat(text("BENCHMARKS.md"))
+    p1, p2 = record(Q8_WORDS)["runs"]
+    kdt = {(w, r["context"], r["splits"]): r for w in ("1", "0")
+           for r in p1["kernel_device_time"][f"q8_words_{w}"]}
+    f2 = lambda x: f"{x:.2f}"   # noqa: E731
+    assert (f"pass 1 without MLX (64 splits) {f2(kdt['0', 131072, 64]['pass1_us'])} → "
+            f"{f2(kdt['1', 131072, 64]['pass1_us'])} µs at 128K, {f2(kdt['0', 32768, 64]['pass1_us'])} → "
+            f"{f2(kdt['1', 32768, 64]['pass1_us'])} at 32K") in doc
+
+    def variants(run, ctx):
+        c = next(x for x in run["bench_attention"]["contexts"] if x["context"] == ctx)
+        return {tuple(sorted(v["env"].items())): v for v in c["variant_summary"]}, c
+
+    off, on, long = (("TQBRIDGE_V3_Q8_WORDS", "0"),), (), (("TQBRIDGE_V3_GROUPS", "792"),)
+    dev = lambda run, ctx, env: f2(variants(run, ctx)[0][env]["device_us_median"])   # noqa: E731
+    assert (f"{dev(p1, 131072, off)} → {dev(p1, 131072, on)} and {dev(p2, 131072, off)} → {dev(p2, 131072, on)} µs at "
+            f"128K in the two processes, {dev(p1, 32768, off)} → {dev(p1, 32768, on)} and {dev(p2, 32768, off)} → "
+            f"{dev(p2, 32768, on)} at 32K") in doc
+    assert (f"98 splits (784 threadgroups, 6 per SM) took {dev(p1, 131072, long)} / {dev(p2, 131072, long)}\nµs"
+            .replace("\n", " ") in doc)
+    assert all(variants(r, 131072)[0][long]["plan"]["splits"] == 98 for r in (p1, p2))
+    assert all(float(dev(r, 131072, long)) < float(dev(r, 131072, on)) for r in (p1, p2))
+    assert all(float(dev(r, 32768, long)) > float(dev(r, 32768, on)) for r in (p1, p2))
+    assert not any(v["wrong"] for r in (p1, p2) for ctx in (4096, 32768, 131072) for v in variants(r, ctx)[0].values())
+    cp = p2["bench_attention"]["copy"]["cupy_copy_GBps"]
+    for ctx, name in ((4096, "4K"), (32768, "32K"), (131072, "128K")):
+        c = variants(p2, ctx)[1]
+        g = lambda k: c[f"growing_{k}"]   # noqa: E731
+        share = c["kernel_bytes"] / (g("cache_path_device_us") * 1e-6) / 1e9 / cp
+        cells = (f"| {name} | {g('sdpa_fp16_device_us') / g('cache_path_device_us'):.2f}× | "
+                 f"{g('sdpa_fp16_us') / g('cache_path_us'):.2f}×")
+        assert cells in doc, cells
+        assert f"{g('sdpa_fp16_pipelined_us') / g('cache_path_pipelined_us'):.2f}×" in doc
+        assert f"| {g('cache_path_device_us'):.2f}" in doc and f"{share:.2f}" in doc
+    lv = variants(p2, 131072)[0][long]
+    assert f"({lv['vs_sdpa_fp16_median']:.2f}×)" in doc and f"({lv['pipelined_vs_sdpa_fp16_median']:.2f}×)" in doc
+    assert p1["gpu_tests"][0].startswith("47 passed") and p2["gpu_tests"][0].startswith("118 passed")
+    assert "no counterexample" in p2["fuzz"][-1] and "examples     380" in " ".join(p2["fuzz"])
+    assert "no counterexample in\n380 examples over 156 shapes".replace("\n", " ") in doc
+    dec = {(x["cache"], x["context"]): x["speedup_vs_fp16"] for x in p2["bench_decode"]}
+    assert (f"q8_0/turbo3 {dec['q8_0/turbo3', 32768]:.3f}× fp16 at\n32K".replace("\n", " ") in doc
+            and f"and {dec['q8_0/turbo3', 131072]:.3f}× at 128K" in doc)
+    assert attention_kernel.TARGET_GROUPS_V3_LONG == 792 and attention_kernel.V3_LONG_SPLIT_KEYS == 1024
+    assert attention_kernel.v3_q8_words()
