@@ -1734,7 +1734,13 @@ def test_thirteenth_session_whole_words_and_splits_are_their_record():
     from tqbridge.metal import attention_kernel
 
     doc = flat(text("BENCHMARKS.md"))
-    p1, p2 = record(Q8_WORDS)["runs"]
+    p1, p2, p3 = record(Q8_WORDS)["runs"]
+    v3 = {tuple(sorted(v["env"].items())): v for v in p3["bench_attention"]["contexts"][1]["variant_summary"]}
+    new, old = v3[()], v3[(("TQBRIDGE_V3_GROUPS", "528"),)]
+    assert (new["plan"]["splits"], old["plan"]["splits"]) == (98, 64) and p3["gpu_tests"][0].startswith("45 passed")
+    assert (f"98 splits at 128K, {new['device_us_median']:.2f} against {old['device_us_median']:.2f} µs per call for the "
+            f"old target (pipelined wall {new['pipelined_vs_sdpa_fp16_median']:.2f} against "
+            f"{old['pipelined_vs_sdpa_fp16_median']:.2f}× fp16 SDPA)") in doc
     kdt = {(w, r["context"], r["splits"]): r for w in ("1", "0")
            for r in p1["kernel_device_time"][f"q8_words_{w}"]}
     f2 = lambda x: f"{x:.2f}"   # noqa: E731
