@@ -38,9 +38,19 @@ SUBS = {
              "            if (!(" + SKIP + ")) {} else if (V23) {\n                uint w[4][2];")],
     "nok": [("            TQ_UNROLL\n            for (int k = 0; k < NB; ++k) {\n                uint a0, a1, a2, a3;",
              "            for (int k = 0; k < (" + SKIP + " ? NB : 0); ++k) {\n                uint a0, a1, a2, a3;")],
-    "nokld": [("                tqa_codes8(kf, r0 + k * kbb, (int)t4, ktab, &a0, &a2, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);\n"
-               "                tqa_codes8(kf, r1 + k * kbb, (int)t4, ktab, &a1, &a3, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);",
-               "                a0 = lane * 0x01010101u + k; a1 = a0 ^ 0x5a5a5a5au; a2 = a0 + 7u; a3 = a1 + 3u;")],
+    # (both read paths: whole words, tqa_q8_pair, and half words; the blocks' d still loaded)
+    "nokld": [("                if (Q8W) {   // 32-bit loads only (tqa_q8_pair; the even blocks' slots rotated by 2, q's too)\n"
+               "                    tqa_q8_pair(r0 + (k & ~1) * 34, k & 1, (int)t4, &a0, &a2, &d0);\n"
+               "                    tqa_q8_pair(r1 + (k & ~1) * 34, k & 1, (int)t4, &a1, &a3, &d1);\n"
+               "                } else {\n"
+               "                    tqa_codes8(kf, r0 + k * kbb, (int)t4, ktab, &a0, &a2, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);\n"
+               "                    tqa_codes8(kf, r1 + k * kbb, (int)t4, ktab, &a1, &a3, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);\n"
+               "                    d0 = tqa_half(r0 + k * kbb, 0);\n"
+               "                    d1 = tqa_half(r1 + k * kbb, 0);\n"
+               "                }",
+               "                a0 = lane * 0x01010101u + k; a1 = a0 ^ 0x5a5a5a5au; a2 = a0 + 7u; a3 = a1 + 3u;\n"
+               "                d0 = tqa_half(r0 + k * kbb, 0);\n"
+               "                d1 = tqa_half(r1 + k * kbb, 0);")],
 }
 SUBS["nokv"] = SUBS["nok"] + SUBS["nov"]
 # inside the turbo2 / turbo3 permute decode (V23)
