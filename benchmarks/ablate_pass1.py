@@ -40,8 +40,8 @@ SUBS = {
              "            for (int k = 0; k < (" + SKIP + " ? NB : 0); ++k) {\n                uint a0, a1, a2, a3;")],
     # (both read paths: whole words, tqa_q8_pair, and half words; the blocks' d still loaded)
     "nokld": [("                if (Q8W) {   // 32-bit loads only (tqa_q8_pair; the even blocks' slots rotated by 2, q's too)\n"
-               "                    tqa_q8_pair(r0 + (k & ~1) * 34, k & 1, (int)t4, &a0, &a2, &d0);\n"
-               "                    tqa_q8_pair(r1 + (k & ~1) * 34, k & 1, (int)t4, &a1, &a3, &d1);\n"
+               "                    tqa_q8_pair(r0 + (k & ~1) * kbb, k & 1, (int)t4, &a0, &a2, &d0);\n"
+               "                    tqa_q8_pair(r1 + (k & ~1) * kbb, k & 1, (int)t4, &a1, &a3, &d1);\n"
                "                } else {\n"
                "                    tqa_codes8(kf, r0 + k * kbb, (int)t4, ktab, &a0, &a2, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);\n"
                "                    tqa_codes8(kf, r1 + k * kbb, (int)t4, ktab, &a1, &a3, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);\n"

@@ -119,15 +119,20 @@ DEVICE_CONSTS_BACKENDS = ("cuda",)
 MIN_CONST_BYTES = 16   # > the allocator's 8-byte small-buffer limit (allocator.cpp, small_block_size)
 
 
-def _backend_switch(name: str, backend: str, backends: tuple) -> bool:
-    """An on/off switch of prepared launches: environment variable ``name`` (0 / 1) if set, else
-    whether ``backend`` is one of ``backends``."""
+def _env_switch(name: str, default: bool) -> bool:
+    """An on/off switch: environment variable ``name`` (0 / 1) if set, else ``default``."""
     env = os.environ.get(name)
     if env in ("0", "1"):
         return env == "1"
     if env:
         raise AttentionError(f"{name}={env!r}: 0 or 1")
-    return backend in backends
+    return default
+
+
+def _backend_switch(name: str, backend: str, backends: tuple) -> bool:
+    """An on/off switch of prepared launches: environment variable ``name`` (0 / 1) if set, else
+    whether ``backend`` is one of ``backends``."""
+    return _env_switch(name, backend in backends)
 
 
 def device_params(backend: str) -> bool:
@@ -527,7 +532,7 @@ def v3_q8_words() -> bool:
     even block of each pair of 34-byte blocks has its fragment slots, and q's, rotated by 2; results
     bit-identical) instead of 16-bit halves for the two blocks in four that sit 2 bytes off a word.
     ``TQBRIDGE_V3_Q8_WORDS`` = 0 / 1; on by default."""
-    return _backend_switch("TQBRIDGE_V3_Q8_WORDS", "", ("",))
+    return _env_switch("TQBRIDGE_V3_Q8_WORDS", True)
 
 
 def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks=None) -> Plan:

@@ -205,8 +205,8 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
                 uint a0, a1, a2, a3;
                 float d0, d1;
                 if (Q8W) {   // 32-bit loads only (tqa_q8_pair; the even blocks' slots rotated by 2, q's too)
-                    tqa_q8_pair(r0 + (k & ~1) * 34, k & 1, (int)t4, &a0, &a2, &d0);
-                    tqa_q8_pair(r1 + (k & ~1) * 34, k & 1, (int)t4, &a1, &a3, &d1);
+                    tqa_q8_pair(r0 + (k & ~1) * kbb, k & 1, (int)t4, &a0, &a2, &d0);
+                    tqa_q8_pair(r1 + (k & ~1) * kbb, k & 1, (int)t4, &a1, &a3, &d1);
                 } else {
                     tqa_codes8(kf, r0 + k * kbb, (int)t4, ktab, &a0, &a2, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);
                     tqa_codes8(kf, r1 + k * kbb, (int)t4, ktab, &a1, &a3, ((k * kbb + 2) & 3) == 0 && (KRB & 3) == 0);
