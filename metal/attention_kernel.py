@@ -469,10 +469,12 @@ def v3_v_decode(prob: Problem) -> str:
 
 def _v3_stage_bytes(prob: Problem, warps: int, tile: int, stages: int = 2) -> int:
     krb, vrb = _row_bytes(prob, False)
-    # `stages` tiles in a ring (one computed while the others are copied); first it holds q's rows,
-    # at the end the SIMD groups' partial results
-    return max(stages * (-(-tile * krb // 4) * 4 + -(-tile * vrb // 4) * 4), 4 * warps * 8 * (prob.v_dim + 2),
-               4 * 8 * prob.k_dim, 4 * (MAX_PARTIALS + prob.v_dim + 32 * warps + 1))
+    tile_bytes = -(-tile * krb // 4) * 4 + -(-tile * vrb // 4) * 4
+    # `stages` tiles in a ring (one computed while the others are copied); q's rows in its last buffer while
+    # the first tiles are copied (prologue 2: they may reach past the ring's end), at the end the SIMD groups'
+    # partial results
+    return max(stages * tile_bytes, (stages - 1) * tile_bytes + 4 * 8 * prob.k_dim, 4 * warps * 8 * (prob.v_dim + 2),
+               4 * (MAX_PARTIALS + prob.v_dim + 32 * warps + 1))
 
 
 def _v3_limits(backend: str) -> tuple[int, int]:
@@ -680,7 +682,8 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
                      TQA_STB=_v3_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages,
                      TQA_FUSED=int(plan.fused), TQA_MAXP=MAX_PARTIALS, TQA_SINKS=int(prob.has_sinks),
                      TQA_QSMEM=int(not plan.q_regs), TQA_KC=plan.chunks, TQ_DSMEM=plan.dyn_smem, TQA_V23=int(v_decode == "turbo-permute"),
-                     TQA_VCODE=int(v_decode == "codes-permute"), TQA_Q8W=int(v3_q8_words()))
+                     TQA_VCODE=int(v_decode == "codes-permute"), TQA_Q8W=int(v3_q8_words()),
+                     TQA_PRO=v3_prologue())
     elif plan.kernel == "v2":
         split.update(TQA_QA=plan.rows_room or _rows_room(prob, dyn), TQA_KS=v2_key_slots(prob))
     else:
@@ -971,11 +974,27 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
     return out
 
 
+V3_PROLOGUES = (0, 1, 2)     # kernel v3's prologue variants (TQBRIDGE_V3_PROLOGUE; TQA_PRO in the kernel source)
+
+
+def v3_prologue() -> int:
+    """Kernel v3's prologue (``TQBRIDGE_V3_PROLOGUE``; 2 by default; every variant gives the same bits):
+    0 quantizes q one 32-value block per thread (32-way threadgroup-memory bank conflicts) and issues the
+    first tiles' copies after it; 1 quantizes by 8 lanes per block (4 values and one word of codes each:
+    at most 4-way conflicts), copies after; 2 as 1, with the first NS - 1 tiles' copies issued before q is
+    loaded, so their latency hides q's load, rotation and quantization."""
+    raw = os.environ.get("TQBRIDGE_V3_PROLOGUE", "2")
+    if raw not in tuple(map(str, V3_PROLOGUES)):
+        raise AttentionError(f"TQBRIDGE_V3_PROLOGUE must be one of {', '.join(map(str, V3_PROLOGUES))}, got {raw!r}")
+    return int(raw)
+
+
 def _v3_report(prob: Problem, plan: Plan) -> dict:
     """What a run record and ``run_info`` say of a v3 build (None for the other kernels)."""
     v3 = plan.kernel == "v3"
     return dict(v_decode=v3_v_decode(prob) if v3 else None, chunks=plan.chunks if v3 else None,
-                stages=plan.stages if v3 else None, dyn_smem=plan.dyn_smem if v3 else None)
+                stages=plan.stages if v3 else None, dyn_smem=plan.dyn_smem if v3 else None,
+                prologue=v3_prologue() if v3 else None)
 
 
 def fast_call(q, prob: Problem, options: dict, *, backend: str) -> "_Launches | None":

@@ -56,7 +56,17 @@ TQ_DYN_SHARED_ARRAY(uint, stage);
 #else
 TQ_SHARED_ARRAY(uint, stage, TQA_STB / 4);
 #endif
-TQ_SHARED float* qf = (TQ_SHARED float*)stage;  // q rows (rows >= Q zero), rotated: only until the tiles start
+constexpr int HALF = (TQA_KTB + TQA_VTB) / 4;  // words per staged tile
+// TQA_PRO: the prologue. 0: q quantized one 32-value block per thread, the first tiles' copies issued after it
+// (q's rows at the start of the staging area); 1: q quantized by 8 lanes per block (conflict-free threadgroup
+// reads), copies after; 2: as 1, and the first NS - 1 tiles' copies issued before q is loaded, so their latency
+// hides q's load, rotation and quantization (q's rows then live in the ring's last buffer, which the key loop
+// refills only after its first barrier; the staging area is sized for that: attention_kernel._v3_stage_bytes)
+constexpr bool QLANES = TQA_PRO >= 1;
+constexpr bool EARLY = TQA_PRO >= 2;
+static_assert(TQA_NS >= 2 && (TQA_NS - 1) * HALF * 4 + 32 * TQA_DK <= TQA_STB, "q's rows must fit after the ring's head");
+// q rows (rows >= Q zero), rotated: only until the key loop's first barrier
+TQ_SHARED float* qf = (TQ_SHARED float*)(stage + (EARLY ? (TQA_NS - 1) * HALF : 0));
 // turbo2 / turbo3 rows of one 128-value block (RV = 8; TQA_V23, unless the generic turbo path is
 // forced): the centroids are looked up four at a time by byte permutes of registers (tq_byte_perm),
 // the indices assembled as 4-bit fields from one 16-bit load of qs and, for turbo3, a table keyed by
@@ -69,6 +79,23 @@ constexpr bool VQ = TQA_VCODE && (TQA_VF == TQA_Q4_0 || TQA_VF == TQA_Q5_0 || TQ
 // turbo V: binary16 centroid pairs, entry i0 | i1 << VB = (c[i0], c[i1]) (the A register of two keys);
 // for V23 turbo3 instead the sign table: entry s = the sign bits of s at bit 2 of the 4-bit fields
 TQ_SHARED_ARRAY(uint, ptab, TQA_VB ? ((TQA_VB == 4 || V23) ? 256 : 64) : 1);
+
+// keys this split may need: the union of the query rows' visible ranges
+const int lo_all = window > 0 ? (len - T + 1 - window > 0 ? len - T + 1 - window : 0) : 0;
+int start = split * split_len;
+int end = start + split_len;
+if (start < lo_all) start = lo_all;
+if (end > len) end = len;
+const size_t koff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)KRB;
+const size_t voff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)VRB;
+// tiles start at an even position (every staged row at an even byte); TQA_NS buffers in a ring:
+// while tile i is computed, tiles i + 1 .. i + NS - 1 are being copied asynchronously. A whole tile whose
+// rows start 16-aligned (the usual case: even row lengths, splits of a multiple of 8 keys) is staged by
+// straight 16-byte copies (tqa_stage_full16), any other by the generic loop
+const bool stage16 = tq_aligned16_shared(stage);   // (tqa_stage_tile checks the rest, tile by tile)
+const int first = start - (start & 1);
+if (EARLY) tqa_stage_ring_head<TQA_TILE, KRB, VRB, TQA_KTB, TQA_VTB, NT, TQA_NS>(stage, kb, koff, vb, voff, first, end,
+                                                                               stage16, tid);
 
 if (tid < 16u) { ktab[tid] = tabs[tid]; vtab[tid] = tabs[16u + tid]; }
 // V23: the 8 (turbo2: 4) binary16 centroids as low bytes (clo0: entries 0..3, clo1: 4..7) and high bytes
@@ -96,26 +123,64 @@ for (int x = (int)tid; x < 8 * TQA_DK; x += NT) {
 }
 tq_barrier();
 if (krot) tqa_rotate(qf, 8 * TQA_DK, krot, tabs + TQA_TAB_KS1, tabs + TQA_TAB_KS2, tabs[TQA_TAB_KSCALE], tid, (uint)NT);
-// q to int8 per 32 values, as ggml's quantize_row_q8_0_ref / q8_1_ref
-for (int bi = (int)tid; bi < 8 * NB; bi += NT) {
-    TQ_SHARED const float* x = qf + bi * 32;
-    float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) { const float a = tq_abs(x[j]); amax = a > amax ? a : amax; }
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int sum = 0;
-    const int rot = (Q8W && (bi % NB) % 2 == 0) ? 2 : 0;   // slot j holds value (j + rot) % 32 (tqa_q8_pair)
-    for (int j = 0; j < 32; j += 4) {
+// q to int8 per 32 values, as ggml's quantize_row_q8_0_ref / q8_1_ref. A block's slot j holds value
+// (j + rot) % 32 (rot 2 for the even blocks of whole-word q8_0 rows: tqa_q8_pair)
+if (QLANES) {
+    // 8 lanes per block, 4 values (one word of codes) each: the block's max |x| and its code sum by three
+    // butterfly steps over the 8 lanes (both order-free: the same bits as one thread per block)
+    constexpr int QW = 8 * NB * 8;   // words of codes: a multiple of 32, so SIMD groups run the loop whole
+    for (int wi = (int)tid; wi < QW; wi += NT) {   // uniform per SIMD group
+        const int bi = wi >> 3, m = wi & 7;
+        TQ_SHARED const float* x = qf + bi * 32;
+        const int rot = (Q8W && (bi % NB) % 2 == 0) ? 2 : 0;
+        float v[4];
+        float amax = 0.0f;
+        for (int u = 0; u < 4; ++u) {
+            v[u] = x[(4 * m + u + rot) & 31];
+            const float a = tq_abs(v[u]);
+            amax = a > amax ? a : amax;
+        }
+        for (uint off = 1u; off < 8u; off <<= 1) {
+            const float o = tq_simd_shuffle_xor(amax, off);
+            amax = o > amax ? o : amax;
+        }
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
         uint w = 0u;
         for (int u = 0; u < 4; ++u) {
-            const int c = (int)tqa_round_away(x[(j + u + rot) & 31] * id);
+            const int c = (int)tqa_round_away(v[u] * id);
             sum += c;
             w |= ((uint)c & 0xffu) << (8 * u);
         }
-        qi[(bi / NB) * QIS + (bi % NB) * 8 + j / 4] = w;
+        for (uint off = 1u; off < 8u; off <<= 1) sum += tq_simd_shuffle_xor(sum, off);
+        qi[(bi / NB) * QIS + (bi % NB) * 8 + m] = w;
+        if (m == 0) {
+            qd[bi] = tq_half_to_float(tq_f32_to_f16_bits(d));
+            qsm[bi] = tq_half_to_float(tq_f32_to_f16_bits((float)sum * d));
+        }
     }
-    qd[bi] = tq_half_to_float(tq_f32_to_f16_bits(d));
-    qsm[bi] = tq_half_to_float(tq_f32_to_f16_bits((float)sum * d));
+} else {
+    for (int bi = (int)tid; bi < 8 * NB; bi += NT) {   // one thread per block
+        TQ_SHARED const float* x = qf + bi * 32;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j) { const float a = tq_abs(x[j]); amax = a > amax ? a : amax; }
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        const int rot = (Q8W && (bi % NB) % 2 == 0) ? 2 : 0;
+        for (int j = 0; j < 32; j += 4) {
+            uint w = 0u;
+            for (int u = 0; u < 4; ++u) {
+                const int c = (int)tqa_round_away(x[(j + u + rot) & 31] * id);
+                sum += c;
+                w |= ((uint)c & 0xffu) << (8 * u);
+            }
+            qi[(bi / NB) * QIS + (bi % NB) * 8 + j / 4] = w;
+        }
+        qd[bi] = tq_half_to_float(tq_f32_to_f16_bits(d));
+        qsm[bi] = tq_half_to_float(tq_f32_to_f16_bits((float)sum * d));
+    }
 }
 tq_barrier();
 
@@ -145,35 +210,13 @@ for (int c = 0; c < 2; ++c) {
     lo_c[c] = window > 0 ? hi_c[c] - window : 0;
 }
 
-// keys this split may need: the union of the query rows' visible ranges
-const int lo_all = window > 0 ? (len - T + 1 - window > 0 ? len - T + 1 - window : 0) : 0;
-int start = split * split_len;
-int end = start + split_len;
-if (start < lo_all) start = lo_all;
-if (end > len) end = len;
-
 float mrun[2] = {TQA_NEG_BIG, TQA_NEG_BIG};
 float lrun[2] = {0.0f, 0.0f};
 float o[RV][4];
 for (int i = 0; i < RV; ++i)
     for (int u = 0; u < 4; ++u) o[i][u] = 0.0f;
-const size_t koff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)KRB;
-const size_t voff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)VRB;
-
-// tiles start at an even position (every staged row at an even byte); TQA_NS buffers in a ring:
-// while tile i is computed, tiles i + 1 .. i + NS - 1 are being copied asynchronously. A whole tile whose
-// rows start 16-aligned (the usual case: even row lengths, splits of a multiple of 8 keys) is staged by
-// straight 16-byte copies (tqa_stage_full16), any other by the generic loop
-constexpr int HALF = (TQA_KTB + TQA_VTB) / 4;  // words per staged tile
-const bool stage16 = tq_aligned16_shared(stage);   // (tqa_stage_tile checks the rest, tile by tile)
-const int first = start - (start & 1);
-for (int s0 = 0; s0 < TQA_NS - 1; ++s0) {
-    const int ts = first + s0 * TQA_TILE;
-    if (ts < end)
-        tqa_stage_tile<TQA_TILE, KRB, VRB, TQA_KTB, TQA_VTB, NT>(stage + s0 * HALF, kb, koff, vb, voff, ts,
-                                                                 end - ts < TQA_TILE ? end - ts : TQA_TILE, stage16, tid);
-    tq_cp_commit();
-}
+if (!EARLY) tqa_stage_ring_head<TQA_TILE, KRB, VRB, TQA_KTB, TQA_VTB, NT, TQA_NS>(stage, kb, koff, vb, voff, first, end,
+                                                                                stage16, tid);
 int buf = 0;
 for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadgroup
     const int n = end - t0 < TQA_TILE ? end - t0 : TQA_TILE;

@@ -195,6 +195,20 @@ TQ_FUNC void tqa_stage_tile(TQ_SHARED uint* dst, TQ_CONST_DEVICE uchar* kb, size
     }
 }
 
+// The ring's head: the first NS - 1 tiles from key `first` (below `end`) into buffers 0 .. NS - 2 of `stage`
+// (HALF words each), one commit group per buffer, so the key loop's waits count groups alike either way.
+template <int TILE, int KRB, int VRB, int KTB, int VTB, int NT, int NS>
+TQ_FUNC void tqa_stage_ring_head(TQ_SHARED uint* stage, TQ_CONST_DEVICE uchar* kb, size_t koff, TQ_CONST_DEVICE uchar* vb,
+                                 size_t voff, int first, int end, bool stage16, uint tid) {
+    for (int s0 = 0; s0 < NS - 1; ++s0) {
+        const int ts = first + s0 * TILE;
+        if (ts < end)
+            tqa_stage_tile<TILE, KRB, VRB, KTB, VTB, NT>(stage + s0 * ((KTB + VTB) / 4), kb, koff, vb, voff, ts,
+                                                         end - ts < TILE ? end - ts : TILE, stage16, tid);
+        tq_cp_commit();
+    }
+}
+
 // Across threadgroups (kernel v3's single dispatch): tq_device_fence orders this thread's device
 // memory writes before its later ones as seen by other threadgroups (release) and its later reads
 // after them (acquire); tq_atomic_inc returns the old value; tq_load_cg reads past the (non-coherent)
