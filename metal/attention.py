@@ -54,6 +54,7 @@ class RunRecord:
     stages: "int | None" = None     # kernel v3: tiles in the copy ring (attention_kernel.Plan.stages)
     dyn_smem: "int | None" = None   # kernel v3: bytes of dynamic threadgroup memory (0: static; Plan.dyn_smem)
     prologue: "int | None" = None   # kernel v3: the prologue variant (attention_kernel.v3_prologue)
+    merge_pad: "bool | None" = None  # kernel v3: partial rows padded in the SIMD groups' merge (v3_merge_pad)
     compiled: "bool | None" = None  # a prepared decode launch: whether it ran under mx.compile (COMPILE_BACKENDS)
     device_params: "bool | None" = None   # its per-step ints as views of a device table (TQBRIDGE_DEVICE_PARAMS)
     device_consts: "bool | None" = None   # its constant inputs as device copies of >= 16 bytes (TQBRIDGE_DEVICE_CONSTS)

@@ -473,7 +473,7 @@ def _v3_stage_bytes(prob: Problem, warps: int, tile: int, stages: int = 2) -> in
     # `stages` tiles in a ring (one computed while the others are copied); q's rows in its last buffer while
     # the first tiles are copied (prologue 2: they may reach past the ring's end), at the end the SIMD groups'
     # partial results
-    return max(stages * tile_bytes, (stages - 1) * tile_bytes + 4 * 8 * prob.k_dim, 4 * warps * 8 * (prob.v_dim + 2),
+    return max(stages * tile_bytes, (stages - 1) * tile_bytes + 4 * 8 * prob.k_dim, 4 * warps * 8 * (prob.v_dim + 3),
                4 * (MAX_PARTIALS + prob.v_dim + 32 * warps + 1))
 
 
@@ -683,7 +683,7 @@ def _static(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dic
                      TQA_FUSED=int(plan.fused), TQA_MAXP=MAX_PARTIALS, TQA_SINKS=int(prob.has_sinks),
                      TQA_QSMEM=int(not plan.q_regs), TQA_KC=plan.chunks, TQ_DSMEM=plan.dyn_smem, TQA_V23=int(v_decode == "turbo-permute"),
                      TQA_VCODE=int(v_decode == "codes-permute"), TQA_Q8W=int(v3_q8_words()),
-                     TQA_PRO=v3_prologue())
+                     TQA_PRO=v3_prologue(), TQA_WOPAD=int(v3_merge_pad()))
     elif plan.kernel == "v2":
         split.update(TQA_QA=plan.rows_room or _rows_room(prob, dyn), TQA_KS=v2_key_slots(prob))
     else:
@@ -989,12 +989,19 @@ def v3_prologue() -> int:
     return int(raw)
 
 
+def v3_merge_pad() -> bool:
+    """Whether v3's SIMD groups leave their partial rows in threadgroup memory at a stride of DV + 1 (at most
+    2-way bank conflicts for the fragment stores) instead of DV (8-way); the same bits either way.
+    ``TQBRIDGE_V3_MERGE_PAD`` = 0 / 1; on by default."""
+    return _env_switch("TQBRIDGE_V3_MERGE_PAD", True)
+
+
 def _v3_report(prob: Problem, plan: Plan) -> dict:
     """What a run record and ``run_info`` say of a v3 build (None for the other kernels)."""
     v3 = plan.kernel == "v3"
     return dict(v_decode=v3_v_decode(prob) if v3 else None, chunks=plan.chunks if v3 else None,
                 stages=plan.stages if v3 else None, dyn_smem=plan.dyn_smem if v3 else None,
-                prologue=v3_prologue() if v3 else None)
+                prologue=v3_prologue() if v3 else None, merge_pad=v3_merge_pad() if v3 else None)
 
 
 def fast_call(q, prob: Problem, options: dict, *, backend: str) -> "_Launches | None":

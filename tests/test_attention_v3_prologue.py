@@ -1,5 +1,5 @@
 """Kernel v3's prologue (``TQBRIDGE_V3_PROLOGUE``, ``TQA_PRO`` in the source): how q becomes int8 codes
-and when the first tiles' copies are issued.
+and when the first tiles' copies are issued; and its epilogue's merge rows (``TQBRIDGE_V3_MERGE_PAD``).
 
 0: one thread per 32-value block of q (every thread of a warp reads the same bank: 32-way conflicts),
    the first tiles' copies after q's quantization;
@@ -141,3 +141,28 @@ def test_planted_prologue_bugs_are_caught(plant, tmp_path, monkeypatch, fresh):
     assert not np.array_equal(got, want), f"{name}: the planted bug did not change the output"
     with pytest.raises(AssertionError, match="bound"):
         _check_v3("cpu-emulator", q, kb, vb, k_format=kf, v_format=vf, length=181, splits=2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", CASES[:3], ids=[c[0] for c in CASES[:3]])
+def test_merge_rows_padded_or_not_are_bit_identical(backend, case, monkeypatch, fresh):
+    """The SIMD groups' partial rows at a stride of DV + 1 (TQBRIDGE_V3_MERGE_PAD=1, the default) or DV: a
+    layout of threadgroup memory only, so the same bits (4 SIMD groups: every group's row is merged)."""
+    name, kf, vf, d, rows, opts, env = case
+    q, kb, vb = _case(kf, vf, d, rows, seed=len(name) + 1)
+    outs = {}
+    for pad in ("0", "1"):
+        monkeypatch.setenv("TQBRIDGE_V3_MERGE_PAD", pad)
+        outs[pad] = _run(backend, 2, monkeypatch, q, kb, vb, kf, vf, dict(env, TQBRIDGE_V3_CHUNKS="1"), **opts)
+        assert last_run()["merge_pad"] == (pad == "1")
+    assert np.array_equal(outs["1"], outs["0"]), f"{name}: padded merge rows changed the output"
+
+
+def test_merge_rows_read_at_the_wrong_stride_are_caught(tmp_path, monkeypatch, fresh):
+    q, kb, vb = _case("q8_0", "turbo3", 128, 1, seed=12)
+    want = _run("cpu-emulator", 2, monkeypatch, q, kb, vb, "q8_0", "turbo3")
+    _planted(tmp_path, monkeypatch, SRC, "a += wo[(w * 8 + r) * WOS + e] * f;", "a += wo[(w * 8 + r) * TQA_DV + e] * f;")
+    got = _run("cpu-emulator", 2, monkeypatch, q, kb, vb, "q8_0", "turbo3")
+    assert not np.array_equal(got, want), "the planted stride did not change the output"
+    with pytest.raises(AssertionError, match="bound|isfinite"):   # (the emulator poisons threadgroup memory)
+        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=181, splits=2)

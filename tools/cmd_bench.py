@@ -334,7 +334,7 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
             rec = last_run()
             checked(tag, lambda: fused(ctx, kern, lpk, nw, un, layers=1), rec.get("q_precision"))
             row[tag + "_plan"] = {k: rec.get(k) for k in ("kernel", "splits", "lanes_per_key", "warps", "tile",
-                                                          "dispatches", "q_precision", "chunks", "stages", "dyn_smem", "prologue")
+                                                          "dispatches", "q_precision", "chunks", "stages", "dyn_smem", "prologue", "merge_pad")
                                   if k in rec}
             for regime in regimes:
                 timed(tag, lambda n: fused(n, kern, lpk, nw, un), regime)
@@ -344,7 +344,7 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
     if launch is not None and "growing" in regimes:
         info = getattr(launch, "run_info", None) or {"backend": launch.backend}
         row["cache_path_plan"] = {k: info[k] for k in ("backend", "kernel", "splits", "warps", "tile", "dispatches",
-                                                       "q_precision", "v_decode", "chunks", "stages", "dyn_smem", "prologue",
+                                                       "q_precision", "v_decode", "chunks", "stages", "dyn_smem", "prologue", "merge_pad",
                                                        "compiled", "device_params", "device_consts")
                                  if k in info}
         checked("cache_path", lambda: launch(q0[:, :, 0], kb[0], vb[0], ctx), info.get("q_precision"))
@@ -402,7 +402,7 @@ def _variant_rounds(mx, args, ctx, row, q0, kb, vb, kf, vf, backend, sdpa, check
                 build, wall = profiling.build_and_wall(mx, chain, lengths, nl)
                 entry = {"variant": i, "env": env, "round": rnd, "wall_us": wall, "build_us": build,
                          "pipelined_us": profiling.pipelined_wall(mx, chain, lengths, nl),
-                         "plan": {k: info[k] for k in ("kernel", "splits", "dispatches", "q_precision", "v_decode", "prologue",
+                         "plan": {k: info[k] for k in ("kernel", "splits", "dispatches", "q_precision", "v_decode", "prologue", "merge_pad",
                                                        "compiled", "device_params", "device_consts") if k in info},
                          "wrong": bool(row.get(tag + "_wrong"))}
                 if measure_device:

@@ -501,15 +501,20 @@ for (int c = 0; c < 2; ++c)
     for (uint off = 4u; off < 32u; off <<= 1) lrun[c] += tq_simd_shuffle_xor(lrun[c], off);
 TQ_SHARED float* wm = (TQ_SHARED float*)stage;            // (NW, 8)
 TQ_SHARED float* wl = wm + TQA_NW * 8;                    // (NW, 8)
-TQ_SHARED float* wo = wl + TQA_NW * 8;                    // (NW, 8, DV)
+// (NW, 8, WOS): rows of DV values at a stride of WOS. TQA_WOPAD 1: DV + 1, so the fragment stores below (lanes
+// g * 4 + t4 write row 2 * t4 + c, column g * RV + i) hit at most 2 lanes per bank (a stride of DV, a multiple
+// of 32: 8 lanes per bank)
+constexpr int WOS = TQA_DV + TQA_WOPAD;
+static_assert(4 * TQA_NW * 8 * (2 + WOS) <= TQA_STB, "the SIMD groups' partial rows must fit the staging area");
+TQ_SHARED float* wo = wl + TQA_NW * 8;
 for (int c = 0; c < 2; ++c) {
     const int r = 2 * (int)t4 + c;
     if (r < Q) {
         if (g == 0u) { wm[warp * 8 + r] = mrun[c]; wl[warp * 8 + r] = lrun[c]; }
         for (int i = 0; i < RV; ++i) {
             const int col = V23 ? tqa_v23_col(i) : i;
-            wo[((int)warp * 8 + r) * TQA_DV + (int)g * RV + col] = o[i][c] * TQA_P_UNSCALE;
-            wo[((int)warp * 8 + r) * TQA_DV + ((int)g + 8) * RV + col] = o[i][2 + c] * TQA_P_UNSCALE;
+            wo[((int)warp * 8 + r) * WOS + (int)g * RV + col] = o[i][c] * TQA_P_UNSCALE;
+            wo[((int)warp * 8 + r) * WOS + ((int)g + 8) * RV + col] = o[i][2 + c] * TQA_P_UNSCALE;
         }
     }
 }
@@ -522,7 +527,7 @@ for (int x = (int)tid; x < Q * TQA_DV; x += NT) {
     float a = 0.0f, l = 0.0f;
     for (int w = 0; w < TQA_NW; ++w) {
         const float f = tq_exp2(wm[w * 8 + r] - mx);
-        a += wo[(w * 8 + r) * TQA_DV + e] * f;
+        a += wo[(w * 8 + r) * WOS + e] * f;
         l += wl[w * 8 + r] * f;
     }
     const size_t pi = (row0 + (size_t)r) * (size_t)n_splits + (size_t)split;

@@ -781,7 +781,7 @@ def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None
     return out
 
 
-_KERNEL_INFO = ("backend", "kernel", "q_precision", "v_decode", "chunks", "stages", "dyn_smem", "prologue", "warps", "tile",
+_KERNEL_INFO = ("backend", "kernel", "q_precision", "v_decode", "chunks", "stages", "dyn_smem", "prologue", "merge_pad", "warps", "tile",
                 "dispatches", "splits", "compiled", "fused_append", "device_params", "device_consts")
 
 
