@@ -490,6 +490,15 @@ def _v3_limits(backend: str) -> tuple[int, int]:
 # 10.9 / 26.3 / 70.1 against 11.7 / 26.8 / 71.0 for one (benchmarks/h200-2026-12-02-v3-stages.json)
 V3_AUTO_STAGES_CUDA = 2
 
+
+def v3_auto_stages() -> int:
+    """The copy ring CUDA's automatic v3 plans take for tiles of 64 keys or more: ``TQBRIDGE_V3_STAGES`` (2 or 3)
+    if set, else V3_AUTO_STAGES_CUDA."""
+    raw = os.environ.get("TQBRIDGE_V3_STAGES", str(V3_AUTO_STAGES_CUDA))
+    if raw not in ("2", "3"):
+        raise AttentionError(f"TQBRIDGE_V3_STAGES must be 2 or 3, got {raw!r}")
+    return int(raw)
+
 # v3's chunks per step where neither the call nor TQBRIDGE_V3_CHUNKS says: 2 on CUDA, where two chunks in
 # 2 SIMD groups x 64-key tiles measured faster than one in 4 x 64 once whole tiles are staged by straight
 # copies (pass 1 at 32K / 128K: 25.8 / 67.2 us vs 26.7 / 70.9, benchmarks/h200-2026-12-02-ncu-pass1.json);
@@ -590,8 +599,9 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks=None)
         # CUDA: a tile of 64 keys or more in a ring of V3_AUTO_STAGES_CUDA where that fits static memory (a
         # whole tile still in flight while one is computed): the smaller staging area lets more threadgroups
         # share an SM, which measured faster than a deeper ring (64-key tiles; smaller ones keep their ring)
-        if backend == "cuda" and ns > V3_AUTO_STAGES_CUDA and tl >= 64 and need[V3_AUTO_STAGES_CUDA, tl] <= limit:
-            ns, dyn = V3_AUTO_STAGES_CUDA, False
+        auto_ns = v3_auto_stages()
+        if backend == "cuda" and ns > auto_ns and tl >= 64 and need[auto_ns, tl] <= limit:
+            ns, dyn = auto_ns, False
     if os.environ.get("TQBRIDGE_V3_DYNAMIC_SHARED") == "1" and backend != "metal":
         dyn = True   # the dynamic declaration also where static memory would do (tests: the emulator runs it)
     # each SIMD group takes 16 * chunks keys of a tile per step: with chunks > 1, no more groups than a tile

@@ -125,3 +125,22 @@ def test_a_two_stage_ring_holds_the_bound_across_tiles_and_splits(monkeypatch, f
         attention_kernel._plan_cached.cache_clear()
         _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=[600, 333], splits=2)
         assert (last_run()["chunks"], last_run()["stages"]) == (chunks, 2)
+
+
+def test_cuda_plans_take_the_ring_tqbridge_v3_stages_names(monkeypatch, fresh_plans):
+    """CUDA's automatic plans for 64-key tiles: V3_AUTO_STAGES_CUDA tiles in the ring, or TQBRIDGE_V3_STAGES
+    (2 / 3); another value is refused with the switch's name."""
+    from tqbridge.metal.attention import AttentionError, check_problem
+
+    kb, vb = _rows("q8_0", "turbo3", 64, hkv=8)
+    q = np.zeros((1, 32, 128), np.float32)
+    prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
+    monkeypatch.delenv("TQBRIDGE_V3_STAGES", raising=False)
+    assert attention_kernel.make_plan(prob, "cuda", kernel="v3").stages == attention_kernel.V3_AUTO_STAGES_CUDA
+    for st in (2, 3):
+        monkeypatch.setenv("TQBRIDGE_V3_STAGES", str(st))
+        plan = attention_kernel.make_plan(prob, "cuda", kernel="v3")
+        assert (plan.stages, plan.tile, plan.dyn_smem) == (st, 64, 0)
+    monkeypatch.setenv("TQBRIDGE_V3_STAGES", "4")
+    with pytest.raises(AttentionError, match="TQBRIDGE_V3_STAGES must be 2 or 3, got '4'"):
+        attention_kernel.make_plan(prob, "cuda", kernel="v3")
