@@ -1783,3 +1783,70 @@ def test_thirteenth_session_whole_words_and_splits_are_their_record():
             and f"and {dec['q8_0/turbo3', 131072]:.3f}× at 128K" in doc)
     assert attention_kernel.TARGET_GROUPS_V3_LONG == 792 and attention_kernel.V3_LONG_SPLIT_KEYS == 1024
     assert attention_kernel.v3_q8_words()
+
+
+PROLOGUE = "benchmarks/h200-2026-12-03-v3-prologue.json"
+
+
+def test_fourteenth_session_prologue_and_comparison_are_their_record():
+    from tqbridge.metal import attention_kernel
+
+    doc = flat(text("BENCHMARKS.md"))
+    rec = record(PROLOGUE)
+    f2 = lambda x: f"{x:.2f}"   # noqa: E731
+    old, new = (rec["kernel_device_time"][k]["rows"] for k in ("prologue_0_merge_pad_0", "prologue_2_merge_pad_1"))
+    assert [r["context"] for r in old] == [r["context"] for r in new] == [4096, 32768, 131072]
+    assert (f"{f2(old[0]['pass1_us'])} → {f2(new[0]['pass1_us'])} µs at 4K, {f2(old[1]['pass1_us'])} → "
+            f"{f2(new[1]['pass1_us'])} at 32K, {f2(old[2]['pass1_us'])} → {f2(new[2]['pass1_us'])} at 128K") in doc
+    ctxs = {c["context"]: c for c in rec["bench_attention_variants"]["contexts"]}
+    var = {n: {tuple(sorted(v["env"].items())): v for v in c["variant_summary"]} for n, c in ctxs.items()}
+    base, was = (), (("TQBRIDGE_V3_MERGE_PAD", "0"), ("TQBRIDGE_V3_PROLOGUE", "0"))
+    nopad, st3 = (("TQBRIDGE_V3_MERGE_PAD", "0"),), (("TQBRIDGE_V3_STAGES", "3"),)
+    dev = lambda n, env: f2(var[n][env]["device_us_median"])   # noqa: E731
+    assert (f"{dev(4096, was)} → {dev(4096, base)}, {dev(32768, was)} → {dev(32768, base)}, {dev(131072, was)} → "
+            f"{dev(131072, base)} µs, of which the merge rows alone {dev(4096, nopad)} → {dev(4096, base)}, "
+            f"{dev(32768, nopad)} → {dev(32768, base)}, {dev(131072, nopad)} → {dev(131072, base)}") in doc
+    assert f"{dev(4096, st3)} / {dev(32768, st3)} / {dev(131072, st3)} µs" in doc
+    assert all(float(dev(n, st3)) > float(dev(n, base)) for n in ctxs)
+    assert all(var[n][base]["plan"]["prologue"] == 2 and var[n][base]["plan"]["merge_pad"] for n in ctxs)
+    assert all(var[n][was]["plan"]["prologue"] == 0 and not var[n][was]["plan"]["merge_pad"] for n in ctxs)
+    assert not any(v["wrong"] for n in ctxs for v in var[n].values())
+    sp = {r["splits"]: r["pass1_us"] for r in rec["kernel_device_time"]["prologue_2_splits_32K"]["rows"]}
+    assert f"32 / 64 / 86 / 128 splits {' / '.join(f2(sp[s]) for s in (32, 64, 86, 128))} µs" in doc
+    assert min(sp, key=sp.get) == 64
+    assert rec["gpu_tests"] == ["68 passed in 90.84s (0:01:30)"] and "68 GPU tests passed" in doc
+    fz = rec["fuzz_cuda"]
+    assert fz["ok"] and fz["failure"] is None and fz["jobs"] == 12
+    assert (f"no counterexample in {fz['examples']} examples over {fz['shapes']} shapes, {len(fz['formats'])} formats, "
+            f"worst error {fz['worst_error_over_allowed']:.3f} of the allowed bound") in doc
+    cp = rec["bench_attention_variants"]["copy"]["cupy_copy_GBps"]
+    for n, name, target in ((4096, "4K", "1.5×"), (32768, "32K", "2.0×"), (131072, "128K", "2.2×")):
+        c, v = ctxs[n], var[n][base]
+        share = c["kernel_bytes"] / (v["device_us_median"] * 1e-6) / 1e9 / cp
+        row = (f"| {name} | {c['growing_sdpa_fp16_device_us'] / c['growing_cache_path_device_us']:.2f}× | "
+               f"{v['vs_sdpa_fp16_median']:.2f}× | {v['pipelined_vs_sdpa_fp16_median']:.2f}× | {f2(v['device_us_median'])} | "
+               f"{share:.2f} | {target}")
+        assert row in doc, row
+    k = ctxs[32768]["growing_cache_path_kernels"]
+    split_us, comb_us = (next(x["us"] for name, x in k.items() if part in name) for part in ("split_v3", "combine"))
+    assert (f"the combine pass takes {comb_us:.2f} of the {split_us + comb_us:.2f} µs of kernel time that 16 layers spend "
+            f"per evaluation ({comb_us / 16:.2f} µs per call)") in doc
+    full = {c["context"]: c for c in rec["bench_attention_full"]["contexts"]}
+    for n, name in ((4096, "4K"), (32768, "32K"), (131072, "128K")):
+        c = full[n]
+        f1 = lambda *ks: " | ".join(f"{c[k]:.1f}" for k in ks)   # noqa: E731
+        assert (f"| {name} | fixed | " + f1("fused_us", "fused_v2_us", "sdpa_fp16_us", "dequant_sdpa_us", "fused_device_us",
+                                            "fused_v2_device_us", "sdpa_fp16_device_us", "dequant_sdpa_device_us")) in doc
+        g = [f"growing_{k}" for k in ("cache_path_us", "fused_v2_us", "sdpa_fp16_us", "dequant_sdpa_us",
+                                      "cache_path_device_us", "fused_v2_device_us", "sdpa_fp16_device_us",
+                                      "dequant_sdpa_device_us", "cache_path_pipelined_us", "sdpa_fp16_pipelined_us")]
+        assert f"| {name} | growing | " + f1(*g) + " |" in doc
+        assert c["cache_path_plan"]["prologue"] == 2 and c["fused_v2_plan"]["kernel"] == "v2"
+    dec = {(x["cache"], x["context"]): x for x in rec["bench_decode"]["runs"]}
+    oldc = "q8_0/turbo3{TQBRIDGE_V3_PROLOGUE=0,TQBRIDGE_V3_MERGE_PAD=0}"
+    s = lambda c, n: f"{dec[c, n]['speedup_vs_fp16']:.3f}×"   # noqa: E731
+    assert (f"q8_0/turbo3 {s('q8_0/turbo3', 32768)} fp16 at 32K (the thirteenth session's kernel in the same process "
+            f"{s(oldc, 32768)}) and {s('q8_0/turbo3', 131072)} at 128K ({s(oldc, 131072)}); fp16 "
+            f"{dec['fp16', 32768]['ms_per_token']:.2f} / {dec['fp16', 131072]['ms_per_token']:.2f} ms per token") in doc
+    assert attention_kernel.v3_prologue() == 2 and attention_kernel.v3_merge_pad()
+    assert attention_kernel.v3_auto_stages() == attention_kernel.V3_AUTO_STAGES_CUDA == 2
