@@ -1848,6 +1848,12 @@ def test_fourteenth_session_prologue_and_comparison_are_their_record():
     assert (f"q8_0/turbo3 {s('q8_0/turbo3', 32768)} fp16 at 32K (the thirteenth session's kernel in the same process "
             f"{s(oldc, 32768)}) and {s('q8_0/turbo3', 131072)} at 128K ({s(oldc, 131072)}); fp16 "
             f"{dec['fp16', 32768]['ms_per_token']:.2f} / {dec['fp16', 131072]['ms_per_token']:.2f} ms per token") in doc
+    pipe = " / ".join(f"{var[n][base]['pipelined_vs_sdpa_fp16_median']:.2f}" for n in (4096, 32768, 131072))
+    share128 = ctxs[131072]["kernel_bytes"] / (var[131072][base]["device_us_median"] * 1e-6) / 1e9 / cp
+    assert (f"takes {dev(4096, base)} / {dev(32768, base)} / {dev(131072, base)} µs of device time per call at 4K / 32K / "
+            f"128K, is {pipe}× fp16 SDPA in a pipelined decoding loop and reads at {share128:.2f} of the device's copy "
+            f"bandwidth at 128K; Llama-3.1-8B decodes at {s('q8_0/turbo3', 32768)} / {s('q8_0/turbo3', 131072)} fp16's "
+            f"tokens/s at 32K / 128K") in flat(text("README.md"))
     saved = " / ".join(f"{float(dev(n, was)) - float(dev(n, base)):.1f}" for n in (4096, 32768, 131072))
     assert f"took {saved} µs off a call's device time at 4K / 32K / 128K" in flat(text("docs/attention.md"))
     assert attention_kernel.v3_prologue() == 2 and attention_kernel.v3_merge_pad()
