@@ -1854,6 +1854,17 @@ def test_fourteenth_session_prologue_and_comparison_are_their_record():
             f"128K, is {pipe}× fp16 SDPA in a pipelined decoding loop and reads at {share128:.2f} of the device's copy "
             f"bandwidth at 128K; Llama-3.1-8B decodes at {s('q8_0/turbo3', 32768)} / {s('q8_0/turbo3', 131072)} fp16's "
             f"tokens/s at 32K / 128K") in flat(text("README.md"))
+    q4 = {c["context"]: {tuple(sorted(v["env"].items())): v for v in c["variant_summary"]}
+          for c in rec["bench_attention_variants_q8_0_q4_0"]["contexts"]}
+    d4 = lambda n, env: f2(q4[n][env]["device_us_median"])   # noqa: E731
+    pipe4 = " / ".join(f"{q4[n][base]['pipelined_vs_sdpa_fp16_median']:.2f}" for n in ctxs)
+    assert (f"device {' / '.join(d4(n, base) for n in ctxs)} µs per call at 4K / 32K / 128K (the thirteenth session's "
+            f"kernel in the same process {' / '.join(d4(n, was) for n in ctxs)}), pipelined wall "
+            f"{pipe4}× fp16 SDPA") in doc
+    for n in ctxs:   # "within 10% of q8_0/turbo3 at every length"
+        assert abs(q4[n][base]["device_us_median"] / var[n][base]["device_us_median"] - 1) <= 0.10
+        assert abs(q4[n][base]["pipelined_vs_sdpa_fp16_median"] / var[n][base]["pipelined_vs_sdpa_fp16_median"] - 1) <= 0.10
+        assert not any(v["wrong"] for v in q4[n].values()) and q4[n][base]["plan"]["v_decode"] == "codes-permute"
     saved = " / ".join(f"{float(dev(n, was)) - float(dev(n, base)):.1f}" for n in (4096, 32768, 131072))
     assert f"took {saved} µs off a call's device time at 4K / 32K / 128K" in flat(text("docs/attention.md"))
     assert attention_kernel.v3_prologue() == 2 and attention_kernel.v3_merge_pad()
