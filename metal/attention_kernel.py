@@ -129,6 +129,18 @@ def _env_switch(name: str, default: bool) -> bool:
     return default
 
 
+def _env_choice(name: str, default: int, choices: tuple) -> int:
+    """An integer setting: environment variable ``name`` if set (one of ``choices``), else ``default``."""
+    raw = os.environ.get(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value not in choices:
+        raise AttentionError(f"{name} must be one of {', '.join(map(str, choices))}, got {raw!r}")
+    return value
+
+
 def _backend_switch(name: str, backend: str, backends: tuple) -> bool:
     """An on/off switch of prepared launches: environment variable ``name`` (0 / 1) if set, else
     whether ``backend`` is one of ``backends``."""
@@ -509,14 +521,7 @@ V3_DEFAULT_CHUNKS = {"cuda": 2}
 def v3_chunks(backend: str = "") -> int:
     """The 16-key chunks per SIMD-group step of v3 plans made without an explicit ``chunks``:
     TQBRIDGE_V3_CHUNKS, else V3_DEFAULT_CHUNKS for the backend (2 on CUDA), else 1."""
-    raw = os.environ.get("TQBRIDGE_V3_CHUNKS", str(V3_DEFAULT_CHUNKS.get(backend, 1)))
-    try:
-        kc = int(raw)
-    except ValueError:
-        kc = 0
-    if kc not in V3_CHUNKS:
-        raise AttentionError(f"TQBRIDGE_V3_CHUNKS must be one of {', '.join(map(str, V3_CHUNKS))}, got {raw!r}")
-    return kc
+    return _env_choice("TQBRIDGE_V3_CHUNKS", V3_DEFAULT_CHUNKS.get(backend, 1), V3_CHUNKS)
 
 
 def v3_target_groups(backend: str = "", length: int = 0, heads: int = 1) -> int:
@@ -993,10 +998,7 @@ def v3_prologue() -> int:
     first tiles' copies after it; 1 quantizes by 8 lanes per block (4 values and one word of codes each:
     at most 4-way conflicts), copies after; 2 as 1, with the first NS - 1 tiles' copies issued before q is
     loaded, so their latency hides q's load, rotation and quantization."""
-    raw = os.environ.get("TQBRIDGE_V3_PROLOGUE", "2")
-    if raw not in tuple(map(str, V3_PROLOGUES)):
-        raise AttentionError(f"TQBRIDGE_V3_PROLOGUE must be one of {', '.join(map(str, V3_PROLOGUES))}, got {raw!r}")
-    return int(raw)
+    return _env_choice("TQBRIDGE_V3_PROLOGUE", 2, V3_PROLOGUES)
 
 
 def v3_merge_pad() -> bool:

@@ -23,19 +23,10 @@ from tqbridge.metal import attention_kernel
 from tqbridge.metal.attention import AttentionError, decode_attention, last_run
 from test_attention_kernel import BACKENDS, _cache
 from test_attention_v3 import _check_v3
+from test_attention_v3_q8_words import fresh  # noqa: F401 - the fixture: launch, plan and source caches cleared
 from test_attention_v3_staging import _planted
 
 SRC = "attention_kernel_split_v3.cpp"
-
-
-@pytest.fixture
-def fresh():
-    attention_kernel.clear_launch_caches()
-    attention_kernel._plan_cached.cache_clear()
-    yield
-    attention_kernel._kernel_defs.cache_clear()
-    attention_kernel.clear_launch_caches()
-    attention_kernel._plan_cached.cache_clear()
 
 
 # (id, K format, V format, head dim, query rows T, call options, environment)
