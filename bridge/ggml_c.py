@@ -52,8 +52,16 @@ def _lib_names() -> list[str]:
 
 
 def library_path() -> Path:
-    """Path of the ``libggml-base`` inside the installed llama-cpp-python; GgmlUnavailable if none."""
+    """Path of the ``libggml-base`` of this process's llama.cpp side: the build chosen with
+    :func:`tqbridge.bridge.llama_build.select`, else the one inside the installed llama-cpp-python;
+    GgmlUnavailable if none."""
     import importlib.util
+
+    from .llama_build import selected
+
+    build = selected()
+    if build is not None:
+        return Path(build.report["libraries"]["ggml-base"])
 
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
@@ -107,7 +115,12 @@ def available() -> bool:
 def _type_id(fmt: Format) -> int:
     tid = fmt.type_ids.get("ggml")
     if tid is None:
-        raise FormatError(f"{fmt.key}: not a ggml type; ggml's C code cannot quantize it")
+        from .llama_build import selected, type_table
+
+        if selected() is not None:   # a fork build chosen with --llama: its turbo types
+            tid = next((i for i, f in type_table().items() if f.key == fmt.key), None)
+    if tid is None:
+        raise FormatError(f"{fmt.key}: not a type of this ggml; its C code cannot quantize it")
     return int(tid)
 
 

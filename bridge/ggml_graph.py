@@ -67,6 +67,21 @@ def _cpu_name() -> str:
     return "libggml-cpu.so"
 
 
+def set_f32_precision(base, node) -> bool:
+    """Ask ggml for f32 accumulation on a flash-attention node: ``ggml_prec_set_acc`` (ggml of
+    llama-cpp-python 0.3.36), or ``ggml_flash_attn_ext_set_prec`` where a build predates it (the
+    TurboQuant fork at 69d8e4b). False when ggml refuses."""
+    try:
+        fn = base.ggml_prec_set_acc
+    except AttributeError:
+        fn = base.ggml_flash_attn_ext_set_prec
+        fn.restype, fn.argtypes = None, [ctypes.c_void_p, ctypes.c_int]
+        fn(node, GGML_PREC_F32)
+        return True
+    fn.restype, fn.argtypes = ctypes.c_bool, [ctypes.c_void_p, ctypes.c_int]
+    return bool(fn(node, GGML_PREC_F32))
+
+
 @functools.lru_cache(maxsize=1)
 def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     from .ggml_c import _lib
@@ -86,7 +101,6 @@ def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         (base, "ggml_get_data"): (P, [P]),
         (base, "ggml_nbytes"): (ctypes.c_size_t, [P]),
         (base, "ggml_flash_attn_ext"): (P, [P, P, P, P, P, f32, f32, f32]),
-        (base, "ggml_prec_set_acc"): (ctypes.c_bool, [P, ctypes.c_int]),
         (base, "ggml_new_graph"): (P, [P]),
         (base, "ggml_build_forward_expand"): (None, [P, P]),
         (base, "ggml_tensor_overhead"): (ctypes.c_size_t, []),
@@ -156,7 +170,7 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, k_type: int, 
                 raise GgmlGraphError(f"ggml tensor holds {base.ggml_nbytes(tensor)} bytes, numpy {arr.nbytes}")
             ctypes.memmove(base.ggml_get_data(tensor), arr.ctypes.data, arr.nbytes)
         out = base.ggml_flash_attn_ext(ctx, tq, tk, tv, None, float(scale), 0.0, float(softcap))
-        if not out or not base.ggml_prec_set_acc(out, GGML_PREC_F32):
+        if not out or not set_f32_precision(base, out):
             raise GgmlGraphError("ggml refused flash_attn_ext with f32 accumulation for these K/V types")
         gf = base.ggml_new_graph(ctx)
         base.ggml_build_forward_expand(gf, out)

@@ -172,21 +172,30 @@ class LayerCapture:
     scale: float = 0.0
     max_bias: float = 0.0
     softcap: float = 0.0
+    q_turbo: bool = False                          # q_in holds q before the TurboQuant fork's rotation
+    out_turbo: list = field(default_factory=list)  # (tokens, Hq, Dv): the output after the fork rotated it back
 
 
 class GraphCapture:
     """The eval callback and what it collected: ``layers[il]`` is a :class:`LayerCapture`."""
 
     def __init__(self):
-        from llama_cpp import llama_cpp as C
+        from .llama_build import selected
 
+        if selected() is not None:
+            from .llama_shim import EVAL_CALLBACK as callback_type
+        else:
+            from llama_cpp import llama_cpp as C
+
+            callback_type = C.ggml_backend_sched_eval_callback
         self.base = _base()
         self.layers: dict[int, LayerCapture] = defaultdict(LayerCapture)
         self.nodes_seen = 0
         self.error: "BaseException | None" = None
         self._ops = {}
         self._pending: dict = {}
-        self.callback = C.ggml_backend_sched_eval_callback(self._cb)
+        self._fa_layer: dict[int, int] = {}
+        self.callback = callback_type(self._cb)
 
     def _op(self, ptr: int) -> str:
         op = int(_tensor(ptr).op)
@@ -203,7 +212,7 @@ class GraphCapture:
             return _name(t.src[0]) in ("attn_inp_k_rot", "attn_inp_v_rot")
         if op == "FLASH_ATTN_EXT":
             return bool(_FA_K.match(_name(t.src[1])))
-        return False
+        return op == "TURBO_WHT"   # the TurboQuant fork: q rotated before, the output rotated back after
 
     def _cb(self, ptr, ask, _user):
         try:
@@ -215,6 +224,12 @@ class GraphCapture:
         except BaseException as e:   # never let an exception unwind through C
             self.error = e
         return True
+
+    def _producer(self, p: int) -> int:
+        """The first node behind ``p`` that is not a view, reshape, permute or copy."""
+        while p and self._op(p) in ("PERMUTE", "VIEW", "RESHAPE", "CONT"):
+            p = _tensor(p).src[0]
+        return p
 
     def _take(self, ptr: int) -> None:
         b = self.base
@@ -249,14 +264,27 @@ class GraphCapture:
             else:
                 L.v_rot = group
             getattr(L, _ROT_KEY[kind]).append(x.reshape(-1, group))
+        elif op == "TURBO_WHT":
+            direction = int(t.op_params[0])
+            if direction == 0:                     # q before the fork's rotation, matched at flash attention
+                x = read_tensor(b, t.src[0])
+                self._pending[ptr] = x.reshape(-1, x.shape[-1])
+                return
+            p = self._producer(t.src[0])           # the output rotated back: which layer's attention?
+            il = self._fa_layer.get(p)
+            if il is None:
+                raise CaptureError("the fork's inverse rotation does not follow a captured flash attention")
+            x = read_tensor(b, ptr)
+            self.layers[il].out_turbo.append(x.reshape(x.shape[-2], -1, self.layers[il].out[-1].shape[-1]))
         elif op == "FLASH_ATTN_EXT":
             il = int(_FA_K.match(_name(t.src[1])).group(1))
+            self._fa_layer[ptr] = il
             L = self.layers[il]
-            p = t.src[0]
-            while p and self._op(p) in ("PERMUTE", "VIEW", "RESHAPE", "CONT"):
-                p = _tensor(p).src[0]
-            if p in self._pending:                 # q before llama.cpp's rotation
+            p = self._producer(t.src[0])
+            if p in self._pending:                 # q before llama.cpp's rotation (or the fork's)
                 L.q_in.append(self._pending.pop(p))
+                if self._op(p) == "TURBO_WHT":
+                    L.q_turbo = True
             q = read_tensor(b, t.src[0])           # (1, Hq, tokens, D) for q [D, tokens, Hq]
             L.q.append(np.ascontiguousarray(q[0].transpose(1, 0, 2)))
             L.out.append(read_tensor(b, ptr)[0].copy())            # [Dv, Hq, tokens] -> (tokens, Hq, Dv)
@@ -283,6 +311,59 @@ def capture_run(gguf_path: "str | os.PathLike[str]", tokens: "list[int]", k_type
     but the last ``decode`` as one prompt batch, then one token per evaluation — capturing every
     layer's attention tensors. Returns the capture and ``{"logits": (n, vocab), "state": blob or None}``.
     """
+    from .llama_build import selected
+
+    cap = GraphCapture()
+    toks = [int(x) for x in tokens]
+    n = len(toks)
+    split = n - max(0, min(int(decode), n - 1))
+    n_ctx = max(256, -(-n // 256) * 256)
+    threads = n_threads or os.cpu_count() or 1
+    if selected() is not None:
+        logits, state = _shim_run(cap, gguf_path, toks, split, n_ctx, threads, k_type, v_type, rotation, keep_state)
+    else:
+        logits, state = _python_run(cap, gguf_path, toks, split, n_ctx, threads, k_type, v_type, rotation, keep_state)
+    if not cap.layers:
+        raise CaptureError("the eval callback saw no cache writes (is this llama.cpp's graph?)")
+    return cap, {"last_logits": np.stack(logits), "state": state, "nodes_seen": cap.nodes_seen}
+
+
+def _shim_run(cap, gguf_path, toks, split, n_ctx, threads, k_type, v_type, rotation, keep_state):
+    """capture_run on a build chosen with --llama, through tqbridge's shim."""
+    from .llama_build import kv_type_id, selected
+    from .llama_shim import Shim
+
+    shim = Shim.for_build(selected())
+    model = shim.load_model(gguf_path)
+    ctx = None
+    try:
+        type_k, type_v = kv_type_id(k_type), kv_type_id(v_type)
+        with _env_rotation(rotation):
+            ctx = shim.context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=threads, flash_attn=True,
+                               type_k=type_k, type_v=type_v, callback=cap.callback)
+        n_vocab = shim.n_vocab(model)
+        logits, pos = [], 0
+        for chunk in [toks[:split]] + [[x] for x in toks[split:]]:
+            try:
+                row = shim.decode(ctx, chunk, pos, n_vocab, all_logits=False)
+            except Exception as e:
+                if cap.error is not None:
+                    raise CaptureError(f"capture failed: {cap.error}") from cap.error
+                raise CaptureError(str(e)) from e
+            if cap.error is not None:
+                raise CaptureError(f"capture failed: {cap.error}") from cap.error
+            pos += len(chunk)
+            logits.append(row[0])
+        state = shim.state(ctx) if keep_state else None
+    finally:
+        if ctx:
+            shim.free(ctx)
+        shim.free_model(model)
+    return logits, state
+
+
+def _python_run(cap, gguf_path, toks, split, n_ctx, threads, k_type, v_type, rotation, keep_state):
+    """capture_run on llama-cpp-python's own build."""
     import gguf
     from llama_cpp import llama_cpp as C
     from llama_cpp._logger import set_verbose
@@ -291,12 +372,6 @@ def capture_run(gguf_path: "str | os.PathLike[str]", tokens: "list[int]", k_type
 
     ensure_compatible()
     set_verbose(False)      # llama.cpp's load and context messages, as Llama(verbose=False) does
-    cap = GraphCapture()
-    toks = [int(x) for x in tokens]
-    n = len(toks)
-    split = n - max(0, min(int(decode), n - 1))
-    n_ctx = max(256, -(-n // 256) * 256)
-    threads = n_threads or os.cpu_count() or 1
     mp = C.llama_model_default_params()
     model = C.llama_model_load_from_file(str(Path(gguf_path)).encode(), mp)
     if not model:
@@ -339,6 +414,4 @@ def capture_run(gguf_path: "str | os.PathLike[str]", tokens: "list[int]", k_type
         if ctx:
             C.llama_free(ctx)
         C.llama_model_free(model)
-    if not cap.layers:
-        raise CaptureError("the eval callback saw no cache writes (is this llama.cpp's graph?)")
-    return cap, {"last_logits": np.stack(logits), "state": state, "nodes_seen": cap.nodes_seen}
+    return logits, state

@@ -174,14 +174,25 @@ def check_python_names(llama_cpp) -> list[str]:
     return bad
 
 
+# a symbol older ggml builds (the TurboQuant fork at 69d8e4b) spell otherwise: either one will do
+ALTERNATIVES = {"ggml_prec_set_acc": "ggml_flash_attn_ext_set_prec"}
+
+
 def check_symbols(libs: dict) -> list[str]:
     bad = []
     for lib_name, names in (("libggml-base", BASE_SYMBOLS), ("libggml-cpu", CPU_SYMBOLS)):
         for name in names:
-            try:
-                getattr(libs[lib_name], name)
-            except AttributeError:
-                bad.append(f"{lib_name} has no {name}")
+            found = False
+            for spelling in (name, ALTERNATIVES.get(name)):
+                try:
+                    if spelling:
+                        getattr(libs[lib_name], spelling)
+                        found = True
+                        break
+                except AttributeError:
+                    continue
+            if not found:
+                bad.append(f"{lib_name} has no {name}" + (f" (nor {ALTERNATIVES[name]})" if name in ALTERNATIVES else ""))
     return bad
 
 
@@ -316,7 +327,6 @@ def _graph_sigs(base, cpu) -> None:
         (base.ggml_new_tensor_4d, P, [P, ctypes.c_int, i64, i64, i64, i64]),
         (base.ggml_get_data, P, [P]), (base.ggml_nbytes, ctypes.c_size_t, [P]),
         (base.ggml_flash_attn_ext, P, [P, P, P, P, P, f32, f32, f32]),
-        (base.ggml_prec_set_acc, ctypes.c_bool, [P, ctypes.c_int]),
         (base.ggml_new_graph, P, [P]), (base.ggml_build_forward_expand, None, [P, P]),
         (base.ggml_tensor_overhead, ctypes.c_size_t, []), (base.ggml_graph_overhead, ctypes.c_size_t, []),
         (cpu.ggml_cpu_init, None, []),
@@ -364,7 +374,7 @@ def _plan(cpu, gf, n_threads: int) -> "tuple[ctypes.Structure, list[str]]":
 
 def check_graph(base, cpu) -> list[str]:
     """``ggml_init_params``, ``ggml_cplan`` and a known-answer ``flash_attn_ext`` (f16 K/V, one graph)."""
-    from .ggml_graph import GGML_PREC_F32, GGML_STATUS_SUCCESS, GGML_TYPE_F16, GGML_TYPE_F32, _InitParams
+    from .ggml_graph import GGML_STATUS_SUCCESS, GGML_TYPE_F16, GGML_TYPE_F32, _InitParams, set_f32_precision
 
     _graph_sigs(base, cpu)
     bad = []
@@ -399,8 +409,8 @@ def check_graph(base, cpu) -> list[str]:
                         f"for {arr.nbytes} ({arr.dtype} {arr.shape})"]
             ctypes.memmove(base.ggml_get_data(tensor), arr.ctypes.data, arr.nbytes)
         out = base.ggml_flash_attn_ext(ctx, tq, tk, tv, None, scale, 0.0, 0.0)
-        if not out or not base.ggml_prec_set_acc(out, GGML_PREC_F32):
-            return ["ggml_flash_attn_ext / ggml_prec_set_acc(GGML_PREC_F32) refused a valid problem"]
+        if not out or not set_f32_precision(base, out):
+            return ["ggml_flash_attn_ext / its f32 precision (GGML_PREC_F32) refused a valid problem"]
         gf = base.ggml_new_graph(ctx)
         base.ggml_build_forward_expand(gf, out)
         plan, bad = _plan(cpu, gf, 3)
@@ -471,7 +481,10 @@ def ensure_compatible() -> None:
     when anything mismatched, :class:`GgmlUnavailable` when llama-cpp-python is absent."""
     global _verdict
     from .ggml_c import library_path
+    from .llama_build import selected
 
+    if selected() is not None:   # a build chosen with --llama: checked when it was selected
+        return
     library_path()  # GgmlUnavailable (not cached) when llama-cpp-python is not installed at all
     with _lock:
         if _verdict is None:

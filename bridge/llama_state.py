@@ -38,9 +38,10 @@ class StateError(ValueError):
 
 
 def _ggml_types() -> dict[int, object]:
-    from .registry import all_formats
+    """Type ids of the active llama.cpp side (upstream's, plus a selected fork build's turbo ids)."""
+    from .llama_build import type_table
 
-    return {f.type_ids["ggml"]: f for f in all_formats() if "ggml" in f.type_ids}
+    return type_table()
 
 
 def format_for_type(type_id: int):

@@ -107,11 +107,26 @@ def test_missing_symbol_is_refused_not_attribute_error(fresh, lib, symbol):
 
     def hiding():
         libs = real()
-        libs[lib] = _Hiding(libs[lib], [symbol])
+        # a symbol with an older spelling is missing only when both are
+        libs[lib] = _Hiding(libs[lib], [symbol, llama_compat.ALTERNATIVES.get(symbol)])
         return libs
 
     fresh.setattr(llama_compat, "load_libraries", hiding)
     _refused(f"{lib} has no {symbol}")
+
+
+def test_an_older_spelling_of_a_symbol_is_accepted(fresh):
+    """ggml builds older than llama-cpp-python's (the TurboQuant fork at 69d8e4b) have
+    ggml_flash_attn_ext_set_prec instead of ggml_prec_set_acc: accepted, and used."""
+    real = llama_compat.load_libraries
+
+    def hiding():
+        libs = real()
+        libs["libggml-base"] = _Hiding(libs["libggml-base"], ["ggml_prec_set_acc"])
+        return libs
+
+    fresh.setattr(llama_compat, "load_libraries", hiding)
+    assert llama_compat.check() == []
 
 
 def test_missing_python_names_are_refused(fresh):

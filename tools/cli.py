@@ -23,11 +23,29 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("cmd_bench", "time decode end to end through mlx-lm (bench decode) or the attention kernel alone (bench attention)"),
     "demo": ("cmd_demo", "parity (blocks, attention, logits, teacher) on SmolLM2-135M with a default KV matrix"),
     "fuzz": ("cmd_fuzz", "hypothesis campaign against tqbridge's kernels or your own (module:function)"),
+    "llama": ("cmd_llama", "build a llama.cpp checkout (upstream or the TurboQuant fork) for --llama; say what a build holds"),
 }
 
 
 class CliError(Exception):
     """A user-facing error: printed as one line, exit code 2."""
+
+
+def select_llama_build(args) -> None:
+    """Make ``--llama BUILD`` (or ``TQBRIDGE_LLAMA_BUILD``) this process's llama.cpp side, before the
+    command loads any llama.cpp library; every command that runs llama.cpp honours it."""
+    import os
+
+    build = getattr(args, "llama", None) or os.environ.get("TQBRIDGE_LLAMA_BUILD")
+    if not build or args.command == "llama":
+        return
+    from tqbridge.bridge.llama_build import LlamaBuildError, select
+
+    try:
+        info = select(build)
+    except LlamaBuildError as e:
+        raise CliError(str(e)) from e
+    print(f"llama.cpp side: {info.label()}", file=sys.stderr)
 
 
 def main(argv: "list[str] | None" = None) -> int:
@@ -61,6 +79,7 @@ def main(argv: "list[str] | None" = None) -> int:
         parser.print_help()
         return 0 if args.command is None else 2
     try:
+        select_llama_build(args)
         return int(args._run(args) or 0)
     except CliError as e:
         print(f"tqbridge {args.command}: error: {e}", file=sys.stderr)

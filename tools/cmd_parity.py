@@ -22,6 +22,22 @@ LEVELS = ("blocks", "attention", "logits", "cache", "teacher", "lane", "transpla
 DEFAULT_LEVELS = ("blocks", "attention", "logits")
 
 
+# The default K/V matrix against a TurboQuant fork build: the configurations the port exists for.
+FORK_KV = ("f16", "q8_0/turbo3", "q8_0/turbo4", "turbo3", "turbo4")
+
+
+def qualify_turbo(spec: str, variant: str) -> str:
+    """``q8_0/turbo3`` -> ``q8_0/turbo3@VARIANT``: a bare turbo name means the fork build's variant."""
+    from tqbridge.parity.harness.runtimes import KV
+
+    try:
+        kv = KV.parse(spec)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    k, v = (f"{x}@{variant}" if x.startswith("turbo") and "@" not in x else x for x in (kv.k, kv.v))
+    return k if k == v else f"{k}/{v}"
+
+
 def parse_levels(spec: str) -> list[str]:
     names = [x.strip().lower() for x in spec.split(",") if x.strip()]
     if names == ["all"]:
@@ -48,6 +64,10 @@ def add_arguments(p) -> None:
                         "(llama.cpp rotates by default; tqbridge's cache follows)")
     p.add_argument("--levels", default=",".join(DEFAULT_LEVELS),
                    help=f"comma-separated levels from {', '.join(LEVELS)}, or 'all' (default: %(default)s)")
+    p.add_argument("--llama", metavar="BUILD",
+                   help="the llama.cpp side: a build directory (upstream or the TurboQuant fork; `tqbridge llama "
+                        "build SRC` makes one) instead of llama-cpp-python's own; its turbo types become K/V choices "
+                        "(default: $TQBRIDGE_LLAMA_BUILD, else llama-cpp-python)")
     p.add_argument("--json", metavar="OUT", help="write the full report as JSON")
     p.add_argument("--markdown", metavar="OUT", help="write the summary as Markdown")
     p.add_argument("--plot", metavar="OUT.png", help="plot per-position KL (needs matplotlib)")
@@ -67,7 +87,7 @@ def run(args, command: "str | None" = None) -> int:
     from tqbridge.parity.harness.level_logits import DEFAULT_KV, run_logits
     from tqbridge.parity.harness.models import ModelUnavailable, model_path
     from tqbridge.parity.harness.report import markdown, text_table, versions, write_atomic, write_json
-    from tqbridge.parity.harness.runtimes import KV, LLAMA_KV_TYPES
+    from tqbridge.parity.harness.runtimes import KV, llama_kv_types
 
     try:
         path = model_path(args.model)
@@ -79,15 +99,23 @@ def run(args, command: "str | None" = None) -> int:
         args.decode = min(16, args.tokens // 2)
     if not 0 <= args.decode < args.tokens:
         raise CliError(f"--decode must be in 0..{args.tokens - 1} (fewer than --tokens), got {args.decode}")
-    kv_list = args.kv or list(DEFAULT_KV)
+    from tqbridge.bridge.llama_build import selected
+
+    fork = selected().variant if selected() is not None else None
+    kv_list = args.kv or list(FORK_KV if fork else DEFAULT_KV)
+    if fork:   # a bare turbo name means the fork build's variant, on both sides
+        kv_list = [qualify_turbo(spec, fork) for spec in kv_list]
     for spec in kv_list:
         try:
             kv = KV.parse(spec)
         except ValueError as e:
             raise CliError(str(e)) from e
+        have = llama_kv_types()
         for f in (kv.k, kv.v):
-            if f not in LLAMA_KV_TYPES:
-                raise CliError(f"K/V {spec}: llama.cpp has no cache type {f!r} (has: {', '.join(LLAMA_KV_TYPES)})")
+            if f not in have:
+                raise CliError(f"K/V {spec}: this llama.cpp has no cache type {f!r} (has: {', '.join(have)})"
+                               + ("" if any(n.startswith("turbo") for n in have) else
+                                  "; turbo types need the TurboQuant fork: --llama BUILD"))
     levels = parse_levels(args.levels)
     say = progress_printer(args.quiet)
     command = command or "tqbridge " + " ".join(map(shlex.quote, sys.argv[1:]))

@@ -14,15 +14,41 @@ import numpy as np
 from tqbridge import bridge
 from tqbridge.bridge.registry import names
 
-# The formats ggml's C library quantizes: those with an upstream ggml type id (the turbo types exist
-# only in the TurboQuant forks; their C reference is checked through golden vectors instead,
-# tests/test_turbo_golden.py).
+# The formats ggml's C library quantizes: those with an upstream ggml type id. The turbo types exist
+# only in the TurboQuant forks: with a fork build chosen (--llama) they join (:func:`level_formats`);
+# without one their C reference is checked through golden vectors (tests/test_turbo_golden.py).
 GGML_FORMATS = names(lambda f: f.ggml_id is not None)
 
 
-def run_blocks_level(formats: Iterable[str] = GGML_FORMATS, *, rows: "np.ndarray | None" = None,
+def level_formats() -> "list[str]":
+    """The formats this process's llama.cpp side quantizes in C: upstream's, plus a fork build's turbo
+    types (its variant)."""
+    from tqbridge.bridge.llama_build import selected, turbo_variants
+
+    out = list(GGML_FORMATS)
+    info = selected()
+    if info is not None and info.variant:
+        out += [f.key for f in turbo_variants()[info.variant].values()]
+    return out
+
+
+def turbo_rows() -> np.ndarray:
+    """Rows for the turbo types (128-value groups): the adversarial families over two groups, and
+    64-value heads zero-padded to one group as the fork pads them (values, then 64 zeros)."""
+    from tqbridge.bridge.padding import pad_rows
+    from tqbridge.parity.plugin.strategies import adversarial_rows
+
+    wide = adversarial_rows(block_size=128, n_blocks=2, per_family=24)
+    narrow = adversarial_rows(block_size=64, n_blocks=1, per_family=24, seed=1)
+    padded = pad_rows("turbo3", narrow)
+    return np.concatenate([wide, np.concatenate([padded, padded], axis=1)])
+
+
+def run_blocks_level(formats: "Iterable[str] | None" = None, *, rows: "np.ndarray | None" = None,
                      kernel_backends: "Iterable[str] | None" = None) -> dict[str, Any]:
-    """Per format and path: bytes compared and whether they equal ggml's; a JSON-ready dict."""
+    """Per format and path: bytes compared and whether they equal ggml's; a JSON-ready dict. Turbo
+    formats (a fork build) are also decoded by the build's ``to_float`` (the rotated basis, as the
+    fork's cache stores it) and compared with ours bit for bit."""
     from tqbridge.bridge import ggml_c
     from tqbridge.metal import backends, quantize_append
     from tqbridge.parity.plugin.strategies import adversarial_rows
@@ -35,8 +61,11 @@ def run_blocks_level(formats: Iterable[str] = GGML_FORMATS, *, rows: "np.ndarray
     except ImportError:  # pragma: no cover - MLX is optional
         mx = None
     out = []
-    for name in formats:
+    for name in (level_formats() if formats is None else formats):
         fmt = bridge.get_format(name)
+        if fmt.kind == "turbo":
+            out.append(_turbo_entry(fmt, turbo_rows() if rows is None else x, kb, mx))
+            continue
         ref = ggml_c.c_quantize(fmt, x)
         paths = {"numpy": bridge.quantize(fmt, x)}
         if mx is not None:
@@ -47,6 +76,25 @@ def run_blocks_level(formats: Iterable[str] = GGML_FORMATS, *, rows: "np.ndarray
         out.append({"format": fmt.key, "rows": int(x.shape[0]), "bytes": int(ref.size), "equal": equal,
                     "passed": all(equal.values())})
     return {"formats": out, "passed": all(e["passed"] for e in out)}
+
+
+def _turbo_entry(fmt, x: np.ndarray, kb: "list[str]", mx) -> dict[str, Any]:
+    from tqbridge.bridge import ggml_c
+    from tqbridge.metal import quantize_append
+
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    ref = ggml_c.c_quantize(fmt, x)
+    paths = {"numpy": bridge.quantize(fmt, x)}
+    if mx is not None:
+        paths["mlx"] = np.array(bridge.mlx_quantize(fmt, mx.array(x)))
+    for b in kb:
+        paths[f"kernel:{b}"] = np.asarray(quantize_append(fmt, x, backend=b))
+    equal = {p: bool(np.array_equal(q, ref)) for p, q in paths.items()}
+    theirs = ggml_c.c_dequantize(fmt, ref, x.shape[-1])
+    ours = bridge.dequantize(fmt, ref, x.shape[-1], rotated=True)
+    equal["decode (rotated basis)"] = bool(np.array_equal(theirs.view(np.uint32), ours.view(np.uint32)))
+    return {"format": fmt.key, "rows": int(x.shape[0]), "bytes": int(ref.size), "equal": equal,
+            "passed": all(equal.values())}
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:

@@ -69,21 +69,35 @@ def _env(name: str, value: "str | None"):
             os.environ[name] = old
 
 
+def llama_kv_types() -> dict[str, int]:
+    """KV cache types of this process's llama.cpp side, name -> ggml type id: llama-cpp-python's
+    build takes :data:`LLAMA_KV_TYPES`; a build chosen with ``--llama`` also its turbo types."""
+    from tqbridge.bridge.llama_build import kv_types, selected
+
+    if selected() is not None:
+        return kv_types()
+    return {name: int(get_format(name).ggml_id) for name in LLAMA_KV_TYPES}
+
+
 class LlamaCppRuntime:
-    """llama.cpp (CPU) via llama-cpp-python, one context per call.
+    """llama.cpp (CPU), one context per call: llama-cpp-python's build, or the build chosen with
+    :func:`tqbridge.bridge.llama_build.select` (any llama.cpp, the TurboQuant fork included, through
+    tqbridge's shim compiled against that build's headers).
 
     ``rotation``: llama.cpp's automatic Hadamard rotation of quantized KV caches (read from
-    ``LLAMA_ATTN_ROT_DISABLE`` when a context is created; on by default, as in llama.cpp).
-    ``False`` turns it off so the cache holds plain quantized rows.
+    ``LLAMA_ATTN_ROT_DISABLE`` when a context is created; on by default, as in llama.cpp; the fork at
+    69d8e4b has it off unless asked). ``False`` turns it off so the cache holds plain quantized rows.
     """
 
     name = "llama.cpp"
 
     def __init__(self, gguf_path: "str | os.PathLike[str]", *, flash_attn: bool = True,
                  rotation: bool = True, n_threads: "int | None" = None):
+        from tqbridge.bridge.llama_build import selected
         from tqbridge.bridge.llama_compat import ensure_compatible
 
         ensure_compatible()  # version, names and layouts of llama-cpp-python before any use
+        self.build = selected()
         self.path = Path(gguf_path)
         self.flash_attn = flash_attn
         self.rotation = rotation
@@ -92,23 +106,44 @@ class LlamaCppRuntime:
         self.last_state: "bytes | None" = None
 
     def _type_id(self, fmt: str) -> int:
+        from tqbridge.bridge.llama_build import LlamaBuildError, kv_type_id
+
+        if self.build is not None:
+            try:
+                return kv_type_id(fmt)
+            except LlamaBuildError as e:
+                raise LlamaConfigError(str(e)) from e
         if fmt not in LLAMA_KV_TYPES:
             raise LlamaConfigError(f"llama.cpp has no KV cache type {fmt!r} (has: {', '.join(LLAMA_KV_TYPES)})")
         return int(get_format(fmt).ggml_id)
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        if self.build is not None:
+            shim, model = self._shim_model()
+            return shim.tokenize(model, text, add_special=add_bos)
         from tqbridge.bridge.tokenizer import GGUFTokenizer
 
         if self._vocab is None:
             self._vocab = GGUFTokenizer(self.path)
         return self._vocab.encode(text, add_bos=add_bos)
 
+    def _shim_model(self):
+        from tqbridge.bridge.llama_shim import Shim
+
+        shim = Shim.for_build(self.build)
+        if self._vocab is None:
+            self._vocab = shim.load_model(self.path)
+        return shim, self._vocab
+
+    def _n_ctx(self, n_tokens: int) -> int:
+        return max(256, -(-n_tokens // 256) * 256)
+
     def _context(self, n_tokens: int, kv: KV):
         from llama_cpp import Llama
 
         if not kv.is_float and not self.flash_attn and kv.v not in FLOAT_TYPES:
             raise LlamaConfigError("llama.cpp needs flash attention for a quantized V cache")
-        n_ctx = max(256, -(-n_tokens // 256) * 256)
+        n_ctx = self._n_ctx(n_tokens)
         with _env("LLAMA_ATTN_ROT_DISABLE", None if self.rotation else "1"):
             return Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
                          n_threads=self.n_threads, n_threads_batch=self.n_threads, logits_all=True,
@@ -118,9 +153,11 @@ class LlamaCppRuntime:
     def logits(self, tokens: "list[int]", kv: KV, keep_state: bool = False, decode: int = 0) -> np.ndarray:
         """Logits at every position. ``decode``: the last ``decode`` tokens are evaluated one per
         call (decode steps, one query row each) after the rest as one prompt batch."""
-        llm = self._context(len(tokens), kv)
         toks = [int(t) for t in tokens]
         split = len(toks) - max(0, min(int(decode), len(toks) - 1))
+        if self.build is not None:
+            return self._shim_logits(toks, split, kv, keep_state)
+        llm = self._context(len(tokens), kv)
         try:
             llm.eval(toks[:split])
             for t in toks[split:]:
@@ -131,6 +168,25 @@ class LlamaCppRuntime:
         finally:
             llm.close()
         return out
+
+    def _shim_logits(self, toks: "list[int]", split: int, kv: KV, keep_state: bool) -> np.ndarray:
+        if not kv.is_float and not self.flash_attn and kv.v not in FLOAT_TYPES:
+            raise LlamaConfigError("llama.cpp needs flash attention for a quantized V cache")
+        shim, model = self._shim_model()
+        n_ctx = self._n_ctx(len(toks))
+        n_vocab = shim.n_vocab(model)
+        with _env("LLAMA_ATTN_ROT_DISABLE", None if self.rotation else "1"):
+            ctx = shim.context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512), n_threads=self.n_threads,
+                               flash_attn=self.flash_attn, type_k=self._type_id(kv.k), type_v=self._type_id(kv.v))
+        try:
+            outs = [shim.decode(ctx, toks[:split], 0, n_vocab, all_logits=True)]
+            for i in range(split, len(toks)):
+                outs.append(shim.decode(ctx, [toks[i]], i, n_vocab, all_logits=True))
+            if keep_state:
+                self.last_state = shim.state(ctx)
+        finally:
+            shim.free(ctx)
+        return np.concatenate(outs, axis=0)
 
     @staticmethod
     def state_blob(llm) -> bytes:
@@ -148,9 +204,15 @@ class LlamaCppRuntime:
     def info(self) -> dict[str, Any]:
         from importlib.metadata import version
 
-        return {"runtime": self.name, "llama_cpp_python": version("llama_cpp_python"),
-                "flash_attn": self.flash_attn, "kv_rotation": self.rotation, "n_threads": self.n_threads,
-                "model": str(self.path.name)}
+        out = {"runtime": self.name, "flash_attn": self.flash_attn, "kv_rotation": self.rotation,
+               "n_threads": self.n_threads, "model": str(self.path.name)}
+        if self.build is None:
+            out["llama_cpp_python"] = version("llama_cpp_python")
+        else:
+            r = self.build.report
+            out["llama_build"] = {"source": r.get("source"), "commit": r.get("commit"), "ggml": r.get("ggml_version"),
+                                  "turbo_variant": self.build.variant}
+        return out
 
 
 CacheFactory = Callable[[Any, str, str], list]
