@@ -151,6 +151,7 @@ class LlamaState:
     seq_id: int = -1
     arch: str = ""
     cell_ext_bytes: int = 0
+    header: bool = True   # False: an older llama.cpp's sequence blob (no magic, no seq_id), written back alike
 
     def layers(self, cache: int = 0) -> list[LayerKV]:
         """The layers of the one non-empty stream of cache record ``cache``."""
@@ -301,10 +302,22 @@ def parse_state(blob: "bytes | bytearray | memoryview", *, cell_ext_bytes: int =
         arch = bytes(r.take(head, "architecture")).decode("ascii")
         state = LlamaState("full", [], arch=arch, cell_ext_bytes=cell_ext_bytes)
     else:
+        # older llama.cpp (the TurboQuant fork at 69d8e4b) writes a sequence blob without the magic and
+        # seq_id: the cache records start at byte 0. Taken only when the whole blob parses as that.
+        try:
+            return _records(LlamaState("seq", [], seq_id=0, cell_ext_bytes=cell_ext_bytes, header=False), _Reader(blob),
+                            cell_ext_bytes)
+        except StateError:
+            pass
         raise StateError(
-            f"unknown state blob magic 0x{head:08X}: expected a sequence blob (0x{SEQ_MAGIC:08X}) "
-            "or a full blob (architecture name first)"
+            f"unknown state blob magic 0x{head:08X}: expected a sequence blob (0x{SEQ_MAGIC:08X}), "
+            "a full blob (architecture name first) or an older header-less sequence blob"
         )
+    return _records(state, r, cell_ext_bytes)
+
+
+def _records(state: LlamaState, r: "_Reader", cell_ext_bytes: int) -> LlamaState:
+    blob = r.buf
     while r.off < len(blob):
         state.caches.append(_read_cache(r, cell_ext_bytes, f"cache {len(state.caches)}"))
     if not state.caches:
@@ -370,7 +383,8 @@ def write_state(state: LlamaState) -> bytes:
     """Serialise ``state`` into the blob ``llama_state_seq_set_data`` / ``llama_state_set_data`` read."""
     out: list[bytes] = []
     if state.kind == "seq":
-        out.append(struct.pack("<Ii", SEQ_MAGIC, state.seq_id))
+        if state.header:
+            out.append(struct.pack("<Ii", SEQ_MAGIC, state.seq_id))
     elif state.kind == "full":
         a = state.arch.encode("ascii")
         out.append(struct.pack("<I", len(a)) + a)
