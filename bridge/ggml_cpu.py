@@ -46,7 +46,9 @@ def _cpu():
 
 
 def _type_id(fmt) -> int:
-    return int(get_format(fmt).type_ids["ggml"])
+    from .ggml_c import _type_id as ggml_type_id   # upstream's ids, or a selected fork build's turbo ids
+
+    return ggml_type_id(get_format(fmt))
 
 
 def traits(fmt) -> dict:

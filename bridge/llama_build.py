@@ -425,6 +425,7 @@ def select(build: "str | os.PathLike[str]") -> BuildInfo:
         raise LlamaBuildError("a llama.cpp library is already loaded in this process; choose the build "
                               "(--llama) before anything runs llama.cpp")
     _selected = info
+    sys.modules.setdefault("llama_cpp", None)   # importing llama-cpp-python now fails at once, loudly
     return info
 
 

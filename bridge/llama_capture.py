@@ -275,7 +275,8 @@ class GraphCapture:
             if il is None:
                 raise CaptureError("the fork's inverse rotation does not follow a captured flash attention")
             x = read_tensor(b, ptr)
-            self.layers[il].out_turbo.append(x.reshape(x.shape[-2], -1, self.layers[il].out[-1].shape[-1]))
+            last = self.layers[il].out[-1]          # (tokens, Hq, Dv) of that flash attention
+            self.layers[il].out_turbo.append(x.reshape(last.shape[0], -1, last.shape[-1]))
         elif op == "FLASH_ATTN_EXT":
             il = int(_FA_K.match(_name(t.src[1])).group(1))
             self._fa_layer[ptr] = il

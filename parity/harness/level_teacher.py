@@ -138,21 +138,24 @@ def _unrotate(x: np.ndarray, group: int) -> np.ndarray:
     return (x.astype(np.float64).reshape(*x.shape[:-1], -1, group) @ h).reshape(x.shape)
 
 
-def model_windows(gguf_path: str) -> "list[int]":
+def model_windows(gguf_path: str, with_head_dim: bool = False):
     """The sliding window of each layer as tqbridge runs the model: the mlx-lm model built from the
     GGUF (:func:`tqbridge.bridge.gguf_model.load_gguf_model`) and its TQCaches
-    (:func:`tqbridge.metal.cache.make_cache`); 0 for a layer without a window."""
+    (:func:`tqbridge.metal.cache.make_cache`); 0 for a layer without a window. ``with_head_dim``:
+    also the model's head dim, as ``(windows, head_dim)``."""
     from tqbridge.bridge.gguf_model import load_gguf_model
     from tqbridge.metal.lm.cache import make_cache
 
-    model, _ = load_gguf_model(gguf_path)
-    return [int(getattr(c, "window", None) or 0) for c in make_cache(model)]
+    model, cfg = load_gguf_model(gguf_path)
+    windows = [int(getattr(c, "window", None) or 0) for c in make_cache(model)]
+    return (windows, int(cfg["head_dim"])) if with_head_dim else windows
 
 
 def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], window: int = 0,
-                  attention: bool = True) -> dict[str, Any]:
+                  attention: bool = True, head_dim: "int | None" = None) -> dict[str, Any]:
     """Every check on one captured layer (:class:`tqbridge.bridge.llama_capture.LayerCapture`).
-    ``window``: the layer's sliding window in tqbridge's model (0: none)."""
+    ``window``: the layer's sliding window in tqbridge's model (0: none). ``head_dim``: the model's
+    (the TurboQuant fork zero-pads turbo heads to 128: its q and output are cut back to it)."""
     import mlx.core as mx
 
     from tqbridge.bridge import get_format
@@ -202,14 +205,18 @@ def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], 
         pos_of_cell = np.full(L.k_cache.shape[1], -1)
         pos_of_cell[cells] = np.arange(n)
         # the last `rows` positions, taken from the last evaluations (decode steps) or the prompt's end
-        q_src = [x.reshape(len(o), o.shape[1], -1) for x, o in zip(L.q_in, L.out)] if L.k_rot else L.q
-        outs = L.out
+        q_src = [x.reshape(len(o), o.shape[1], -1) for x, o in zip(L.q_in, L.out)] \
+            if (L.k_rot or L.q_turbo) else L.q
+        outs = L.out_turbo if L.out_turbo else L.out   # the fork's output after its inverse rotation
+        if head_dim:   # the fork's zero padding of turbo heads: q's pad is zeros, the output's pad is cut
+            q_src = [x[..., :head_dim] for x in q_src]
+            outs = [x[..., :head_dim] for x in outs]
         q_all = np.concatenate(q_src)
         o_all = np.concatenate(outs)
         m_all = np.concatenate(L.mask) if L.mask else None
         t = min(rows, n)
         q_rows = q_all[n - t:]                          # (T, Hq, D)
-        ll_out = _unrotate(o_all[n - t:], L.v_rot)      # llama.cpp's output, rotated back
+        ll_out = _unrotate(o_all[n - t:], 0 if L.out_turbo else L.v_rot)   # llama.cpp's output, rotated back
         visible_ok = True
         llama_lo = []
         if m_all is not None:
@@ -257,7 +264,9 @@ def run_teacher(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, decode
     if windows is None:
         if progress:
             progress("teacher forcing: tqbridge's model (for its sliding windows)")
-        windows = model_windows(gguf_path)
+        windows, head_dim = model_windows(gguf_path, with_head_dim=True)
+    else:
+        head_dim = None
     results = []
     for spec in kvs:
         kv = KV.parse(spec)
@@ -270,7 +279,7 @@ def run_teacher(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, decode
             if il >= len(windows):
                 raise ValueError(f"llama.cpp has a layer {il}, tqbridge's model {len(windows)} layers")
             rec = teacher_layer(cap.layers[il], kv, rotation=rotation, rows=rows, backends=backends,
-                                window=windows[il], attention=attention)
+                                window=windows[il], attention=attention, head_dim=head_dim)
             rec["layer"] = il
             layers.append(rec)
         results.append({"kv": kv.name, "layers": layers, "seconds": round(time.perf_counter() - t0, 2),

