@@ -115,6 +115,38 @@ def judge_ours(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray, *, k_format, v_fo
     return ours, others
 
 
+def fork_has(fmt) -> bool:
+    """Whether this process's llama.cpp side is a TurboQuant fork build that has ``fmt`` (its own turbo
+    variant, or an upstream ggml type)."""
+    from tqbridge.bridge.llama_build import selected, type_table
+
+    info = selected()
+    return info is not None and bool(info.variant) and any(f.key == fmt.key for f in type_table().values())
+
+
+def fork_flash_attn(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, kf, vf, *, scale: float,
+                    softcap: float = 0.0) -> np.ndarray:
+    """The fork's ``flash_attn_ext`` over its own turbo blocks, as its graph calls it: q zero-padded to
+    the K rows' width and rotated (TURBO_WHT forward) when K is turbo, the output rotated back (inverse)
+    when V is turbo, then cut to the head dim. q: (Hq, D); returns (Hq, D)."""
+    from tqbridge.bridge import rotation as turbo_rotation
+    from tqbridge.bridge.ggml_c import _type_id
+    from tqbridge.bridge.ggml_graph import flash_attn_ext
+    from tqbridge.bridge.padding import padded_dim
+
+    hq, d = q.shape
+    dk, dv = padded_dim(kf, d), padded_dim(vf, d)
+    qp = np.zeros((hq, dk), np.float32)
+    qp[:, :d] = q
+    if kf.kind == "turbo":
+        qp = turbo_rotation.forward(qp, kf.block_size).astype(np.float32)
+    out = flash_attn_ext(qp[:, None, :], k_blocks, v_blocks, k_type=_type_id(kf), v_type=_type_id(vf),
+                         scale=scale, head_dim_v=dv, softcap=softcap)[0]
+    if vf.kind == "turbo":
+        out = turbo_rotation.inverse(out, vf.block_size)
+    return np.asarray(out, np.float32)[:, :d]
+
+
 def attention_case(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, *, k_format: str,
                    v_format: str, scale: "float | None" = None,
                    backends: Iterable[str] = ("reference", "cpu-emulator"), window: "int | None" = None,
@@ -139,6 +171,9 @@ def attention_case(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, *,
     if ggml_ok:
         compare["ggml"] = flash_attn_ext(q[:, None, :], k_blocks, v_blocks, k_type=kf.type_ids["ggml"],
                                          v_type=vf.type_ids["ggml"], scale=scale, softcap=float(softcap or 0.0))[0]
+    elif not window and not rotation and fork_has(kf) and fork_has(vf):
+        compare["ggml"] = fork_flash_attn(q, k_blocks, v_blocks, kf, vf, scale=scale, softcap=float(softcap or 0.0))
+        ggml_ok = True
     ours, others = judge_ours(qb, kb, vb, k_format=kf, v_format=vf, length=n, scale=scale, window=window,
                               softcap=softcap, rotation=rotation, backends=backends, compare=compare)
     arith = None
@@ -176,7 +211,14 @@ def random_problem(k_format: str, v_format: str, *, q_heads: int = 8, kv_heads: 
     k = rng.standard_normal((kv_heads, keys, head_dim)).astype(np.float32)
     k[..., rng.integers(0, head_dim, 2)] *= 8.0          # outlier channels, as real K caches have
     v = rng.standard_normal((kv_heads, keys, head_dim)).astype(np.float32)
-    return q, quantize(k_format, k), quantize(v_format, v)
+    return q, quantize_padded(k_format, k), quantize_padded(v_format, v)
+
+
+def quantize_padded(fmt, x: np.ndarray) -> np.ndarray:
+    """Rows zero-padded to the format's block (turbo: 64 -> 128, as the fork pads heads), quantized."""
+    from tqbridge.bridge.padding import pad_rows
+
+    return quantize(fmt, pad_rows(fmt, x))
 
 
 def state_problem(layer, n_kv_heads: int, q_heads: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -239,7 +281,7 @@ def probe_problem(kind: str, k_format: str, v_format: str, *, q_heads: int = 8, 
         v = rng.uniform(1.0, 2.0, (kv_heads, n, d)).astype(np.float16).astype(np.float32)
     else:
         raise ValueError(f"unknown probe {kind!r}; choose from {', '.join(PROBES)}")
-    return q, quantize(k_format, k), quantize(v_format, v)
+    return q, quantize_padded(k_format, k), quantize_padded(v_format, v)
 
 
 # Option cases: the kernel paths a model may use that the format pairs alone do not reach — a soft-capped
