@@ -30,14 +30,14 @@ def setup():
 
 def test_llama_blob_through_tqcache_and_back_is_bytes_equal(setup):
     """llama.cpp's blocks become TQCache rows unchanged: written back, the blob is the same bytes."""
-    from tqbridge.bridge.llama_state import parse_state, read_seq_state
-    from tqbridge.parity.harness.transplant import llama_context, state_to_tqcache, tqcache_to_state
+    from tqbridge.bridge.llama_state import parse_state
+    from tqbridge.parity.harness.transplant import LlamaSession, state_to_tqcache, tqcache_to_state
 
     path, tokens, mr = setup
-    llm = llama_context(path, "q8_0", "q4_1", n_threads=2)
+    llm = LlamaSession(path, "q8_0", "q4_1", n_threads=2)
     try:
         llm.eval(tokens)
-        blob = read_seq_state(llm._ctx.ctx)
+        blob = llm.state()
     finally:
         llm.close()
     cache = state_to_tqcache(parse_state(blob), mr.model, n_kv_heads=3, head_dim=64)
@@ -62,17 +62,15 @@ def test_transplanted_quantized_cache_decodes_close_to_llama_cpp(setup):
     """q8_0: the first decode step from llama.cpp's own blocks, in MLX, vs llama.cpp's logits."""
     import mlx.core as mx
 
-    from tqbridge.bridge.llama_state import parse_state, read_seq_state
-    from tqbridge.parity.harness.transplant import llama_context, state_to_tqcache
+    from tqbridge.bridge.llama_state import parse_state
+    from tqbridge.parity.harness.transplant import LlamaSession, state_to_tqcache
 
     path, tokens, mr = setup
-    llm = llama_context(path, "q8_0", "q8_0", n_threads=2)
+    llm = LlamaSession(path, "q8_0", "q8_0", n_threads=2)
     try:
-        llm.eval(tokens)
-        first = int(np.argmax(llm.scores[len(tokens) - 1]))
-        state = parse_state(read_seq_state(llm._ctx.ctx))
-        llm.eval([first])
-        ref = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+        first = int(np.argmax(llm.eval(tokens)))
+        state = parse_state(llm.state())
+        ref = np.array(llm.eval([first]), dtype=np.float64)
     finally:
         llm.close()
     cache = state_to_tqcache(state, mr.model, n_kv_heads=3, head_dim=64)

@@ -272,4 +272,17 @@ def run_other_levels(path, kv_list: "list[str]", levels: "list[str]", args, say)
             out["transplant"] = rep
             print(f"transplant (f16): {rep['forward_agree']}/{n_new} greedy tokens agree llama.cpp -> MLX, "
                   f"{rep.get('reverse_agree', '-')}/{n_new} MLX -> llama.cpp")
+            turbo = next((s for s in kv_list if "turbo" in s), None)
+            if turbo is not None:   # a fork build: its turbo blob into TQCache unchanged, and back
+                say(f"transplant: {turbo}")
+                t = run_transplant(str(f32), tokens[:64], turbo, n_new=n_new, rotation=rotation)
+                # claim: the fork's blocks pass through TQCache byte for byte and the fork takes MLX's blob
+                # back; greedy agreement of a quantized cache is information (quantization steps flip)
+                t["passed"] = bool(t["blob_round_trip_bytes_equal"] and "llama_from_mlx_state" in t)
+                rep["turbo"] = t
+                rep["passed"] = rep["passed"] and t["passed"]
+                print(f"transplant ({t['kv']}): the fork's blob through TQCache and back "
+                      f"{'byte-identical' if t['blob_round_trip_bytes_equal'] else 'DIFFERS'}; "
+                      f"{t['forward_agree']}/{n_new} greedy tokens agree fork -> MLX, "
+                      f"{t.get('reverse_agree', '-')}/{n_new} MLX -> fork (information)")
     return out

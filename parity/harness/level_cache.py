@@ -38,7 +38,10 @@ KNOWN_DIFFERENCES: dict[str, str] = {}
 
 def block_diff(a: np.ndarray, b: np.ndarray, fmt: Any, values_per_row: int) -> dict[str, Any]:
     """Share of differing blocks and values between two (rows, row_bytes) arrays of ``fmt``."""
+    from tqbridge.bridge.padding import padded_dim
+
     fmt = get_format(fmt)
+    values_per_row = padded_dim(fmt, values_per_row)   # turbo heads of 64 are stored padded to 128
     if a.shape != b.shape:
         raise ValueError(f"cache shapes differ: {a.shape} vs {b.shape}")
     ab = a.reshape(-1, fmt.type_size)

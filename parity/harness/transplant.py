@@ -28,32 +28,75 @@ class TransplantError(ValueError):
     """The state cannot be moved (format, layout or shape mismatch); the message says which."""
 
 
-def llama_context(gguf_path: str, k_format: str, v_format: str, n_ctx: int = 512, n_threads: "int | None" = None,
-                  rotation: bool = True):
-    """A llama.cpp context whose cache TQCache can mirror (flash attention on; KV rotation on or off)."""
-    from tqbridge.bridge.llama_compat import ensure_compatible
+class LlamaSession:
+    """One llama.cpp context for a transplant: ``eval(tokens) -> last logits``, ``state()``,
+    ``restore(blob, n_past)``; llama-cpp-python's build, or a build chosen with ``--llama``."""
 
-    ensure_compatible()
-    from llama_cpp import Llama
+    def __init__(self, gguf_path: str, k_format: str, v_format: str, n_ctx: int = 512,
+                 n_threads: "int | None" = None, rotation: bool = True):
+        from tqbridge.bridge.llama_build import selected
+        from tqbridge.bridge.llama_compat import ensure_compatible
+        from tqbridge.parity.harness.runtimes import _env
 
-    old = os.environ.get("LLAMA_ATTN_ROT_DISABLE")
-    if rotation:
-        os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
-    else:
-        os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
-    try:
-        return Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True, verbose=False,
-                     flash_attn=True, n_threads=n_threads or os.cpu_count() or 1,
-                     type_k=_type_id(k_format), type_v=_type_id(v_format))
-    finally:
-        if old is None:
-            os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
+        ensure_compatible()
+        self.build = selected()
+        self.n_past = 0
+        threads = n_threads or os.cpu_count() or 1
+        type_k, type_v = _type_id(k_format), _type_id(v_format)
+        with _env("LLAMA_ATTN_ROT_DISABLE", None if rotation else "1"):
+            if self.build is None:
+                from llama_cpp import Llama
+
+                self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True,
+                                 verbose=False, flash_attn=True, n_threads=threads, type_k=type_k, type_v=type_v)
+            else:
+                from tqbridge.bridge.llama_shim import Shim
+
+                self.shim = Shim.for_build(self.build)
+                self.model = self.shim.load_model(gguf_path)
+                self.n_vocab = self.shim.n_vocab(self.model)
+                self.ctx = self.shim.context(self.model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
+                                             n_threads=threads, flash_attn=True, type_k=type_k, type_v=type_v)
+
+    def eval(self, tokens: "list[int]") -> np.ndarray:
+        toks = [int(t) for t in tokens]
+        if self.build is None:
+            self.llm.eval(toks)
+            self.n_past = self.llm.n_tokens
+            return np.asarray(self.llm.scores[self.llm.n_tokens - 1], np.float32)
+        row = self.shim.decode(self.ctx, toks, self.n_past, self.n_vocab, all_logits=False)[0]
+        self.n_past += len(toks)
+        return row
+
+    def state(self) -> bytes:
+        return read_seq_state(self.llm._ctx.ctx) if self.build is None else self.shim.state(self.ctx)
+
+    def restore(self, blob: bytes, tokens: "list[int]") -> None:
+        if self.build is None:
+            load_seq_state(self.llm._ctx.ctx, blob)
+            self.llm.n_tokens = len(tokens)
+            self.llm.input_ids[: len(tokens)] = tokens
         else:
-            os.environ["LLAMA_ATTN_ROT_DISABLE"] = old
+            self.shim.set_state(self.ctx, blob)
+        self.n_past = len(tokens)
+
+    def close(self) -> None:
+        if self.build is None:
+            self.llm.close()
+        else:
+            self.shim.free(self.ctx)
+            self.shim.free_model(self.model)
 
 
 def _type_id(fmt: str) -> int:
+    from tqbridge.bridge.llama_build import LlamaBuildError, kv_type_id, selected
+
     f = get_format(fmt)
+    if selected() is not None:
+        try:
+            return kv_type_id(f.key)
+        except LlamaBuildError as e:
+            raise TransplantError(str(e)) from e
     if "ggml" not in f.type_ids:
         raise TransplantError(f"{f.key} is not a ggml type; llama.cpp cannot hold it in its KV cache")
     return f.type_ids["ggml"]
@@ -66,6 +109,7 @@ def state_to_tqcache(state: LlamaState, model, n_kv_heads: int, head_dim: int, r
     """
     import mlx.core as mx
 
+    from tqbridge.bridge.padding import padded_dim
     from tqbridge.metal.lm.cache import TQCache, make_cache, rotation_group
 
     layers = state.layers()
@@ -74,7 +118,7 @@ def state_to_tqcache(state: LlamaState, model, n_kv_heads: int, head_dim: int, r
     if stream.pos.tolist() != list(range(n)):
         raise TransplantError("the state's cells are not positions 0..n-1 of one sequence in order")
     rot = "llama" if rotation else "none"
-    cache = make_cache(model, layers[0].k_format.name, layers[0].v_format.name, rotation=rot)
+    cache = make_cache(model, layers[0].k_format.key, layers[0].v_format.key, rotation=rot)
     if len(cache) != len(layers):
         raise TransplantError(f"the model has {len(cache)} cache layers, the state {len(layers)}")
     for i, (c, L) in enumerate(zip(cache, layers)):
@@ -83,7 +127,8 @@ def state_to_tqcache(state: LlamaState, model, n_kv_heads: int, head_dim: int, r
         if L.v_trans:
             raise TransplantError("the state holds transposed V (flash attention was off); rows are needed")
         kf, vf = L.k_format, L.v_format
-        if kf.row_bytes(head_dim) * n_kv_heads != L.k.shape[1] or vf.row_bytes(head_dim) * n_kv_heads != L.v.shape[1]:
+        if (kf.row_bytes(padded_dim(kf, head_dim)) * n_kv_heads != L.k.shape[1]
+                or vf.row_bytes(padded_dim(vf, head_dim)) * n_kv_heads != L.v.shape[1]):
             raise TransplantError(f"layer {i}: rows of {L.k.shape[1]}/{L.v.shape[1]} bytes do not hold "
                                   f"{n_kv_heads} heads of {head_dim} values")
         kb = mx.array(np.ascontiguousarray(L.k_blocks(n_kv_heads).transpose(1, 0, 2))[None])
@@ -91,15 +136,17 @@ def state_to_tqcache(state: LlamaState, model, n_kv_heads: int, head_dim: int, r
         k_rot = rotation_group(kf, head_dim, "k") if rotation else 0
         v_rot = rotation_group(vf, head_dim, "v") if rotation else 0
         # TQCache's saved-state layout: offset, formats, head dims, window, start, rotation, groups.
-        meta = (n, kf.name, vf.name, head_dim, head_dim, c.window or 0, 0, rot, k_rot, v_rot)
+        meta = (n, kf.key, vf.key, head_dim, head_dim, c.window or 0, 0, rot, k_rot, v_rot)
         if len(meta) != len(c.meta_state):
             raise TransplantError(f"TQCache's state has {len(c.meta_state)} metadata fields; this transplant writes {len(meta)}")
         c.state = (kb, vb, *(str(m) for m in meta))
     return cache
 
 
-def tqcache_to_state(cache: list, seq_id: int = 0) -> LlamaState:
-    """A llama.cpp sequence state from TQCache layers (positions 0..offset-1, one sequence)."""
+def tqcache_to_state(cache: list, seq_id: int = 0, header: bool = True) -> LlamaState:
+    """A llama.cpp sequence state from TQCache layers (positions 0..offset-1, one sequence).
+    ``header``: False for an older llama.cpp's header-less sequence blob (the fork at 69d8e4b)."""
+    from tqbridge.bridge.padding import padded_dim
     from tqbridge.parity.harness.level_cache import tq_rows
 
     layers = []
@@ -110,14 +157,16 @@ def tqcache_to_state(cache: list, seq_id: int = 0) -> LlamaState:
                                   "(k - mu) / s, not the keys llama.cpp would store; export an uncalibrated cache")
         kf, vf = get_format(c.k_format), get_format(c.v_format)
         for f, d in ((kf, c.k_dim), (vf, c.v_dim)):
-            if d is None or d % f.block_size:
+            if d is None or (d % f.block_size and f.kind != "turbo"):   # turbo heads are stored padded
                 raise TransplantError(f"layer {i}: head dim {d} is not whole {f.key} blocks; llama.cpp cannot hold it")
         k, v = tq_rows(c)
         n = k.shape[0] if n is None else n
         if k.shape[0] != n:
             raise TransplantError(f"layer {i} holds {k.shape[0]} positions, layer 0 {n}")
         layers.append((_type_id(kf.key), k, _type_id(vf.key), v))
-    return seq_state(layers, np.arange(n), seq_id=seq_id)
+    state = seq_state(layers, np.arange(n), seq_id=seq_id)
+    state.header = header
+    return state
 
 
 def greedy_mlx(model, cache: list, first: int, n: int, decode: "str | None" = None) -> list[int]:
@@ -155,13 +204,12 @@ def decode_paths(cache: list) -> dict[str, int]:
     return dict(total)
 
 
-def greedy_llama(llm, first: int, n: int) -> list[int]:
-    """Feed ``first`` then greedy tokens through a llama.cpp context; the ``n`` tokens after it."""
+def greedy_llama(llm: LlamaSession, first: int, n: int) -> list[int]:
+    """Feed ``first`` then greedy tokens through a llama.cpp session; the ``n`` tokens after it."""
     out = []
     tok = int(first)
     for _ in range(n):
-        llm.eval([tok])
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = int(np.argmax(llm.eval([tok])))
         out.append(tok)
     return out
 
@@ -196,23 +244,22 @@ def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = DEFAULT_FORMAT
     n_ctx = max(256, -(-(len(tokens) + n_new + 1) // 256) * 256)
 
     # Forward: llama.cpp prefill -> MLX decode.
-    llm = llama_context(gguf_path, pair.k, pair.v, n_ctx=n_ctx, rotation=rotation)
+    llm = LlamaSession(gguf_path, pair.k, pair.v, n_ctx=n_ctx, rotation=rotation)
     try:
-        llm.eval(list(tokens))
-        first = int(np.argmax(llm.scores[len(tokens) - 1]))
-        blob = read_seq_state(llm._ctx.ctx)
+        first = int(np.argmax(llm.eval(list(tokens))))
+        blob = llm.state()
         llama_cont = greedy_llama(llm, first, n_new)
     finally:
         llm.close()
     state = parse_state(blob)
     moved = state_to_tqcache(state, model, n_kv_heads, head_dim, rotation=rotation)
-    round_trip = tqcache_to_state(moved).to_bytes() == blob
+    round_trip = tqcache_to_state(moved, header=state.header).to_bytes() == blob
     mlx_from_llama = greedy_mlx(model, moved, first, n_new, decode)
     # MLX on its own (its own prefill), for comparison.
     own = make_cache(model, pair.k, pair.v, rotation="llama" if rotation else "none")
     mlx_logits = model(mx.array(list(tokens), dtype=mx.int32)[None], cache=own)
     mlx_first = int(mx.argmax(mlx_logits[0, -1]).item())
-    own_blob = tqcache_to_state(own).to_bytes() if reverse else None
+    own_blob = tqcache_to_state(own, header=state.header).to_bytes() if reverse else None
     mlx_cont = greedy_mlx(model, own, mlx_first, n_new, decode)
     res: dict[str, Any] = {
         "kv": pair.name, "rotation": rotation, "prompt_tokens": len(tokens), "new_tokens": n_new,
@@ -225,11 +272,9 @@ def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = DEFAULT_FORMAT
     }
     if reverse:
         # Reverse: MLX prefill -> llama.cpp decode from MLX's blocks.
-        llm = llama_context(gguf_path, pair.k, pair.v, n_ctx=n_ctx, rotation=rotation)
+        llm = LlamaSession(gguf_path, pair.k, pair.v, n_ctx=n_ctx, rotation=rotation)
         try:
-            load_seq_state(llm._ctx.ctx, own_blob)
-            llm.n_tokens = len(tokens)
-            llm.input_ids[: len(tokens)] = tokens
+            llm.restore(own_blob, list(tokens))
             llama_from_mlx = greedy_llama(llm, mlx_first, n_new)
         finally:
             llm.close()
