@@ -31,6 +31,7 @@ _SIGS = {
     "tqs_state_size": (_SZ, [_P]),
     "tqs_state_get": (_SZ, [_P, _P, _SZ]),
     "tqs_state_set": (_SZ, [_P, _P, _SZ]),
+    "tqs_last_error": (ctypes.c_char_p, []),
     "tqs_tokenize": (_I32, [_P, ctypes.c_char_p, _I32, _P, _I32, ctypes.c_int]),
 }
 
@@ -59,7 +60,8 @@ class Shim:
     def load_model(self, path: "str | os.PathLike[str]") -> int:
         m = self.lib.tqs_model_load(str(Path(path)).encode())
         if not m:
-            raise LlamaBuildError(f"llama.cpp could not load {path}")
+            said = (self.lib.tqs_last_error() or b"").decode(errors="replace").strip()
+            raise LlamaBuildError(f"llama.cpp could not load {path}" + (f": {said}" if said else ""))
         return m
 
     def free_model(self, model: int) -> None:
@@ -73,8 +75,9 @@ class Shim:
         ctx = self.lib.tqs_context(model, n_ctx, n_batch, n_ubatch, n_threads, int(flash_attn), type_k, type_v,
                                    ctypes.cast(callback, ctypes.c_void_p) if callback is not None else None, None)
         if not ctx:
+            said = (self.lib.tqs_last_error() or b"").decode(errors="replace").strip()
             raise LlamaBuildError(f"llama.cpp could not create a context (type_k {type_k}, type_v {type_v}, "
-                                  f"flash attention {'on' if flash_attn else 'off'})")
+                                  f"flash attention {'on' if flash_attn else 'off'})" + (f": {said}" if said else ""))
         return ctx
 
     def free(self, ctx: int) -> None:

@@ -84,6 +84,13 @@ def main(argv: "list[str] | None" = None) -> int:
     except CliError as e:
         print(f"tqbridge {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:
+        from tqbridge.bridge.llama_build import LlamaBuildError
+
+        if not isinstance(e, LlamaBuildError):
+            raise
+        print(f"tqbridge {args.command}: error: {e}", file=sys.stderr)   # e.g. the build refuses a K/V pair
+        return 2
     except ImportError as e:
         from tqbridge.bridge.llama_compat import LlamaCppIncompatible
 

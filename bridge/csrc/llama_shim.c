@@ -16,13 +16,20 @@
 #include "llama.h"
 
 static int tqs_quiet = 1;
+static char tqs_error[512];   /* the last error llama.cpp logged, for one-line messages */
 
 static void tqs_log(enum ggml_log_level level, const char * text, void * user) {
     (void) user;
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        strncpy(tqs_error, text, sizeof(tqs_error) - 1);
+        tqs_error[sizeof(tqs_error) - 1] = 0;
+    }
     if (!tqs_quiet && level >= GGML_LOG_LEVEL_WARN) {
         fputs(text, stderr);
     }
 }
+
+const char * tqs_last_error(void) { return tqs_error; }
 
 void tqs_init(int quiet) {
     tqs_quiet = quiet;

@@ -63,7 +63,7 @@ def block_diff(a: np.ndarray, b: np.ndarray, fmt: Any, values_per_row: int) -> d
 
 
 def same_input_check(f32_state: LlamaState, q_state: LlamaState, head_dim: int, *, layer: int = 0,
-                     rotation: bool = False) -> dict[str, Any]:
+                     rotation: bool = False, swa: "list[bool] | None" = None) -> dict[str, Any]:
     """What TQCache writes for llama.cpp's own float K/V of ``layer`` vs llama.cpp's blocks of it.
 
     The float rows go through :class:`~tqbridge.metal.cache.TQCache` itself (its quantizer, its
@@ -72,8 +72,12 @@ def same_input_check(f32_state: LlamaState, q_state: LlamaState, head_dim: int, 
 
     from tqbridge.metal.lm.cache import TQCache
 
-    fl: LayerKV = f32_state.layers()[layer]
-    ql: LayerKV = q_state.layers()[layer]
+    if len(q_state.caches) > 1:   # iSWA: model layer `layer`, wherever its record keeps it
+        if swa is None:
+            raise ValueError("a state with several cache records needs the model's sliding-window pattern")
+        fl, ql = f32_state.model_layers(swa)[layer], q_state.model_layers(swa)[layer]
+    else:
+        fl, ql = f32_state.layers()[layer], q_state.layers()[layer]
     if fl.k_format.name != "f32" or fl.v_format.name != "f32":
         raise ValueError(f"the reference state must hold an F32 cache, got {fl.k_format.key}/{fl.v_format.key}")
     rows = []
@@ -102,7 +106,11 @@ def tq_rows(cache) -> tuple[np.ndarray, np.ndarray]:
 
 def compare_runtime_caches(q_state: LlamaState, mlx_cache: list, head_dim: int) -> list[dict[str, Any]]:
     """Per layer: llama.cpp's blocks vs the MLX TQCache's blocks (share of differing blocks/values)."""
-    layers = q_state.layers()
+    if len(q_state.caches) > 1:   # iSWA models (Gemma 3): the non-SWA record first, then the SWA one
+        swa = [bool(getattr(c, "window", None)) for c in mlx_cache]
+        layers = [L for _, L in sorted(q_state.model_layers(swa).items())]
+    else:
+        layers = q_state.layers()
     if len(layers) != len(mlx_cache):
         raise ValueError(f"llama.cpp's state has {len(layers)} layers, the MLX cache {len(mlx_cache)}")
     out = []
@@ -128,13 +136,16 @@ def run_cache_level(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, ro
     lr = LlamaCppRuntime(gguf_path, rotation=rotation)
     lr.logits(tokens, KV("f32", "f32"), keep_state=True)
     f32_state = parse_state(lr.last_state)
-    mr = None
     if isinstance(runtimes, bool):
         with_mlx = {KV.parse(k).name for k in kvs} if runtimes else set()
     else:
         with_mlx = {KV.parse(k).name for k in runtimes}
-    if with_mlx:
-        mr = mlx_runtime or MLXRuntime(gguf_path)
+    mr = mlx_runtime or MLXRuntime(gguf_path) if (with_mlx or len(f32_state.caches) > 1) else None
+    swa = None
+    if len(f32_state.caches) > 1:
+        from tqbridge.metal.lm.cache import make_cache
+
+        swa = [bool(getattr(c, "window", None)) for c in make_cache(mr.model)]
     results = []
     for spec in kvs:
         kv = KV.parse(spec)
@@ -142,7 +153,7 @@ def run_cache_level(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, ro
         q_state = parse_state(lr.last_state)
         head_dim = gguf_head_dim(gguf_path)
         entry: dict[str, Any] = {"kv": kv.name, "same_inputs": same_input_check(
-            f32_state, q_state, head_dim, rotation=rotation)}
+            f32_state, q_state, head_dim, rotation=rotation, swa=swa)}
         if kv.name in with_mlx:
             entry["layers"] = compare_runtime_caches(q_state, _mlx_prefill(mr.model, tokens, kv, rotation), head_dim)
         results.append(entry)

@@ -112,8 +112,16 @@ def state_to_tqcache(state: LlamaState, model, n_kv_heads: int, head_dim: int, r
     from tqbridge.bridge.padding import padded_dim
     from tqbridge.metal.lm.cache import TQCache, make_cache, rotation_group
 
-    layers = state.layers()
+    probe = make_cache(model, "f16", "f16")
+    if len(state.caches) > 1:   # iSWA models (Gemma 3): the non-SWA record first, then the SWA one
+        swa = [bool(getattr(c, "window", None)) for c in probe]
+        layers = [L for _, L in sorted(state.model_layers(swa).items())]
+    else:
+        layers = state.layers()
     stream = state.caches[0].stream()
+    for c in state.caches[1:]:
+        if c.stream().pos.tolist() != stream.pos.tolist():
+            raise TransplantError("the state's cache records hold different cells (a window slid?)")
     n = stream.cell_count
     if stream.pos.tolist() != list(range(n)):
         raise TransplantError("the state's cells are not positions 0..n-1 of one sequence in order")
@@ -164,7 +172,13 @@ def tqcache_to_state(cache: list, seq_id: int = 0, header: bool = True) -> Llama
         if k.shape[0] != n:
             raise TransplantError(f"layer {i} holds {k.shape[0]} positions, layer 0 {n}")
         layers.append((_type_id(kf.key), k, _type_id(vf.key), v))
-    state = seq_state(layers, np.arange(n), seq_id=seq_id)
+    swa = [bool(getattr(c, "window", None)) for c in cache]
+    if any(swa) and not all(swa):   # iSWA: llama.cpp keeps two records, the non-SWA layers first
+        full = seq_state([x for x, w in zip(layers, swa) if not w], np.arange(n), seq_id=seq_id)
+        full.caches += seq_state([x for x, w in zip(layers, swa) if w], np.arange(n), seq_id=seq_id).caches
+        state = full
+    else:
+        state = seq_state(layers, np.arange(n), seq_id=seq_id)
     state.header = header
     return state
 
