@@ -19,7 +19,8 @@ from tqbridge.bridge.kv_spec import DEFAULT_FORMAT
 from tqbridge.tools.cli import CliError
 
 LEVELS = ("blocks", "attention", "logits", "cache", "teacher", "lane", "transplant")
-DEFAULT_LEVELS = ("blocks", "attention", "logits")
+# teacher belongs in every default: the default levels without it let through 5 of 7 planted MLX-side bugs
+DEFAULT_LEVELS = ("blocks", "attention", "logits", "teacher")
 
 
 # The default K/V matrix against a TurboQuant fork build: the configurations the port exists for.
