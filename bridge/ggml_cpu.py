@@ -83,6 +83,18 @@ def reference_quantize(fmt, x: np.ndarray) -> np.ndarray:
     return quantize(f, x, **f.cache_options)
 
 
+def c_reference_quantize(fmt, x: np.ndarray) -> np.ndarray:
+    """ggml's own C reference quantizer of a cache type (its ``from_float_ref``: ``quantize_row_*_ref``,
+    iq4_nl without the scale search, the fork's turbo quantizers) on rows (..., n); float types, which
+    have nothing to quantize, through :func:`reference_quantize`."""
+    from .ggml_c import _type_id
+
+    f = get_format(fmt)
+    if f.kind == "float":
+        return reference_quantize(f, x)
+    return from_float_by_id(_type_id(f), x, f.type_size, cpu=False, block_size=f.block_size)
+
+
 def reference_disagreement(fmt, x: np.ndarray) -> np.ndarray:
     """Per block of ``x`` (..., n): True where ggml-cpu's ``from_float`` and the reference quantizer
     (:func:`reference_quantize`) write different bytes."""
@@ -96,10 +108,11 @@ GGML_TYPE_Q8_1 = 9      # ggml.h; not a cache type (no registry entry): q's dot 
 Q8_1_BLOCK_BYTES = 36   # block_q8_1: f16 d, f16 s (= d * sum of codes), int8 qs[32]
 
 
-def from_float_by_id(type_id: int, x: np.ndarray, type_size: int, *, cpu: bool = True) -> np.ndarray:
+def from_float_by_id(type_id: int, x: np.ndarray, type_size: int, *, cpu: bool = True,
+                     block_size: int = 32) -> np.ndarray:
     """ggml-cpu's ``from_float`` (``cpu``) or ggml's ``from_float_ref`` of a ggml type id on float rows
-    (..., n), n a multiple of 32 -> uint8 (..., n // 32 * type_size). For types outside the registry
-    (q8_1)."""
+    (..., n), n a multiple of ``block_size`` -> uint8 (..., n // block_size * type_size). For types
+    outside the registry (q8_1), and for ggml's own reference quantizer of a registry type."""
     from .ggml_c import _lib
 
     if cpu:
@@ -111,10 +124,10 @@ def from_float_by_id(type_id: int, x: np.ndarray, type_size: int, *, cpu: bool =
     fn = _FROM_FLOAT(fp)
     x = np.asarray(x)
     n = int(x.shape[-1])
-    if n % 32:
-        raise ValueError(f"row length {n} is not a multiple of 32")
+    if n % block_size:
+        raise ValueError(f"row length {n} is not a multiple of {block_size}")
     src = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, n)
-    out = np.zeros((src.shape[0], n // 32 * type_size), np.uint8)
+    out = np.zeros((src.shape[0], n // block_size * type_size), np.uint8)
     for i in range(src.shape[0]):
         fn(src[i].ctypes.data, out[i].ctypes.data, n)
     return out.reshape(*x.shape[:-1], out.shape[-1])
