@@ -40,6 +40,11 @@ def summarize(report: dict, build: str = "") -> dict:
     llama = dict(report.get("info", {}).get("llama_cpp", {}).get("llama_build") or {})
     llama.pop("source", None)                       # a path of the machine that ran it
     command = report["command"].replace(build, "BUILD") if build else report["command"]
+    words = command.split()
+    if "--json" in words:                            # where the full report went on that machine
+        i = words.index("--json")
+        words[i + 1] = "OUT.json"
+    command = " ".join(words)
     out = {"command": command, "verdicts": report["verdicts"], "passed": report["passed"], "llama": llama}
     if "logits" in report:
         out["logits"] = [{k: r.get(k) for k in ("kv", "kl_mean", "top1", "max_abs", "decode_kl_mean", "decode_top1",

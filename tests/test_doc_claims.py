@@ -1869,3 +1869,34 @@ def test_fourteenth_session_prologue_and_comparison_are_their_record():
     assert f"took {saved} µs off a call's device time at 4K / 32K / 128K" in flat(text("docs/attention.md"))
     assert attention_kernel.v3_prologue() == 2 and attention_kernel.v3_merge_pad()
     assert attention_kernel.v3_auto_stages() == attention_kernel.V3_AUTO_STAGES_CUDA == 2
+
+
+# ---- README: parity against the TurboQuant fork ------------------------------------------------------
+
+def test_readme_fork_parity_section_is_the_record():
+    """Each claim of the section read against benchmarks/cpu-2026-12-03-fork-parity.json."""
+    rec = record("benchmarks/cpu-2026-12-03-fork-parity.json")
+    readme = flat(text("README.md"))
+    runs = rec["runs"]
+    ran = {n: r for n, r in runs.items() if "error" not in r}
+    assert set(ran) == {"smollm2-fork-69d8e4b", "gemma3-fork-69d8e4b", "gemma3-fork-pr197"}
+    assert "SmolLM2 on the fork at 69d8e4b; Gemma 3 270M on both variants; `--levels all`" in readme
+    for r in ran.values():
+        assert r["passed"] and {v["level"] for v in r["verdicts"]} == {
+            "blocks", "attention", "logits", "cache", "teacher", "lane", "transplant"}
+        assert "--levels all --exact-weights --no-rotation" in r["command"]
+        # teacher: identical bytes at every layer for the four turbo pairs; q8_0 K only explained ties
+        for t in r["teacher"]:
+            assert t["passed"] and t["unexplained"] == 0 and t["attention_worst_bound_ratio"] <= 1.0
+            if not t["kv"].startswith("q8_0"):
+                assert t["k_blocks_differing"] == t["v_blocks_differing"] == 0
+        assert {t["kv"].split("@")[0] for t in r["teacher"]} >= {"q8_0/turbo3", "q8_0/turbo4", "turbo3", "turbo4"}
+        assert all(e["equal"]["decode (rotated basis)"] for e in r["blocks"] if e["format"].startswith("turbo"))
+        turbo = [t for t in r["transplant"] if "turbo" in t["kv"]]
+        assert turbo and all(t["blob_round_trip_bytes_equal"] and t["forward_agree"] == t["new_tokens"]
+                             for t in turbo)
+    assert "teacher-forced cache bytes identical at every layer for q8_0/turbo3, q8_0/turbo4, turbo3 and turbo4" in readme
+    assert "does not divide n_embd_head_v=64" in runs["smollm2-fork-pr197"]["error"]
+    assert "The PR #197 port refuses turbo caches on head dim 64 (SmolLM2)" in readme
+    assert rec["builds"]["gemma3-fork-pr197"]["variant"] == "fork-pr197"
+    assert rec["builds"]["smollm2-fork-69d8e4b"]["variant"] == "fork-69d8e4b"
