@@ -9,7 +9,8 @@ writes ``DIR/<variant>.npz`` holding, per K/V pair and per layer, what the fork'
   zero-padded to 128 per head for turbo types), in the order written;
 - ``k_cache``, ``v_cache``: the fork's cache bytes of those cells, (Hkv, cells, row bytes);
 - ``q``: q of the last decode step before the fork rotated it (Hq, D padded), ``out``: the fork's
-  attention output of that step after its inverse rotation (Hq, D), ``scale``;
+  attention output of that step after its inverse rotation (Hq, D), ``scale``; ``q_fa``, ``out_fa``,
+  ``mask``: what its flash attention read and wrote at that step (rotated where the fork rotates);
 
 plus ``{pair}/logits_top_ids`` / ``logits_top`` (the fork's largest :data:`TOP_LOGITS` logits at each
 evaluation's last position: the prompt's, then each decode step's) and ``tokens``.
@@ -75,6 +76,11 @@ def make_goldens(gguf_path: str, pairs=PAIRS, *, n_tokens: int = PROMPT_TOKENS +
             out[p + "q"] = np.asarray(q[-1], np.float32)
             out[p + "out"] = np.asarray(o[-1], np.float32)
             out[p + "scale"] = np.float32(L.scale)
+            # what the fork's flash attention itself read and wrote at that step: q (rotated and padded
+            # for a turbo K), the mask row over the written cells, the output (rotated for a turbo V)
+            out[p + "q_fa"] = np.asarray(L.q[-1][-1], np.float32)
+            out[p + "out_fa"] = np.asarray(L.out[-1][-1], np.float32)
+            out[p + "mask"] = np.asarray(L.mask[-1][-1][cells], np.float32)
     return out
 
 

@@ -163,7 +163,7 @@ def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], 
     from tqbridge.metal.attention import visible_range
     from tqbridge.metal.hadamard import hadamard_rotate
     from tqbridge.parity.harness.level_attention import judge_ours
-    from tqbridge.parity.harness.llama_arith import VEC_DOT_TYPE, ulp_error, ulps_limit
+    from tqbridge.parity.harness.llama_arith import reproduces, ulp_error, ulps_limit
     from tqbridge.parity.harness.llama_arith import attention as llama_attention
 
     kf, vf = get_format(kv.k), get_format(kv.v)
@@ -239,7 +239,7 @@ def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], 
         ok = ok and all(e["within_bound"] for e in ours.values())
         # llama.cpp's own output of the last row, recomputed with its arithmetic (parity/harness/llama_arith.py)
         # from what its flash attention read: q (rotated as it was), every cache cell, the mask row
-        if L.mask and kf.key in VEC_DOT_TYPE and vf.key in VEC_DOT_TYPE:
+        if L.mask and reproduces(kf) and reproduces(vf):
             arith = llama_attention(L.q[-1][-1], L.k_cache, L.v_cache, k_format=kf.key, v_format=vf.key,
                                     scale=L.scale, softcap=L.softcap, mask=L.mask[-1][-1])
             unit = "f16" if vf.key == "f16" else "f32"

@@ -105,6 +105,17 @@ def scores(q: np.ndarray, k_blocks: np.ndarray, *, k_format: str, variant: str =
         for h in range(hq):
             out[h] = k16[h // g] @ q16[h]
         return out.astype(np.float32)
+    if fmt.kind == "turbo":
+        # the TurboQuant fork (ggml_vec_dot_turbo*_f32): K decoded to float32 in its rotated basis, q in
+        # float32 (already rotated by the graph), summed in order: sum = fma(k[i], q[i], sum) per element
+        rb = k_blocks.shape[-1]
+        kd = dequantize(fmt, k_blocks.reshape(-1, rb), d, rotated=True).reshape(hkv, n, d).astype(F32)
+        for h in range(hq):
+            acc = np.zeros(n, F32)
+            for i in range(d):
+                acc = _fma32(kd[h // g][:, i], q[h, i], acc)
+            out[h] = acc
+        return out.astype(np.float32)
     vt = VEC_DOT_TYPE[fmt.key]
     for h in range(hq):
         blocks = q8_act.quantize(vt, q[h], variant)
@@ -144,7 +155,9 @@ def attention(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, *, k_fo
         vals = np.ascontiguousarray(v_blocks).view("<f2")                           # (Hkv, n, Dv) f16
     else:
         dv_ = v_blocks.shape[-1] // vf.type_size * vf.block_size
-        vals = dequantize(vf, v_blocks.reshape(-1, v_blocks.shape[-1]), dv_).reshape(hkv, n, dv_).astype(F32)
+        # a turbo V stays in its rotated basis here (the fork rotates the output back after the op)
+        opts = {"rotated": True} if vf.kind == "turbo" else {}
+        vals = dequantize(vf, v_blocks.reshape(-1, v_blocks.shape[-1]), dv_, **opts).reshape(hkv, n, dv_).astype(F32)
     dv = vals.shape[-1]
     vh = vals[np.arange(hq) // g]                                  # (Hq, n, Dv): each head's KV head
     f16v = vf.key == "f16"
@@ -166,6 +179,13 @@ def attention(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, *, k_fo
             S = (S.astype(np.float64) * ms + vs).astype(F32)       # S*ms + vs, one rounding
     inv = np.where(S == 0, F32(0.0), (F32(1.0) / np.where(S == 0, F32(1.0), S)).astype(F32)).astype(F32)
     return (acc.astype(F32) * inv[:, None]).astype(F32)
+
+
+def reproduces(fmt) -> bool:
+    """Whether :func:`attention` reproduces a K or V type's arithmetic: upstream ggml's flash-attention
+    cache types, and the TurboQuant fork's turbo types."""
+    fmt = get_format(fmt)
+    return fmt.key in VEC_DOT_TYPE or fmt.kind == "turbo"
 
 
 def ulp_error(x: np.ndarray, ref: np.ndarray, dtype: str = "f32") -> float:
