@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from tqbridge.bridge import dequantize, get_format, quantize
-from tqbridge.bridge.llama_state import LayerKV, LlamaState, parse_state
+from tqbridge.bridge import dequantize, get_format
+from tqbridge.bridge.llama_state import LlamaState, parse_state
 
 # Formats whose same-inputs check is known to fail, with the measured reason (none at present).
 KNOWN_DIFFERENCES: dict[str, str] = {}

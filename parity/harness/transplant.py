@@ -154,7 +154,6 @@ def state_to_tqcache(state: LlamaState, model, n_kv_heads: int, head_dim: int, r
 def tqcache_to_state(cache: list, seq_id: int = 0, header: bool = True) -> LlamaState:
     """A llama.cpp sequence state from TQCache layers (positions 0..offset-1, one sequence).
     ``header``: False for an older llama.cpp's header-less sequence blob (the fork at 69d8e4b)."""
-    from tqbridge.bridge.padding import padded_dim
     from tqbridge.parity.harness.level_cache import tq_rows
 
     layers = []
