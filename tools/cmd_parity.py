@@ -106,6 +106,13 @@ def run(args, command: "str | None" = None) -> int:
     kv_list = args.kv or list(FORK_KV if fork else DEFAULT_KV)
     if fork:   # a bare turbo name means the fork build's variant, on both sides
         kv_list = [qualify_turbo(spec, fork) for spec in kv_list]
+        if not args.no_rotation:
+            # The fork at 69d8e4b keeps upstream's KV rotation off by default; the PR #197 port applies it
+            # to every quantized type, turbo included (a Hadamard on top of turbo's own rotation), which
+            # tqbridge's caches do not stack. Both runtimes run without it against a fork.
+            args.no_rotation = True
+            print("note: against a TurboQuant fork build the KV rotation of quantized caches is off in both "
+                  "runtimes (as --no-rotation)", file=sys.stderr)
     for spec in kv_list:
         try:
             kv = KV.parse(spec)

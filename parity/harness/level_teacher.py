@@ -167,6 +167,13 @@ def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], 
     from tqbridge.parity.harness.llama_arith import attention as llama_attention
 
     kf, vf = get_format(kv.k), get_format(kv.v)
+    for side, fmt, group in (("K", kf, L.k_rot), ("V", vf, L.v_rot)):
+        if group and fmt.kind == "turbo":
+            from tqbridge.bridge.llama_build import LlamaBuildError
+
+            raise LlamaBuildError(f"llama.cpp rotated its {fmt.key} {side} cache with upstream's Hadamard "
+                                  "rotation on top of turbo's own (this build applies LLAMA_ATTN_ROT to every "
+                                  "quantized type); tqbridge's caches do not stack the two: run with --no-rotation")
     hkv = L.k_cache.shape[0]
     k_rows, v_rows = np.concatenate(L.k_rows), np.concatenate(L.v_rows)
     cells = np.concatenate(L.k_cells)
