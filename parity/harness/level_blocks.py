@@ -49,8 +49,7 @@ def run_blocks_level(formats: "Iterable[str] | None" = None, *, rows: "np.ndarra
     """Per format and path: bytes compared and whether they equal ggml's; a JSON-ready dict. Turbo
     formats (a fork build) are also decoded by the build's ``to_float`` (the rotated basis, as the
     fork's cache stores it) and compared with ours bit for bit."""
-    from tqbridge.bridge import ggml_c
-    from tqbridge.metal import backends, quantize_append
+    from tqbridge.metal import backends
     from tqbridge.parity.plugin.strategies import adversarial_rows
 
     x = adversarial_rows() if rows is None else np.asarray(rows, dtype=np.float32)
@@ -63,22 +62,13 @@ def run_blocks_level(formats: "Iterable[str] | None" = None, *, rows: "np.ndarra
     out = []
     for name in (level_formats() if formats is None else formats):
         fmt = bridge.get_format(name)
-        if fmt.kind == "turbo":
-            out.append(_turbo_entry(fmt, turbo_rows() if rows is None else x, kb, mx))
-            continue
-        ref = ggml_c.c_quantize(fmt, x)
-        paths = {"numpy": bridge.quantize(fmt, x)}
-        if mx is not None:
-            paths["mlx"] = np.array(bridge.mlx_quantize(fmt, mx.array(x)))
-        for b in kb:
-            paths[f"kernel:{b}"] = np.asarray(quantize_append(fmt, x, backend=b))
-        equal = {p: bool(np.array_equal(q, ref)) for p, q in paths.items()}
-        out.append({"format": fmt.key, "rows": int(x.shape[0]), "bytes": int(ref.size), "equal": equal,
-                    "passed": all(equal.values())})
+        out.append(_entry(fmt, turbo_rows() if fmt.kind == "turbo" and rows is None else x, kb, mx))
     return {"formats": out, "passed": all(e["passed"] for e in out)}
 
 
-def _turbo_entry(fmt, x: np.ndarray, kb: "list[str]", mx) -> dict[str, Any]:
+def _entry(fmt, x: np.ndarray, kb: "list[str]", mx) -> dict[str, Any]:
+    """One format: ggml's C bytes vs every path of ours; a turbo format (a fork build) is also decoded by
+    the build's ``to_float`` and compared with our rotated-basis decoder bit for bit."""
     from tqbridge.bridge import ggml_c
     from tqbridge.metal import quantize_append
 
@@ -90,9 +80,10 @@ def _turbo_entry(fmt, x: np.ndarray, kb: "list[str]", mx) -> dict[str, Any]:
     for b in kb:
         paths[f"kernel:{b}"] = np.asarray(quantize_append(fmt, x, backend=b))
     equal = {p: bool(np.array_equal(q, ref)) for p, q in paths.items()}
-    theirs = ggml_c.c_dequantize(fmt, ref, x.shape[-1])
-    ours = bridge.dequantize(fmt, ref, x.shape[-1], rotated=True)
-    equal["decode (rotated basis)"] = bool(np.array_equal(theirs.view(np.uint32), ours.view(np.uint32)))
+    if fmt.kind == "turbo":
+        theirs = ggml_c.c_dequantize(fmt, ref, x.shape[-1])
+        ours = bridge.dequantize(fmt, ref, x.shape[-1], rotated=True)
+        equal["decode (rotated basis)"] = bool(np.array_equal(theirs.view(np.uint32), ours.view(np.uint32)))
     return {"format": fmt.key, "rows": int(x.shape[0]), "bytes": int(ref.size), "equal": equal,
             "passed": all(equal.values())}
 
