@@ -224,10 +224,12 @@ def _probe_turbo(base, names: dict[int, str]) -> dict[str, Any]:
     for name, tid in sorted(have.items()):
         t = base.ggml_get_type_traits(tid).contents
         info: dict[str, Any] = {"id": tid, "block_size": int(t.blck_size), "type_size": int(t.type_size)}
-        # centroids read back: a block of norm 1 whose indices run through the table
-        bits = {"turbo2": 2, "turbo3": 3, "turbo4": 4}.get(name)
-        if bits and t.to_float and t.blck_size == 128:
-            info["centroids"] = _read_centroids(t, bits).tolist()
+        # centroids read back: a block of norm 1 whose indices run through the table, in the layout of a
+        # registry variant with the build's block size (turbo4: 68 or 66 bytes)
+        layout = next((f for fmts in turbo_variants().values() for f in fmts.values()
+                       if f.name == name and (f.block_size, f.type_size) == (t.blck_size, t.type_size)), None)
+        if layout is not None and t.to_float:
+            info["centroids"] = _read_centroids(t, layout).tolist()
         out["types"][name] = info
     for variant, fmts in turbo_variants().items():
         diffs = []
@@ -263,24 +265,14 @@ def _probe_turbo(base, names: dict[int, str]) -> dict[str, Any]:
     return out
 
 
-def _read_centroids(traits, bits: int) -> np.ndarray:
-    """The build's centroid table, read by decoding one block: norm 1.0, index j at position j."""
-    n = 1 << bits
-    idx = np.arange(128) % n
-    size = int(traits.type_size)
-    block = np.zeros(size, np.uint8)
-    block[:2] = np.array([0x3C00], "<u2").view(np.uint8)    # fp16 1.0
-    if bits == 4:
-        qs = (idx[0::2] | (idx[1::2] << 4)).astype(np.uint8)
-        block[size - 64:] = qs                               # qs[64] ends the block in both layouts
-    else:
-        lo = idx & 3
-        block[2:34] = (lo[0::4] | lo[1::4] << 2 | lo[2::4] << 4 | lo[3::4] << 6).astype(np.uint8)
-        if bits == 3:
-            hi = (idx >> 2) & 1
-            block[34:50] = np.packbits(hi.astype(np.uint8), bitorder="little")
-    out = np.zeros(128, np.float32)
-    _TO_FLOAT(traits.to_float)(block.ctypes.data, out.ctypes.data, 128)
+def _read_centroids(traits, fmt) -> np.ndarray:
+    """The build's centroid table, read by decoding one block (packed by ``fmt``'s codec, a variant with
+    the build's block layout): norm 1.0, index j at position j."""
+    n = 1 << fmt.codec.spec.bits
+    idx = (np.arange(fmt.block_size) % n).astype(np.uint8)[None]
+    block = np.ascontiguousarray(fmt.codec.pack(np.ones(1, np.float32), idx)[0])
+    out = np.zeros(fmt.block_size, np.float32)
+    _TO_FLOAT(traits.to_float)(block.ctypes.data, out.ctypes.data, fmt.block_size)
     return out[:n]
 
 
@@ -356,10 +348,6 @@ class BuildInfo:
     @property
     def variant(self) -> "str | None":
         return (self.report.get("turbo") or {}).get("variant")
-
-    @property
-    def turbo_ids(self) -> dict[str, int]:
-        return {n: int(t["id"]) for n, t in ((self.report.get("turbo") or {}).get("types") or {}).items()}
 
     @property
     def shim(self) -> Path:

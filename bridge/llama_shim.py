@@ -18,9 +18,6 @@ EVAL_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, ctypes.c_bool, 
 _P, _U32, _I32, _SZ = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int32, ctypes.c_size_t
 _SIGS = {
     "tqs_init": (None, [ctypes.c_int]),
-    "tqs_ggml_version": (ctypes.c_char_p, []),
-    "tqs_ggml_commit": (ctypes.c_char_p, []),
-    "tqs_system_info": (ctypes.c_char_p, []),
     "tqs_model_load": (_P, [ctypes.c_char_p]),
     "tqs_model_free": (None, [_P]),
     "tqs_n_vocab": (ctypes.c_int, [_P]),
@@ -118,7 +115,3 @@ class Shim:
                 return [int(t) for t in out[:n]]
             cap = -n
         raise LlamaBuildError("llama_tokenize did not fit its own count")
-
-    def versions(self) -> dict[str, str]:
-        return {"ggml_version": (self.lib.tqs_ggml_version() or b"").decode(),
-                "ggml_commit": (self.lib.tqs_ggml_commit() or b"").decode()}

@@ -37,12 +37,7 @@ void tqs_init(int quiet) {
     llama_backend_init();
 }
 
-const char * tqs_ggml_version(void) { return ggml_version(); }
-const char * tqs_ggml_commit(void) { return ggml_commit(); }
-const char * tqs_system_info(void) { return llama_print_system_info(); }
 int tqs_type_count(void) { return (int) GGML_TYPE_COUNT; }
-size_t tqs_sizeof_context_params(void) { return sizeof(struct llama_context_params); }
-size_t tqs_sizeof_tensor(void) { return sizeof(struct ggml_tensor); }
 
 void * tqs_model_load(const char * path) {
     struct llama_model_params mp = llama_model_default_params();

@@ -102,7 +102,8 @@ class LlamaCppRuntime:
         self.flash_attn = flash_attn
         self.rotation = rotation
         self.n_threads = n_threads or os.cpu_count() or 1
-        self._vocab = None
+        self._vocab = None    # llama-cpp-python's tokenizer
+        self._model = None    # a --llama build's model handle (its tokenizer and its contexts)
         self.last_state: "bytes | None" = None
 
     def _type_id(self, fmt: str) -> int:
@@ -131,9 +132,9 @@ class LlamaCppRuntime:
         from tqbridge.bridge.llama_shim import Shim
 
         shim = Shim.for_build(self.build)
-        if self._vocab is None:
-            self._vocab = shim.load_model(self.path)
-        return shim, self._vocab
+        if self._model is None:
+            self._model = shim.load_model(self.path)
+        return shim, self._model
 
     def _n_ctx(self, n_tokens: int) -> int:
         return max(256, -(-n_tokens // 256) * 256)
