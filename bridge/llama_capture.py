@@ -15,6 +15,8 @@ Per layer ``il`` of a run with flash attention (the graph of the vendored llama.
   source 1 is the tensor before rotation (``Kcur-il``, ``Vcur-il``, ``Qcur-il``, ``kqv_out-il``).
   -> ``k_in`` / ``v_in`` / ``q_in`` (float32 rows before the rotation) and the groups (``k_rot``,
   ``v_rot``: the order of llama.cpp's rotation matrices).
+- the node named ``attn_norm-{il}`` (the layer's normalized input, what its q/k/v projections read;
+  llama.cpp's graph builders name it so for every architecture the level runs): -> ``attn_in``.
 - ``FLASH_ATTN_EXT`` reading ``cache_k_l{il}``: q (source 0, rotated when the cache is), the K and V
   cache bytes it reads (sources 1, 2: every cell of the view), the mask (source 3), scale, max_bias
   and logit softcap (op params) and the output (rotated when V is). -> ``q``, ``k_cache``,
@@ -145,6 +147,7 @@ def read_tensor(base, ptr: int, raw: bool = False) -> np.ndarray:
 _SET_ROWS = re.compile(r"^cache_([kv])_l(\d+) \(view\)$")
 _FA_K = re.compile(r"^cache_k_l(\d+) \(view\)")
 _ROT_IN = re.compile(r"^(Kcur|Vcur|Qcur|kqv_out)-(\d+)")
+_ATTN_IN = re.compile(r"^attn_norm-(\d+)$")
 _ROT_KEY = {"Kcur": "k_in", "Vcur": "v_in", "Qcur": "q_in", "kqv_out": "out_in"}
 
 
@@ -160,6 +163,7 @@ class LayerCapture:
     v_in: list = field(default_factory=list)
     q_in: list = field(default_factory=list)
     out_in: list = field(default_factory=list)     # flash attention's output before llama.cpp rotates it back
+    attn_in: list = field(default_factory=list)    # (tokens, hidden) float32: the normalized layer input
     q: list = field(default_factory=list)          # (tokens, Hq, D): q as flash attention read it
     out: list = field(default_factory=list)        # (tokens, Hq, Dv): flash attention's output
     mask: list = field(default_factory=list)       # (tokens, cells): 0 where visible, -inf where not
@@ -206,6 +210,8 @@ class GraphCapture:
     def _wanted(self, ptr: int) -> bool:
         op = self._op(ptr)
         t = _tensor(ptr)
+        if _ATTN_IN.match(t.name.decode("utf-8", "replace")):
+            return True
         if op == "SET_ROWS":
             return bool(_SET_ROWS.match(t.name.decode("utf-8", "replace")))
         if op == "MUL_MAT":
@@ -236,7 +242,13 @@ class GraphCapture:
         check_tensor_layout(b, ptr)
         t = _tensor(ptr)
         op = self._op(ptr)
-        if op == "SET_ROWS":
+        m = _ATTN_IN.match(t.name.decode("utf-8", "replace"))
+        if m:
+            x = read_tensor(b, ptr)
+            if x.dtype != np.float32:
+                raise CaptureError(f"layer {m.group(1)}: the attention input is not f32")
+            self.layers[int(m.group(1))].attn_in.append(x.reshape(-1, x.shape[-1]).copy())
+        elif op == "SET_ROWS":
             side, il = _SET_ROWS.match(t.name.decode()).groups()
             L = self.layers[int(il)]
             rows = read_tensor(b, t.src[0])

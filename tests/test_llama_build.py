@@ -120,3 +120,4 @@ def test_live_blocks_and_teacher_against_the_fork():
                             "--no-rotation", "--quiet"], capture_output=True, text=True, timeout=1800)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         assert "all claims hold: blocks, teacher" in r.stdout
+        assert "model path (decode:reference)" in r.stdout    # the model's own attention on the fork's rows

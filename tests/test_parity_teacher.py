@@ -44,11 +44,17 @@ def _tokens(path: str, n: int = N_TOKENS) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def smollm2():
+def smollm2_model():
     path = _f32("smollm2")
-    from tqbridge.parity.harness.level_teacher import model_windows
+    from tqbridge.parity.harness.level_teacher import teacher_model
 
-    return path, _tokens(path), model_windows(path)
+    return path, _tokens(path), teacher_model(path)
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_model):
+    path, toks, (_, windows, _) = smollm2_model
+    return path, toks, windows
 
 
 def test_capture_reads_llama_cpp_graph(smollm2):
@@ -132,6 +138,96 @@ def test_bf16_scales_in_the_cache_codec_are_caught_at_every_layer(smollm2, monke
     assert all(not L["bytes"]["k"]["passed"] for L in rep["kv"][0]["layers"])
 
 
+# The model path (issue 33, item 6): the model's own attention module on llama.cpp's input.
+
+def _model_path(rep):
+    return [(r["kv"], L["layer"], L["model_path"]) for r in rep["kv"] for L in r["layers"]]
+
+
+def test_model_path_every_layer_smollm2(smollm2_model):
+    from tqbridge.parity.harness.level_teacher import Q_REL_TOL, run_teacher
+
+    path, toks, model = smollm2_model
+    rep = run_teacher(path, toks, ["q8_0/q4_0", "f16"], decode=DECODE, model=model, backends=BACKENDS)
+    assert rep["passed"] and rep["model_path"] and rep["q_claimed"]       # the F32 GGUF: q is a claim
+    for kv, il, m in _model_path(rep):
+        assert m["ran"] and m["passed"], (kv, il, m)
+        assert m["paths"] == ["decode:reference"]          # MLX's CPU: decode_attention's ops reference
+        assert m["scale_model"] == m["scale_llama"] == 0.125
+        assert m["q_rel"] < Q_REL_TOL / 10 and m["output"]["bound_ratio"] < 0.1
+        assert m["first_visible_llama"] == 0 and m["output"]["chain"] == N_TOKENS
+
+
+def test_model_path_runs_the_emulated_decode_lane(smollm2_model):
+    # MLX's CPU device with the GPU lane's kernels on the emulator: the model path's attention is the
+    # fused kernel, judged with the accumulation chain it reports
+    from tqbridge.parity.harness.level_lane import emulated_lane
+    from tqbridge.parity.harness.level_teacher import run_teacher
+
+    path, toks, model = smollm2_model
+    with emulated_lane():
+        rep = run_teacher(path, toks, ["q8_0/q4_0"], decode=DECODE, model=model, backends=BACKENDS)
+    assert rep["passed"]
+    assert {p for _, _, m in _model_path(rep) for p in m["paths"]} == {"decode:cpu-emulator"}
+
+
+def _planted_scale(monkeypatch, model, factor):
+    for layer in model.layers:
+        monkeypatch.setattr(layer.self_attn, "scale", layer.self_attn.scale * factor)
+
+
+def test_softmax_scale_off_by_one_percent_in_the_model_is_caught(smollm2_model, monkeypatch):
+    # planted: the model's attention scale 1% off (a config or port error). The attention claim, fed
+    # llama.cpp's scale, holds; the model path fails: its q times scale is 1e-2 off llama.cpp's.
+    from tqbridge.parity.harness.level_teacher import run_teacher
+
+    path, toks, model = smollm2_model
+    _planted_scale(monkeypatch, model[0], 1.01)
+    rep = run_teacher(path, toks, ["q8_0/q4_0"], decode=DECODE, model=model, backends=BACKENDS)
+    assert not rep["passed"]
+    layers = rep["kv"][0]["layers"]
+    assert all(L["attention"]["ours"]["reference"]["within_bound"] for L in layers)
+    assert all(not L["model_path"]["q_within"] and not L["model_path"]["passed"] for L in layers)
+    assert all(abs(L["model_path"]["q_rel"] - 0.01) < 1e-3 for L in layers)
+
+
+def test_softmax_scale_off_in_the_routing_is_caught_by_the_output(smollm2_model, monkeypatch):
+    # planted: tqbridge's routing hands the kernel a scale 1% off. The model's q and scale are right;
+    # the output, judged with the scale the model passed, is not (most layers: a layer whose scores are
+    # nearly flat barely moves)
+    from tqbridge.metal.lm import routing
+    from tqbridge.parity.harness.level_teacher import run_teacher
+
+    real = routing.attend
+    monkeypatch.setattr(routing, "attend", lambda cache, q, k, v, *, scale, **kw: real(cache, q, k, v, scale=scale * 1.01, **kw))
+    path, toks, model = smollm2_model
+    rep = run_teacher(path, toks, ["q8_0/q4_0"], decode=DECODE, model=model, backends=BACKENDS)
+    assert not rep["passed"]
+    mps = [m for _, _, m in _model_path(rep)]
+    assert all(m["q_within"] for m in mps)
+    assert sum(not m["output"]["within_bound"] for m in mps) >= 25, [m["output"]["bound_ratio"] for m in mps]
+
+
+def test_rope_position_off_by_one_is_caught_by_q(smollm2_model, monkeypatch):
+    # planted: the model's RoPE offset one position ahead (a cache offset off by one)
+    from tqbridge.parity.harness.level_teacher import run_teacher
+
+    path, toks, model = smollm2_model
+
+    class Ahead:
+        def __init__(self, rope):
+            self.rope = rope
+
+        def __call__(self, x, offset=0):
+            return self.rope(x, offset=offset + 1)
+
+    for layer in model[0].layers:
+        monkeypatch.setattr(layer.self_attn, "rope", Ahead(layer.self_attn.rope))
+    rep = run_teacher(path, toks, ["f16"], decode=DECODE, model=model, backends=BACKENDS)
+    assert not rep["passed"]
+    assert all(not m["q_within"] and m["q_rel"] > 0.01 for _, _, m in _model_path(rep))
+
+
 def _visible_q8_0_ties(rows) -> bool:
     """Whether float rows (..., 32k) hold a q8_0 tie that half-to-even rounding resolves differently
     from C's roundf: x * (1 / (amax / 127)) exactly +-(2j + 0.5), in ggml's float32 arithmetic."""
@@ -171,11 +267,17 @@ def test_round_half_even_in_the_cache_codec_is_caught(smollm2, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def gemma3():
+def gemma3_model():
     path = _f32("gemma3")
-    from tqbridge.parity.harness.level_teacher import model_windows
+    from tqbridge.parity.harness.level_teacher import teacher_model
 
-    return path, model_windows(path)
+    return path, teacher_model(path)
+
+
+@pytest.fixture(scope="module")
+def gemma3(gemma3_model):
+    path, (_, windows, _) = gemma3_model
+    return path, windows
 
 
 def test_every_type_every_layer_gemma3(gemma3):
@@ -194,22 +296,29 @@ def test_every_type_every_layer_gemma3(gemma3):
             assert L["attention"]["llama_arith"]["passed"], (r["kv"], L["layer"], L["attention"]["llama_arith"])
 
 
-def test_sliding_window_past_512_tokens_and_a_config_off_by_one(gemma3):
+def test_sliding_window_past_512_tokens_and_a_config_off_by_one(gemma3_model):
     # 600 tokens: Gemma 3's local layers (window 512) drop their oldest keys. Clean: llama.cpp's mask
-    # is our window convention at every layer. Planted: tqbridge's model gives its local layers a window
-    # of 513 -> the mask check fails on exactly those 15 layers.
+    # is our window convention at every layer, and the model's own attention path (its q norm, its
+    # scale folded into q by llama.cpp, its windowed caches) holds. Planted: tqbridge's model gives its
+    # local layers a window of 513 -> the mask check fails on exactly those 15 layers. (The model path
+    # does not see it: its attention reads one key more than llama.cpp's mask shows, an oldest key whose
+    # weight stays inside the oracle's bound, as the attention claim's window test measured.)
     from tqbridge.parity.harness.level_logits import parity_text
     from tqbridge.parity.harness.runtimes import LlamaCppRuntime
     from tqbridge.parity.harness.level_teacher import run_teacher
 
-    path, windows = gemma3
+    path, model = gemma3_model
+    windows = model[1]
     toks = LlamaCppRuntime(path).tokenize(parity_text()[0])[:600]
     assert len(toks) == 600
-    clean = run_teacher(path, toks, ["q4_0"], decode=DECODE, windows=windows, backends=("reference",))
-    assert clean["passed"]
+    clean = run_teacher(path, toks, ["q4_0"], decode=DECODE, model=model, backends=("reference",))
+    assert clean["passed"] and clean["model_path"] and clean["q_claimed"]
     local = [i for i, w in enumerate(windows) if w]
     assert len(local) == 15
+    mps = {L["layer"]: L["model_path"] for L in clean["kv"][0]["layers"]}
+    assert [il for il, m in mps.items() if m["first_visible_llama"] == 600 - 512] == local
+    assert all(m["scale_model"] == 0.0625 and m["scale_llama"] == 1.0 for m in mps.values())
     bad = run_teacher(path, toks, ["q4_0"], decode=DECODE, windows=[w + 1 if w else 0 for w in windows],
-                      backends=("reference",))
+                      model=model, backends=("reference",))
     failed = [L["layer"] for L in bad["kv"][0]["layers"] if not L["mask"]["matches"]]
     assert not bad["passed"] and failed == local

@@ -63,12 +63,15 @@ def bound_ratio(x: np.ndarray, ref: np.ndarray, bound: np.ndarray) -> float:
 def judge_ours(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray, *, k_format, v_format, length: int,
                scale: float, window: "int | None" = None, softcap: "float | None" = None,
                rotation: "tuple[int, int] | None" = None, backends: Iterable[str] = ("reference", "cpu-emulator"),
-               compare: "dict[str, np.ndarray] | None" = None) -> tuple[dict[str, Any], dict[str, Any]]:
+               compare: "dict[str, np.ndarray] | None" = None,
+               given: "dict[str, tuple[np.ndarray, dict]] | None" = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Each of our paths on one problem against the float64 oracle and its bound.
 
     qb: (1, Hq, D) or (1, Hq, T, D) float32; kb / vb: (1, Hkv, L, row_bytes) blocks. ``compare``:
     other outputs (name -> array shaped like q's output) whose errors vs the oracle are reported
-    beside ours (information, e.g. ggml's). Returns ({backend: record}, {name: errors})."""
+    beside ours (information, e.g. ggml's). ``given``: outputs of our own paths computed elsewhere
+    (name -> (output, the ``last_run()`` of the call that made it)), judged as the backends are.
+    Returns ({backend or given name: record}, {name: errors})."""
     from tqbridge.metal import attention
     from tqbridge.metal.attention_ref import oracle
 
@@ -90,20 +93,19 @@ def judge_ours(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray, *, k_format, v_fo
         e["bound_ratio"] = bound_ratio(np.asarray(x, np.float64).reshape(shape), ref, ref_bound)
         others[name] = e
     out_scale = float(np.abs(ref).max()) or 1.0
-    ours: dict[str, Any] = {}
-    for b in backends:
-        # through the module attribute, so a caller (or a planted-bug test) can wrap it
-        o = np.asarray(attention.decode_attention(qb, kb, vb, backend=b, **kw), dtype=np.float64)[0]
-        run = attention.last_run() or {}
-        chain = run.get("chain") if b != "reference" else None
+
+    def judge(o: np.ndarray, run: dict) -> dict[str, Any]:
+        kernel = run.get("backend", "reference") != "reference"
+        chain = run.get("chain") if kernel else None
         # a kernel that quantized q to int8 (v3, CUDA's default) is judged as that arithmetic
-        qp = run.get("q_precision", "exact") if b != "reference" else "exact"
+        qp = run.get("q_precision", "exact") if kernel else "exact"
         if chain is None:
             want, bound = ref, ref_bound
         else:
             want, bound = (a.reshape(shape) for a in oracle_for(int(chain), qp))
+        o = np.asarray(o, np.float64).reshape(shape)
         e = _errors(o, want)
-        e["path"] = run.get("backend", b) if b != "reference" else "reference"
+        e["path"] = run.get("backend", "reference")
         e["chain"] = int(chain) if chain is not None else int(length)
         e["q_precision"] = qp
         e["bound_ratio"] = bound_ratio(o, want, bound)
@@ -111,7 +113,15 @@ def judge_ours(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray, *, k_format, v_fo
         e["out_scale"] = out_scale
         for name, x in (compare or {}).items():
             e[f"vs_{name}"] = _errors(o, np.asarray(x, np.float64).reshape(shape))
-        ours[b] = e
+        return e
+
+    ours: dict[str, Any] = {}
+    for b in backends:
+        # through the module attribute, so a caller (or a planted-bug test) can wrap it
+        o = np.asarray(attention.decode_attention(qb, kb, vb, backend=b, **kw), dtype=np.float64)[0]
+        ours[b] = judge(o, (attention.last_run() or {}) if b != "reference" else {})
+    for name, (o, run) in (given or {}).items():
+        ours[name] = judge(np.asarray(o, np.float64).reshape(shape), run)
     return ours, others
 
 

@@ -25,6 +25,17 @@ and every layer of tqbridge is given exactly what that layer of llama.cpp was gi
   in tqbridge's model — through ``decode_attention`` on each backend, within the float64 oracle's bound.
   llama.cpp's flash-attention output for the same rows is reported beside it (its error vs the
   oracle and vs ours: information; ggml rounds q to the K type's dot type on purpose).
+- **model path (claim)**: the model's own attention module (:func:`teacher_model`'s mlx-lm model, the
+  layer's ``self_attn``) run, under :func:`tqbridge.metal.lm.routing.route_attention`, on llama.cpp's
+  normalized input of the last decode step (``attn_norm``), with a cache built as the user's
+  (TQCache, the layer's window, rotation as llama.cpp's) holding llama.cpp's rows of the earlier
+  positions. Judged: what the model hands attention, q times the scale it passes, against llama.cpp's
+  q times its scale (llama.cpp folds Gemma 3's scale into q), relative to the largest component,
+  within :func:`q_tolerance` (a claim where the GGUF's projections are F32); and what attention makes of
+  it, the output against the float64 oracle over the blocks the cache holds with that q and scale,
+  *llama.cpp's* softcap and the keys llama.cpp's mask shows the row. A scale, RoPE, softcap, window or
+  routing error anywhere in the model's path (its config, mlx-lm's module, tqbridge's routing and
+  cache) fails one of the two, while the attention claim above (fed llama.cpp's parameters) holds.
 - **mask (claim)**: the key positions llama.cpp's mask lets each of those query rows see are the
   ones tqbridge's causal/window convention (:func:`tqbridge.metal.attention.visible_range`) gives
   with the layer's window in tqbridge's model (:func:`model_windows`; Gemma 3's local layers: 512,
@@ -40,6 +51,22 @@ from typing import Any, Iterable
 import numpy as np
 
 U32 = 2.0 ** -24          # float32 unit roundoff
+
+# The model path's scaled q vs llama.cpp's, as max |ours - llama| / max |llama| over a layer's heads, on F32
+# weights: both are float32 dot products of length hidden (576 SmolLM2, 640 Gemma 3; Higham's gamma_n for
+# n = 640 is 3.8e-5 of sum |w x|, in practice far less) and Gemma's q norm: Q_REL_TOL. Then RoPE: each
+# runtime computes the angle pos * theta_i in float32 in its own order (theta_i through powf/exp, a few
+# ulps), an angle error up to ~pos * 2**-22 per runtime, which turns a component by that much:
+# Q_ROPE_PER_POS per position for the two. Measured: SmolLM2 (position 47) 1.2e-6 to 2.3e-6 of the
+# 1.2e-4 allowed; Gemma 3 (position 599) 2.8e-5 of 3.9e-4. A RoPE position off by one gives O(1), a
+# scale 1% off 1e-2.
+Q_REL_TOL = 1e-4
+Q_ROPE_PER_POS = 2.0 ** -21
+
+
+def q_tolerance(position: int) -> float:
+    """The model path's allowance for its scaled q at ``position`` (see :data:`Q_REL_TOL`)."""
+    return Q_REL_TOL + position * Q_ROPE_PER_POS
 
 # llama.cpp's attention output recomputed with its own arithmetic is a claim where that arithmetic was
 # validated against ggml (x86-64: the SIMD q8_0/q8_1 rounding of tqbridge.bridge.q8_act); elsewhere
@@ -139,24 +166,120 @@ def _unrotate(x: np.ndarray, group: int) -> np.ndarray:
     return (x.astype(np.float64).reshape(*x.shape[:-1], -1, group) @ h).reshape(x.shape)
 
 
-def model_windows(gguf_path: str, with_head_dim: bool = False):
-    """The sliding window of each layer as tqbridge runs the model: the mlx-lm model built from the
-    GGUF (:func:`tqbridge.bridge.gguf_model.load_gguf_model`) and its TQCaches
-    (:func:`tqbridge.metal.cache.make_cache`); 0 for a layer without a window. ``with_head_dim``:
-    also the model's head dim, as ``(windows, head_dim)``."""
+def teacher_model(gguf_path: str) -> "tuple[Any, list[int], int]":
+    """tqbridge's model of the GGUF as the teacher level judges it: ``(model, windows, head_dim)`` —
+    the mlx-lm model (:func:`tqbridge.bridge.gguf_model.load_gguf_model`), the sliding window of each
+    layer as its TQCaches get it (:func:`tqbridge.metal.lm.cache.make_cache`; 0 for none) and its head dim."""
     from tqbridge.bridge.gguf_model import load_gguf_model
     from tqbridge.metal.lm.cache import make_cache
 
     model, cfg = load_gguf_model(gguf_path)
     windows = [int(getattr(c, "window", None) or 0) for c in make_cache(model)]
-    return (windows, int(cfg["head_dim"])) if with_head_dim else windows
+    return model, windows, int(cfg["head_dim"])
+
+
+def model_windows(gguf_path: str, with_head_dim: bool = False):
+    """The sliding window of each layer as tqbridge runs the model (see :func:`teacher_model`);
+    ``with_head_dim``: also the model's head dim, as ``(windows, head_dim)``."""
+    _, windows, head_dim = teacher_model(gguf_path)
+    return (windows, head_dim) if with_head_dim else windows
+
+
+def _f32_projections(gguf_path: str) -> bool:
+    """Whether every attention projection (``attn_q/k/v``) of the GGUF is stored as F32 (llama.cpp then
+    multiplies in float32; quantized weights make it round activations to q8_1 first)."""
+    from tqbridge.bridge.gguf_io import validate
+
+    types = [t.type_id for t in validate(gguf_path).tensors
+             if t.name.startswith("blk.") and t.name.rsplit(".", 2)[-2] in ("attn_q", "attn_k", "attn_v")]
+    return bool(types) and all(t == 0 for t in types)      # GGML_TYPE_F32
+
+
+def model_path_layer(layer_module, L, kv, *, window: int, head_dim: int, q_claimed: bool) -> dict[str, Any]:
+    """The model's own attention path on llama.cpp's input of the last decode step (one layer).
+
+    ``layer_module``: the layer's attention module of tqbridge's mlx-lm model; ``window``: its window in
+    that model (the cache is built with it, as :func:`tqbridge.metal.lm.cache.make_cache` does)."""
+    import sys
+
+    import mlx.core as mx
+
+    from tqbridge.metal import attention as attention_mod
+    from tqbridge.metal.lm.cache import TQCache
+    from tqbridge.metal.lm.routing import route_attention
+    from tqbridge.parity.harness.level_attention import judge_ours
+
+    if not L.attn_in or len(L.attn_in[-1]) != 1 or len(L.k_rows) < 2:
+        return {"ran": False, "why": "no decode step was captured (the model path judges the last one)",
+                "passed": True}
+    kf, vf = kv.k, kv.v
+    hkv = L.k_cache.shape[0]
+    cache = TQCache(kf, vf, window=window or None, rotation="llama" if (L.k_rot or L.v_rot) else "none")
+    k_src = [x.reshape(len(r), -1) for x, r in zip(L.k_in, L.k_rows)] if L.k_rot else L.k_rows
+    v_src = [x.reshape(len(r), -1) for x, r in zip(L.v_in, L.v_rows)] if L.v_rot else L.v_rows
+    for kc, vc in list(zip(k_src, v_src))[:-1]:      # llama.cpp's rows of every earlier position
+        # (the fork zero-pads turbo heads to 128: the model's cache takes rows of the model's head dim)
+        cache.update_and_fetch(mx.array(_heads(kc, hkv)[..., :head_dim]), mx.array(_heads(vc, hkv)[..., :head_dim]))
+    module = sys.modules[type(layer_module).__module__]
+    seen: dict[str, Any] = {}
+    with route_attention():
+        routed = module.scaled_dot_product_attention
+
+        def recorder(queries, keys, values, cache, scale, mask, sinks=None):
+            o = routed(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+            seen.update(q=queries, out=o, scale=scale, run=attention_mod.last_run())
+            return o
+
+        module.scaled_dot_product_attention = recorder
+        try:
+            mx.eval(layer_module(mx.array(L.attn_in[-1])[None], mask=None, cache=cache))
+        finally:
+            module.scaled_dot_product_attention = routed
+    if "q" not in seen:
+        raise RuntimeError(f"{type(layer_module).__module__}'s attention did not call scaled_dot_product_attention")
+    paths = sorted(p for p in cache.paths if p.startswith("decode:"))
+    n = cache.offset
+    q = np.array(seen["q"].astype(mx.float32))[0, :, 0]          # (Hq, D)
+    out = np.array(seen["out"].astype(mx.float32))[0, :, 0]      # (Hq, Dv)
+    # llama.cpp's q of that row, before its rotation (or the fork's), cut to the model's head dim
+    q_ll = (L.q_in[-1].reshape(1, q.shape[0], -1) if (L.k_rot or L.q_turbo) else L.q[-1])[-1][:, :head_dim]
+    # llama.cpp may fold the scale into q (Gemma 3 scales q by 1/sqrt(query_pre_attn_scalar) and passes
+    # scale 1): what attention computes with is q times the scale, so that product is compared
+    qs, qs_ll = q.astype(np.float64) * seen["scale"], q_ll.astype(np.float64) * L.scale
+    q_rel = float(np.abs(qs - qs_ll).max() / (np.abs(qs_ll).max() or 1.0))
+    rec: dict[str, Any] = {"ran": True, "paths": paths, "scale_model": float(seen["scale"]), "scale_llama": L.scale,
+                           "q_rel": q_rel, "q_tol": q_tolerance(n - 1), "q_claimed": q_claimed,
+                           "q_within": bool(q_rel <= q_tolerance(n - 1))}
+    # the keys llama.cpp's mask shows the row: [lo, n)
+    vis = np.isfinite(L.mask[-1][-1]) if L.mask else None
+    cells = np.concatenate(L.k_cells)
+    lo = int(np.arange(n)[vis[cells]].min()) if vis is not None else 0
+    rec["first_visible_llama"], rec["cache_start"] = lo, int(cache.start)
+    kb, vb = (np.array(b) for b in cache.blocks(lo))
+    ok = cache.start <= lo and kb.shape[2] == n - lo
+    kernel_ran = any(p not in ("decode:reference", "decode:dequant-sdpa") for p in paths)
+    # what the kernel ran: the layer's prepared launch (the GPU lane) or the dispatcher's last call
+    run = (getattr(cache.decode_launch, "run_info", None) or seen["run"]) if kernel_ran else {}
+    rotation = (cache.k_rot, cache.v_rot) if cache.k_rot or cache.v_rot else None
+    # blocks padded past the head dim (turbo's 128) are read with q and the output of the head dim
+    ours, _ = judge_ours(q[None], kb, vb, k_format=kf, v_format=vf, length=kb.shape[2], scale=float(seen["scale"]),
+                         softcap=L.softcap or None, rotation=rotation, backends=(),
+                         given={"model": (out, run)})
+    e = ours["model"]
+    rec["output"] = e
+    ok = ok and e["within_bound"] and (rec["q_within"] or not q_claimed)
+    rec["passed"] = bool(ok)
+    return rec
 
 
 def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], window: int = 0,
-                  attention: bool = True, head_dim: "int | None" = None) -> dict[str, Any]:
+                  attention: bool = True, head_dim: "int | None" = None, layer_module=None,
+                  q_claimed: bool = False) -> dict[str, Any]:
     """Every check on one captured layer (:class:`tqbridge.bridge.llama_capture.LayerCapture`).
     ``window``: the layer's sliding window in tqbridge's model (0: none). ``head_dim``: the model's
-    (the TurboQuant fork zero-pads turbo heads to 128: its q and output are cut back to it)."""
+    (the TurboQuant fork zero-pads turbo heads to 128: its q and output are cut back to it).
+    ``layer_module``: the layer's attention module in tqbridge's model, for the model-path claim
+    (:func:`model_path_layer`; not run without it); ``q_claimed``: its q comparison is a claim."""
     import mlx.core as mx
 
     from tqbridge.bridge import get_format
@@ -256,25 +379,35 @@ def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], 
             out["attention"]["llama_arith"] = rec
             if ARITH_CLAIMED:
                 ok = ok and rec["passed"]
+    # 5. the model's own attention path on llama.cpp's input
+    if layer_module is not None:
+        out["model_path"] = model_path_layer(layer_module, L, kv, window=window, q_claimed=q_claimed,
+                                             head_dim=head_dim or L.k_rows[0].shape[1] // hkv)
+        ok = ok and out["model_path"]["passed"]
     out["passed"] = bool(ok)
     return out
 
 
 def run_teacher(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, decode: int = 4, rotation: bool = True,
                 rows: int = 4, backends: Iterable[str] = ("reference", "cpu-emulator"),
-                attention: bool = True, windows: "list[int] | None" = None, progress=None) -> dict[str, Any]:
+                attention: bool = True, windows: "list[int] | None" = None, model=None,
+                model_path: bool = True, progress=None) -> dict[str, Any]:
     """The teacher-forced level for each K/V pair on ``tokens``; a JSON-ready dict.
 
-    ``windows``: each layer's sliding window in tqbridge's model (default: :func:`model_windows`)."""
+    ``model``: :func:`teacher_model`'s triple, when the caller has it (else it is built from the GGUF);
+    ``windows``: each layer's sliding window in tqbridge's model, overriding the model's;
+    ``model_path``: run the model-path claim (it needs the model: with only ``windows`` given it does not run)."""
     from tqbridge.bridge.llama_capture import capture_run
     from tqbridge.parity.harness.runtimes import KV
 
-    if windows is None:
+    if model is None and windows is None:
         if progress:
-            progress("teacher forcing: tqbridge's model (for its sliding windows)")
-        windows, head_dim = model_windows(gguf_path, with_head_dim=True)
-    else:
-        head_dim = None
+            progress("teacher forcing: tqbridge's model (its attention path and sliding windows)")
+        model = teacher_model(gguf_path)
+    mlx_model, model_windows_, head_dim = model if model is not None else (None, None, None)
+    windows = model_windows_ if windows is None else windows
+    layers_mod = mlx_model.layers if (model_path and mlx_model is not None) else None
+    q_claimed = bool(layers_mod is not None and _f32_projections(gguf_path))
     results = []
     for spec in kvs:
         kv = KV.parse(spec)
@@ -287,17 +420,23 @@ def run_teacher(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, decode
             if il >= len(windows):
                 raise ValueError(f"llama.cpp has a layer {il}, tqbridge's model {len(windows)} layers")
             rec = teacher_layer(cap.layers[il], kv, rotation=rotation, rows=rows, backends=backends,
-                                window=windows[il], attention=attention, head_dim=head_dim)
+                                window=windows[il], attention=attention, head_dim=head_dim,
+                                layer_module=layers_mod[il].self_attn if layers_mod is not None else None,
+                                q_claimed=q_claimed)
             rec["layer"] = il
             layers.append(rec)
         results.append({"kv": kv.name, "layers": layers, "seconds": round(time.perf_counter() - t0, 2),
                         "passed": all(L["passed"] for L in layers)})
+    claim = ("at every layer: TQCache's bytes == llama.cpp's for llama.cpp's quantizer input; its rotation "
+             "within the float32 dot-product bound; our attention on llama.cpp's q and cache within the "
+             "float64 oracle's bound; llama.cpp's mask == our window convention")
+    if layers_mod is not None:
+        claim += ("; the model's own attention path on llama.cpp's input within the oracle's bound with "
+                  "llama.cpp's scale, softcap and visible keys" + (", its q times scale within q_tolerance(position) of llama.cpp's"
+                                                                   if q_claimed else ""))
     return {"tokens": len(tokens), "decode": decode, "rotation": rotation, "rows": rows, "backends": list(backends),
-            "windows": sorted(set(windows)), "kv": results,
-            "claim": ("at every layer: TQCache's bytes == llama.cpp's for llama.cpp's quantizer input; its rotation "
-                      "within the float32 dot-product bound; our attention on llama.cpp's q and cache within the "
-                      "float64 oracle's bound; llama.cpp's mask == our window convention"),
-            "passed": all(r["passed"] for r in results)}
+            "windows": sorted(set(windows)), "kv": results, "model_path": layers_mod is not None,
+            "q_claimed": q_claimed, "claim": claim, "passed": all(r["passed"] for r in results)}
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
@@ -327,6 +466,15 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
             if ar:
                 text += (f"; llama.cpp's output = its arithmetic recomputed to {max(x['ulps'] for x in ar):.2g} "
                          f"{ar[0]['unit']} ulps (limit {ar[0]['limit']})")
+        mps = [L["model_path"] for L in Ls if L.get("model_path", {}).get("ran")]
+        if mps:
+            worst = max(m["output"]["bound_ratio"] for m in mps)
+            q = max(m["q_rel"] for m in mps)
+            scales = sorted({m["scale_model"] for m in mps})
+            text += (f"; model path ({', '.join(sorted({p for m in mps for p in m['paths']}))}) {worst:.2g}x the "
+                     f"oracle bound, q x scale within {q:.2g} of llama.cpp's"
+                     + (" (claimed)" if mps[0]["q_claimed"] else " (information)")
+                     + f" (scale: model {'/'.join(f'{x:.6g}' for x in scales)}, llama.cpp {mps[0]['scale_llama']:.6g})")
         if bad:
             text += f"; FAILED at layers {bad}"
         lines.append(text)
