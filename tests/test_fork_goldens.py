@@ -167,6 +167,42 @@ def test_planted_turbo_bug_is_caught_by_the_goldens(monkeypatch, bug):
     assert _all_layers_identical("fork-pr197") != []
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_q_rotated_with_the_wrong_group_is_caught_on_the_forks_blocks(monkeypatch, variant):
+    # planted: decode_attention's MLX-ops path rotates q into a turbo K's basis in groups of 64 instead
+    # of the format's 128 (the K rows were rotated in 128s by the fork): every turbo-K layer fails
+    import mlx.core as mx
+
+    from tqbridge.bridge import rotation
+    from tqbridge.metal import attention_ref
+    from tqbridge.parity.harness.level_attention import judge_ours
+
+    def wrong_group(x, fmt, n, inverse=False):
+        if inverse:
+            return real(x, fmt, n, inverse=True)
+        if x.shape[-1] != n:
+            x = mx.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n - x.shape[-1])])
+        lead = tuple(x.shape[:-1])
+        return rotation.mlx_forward(x.reshape(*lead, n // 64, 64), 64).reshape(*lead, n)
+
+    real = attention_ref._turbo_rotate
+    monkeypatch.setattr(attention_ref, "_turbo_rotate", wrong_group)
+    z, prov = _load(variant)
+    hd = int(z["head_dim"])
+    judged = []
+    for pair in prov["pairs"]:
+        kf, vf = _formats(pair, variant)
+        if not kf.startswith("turbo"):
+            continue
+        for il in _layers(z, pair):
+            p = f"{pair.replace('/', '-')}/L{il}/"
+            kc, vc = z[p + "k_cache"], z[p + "v_cache"]
+            ours, _ = judge_ours(z[p + "q"][:, :hd][None], kc[None], vc[None], k_format=kf, v_format=vf,
+                                 length=kc.shape[1], scale=float(z[p + "scale"]), backends=("reference",))
+            judged.append(ours["reference"]["within_bound"])
+    assert judged and not any(judged)
+
+
 # --- logits: the model through MLX with TQCache on the goldens' tokens, vs the fork's ---------------------
 
 MODELS = {"fork-69d8e4b": "smollm2", "fork-pr197": "gemma3"}
