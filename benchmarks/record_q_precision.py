@@ -82,7 +82,7 @@ def _paired(model_name: str, tokens: int, kvs: "tuple[str, ...]" = KVS) -> list[
     from tqbridge.metal.lm.cache import make_cache, parse_kv
     from tqbridge.metal.lm.routing import route_attention
     from tqbridge.parity import quality as q
-    from tqbridge.parity.harness.models import model_path
+    from tqbridge.bridge.models import model_path
 
     path = str(model_path(model_name))
     model, _ = load_gguf_model(path)

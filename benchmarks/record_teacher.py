@@ -68,7 +68,7 @@ def teacher_runs() -> list[dict]:
     from tqbridge.bridge.gguf_f32 import cached_f32_gguf
     from tqbridge.parity.harness.level_logits import parity_text
     from tqbridge.parity.harness.level_teacher import model_windows, run_teacher
-    from tqbridge.parity.harness.models import model_path
+    from tqbridge.bridge.models import model_path
     from tqbridge.parity.harness.runtimes import LlamaCppRuntime
 
     runs = []

@@ -13,8 +13,9 @@ Public API::
 
 from .affine import from_mlx_affine, to_mlx_affine
 from .api import dequantize, mlx_dequantize, mlx_quantize, quantize
+from .format_types import Format, FormatError
 from .padding import pad_rows, padded_dim, unpad_rows
-from .registry import Format, FormatError, all_formats, display_name, formats, get_format
+from .registry import all_formats, display_name, formats, get_format
 
 __all__ = [
     "Format", "FormatError", "all_formats", "display_name", "formats", "get_format",

@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from .format_types import Format, FormatError, Layout
 from .legacy_fields import BLOCK, join_blocks, split_blocks
-from .registry import Format, FormatError, Layout, get_format, names
+from .registry import get_format, names
 
 _NOT_AFFINE = {   # why a format of this kind has no affine form
     "turbo": "its values are rotated (Walsh-Hadamard) and quantized to non-uniform centroids",

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from .registry import Format, FormatError, get_format
+from .format_types import Format, FormatError
+from .registry import get_format
 
 
 def _split_rows(fmt: Format, shape: tuple[int, ...]) -> tuple[tuple[int, ...], int]:

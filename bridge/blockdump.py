@@ -6,9 +6,10 @@ from typing import Any
 
 import numpy as np
 
+from .format_types import FormatError
 from .gguf_io import GGUFError, GGUFFile, TensorInfo
 from .legacy_fields import split_blocks
-from .registry import FormatError, all_formats
+from .registry import all_formats
 
 _INT_TYPES = {"I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8", "F64": "<f8"}
 

@@ -6,9 +6,10 @@ writes only what gguf-py lacks (the iq4_nl quantizer, in :mod:`.iq4_nl`). Type i
 ``enum ggml_type`` values (``gguf.GGMLQuantizationType``), the same in upstream llama.cpp and the
 TurboQuant forks for these types.
 
-:func:`_register_all` is the table of these formats' facts (see :class:`.registry.Format`): the
-kernels' format id (``TQA_*`` / ``QA_*`` in metal/kernels/*.h, checked by tests/test_registry.py), llama.cpp's
-KV cache types (its ``kv_cache_types``), the cache types whose ggml-cpu ``flash_attn_ext``
+:data:`FORMATS`, built by :func:`_formats`, is the table of these formats' facts (see
+:class:`.format_types.Format`; :mod:`.registry` registers them): the kernels' format id (``TQA_*`` /
+``QA_*`` in metal/kernels/*.h, checked by tests/test_registry.py), llama.cpp's KV cache types (its
+``kv_cache_types``), the cache types whose ggml-cpu ``flash_attn_ext``
 :mod:`tqbridge.parity.harness.llama_arith` reproduces, ggml-cpu's ``vec_dot_type`` (checked against
 ``ggml_get_type_traits_cpu``) and the legacy block fields.
 """
@@ -19,7 +20,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
-from .registry import Format, FormatError, Layout, register
+from .format_types import Format, Layout, refuse_nonfinite
+from .iq4_nl import IQ4NL, KVALUES
 
 
 class F32:
@@ -61,16 +63,6 @@ class F16:
         if nan.any():
             y = np.where(nan, (y.view(np.uint32) | np.uint32(0x00400000)).view(np.float32), y)
         return y
-
-
-def refuse_nonfinite(name: str, x: np.ndarray) -> None:
-    """FormatError naming the first NaN/inf value: ggml's C result for it is undefined."""
-    bad = ~np.isfinite(x)
-    if bad.any():
-        blk, j = (int(i) for i in np.argwhere(bad)[0])
-        raise FormatError(
-            f"{name}: value {j} of block {blk} is {x[blk, j]}; non-finite input has no defined "
-            f"{name} encoding in ggml (float-to-int of NaN/inf), so tqbridge refuses it")
 
 
 class _GgufCodec:
@@ -173,39 +165,40 @@ def _sizes(qtype: T) -> tuple[int, int]:
 
 def _ggml(name: str, qtype: T, codec: type, kind: str, description: str, **facts) -> Format:
     block_size, type_size = _sizes(qtype)
-    return register(Format(
+    return Format(
         name=name, variant=None, kind=kind, block_size=block_size, type_size=type_size,
         codec=codec, type_ids={"ggml": int(qtype)}, description=description, **facts,
-    ))
+    )
 
 
-def _register_all() -> None:
-    from .iq4_nl import IQ4NL, KVALUES
-
+def _formats() -> tuple[Format, ...]:
     _with_mlx(F32, "f32", refuse=False)
     _with_mlx(F16, "f16", refuse=False)
     _with_mlx(IQ4NL, "iq4_nl", refuse=True)
     kv = dict(llama_kv=True)             # llama.cpp takes all of these as KV cache types
     fa = dict(kv, flash_attn=True)       # ... and llama_arith reproduces ggml-cpu's flash_attn_ext on these
-    _ggml("f32", T.F32, F32, "float", "IEEE float32", kernel_id=0, vec_dot_type="f32", **kv)
-    _ggml("f16", T.F16, F16, "float", "IEEE float16 (round to nearest even)",
-          kernel_id=1, vec_dot_type="f16", **fa)
-    _ggml("bf16", T.BF16, _gguf_codec(T.BF16), "float", "bfloat16 (round to nearest even, NaN kept quiet)",
-          kernel_id=2, vec_dot_type="bf16", **kv)
-    _ggml("q8_0", T.Q8_0, _gguf_codec(T.Q8_0), "ggml", "fp16 d + 32 int8 (x = d*q)",
-          kernel_id=3, vec_dot_type="q8_0", layout=Layout(bits=8, has_m=False, offset=0, signed=True), **fa)
-    _ggml("q4_0", T.Q4_0, _gguf_codec(T.Q4_0), "ggml", "fp16 d + 32 4-bit (x = d*(q-8))",
-          kernel_id=4, vec_dot_type="q8_0", layout=Layout(bits=4, has_m=False, offset=8), **fa)
-    _ggml("q4_1", T.Q4_1, _gguf_codec(T.Q4_1), "ggml", "fp16 d, m + 32 4-bit (x = d*q + m)",
-          kernel_id=5, vec_dot_type="q8_1", layout=Layout(bits=4, has_m=True, offset=0), **fa)
-    _ggml("q5_0", T.Q5_0, _gguf_codec(T.Q5_0), "ggml", "fp16 d + 32 5-bit (x = d*(q-16))",
-          kernel_id=6, vec_dot_type="q8_0", layout=Layout(bits=5, has_m=False, offset=16), **fa)
-    _ggml("q5_1", T.Q5_1, _gguf_codec(T.Q5_1), "ggml", "fp16 d, m + 32 5-bit (x = d*q + m)",
-          kernel_id=7, vec_dot_type="q8_1", layout=Layout(bits=5, has_m=True, offset=0), **fa)
-    _ggml("iq4_nl", T.IQ4_NL, IQ4NL, "ggml", "fp16 d + 32 4-bit indices into a fixed non-linear table",
-          kernel_id=8, vec_dot_type="q8_0", cache_options={"search": False}, cache_kernel_id=10,
-          layout=Layout(bits=4, has_m=False, offset=0, values=tuple(int(v) for v in KVALUES),
-                        values_name="kvalues_iq4nl"), **fa)
+    return (
+        _ggml("f32", T.F32, F32, "float", "IEEE float32", kernel_id=0, vec_dot_type="f32", **kv),
+        _ggml("f16", T.F16, F16, "float", "IEEE float16 (round to nearest even)",
+              kernel_id=1, vec_dot_type="f16", **fa),
+        _ggml("bf16", T.BF16, _gguf_codec(T.BF16), "float", "bfloat16 (round to nearest even, NaN kept quiet)",
+              kernel_id=2, vec_dot_type="bf16", **kv),
+        _ggml("q8_0", T.Q8_0, _gguf_codec(T.Q8_0), "ggml", "fp16 d + 32 int8 (x = d*q)",
+              kernel_id=3, vec_dot_type="q8_0", layout=Layout(bits=8, has_m=False, offset=0, signed=True), **fa),
+        _ggml("q4_0", T.Q4_0, _gguf_codec(T.Q4_0), "ggml", "fp16 d + 32 4-bit (x = d*(q-8))",
+              kernel_id=4, vec_dot_type="q8_0", layout=Layout(bits=4, has_m=False, offset=8), **fa),
+        _ggml("q4_1", T.Q4_1, _gguf_codec(T.Q4_1), "ggml", "fp16 d, m + 32 4-bit (x = d*q + m)",
+              kernel_id=5, vec_dot_type="q8_1", layout=Layout(bits=4, has_m=True, offset=0), **fa),
+        _ggml("q5_0", T.Q5_0, _gguf_codec(T.Q5_0), "ggml", "fp16 d + 32 5-bit (x = d*(q-16))",
+              kernel_id=6, vec_dot_type="q8_0", layout=Layout(bits=5, has_m=False, offset=16), **fa),
+        _ggml("q5_1", T.Q5_1, _gguf_codec(T.Q5_1), "ggml", "fp16 d, m + 32 5-bit (x = d*q + m)",
+              kernel_id=7, vec_dot_type="q8_1", layout=Layout(bits=5, has_m=True, offset=0), **fa),
+        _ggml("iq4_nl", T.IQ4_NL, IQ4NL, "ggml", "fp16 d + 32 4-bit indices into a fixed non-linear table",
+              kernel_id=8, vec_dot_type="q8_0", cache_options={"search": False}, cache_kernel_id=10,
+              layout=Layout(bits=4, has_m=False, offset=0, values=tuple(int(v) for v in KVALUES),
+                            values_name="kvalues_iq4nl"), **fa),
+    )
 
 
-_register_all()
+# this module's registry entries, in registry order
+FORMATS: tuple[Format, ...] = _formats()

@@ -1,9 +1,10 @@
 """ggml's own C quantizers, reached through ctypes: the oracle our formats are checked against.
 
-The library is the ``libggml-base`` shipped inside the installed ``llama_cpp`` package
-(llama-cpp-python, extra ``tqbridge[llama]``). Quantizing goes through ``ggml_quantize_chunk``
-(no importance matrix, as llama.cpp does for KV rows); dequantizing through the ``to_float``
-function of the type's ``ggml_type_traits``. Same layout contract as
+The library is the ``libggml-base`` of this process's llama.cpp side (:mod:`.llama_side`): the one
+shipped inside the installed ``llama_cpp`` package (llama-cpp-python, extra ``tqbridge[llama]``), or
+that of a build chosen with :func:`tqbridge.bridge.llama_build.select`. Quantizing goes through
+``ggml_quantize_chunk`` (no importance matrix, as llama.cpp does for KV rows); dequantizing through
+the ``to_float`` function of the type's ``ggml_type_traits``. Same layout contract as
 :func:`tqbridge.bridge.quantize` / :func:`tqbridge.bridge.dequantize`.
 """
 
@@ -11,76 +12,19 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import sys
-from pathlib import Path
 
 import numpy as np
 
-from .registry import Format, FormatError, get_format
-
-
-class GgmlUnavailable(ImportError):
-    """llama-cpp-python (and so ggml's C library) is not installed or cannot be loaded."""
-
-
-# ggml.h (this vendored version, llama-cpp-python 0.3.36; checked at load by llama_compat.py):
-#   struct ggml_type_traits { const char *type_name; int64_t blck_size; int64_t blck_size_interleave;
-#                             size_t type_size; bool is_quantized; ggml_to_float_t to_float;
-#                             ggml_from_float_t from_float_ref; };
-#   typedef void (*ggml_to_float_t)(const void * x, float * y, int64_t k);
-_TO_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
-
-
-class _TypeTraits(ctypes.Structure):
-    _fields_ = [
-        ("type_name", ctypes.c_char_p),
-        ("blck_size", ctypes.c_int64),
-        ("blck_size_interleave", ctypes.c_int64),
-        ("type_size", ctypes.c_size_t),
-        ("is_quantized", ctypes.c_bool),
-        ("to_float", ctypes.c_void_p),
-        ("from_float_ref", ctypes.c_void_p),
-    ]
-
-
-def _lib_names() -> list[str]:
-    if sys.platform == "darwin":
-        return ["libggml-base.dylib"]
-    if sys.platform == "win32":
-        return ["ggml-base.dll"]
-    return ["libggml-base.so"]
-
-
-def library_path() -> Path:
-    """Path of the ``libggml-base`` of this process's llama.cpp side: the build chosen with
-    :func:`tqbridge.bridge.llama_build.select`, else the one inside the installed llama-cpp-python;
-    GgmlUnavailable if none."""
-    import importlib.util
-
-    from .llama_build import selected
-
-    build = selected()
-    if build is not None:
-        return Path(build.report["libraries"]["ggml-base"])
-
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or not spec.submodule_search_locations:
-        raise GgmlUnavailable(
-            "ggml's C library is needed for this check but llama-cpp-python is not installed: "
-            "pip install 'tqbridge[llama]'")
-    for root in spec.submodule_search_locations:
-        for name in _lib_names():
-            p = Path(root) / "lib" / name
-            if p.exists():
-                return p
-    raise GgmlUnavailable(f"llama-cpp-python is installed but has no {_lib_names()[0]} in its lib/ folder")
+from .format_types import Format, FormatError
+from .ggml_abi import TO_FLOAT, TypeTraits
+from .llama_compat import ensure_compatible
+from .llama_side import GgmlUnavailable, library_path, selected, type_table
+from .registry import get_format
 
 
 @functools.lru_cache(maxsize=1)
 def _lib() -> ctypes.CDLL:
     path = library_path()
-    from .llama_compat import ensure_compatible
-
     ensure_compatible()  # version, symbols and layouts, before any call; LlamaCppIncompatible if not
     try:
         lib = ctypes.CDLL(str(path))
@@ -91,7 +35,7 @@ def _lib() -> ctypes.CDLL:
                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     lib.ggml_row_size.restype = ctypes.c_size_t
     lib.ggml_row_size.argtypes = [ctypes.c_int, ctypes.c_int64]
-    lib.ggml_get_type_traits.restype = ctypes.POINTER(_TypeTraits)
+    lib.ggml_get_type_traits.restype = ctypes.POINTER(TypeTraits)
     lib.ggml_get_type_traits.argtypes = [ctypes.c_int]
     lib.ggml_quantize_requires_imatrix.restype = ctypes.c_bool
     lib.ggml_quantize_requires_imatrix.argtypes = [ctypes.c_int]
@@ -115,8 +59,6 @@ def available() -> bool:
 def _type_id(fmt: Format) -> int:
     tid = fmt.type_ids.get("ggml")
     if tid is None:
-        from .llama_build import selected, type_table
-
         if selected() is not None:   # a fork build chosen with --llama: its turbo types
             tid = next((i for i, f in type_table().items() if f.key == fmt.key), None)
     if tid is None:
@@ -185,5 +127,5 @@ def c_dequantize(fmt: "str | Format", blocks: np.ndarray, n: int) -> np.ndarray:
         raise FormatError(f"{fmt.key}: ggml has no to_float for this type")
     out = np.empty(src.size // fmt.type_size * fmt.block_size, dtype=np.float32)
     if out.size:
-        _TO_FLOAT(info["to_float"])(src.ctypes.data, out.ctypes.data, out.size)
+        TO_FLOAT(info["to_float"])(src.ctypes.data, out.ctypes.data, out.size)
     return out.reshape(*blocks.shape[:-1], n)

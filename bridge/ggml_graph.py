@@ -5,97 +5,40 @@ Builds a one-op ggml graph over K/V tensors that hold the caller's raw blocks, c
 llama-cpp-python's ``lib/``) and returns the output as numpy. This is the same kernel llama.cpp's
 CPU backend runs for decode with ``flash_attn=True``.
 
-Signatures and struct layouts follow the headers installed with llama-cpp-python 0.3.36
-(``include/ggml.h``, ``include/ggml-cpu.h``); :mod:`tqbridge.bridge.llama_compat` checks them
-against the loaded library before first use:
-
-- ``struct ggml_init_params { size_t mem_size; void *mem_buffer; bool no_alloc; }`` (by value)
-- ``struct ggml_cplan { size_t work_size; uint8_t *work_data; int n_threads;
-  struct ggml_threadpool *threadpool; ggml_abort_callback abort_callback;
-  void *abort_callback_data; bool use_ref; }`` (returned by value from ``ggml_graph_plan``)
-- ``ggml_flash_attn_ext(ctx, q, k, v, mask, float scale, float max_bias, float logit_softcap)``;
-  q ``[D, n_rows, Hq, 1]`` f32, k / v ``[D, n_kv, Hkv, 1]`` (not transposed), result
-  ``[Dv, Hq, n_rows, 1]`` f32 (ggml's axis order: ne0 fastest).
+Signatures follow the headers installed with llama-cpp-python 0.3.36 (``include/ggml.h``,
+``include/ggml-cpu.h``), the struct layouts are :mod:`.ggml_abi`'s; :mod:`tqbridge.bridge.llama_compat`
+checks both against the loaded library before first use.
+``ggml_flash_attn_ext(ctx, q, k, v, mask, float scale, float max_bias, float logit_softcap)``:
+q ``[D, n_rows, Hq, 1]`` f32, k / v ``[D, n_kv, Hkv, 1]`` (not transposed), result
+``[Dv, Hq, n_rows, 1]`` f32 (ggml's axis order: ne0 fastest).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import sys
-from pathlib import Path
 
 import numpy as np
 
-GGML_TYPE_F32 = 0
-GGML_TYPE_F16 = 1
-GGML_PREC_F32 = 10
-GGML_STATUS_SUCCESS = 0
+from .ggml_abi import GGML_STATUS_SUCCESS, GGML_TYPE_F32, CPlan, InitParams, set_f32_precision
+from .ggml_c import load
+from .llama_side import GgmlUnavailable, cpu_library_name, library_path
 
 
 class GgmlGraphError(RuntimeError):
     """ggml refused a graph or a tensor type; the message says which."""
 
 
-class _InitParams(ctypes.Structure):
-    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
-
-
-class _CPlan(ctypes.Structure):
-    _fields_ = [
-        ("work_size", ctypes.c_size_t),
-        ("work_data", ctypes.c_void_p),
-        ("n_threads", ctypes.c_int),
-        ("threadpool", ctypes.c_void_p),
-        ("abort_callback", ctypes.c_void_p),
-        ("abort_callback_data", ctypes.c_void_p),
-        ("use_ref", ctypes.c_bool),
-    ]
-
-
-def _lib_dir() -> Path:
-    from .ggml_c import library_path
-
-    return library_path().parent
-
-
-def _cpu_name() -> str:
-    if sys.platform == "darwin":
-        return "libggml-cpu.dylib"
-    if sys.platform == "win32":
-        return "ggml-cpu.dll"
-    return "libggml-cpu.so"
-
-
-def set_f32_precision(base, node) -> bool:
-    """Ask ggml for f32 accumulation on a flash-attention node: ``ggml_prec_set_acc`` (ggml of
-    llama-cpp-python 0.3.36), or ``ggml_flash_attn_ext_set_prec`` where a build predates it (the
-    TurboQuant fork at 69d8e4b). False when ggml refuses."""
-    try:
-        fn = base.ggml_prec_set_acc
-    except AttributeError:
-        fn = base.ggml_flash_attn_ext_set_prec
-        fn.restype, fn.argtypes = None, [ctypes.c_void_p, ctypes.c_int]
-        fn(node, GGML_PREC_F32)
-        return True
-    fn.restype, fn.argtypes = ctypes.c_bool, [ctypes.c_void_p, ctypes.c_int]
-    return bool(fn(node, GGML_PREC_F32))
-
-
 @functools.lru_cache(maxsize=1)
 def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
-    from .ggml_c import _lib
-
-    base = _lib()
-    path = _lib_dir() / _cpu_name()
+    base = load()
+    path = library_path().parent / cpu_library_name()
     if not path.exists():
-        from .ggml_c import GgmlUnavailable
-
         raise GgmlUnavailable(f"llama-cpp-python has no {path.name} in its lib/ folder")
     cpu = ctypes.CDLL(str(path))
     P, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     sig = {
-        (base, "ggml_init"): (P, [_InitParams]),
+        (base, "ggml_init"): (P, [InitParams]),
         (base, "ggml_free"): (None, [P]),
         (base, "ggml_new_tensor_4d"): (P, [P, ctypes.c_int, i64, i64, i64, i64]),
         (base, "ggml_get_data"): (P, [P]),
@@ -107,8 +50,8 @@ def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         (base, "ggml_graph_overhead"): (ctypes.c_size_t, []),
         (base, "ggml_row_size"): (ctypes.c_size_t, [ctypes.c_int, i64]),
         (cpu, "ggml_cpu_init"): (None, []),
-        (cpu, "ggml_graph_plan"): (_CPlan, [P, ctypes.c_int, P]),
-        (cpu, "ggml_graph_compute"): (ctypes.c_int, [P, ctypes.POINTER(_CPlan)]),
+        (cpu, "ggml_graph_plan"): (CPlan, [P, ctypes.c_int, P]),
+        (cpu, "ggml_graph_compute"): (ctypes.c_int, [P, ctypes.POINTER(CPlan)]),
     }
     for (lib, name), (res, args) in sig.items():
         fn = getattr(lib, name)
@@ -158,7 +101,7 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, k_type: int, 
             raise GgmlGraphError(f"{name}: a row of {n} values of ggml type {typ} takes {want} bytes, got {arr.shape[2]}")
     data = q.nbytes + k.nbytes + v.nbytes + t * hq * dv * 4
     mem = data + 8 * int(base.ggml_tensor_overhead()) + int(base.ggml_graph_overhead()) + 4096
-    ctx = base.ggml_init(_InitParams(mem, None, False))
+    ctx = base.ggml_init(InitParams(mem, None, False))
     if not ctx:
         raise GgmlGraphError(f"ggml_init failed for {mem} bytes")
     try:

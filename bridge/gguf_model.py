@@ -8,7 +8,8 @@ Two layouts of the attention Q/K rows (see ``qk_rows``, the one place that handl
 
 - ``"ggml"``: GGUF's rows as stored (llama's rows are permuted for adjacent-pair RoPE) with MLX's
   ``rope_traditional=True``; K then has exactly llama.cpp's cache layout. Default in memory.
-- ``"hf"``: rows in Hugging Face order with half-split RoPE; what ``convert --to mlx`` writes.
+- ``"hf"``: rows in Hugging Face order with half-split RoPE; what ``convert --to mlx`` writes
+  (:func:`tqbridge.bridge.mlx_export.write_mlx_dir`).
 """
 
 from __future__ import annotations
@@ -365,60 +366,6 @@ def _use_float32_embedding_scale(model, hidden_size: int) -> None:
             return self.emb.as_linear(x)
 
     model.model.embed_tokens = _ScaledEmbedding(inner)
-
-
-def write_mlx_dir(src: "str | os.PathLike[str]", out_dir: "str | os.PathLike[str]") -> Path:
-    """Write an mlx-lm model directory (``config.json`` + ``model.safetensors``, float32, HF row order).
-
-    Byte-level BPE tokenizers (SmolLM2's kind) are also written as Hugging Face tokenizer files,
-    after checking their ids against llama.cpp's on a sample text; then ``mlx_lm.load(out_dir)``
-    works. Otherwise (``tokenizer_note`` in config.json says why) load the weights with
-    ``mlx_lm.utils.load_model`` and take ids from :class:`tqbridge.bridge.tokenizer.GGUFTokenizer`.
-    The directory appears atomically (built beside it, then renamed); an existing one is refused.
-    """
-    import json
-    import shutil
-    import tempfile
-
-    prefer_fast_blas()
-    import mlx.core as mx
-
-    src, out = Path(src), Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise GGUFModelError(f"{out}: already exists; choose a new directory")
-    c = read_gguf(src)
-    cfg = model_config(c, layout="hf")
-    weights = mlx_weights(c, cfg, layout="hf")
-    from .tokenizer import TokenizerExportError, hf_tokenizer_files
-
-    try:
-        from .evaluation_text import evaluation_text
-        sample = evaluation_text()[0][:20000]
-        tok_files = hf_tokenizer_files(src, sample)
-        note = "tokenizer.json rebuilt from the GGUF; ids checked against llama.cpp on 20,000 characters"
-    except TokenizerExportError as e:
-        tok_files, note = {}, f"no tokenizer files: {e}"
-    for key in ("bos_token_id", "eos_token_id"):
-        v = c.metadata.get(f"tokenizer.ggml.{key}")
-        if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= int(v) < cfg["vocab_size"]:
-            cfg[key] = int(v)
-    cfg["tqbridge"] = {"source": src.name, "dtype": "float32", "tokenizer_note": note}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        mx.save_safetensors(str(tmp / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()},
-                            metadata={"format": "mlx"})
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        for name, text in tok_files.items():
-            (tmp / name).write_text(text)
-        os.chmod(tmp, 0o755)
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
 
 
 def ggml_cpu_gelu(x):

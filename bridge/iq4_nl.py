@@ -17,6 +17,8 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import quants as gq
 
+from .format_types import refuse_nonfinite
+
 KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 _KV_F32 = KVALUES.astype(np.float32)
 GROUP_MAX_EPS = np.float32(1e-15)  # ggml-quants.c
@@ -97,8 +99,6 @@ class IQ4NL:
         indices of that pass kept. For an all-(near-)zero block C leaves the indices unwritten (stale
         stack memory); we write index 8 there (the block decodes to zeros either way).
         """
-        from .formats_ggml import refuse_nonfinite
-
         x = np.ascontiguousarray(x, dtype=np.float32)
         refuse_nonfinite(IQ4NL.qtype.name.lower(), x)
         n = x.shape[0]

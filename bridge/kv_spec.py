@@ -19,7 +19,8 @@ decisions are not made here: they come from the registry entries (docs/adding-a-
 
 from __future__ import annotations
 
-from .registry import FormatError, shown
+from .format_types import FormatError
+from .registry import shown
 
 __all__ = ["split_kv", "split_q_precision", "DEFAULT_FORMAT", "TURBO_FORMAT", "EXAMPLE_KV", "LLAMA_EXAMPLE_KV",
            "CALIBRATED_KV", "CALIBRATED_EXAMPLE_KV", "GENERATE_KV", "LOGITS_KV", "QUALITY_KV"]

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import FormatError, Layout, get_format, names
+from .format_types import FormatError, Layout
+from .registry import get_format, names
 
 BLOCK = 32
 

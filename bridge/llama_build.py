@@ -18,7 +18,8 @@ blocks, and our quantizer's bytes and decoder's floats against the build's on dr
 whose turbo types match no variant is refused with what differs.
 
 One process, one build: :func:`select` makes a build the llama.cpp side of this process before any
-ggml library is loaded (``ggml_c``, ``ggml_graph`` and the runtimes then load the build's libraries).
+ggml library is loaded (:mod:`.llama_side` then names the build's libraries and type ids to
+``ggml_c``, ``ggml_graph`` and the runtimes).
 The recipe that makes a build from a source checkout is :func:`build_from_source`
 (``tqbridge llama build SRC``).
 """
@@ -33,15 +34,16 @@ import platform
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
-class LlamaBuildError(RuntimeError):
-    """A llama.cpp build cannot be used (one line says why)."""
+from . import ggml_c
+from . import llama_compat as compat
+from .api import dequantize, quantize
+from .ggml_abi import TO_FLOAT, TypeTraits
+from .llama_side import BuildInfo, LlamaBuildError, fork_type_id, selected, set_selected, turbo_variants
 
 
 # The portable flags the Makefile gives llama-cpp-python's build, and only the library targets.
@@ -175,24 +177,6 @@ def shim_path(build: Path) -> Path:
 # the probe (run in a child process by describe())
 
 
-def turbo_variants() -> dict[str, dict[str, Any]]:
-    """Registry turbo variants the fork ships: ``{variant: {name: Format}}`` (tqbridge extensions left out)."""
-    from .registry import all_formats
-
-    out: dict[str, dict[str, Any]] = {}
-    for f in all_formats():
-        if f.kind == "turbo" and not f.extension and f.type_ids:
-            out.setdefault(f.variant, {})[f.name] = f
-    return out
-
-
-def _fork_id(fmt) -> int:
-    return int(next(iter(fmt.type_ids.values())))
-
-
-_TO_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
-
-
 def _drawn_rows(n_rows: int = 24, n: int = 256) -> np.ndarray:
     rng = np.random.default_rng(20261203)
     x = rng.standard_normal((n_rows, n)).astype(np.float32)
@@ -208,10 +192,7 @@ def _drawn_rows(n_rows: int = 24, n: int = 256) -> np.ndarray:
 
 def _probe_turbo(base, names: dict[int, str]) -> dict[str, Any]:
     """Which registry variant the build's turbo types are (or why none)."""
-    from .api import dequantize, quantize
-    from .ggml_c import _TypeTraits
-
-    base.ggml_get_type_traits.restype = ctypes.POINTER(_TypeTraits)
+    base.ggml_get_type_traits.restype = ctypes.POINTER(TypeTraits)
     base.ggml_get_type_traits.argtypes = [ctypes.c_int]
     base.ggml_quantize_chunk.restype = ctypes.c_size_t
     base.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
@@ -238,8 +219,8 @@ def _probe_turbo(base, names: dict[int, str]) -> dict[str, Any]:
             if info is None:
                 diffs.append(f"no {name}")
                 continue
-            if info["id"] != _fork_id(fmt):
-                diffs.append(f"{name} is type {info['id']} ({variant}: {_fork_id(fmt)})")
+            if info["id"] != fork_type_id(fmt):
+                diffs.append(f"{name} is type {info['id']} ({variant}: {fork_type_id(fmt)})")
                 continue
             if (info["block_size"], info["type_size"]) != (fmt.block_size, fmt.type_size):
                 diffs.append(f"{name} has {info['type_size']} bytes per {info['block_size']} values "
@@ -254,7 +235,7 @@ def _probe_turbo(base, names: dict[int, str]) -> dict[str, Any]:
                              f"{int((ours != theirs).any(axis=-1).sum())} of {len(x)} rows")
                 continue
             dec = np.zeros(x.shape, np.float32)
-            _TO_FLOAT(t.to_float)(ours.ctypes.data, dec.ctypes.data, x.size)
+            TO_FLOAT(t.to_float)(ours.ctypes.data, dec.ctypes.data, x.size)
             want = dequantize(fmt, ours, x.shape[1], rotated=True)
             if not np.array_equal(dec.view(np.uint32), want.view(np.uint32)):
                 diffs.append(f"{name}: the build's decoder differs from ours")
@@ -272,14 +253,12 @@ def _read_centroids(traits, fmt) -> np.ndarray:
     idx = (np.arange(fmt.block_size) % n).astype(np.uint8)[None]
     block = np.ascontiguousarray(fmt.codec.pack(np.ones(1, np.float32), idx)[0])
     out = np.zeros(fmt.block_size, np.float32)
-    _TO_FLOAT(traits.to_float)(block.ctypes.data, out.ctypes.data, fmt.block_size)
+    TO_FLOAT(traits.to_float)(block.ctypes.data, out.ctypes.data, fmt.block_size)
     return out[:n]
 
 
 def probe(build: "str | os.PathLike[str]") -> dict[str, Any]:
     """What ``build`` holds, read in this process (which must have loaded no other ggml)."""
-    from . import llama_compat as compat
-
     build = Path(build).resolve()
     libs = find_libraries(build)
     report: dict[str, Any] = {"build": str(build), "libraries": {k: str(v) for k, v in libs.items()},
@@ -334,34 +313,6 @@ def probe(build: "str | os.PathLike[str]") -> dict[str, Any]:
 # describe / select
 
 
-@dataclass(frozen=True)
-class BuildInfo:
-    """What :func:`describe` found; ``problems`` empty when tqbridge can use the build."""
-
-    path: Path
-    report: dict = field(compare=False)
-
-    @property
-    def problems(self) -> list[str]:
-        return list(self.report.get("problems", []))
-
-    @property
-    def variant(self) -> "str | None":
-        return (self.report.get("turbo") or {}).get("variant")
-
-    @property
-    def shim(self) -> Path:
-        return Path(self.report["shim"])
-
-    def label(self) -> str:
-        commit = (self.report.get("commit") or "")[:9]
-        kind = f"TurboQuant fork, {self.variant}" if self.variant else "no turbo types"
-        return f"llama.cpp build {self.path} (ggml {self.report.get('ggml_version', '?')}, commit {commit or '?'}; {kind})"
-
-    def one_line(self) -> str:
-        return "; ".join(self.problems)
-
-
 _described: dict[Path, BuildInfo] = {}
 
 
@@ -390,82 +341,21 @@ def describe(build: "str | os.PathLike[str]") -> BuildInfo:
     return info
 
 
-_selected: "BuildInfo | None" = None
-
-
-def selected() -> "BuildInfo | None":
-    """The build this process uses as its llama.cpp side (None: llama-cpp-python's own)."""
-    return _selected
-
-
 def select(build: "str | os.PathLike[str]") -> BuildInfo:
     """Make ``build`` this process's llama.cpp side. Refuses a build with problems, and refuses once a
     ggml library is loaded (one process, one build)."""
-    global _selected
     info = describe(build)
     if info.problems:
         raise LlamaBuildError(f"{info.path} cannot be used: {info.one_line()}")
-    if _selected is not None and _selected.path == info.path:
+    current = selected()
+    if current is not None and current.path == info.path:
         return info
-    from . import ggml_c
-
     if ggml_c._lib.cache_info().currsize or "llama_cpp" in sys.modules:
         raise LlamaBuildError("a llama.cpp library is already loaded in this process; choose the build "
                               "(--llama) before anything runs llama.cpp")
-    _selected = info
+    set_selected(info)
     sys.modules.setdefault("llama_cpp", None)   # importing llama-cpp-python now fails at once, loudly
     return info
-
-
-def type_table(variant: "str | None" = None) -> dict[int, Any]:
-    """ggml type id -> registry Format: upstream's ids of the legacy and float types, plus the turbo
-    types of ``variant`` (default: the selected build's variant, if it is a fork)."""
-    from .registry import all_formats
-
-    table = {f.type_ids["ggml"]: f for f in all_formats() if "ggml" in f.type_ids}
-    info = selected()
-    variant = variant or (info.variant if info is not None else None)
-    if variant:
-        known = turbo_variants()
-        if variant not in known:
-            raise LlamaBuildError(f"no turbo variant {variant!r}; known: {', '.join(known)}")
-        for f in known[variant].values():
-            table[_fork_id(f)] = f
-    return table
-
-
-def kv_types() -> dict[str, int]:
-    """Registry name (as users type it) -> ggml type id, of every KV cache type the active side takes."""
-    from .registry import display_name
-
-    out = {}
-    for tid, f in type_table().items():
-        if f.llama_kv or f.kind == "turbo":
-            out[display_name(f)] = tid
-            out[f.key] = tid
-    return out
-
-
-def kv_type_id(name: str) -> int:
-    """The ggml type id the active llama.cpp side gives KV cache format ``name`` (a bare turbo name
-    means the selected fork build's variant)."""
-    from .registry import FormatError, get_format
-
-    table = kv_types()
-    key = str(name).strip().lower()
-    if key not in table:
-        info = selected()
-        base = key.partition("@")[0]
-        if info is not None and info.variant and base.startswith("turbo") and "@" not in key:
-            key = f"{base}@{info.variant}"
-        else:
-            try:
-                key = get_format(key).key
-            except FormatError:
-                pass
-    if key not in table:
-        raise LlamaBuildError(f"this llama.cpp has no KV cache type {name!r} (has: {', '.join(sorted(table))})")
-    return table[key]
 
 
 def _main(argv: "list[str] | None" = None) -> int:

@@ -43,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from .ggml_graph import GGML_TYPE_F16, GGML_TYPE_F32
+from .environ import scoped_environ
+from .ggml_abi import GGML_TYPE_F16, GGML_TYPE_F32
 
 GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 10
@@ -184,7 +185,7 @@ class GraphCapture:
     """The eval callback and what it collected: ``layers[il]`` is a :class:`LayerCapture`."""
 
     def __init__(self):
-        from .llama_build import selected
+        from .llama_side import selected
 
         if selected() is not None:
             from .llama_shim import EVAL_CALLBACK as callback_type
@@ -313,9 +314,7 @@ class GraphCapture:
 
 
 def _env_rotation(rotation: bool):
-    from tqbridge.parity.harness.runtimes import _env
-
-    return _env("LLAMA_ATTN_ROT_DISABLE", None if rotation else "1")
+    return scoped_environ({"LLAMA_ATTN_ROT_DISABLE": None if rotation else "1"})
 
 
 def capture_run(gguf_path: "str | os.PathLike[str]", tokens: "list[int]", k_type: str, v_type: str, *,
@@ -324,7 +323,7 @@ def capture_run(gguf_path: "str | os.PathLike[str]", tokens: "list[int]", k_type
     but the last ``decode`` as one prompt batch, then one token per evaluation — capturing every
     layer's attention tensors. Returns the capture and ``{"logits": (n, vocab), "state": blob or None}``.
     """
-    from .llama_build import selected
+    from .llama_side import selected
 
     cap = GraphCapture()
     toks = [int(x) for x in tokens]
@@ -343,7 +342,7 @@ def capture_run(gguf_path: "str | os.PathLike[str]", tokens: "list[int]", k_type
 
 def _shim_run(cap, gguf_path, toks, split, n_ctx, threads, k_type, v_type, rotation, keep_state):
     """capture_run on a build chosen with --llama, through tqbridge's shim."""
-    from .llama_build import kv_type_id, selected
+    from .llama_side import kv_type_id, selected
     from .llama_shim import Shim
 
     shim = Shim.for_build(selected())

@@ -1,12 +1,13 @@
 """Is the installed llama-cpp-python one tqbridge's ctypes code was written for? One check, run once.
 
 tqbridge calls into the libggml that llama-cpp-python ships (:mod:`tqbridge.bridge.ggml_c`,
-:mod:`tqbridge.bridge.ggml_graph`) through ctypes, with signatures and struct layouts copied from the
-headers of one version, and it uses a few of llama-cpp-python's own Python names (state blobs, the
-``Llama`` keywords). A missing symbol would raise ``AttributeError`` in the middle of a run; a changed
-layout would corrupt memory without a word. :func:`ensure_compatible` runs before first use (ggml_c's
-library loader and every place that builds a ``Llama``) and refuses with one
-:class:`LlamaCppIncompatible` naming the version found, the supported range and every mismatch:
+:mod:`tqbridge.bridge.ggml_graph`) through ctypes, with signatures and struct layouts
+(:mod:`tqbridge.bridge.ggml_abi`) copied from the headers of one version, and it uses a few of
+llama-cpp-python's own Python names (state blobs, the ``Llama`` keywords). A missing symbol would
+raise ``AttributeError`` in the middle of a run; a changed layout would corrupt memory without a word.
+:func:`ensure_compatible` runs before first use (ggml_c's library loader and every place that builds a
+``Llama``) and refuses with one :class:`LlamaCppIncompatible` naming the version found, the supported
+range and every mismatch:
 
 - the version is outside :data:`SUPPORTED` (what was tested; pyproject's ``llama`` extra says the same);
 - a C symbol in ``libggml-base`` / ``libggml-cpu`` or a Python name of ``llama_cpp`` is missing, or
@@ -37,7 +38,9 @@ import threading
 
 import numpy as np
 
-from .ggml_c import GgmlUnavailable
+from . import ggml_abi  # read as ggml_abi.X when a check runs: the declarations the loaders will use
+from .llama_side import GgmlUnavailable, cpu_library_name, library_path, selected
+from .registry import all_formats
 
 # The range tested (with the layouts below); keep pyproject's `llama` extra equal to SUPPORTED.
 SUPPORTED = ">=0.3.36,<0.4"
@@ -117,11 +120,8 @@ def installed_version() -> "str | None":
 def load_libraries() -> "dict[str, ctypes.CDLL]":
     """Fresh handles on ``libggml-base`` and ``libggml-cpu`` (separate from ggml_c's and ggml_graph's,
     so the probe signatures set here never leak into theirs)."""
-    from .ggml_c import library_path
-    from .ggml_graph import _cpu_name
-
     base_path = library_path()
-    cpu_path = base_path.parent / _cpu_name()
+    cpu_path = base_path.parent / cpu_library_name()
     if not cpu_path.exists():
         raise GgmlUnavailable(f"llama-cpp-python has no {cpu_path.name} in its lib/ folder")
     try:
@@ -198,8 +198,6 @@ def check_symbols(libs: dict) -> list[str]:
 
 def _expected_types() -> "list[tuple[str, int, int, int]]":
     """(name, ggml type id, block size, type size) of every ggml type tqbridge uses, from the registry."""
-    from .registry import all_formats
-
     return [(f.name, int(f.ggml_id), int(f.block_size), int(f.type_size))
             for f in all_formats() if f.ggml_id is not None]
 
@@ -257,13 +255,11 @@ def check_cpu(cpu, flags: "set[str] | None" = None) -> list[str]:
 
 def check_types(base) -> list[str]:
     """Type ids, block and type sizes; ``struct ggml_type_traits`` size and fields."""
-    from . import ggml_c
-
     base.ggml_type_name.restype, base.ggml_type_name.argtypes = ctypes.c_char_p, [ctypes.c_int]
     base.ggml_blck_size.restype, base.ggml_blck_size.argtypes = ctypes.c_int64, [ctypes.c_int]
     base.ggml_type_size.restype, base.ggml_type_size.argtypes = ctypes.c_size_t, [ctypes.c_int]
     base.ggml_is_quantized.restype, base.ggml_is_quantized.argtypes = ctypes.c_bool, [ctypes.c_int]
-    traits_t = ggml_c._TypeTraits
+    traits_t = ggml_abi.TypeTraits
     base.ggml_get_type_traits.restype = ctypes.POINTER(traits_t)
     base.ggml_get_type_traits.argtypes = [ctypes.c_int]
     bad = []
@@ -300,8 +296,6 @@ def check_types(base) -> list[str]:
             return bad
     # to_float of q8_0 (the legacy block of signed 8-bit codes) on one known block: d = 0.5 (fp16 0x3800),
     # q = -16..15 -> -8.0 .. 7.5.
-    from .registry import all_formats
-
     q8 = next((f for f in all_formats() if f.layout is not None and f.layout.signed and f.layout.bits == 8
                and f.ggml_id in good_ids), None)
     if q8 is not None:
@@ -311,18 +305,16 @@ def check_types(base) -> list[str]:
             bad.append(f"struct ggml_type_traits: {q8.name} has no to_float")
         else:
             out = np.zeros(32, np.float32)
-            ggml_c._TO_FLOAT(to_float)(block.ctypes.data, out.ctypes.data, 32)
+            ggml_abi.TO_FLOAT(to_float)(block.ctypes.data, out.ctypes.data, 32)
             if not np.array_equal(out, np.arange(-16, 16, dtype=np.float32) * 0.5):
                 bad.append(f"{q8.name}'s to_float from struct ggml_type_traits decodes a known block wrongly")
     return bad
 
 
 def _graph_sigs(base, cpu) -> None:
-    from .ggml_graph import _InitParams
-
     P, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     for fn, res, args in (
-        (base.ggml_init, P, [_InitParams]), (base.ggml_free, None, [P]),
+        (base.ggml_init, P, [ggml_abi.InitParams]), (base.ggml_free, None, [P]),
         (base.ggml_get_mem_size, ctypes.c_size_t, [P]), (base.ggml_get_no_alloc, ctypes.c_bool, [P]),
         (base.ggml_new_tensor_4d, P, [P, ctypes.c_int, i64, i64, i64, i64]),
         (base.ggml_get_data, P, [P]), (base.ggml_nbytes, ctypes.c_size_t, [P]),
@@ -347,11 +339,10 @@ def _plan(cpu, gf, n_threads: int) -> "tuple[ctypes.Structure, list[str]]":
     sentinel, which measures how many bytes the library writes. Elsewhere (AArch64 passes that pointer
     in x8) the struct is returned into a padded ctypes type: safe, but its size is not measured.
     """
-    from .ggml_graph import _CPlan
-
-    size = ctypes.sizeof(_CPlan)
+    cplan_t = ggml_abi.CPlan
+    size = ctypes.sizeof(cplan_t)
     probe_t = type("_CPlanProbe", (ctypes.Structure,),
-                   {"_fields_": list(_CPlan._fields_) + [("_tail", ctypes.c_uint8 * _PLAN_TAIL)]})
+                   {"_fields_": list(cplan_t._fields_) + [("_tail", ctypes.c_uint8 * _PLAN_TAIL)]})
     bad = []
     fn = cpu.ggml_graph_plan
     if platform.machine().lower() in ("x86_64", "amd64") and ctypes.sizeof(ctypes.c_void_p) == 8:
@@ -374,8 +365,6 @@ def _plan(cpu, gf, n_threads: int) -> "tuple[ctypes.Structure, list[str]]":
 
 def check_graph(base, cpu) -> list[str]:
     """``ggml_init_params``, ``ggml_cplan`` and a known-answer ``flash_attn_ext`` (f16 K/V, one graph)."""
-    from .ggml_graph import GGML_STATUS_SUCCESS, GGML_TYPE_F16, GGML_TYPE_F32, _InitParams, set_f32_precision
-
     _graph_sigs(base, cpu)
     bad = []
     hq, hkv, t, d, n_kv = 2, 1, 1, 32, 3
@@ -392,7 +381,7 @@ def check_graph(base, cpu) -> list[str]:
 
     mem = (16 << 10) + 8 * int(base.ggml_tensor_overhead()) + int(base.ggml_graph_overhead())
     mem -= mem % 16  # ggml pads the pool to 16 bytes; ask for a multiple so the read-back is exact
-    ctx = base.ggml_init(_InitParams(mem_size=mem, mem_buffer=None, no_alloc=False))
+    ctx = base.ggml_init(ggml_abi.InitParams(mem_size=mem, mem_buffer=None, no_alloc=False))
     if not ctx:
         return [f"ggml_init refused a {mem}-byte pool through tqbridge's struct ggml_init_params"]
     try:
@@ -400,16 +389,16 @@ def check_graph(base, cpu) -> list[str]:
         if got != (mem, False):
             return [f"struct ggml_init_params: passed mem_size={mem}, no_alloc=False, ggml read "
                     f"mem_size={got[0]}, no_alloc={got[1]}"]
-        tq = base.ggml_new_tensor_4d(ctx, GGML_TYPE_F32, d, t, hq, 1)
-        tk = base.ggml_new_tensor_4d(ctx, GGML_TYPE_F16, d, n_kv, hkv, 1)
-        tv = base.ggml_new_tensor_4d(ctx, GGML_TYPE_F16, d, n_kv, hkv, 1)
+        tq = base.ggml_new_tensor_4d(ctx, ggml_abi.GGML_TYPE_F32, d, t, hq, 1)
+        tk = base.ggml_new_tensor_4d(ctx, ggml_abi.GGML_TYPE_F16, d, n_kv, hkv, 1)
+        tv = base.ggml_new_tensor_4d(ctx, ggml_abi.GGML_TYPE_F16, d, n_kv, hkv, 1)
         for tensor, arr in ((tq, q), (tk, k), (tv, v)):
             if not tensor or base.ggml_nbytes(tensor) != arr.nbytes:
                 return [f"ggml_new_tensor_4d made a tensor of {base.ggml_nbytes(tensor) if tensor else 0} bytes "
                         f"for {arr.nbytes} ({arr.dtype} {arr.shape})"]
             ctypes.memmove(base.ggml_get_data(tensor), arr.ctypes.data, arr.nbytes)
         out = base.ggml_flash_attn_ext(ctx, tq, tk, tv, None, scale, 0.0, 0.0)
-        if not out or not set_f32_precision(base, out):
+        if not out or not ggml_abi.set_f32_precision(base, out):
             return ["ggml_flash_attn_ext / its f32 precision (GGML_PREC_F32) refused a valid problem"]
         gf = base.ggml_new_graph(ctx)
         base.ggml_build_forward_expand(gf, out)
@@ -426,7 +415,7 @@ def check_graph(base, cpu) -> list[str]:
         work = (ctypes.c_uint8 * max(1, plan.work_size))()
         plan.work_data = ctypes.addressof(work)
         status = cpu.ggml_graph_compute(gf, ctypes.addressof(plan))
-        if status != GGML_STATUS_SUCCESS:
+        if status != ggml_abi.GGML_STATUS_SUCCESS:
             return [f"ggml_graph_compute returned {status} on a known problem"]
         n_out = t * hq * d
         if base.ggml_nbytes(out) != n_out * 4:
@@ -480,9 +469,6 @@ def ensure_compatible() -> None:
     """Run :func:`check` once per process; raise :class:`LlamaCppIncompatible` (every later call too)
     when anything mismatched, :class:`GgmlUnavailable` when llama-cpp-python is absent."""
     global _verdict
-    from .ggml_c import library_path
-    from .llama_build import selected
-
     if selected() is not None:   # a build chosen with --llama: checked when it was selected
         return
     library_path()  # GgmlUnavailable (not cached) when llama-cpp-python is not installed at all

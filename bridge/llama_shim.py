@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .llama_build import BuildInfo, LlamaBuildError
+from .llama_side import BuildInfo, LlamaBuildError
 
 # ggml_backend_sched_eval_callback: bool (*)(struct ggml_tensor * t, bool ask, void * user_data)
 EVAL_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, ctypes.c_bool, ctypes.c_void_p)

@@ -39,7 +39,7 @@ class StateError(ValueError):
 
 def _ggml_types() -> dict[int, object]:
     """Type ids of the active llama.cpp side (upstream's, plus a selected fork build's turbo ids)."""
-    from .llama_build import type_table
+    from .llama_side import type_table
 
     return type_table()
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import Format, FormatError, get_format
+from .format_types import Format, FormatError
+from .registry import get_format
 
 
 def padded_dim(fmt: "str | Format", d: int) -> int:

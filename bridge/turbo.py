@@ -10,7 +10,8 @@ indices of the rotated, normalised group (see ``docs/turbo.md`` and :mod:`.rotat
 - ``g64``: a tqbridge extension the fork cannot read: the same algorithm on 64-value groups
   (1/8 normalisation, first 64 sign-table entries, Lloyd–Max centroids for N(0, 1/64)).
 
-Everything a kernel needs is on ``get_format(name).codec.spec`` (:class:`TurboSpec`).
+Everything a kernel needs is on ``get_format(name).codec.spec`` (:class:`TurboSpec`); :data:`FORMATS`
+are this module's registry entries.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import rotation
-from .registry import Format, FormatError, register
+from .format_types import Format, FormatError
 
 # ----- centroid tables (positive halves, ascending; the tables are symmetric) -----
 # fork tables: float32 literals of ggml/src/ggml-turbo-quant.c at the commits named above.
@@ -289,7 +290,7 @@ class TurboCodec:
         return y if rotated else rotation.mlx_inverse(y, self.spec.group)
 
 
-# ----- registry -----
+# ----- registry entries -----
 
 # Where each ggml type id applies (the forks number the types differently).
 _WHERE_69D8E4B = "TheTom/llama-cpp-turboquant@69d8e4b"
@@ -299,29 +300,32 @@ _IDS = {
     "fork-pr197": {"turbo2": 43, "turbo3": 44, "turbo4": 45},
 }
 
+DEFAULT_VARIANT = "fork-pr197"   # the variant a bare name (turbo3) means
+
 SPECS: dict[str, TurboSpec] = {}
+FORMATS: list[Format] = []       # this module's registry entries, in registry order
 
 
-def _register_all() -> None:
+def _build_entries() -> None:
     # the kernels' format ids (TQA_TURBO2..4 in metal/kernels/attention_kernel.h); one for all variants
     for name, bits, kernel_id in (("turbo2", 2, 9), ("turbo3", 3, 10), ("turbo4", 4, 11)):
         specs = [
             (_make_spec(name, "fork-pr197", bits, "fork" if bits == 2 else "corrected"),
-             {_WHERE_PR197: _IDS["fork-pr197"][name]}, True, False,
+             {_WHERE_PR197: _IDS["fork-pr197"][name]}, False,
              "fork PR #197: corrected Lloyd-Max centroids" + (", 66-byte block" if bits == 4 else "")),
             (_make_spec(name, "fork-69d8e4b", bits, "fork" if bits == 2 else "old", rnorm=bits == 4),
-             {_WHERE_69D8E4B: _IDS["fork-69d8e4b"][name]}, False, False,
+             {_WHERE_69D8E4B: _IDS["fork-69d8e4b"][name]}, False,
              "fork snapshot 2026-05-04: narrow centroids" + (", 68-byte block (unused rnorm)" if bits == 4 else "")
              if bits > 2 else "fork snapshot 2026-05-04 (same bytes as fork-pr197)"),
-            (_make_spec(name, "g64", bits, "g64", group=64), {}, False, True,
+            (_make_spec(name, "g64", bits, "g64", group=64), {}, True,
              "tqbridge extension: native 64-value groups, Lloyd-Max for N(0, 1/64); the fork cannot read it"),
         ]
-        for spec, ids, default, ext, desc in specs:
+        for spec, ids, ext, desc in specs:
             SPECS[f"{name}@{spec.variant}"] = spec
-            register(Format(
+            FORMATS.append(Format(
                 name=name, variant=spec.variant, kind="turbo", block_size=spec.group, type_size=spec.block_bytes,
                 codec=TurboCodec(spec), type_ids=ids, description=desc, extension=ext, kernel_id=kernel_id,
-            ), default=default)
+            ))
 
 
-_register_all()
+_build_entries()

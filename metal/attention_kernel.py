@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from . import attention
-from .attention import AttentionError, Problem
+from .attention_formats import _fmt_params, _side_rotation
+from .attention_problem import (AttentionError, Problem, RunRecord, _np, check_problem, check_q_precision, last_run,
+                                record_run)
 from .backend import pick_backend  # noqa: F401  (the fused attention's backend rule; was defined here)
 from .kernel import KERNEL_DIR
 from ..bridge.registry import names as _format_names
@@ -206,9 +207,6 @@ def compile_launches(backend: str) -> bool:
     """Whether prepared decode launches on ``backend`` run under ``mx.compile``."""
     return _backend_switch("TQBRIDGE_COMPILE", backend, COMPILE_BACKENDS)
 
-# format name -> kernel format id (attention_kernel.h, TQA_*): the format registry's Format.kernel_id
-from ..bridge.registry import kernel_ids  # noqa: E402
-FORMAT_IDS = kernel_ids()
 QTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
@@ -256,41 +254,6 @@ class Plan:
             return -(-keys // self.warps) + 2 * tiles + -(-self.tile // 32) + 6 + self.warps + self.partials
         keys_per_slot = -(-min(self.split_len, max(length, 1)) // (self.warps * (32 // self.lanes_per_key)))
         return keys_per_slot + int(math.log2(32 // self.lanes_per_key)) + self.partials
-
-
-RMAX = 256                   # entries of each rotation sign table in ``tabs`` (TQA_RMAX)
-
-
-def _fmt_params(fmt) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, float]:
-    """Static parameters, 16-entry value table, sign tables (s1, s2) and rotation scale of a format
-    (turbo formats rotate by their own group; ROT is that group, 0 for the others)."""
-    fid = FORMAT_IDS.get(fmt.name)
-    if fid is None:
-        raise AttentionError(f"the attention kernel has no decoder for format {fmt.key}")
-    tab = np.zeros(16, np.float32)
-    s1 = s2 = np.ones(RMAX, np.float32)
-    rot_scale = 1.0
-    static = dict(ID=fid, BB=fmt.type_size, GRP=fmt.block_size, QS=0, SG=0, ROT=0)
-    if fmt.kind == "turbo":
-        sp = fmt.codec.spec
-        tab[: sp.levels] = sp.centroids
-        s1 = np.ones(RMAX, np.float32); s1[: sp.group] = sp.s1
-        s2 = np.ones(RMAX, np.float32); s2[: sp.group] = sp.s2
-        rot_scale = float(sp.scale)
-        static.update(QS=sp.qs_offset, SG=sp.signs_offset or 0, ROT=sp.group)
-    elif fmt.layout is not None and fmt.layout.values is not None:   # codes index a value table (iq4_nl)
-        tab[: len(fmt.layout.values)] = fmt.layout.values
-    return static, tab, s1, s2, rot_scale
-
-
-def _side_rotation(fmt, group: int) -> tuple[int, np.ndarray, np.ndarray, float]:
-    """(rotation group, s1, s2, scale) of one side: the format's own (turbo) or llama.cpp's plain
-    Hadamard of ``group`` values (signs 1, scale 1/sqrt(group) in float32)."""
-    st, _, s1, s2, scale = _fmt_params(fmt)
-    if st["ROT"] or not group:
-        return st["ROT"], s1, s2, scale
-    ones = np.ones(RMAX, np.float32)
-    return group, ones, ones, float(np.float32(1.0) / np.sqrt(np.float32(group)))
 
 
 def tables(prob: Problem) -> np.ndarray:
@@ -764,12 +727,6 @@ def _built(backend: str, which: int, qtype: int, static: dict, version: str = "v
     return kern if backend == "cpu-emulator" else kern.raw
 
 
-def _np(a: Any) -> np.ndarray:
-    from .attention_ref import _np as conv
-
-    return conv(a)
-
-
 def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=None, dyn=True):
     split_s, comb_s, extra1, extra2 = _static(prob, plan, qtype, _dyn_build(prob, plan, dyn))
     if qtype == 2:  # bfloat16 exists only as MLX arrays: take the bits
@@ -981,7 +938,7 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
 
             mx.eval(out)
             out = _np(out)
-    attention.record_run(attention.RunRecord(
+    record_run(RunRecord(
         backend=bk, dispatches=LAUNCHES[0] - launches0, kernel=plan.kernel, splits=plan.splits,
         lanes_per_key=plan.lanes_per_key, warps=plan.warps, tile=plan.tile,
         chain=plan.chain(max(prob.lengths)), q_precision=plan.q_precision,
@@ -1128,8 +1085,6 @@ def prepare_decode(q, k_blocks, v_blocks, *, k_format, v_format, scale=None, win
                    q_precision: "str | None" = None) -> "DecodeLaunch | None":
     """The :class:`DecodeLaunch` for MLX arrays shaped like these on a GPU backend (one per geometry,
     shared), else None (the caller then takes :func:`tqbridge.metal.decode_attention`)."""
-    from .attention import check_problem
-
     bk = pick_backend("auto" if backend == "kernel" else backend)
     if bk == "cpu-emulator" and backend == "cpu-emulator" and _is_mlx(q):
         return _EmulatedDecodeLaunch(q, k_blocks, k_format, v_format, scale, window, softcap, rotation, q_precision)
@@ -1177,11 +1132,17 @@ class _EmulatedDecodeLaunch:
     def __call__(self, q, kb, vb, length: int, after=None, sinks=None):
         import mlx.core as mx
 
-        from .attention import decode_attention, last_run
-
         mx.eval(q, kb, vb, *([] if after is None else [after]))
-        out = decode_attention(np.array(q.astype(mx.float32)), np.array(kb), np.array(vb), length=length,
-                               backend="cpu-emulator", sinks=None if sinks is None else np.array(sinks),
-                               **self._kw)
+        out = self._attend(np.array(q.astype(mx.float32)), np.array(kb), np.array(vb), length,
+                           None if sinks is None else np.array(sinks))
         self.run_info = last_run()
         return mx.array(out).astype(q.dtype)
+
+    def _attend(self, q, kb, vb, length: int, sinks):
+        """``decode_attention(..., backend="cpu-emulator")`` on numpy arrays: the option checked, the
+        problem validated, the two kernel passes on the emulator (recorded as the thread's last run)."""
+        kw = dict(self._kw)
+        qp = kw.pop("q_precision")
+        check_q_precision(qp)
+        prob = check_problem(q, kb, vb, length=length, sinks=sinks, **kw)
+        return kernel_attention(q, kb, vb, prob, sinks, backend="cpu-emulator", q_precision=qp)

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from .. import bridge
-from .attention import Problem, check_problem, visible_range
+from .attention_problem import Problem, RunRecord, _np, check_problem, record_run, visible_range
 
 U32 = 2.0 ** -24                     # float32 unit roundoff
 U16 = 2.0 ** -11                     # binary16 unit roundoff (kernel v3 rounds V values and weights to it)
@@ -49,20 +49,6 @@ U16 = 2.0 ** -11                     # binary16 unit roundoff (kernel v3 rounds 
 E16 = 2.0 ** -25
 UNIT_ROUNDOFF = {"float32": 0.0, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}  # output rounding
 SAFETY = 2.0                         # covers the second-order terms of the first-order bound
-
-
-def _np(a: Any) -> np.ndarray:
-    if isinstance(a, np.ndarray):
-        return a
-    try:
-        import mlx.core as mx
-    except ImportError:  # pragma: no cover
-        return np.asarray(a)
-    if isinstance(a, mx.array):
-        if a.dtype == mx.bfloat16:
-            a = a.astype(mx.float32)
-        return np.array(a)
-    return np.asarray(a)
 
 
 def _is_turbo(fmt) -> bool:
@@ -152,7 +138,7 @@ def int8_scores(q: Any, k_blocks: Any, prob: Problem) -> tuple[np.ndarray, np.nd
     an offset m); score = sum over blocks of d_k * d_q * sum(k_code * q_code) (+ m_k * s_q).
     Returns (scores, magnitudes), both (B, Hq, T, L): magnitudes = sum over blocks of
     |d_k d_q isum| + |m_k s_q| (what float32 rounding of the block sums is proportional to)."""
-    from .attention_kernel import _side_rotation
+    from .attention_formats import _side_rotation
 
     qn = _q4(_np(q).astype(np.float32), prob)
     l_used = max(prob.lengths) if prob.lengths else 0
@@ -355,8 +341,6 @@ def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sin
     sum: an approximation of v3 within its binary16 error)."""
     import mlx.core as mx
 
-    from . import attention
-
     was_numpy = not isinstance(q, mx.array)
     qm = mx.array(q) if was_numpy else q
     out_dtype = qm.dtype
@@ -364,7 +348,7 @@ def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sin
     l_used = max(prob.lengths)
     if l_used == 0:  # no visible key anywhere: zeros, as the kernel returns (the sinks alone get all weight)
         o = mx.zeros(tuple(qm.shape), out_dtype)
-        attention.record_run(attention.RunRecord(backend="reference", dispatches=0))
+        record_run(RunRecord(backend="reference", dispatches=0))
         return _np(o).astype(np.asarray(q).dtype, copy=False) if was_numpy else o
     # turbo caches stay in their rotated basis: q goes in once, the output comes back once
     k_turbo, v_turbo = _is_turbo(prob.k_format), _is_turbo(prob.v_format)
@@ -417,7 +401,7 @@ def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sin
     if prob.squeeze_rows:
         o = o.reshape(b, hq, d)
     o = o.astype(out_dtype)
-    attention.record_run(attention.RunRecord(backend="reference", dispatches=0))
+    record_run(RunRecord(backend="reference", dispatches=0))
     if was_numpy:
         mx.eval(o)
         return _np(o).astype(np.asarray(q).dtype, copy=False)

@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .kernel import Kernel, KernelError
+from .kernel import Kernel, KernelError, cache_root
 
 GUARD = 256  # bytes of guard on each side of every buffer
 ALIGN = 64
@@ -47,8 +47,7 @@ class EmulatorError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("TQBRIDGE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tqbridge")
-    return Path(root) / "emu"
+    return cache_root() / "emu"
 
 
 def find_compiler() -> str:

@@ -31,6 +31,13 @@ class KernelError(ValueError):
     """A malformed kernel definition or launch; the message says which."""
 
 
+def cache_root() -> Path:
+    """Where compiled kernels and generated sources are kept: ``$TQBRIDGE_CACHE``, else
+    ``~/.cache/tqbridge`` (the emulator's libraries under ``emu/``, CUDA's included sources under
+    ``cuda-src/``)."""
+    return Path(os.environ.get("TQBRIDGE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tqbridge"))
+
+
 @lru_cache(maxsize=None)
 def _read(name: str) -> str:
     return (KERNEL_DIR / name).read_text()
@@ -149,10 +156,8 @@ def mlx_sources(kernel: "Kernel", backend: str, static: Mapping[str, int]) -> tu
 
 @lru_cache(maxsize=256)
 def _included(text: str) -> str:
-    from .emulator import cache_dir
-
     digest = hashlib.sha256(text.encode()).hexdigest()[:24]
-    path = cache_dir().parent / "cuda-src" / f"{digest}.cuh"
+    path = cache_root() / "cuda-src" / f"{digest}.cuh"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

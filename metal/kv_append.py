@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..bridge import FormatError, get_format, quantize
-from ..bridge.registry import Format
+from ..bridge.format_types import Format
 from .kernel import KERNEL_DIR, BODY_MARKER, Kernel, KernelError
 from .quantize_append import _static_and_table, supported
 

@@ -11,11 +11,13 @@ Used by ``tqbridge bench attention`` / ``bench decode`` and the scripts under ``
 
 from __future__ import annotations
 
-import os
+import contextlib
 import statistics
 import time
 from collections import defaultdict
 from typing import Any, Callable, Iterable
+
+from ..bridge.environ import scoped_environ
 
 
 def build_and_wall(mx: Any, make: Callable[[Any], Any], args: Iterable[Any], calls: int) -> "tuple[float, float]":
@@ -164,7 +166,7 @@ class settings:
     (plans and launches read the switches when they are made, so a cached one would ignore them)."""
 
     def __init__(self, env: dict):
-        self.env, self.saved = dict(env), {}
+        self.env, self._scope = dict(env), contextlib.ExitStack()
 
     @staticmethod
     def _clear() -> None:
@@ -174,19 +176,13 @@ class settings:
         kv_append.prepared.cache_clear()
 
     def __enter__(self):
-        for k, v in self.env.items():
-            self.saved[k] = os.environ.get(k)
-            os.environ[k] = v
+        self._scope.enter_context(scoped_environ(self.env))
         if self.env:
             self._clear()
         return self
 
     def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        self._scope.close()
         if self.env:
             self._clear()
         return False

@@ -341,7 +341,7 @@ def test_real_model_generation_unchanged_by_the_cpu_codec_path(name, kv, cpu_dev
     from mlx_lm.generate import generate_step
     from tqbridge.bridge.gguf_model import load_gguf_model
     from tqbridge.metal.lm import cache as tqc
-    from tqbridge.parity.harness.models import ModelUnavailable, model_path
+    from tqbridge.bridge.models import ModelUnavailable, model_path
 
     try:
         m, _ = load_gguf_model(model_path(name))

@@ -216,7 +216,7 @@ def test_mlx_with_tqcache_picks_the_forks_top_token(variant):
     8.6e-5 .. 2.2e-3 for turbo4/turbo4 on SmolLM2, 0.55 .. 3.1 where a q8_0 K or Gemma 3's depth flips
     quantization steps between the runtimes — so the claim is the greedy token, which held 12 of 12."""
     from tqbridge.bridge.gguf_f32 import cached_f32_gguf
-    from tqbridge.parity.harness.models import ModelUnavailable, model_path
+    from tqbridge.bridge.models import ModelUnavailable, model_path
     from tqbridge.parity.harness.runtimes import KV, MLXRuntime
 
     z, prov = _load(variant)

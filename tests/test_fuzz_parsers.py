@@ -159,7 +159,7 @@ def test_short_campaign(target, tmp_path):
 
 
 def test_short_campaign_prompt_cache(tmp_path):
-    """tqbridge's checked loader (bridge/prompt_cache.py) and everything but the TQCache setters are
+    """tqbridge's checked loader (metal/lm/prompt_cache.py) and everything but the TQCache setters are
     clean; mlx-lm's own loader fails in its own code (counted as upstream)."""
     s = _campaign("prompt-cache", tmp_path)
     t = s["totals"]

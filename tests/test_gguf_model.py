@@ -17,7 +17,8 @@ prefer_fast_blas()
 
 from tqbridge.bridge.gguf_f32 import write_f32_gguf  # noqa: E402
 from tqbridge.bridge.gguf_model import (  # noqa: E402
-    GGUFModelError, load_gguf_model, model_config, qk_rows, read_gguf, write_mlx_dir)
+    GGUFModelError, load_gguf_model, model_config, qk_rows, read_gguf)
+from tqbridge.bridge.mlx_export import write_mlx_dir  # noqa: E402
 
 # llama.cpp (F32 KV, flash attention off) vs MLX (F32 cache) on identical F32 weights, logits with a
 # standard deviation of ~12: measured max |delta logit| <= 5.4e-5 for llama/qwen2/qwen3 (float32

@@ -17,20 +17,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tqbridge.bridge import llama_build
+from tqbridge.bridge import llama_build, llama_side
 from tqbridge.bridge.llama_state import SEQ_MAGIC, parse_state, seq_state, write_state
 
 
 def test_type_tables_of_both_variants():
     """The fork renumbered its turbo types: one id names different formats in the two variants."""
-    old, new = llama_build.type_table("fork-69d8e4b"), llama_build.type_table("fork-pr197")
+    old, new = llama_side.type_table("fork-69d8e4b"), llama_side.type_table("fork-pr197")
     assert [old[i].key for i in (42, 43, 44)] == ["turbo2@fork-69d8e4b", "turbo3@fork-69d8e4b", "turbo4@fork-69d8e4b"]
     assert [new[i].key for i in (43, 44, 45)] == ["turbo2@fork-pr197", "turbo3@fork-pr197", "turbo4@fork-pr197"]
     assert old[8].key == new[8].key == "q8_0"
     assert (old[44].type_size, new[45].type_size) == (68, 66)
-    assert 42 not in llama_build.type_table()            # no build selected: upstream's ids only
-    with pytest.raises(llama_build.LlamaBuildError, match="no turbo variant"):
-        llama_build.type_table("fork-nope")
+    assert 42 not in llama_side.type_table()            # no build selected: upstream's ids only
+    with pytest.raises(llama_side.LlamaBuildError, match="no turbo variant"):
+        llama_side.type_table("fork-nope")
 
 
 def test_headerless_sequence_blob_of_older_llama_cpp():
@@ -50,15 +50,15 @@ def test_headerless_sequence_blob_of_older_llama_cpp():
 
 
 def test_a_directory_without_a_build_is_refused_in_one_line(tmp_path):
-    with pytest.raises(llama_build.LlamaBuildError, match="no libllama") as e:
+    with pytest.raises(llama_side.LlamaBuildError, match="no libllama") as e:
         llama_build.describe(tmp_path)
     assert "\n" not in str(e.value)
-    with pytest.raises(llama_build.LlamaBuildError, match="no such directory"):
+    with pytest.raises(llama_side.LlamaBuildError, match="no such directory"):
         llama_build.describe(tmp_path / "absent")
 
 
 def test_the_recipe_refuses_what_is_not_a_llama_cpp_checkout(tmp_path):
-    with pytest.raises(llama_build.LlamaBuildError, match="not a llama.cpp source checkout"):
+    with pytest.raises(llama_side.LlamaBuildError, match="not a llama.cpp source checkout"):
         llama_build.build_from_source(tmp_path)
 
 

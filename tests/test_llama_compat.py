@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from tqbridge.bridge import ggml_c
+from tqbridge.bridge.llama_side import GgmlUnavailable
 
 try:
     ggml_c.load()
-except ggml_c.GgmlUnavailable as _e:  # pragma: no cover - depends on the install
+except GgmlUnavailable as _e:  # pragma: no cover - depends on the install
     pytest.skip(f"llama-cpp-python's ggml cannot be used here: {_e}", allow_module_level=True)
 
-from tqbridge.bridge import ggml_graph, llama_compat  # noqa: E402
+from tqbridge.bridge import ggml_abi, ggml_graph, llama_compat  # noqa: E402
 from tqbridge.bridge.llama_compat import LlamaCppIncompatible  # noqa: E402
 
 
@@ -154,12 +155,12 @@ def test_missing_python_names_are_refused(fresh):
 
 def _traits_without_interleave():
     class T(ctypes.Structure):
-        _fields_ = [f for f in ggml_c._TypeTraits._fields_ if f[0] != "blck_size_interleave"]
+        _fields_ = [f for f in ggml_abi.TypeTraits._fields_ if f[0] != "blck_size_interleave"]
     return T
 
 
 def _traits_swapped_pointers():
-    f = list(ggml_c._TypeTraits._fields_)
+    f = list(ggml_abi.TypeTraits._fields_)
 
     class T(ctypes.Structure):
         _fields_ = f[:5] + [f[6], f[5]]   # to_float and from_float_ref swapped: same size
@@ -168,12 +169,12 @@ def _traits_swapped_pointers():
 
 def _cplan_without_use_ref():
     class P(ctypes.Structure):
-        _fields_ = [f for f in ggml_graph._CPlan._fields_ if f[0] != "use_ref"]
+        _fields_ = [f for f in ggml_abi.CPlan._fields_ if f[0] != "use_ref"]
     return P
 
 
 def _cplan_extra_field():
-    f = list(ggml_graph._CPlan._fields_)
+    f = list(ggml_abi.CPlan._fields_)
 
     class P(ctypes.Structure):
         _fields_ = f[:3] + [("new_field", ctypes.c_void_p)] + f[3:]
@@ -187,12 +188,12 @@ def _init_params_narrow():
 
 
 @pytest.mark.parametrize("module,name,planted,match", [
-    (ggml_c, "_TypeTraits", _traits_without_interleave, "struct ggml_type_traits is 56 bytes in this ggml, "
+    (ggml_abi, "TypeTraits", _traits_without_interleave, "struct ggml_type_traits is 56 bytes in this ggml, "
                                                          "tqbridge's layout has 48"),
-    (ggml_c, "_TypeTraits", _traits_swapped_pointers, "q8_0's to_float from struct ggml_type_traits decodes"),
-    (ggml_graph, "_CPlan", _cplan_without_use_ref, "struct ggml_cplan"),
-    (ggml_graph, "_CPlan", _cplan_extra_field, "struct ggml_cplan"),
-    (ggml_graph, "_InitParams", _init_params_narrow, "struct ggml_init_params"),
+    (ggml_abi, "TypeTraits", _traits_swapped_pointers, "q8_0's to_float from struct ggml_type_traits decodes"),
+    (ggml_abi, "CPlan", _cplan_without_use_ref, "struct ggml_cplan"),
+    (ggml_abi, "CPlan", _cplan_extra_field, "struct ggml_cplan"),
+    (ggml_abi, "InitParams", _init_params_narrow, "struct ggml_init_params"),
 ])
 def test_layout_mismatch_is_refused(fresh, module, name, planted, match):
     fresh.setattr(module, name, planted())
@@ -202,7 +203,7 @@ def test_layout_mismatch_is_refused(fresh, module, name, planted, match):
 @pytest.mark.skipif(not __import__("platform").machine().lower() in ("x86_64", "amd64"),
                     reason="struct return size is measured on x86-64 only")
 def test_cplan_size_is_measured(fresh):
-    fresh.setattr(ggml_graph, "_CPlan", _cplan_without_use_ref())
+    fresh.setattr(ggml_abi, "CPlan", _cplan_without_use_ref())
     _refused("struct ggml_cplan: ggml_graph_plan writes at least 56 bytes, tqbridge's layout has 48")
 
 

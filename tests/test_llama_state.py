@@ -335,7 +335,7 @@ def test_gemma3_iswa_blob():
     try:
         from llama_cpp import Llama
 
-        from tqbridge.parity.harness.models import ModelUnavailable, model_path
+        from tqbridge.bridge.models import ModelUnavailable, model_path
     except ImportError as e:
         pytest.skip(f"needs llama-cpp-python: {e}")
     from tqbridge.bridge.llama_state import read_seq_state

@@ -14,7 +14,7 @@ from tqbridge.bridge.mlx_blas import prefer_fast_blas
 prefer_fast_blas()
 
 from tqbridge.parity.harness.level_logits import FLOAT_KL_GOAL, FLOAT_TOP1_GOAL, parity_text, run_logits  # noqa: E402
-from tqbridge.parity.harness.models import ModelUnavailable, gemma3_path, smollm2_path  # noqa: E402
+from tqbridge.bridge.models import ModelUnavailable, gemma3_path, smollm2_path  # noqa: E402
 
 pytestmark = pytest.mark.model
 

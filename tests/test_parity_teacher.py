@@ -28,7 +28,7 @@ BACKENDS = ("reference",)
 
 def _f32(name: str) -> str:
     from tqbridge.bridge.gguf_f32 import cached_f32_gguf
-    from tqbridge.parity.harness.models import ModelUnavailable, model_path
+    from tqbridge.bridge.models import ModelUnavailable, model_path
 
     try:
         return str(cached_f32_gguf(model_path(name)))

@@ -108,7 +108,7 @@ def _tokens(data: bytes, edit) -> bytes:
 def test_duplicate_tokens_are_refused_before_llama_cpp_aborts(tiny, tmp_path, dup):
     """llama.cpp's vocabulary loader GGML_ASSERTs (SIGABRT) on duplicate tokens; it reads tokens as C
     strings, so "a\\0x" duplicates "a". convert --to mlx died with signal 6."""
-    from tqbridge.bridge.gguf_model import write_mlx_dir
+    from tqbridge.bridge.mlx_export import write_mlx_dir
     from tqbridge.bridge.tokenizer import VocabularyError, check_vocabulary
 
     def edit(toks):
@@ -130,7 +130,8 @@ def test_non_utf8_strings(tiny, tmp_path):
     """gguf-py decodes strings strictly: convert --to gguf-f32 raised UnicodeDecodeError (on any
     metadata string, general.architecture included), the tokenizer export too."""
     from tqbridge.bridge.gguf_f32 import write_f32_gguf
-    from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model, write_mlx_dir
+    from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
+    from tqbridge.bridge.mlx_export import write_mlx_dir
 
     bad = _write(tmp_path, _edit(tiny, key="tokenizer.ggml.pre", vtype=8, raw=_string(b"\xffdefault")))
     with pytest.raises(GGUFModelError, match="not UTF-8"):
@@ -198,7 +199,7 @@ def test_token_id_of_another_type_is_a_tokenizer_export_error(tiny, tmp_path, vt
     """tokenizer.ggml.bos_token_id as an array or a string: int() of it raised TypeError / ValueError
     in convert --to mlx; past that, llama.cpp refuses the file and llama-cpp-python's ValueError
     ('Failed to load model from file') escaped too. Now: no tokenizer files, the reason in config.json."""
-    from tqbridge.bridge.gguf_model import write_mlx_dir
+    from tqbridge.bridge.mlx_export import write_mlx_dir
     from tqbridge.bridge.tokenizer import TokenizerExportError, hf_tokenizer_files
 
     path = _write(tmp_path, _edit(tiny, key="tokenizer.ggml.bos_token_id", vtype=vtype, raw=raw))
@@ -249,7 +250,7 @@ def _rename(head, old, new):
     (lambda h: h.update({"0.0": {**h["0.0"], "shape": [1, 2, 5, 2**40]}}), "needs"),
 ])
 def test_checked_prompt_cache_loader(saved, tmp_path, edit, message):
-    from tqbridge.bridge.prompt_cache import PromptCacheError, load_prompt_cache
+    from tqbridge.metal.lm.prompt_cache import PromptCacheError, load_prompt_cache
 
     p = tmp_path / "c.safetensors"
     p.write_bytes(_header_edit(saved, edit))
@@ -264,7 +265,7 @@ def test_checked_prompt_cache_loader(saved, tmp_path, edit, message):
 
 
 def test_checked_prompt_cache_loader_refuses_bad_bytes(saved, tmp_path):
-    from tqbridge.bridge.prompt_cache import PromptCacheError, load_prompt_cache
+    from tqbridge.metal.lm.prompt_cache import PromptCacheError, load_prompt_cache
 
     p = tmp_path / "c.safetensors"
     bad = bytearray(saved)
@@ -286,7 +287,7 @@ def test_checked_prompt_cache_loader_refuses_bad_bytes(saved, tmp_path):
 
 
 def test_checked_prompt_cache_loader_round_trips(saved, tmp_path):
-    from tqbridge.bridge.prompt_cache import load_prompt_cache
+    from tqbridge.metal.lm.prompt_cache import load_prompt_cache
     from tqbridge.metal.lm.cache import TQCache
 
     p = tmp_path / "c.safetensors"

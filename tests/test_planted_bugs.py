@@ -182,7 +182,7 @@ def test_iq4_nl_search_quantizer_in_the_cache_is_caught_by_teacher(monkeypatch):
     from tqbridge.metal.lm import cache as tqc
     from tqbridge.parity.harness.level_logits import parity_text
     from tqbridge.parity.harness.level_teacher import run_teacher
-    from tqbridge.parity.harness.models import ModelUnavailable, model_path
+    from tqbridge.bridge.models import ModelUnavailable, model_path
     from tqbridge.parity.harness.runtimes import LlamaCppRuntime
 
     try:
@@ -216,7 +216,7 @@ def lane_model():
     from tqbridge.metal import backends
     from tqbridge.parity.harness.level_lane import LANE_TOKENS
     from tqbridge.parity.harness.level_logits import parity_text
-    from tqbridge.parity.harness.models import ModelUnavailable, model_path
+    from tqbridge.bridge.models import ModelUnavailable, model_path
     from tqbridge.parity.harness.runtimes import LlamaCppRuntime
 
     if "cpu-emulator" not in backends():

@@ -54,13 +54,13 @@ def test_kernel_format_ids_are_the_c_constants():
     a time, quantize_append.h; turbo formats share QA_TURBO), QA_<NAME>_REF (llama.cpp's cache encoder)."""
     import importlib
 
-    attention_kernel = importlib.import_module("tqbridge.metal.attention_kernel")
+    attention_formats = importlib.import_module("tqbridge.metal.attention_formats")
     quantize_append = importlib.import_module("tqbridge.metal.quantize_append")  # the package exports a function of that name
     fmts = bridge.all_formats()
     upper = {f.name.upper() for f in fmts}
     ids = kernel_ids()
     assert len(set(ids.values())) == len(ids)
-    assert attention_kernel.FORMAT_IDS == ids
+    assert attention_formats.FORMAT_IDS == ids
     tqa = _c_ids("attention_kernel.h", "TQA_")
     assert {k: v for k, v in tqa.items() if k in upper} == {n.upper(): i for n, i in ids.items()}
     qa = _c_ids("quantize_append.h", "QA_")

@@ -39,7 +39,8 @@ def select_llama_build(args) -> None:
     build = getattr(args, "llama", None) or os.environ.get("TQBRIDGE_LLAMA_BUILD")
     if not build or args.command == "llama":
         return
-    from tqbridge.bridge.llama_build import LlamaBuildError, select
+    from tqbridge.bridge.llama_build import select
+    from tqbridge.bridge.llama_side import LlamaBuildError
 
     try:
         info = select(build)
@@ -85,7 +86,7 @@ def main(argv: "list[str] | None" = None) -> int:
         print(f"tqbridge {args.command}: error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:
-        from tqbridge.bridge.llama_build import LlamaBuildError
+        from tqbridge.bridge.llama_side import LlamaBuildError
 
         if not isinstance(e, LlamaBuildError):
             raise

@@ -17,8 +17,9 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from tqbridge.bridge.gguf_f32 import write_f32_gguf
-    from tqbridge.bridge.gguf_model import GGUFModelError, write_mlx_dir
-    from tqbridge.parity.harness.models import ModelUnavailable, model_path
+    from tqbridge.bridge.gguf_model import GGUFModelError
+    from tqbridge.bridge.mlx_export import write_mlx_dir
+    from tqbridge.bridge.models import ModelUnavailable, model_path
 
     try:
         src = model_path(args.model)

@@ -30,8 +30,8 @@ def add_arguments(p) -> None:
 
 
 def resolve_model(name: str) -> str:
-    """A GGUF path from a path or a model name (``tqbridge.parity.harness.models``); a CliError otherwise."""
-    from tqbridge.parity.harness.models import ModelUnavailable, model_path
+    """A GGUF path from a path or a model name (``tqbridge.bridge.models``); a CliError otherwise."""
+    from tqbridge.bridge.models import ModelUnavailable, model_path
 
     try:
         return str(model_path(name))

@@ -27,7 +27,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from tqbridge.bridge.llama_build import LlamaBuildError, build_from_source, describe
+    from tqbridge.bridge.llama_build import build_from_source, describe
+    from tqbridge.bridge.llama_side import LlamaBuildError
 
     try:
         if args.llama_command == "build":

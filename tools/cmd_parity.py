@@ -86,7 +86,7 @@ def progress_printer(quiet: bool):
 def run(args, command: "str | None" = None) -> int:
     from tqbridge.bridge.gguf_model import GGUFModelError
     from tqbridge.parity.harness.level_logits import DEFAULT_KV, run_logits
-    from tqbridge.parity.harness.models import ModelUnavailable, model_path
+    from tqbridge.bridge.models import ModelUnavailable, model_path
     from tqbridge.parity.harness.report import markdown, text_table, versions, write_atomic, write_json
     from tqbridge.parity.harness.runtimes import KV, llama_kv_types
 
@@ -100,7 +100,7 @@ def run(args, command: "str | None" = None) -> int:
         args.decode = min(16, args.tokens // 2)
     if not 0 <= args.decode < args.tokens:
         raise CliError(f"--decode must be in 0..{args.tokens - 1} (fewer than --tokens), got {args.decode}")
-    from tqbridge.bridge.llama_build import selected
+    from tqbridge.bridge.llama_side import selected
 
     fork = selected().variant if selected() is not None else None
     kv_list = args.kv or list(FORK_KV if fork else DEFAULT_KV)

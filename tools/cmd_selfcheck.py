@@ -73,11 +73,12 @@ def check_format(name: str, x: np.ndarray, mx) -> dict:
 
 def run(args) -> int:
     from tqbridge.bridge import ggml_c
+    from tqbridge.bridge.llama_side import GgmlUnavailable, library_path
 
     try:
-        lib = ggml_c.library_path()
+        lib = library_path()
         ggml_c.load()
-    except ggml_c.GgmlUnavailable as e:
+    except GgmlUnavailable as e:
         raise CliError(str(e)) from e
     names = [s.strip() for s in args.formats.split(",") if s.strip()]
     if not names:

@@ -43,7 +43,7 @@ def golden_tokens(gguf_path: str, n: int) -> "list[int]":
 def make_goldens(gguf_path: str, pairs=PAIRS, *, n_tokens: int = PROMPT_TOKENS + DECODE_STEPS,
                  decode: int = DECODE_STEPS) -> dict[str, np.ndarray]:
     """The arrays of one variant's file; the build must be selected already."""
-    from tqbridge.bridge.llama_build import selected
+    from tqbridge.bridge.llama_side import selected
     from tqbridge.bridge.llama_capture import capture_run
 
     info = selected()
@@ -87,7 +87,7 @@ def make_goldens(gguf_path: str, pairs=PAIRS, *, n_tokens: int = PROMPT_TOKENS +
 def main(argv: "list[str] | None" = None) -> int:
     from tqbridge.bridge.gguf_f32 import cached_f32_gguf
     from tqbridge.bridge.llama_build import select
-    from tqbridge.parity.harness.models import model_path
+    from tqbridge.bridge.models import model_path
 
     ap = argparse.ArgumentParser(prog="python -m tqbridge.parity.harness.fork_goldens")
     ap.add_argument("--llama", required=True, metavar="BUILD", help="a TurboQuant fork build directory")

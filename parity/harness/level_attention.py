@@ -128,7 +128,7 @@ def judge_ours(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray, *, k_format, v_fo
 def fork_has(fmt) -> bool:
     """Whether this process's llama.cpp side is a TurboQuant fork build that has ``fmt`` (its own turbo
     variant, or an upstream ggml type)."""
-    from tqbridge.bridge.llama_build import selected, type_table
+    from tqbridge.bridge.llama_side import selected, type_table
 
     info = selected()
     return info is not None and bool(info.variant) and any(f.key == fmt.key for f in type_table().values())

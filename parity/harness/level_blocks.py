@@ -23,7 +23,7 @@ GGML_FORMATS = names(lambda f: f.ggml_id is not None)
 def level_formats() -> "list[str]":
     """The formats this process's llama.cpp side quantizes in C: upstream's, plus a fork build's turbo
     types (its variant)."""
-    from tqbridge.bridge.llama_build import selected, turbo_variants
+    from tqbridge.bridge.llama_side import selected, turbo_variants
 
     out = list(GGML_FORMATS)
     info = selected()

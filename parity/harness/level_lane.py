@@ -46,7 +46,6 @@ failure with its message, not a crash of the level.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections import Counter
@@ -54,6 +53,8 @@ from contextlib import contextmanager
 from typing import Any, Callable
 
 import numpy as np
+
+from tqbridge.bridge.environ import scoped_environ
 
 LANE_WINDOW = 16     # forced sliding window (positions) of the windowed layers
 LANE_STEP = 4        # TQCache.step of the level's caches: a slide / growth every 4 positions
@@ -71,17 +72,13 @@ def emulated_lane():
     TQCaches made inside it take the GPU decode lane with its kernels on the CPU emulator."""
     import mlx.core as mx
 
-    prev_env, prev_dev = os.environ.get(_ENV), mx.default_device()
-    os.environ[_ENV] = "cpu-emulator"
-    mx.set_default_device(mx.cpu)
-    try:
-        yield
-    finally:
-        mx.set_default_device(prev_dev)
-        if prev_env is None:
-            os.environ.pop(_ENV, None)
-        else:
-            os.environ[_ENV] = prev_env
+    prev_dev = mx.default_device()
+    with scoped_environ({_ENV: "cpu-emulator"}):
+        mx.set_default_device(mx.cpu)
+        try:
+            yield
+        finally:
+            mx.set_default_device(prev_dev)
 
 
 @contextmanager
@@ -212,7 +209,7 @@ class _Layer:
     def _judge(self, queries, out, scale: float, run: dict) -> None:
         import mlx.core as mx
 
-        from tqbridge.metal.attention import check_problem, visible_range
+        from tqbridge.metal.attention_problem import check_problem, visible_range
         from tqbridge.metal.attention_ref import UNIT_ROUNDOFF, oracle
         from tqbridge.parity.harness.level_attention import bound_ratio
 

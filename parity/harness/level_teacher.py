@@ -37,7 +37,7 @@ and every layer of tqbridge is given exactly what that layer of llama.cpp was gi
   routing error anywhere in the model's path (its config, mlx-lm's module, tqbridge's routing and
   cache) fails one of the two, while the attention claim above (fed llama.cpp's parameters) holds.
 - **mask (claim)**: the key positions llama.cpp's mask lets each of those query rows see are the
-  ones tqbridge's causal/window convention (:func:`tqbridge.metal.attention.visible_range`) gives
+  ones tqbridge's causal/window convention (:func:`tqbridge.metal.attention_problem.visible_range`) gives
   with the layer's window in tqbridge's model (:func:`model_windows`; Gemma 3's local layers: 512,
   so a prompt longer than that is needed to exercise it).
 """
@@ -283,7 +283,7 @@ def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], 
     import mlx.core as mx
 
     from tqbridge.bridge import get_format
-    from tqbridge.metal.attention import visible_range
+    from tqbridge.metal.attention_problem import visible_range
     from tqbridge.metal.hadamard import hadamard_rotate
     from tqbridge.parity.harness.level_attention import judge_ours
     from tqbridge.parity.harness.llama_arith import reproduces, ulp_error, ulps_limit
@@ -292,7 +292,7 @@ def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], 
     kf, vf = get_format(kv.k), get_format(kv.v)
     for side, fmt, group in (("K", kf, L.k_rot), ("V", vf, L.v_rot)):
         if group and fmt.kind == "turbo":
-            from tqbridge.bridge.llama_build import LlamaBuildError
+            from tqbridge.bridge.llama_side import LlamaBuildError
 
             raise LlamaBuildError(f"llama.cpp rotated its {fmt.key} {side} cache with upstream's Hadamard "
                                   "rotation on top of turbo's own (this build applies LLAMA_ATTN_ROT to every "

@@ -11,7 +11,6 @@ A KV configuration is a pair of format names, written ``K/V`` (``"f16"`` means `
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tqbridge.bridge.environ import scoped_environ
 from tqbridge.bridge.kv_spec import LLAMA_EXAMPLE_KV, split_kv
 from tqbridge.bridge.mlx_blas import prefer_fast_blas
 from tqbridge.bridge.registry import get_format, names
@@ -53,26 +53,10 @@ class KV:
         return self.k in FLOAT_TYPES and self.v in FLOAT_TYPES
 
 
-@contextlib.contextmanager
-def _env(name: str, value: "str | None"):
-    old = os.environ.get(name)
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
 def llama_kv_types() -> dict[str, int]:
     """KV cache types of this process's llama.cpp side, name -> ggml type id: llama-cpp-python's
     build takes :data:`LLAMA_KV_TYPES`; a build chosen with ``--llama`` also its turbo types."""
-    from tqbridge.bridge.llama_build import kv_types, selected
+    from tqbridge.bridge.llama_side import kv_types, selected
 
     if selected() is not None:
         return kv_types()
@@ -93,8 +77,8 @@ class LlamaCppRuntime:
 
     def __init__(self, gguf_path: "str | os.PathLike[str]", *, flash_attn: bool = True,
                  rotation: bool = True, n_threads: "int | None" = None):
-        from tqbridge.bridge.llama_build import selected
         from tqbridge.bridge.llama_compat import ensure_compatible
+        from tqbridge.bridge.llama_side import selected
 
         ensure_compatible()  # version, names and layouts of llama-cpp-python before any use
         self.build = selected()
@@ -107,7 +91,7 @@ class LlamaCppRuntime:
         self.last_state: "bytes | None" = None
 
     def _type_id(self, fmt: str) -> int:
-        from tqbridge.bridge.llama_build import LlamaBuildError, kv_type_id
+        from tqbridge.bridge.llama_side import LlamaBuildError, kv_type_id
 
         if self.build is not None:
             try:
@@ -145,7 +129,7 @@ class LlamaCppRuntime:
         if not kv.is_float and not self.flash_attn and kv.v not in FLOAT_TYPES:
             raise LlamaConfigError("llama.cpp needs flash attention for a quantized V cache")
         n_ctx = self._n_ctx(n_tokens)
-        with _env("LLAMA_ATTN_ROT_DISABLE", None if self.rotation else "1"):
+        with scoped_environ({"LLAMA_ATTN_ROT_DISABLE": None if self.rotation else "1"}):
             return Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
                          n_threads=self.n_threads, n_threads_batch=self.n_threads, logits_all=True,
                          flash_attn=self.flash_attn, type_k=self._type_id(kv.k), type_v=self._type_id(kv.v),
@@ -176,7 +160,7 @@ class LlamaCppRuntime:
         shim, model = self._shim_model()
         n_ctx = self._n_ctx(len(toks))
         n_vocab = shim.n_vocab(model)
-        with _env("LLAMA_ATTN_ROT_DISABLE", None if self.rotation else "1"):
+        with scoped_environ({"LLAMA_ATTN_ROT_DISABLE": None if self.rotation else "1"}):
             ctx = shim.context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512), n_threads=self.n_threads,
                                flash_attn=self.flash_attn, type_k=self._type_id(kv.k), type_v=self._type_id(kv.v))
         try:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tqbridge.bridge import get_format
+from tqbridge.bridge.environ import scoped_environ
 from tqbridge.bridge.kv_spec import DEFAULT_FORMAT
 from tqbridge.bridge.llama_state import LlamaState, load_seq_state, parse_state, read_seq_state, seq_state
 
@@ -34,16 +35,15 @@ class LlamaSession:
 
     def __init__(self, gguf_path: str, k_format: str, v_format: str, n_ctx: int = 512,
                  n_threads: "int | None" = None, rotation: bool = True):
-        from tqbridge.bridge.llama_build import selected
         from tqbridge.bridge.llama_compat import ensure_compatible
-        from tqbridge.parity.harness.runtimes import _env
+        from tqbridge.bridge.llama_side import selected
 
         ensure_compatible()
         self.build = selected()
         self.n_past = 0
         threads = n_threads or os.cpu_count() or 1
         type_k, type_v = _type_id(k_format), _type_id(v_format)
-        with _env("LLAMA_ATTN_ROT_DISABLE", None if rotation else "1"):
+        with scoped_environ({"LLAMA_ATTN_ROT_DISABLE": None if rotation else "1"}):
             if self.build is None:
                 from llama_cpp import Llama
 
@@ -89,7 +89,7 @@ class LlamaSession:
 
 
 def _type_id(fmt: str) -> int:
-    from tqbridge.bridge.llama_build import LlamaBuildError, kv_type_id, selected
+    from tqbridge.bridge.llama_side import LlamaBuildError, kv_type_id, selected
 
     f = get_format(fmt)
     if selected() is not None:

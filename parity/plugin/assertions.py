@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ...bridge import dequantize, get_format
-from ...bridge.registry import Format
+from ...bridge.format_types import Format
 
 
 def _np(a: Any) -> np.ndarray:

@@ -23,7 +23,6 @@ import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
 import random
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,25 +31,10 @@ from typing import Any, Callable
 
 OUR_TARGETS = ("quantize", "dequantize", "append", "decode-attention")
 from .fuzz_parsers import PARSER_TARGETS  # noqa: E402 - mutation campaigns against the file parsers
+from .campaigns import check_budget, db_path, default_db_root, hypothesis_home  # noqa: E402
 from .profiles import EXAMPLES as PROFILES  # noqa: E402 - examples per campaign when --examples is not given
 ROUND = 25                                            # examples per round when the campaign is timed
 GRACE_S = 5.0                                         # after a counterexample, how long other workers may finish
-
-
-def default_db_root() -> Path:
-    """Where campaigns keep their example databases when ``--db`` is not given: ``$TQBRIDGE_CACHE/fuzz``
-    (default ``~/.cache/tqbridge/fuzz``), never the current directory."""
-    from ...bridge.gguf_f32 import cache_dir
-
-    return cache_dir() / "fuzz"
-
-
-def hypothesis_home() -> Path:
-    """hypothesis' own storage (its caches; ``.hypothesis/`` in the current directory by default) for the
-    workers: ``$TQBRIDGE_CACHE/hypothesis``, unless ``HYPOTHESIS_STORAGE_DIRECTORY`` says otherwise."""
-    from ...bridge.gguf_f32 import cache_dir
-
-    return cache_dir() / "hypothesis"
 
 
 class FuzzError(ValueError):
@@ -160,11 +144,6 @@ def resolve_target(spec: dict):
     if ":" in t:
         return user_target(t, spec.get("op"), spec.get("fmt"), spec.get("k_format"), spec.get("v_format"))
     raise FuzzError(f"unknown target {t!r}: use one of {', '.join(OUR_TARGETS + PARSER_TARGETS)} or module:function")
-
-
-def db_path(root: "str | os.PathLike[str]", target: str) -> Path:
-    """The example database of one target under ``root`` (one directory per target)."""
-    return Path(root) / re.sub(r"[^A-Za-z0-9_.-]+", "_", target)
 
 
 # ----------------------------------------------------------------------------------- workers
@@ -314,20 +293,6 @@ def _crashed(camp: Campaign, spec: dict, worker: int, exitcode: int) -> None:
     camp.failure = {"worker": worker, "case": repr(case),
                     "message": f"the kernel crashed its process ({how}) on this case (not shrunk)",
                     "snippet": snippet(fn, case, claim)}
-
-
-def check_budget(profile: str, examples: "int | None", minutes: "float | None", jobs: int, error: type) -> None:
-    """A campaign's budget arguments, one clear ``error`` per problem (kernel and parser campaigns)."""
-    if profile not in PROFILES:
-        raise error(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
-    if examples is not None and minutes is not None:
-        raise error("give --examples or --minutes, not both")
-    if examples is not None and examples < 1:
-        raise error(f"--examples must be at least 1, got {examples}")
-    if minutes is not None and not minutes > 0:
-        raise error(f"--minutes must be positive, got {minutes}")
-    if jobs < 1:
-        raise error(f"--jobs must be at least 1, got {jobs}")
 
 
 def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" = None, minutes: "float | None" = None,

@@ -49,7 +49,7 @@ import sys
 import tempfile
 import time
 import traceback
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import redirect_stderr
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -593,7 +593,7 @@ class GGUFTarget(ParserTarget):
     def clean_classes(self, consumer):
         from tqbridge.bridge.gguf_io import GGUFError
         from tqbridge.bridge.gguf_model import GGUFModelError
-        from tqbridge.bridge.registry import FormatError
+        from tqbridge.bridge.format_types import FormatError
 
         if consumer == "inspect":
             return (GGUFError, FormatError)
@@ -614,7 +614,7 @@ class GGUFTarget(ParserTarget):
             _clear(out)
             write_f32_gguf(path, out)
         elif consumer == "convert-mlx":
-            from tqbridge.bridge.gguf_model import write_mlx_dir
+            from tqbridge.bridge.mlx_export import write_mlx_dir
 
             out = scratch / "out-mlx"
             _clear(out)
@@ -626,17 +626,16 @@ def _inspect(path: Path) -> None:
     """What ``tqbridge inspect FILE [--block T:I] [--json]`` does, without its catch-all."""
     from tqbridge.bridge.blockdump import describe_block
     from tqbridge.bridge.gguf_io import open_gguf
-    from tqbridge.tools import cmd_inspect
+    from tqbridge.bridge.gguf_report import tensor_row, text_report
 
     g = open_gguf(path)
-    rows = [cmd_inspect._tensor_row(t) for t in g.tensors]
+    rows = [tensor_row(t) for t in g.tensors]
     block = None
     for t in g.tensors[:12]:
         if t.n_blocks:
             block = describe_block(g, t.name, 0)
             describe_block(g, t.name, -1)
-    with redirect_stdout(io.StringIO()):
-        cmd_inspect._print_text(g, rows, block)
+    text_report(g, rows, block)
     json.dumps({"metadata": g.metadata, "tensors": rows, "block": block}, ensure_ascii=False, allow_nan=True)
 
 
@@ -1032,7 +1031,7 @@ class PromptCacheTarget(ParserTarget):
 
             load_prompt_cache(str(path))
             return None
-        from tqbridge.bridge.prompt_cache import load_prompt_cache as checked
+        from tqbridge.metal.lm.prompt_cache import load_prompt_cache as checked
 
         caches = checked(path)
         return _use_caches(caches) if consumer == "use" else None
@@ -1135,7 +1134,7 @@ class KVSpellingTarget(ParserTarget):
         return [Seed(s, s.encode(), [], 0) for s in _kv_seeds()]
 
     def clean_classes(self, consumer):
-        from tqbridge.bridge.registry import FormatError
+        from tqbridge.bridge.format_types import FormatError
 
         return (FormatError,) if consumer == "parse_kv_spec" else (ValueError,)
 
@@ -1563,7 +1562,7 @@ def run_parser_campaign(target: str, *, examples: "int | None" = None, minutes: 
     """Run a mutation campaign against one parser target; never raises for findings (see the counts).
 
     ``--minutes`` counts from the moment every worker has made its seeds and warmed up."""
-    from .fuzz import check_budget, db_path, default_db_root
+    from .campaigns import check_budget, db_path, default_db_root
 
     if target not in PARSER_TARGETS and ":" not in target:
         raise ParserFuzzError(f"unknown parser target {target!r}: use one of {', '.join(PARSER_TARGETS)}")

@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 from ...bridge import FormatError, get_format
 from ...bridge import quantize as _quantize
+from ...bridge.format_types import Format
 from ...bridge.padding import pad_rows
-from ...bridge.registry import Format, all_formats
+from ...bridge.registry import all_formats
 from .strategies import _check_int, float_rows
 
 KINDS = ("float", "ggml", "turbo")

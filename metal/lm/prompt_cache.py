@@ -7,7 +7,7 @@ makes ``tree_unflatten`` build a list of two billion entries, an unknown class n
 walks the file first (the safetensors header against the file size, every dtype, shape and data
 offset; the key tree; the class and scalar tables) and raises :class:`PromptCacheError` with one
 line; :func:`load_prompt_cache` then builds the caches like mlx-lm does. A TQCache layer's state is
-checked by ``TQCache``'s own setters (``tqbridge.metal.lm.cache``).
+checked by ``TQCache``'s own setters (:mod:`tqbridge.metal.lm.cache`).
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def _looks_int(k: str) -> bool:
 def _cache_classes() -> dict:
     from mlx_lm.models import cache as mlx_cache
 
-    import tqbridge.metal.lm.cache  # noqa: F401 - registers TQCache where mlx-lm looks classes up
+    from . import cache  # noqa: F401 - registers TQCache where mlx-lm looks classes up
 
     return {name: obj for name, obj in vars(mlx_cache).items()
             if isinstance(obj, type) and issubclass(obj, mlx_cache._BaseCache) and obj is not mlx_cache._BaseCache}
@@ -216,7 +216,7 @@ def load_prompt_cache(path: "str | os.PathLike[str]", return_metadata: bool = Fa
             arrays[pos] = None
     states = _tree(arrays, "arrays") if arrays else []
     classes = _cache_classes()
-    from tqbridge.metal.lm.cache import TQCache
+    from .cache import TQCache
 
     caches = []
     for i, (name, state) in enumerate(zip(info["classes"], states)):
