@@ -33,6 +33,12 @@ def _teacher(rep: dict) -> list:
             "fork_attention_worst_bound_ratio": max(L["attention"]["llama_vs_oracle"]["bound_ratio"]
                                                     for L in Ls if "attention" in L),
         })
+        paths = [L["model_path"] for L in Ls if L.get("model_path", {}).get("ran")]
+        if paths:   # the model's own attention path on the fork's input (teacher's model-path claim)
+            out[-1].update(model_path_layers=len(paths),
+                           model_path_worst_bound_ratio=max(m["output"]["bound_ratio"] for m in paths),
+                           model_path_worst_q_rel=max(m["q_rel"] for m in paths),
+                           model_path_decode=sorted({p for m in paths for p in m["paths"]}))
     return out
 
 

@@ -1900,3 +1900,31 @@ def test_readme_fork_parity_section_is_the_record():
     assert "The PR #197 port refuses turbo caches on head dim 64 (SmolLM2)" in readme
     assert rec["builds"]["gemma3-fork-pr197"]["variant"] == "fork-pr197"
     assert rec["builds"]["smollm2-fork-69d8e4b"]["variant"] == "fork-69d8e4b"
+
+
+def test_fork_parity_model_path_numbers_are_read_from_the_pages():
+    """The model path's numbers as README and docs/parity.md quote them, against the record: the quoted
+    q bound must hold every run's worst and be its rounding up (2 significant digits), likewise the
+    bound ratio in docs/parity.md."""
+    import numpy as np
+
+    rec = record("benchmarks/cpu-2026-12-03-fork-parity.json")
+    ts = [t for r in rec["runs"].values() if "error" not in r for t in r["teacher"]]
+    assert all(t.get("model_path_layers") for t in ts), "a run without the model path"
+    q = max(t["model_path_worst_q_rel"] for t in ts)
+    ratio = max(t["model_path_worst_bound_ratio"] for t in ts)
+
+    def quoted(page: str, pattern: str) -> float:
+        m = re.search(pattern, flat(text(page)))
+        assert m, (page, pattern)
+        return float(m.group(1))
+
+    def rounded_up(x: float) -> float:
+        e = np.floor(np.log10(x)) - 1
+        return float(np.ceil(x / 10 ** e) * 10 ** e)
+
+    for page in ("README.md", "docs/parity.md"):
+        said = quoted(page, r"q times scale within ([0-9.e-]+) of the fork's")
+        assert q <= said and np.isclose(said, rounded_up(q)), (page, said, q)
+    said = quoted("docs/parity.md", r"at most ([0-9.e-]+) of the\s*oracle's bound")
+    assert ratio <= said and np.isclose(said, rounded_up(ratio)), (said, ratio)
