@@ -14,20 +14,22 @@ MLX's default device (tests/test_backend_resolution.py pins both on every kind o
   device is that GPU, else the CPU emulator; a user who set the CPU device gets the CPU. Explicit
   kernel backends pass through unchecked: the launch itself reports what is missing.
 
-The decode lane's test switch (``TQBRIDGE_DECODE_LANE=cpu-emulator``) is read here too:
-:func:`emulated_decode_lane`.
+The decode lane's test setting lives here too: inside :func:`emulate_decode_lane`, on MLX's CPU
+device, the GPU decode lane runs with its kernels on the CPU emulator (:func:`emulated_decode_lane`).
 """
 
 from __future__ import annotations
 
-import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
+from typing import Iterator
 
 from .kernel import KernelError
 
 BACKEND_NAMES = ("metal", "cuda", "cpu-emulator", "reference")
 KERNEL_BACKENDS = ("metal", "cuda", "cpu-emulator")
-DECODE_LANE_ENV = "TQBRIDGE_DECODE_LANE"
+_EMULATED_LANE: "ContextVar[bool]" = ContextVar("tqbridge_emulated_decode_lane", default=False)
 
 
 def _mlx():
@@ -110,7 +112,18 @@ def pick_backend(requested: str) -> str:
 
 
 def emulated_decode_lane() -> bool:
-    """Whether ``TQBRIDGE_DECODE_LANE=cpu-emulator`` is set: on MLX's CPU device, the GPU decode
-    step's kernels (in-place append, device growth, fused attention) run on the CPU emulator, so the
-    GPU lane's logic is testable without a GPU (slow; tests and the parity lane level only)."""
-    return os.environ.get(DECODE_LANE_ENV) == "cpu-emulator"
+    """Whether :func:`emulate_decode_lane` is in effect in this thread: on MLX's CPU device, the GPU
+    decode step's kernels (in-place append, device growth, fused attention) run on the CPU emulator, so
+    the GPU lane's logic is testable without a GPU (slow; tests and the parity lane level only)."""
+    return _EMULATED_LANE.get()
+
+
+@contextmanager
+def emulate_decode_lane(on: bool = True) -> Iterator[None]:
+    """``with emulate_decode_lane():`` the GPU decode lane on the CPU emulator while the block runs (in
+    this thread; the previous setting is back on exit). TQCaches take the lane on MLX's CPU device."""
+    token = _EMULATED_LANE.set(bool(on))
+    try:
+        yield
+    finally:
+        _EMULATED_LANE.reset(token)

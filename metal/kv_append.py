@@ -188,7 +188,7 @@ def _is_mx(a) -> bool:
 
 def _on_mlx_buffers(app: "KVAppend", k_rows, v_rows, kc, vc, pos: int, flag_in):
     """The emulator writing into MLX arrays in place (numpy views of their memory): the decode lane
-    on the CPU for tests (TQBRIDGE_DECODE_LANE=cpu-emulator). Synchronises; not a product path."""
+    on the CPU for tests (:func:`tqbridge.metal.backend.emulate_decode_lane`). Synchronises; not a product path."""
     import mlx.core as mx
 
     mx.eval(k_rows, v_rows, kc, vc, flag_in)

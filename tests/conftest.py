@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
@@ -37,3 +38,12 @@ settings.load_profile(os.environ.get("TQBRIDGE_PROFILE", "ci"))
 
 def pytest_report_header(config):
     return f"tqbridge hypothesis profile: {settings._current_profile}; MLX BLAS: {_BLAS}"
+
+
+@pytest.fixture
+def emulated_decode_lane():
+    """The GPU decode lane with its kernels on the CPU emulator for the test (on MLX's CPU device)."""
+    from tqbridge.metal.backend import emulate_decode_lane
+
+    with emulate_decode_lane():
+        yield

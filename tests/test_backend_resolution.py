@@ -124,21 +124,17 @@ def test_detection_survives_a_failing_probe(machine, monkeypatch):
 
 # ---------------------------------------------------------------- the decode lane's test switch
 
-@pytest.mark.parametrize("lane", [None, "cpu-emulator", "cuda"])
+@pytest.mark.parametrize("emulated", [False, True])
 @pytest.mark.parametrize("gpu, default", [(None, False), ("cuda", True), ("cuda", False)])
-def test_decode_lane_switch(machine, monkeypatch, lane, gpu, default):
-    """TQBRIDGE_DECODE_LANE=cpu-emulator (any other value: unset) sends the GPU decode lane to the
-    emulator on MLX's CPU device; on the GPU device the GPU's lane runs whatever it says."""
+def test_decode_lane_switch(machine, emulated, gpu, default):
+    """Inside emulate_decode_lane() the GPU decode lane goes to the emulator on MLX's CPU device; on the
+    GPU device the GPU's lane runs either way; the setting is gone after the block."""
     from tqbridge.metal import backend
     from tqbridge.metal.lm import cache, routing
 
     machine(gpu, default, True)
-    if lane is None:
-        monkeypatch.delenv("TQBRIDGE_DECODE_LANE", raising=False)
-    else:
-        monkeypatch.setenv("TQBRIDGE_DECODE_LANE", lane)
-    monkeypatch.delenv("TQBRIDGE_CPU_DECODE", raising=False)
-    emulated = lane == "cpu-emulator"
-    assert backend.emulated_decode_lane() is emulated
-    assert cache._gpu_backend() == ("cuda" if default else "cpu-emulator" if emulated else None)
-    assert routing._decode_backend("auto") == ("auto" if default or emulated else "reference")
+    with backend.emulate_decode_lane(emulated):
+        assert backend.emulated_decode_lane() is emulated
+        assert cache._gpu_backend() == ("cuda" if default else "cpu-emulator" if emulated else None)
+        assert routing._decode_backend("auto") == ("auto" if default or emulated else "reference")
+    assert backend.emulated_decode_lane() is False

@@ -280,23 +280,22 @@ def _judge_lane(model, kv, lane_paths):
 
 @pytest.mark.parametrize("kv", ["f32/f32", "q8_0/q4_0"])
 @pytest.mark.parametrize("model", ["llama", "gemma3"])
-def test_emulated_lane_growth_and_window_slides_match_the_ops_path(model, kv, cpu_device, monkeypatch):
+def test_emulated_lane_growth_and_window_slides_match_the_ops_path(emulated_decode_lane, model, kv, cpu_device,
+                                                                   monkeypatch):
     # the GPU decode lane's logic (in-place appends, device growth and window slides, prepared
     # attention) with its kernels on the CPU emulator; a small `step` makes decode grow the buffers
     # and slide Gemma's 8-position windows many times
-    monkeypatch.setenv("TQBRIDGE_DECODE_LANE", "cpu-emulator")
     monkeypatch.setattr(TQCache, "step", 8)
     _judge_lane(model, kv, ("decode:cpu-emulator",))
 
 
 @pytest.mark.parametrize("bug", ["window start", "attention window"])
-def test_emulated_lane_verdict_catches_a_wrong_window(bug, cpu_device, monkeypatch):
+def test_emulated_lane_verdict_catches_a_wrong_window(emulated_decode_lane, bug, cpu_device, monkeypatch):
     # the float32 verdict above with a planted bug: the lane's device relocation at a window slide
     # keeps the window from one row early ("window start": every stored position shifted by one), or
     # its prepared attention gets the window one position long
     from tqbridge.metal import attention_kernel, kv_append
 
-    monkeypatch.setenv("TQBRIDGE_DECODE_LANE", "cpu-emulator")
     monkeypatch.setattr(TQCache, "step", 8)
     planted = []
     if bug == "window start":
@@ -388,13 +387,12 @@ def test_paths_line_names_paths_and_fallbacks(cpu_device, monkeypatch):
     assert "FALLBACK: layer 0: RuntimeError: planted: this kernel cannot run" in line
 
 
-def test_self_check_failure_falls_back_loudly(cpu_device, monkeypatch, capsys):
+def test_self_check_failure_falls_back_loudly(emulated_decode_lane, cpu_device, monkeypatch, capsys):
     # a kernel that is wrong on this hardware (planted: the append flips a byte) fails the one-time
     # self-check: the cache takes the reference paths, says so once on stderr and in every report
     from tqbridge.metal import kv_append, selfcheck
     from tqbridge.metal.lm.cache import paths_line
 
-    monkeypatch.setenv("TQBRIDGE_DECODE_LANE", "cpu-emulator")
     monkeypatch.setattr(selfcheck, "_RESULTS", {})
     real = kv_append.KVAppend.__call__
 
@@ -458,10 +456,9 @@ def test_self_check_keeps_only_kernel_verdicts_on_disk(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("qp,want", [("int8", "cpu-emulator v3 int8 q V turbo-permute 1 chunk 3 stages 2 dispatches"),
                                      ("exact", "cpu-emulator v2 exact q 2 dispatches")])
-def test_cache_report_says_which_decode_kernel_ran(qp, want, cpu_device, monkeypatch):
+def test_cache_report_says_which_decode_kernel_ran(emulated_decode_lane, qp, want, cpu_device, monkeypatch):
     from tqbridge.metal.lm.cache import cache_report, paths_line
 
-    monkeypatch.setenv("TQBRIDGE_DECODE_LANE", "cpu-emulator")
     c = _prefilled("q8_0/turbo3")
     c.q_precision = qp
     assert cache_report([c])["layers"][0]["decode_kernel"] is None   # no decode step yet

@@ -1,6 +1,6 @@
 """The decode step's deferred append (attention_kernel.DEFER_APPEND_BACKENDS): TQCache keeps the step's
 K/V rows and the routed attention writes them in its own call (append + attention, one compiled
-function on CUDA). Here on the CPU emulator's decode lane (TQBRIDGE_DECODE_LANE=cpu-emulator,
+function on CUDA). Here on the CPU emulator's decode lane (emulate_decode_lane,
 TQBRIDGE_DEFER_APPEND=1), which runs the same cache logic: every result bit-identical to the
 append-then-attend lane, and every other reader of the cache sees the deferred rows.
 """
@@ -19,10 +19,9 @@ from tiny_models import forced_decode, tiny_gemma3, tiny_llama, tokens
 
 
 @pytest.fixture
-def emulated_lane(monkeypatch):
+def emulated_lane(monkeypatch, emulated_decode_lane):
     prev = mx.default_device()
     mx.set_default_device(mx.cpu)
-    monkeypatch.setenv("TQBRIDGE_DECODE_LANE", "cpu-emulator")
     attention_kernel.clear_launch_caches()
     yield monkeypatch
     attention_kernel.clear_launch_caches()
@@ -95,7 +94,7 @@ def _primed(defer: str, monkeypatch):
 def test_every_reader_sees_the_deferred_rows(reader, emulated_lane):
     ref = _primed("0", emulated_lane)
     c = _primed("1", emulated_lane)
-    assert c._deferred is not None and c._deferred[2] == 43   # the second unattended step's row waits
+    assert c._deferred is not None and c._deferred.row == 43   # the second unattended step's row waits
     assert ref._deferred is None
     for cache in (ref, c):
         if reader == "state":

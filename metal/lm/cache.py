@@ -16,7 +16,9 @@ classes up by name.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator, NamedTuple
 
 import mlx.core as mx
 from mlx_lm.models import cache as _mlx_cache
@@ -87,14 +89,23 @@ def kv_name(k: str, v: str, cal: "KeyCalibration | None" = None) -> str:
     return f"{k}+{cal.spec}/{v}" if cal else f"{k}/{v}"
 
 
-# route_attention's nesting depth, kept here by routing.py (read by every decode step: a list lookup,
-# not a module lookup — the old sys.modules + getattr test cost ~0.5 µs of each layer's step)
-ROUTING_DEPTH = [0]
+_ROUTED: "ContextVar[int]" = ContextVar("tqbridge_routing_depth", default=0)
+
+
+@contextmanager
+def routed_block() -> Iterator[None]:
+    """Marks the block as routed (:func:`tqbridge.metal.lm.routing.route_attention` enters it, nesting
+    allowed): in this thread the routed attention follows every TQCache update and brings queries."""
+    token = _ROUTED.set(_ROUTED.get() + 1)
+    try:
+        yield
+    finally:
+        _ROUTED.reset(token)
 
 
 def _routing_active() -> bool:
-    """Whether :func:`tqbridge.metal.lm.routing.route_attention` is in effect (it brings queries)."""
-    return ROUTING_DEPTH[0] > 0
+    """Whether :func:`tqbridge.metal.lm.routing.route_attention` is in effect here (it brings queries)."""
+    return _ROUTED.get() > 0
 
 
 # ---------------------------------------------------------------- codecs: rows <-> blocks
@@ -103,7 +114,7 @@ def _routing_active() -> bool:
 def _gpu_backend() -> "str | None":
     """"cuda" / "metal" when MLX's default device is a GPU with a kernel backend, else None.
 
-    ``TQBRIDGE_DECODE_LANE=cpu-emulator`` (tests): on MLX's CPU device, run the GPU decode step's
+    Inside :func:`tqbridge.metal.backend.emulate_decode_lane` (tests): on MLX's CPU device, run the GPU decode step's
     kernels (in-place append, device growth, fused attention) on the CPU SIMT emulator, writing into
     the MLX buffers through numpy views — the GPU lane's logic, testable without a GPU (slow)."""
     from ..backend import emulated_decode_lane, gpu_is_default as _gpu_is_default, gpu_kind as _gpu_kind
@@ -175,6 +186,36 @@ def rotation_group(fmt, dim: int, side: str) -> int:
     return n
 
 
+class StepLane(NamedTuple):
+    """A decode step's prepared in-place append: the K/V row shapes and dtype it was made for, the append
+    and the buffer capacity (rows) it writes into."""
+
+    k_shape: tuple
+    v_shape: tuple
+    dtype: Any
+    append: Callable
+    capacity: int
+
+
+class AttendLane(NamedTuple):
+    """The routed attention of a decode step: the q shape and scale it was prepared for, the path name
+    it reports and the prepared fused attention (:class:`tqbridge.metal.attention_kernel.DecodeLaunch`)."""
+
+    q_shape: tuple
+    scale: float
+    path: str
+    launch: Any
+
+
+class DeferredRows(NamedTuple):
+    """The step's K/V rows the routed attention writes in its own call (on backends that fuse them)."""
+
+    keys: Any
+    values: Any
+    row: int
+    append: Callable
+
+
 def _written_first(slot: str) -> property:
     """A TQCache buffer attribute stored in ``slot`` that writes a deferred decode row (see
     TQCache._deferred) before it is read or replaced."""
@@ -202,8 +243,8 @@ class TQCache(_mlx_cache._BaseCache):
 
     q_precision = None        # decode attention's q precision (None: the backend's default; see decode_attention)
 
-    # The decode step's deferred append: (K rows, V rows, row, prepared append) the routed attention
-    # writes in the same call as it attends (_attend_step), or None. Every other reader of the buffers or
+    # The decode step's deferred append (DeferredRows) the routed attention writes in the same call as it
+    # attends (_attend_step), or None. Every other reader of the buffers or
     # of the flag writes them first: ``keys``, ``values`` and ``_flag`` are properties over _kbuf, _vbuf,
     # _flagbuf that do so, and their setters too, so no path can see (or replace) buffers without the row.
     _deferred = None
@@ -214,9 +255,8 @@ class TQCache(_mlx_cache._BaseCache):
 
     def _write_deferred(self) -> None:
         """The deferred append on its own (something other than the routed attention reads the cache)."""
-        k, v, r, append = self._deferred
-        self._deferred = None
-        self._flagbuf = append(k, v, self._kbuf, self._vbuf, r, self._flagbuf)
+        d, self._deferred = self._deferred, None
+        self._flagbuf = d.append(d.keys, d.values, self._kbuf, self._vbuf, d.row, self._flagbuf)
         self._unsettled = True
 
     def _attend_step(self, launch, queries):
@@ -226,7 +266,7 @@ class TQCache(_mlx_cache._BaseCache):
         if d is None:
             return launch(queries, self.keys, self.values, self.offset - self.start, self._flag)
         self._deferred = None
-        self._flagbuf, out = launch.with_append(d[3], d[0], d[1], queries, self._kbuf, self._vbuf, d[2],
+        self._flagbuf, out = launch.with_append(d.append, d.keys, d.values, queries, self._kbuf, self._vbuf, d.row,
                                                 self._flagbuf, self.offset - self.start)
         self._unsettled = True
         return out
@@ -280,8 +320,8 @@ class TQCache(_mlx_cache._BaseCache):
 
     def _reset_hot(self) -> None:
         """Forget the prepared decode-step lane (the buffers or the geometry changed)."""
-        self._hot = None             # (k shape, v shape, dtype, append, capacity) of the in-place step
-        self._hot_attn = None        # (q shape, scale, path name, launch) of the routed attention
+        self._hot: "StepLane | None" = None          # the in-place decode step
+        self._hot_attn: "AttendLane | None" = None   # the routed attention of the decode step
 
     # ------------------------------------------------------------ storage
     def _encode(self, x: mx.array, fmt: str, quant) -> mx.array:
@@ -372,20 +412,20 @@ class TQCache(_mlx_cache._BaseCache):
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         hot = self._hot
-        if hot is not None and keys.shape == hot[0] and values.shape == hot[1] and keys.dtype == hot[2]:
+        if hot is not None and keys.shape == hot.k_shape and values.shape == hot.v_shape and keys.dtype == hot.dtype:
             # the decode step's lane: one in-place append, nothing else (see _append_in_place)
             r = self.offset - self.start
             w = self.window
-            if r < hot[4] and (not w or self.offset - w + 1 - self.start < self.step):
-                routed = ROUTING_DEPTH[0] > 0
+            if r < hot.capacity and (not w or self.offset - w + 1 - self.start < self.step):
+                routed = _ROUTED.get() > 0
                 attn = self._hot_attn
-                if routed and attn is not None and attn[3].fuses_append:
+                if routed and attn is not None and attn.launch.fuses_append:
                     # the routed attention that follows writes these rows in its own call
                     if self._deferred is not None:   # the last step's rows were never attended
                         self._write_deferred()
-                    self._deferred = (keys, values, r, hot[3])
+                    self._deferred = DeferredRows(keys, values, r, hot.append)
                 else:
-                    self._flag = hot[3](keys, values, self.keys, self.values, r, self._flag)
+                    self._flag = hot.append(keys, values, self.keys, self.values, r, self._flag)
                     self._unsettled = True
                 self.offset += 1
                 self.paths["append"] += 1
@@ -512,7 +552,7 @@ class TQCache(_mlx_cache._BaseCache):
         self.offset = prev + S
         self.paths["append"] += 1
         if S == 1:   # later steps of this geometry take the lane at the top of update_and_fetch
-            self._hot = (keys.shape, values.shape, keys.dtype, append, self.keys.shape[2])
+            self._hot = StepLane(keys.shape, values.shape, keys.dtype, append, self.keys.shape[2])
         if S == 1 and _routing_active():
             # the routing sends this step to the fused kernel, which reads the buffers: no K/V rows
             # to build (attend fetches them itself if it has to fall back)

@@ -23,22 +23,24 @@ reason is kept in ``cache.decode_fallback``).
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import mlx.core as mx
 
 from ..backend import emulated_decode_lane
-from .cache import ROUTING_DEPTH, TQCache, hadamard_rotate
+from .cache import AttendLane, TQCache, hadamard_rotate, routed_block
 
 __all__ = ["route_attention", "attend", "decode_kernel", "DECODE_MODES"]
 
 DECODE_MODES = ("auto", "kernel", "reference", "sdpa")
 _lock = threading.Lock()
-_saved: dict = {}
-_mode = "auto"
+_saved: dict = {}              # mlx-lm modules whose attention entry point is routed now
+_saved_original: list = [None]  # the entry point they had
+_installs = 0                  # route_attention blocks open in the process
+_MODE: "ContextVar[str]" = ContextVar("tqbridge_decode_mode", default="auto")   # the innermost block's mode
 
 
 def decode_kernel():
@@ -67,10 +69,10 @@ def _decode_backend(mode: str) -> "str | None":
     if mode in ("kernel", "reference"):
         return mode
     # auto: the fused kernel on a GPU; on CPU the dispatcher's MLX-ops reference, which measured
-    # 2-25x faster than the kernel's CPU emulator (TQBRIDGE_CPU_DECODE=kernel picks the emulator).
+    # 2-25x faster than the kernel's CPU emulator (mode "kernel" takes the emulator).
     if mx.default_device() == mx.gpu or emulated_decode_lane():
         return "auto"
-    return "kernel" if os.environ.get("TQBRIDGE_CPU_DECODE") == "kernel" else "reference"
+    return "reference"
 
 
 def _fast_decode(cache: TQCache, q, scale: float, sinks, backend: str):
@@ -98,7 +100,7 @@ def _fast_decode(cache: TQCache, q, scale: float, sinks, backend: str):
     path = f"decode:{launch.backend}"
     cache.paths[path] += 1
     if sinks is None:   # later steps of this geometry take the lane in the routed entry point
-        cache._hot_attn = (q.shape, scale, path, launch)
+        cache._hot_attn = AttendLane(q.shape, scale, path, launch)
     return out
 
 
@@ -178,14 +180,14 @@ def _routed(original):
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
         if isinstance(cache, TQCache):
             hot = cache._hot_attn
-            if (hot is not None and cache.placeholder and sinks is None and _mode == "auto"
-                    and queries.shape == hot[0] and scale == hot[1]):
+            mode = _MODE.get()
+            if (hot is not None and cache.placeholder and sinks is None and mode == "auto"
+                    and queries.shape == hot.q_shape and scale == hot.scale):
                 # the decode step's lane: the prepared fused attention over the cache buffers
                 cache.placeholder = False
-                cache.paths[hot[2]] += 1
-                return cache._attend_step(hot[3], queries)
-            return attend(cache, queries, keys, values, scale=scale, mask=mask, sinks=sinks,
-                          mode=_mode)
+                cache.paths[hot.path] += 1
+                return cache._attend_step(hot.launch, queries)
+            return attend(cache, queries, keys, values, scale=scale, mask=mask, sinks=sinks, mode=mode)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     scaled_dot_product_attention.__wrapped__ = original
@@ -197,34 +199,35 @@ def route_attention(mode: str = "auto"):
     """Route attention of TQCache layers while the block runs (re-entrant; restores on exit).
 
     ``mode`` (decode steps): ``auto`` (the fused kernel on a GPU; on CPU decode_attention's ops
-    reference unless ``TQBRIDGE_CPU_DECODE=kernel``), ``kernel`` (always the fused kernel; an error
+    reference), ``kernel`` (always the fused kernel; an error
     if it cannot run), ``reference`` (decode_attention's ops reference) or ``sdpa`` (dequantize +
     ``mx.fast.scaled_dot_product_attention``, as prefill).
     """
-    global _mode
     if mode not in DECODE_MODES:
         raise ValueError(f"decode mode must be one of {DECODE_MODES}, got {mode!r}")
     from mlx_lm.models import base
 
+    global _installs
     original = base.scaled_dot_product_attention
-    with _lock:
-        prev_mode = _mode
-        _mode = mode
-        if ROUTING_DEPTH[0] == 0:
+    with _lock:    # mlx-lm's module names are process-wide: patched by the first block, restored by the last
+        if _installs == 0:
             routed = _routed(original)
             for name, mod in list(sys.modules.items()):
                 if (name.startswith("mlx_lm.models.") or name == "mlx_lm.models") and mod is not None \
                         and getattr(mod, "scaled_dot_product_attention", None) is original:
                     _saved[name] = mod
                     mod.scaled_dot_product_attention = routed
-        ROUTING_DEPTH[0] += 1   # read by TQCache's decode step (cache.ROUTING_DEPTH)
+            _saved_original[0] = original
+        _installs += 1
+    token = _MODE.set(mode)
     try:
-        yield
+        with routed_block():    # TQCache's decode step: the routed attention follows (this thread)
+            yield
     finally:
+        _MODE.reset(token)
         with _lock:
-            ROUTING_DEPTH[0] -= 1
-            _mode = prev_mode
-            if ROUTING_DEPTH[0] == 0:
+            _installs -= 1
+            if _installs == 0:
                 for mod in _saved.values():
-                    mod.scaled_dot_product_attention = original
+                    mod.scaled_dot_product_attention = _saved_original[0]
                 _saved.clear()

@@ -4,7 +4,7 @@ On a GPU, :class:`~tqbridge.metal.cache.TQCache` serves a decode step through it
 in-place append kernel writes the step's rows into the cache buffers, a device copy grows the buffers
 and slides a window (``kv_append.relocate``), and the prepared fused attention reads the buffers with
 a runtime length (``offset - start``). Every other level runs TQCache's ops path on a CPU, so none of
-that bookkeeping runs there. This level runs it: ``TQBRIDGE_DECODE_LANE=cpu-emulator`` on MLX's CPU
+that bookkeeping runs there. This level runs it: :func:`tqbridge.metal.backend.emulate_decode_lane` on MLX's CPU
 device sends the same code through the same kernels, executed by the CPU SIMT emulator over the MLX
 buffers (``_EmulatedDecodeLaunch`` for the attention). The report names that path. It does so on a
 GPU machine too (MLX's CPU device for the run): the lane's logic is what is judged here; the GPU's
@@ -54,26 +54,26 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tqbridge.bridge.environ import scoped_environ
 
 LANE_WINDOW = 16     # forced sliding window (positions) of the windowed layers
 LANE_STEP = 4        # TQCache.step of the level's caches: a slide / growth every 4 positions
 LANE_DECODE = 12     # decode steps after a LANE_WINDOW-token prompt: 3 slides of each window
 LANE_TOKENS = LANE_WINDOW + LANE_DECODE
 
-PATH = "emulated GPU lane (TQBRIDGE_DECODE_LANE=cpu-emulator): in-place append, device relocation and " \
+PATH = "emulated GPU lane (emulate_decode_lane): in-place append, device relocation and " \
        "prepared fused attention on the CPU SIMT emulator"
-_ENV = "TQBRIDGE_DECODE_LANE"
 
 
 @contextmanager
 def emulated_lane():
-    """MLX's CPU device and ``TQBRIDGE_DECODE_LANE=cpu-emulator`` while the block runs (both restored):
-    TQCaches made inside it take the GPU decode lane with its kernels on the CPU emulator."""
+    """MLX's CPU device and :func:`tqbridge.metal.backend.emulate_decode_lane` while the block runs (both
+    restored): TQCaches made inside it take the GPU decode lane with its kernels on the CPU emulator."""
     import mlx.core as mx
 
+    from tqbridge.metal.backend import emulate_decode_lane
+
     prev_dev = mx.default_device()
-    with scoped_environ({_ENV: "cpu-emulator"}):
+    with emulate_decode_lane():
         mx.set_default_device(mx.cpu)
         try:
             yield
