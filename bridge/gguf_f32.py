@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from .atomic import atomic_output
+from .environ import cache_dir
 from .gguf_model import GGUFModelError, dequantize_tensor, open_reader
 
 # gguf-py's LlamaFileType value for "all F32" (llama.h: LLAMA_FTYPE_ALL_F32 = 0).
@@ -81,12 +82,6 @@ def write_f32_gguf(src: "str | os.PathLike[str]", dst: "str | os.PathLike[str]")
         writer.write_tensors_to_file()
         writer.close()
     return dst
-
-
-def cache_dir() -> Path:
-    """Where converted files are kept: ``$TQBRIDGE_CACHE`` or ``~/.cache/tqbridge``."""
-    base = os.environ.get("TQBRIDGE_CACHE")
-    return Path(base) if base else Path.home() / ".cache" / "tqbridge"
 
 
 def cached_f32_gguf(src: "str | os.PathLike[str]") -> Path:

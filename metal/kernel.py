@@ -16,6 +16,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
 
+from ..bridge.environ import cache_dir
+
 # The dialect sources (kernel bodies, per-backend preludes, the emulator runtime) live in one folder.
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 BODY_MARKER = "//== body =="
@@ -32,10 +34,9 @@ class KernelError(ValueError):
 
 
 def cache_root() -> Path:
-    """Where compiled kernels and generated sources are kept: ``$TQBRIDGE_CACHE``, else
-    ``~/.cache/tqbridge`` (the emulator's libraries under ``emu/``, CUDA's included sources under
-    ``cuda-src/``)."""
-    return Path(os.environ.get("TQBRIDGE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tqbridge"))
+    """Where compiled kernels and generated sources are kept: :func:`tqbridge.bridge.environ.cache_dir`
+    (the emulator's libraries under ``emu/``, CUDA's included sources under ``cuda-src/``)."""
+    return cache_dir()
 
 
 @lru_cache(maxsize=None)
@@ -149,7 +150,7 @@ def mlx_sources(kernel: "Kernel", backend: str, static: Mapping[str, int]) -> tu
     the string MLX handles is two lines. Metal has no include path: it gets the text.
     """
     header, body = kernel.header_source(backend, static), kernel.body_source(backend)
-    if backend != "cuda" or os.environ.get("TQBRIDGE_CUDA_INCLUDE", "1") == "0":
+    if backend != "cuda":
         return body, header
     return _included(body), _included(header)
 

@@ -25,7 +25,7 @@ from tqbridge.bridge.mlx_blas import prefer_fast_blas
 # Before any test module imports MLX: decides which BLAS the whole run gets (see bridge/mlx_blas.py).
 _BLAS = prefer_fast_blas()
 
-from tqbridge.bridge.gguf_f32 import cache_dir  # noqa: E402 - after the BLAS choice
+from tqbridge.bridge.environ import cache_dir  # noqa: E402 - after the BLAS choice
 
 if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
     set_hypothesis_home_dir(cache_dir() / "hypothesis")   # this process only; subprocesses choose their own

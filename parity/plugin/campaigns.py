@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from tqbridge.bridge.gguf_f32 import cache_dir
+from tqbridge.bridge.environ import cache_dir
 
 from .profiles import EXAMPLES as PROFILES
 
