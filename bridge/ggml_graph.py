@@ -132,3 +132,42 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, k_type: int, 
     finally:
         base.ggml_free(ctx)
     return res.reshape(t, hq, dv)
+
+
+def turbo_wht(x: np.ndarray, direction: int, group: int = 128) -> np.ndarray:
+    """The TurboQuant fork's ``ggml_turbo_wht(ctx, a, direction, group, NULL)`` (0: forward rotation,
+    1: inverse; no InnerQ scale) on float32 rows ``x`` (rows, n), one thread; only in a fork build's
+    ggml (:func:`tqbridge.bridge.llama_build.select`)."""
+    base, cpu = _libs()
+    fn = getattr(base, "ggml_turbo_wht", None)
+    if fn is None:
+        raise GgmlGraphError("this ggml has no ggml_turbo_wht (not a TurboQuant fork build)")
+    P = ctypes.c_void_p
+    fn.restype, fn.argtypes = P, [P, P, ctypes.c_int, ctypes.c_int, P]
+    x = np.ascontiguousarray(x, np.float32)
+    rows, n = x.shape
+    mem = 2 * x.nbytes + 8 * int(base.ggml_tensor_overhead()) + int(base.ggml_graph_overhead()) + 4096
+    ctx = base.ggml_init(InitParams(mem, None, False))
+    if not ctx:
+        raise GgmlGraphError(f"ggml_init failed for {mem} bytes")
+    try:
+        a = base.ggml_new_tensor_4d(ctx, GGML_TYPE_F32, n, rows, 1, 1)
+        ctypes.memmove(base.ggml_get_data(a), x.ctypes.data, x.nbytes)
+        out = fn(ctx, a, int(direction), int(group), None)
+        if not out:
+            raise GgmlGraphError(f"ggml refused turbo_wht over rows of {n} in groups of {group}")
+        gf = base.ggml_new_graph(ctx)
+        base.ggml_build_forward_expand(gf, out)
+        plan = cpu.ggml_graph_plan(gf, 1, None)
+        work = (ctypes.c_uint8 * max(1, plan.work_size))()
+        plan.work_data = ctypes.addressof(work)
+        status = cpu.ggml_graph_compute(gf, ctypes.byref(plan))
+        if status != GGML_STATUS_SUCCESS:
+            raise GgmlGraphError(f"ggml_graph_compute returned status {status}")
+        if base.ggml_nbytes(out) != x.nbytes:
+            raise GgmlGraphError(f"turbo_wht's output has {base.ggml_nbytes(out)} bytes, expected {x.nbytes}")
+        res = np.empty_like(x)
+        ctypes.memmove(res.ctypes.data, base.ggml_get_data(out), x.nbytes)
+    finally:
+        base.ggml_free(ctx)
+    return res

@@ -121,3 +121,14 @@ def test_live_blocks_and_teacher_against_the_fork():
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         assert "all claims hold: blocks, teacher" in r.stdout
         assert "model path (decode:reference)" in r.stdout    # the model's own attention on the fork's rows
+
+
+@live
+def test_live_turbo_decode_goldens_are_remade_bit_for_bit():
+    # the committed recipe of tests/data/turbo/*-decoded.npz, run on each build, against the committed file
+    data = Path(__file__).parent / "data" / "turbo"
+    for build in _fork_builds():
+        variant = llama_build.describe(build).variant
+        r = subprocess.run([sys.executable, "-m", "tqbridge.parity.harness.turbo_decode_goldens", "--llama", str(build),
+                            "--check", str(data / f"{variant}-decoded.npz")], capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0 and "identical, every array bit for bit" in r.stdout, r.stdout + r.stderr[-2000:]

@@ -147,3 +147,15 @@ def test_the_decode_goldens_tell_the_variants_apart():
     want = d["turbo4_n512_rotated"]
     assert not np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert np.array_equal(np.sign(got), np.sign(want))   # same indices: only the centroid magnitudes differ
+
+
+def test_the_random_blocks_are_the_recipes_draw():
+    """The decode goldens' random blocks are what the committed recipe draws
+    (parity/harness/turbo_decode_goldens.py: one generator, the types in order, special fp16 norms)."""
+    from tqbridge.parity.harness.turbo_decode_goldens import random_blocks
+
+    for v in VARIANTS:
+        d = _decoded(v)
+        drawn = random_blocks({t: BLOCK_BYTES[v][t] for t in TYPES})
+        for t in TYPES:
+            assert np.array_equal(drawn[t], d[f"{t}_random_blocks"]), (v, t)
