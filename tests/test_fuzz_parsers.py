@@ -14,11 +14,13 @@ import textwrap
 
 import pytest
 
-from tqbridge.parity.plugin.fuzz_parsers import PARSER_TARGETS, ParserFuzzError, run_parser_campaign
+from tqbridge.parity.plugin.parsers.campaign import run_parser_campaign
+from tqbridge.parity.plugin.parsers.named_targets import PARSER_TARGETS
+from tqbridge.parity.plugin.parsers.target import ParserFuzzError
 
 PLANTED = textwrap.dedent('''
     import ctypes, time
-    from tqbridge.parity.plugin.fuzz_parsers import ParserTarget, Seed
+    from tqbridge.parity.plugin.parsers.target import ParserTarget, Seed
 
     class Planted(ParserTarget):
         """Two-byte inputs: the first byte picks a misbehaviour; other inputs are clean errors."""
@@ -55,7 +57,7 @@ PLANTED = textwrap.dedent('''
 def test_the_harness_classifies_what_it_is_shown(tmp_path, monkeypatch):
     (tmp_path / "planted.py").write_text(PLANTED)
     monkeypatch.chdir(tmp_path)
-    from tqbridge.parity.plugin import fuzz_parsers as fp
+    from tqbridge.parity.plugin.parsers import named_targets as fp
 
     # mutants of the two-byte seed (bit flips, boundary values, truncations ...) hit every planted byte
     # the time limit leaves the 400 MiB allocation room on a loaded 2-core machine (3 s did not: it
@@ -84,7 +86,7 @@ def test_the_harness_classifies_what_it_is_shown(tmp_path, monkeypatch):
 
 DOOMED = textwrap.dedent('''
     import ctypes
-    from tqbridge.parity.plugin.fuzz_parsers import ParserTarget, Seed
+    from tqbridge.parity.plugin.parsers.target import ParserTarget, Seed
 
     class Doomed(ParserTarget):
         """Its second consumer segfaults the worker at once on every input but the seed."""

@@ -33,7 +33,7 @@ LAYOUT_MAX_ABS = 1e-3
 N_VOCAB = 512
 
 
-from tqbridge.parity.plugin.fuzz_parsers import add_tiny_vocab  # noqa: E402
+from tqbridge.parity.plugin.parsers.gguf_target import add_tiny_vocab  # noqa: E402
 
 
 def write_synthetic(path, arch: str, *, n_layer=2, d=128, n_head=4, n_kv=2, head_dim=32, ff=192,

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tqbridge.parity.plugin.fuzz_parsers import _gguf_parse, _gguf_write, check_input, write_tiny_gguf_model
+from tqbridge.parity.plugin.parsers.gguf_target import _gguf_parse, _gguf_write, write_tiny_gguf_model
+from tqbridge.parity.plugin.parsers.outcome import check_input
 
 gguf = pytest.importorskip("gguf")
 

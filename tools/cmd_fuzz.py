@@ -6,7 +6,7 @@ test (``@example`` + the failing call) and saved beside the example database. Ex
 counterexample was found, 1 when one was.
 
 TARGET ``gguf``, ``state-blob``, ``prompt-cache`` or ``kv-spelling`` runs a mutation campaign
-against that file parser (:mod:`tqbridge.parity.plugin.fuzz_parsers`): counts of mutants, clean errors,
+against that file parser (:mod:`tqbridge.parity.plugin.parsers`): counts of mutants, clean errors,
 crashes, hangs and over-allocations, peak memory; exit code 1 when anything but clean errors and
 accepted inputs came out.
 """
@@ -55,7 +55,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from tqbridge.parity.plugin.fuzz import FuzzError, run_campaign
-    from tqbridge.parity.plugin.fuzz_parsers import PARSER_TARGETS
+    from tqbridge.parity.plugin.parsers.named_targets import PARSER_TARGETS
 
     if args.target in PARSER_TARGETS:
         return run_parsers(args)
@@ -111,7 +111,9 @@ def _mib(n: int) -> str:
 
 def run_parsers(args) -> int:
     """``tqbridge fuzz gguf|state-blob|prompt-cache|kv-spelling``: a mutation campaign on a parser."""
-    from tqbridge.parity.plugin.fuzz_parsers import INPUT_TIMEOUT_S, ParserFuzzError, run_parser_campaign
+    from tqbridge.parity.plugin.parsers.campaign import run_parser_campaign
+    from tqbridge.parity.plugin.parsers.outcome import INPUT_TIMEOUT_S
+    from tqbridge.parity.plugin.parsers.target import ParserFuzzError
 
     for flag in ("op", "fmt", "k_format", "v_format", "q_precision"):
         if getattr(args, flag):

@@ -2,6 +2,6 @@
 
 pytest_plugin (fixtures; loaded through the ``pytest11`` entry point), profiles (the hypothesis
 profiles), strategies* (hypothesis strategies), assertions, byok / byok_source (bring your own
-kernel), fuzz / fuzz_parsers (``tqbridge fuzz`` campaigns). The public one-import facade is
+kernel), fuzz / parsers (``tqbridge fuzz`` campaigns). The public one-import facade is
 :mod:`tqbridge.parity.testing`. Importing this package imports nothing optional.
 """

@@ -12,7 +12,7 @@ safe for concurrent writers), so a counterexample found once is replayed first b
 The first counterexample stops the campaign.
 
 Parser targets (``gguf``, ``state-blob``, ``prompt-cache``, ``kv-spelling``) are mutation campaigns
-against the file parsers: :mod:`tqbridge.parity.plugin.fuzz_parsers`.
+against the file parsers: :mod:`tqbridge.parity.plugin.parsers`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 OUR_TARGETS = ("quantize", "dequantize", "append", "decode-attention")
-from .fuzz_parsers import PARSER_TARGETS  # noqa: E402 - mutation campaigns against the file parsers
+from .parsers.named_targets import PARSER_TARGETS  # noqa: E402 - mutation campaigns against the file parsers
 from .campaigns import check_budget, db_path, default_db_root, hypothesis_home  # noqa: E402
 from .profiles import EXAMPLES as PROFILES  # noqa: E402 - examples per campaign when --examples is not given
 ROUND = 25                                            # examples per round when the campaign is timed
@@ -159,7 +159,7 @@ def _worker(spec: dict, worker: int, conn: Any, stop: Any) -> None:
     last messages (measured: campaigns of 6 workers that each die on their second example counted 1-5
     examples, not 6), and one killed while its feeder held the queue's shared write lock, or
     mid-message, would stall the other workers' messages and hang the campaign — the race the parser
-    harness had (fuzz_parsers._parser_worker). The inputs are drawn here, by hypothesis, not handed out
+    harness had (parsers.campaign._parser_worker). The inputs are drawn here, by hypothesis, not handed out
     by the parent; what the parser harness gets by recording each input before sending it, this one
     gets from ``running-<worker>.case``, written synchronously before each call."""
     try:
