@@ -42,7 +42,9 @@ def run(args) -> None:
     import mlx.core as mx
 
     from tqbridge.bridge.gguf_model import load_gguf_model
-    from tqbridge.metal.lm.cache import cache_report, kv_name, make_cache, parse_kv_spec
+    from tqbridge.metal.lm.cache import make_cache
+    from tqbridge.metal.lm.kv_spelling import kv_name, parse_kv_spec
+    from tqbridge.metal.lm.report import cache_report
     from tqbridge.metal.lm.routing import route_attention
     from tqbridge.tools.cmd_generate import generate_tokens
 

@@ -98,7 +98,7 @@ def main() -> None:
                     res["kv"] = {"routed": {"build_us": round(b, 2), "encode_us": round(e, 2), "wall_us": round(w, 2)}}
                     if kind != "fp16":
                         res["kv"]["paths"] = dict(c.paths)
-                        from tqbridge.metal.lm.cache import cache_report
+                        from tqbridge.metal.lm.report import cache_report
 
                         res["decode_kernel"] = cache_report(cache)["layers"][-1]["decode_kernel"]
                 report["runs"].append(res)

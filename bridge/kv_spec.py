@@ -9,7 +9,7 @@
 
 :func:`split_kv` only splits: it checks the shape of the spelling, not the format names, so readers
 without MLX (the llama.cpp side) can use it too. ``parse_kv`` / ``parse_kv_spec`` in
-:mod:`tqbridge.metal.lm.cache` resolve the names on top of it.
+:mod:`tqbridge.metal.lm.kv_spelling` resolve the names on top of it.
 
 The named defaults below are the one place where the package picks format names by itself (the
 default cache format, the pairs that messages and help texts suggest, the default matrices of

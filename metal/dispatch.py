@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .backend import BACKEND_NAMES, _mlx, backends, resolve  # noqa: F401  (re-exported)
-from .backend import gpu_is_default as _gpu_is_default, gpu_kind as _gpu_kind  # noqa: F401  (metal/lm/cache.py)
+from .backend import gpu_is_default as _gpu_is_default, gpu_kind as _gpu_kind  # noqa: F401  (metal/lm/codecs.py)
 from .kernel import Kernel, KernelError
 
 _cache: dict[tuple, Any] = {}

@@ -146,7 +146,9 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
     ``q_precision``: decode attention's q precision for the configurations under test (see the
     module's docstring); a K format with no int8 path keeps the backend's default, and its row says so.
     """
-    from tqbridge.metal.lm.cache import cache_report, kv_name, make_cache, parse_kv_spec, paths_line
+    from tqbridge.metal.lm.cache import make_cache
+    from tqbridge.metal.lm.kv_spelling import kv_name, parse_kv_spec
+    from tqbridge.metal.lm.report import cache_report, paths_line
     from tqbridge.metal.lm.routing import route_attention
 
     if chunk <= 0:
@@ -336,7 +338,9 @@ def measure_memory(model: Any, prompt: Sequence[int], kvs: Iterable[str], *, new
 
     from mlx_lm.models import cache as mlx_cache
 
-    from tqbridge.metal.lm.cache import cache_report, make_cache, parse_kv
+    from tqbridge.metal.lm.cache import make_cache
+    from tqbridge.metal.lm.kv_spelling import parse_kv
+    from tqbridge.metal.lm.report import cache_report
     from tqbridge.metal.lm.routing import route_attention
 
     names = (["mlx-lm KVCache", "mlx-lm QuantizedKVCache 8-bit"] if baselines else [])

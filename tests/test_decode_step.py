@@ -365,7 +365,7 @@ def test_real_model_generation_unchanged_by_the_cpu_codec_path(name, kv, cpu_dev
 
 def test_paths_line_names_paths_and_fallbacks(cpu_device, monkeypatch):
     from tqbridge.metal.lm import routing
-    from tqbridge.metal.lm.cache import paths_line
+    from tqbridge.metal.lm.report import paths_line
 
     m = tiny_llama()
     cache = make_cache(m, "q8_0", "q4_0")
@@ -391,7 +391,7 @@ def test_self_check_failure_falls_back_loudly(emulated_decode_lane, cpu_device, 
     # a kernel that is wrong on this hardware (planted: the append flips a byte) fails the one-time
     # self-check: the cache takes the reference paths, says so once on stderr and in every report
     from tqbridge.metal import kv_append, selfcheck
-    from tqbridge.metal.lm.cache import paths_line
+    from tqbridge.metal.lm.report import paths_line
 
     monkeypatch.setattr(selfcheck, "_RESULTS", {})
     real = kv_append.KVAppend.__call__
@@ -422,7 +422,7 @@ def test_self_check_passes_on_the_emulated_lane(cpu_device, monkeypatch):
     monkeypatch.setattr(selfcheck, "_RESULTS", {})
     for kf, vf, d in (("q8_0", "turbo3", 128), ("q4_0", "iq4_nl", 64), ("f16", "q5_1", 96)):
         from tqbridge.bridge.padding import padded_dim
-        from tqbridge.metal.lm.cache import rotation_group
+        from tqbridge.metal.lm.codecs import rotation_group
 
         assert selfcheck.check_decode_lane(kf, vf, d, d, padded_dim(kf, d), padded_dim(vf, d),
                                            rotation_group(kf, d, "k"), rotation_group(vf, d, "v"),
@@ -457,7 +457,7 @@ def test_self_check_keeps_only_kernel_verdicts_on_disk(monkeypatch, tmp_path):
 @pytest.mark.parametrize("qp,want", [("int8", "cpu-emulator v3 int8 q V turbo-permute 1 chunk 3 stages 2 dispatches"),
                                      ("exact", "cpu-emulator v2 exact q 2 dispatches")])
 def test_cache_report_says_which_decode_kernel_ran(emulated_decode_lane, qp, want, cpu_device, monkeypatch):
-    from tqbridge.metal.lm.cache import cache_report, paths_line
+    from tqbridge.metal.lm.report import cache_report, paths_line
 
     c = _prefilled("q8_0/turbo3")
     c.q_precision = qp

@@ -127,7 +127,7 @@ def test_a_lost_deferred_row_is_caught(emulated_lane):
 
 
 def test_reports_say_whether_the_append_is_fused(emulated_lane):
-    from tqbridge.metal.lm.cache import cache_report, paths_line
+    from tqbridge.metal.lm.report import cache_report, paths_line
 
     for defer in ("0", "1"):
         _, _, cache = _decode("llama", defer, emulated_lane, n=3)

@@ -14,7 +14,7 @@ mx = pytest.importorskip("mlx.core")
 
 from tqbridge.metal import attention, attention_kernel, dispatch, kv_append   # noqa: E402
 from tqbridge.metal.attention import check_problem, decode_attention, last_run   # noqa: E402
-from tqbridge.metal.lm.cache import rotation_group   # noqa: E402
+from tqbridge.metal.lm.codecs import rotation_group   # noqa: E402
 
 CALLS: list = []
 
@@ -193,7 +193,7 @@ def test_device_consts_leave_no_small_host_buffer(fake_cuda, monkeypatch):
     allocator serves buffers of <= 8 bytes from unified memory the GPU reads through a mapping), holds
     the host values in front and keeps their dtype; the switch off gives the host-made arrays."""
     from tqbridge import bridge
-    from tqbridge.metal.lm import cache as cache_mod
+    from tqbridge.metal.lm import report
 
     rng = np.random.default_rng(2)
     q = mx.array(rng.standard_normal((1, 8, 128)).astype(np.float16))
@@ -216,7 +216,7 @@ def test_device_consts_leave_no_small_host_buffer(fake_cuda, monkeypatch):
         (_, p1_shapes, _, _), (_, p2_shapes, _, _) = CALLS   # pass 1, combine
         got[flag]["p1_fp_dep"] = (p1_shapes[4], p1_shapes[6])
         assert launch.run_info["device_consts"] is (flag == "1")   # what reports and bench plans print
-        words = cache_mod._kernel_words(cache_mod._kernel_info(launch))
+        words = report._kernel_words(report._kernel_info(launch))
         assert ("device consts" in words) is (flag == "1"), words
     from tqbridge.metal.lm import decode_bench
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tqbridge import bridge, metal
 from tqbridge.bridge.padding import padded_dim
-from tqbridge.metal.lm.cache import rotation_group
+from tqbridge.metal.lm.codecs import rotation_group
 from tqbridge.metal import kv_append
 from tqbridge.metal.kv_append import hadamard_butterfly, prepared, reference_append
 

@@ -471,7 +471,7 @@ def _run_decode(args) -> int:
     from ..bridge import FormatError
     from ..bridge.kv_spec import split_q_precision
     from ..metal.lm import decode_bench
-    from ..metal.lm.cache import parse_kv_spec
+    from ..metal.lm.kv_spelling import parse_kv_spec
 
     from ..metal.profiling import SettingsError, split_settings, split_top
 

@@ -64,7 +64,9 @@ def run(args) -> int:
     from tqbridge.bridge import FormatError
     from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
     from tqbridge.bridge.tokenizer import ChatTokenizer
-    from tqbridge.metal.lm.cache import cache_report, kv_name, make_cache, parse_kv_spec, paths_line
+    from tqbridge.metal.lm.cache import make_cache
+    from tqbridge.metal.lm.kv_spelling import kv_name, parse_kv_spec
+    from tqbridge.metal.lm.report import cache_report, paths_line
     from tqbridge.metal.lm.routing import route_attention
 
     if args.max_tokens < 0:

@@ -48,7 +48,7 @@ def run(args) -> int:
     prefer_fast_blas()  # before MLX is imported: OpenBLAS for float32 matmuls on Linux CPUs
     from tqbridge.bridge import FormatError
     from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
-    from tqbridge.metal.lm.cache import parse_kv_spec
+    from tqbridge.metal.lm.kv_spelling import parse_kv_spec
     from tqbridge.parity import quality as q
 
     kvs = args.kv or DEFAULT_KVS

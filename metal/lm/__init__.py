@@ -2,8 +2,11 @@
 
 Modules::
 
-    cache         TQCache (mlx-lm's cache protocol over K/V blocks of any format pair), make_cache,
-                  cache_report, parse_kv_spec
+    cache         TQCache (mlx-lm's cache protocol over K/V blocks of any format pair), make_cache
+    lane          TQCache's GPU decode step (DecodeLane, inherited by TQCache), routed_block
+    codecs        rows <-> blocks: the codec path per format, padded_dim, rotation_group
+    kv_spelling   parse_kv, parse_kv_spec, kv_name: K/V format spellings
+    report        cache_report, paths_line: what each layer holds and which paths ran
     routing       route_attention(): decode steps of TQCache layers to the fused kernel, prefill to SDPA
     calibration   opt-in per-channel key calibration (KeyCalibration)
     prompt_cache  load_prompt_cache(): saved prompt caches (TQCache layers included), checked before loading
@@ -19,7 +22,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "TQCache": "cache", "make_cache": "cache", "cache_report": "cache", "parse_kv_spec": "cache",
+    "TQCache": "cache", "make_cache": "cache", "cache_report": "report", "parse_kv_spec": "kv_spelling",
     "route_attention": "routing",
     "KeyCalibration": "calibration", "CalibrationError": "calibration",
 }

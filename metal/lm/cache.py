@@ -11,27 +11,32 @@ instead. The class follows mlx-lm 0.32's cache protocol (``offset``, ``state``, 
 ``from_state``, ``trim``, ``nbytes``, ``make_mask``, ``empty``), so ``save_prompt_cache`` /
 ``load_prompt_cache`` work; importing this module registers the class where mlx-lm's loader looks
 classes up by name.
+
+This module holds the storage, the key calibration hooks and the mlx-lm protocol. The GPU decode step
+is :class:`tqbridge.metal.lm.lane.DecodeLane`, which TQCache inherits; the rows <-> blocks codecs are
+in :mod:`tqbridge.metal.lm.codecs`, the K/V spellings in :mod:`tqbridge.metal.lm.kv_spelling` and
+the per-layer reports in :mod:`tqbridge.metal.lm.report`.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models import cache as _mlx_cache
 
 from tqbridge.bridge import FormatError, display_name, get_format
-from tqbridge.bridge.kv_spec import CALIBRATED_EXAMPLE_KV, DEFAULT_FORMAT, EXAMPLE_KV, split_kv
+from tqbridge.bridge.kv_spec import DEFAULT_FORMAT
 from tqbridge.bridge.registry import shown
 
 from ..hadamard import hadamard_rotate
 from .calibration import CalibrationError, KeyCalibration, fit as _fit_calibration, split_key_spec
+from .codecs import _any_nonfinite, _dequantizer, _quantizer, padded_dim, rotation_group
+from .kv_spelling import kv_name
+from .lane import _ROUTED, DecodeLane, DeferredRows, _routing_active
 
-__all__ = ["TQCache", "make_cache", "cache_report", "paths_line", "padded_dim", "parse_kv", "parse_kv_spec",
-           "ROTATIONS"]
+__all__ = ["TQCache", "make_cache", "ROTATIONS"]
 
 ROTATIONS = ("llama", "none")
 _MAX_POSITIONS = (1 << 31) - 1   # MLX masks and RoPE offsets are int32
@@ -50,188 +55,8 @@ def _count(name: str, text, hi: int) -> int:
         raise CacheStateError(f"TQCache state: {name} {n} is larger than {hi}")
     return n
 
-# Formats stored directly as MLX float bytes (byte-identical to the numpy reference: IEEE
-# round-to-nearest-even casts, as ggml's F16/F32 rows).
-_FLOAT_VIEW = {"f16": mx.float16, "f32": mx.float32}
 
-
-def padded_dim(fmt, dim: int) -> int:
-    """``dim`` rounded up to a multiple of the format's block size (zero padding)."""
-    bs = get_format(fmt).block_size
-    return -(-int(dim) // bs) * bs
-
-
-def parse_kv(spec: str) -> tuple[str, str]:
-    """``q8_0/turbo3`` -> ``(q8_0, turbo3)``; ``q8_0`` means the same format for K and V."""
-    k, v = split_kv(spec)
-    return display_name(get_format(k)), display_name(get_format(v))
-
-
-def parse_kv_spec(spec: str) -> tuple[str, str, KeyCalibration]:
-    """``q5_1+mean+scale/q4_0`` -> ``(q5_1, q4_0, KeyCalibration(mean=True, scale=True))``.
-
-    The K side may carry key calibration after ``+`` (see :mod:`tqbridge.metal.lm.calibration`);
-    a bad spelling raises :class:`FormatError` with a one-line message.
-    """
-    k_side, v_side = split_kv(spec, example=f"{EXAMPLE_KV} or {CALIBRATED_EXAMPLE_KV}")
-    try:
-        kf, cal = split_key_spec(k_side)
-    except CalibrationError as e:
-        raise FormatError(str(e)) from None
-    if "+" in v_side:
-        raise FormatError(f"{shown(spec)}: calibration applies to keys only (write it after the K format)")
-    k, v = parse_kv(f"{kf}/{v_side}")
-    return k, v, cal
-
-
-def kv_name(k: str, v: str, cal: "KeyCalibration | None" = None) -> str:
-    """The canonical spelling of a K/V pair with its key calibration."""
-    return f"{k}+{cal.spec}/{v}" if cal else f"{k}/{v}"
-
-
-_ROUTED: "ContextVar[int]" = ContextVar("tqbridge_routing_depth", default=0)
-
-
-@contextmanager
-def routed_block() -> Iterator[None]:
-    """Marks the block as routed (:func:`tqbridge.metal.lm.routing.route_attention` enters it, nesting
-    allowed): in this thread the routed attention follows every TQCache update and brings queries."""
-    token = _ROUTED.set(_ROUTED.get() + 1)
-    try:
-        yield
-    finally:
-        _ROUTED.reset(token)
-
-
-def _routing_active() -> bool:
-    """Whether :func:`tqbridge.metal.lm.routing.route_attention` is in effect here (it brings queries)."""
-    return _ROUTED.get() > 0
-
-
-# ---------------------------------------------------------------- codecs: rows <-> blocks
-# Each returns (function, name of the path). The first usable path wins and is remembered.
-
-def _gpu_backend() -> "str | None":
-    """"cuda" / "metal" when MLX's default device is a GPU with a kernel backend, else None.
-
-    Inside :func:`tqbridge.metal.backend.emulate_decode_lane` (tests): on MLX's CPU device, run the GPU decode step's
-    kernels (in-place append, device growth, fused attention) on the CPU SIMT emulator, writing into
-    the MLX buffers through numpy views — the GPU lane's logic, testable without a GPU (slow)."""
-    from ..backend import emulated_decode_lane, gpu_is_default as _gpu_is_default, gpu_kind as _gpu_kind
-
-    if _gpu_is_default():
-        return _gpu_kind()
-    return "cpu-emulator" if emulated_decode_lane() else None
-
-
-def _quantizer(fmt, use_kernel: bool = True) -> tuple[Callable[[mx.array], mx.array], str]:
-    """Rows -> blocks (no NaN/inf check: the cache checks rows itself; iq4_nl through ggml's reference
-    quantizer, what llama.cpp writes into its KV cache). On a GPU the quantize
-    kernel; on the CPU the byte-identical MLX-ops codec (the kernel's CPU emulator exists to test
-    kernel code, not to serve tokens), or the numpy reference where there is no MLX codec."""
-    fmt = get_format(fmt)
-    if fmt.key in _FLOAT_VIEW:
-        dt = _FLOAT_VIEW[fmt.key]
-        return (lambda x: x.astype(dt).view(mx.uint8)), "mlx-view"
-    gpu = _gpu_backend() if use_kernel else None
-    if gpu is not None:
-        from ..quantize_append import quantize_append, supported
-
-        if supported(fmt):
-            return (lambda x: quantize_append(fmt.key, x, backend=gpu, check_finite=False, search=False)), \
-                f"append-kernel:{gpu}"
-    opts = dict(fmt.cache_options)   # the bytes llama.cpp writes into its cache (iq4_nl: no scale search)
-    if getattr(fmt.codec, "mlx_quantize_blocks", None) is not None:
-        from tqbridge.bridge import mlx_quantize
-        return (lambda x: mlx_quantize(fmt, x, check_finite=False, **opts)), "mlx-ops"
-    import numpy as np
-    from tqbridge.bridge import quantize
-
-    return (lambda x: mx.array(quantize(fmt, np.array(x.astype(mx.float32)), **opts))), "numpy"
-
-
-def _any_nonfinite(x: mx.array) -> mx.array:
-    """A lazy uint32 scalar: 1 when ``x`` holds a NaN or an infinity."""
-    return mx.any(mx.logical_not(mx.isfinite(x))).astype(mx.uint32).reshape(1)
-
-
-def _dequantizer(fmt) -> tuple[Callable[[mx.array, int], mx.array], str]:
-    fmt = get_format(fmt)
-    if fmt.key in _FLOAT_VIEW:
-        dt = _FLOAT_VIEW[fmt.key]
-        return (lambda b, n: b.view(dt)), "mlx-view"
-    if getattr(fmt.codec, "mlx_dequantize_blocks", None) is not None:
-        from tqbridge.bridge import mlx_dequantize
-        return (lambda b, n: mlx_dequantize(fmt, b, n)), "mlx-ops"
-    import numpy as np
-    from tqbridge.bridge import dequantize
-
-    return (lambda b, n: mx.array(dequantize(fmt, np.array(b), n))), "numpy"
-
-
-def rotation_group(fmt, dim: int, side: str) -> int:
-    """The Hadamard group llama.cpp rotates a ``side`` ("k"/"v") of ``dim`` values with, or 0.
-
-    llama.cpp (src/llama-kv-cache.cpp, PR #21038) rotates K and V rows of ggml quantized types when
-    the head dim is a multiple of 64: K by the largest power of two dividing it, V by 64 (block
-    diagonal). Float formats are not rotated; turbo formats rotate inside the format instead.
-    """
-    if get_format(fmt).kind != "ggml" or dim % 64:
-        return 0
-    if side == "v":
-        return 64
-    n = 64
-    while dim % (2 * n) == 0:
-        n *= 2
-    return n
-
-
-class StepLane(NamedTuple):
-    """A decode step's prepared in-place append: the K/V row shapes and dtype it was made for, the append
-    and the buffer capacity (rows) it writes into."""
-
-    k_shape: tuple
-    v_shape: tuple
-    dtype: Any
-    append: Callable
-    capacity: int
-
-
-class AttendLane(NamedTuple):
-    """The routed attention of a decode step: the q shape and scale it was prepared for, the path name
-    it reports and the prepared fused attention (:class:`tqbridge.metal.attention_kernel.DecodeLaunch`)."""
-
-    q_shape: tuple
-    scale: float
-    path: str
-    launch: Any
-
-
-class DeferredRows(NamedTuple):
-    """The step's K/V rows the routed attention writes in its own call (on backends that fuse them)."""
-
-    keys: Any
-    values: Any
-    row: int
-    append: Callable
-
-
-def _written_first(slot: str) -> property:
-    """A TQCache buffer attribute stored in ``slot`` that writes a deferred decode row (see
-    TQCache._deferred) before it is read or replaced."""
-    def get(self):
-        if self._deferred is not None:
-            self._write_deferred()
-        return getattr(self, slot)
-
-    def put(self, a) -> None:
-        if self._deferred is not None:
-            self._write_deferred()
-        setattr(self, slot, a)
-    return property(get, put)
-
-
-class TQCache(_mlx_cache._BaseCache):
+class TQCache(DecodeLane, _mlx_cache._BaseCache):
     """K/V cache of quantized blocks (one layer). ``window``: sliding-window size, or None.
 
     A windowed cache stores the positions ``[start, offset)``: rows no future query can see
@@ -242,34 +67,6 @@ class TQCache(_mlx_cache._BaseCache):
     step = 256
 
     q_precision = None        # decode attention's q precision (None: the backend's default; see decode_attention)
-
-    # The decode step's deferred append (DeferredRows) the routed attention writes in the same call as it
-    # attends (_attend_step), or None. Every other reader of the buffers or
-    # of the flag writes them first: ``keys``, ``values`` and ``_flag`` are properties over _kbuf, _vbuf,
-    # _flagbuf that do so, and their setters too, so no path can see (or replace) buffers without the row.
-    _deferred = None
-
-    keys = _written_first("_kbuf")
-    values = _written_first("_vbuf")
-    _flag = _written_first("_flagbuf")
-
-    def _write_deferred(self) -> None:
-        """The deferred append on its own (something other than the routed attention reads the cache)."""
-        d, self._deferred = self._deferred, None
-        self._flagbuf = d.append(d.keys, d.values, self._kbuf, self._vbuf, d.row, self._flagbuf)
-        self._unsettled = True
-
-    def _attend_step(self, launch, queries):
-        """The routed attention of a decode step over the buffers (``launch``: the layer's prepared
-        fused attention), with the step's deferred append in the same call where there is one."""
-        d = self._deferred
-        if d is None:
-            return launch(queries, self.keys, self.values, self.offset - self.start, self._flag)
-        self._deferred = None
-        self._flagbuf, out = launch.with_append(d.append, d.keys, d.values, queries, self._kbuf, self._vbuf, d.row,
-                                                self._flagbuf, self.offset - self.start)
-        self._unsettled = True
-        return out
 
     def __init__(self, k_format: str = DEFAULT_FORMAT, v_format: str = DEFAULT_FORMAT, window: "int | None" = None,
                  rotation: str = "llama", calibration: "KeyCalibration | str | None" = None):
@@ -305,23 +102,9 @@ class TQCache(_mlx_cache._BaseCache):
                             "k_fetch": kd_path, "v_fetch": vd_path}
         self.paths: Counter = Counter()      # attention paths taken, filled by the routing
         self.decode_fallback: "str | None" = None
-        # the decode step (see docs/cache.md): on a GPU one in-place append kernel per step and the
-        # fused attention reading the buffers with a runtime length, no host synchronisation
-        self._flag = None            # device-side NaN/inf flag of the rows appended since the last check
-        self._unsettled = False      # in-place appends the MLX graph does not order (see _settle)
-        self._inplace: dict = {}     # (dtype, dk, dv) -> prepared in-place append, or None
-        self.placeholder = False     # update_and_fetch returned the step's rows, not the cache
-        self._owned = True           # the buffers are this cache's own allocations (in-place writes go there)
-        self._reset_hot()
-        self.decode_launch = None    # the prepared fused attention of this layer (the routing's)
-        self._decode_sig = None
+        self._setup_lane()
         self.calibration_note: "str | None" = None
         self._pending = None  # first chunk's float keys waiting for their queries (qscale)
-
-    def _reset_hot(self) -> None:
-        """Forget the prepared decode-step lane (the buffers or the geometry changed)."""
-        self._hot: "StepLane | None" = None          # the in-place decode step
-        self._hot_attn: "AttendLane | None" = None   # the routed attention of the decode step
 
     # ------------------------------------------------------------ storage
     def _encode(self, x: mx.array, fmt: str, quant) -> mx.array:
@@ -410,6 +193,7 @@ class TQCache(_mlx_cache._BaseCache):
             return (hadamard_rotate(q, self.k_rot).astype(mx.float32) * s).astype(q.dtype)
         return hadamard_rotate((q.astype(mx.float32) * s).astype(q.dtype), self.k_rot)
 
+    # ------------------------------------------------------------ appends, the pending calibration, reads
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         hot = self._hot
         if hot is not None and keys.shape == hot.k_shape and values.shape == hot.v_shape and keys.dtype == hot.dtype:
@@ -481,113 +265,10 @@ class TQCache(_mlx_cache._BaseCache):
             return keys, hadamard_rotate(v, self.v_rot).astype(values.dtype)
         return self.fetch(keys.dtype)
 
-    # ------------------------------------------------------------ the in-place decode step
-    def _inplace_append(self, keys: mx.array, values: mx.array):
-        """The prepared in-place append kernel for rows like these, or None (then the ops path)."""
-        key = (keys.dtype, keys.shape[-1], values.shape[-1])
-        if key in self._inplace:
-            return self._inplace[key]
-        app = None
-        gpu = _gpu_backend()
-        if (gpu is not None and not self.calibration and self._pending is None and keys.dtype == values.dtype
-                and keys.dtype in (mx.float16, mx.bfloat16, mx.float32)):
-            from .. import kv_append
-            from ..selfcheck import check_decode_lane
-
-            geo = (self.k_format, self.v_format, self.k_dim, self.v_dim, padded_dim(self.k_format, self.k_dim),
-                   padded_dim(self.v_format, self.v_dim), self.k_rot, self.v_rot,
-                   str(keys.dtype).replace("mlx.core.", ""), gpu)
-            try:
-                app = kv_append.prepared(*geo)
-            except Exception as e:   # a geometry the kernel does not take: the ops path, said once
-                self.codec_paths["append_note"] = f"in-place append unavailable: {type(e).__name__}: {e}"
-            reason = check_decode_lane(*geo) if app is not None else None
-            if reason:   # kernels that fail here on this hardware: the reference paths, loudly
-                app = None
-                self.decode_fallback = f"self-check failed: {reason}"
-                self.codec_paths["append_note"] = f"in-place append off: self-check failed: {reason}"
-                self._kq, kq_path = _quantizer(self.k_format, use_kernel=False)
-                self._vq, vq_path = _quantizer(self.v_format, use_kernel=False)
-                self.codec_paths["k_append"], self.codec_paths["v_append"] = kq_path, vq_path
-        if app is not None:
-            self.codec_paths["k_append"] = self.codec_paths["v_append"] = f"kv-append:{gpu}"
-        self._inplace[key] = app
-        return app
-
-    def _append_in_place(self, append, keys: mx.array, values: mx.array):
-        B, H, S, _ = keys.shape
-        prev = self.offset
-        keep = self._keep_from(prev)
-        cap = 0 if self.keys is None else self.keys.shape[2]
-        if (keep != self.start or prev - self.start + S > cap) and self._owned and self.keys is not None \
-                and self._flag is not None:
-            # slide the window and/or grow on the device, ordered after the in-place appends by their
-            # flag: no sync
-            from ..kv_append import relocate
-
-            a, n = keep - self.start, prev - keep
-            self._reset_hot()
-            self.keys, self.values = relocate(self.keys, self.values, a, n, -(-(n + S) // self.step) * self.step,
-                                              self._flag, append.backend)
-            self.start = keep
-        elif keep != self.start:
-            self._settle()
-            self._compact(prev)
-        r = prev - self.start
-        cap = 0 if self.keys is None else self.keys.shape[2]
-        if r + S > cap or not self._owned:
-            # buffers loaded from a state (possibly views of another cache's) are copied once into
-            # our own before a kernel writes into them
-            self._settle()
-            self._grow(B, H, r + S, append.k_row_bytes, append.v_row_bytes, force=not self._owned)
-            self._owned = True   # fresh buffers; the kernel's graph edge orders it after their allocation
-        flag = self._flag
-        slots = append.flag_slots(B * H * S)
-        if flag is None or flag.shape[0] != slots:
-            if flag is not None:
-                self._settle()
-            flag = mx.zeros((slots,), mx.uint32)
-        self._flag = append(keys, values, self.keys, self.values, r, flag)
-        self._unsettled = True
-        self.offset = prev + S
-        self.paths["append"] += 1
-        if S == 1:   # later steps of this geometry take the lane at the top of update_and_fetch
-            self._hot = StepLane(keys.shape, values.shape, keys.dtype, append, self.keys.shape[2])
-        if S == 1 and _routing_active():
-            # the routing sends this step to the fused kernel, which reads the buffers: no K/V rows
-            # to build (attend fetches them itself if it has to fall back)
-            self.placeholder = True
-            return keys, values
-        self.placeholder = False
-        return self.fetch(keys.dtype)
-
-    def _note_nonfinite(self, bad: mx.array) -> None:
-        self._flag = bad if self._flag is None or self._flag.shape != bad.shape else self._flag | bad
-
     def _refuse_nonfinite(self, keys: mx.array, values: mx.array) -> None:
         if bool((_any_nonfinite(keys) | _any_nonfinite(values)).item()):
             raise FormatError(f"TQCache({self.k_format}/{self.v_format}): NaN or infinity in the K/V rows "
                               "to append; nothing was stored")
-
-    def _settle(self) -> None:
-        """Before MLX ops read or replace the buffers: wait for the in-place appends (MLX does not
-        know that kernel wrote them, so nothing else orders it) and report NaN/inf they saw."""
-        if self._unsettled:
-            self.check_finite()
-
-    def check_finite(self) -> None:
-        """Raise :class:`FormatError` if a decode step appended NaN/inf K/V rows (their blocks are
-        unspecified). Decode steps record this on the device without a synchronisation; it is read
-        here — called at every buffer growth (every ``step`` positions), on ``state``, ``trim`` and
-        prompt chunks, and by tqbridge's own generate/quality/bench after a run. One sync."""
-        if self._flag is None:
-            return
-        if self._unsettled:
-            mx.eval(self._flag)
-            self._unsettled = False
-        if bool(mx.any(self._flag).item()):
-            raise FormatError(f"TQCache({self.k_format}/{self.v_format}): a decode step appended NaN or "
-                              f"infinite K/V rows (positions before {self.offset}); their blocks are unspecified")
 
     def _fit(self, keys: mx.array, queries: "mx.array | None") -> None:
         rotated = self.calibration.basis == "rotated"
@@ -820,83 +501,3 @@ def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None
             out.append(c)
     return out
 
-
-_KERNEL_INFO = ("backend", "kernel", "q_precision", "v_decode", "chunks", "stages", "dyn_smem", "prologue", "merge_pad", "warps", "tile",
-                "dispatches", "splits", "compiled", "fused_append", "device_params", "device_consts")
-
-
-def _kernel_info(launch) -> "dict | None":
-    """What a layer's prepared decode attention runs (its plan: backend, kernel, q precision, V decode,
-    v3's chunks / stages / dynamic memory, SIMD groups and tile, dispatches, splits, whether under
-    mx.compile, whether the step's append runs in its call, whether its per-step ints are device views
-    and its constants device copies), None
-    before the layer's first decode step on a kernel lane."""
-    info = getattr(launch, "run_info", None)
-    if not info:
-        return None
-    info = {**info, "fused_append": getattr(launch, "fuses_append", None)}   # the cache's step, not the plan
-    return {k: info[k] for k in _KERNEL_INFO if info.get(k) is not None}
-
-
-def _kernel_words(info: dict) -> str:
-    words = [info["backend"]] + ([info["kernel"]] if "kernel" in info else [])
-    if "q_precision" in info:
-        words.append(f"{info['q_precision']} q")
-    if info.get("v_decode"):
-        words.append(f"V {info['v_decode']}")
-    if info.get("chunks"):   # kernel v3's variant: 16-key chunks per online-softmax step, copy-ring depth
-        words.append(f"{info['chunks']} chunk{'s' if info['chunks'] != 1 else ''}")
-    if info.get("stages"):
-        words.append(f"{info['stages']} stages")
-    if "dispatches" in info:
-        words.append(f"{info['dispatches']} dispatch{'es' if info['dispatches'] != 1 else ''}")
-    if info.get("compiled"):
-        words.append("compiled")
-    if info.get("fused_append"):
-        words.append("append fused")
-    if info.get("device_params"):
-        words.append("device params")
-    if info.get("device_consts"):
-        words.append("device consts")
-    return " ".join(words)
-
-
-def cache_report(cache: list) -> dict:
-    """What each layer holds and which paths ran: for reports and the CLI."""
-    layers = []
-    paths: Counter = Counter()
-    for i, c in enumerate(cache):
-        if isinstance(c, TQCache):
-            layers.append({"layer": i, "kind": "tqbridge", "kv": f"{c.k_format}/{c.v_format}",
-                           "window": c.window, "codecs": dict(c.codec_paths),
-                           "rotation": [c.k_rot, c.v_rot],
-                           "k_calibration": c.calibration.spec or None,
-                           "calibration_note": c.calibration_note,
-                           "decode_fallback": c.decode_fallback,
-                           "decode_kernel": _kernel_info(c.decode_launch)})
-            paths.update(c.paths)
-        else:
-            layers.append({"layer": i, "kind": type(c).__name__, "kv": "float",
-                           "window": getattr(c, "max_size", None)})
-    kinds = Counter(l["kind"] for l in layers)
-    return {"layers": layers, "layer_kinds": dict(kinds), "paths": dict(paths),
-            "nbytes": sum(c.nbytes for c in cache if not c.empty()),
-            "used_nbytes": sum(getattr(c, "used_nbytes", c.nbytes if not c.empty() else 0)
-                               for c in cache)}
-
-
-def paths_line(cache: list) -> str:
-    """One line: which attention paths and append codecs ran, and why any layer fell back."""
-    rep = cache_report(cache)
-    paths = ", ".join(f"{k} x{v}" for k, v in sorted(rep["paths"].items()) if k != "append") or "none yet"
-    codecs = sorted({f"{l['codecs']['k_append']}/{l['codecs']['v_append']}" for l in rep["layers"]
-                     if l.get("codecs")})
-    falls = sorted({f"layer {l['layer']}: {l['decode_fallback']}" for l in rep["layers"] if l.get("decode_fallback")})
-    notes = sorted({l["codecs"]["append_note"] for l in rep["layers"] if l.get("codecs", {}).get("append_note")})
-    out = f"paths: {paths}; appends: {', '.join(codecs) or '-'}"
-    kernels = sorted({_kernel_words(l["decode_kernel"]) for l in rep["layers"] if l.get("decode_kernel")})
-    if kernels:
-        out += "; decode kernels: " + ", ".join(kernels)
-    if falls or notes:
-        out += "; FALLBACK: " + "; ".join(falls[:3] + notes[:2]) + (" ..." if len(falls) > 3 else "")
-    return out

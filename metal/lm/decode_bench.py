@@ -95,7 +95,8 @@ def make_caches(model, kind: str) -> list:
                 for c in mc.make_prompt_cache(model)]
     from tqbridge.bridge.kv_spec import split_q_precision
 
-    from .cache import make_cache, parse_kv_spec
+    from .cache import make_cache
+    from .kv_spelling import parse_kv_spec
 
     kind, qp = split_q_precision(kind)
     k, v, cal = parse_kv_spec(kind)
@@ -291,7 +292,7 @@ def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int
         with settings(envs[i]):
             row.update(layer_step_profile(cache, model, dtype=dtype))
         if hasattr(cache[-1], "codec_paths"):
-            from .cache import cache_report
+            from .report import cache_report
 
             rep = cache_report(cache)
             row["decode_paths"] = rep["paths"]

@@ -31,7 +31,8 @@ from contextvars import ContextVar
 import mlx.core as mx
 
 from ..backend import emulated_decode_lane
-from .cache import AttendLane, TQCache, hadamard_rotate, routed_block
+from .cache import TQCache, hadamard_rotate
+from .lane import AttendLane, routed_block
 
 __all__ = ["route_attention", "attend", "decode_kernel", "DECODE_MODES"]
 
@@ -86,7 +87,7 @@ def _fast_decode(cache: TQCache, q, scale: float, sinks, backend: str):
     if launch is None or cache._decode_sig != sig:
         from ..attention_kernel import prepare_decode
 
-        from .cache import _gpu_backend
+        from .codecs import _gpu_backend
 
         launch = prepare_decode(q, cache.keys, cache.values, k_format=cache.k_format, v_format=cache.v_format,
                                 scale=scale, window=cache.window, sinks=sinks,

@@ -155,7 +155,7 @@ class _Layer:
         self.cache.update_and_fetch = update_and_fetch   # this instance only
 
     def _reference_blocks(self) -> tuple[np.ndarray, np.ndarray]:
-        from tqbridge.metal.lm.cache import padded_dim
+        from tqbridge.metal.lm.codecs import padded_dim
         from tqbridge.metal.kv_append import reference_append
 
         c = self.cache

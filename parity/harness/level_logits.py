@@ -152,7 +152,7 @@ def run_logits(model: "str | Path", kv_list: "list[str]", *, n_tokens: int = 256
 
 def _cache_paths(cache) -> dict:
     try:
-        from tqbridge.metal.lm.cache import cache_report
+        from tqbridge.metal.lm.report import cache_report
     except ImportError:  # a custom cache factory without tqbridge's cache
         return {}
     try:

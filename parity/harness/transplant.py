@@ -110,7 +110,8 @@ def state_to_tqcache(state: LlamaState, model, n_kv_heads: int, head_dim: int, r
     import mlx.core as mx
 
     from tqbridge.bridge.padding import padded_dim
-    from tqbridge.metal.lm.cache import TQCache, make_cache, rotation_group
+    from tqbridge.metal.lm.cache import TQCache, make_cache
+    from tqbridge.metal.lm.codecs import rotation_group
 
     probe = make_cache(model, "f16", "f16")
     if len(state.caches) > 1:   # iSWA models (Gemma 3): the non-SWA record first, then the SWA one

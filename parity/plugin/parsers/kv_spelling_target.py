@@ -94,7 +94,7 @@ class KVSpellingTarget(ParserTarget):
     def call(self, consumer, data, scratch):
         spec = data.decode("utf-8", "surrogateescape")
         if consumer == "parse_kv_spec":
-            from tqbridge.metal.lm.cache import kv_name, parse_kv_spec
+            from tqbridge.metal.lm.kv_spelling import kv_name, parse_kv_spec
 
             k, v, cal = parse_kv_spec(spec)
             if parse_kv_spec(kv_name(k, v, cal)) != (k, v, cal):
