@@ -73,6 +73,28 @@ def _row_bytes(type_id: int, n: int) -> int:
     return int(_libs()[0].ggml_row_size(type_id, n))
 
 
+def _compute(base, cpu, ctx, out, n_threads: int, use_ref: bool = False) -> None:
+    """Build the graph ending at ``out`` in ``ctx`` and compute it on the CPU backend."""
+    gf = base.ggml_new_graph(ctx)
+    base.ggml_build_forward_expand(gf, out)
+    plan = cpu.ggml_graph_plan(gf, int(n_threads), None)
+    work = (ctypes.c_uint8 * max(1, plan.work_size))()
+    plan.work_data = ctypes.addressof(work)
+    plan.use_ref = bool(use_ref)
+    status = cpu.ggml_graph_compute(gf, ctypes.byref(plan))
+    if status != GGML_STATUS_SUCCESS:
+        raise GgmlGraphError(f"ggml_graph_compute returned status {status}")
+
+
+def _context(base, data_bytes: int):
+    """A ggml context with room for ``data_bytes`` of tensor data, a few tensors and one graph."""
+    mem = data_bytes + 8 * int(base.ggml_tensor_overhead()) + int(base.ggml_graph_overhead()) + 4096
+    ctx = base.ggml_init(InitParams(mem, None, False))
+    if not ctx:
+        raise GgmlGraphError(f"ggml_init failed for {mem} bytes")
+    return ctx
+
+
 def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, k_type: int, v_type: int,
                    scale: float, head_dim_v: "int | None" = None, softcap: float = 0.0,
                    n_threads: int = 1, use_ref: bool = False) -> np.ndarray:
@@ -99,11 +121,7 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, k_type: int, 
         want = _row_bytes(typ, n)
         if arr.shape[2] != want:
             raise GgmlGraphError(f"{name}: a row of {n} values of ggml type {typ} takes {want} bytes, got {arr.shape[2]}")
-    data = q.nbytes + k.nbytes + v.nbytes + t * hq * dv * 4
-    mem = data + 8 * int(base.ggml_tensor_overhead()) + int(base.ggml_graph_overhead()) + 4096
-    ctx = base.ggml_init(InitParams(mem, None, False))
-    if not ctx:
-        raise GgmlGraphError(f"ggml_init failed for {mem} bytes")
+    ctx = _context(base, q.nbytes + k.nbytes + v.nbytes + t * hq * dv * 4)
     try:
         tq = base.ggml_new_tensor_4d(ctx, GGML_TYPE_F32, d, t, hq, 1)
         tk = base.ggml_new_tensor_4d(ctx, k_type, d, n_kv, hkv, 1)
@@ -115,15 +133,7 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, k_type: int, 
         out = base.ggml_flash_attn_ext(ctx, tq, tk, tv, None, float(scale), 0.0, float(softcap))
         if not out or not set_f32_precision(base, out):
             raise GgmlGraphError("ggml refused flash_attn_ext with f32 accumulation for these K/V types")
-        gf = base.ggml_new_graph(ctx)
-        base.ggml_build_forward_expand(gf, out)
-        plan = cpu.ggml_graph_plan(gf, int(n_threads), None)
-        work = (ctypes.c_uint8 * max(1, plan.work_size))()
-        plan.work_data = ctypes.addressof(work)
-        plan.use_ref = bool(use_ref)
-        status = cpu.ggml_graph_compute(gf, ctypes.byref(plan))
-        if status != GGML_STATUS_SUCCESS:
-            raise GgmlGraphError(f"ggml_graph_compute returned status {status}")
+        _compute(base, cpu, ctx, out, n_threads, use_ref)
         n_out = t * hq * dv
         if base.ggml_nbytes(out) != n_out * 4:
             raise GgmlGraphError(f"flash_attn_ext output has {base.ggml_nbytes(out)} bytes, expected {n_out * 4}")
@@ -146,24 +156,14 @@ def turbo_wht(x: np.ndarray, direction: int, group: int = 128) -> np.ndarray:
     fn.restype, fn.argtypes = P, [P, P, ctypes.c_int, ctypes.c_int, P]
     x = np.ascontiguousarray(x, np.float32)
     rows, n = x.shape
-    mem = 2 * x.nbytes + 8 * int(base.ggml_tensor_overhead()) + int(base.ggml_graph_overhead()) + 4096
-    ctx = base.ggml_init(InitParams(mem, None, False))
-    if not ctx:
-        raise GgmlGraphError(f"ggml_init failed for {mem} bytes")
+    ctx = _context(base, 2 * x.nbytes)
     try:
         a = base.ggml_new_tensor_4d(ctx, GGML_TYPE_F32, n, rows, 1, 1)
         ctypes.memmove(base.ggml_get_data(a), x.ctypes.data, x.nbytes)
         out = fn(ctx, a, int(direction), int(group), None)
         if not out:
             raise GgmlGraphError(f"ggml refused turbo_wht over rows of {n} in groups of {group}")
-        gf = base.ggml_new_graph(ctx)
-        base.ggml_build_forward_expand(gf, out)
-        plan = cpu.ggml_graph_plan(gf, 1, None)
-        work = (ctypes.c_uint8 * max(1, plan.work_size))()
-        plan.work_data = ctypes.addressof(work)
-        status = cpu.ggml_graph_compute(gf, ctypes.byref(plan))
-        if status != GGML_STATUS_SUCCESS:
-            raise GgmlGraphError(f"ggml_graph_compute returned status {status}")
+        _compute(base, cpu, ctx, out, n_threads=1)
         if base.ggml_nbytes(out) != x.nbytes:
             raise GgmlGraphError(f"turbo_wht's output has {base.ggml_nbytes(out)} bytes, expected {x.nbytes}")
         res = np.empty_like(x)

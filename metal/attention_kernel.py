@@ -24,7 +24,7 @@ import numpy as np
 from .attention_formats import _fmt_params, _side_rotation
 from .attention_problem import (AttentionError, Problem, RunRecord, _np, check_problem, check_q_precision, last_run,
                                 record_run)
-from .backend import pick_backend  # noqa: F401  (the fused attention's backend rule; was defined here)
+from .backend import pick_backend
 from .kernel import KERNEL_DIR
 from ..bridge.registry import names as _format_names
 

@@ -38,8 +38,7 @@ __all__ = ["route_attention", "attend", "decode_kernel", "DECODE_MODES"]
 
 DECODE_MODES = ("auto", "kernel", "reference", "sdpa")
 _lock = threading.Lock()
-_saved: dict = {}              # mlx-lm modules whose attention entry point is routed now
-_saved_original: list = [None]  # the entry point they had
+_saved: dict = {}              # mlx-lm module name -> (module, the attention entry point it had)
 _installs = 0                  # route_attention blocks open in the process
 _MODE: "ContextVar[str]" = ContextVar("tqbridge_decode_mode", default="auto")   # the innermost block's mode
 
@@ -200,8 +199,7 @@ def route_attention(mode: str = "auto"):
     """Route attention of TQCache layers while the block runs (re-entrant; restores on exit).
 
     ``mode`` (decode steps): ``auto`` (the fused kernel on a GPU; on CPU decode_attention's ops
-    reference), ``kernel`` (always the fused kernel; an error
-    if it cannot run), ``reference`` (decode_attention's ops reference) or ``sdpa`` (dequantize +
+    reference), ``kernel`` (always the fused kernel; an error if it cannot run), ``reference`` (decode_attention's ops reference) or ``sdpa`` (dequantize +
     ``mx.fast.scaled_dot_product_attention``, as prefill).
     """
     if mode not in DECODE_MODES:
@@ -209,16 +207,15 @@ def route_attention(mode: str = "auto"):
     from mlx_lm.models import base
 
     global _installs
-    original = base.scaled_dot_product_attention
     with _lock:    # mlx-lm's module names are process-wide: patched by the first block, restored by the last
         if _installs == 0:
+            original = base.scaled_dot_product_attention
             routed = _routed(original)
             for name, mod in list(sys.modules.items()):
                 if (name.startswith("mlx_lm.models.") or name == "mlx_lm.models") and mod is not None \
                         and getattr(mod, "scaled_dot_product_attention", None) is original:
-                    _saved[name] = mod
+                    _saved[name] = (mod, original)
                     mod.scaled_dot_product_attention = routed
-            _saved_original[0] = original
         _installs += 1
     token = _MODE.set(mode)
     try:
@@ -229,6 +226,6 @@ def route_attention(mode: str = "auto"):
         with _lock:
             _installs -= 1
             if _installs == 0:
-                for mod in _saved.values():
-                    mod.scaled_dot_product_attention = _saved_original[0]
+                for mod, original in _saved.values():
+                    mod.scaled_dot_product_attention = original
                 _saved.clear()

@@ -156,6 +156,14 @@ def _tq_feed(k_fmt: str, v_fmt: str, rotation: str, k_chunks, v_chunks, hkv: int
     return cache, np.array(kb)[0], np.array(vb)[0]
 
 
+def _rows_before_rotation(L) -> "tuple[list, list]":
+    """Per evaluation, the K and V rows as they were before llama.cpp's rotation (its quantizer input
+    where it did not rotate that side), each (tokens, heads * head_dim)."""
+    k = [x.reshape(len(r), -1) for x, r in zip(L.k_in, L.k_rows)] if L.k_rot else L.k_rows
+    v = [x.reshape(len(r), -1) for x, r in zip(L.v_in, L.v_rows)] if L.v_rot else L.v_rows
+    return k, v
+
+
 def _unrotate(x: np.ndarray, group: int) -> np.ndarray:
     if not group:
         return x
@@ -215,8 +223,7 @@ def model_path_layer(layer_module, L, kv, *, window: int, head_dim: int, q_claim
     kf, vf = kv.k, kv.v
     hkv = L.k_cache.shape[0]
     cache = TQCache(kf, vf, window=window or None, rotation="llama" if (L.k_rot or L.v_rot) else "none")
-    k_src = [x.reshape(len(r), -1) for x, r in zip(L.k_in, L.k_rows)] if L.k_rot else L.k_rows
-    v_src = [x.reshape(len(r), -1) for x, r in zip(L.v_in, L.v_rows)] if L.v_rot else L.v_rows
+    k_src, v_src = _rows_before_rotation(L)
     for kc, vc in list(zip(k_src, v_src))[:-1]:      # llama.cpp's rows of every earlier position
         # (the fork zero-pads turbo heads to 128: the model's cache takes rows of the model's head dim)
         cache.update_and_fetch(mx.array(_heads(kc, hkv)[..., :head_dim]), mx.array(_heads(vc, hkv)[..., :head_dim]))
@@ -303,7 +310,7 @@ def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], 
     if not np.array_equal(cells, np.concatenate(L.v_cells)):
         raise ValueError("llama.cpp wrote K and V rows to different cells")
     n = len(cells)
-    dk, dv = k_rows.shape[1] // hkv, v_rows.shape[1] // hkv
+    dk = k_rows.shape[1] // hkv
     ll_k = L.k_cache[:, cells]                       # llama.cpp's bytes, in the order rows were written
     ll_v = L.v_cache[:, cells]
     out: dict[str, Any] = {"cells": n, "kv_heads": hkv, "head_dim": dk, "k_rot": L.k_rot, "v_rot": L.v_rot}
@@ -313,8 +320,7 @@ def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], 
     ok = out["bytes"]["k"]["passed"] and out["bytes"]["v"]["passed"]
     # 2. rotation: llama.cpp's rows before its rotation through TQCache(rotation="llama")
     if rotation and (L.k_rot or L.v_rot):
-        k_in = [x.reshape(len(r), -1) for x, r in zip(L.k_in, L.k_rows)] if L.k_rot else L.k_rows
-        v_in = [x.reshape(len(r), -1) for x, r in zip(L.v_in, L.v_rows)] if L.v_rot else L.v_rows
+        k_in, v_in = _rows_before_rotation(L)
         cache, kb2, vb2 = _tq_feed(kf.key, vf.key, "llama", k_in, v_in, hkv)
         rot = {"k_group_llama": L.k_rot, "v_group_llama": L.v_rot,
                "k_group_ours": int(cache.k_rot), "v_group_ours": int(cache.v_rot)}
