@@ -26,9 +26,10 @@ from typing import Any
 from ..bridge.format_types import Format
 from .attention_problem import (AttentionError, RunRecord, check_problem, check_q_precision, last_run,
                                 last_run_record, record_run)
+from .decode_options import DecodeOptions, as_options
 
-__all__ = ["decode_attention", "check_problem", "AttentionError", "last_run", "last_run_record", "RunRecord",
-           "clear_call_caches", "BACKENDS"]
+__all__ = ["decode_attention", "DecodeOptions", "check_problem", "AttentionError", "last_run", "last_run_record",
+           "RunRecord", "clear_call_caches", "BACKENDS"]
 
 BACKENDS = ("auto", "reference", "kernel", "cpu-emulator", "cuda", "metal")
 
@@ -64,14 +65,14 @@ def clear_call_caches() -> None:
     _length_free_calls.clear()
 
 
-def _length_free_launch(key, q, k_blocks, v_blocks, backend, qp, **kw):
+def _length_free_launch(key, q, k_blocks, v_blocks, backend, opts, **kw):
     """(DecodeLaunch, array type, RunRecord) for this call signature on a GPU, or False."""
-    lk = (key, backend, qp)
+    lk = (key, backend, opts)
     hit = _length_free_calls.get(lk)
     if hit is None:
         from .attention_kernel import prepare_decode
 
-        dl = prepare_decode(q, k_blocks, v_blocks, backend=backend, q_precision=qp, **kw)
+        dl = prepare_decode(q, k_blocks, v_blocks, backend=backend, options=opts, **kw)
         hit = (dl, type(q), RunRecord(**dl.run_info)) if dl is not None else False
         _length_free_calls.put(lk, hit)
     return hit
@@ -91,7 +92,10 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
     rows H.k and H.v; q is rotated and the output rotated back inside the kernel). Option ``q_precision``: ``"exact"`` (q enters the scores in float32: kernels
     v1 / v2), ``"int8"`` (q rotated, then quantized per 32 values to q8_0 — q8_1 for q4_1 / q5_1 K — as
     llama.cpp's vec_dot does; integer block dots and binary16 V products: kernel v3, K in q8_0 / q4_0 /
-    q4_1 / q5_0 / q5_1 / iq4_nl) or None (the backend's default, ``attention_kernel.DEFAULT_Q_PRECISION``).
+    q4_1 / q5_0 / q5_1 / iq4_nl) or None (the backend's default, ``decode_options.DEFAULT_Q_PRECISION``).
+    Option ``options``: a :class:`~tqbridge.metal.decode_options.DecodeOptions` (how the kernel is planned
+    and launched; ``q_precision`` merges into it). Plan overrides (``splits``, ``warps``, ``tile``,
+    ``kernel``, ``lanes_per_key``, ``generic``, ``seed``) serve tests and sweeps.
     ``backend``: ``"auto"`` (the fused kernel on the best backend here), ``"kernel"``,
     ``"metal"``, ``"cuda"``, ``"cpu-emulator"`` or ``"reference"`` (MLX ops). numpy in, numpy out;
     MLX arrays in, MLX arrays out. Returns an array shaped like q.
@@ -107,9 +111,10 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
                None if sinks is None else tuple(sinks.shape), rotation)
     qp = options.get("q_precision")
     check_q_precision(qp)
+    opts = as_options(options.get("options"), qp)
     if (key is not None and backend in ("auto", "kernel", "cuda", "metal")
-            and not {k for k, v in options.items() if v is not None} - {"q_precision"}):
-        hit = _length_free_launch(key, q, k_blocks, v_blocks, backend, qp, k_format=k_format, v_format=v_format,
+            and not {k for k, v in options.items() if v is not None} - {"q_precision", "options"}):
+        hit = _length_free_launch(key, q, k_blocks, v_blocks, backend, opts, k_format=k_format, v_format=v_format,
                                   scale=scale, window=window, softcap=softcap, sinks=sinks, rotation=rotation)
         if (hit and type(q) is type(k_blocks) is type(v_blocks) is hit[1] and (sinks is None or type(sinks) is hit[1])
                 and 0 <= length <= hit[0].l_max):
@@ -135,12 +140,12 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
         if key is not None:
             _checked_problems.put(key, prob)
     if backend == "reference":
-        extra = set(options) - {"q_precision"}
+        extra = set(options) - {"q_precision", "options"}
         if extra:
             raise AttentionError(f"unknown options for the reference path: {', '.join(sorted(extra))}")
         from .attention_ref import reference_attention
 
-        return reference_attention(q, k_blocks, v_blocks, prob, sinks, q_precision=qp or "exact")
+        return reference_attention(q, k_blocks, v_blocks, prob, sinks, q_precision=opts.q_precision or "exact")
     from .attention_kernel import kernel_attention
 
     out = kernel_attention(q, k_blocks, v_blocks, prob, sinks, backend=backend, **options)

@@ -46,15 +46,13 @@ class RunRecord:
     tile: "int | None" = None
     chain: "int | None" = None
     q_precision: "str | None" = None
-    v_decode: "str | None" = None   # kernel v3: how V rows became fragments (attention_kernel.v3_v_decode)
-    chunks: "int | None" = None     # kernel v3: 16-key chunks per SIMD-group step (attention_kernel.Plan.chunks)
-    stages: "int | None" = None     # kernel v3: tiles in the copy ring (attention_kernel.Plan.stages)
+    v_decode: "str | None" = None   # kernel v3: how V rows became fragments (attention_plan.v3_v_decode)
+    chunks: "int | None" = None     # kernel v3: 16-key chunks per SIMD-group step (attention_plan.Plan.chunks)
+    stages: "int | None" = None     # kernel v3: tiles in the copy ring (attention_plan.Plan.stages)
     dyn_smem: "int | None" = None   # kernel v3: bytes of dynamic threadgroup memory (0: static; Plan.dyn_smem)
-    prologue: "int | None" = None   # kernel v3: the prologue variant (attention_kernel.v3_prologue)
-    merge_pad: "bool | None" = None  # kernel v3: partial rows padded in the SIMD groups' merge (v3_merge_pad)
     compiled: "bool | None" = None  # a prepared decode launch: whether it ran under mx.compile (COMPILE_BACKENDS)
-    device_params: "bool | None" = None   # its per-step ints as views of a device table (TQBRIDGE_DEVICE_PARAMS)
-    device_consts: "bool | None" = None   # its constant inputs as device copies of >= 16 bytes (TQBRIDGE_DEVICE_CONSTS)
+    device_params: "bool | None" = None   # its per-step ints as views of a device table (DecodeOptions.device_params)
+    device_consts: "bool | None" = None   # its constant inputs as device copies of >= 16 bytes (DecodeOptions.device_consts)
 
     def as_dict(self) -> dict:
         """The fields that are set (the form :func:`last_run` returns)."""

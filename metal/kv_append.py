@@ -14,12 +14,13 @@ float32 butterfly in Sylvester order followed by a multiply by ``1/sqrt(n)`` (fl
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 
 from ..bridge import FormatError, get_format, quantize
 from ..bridge.format_types import Format
+from .attention_launch import const_buffer, param_table, table_row
+from .decode_options import DEFAULT_OPTIONS, DecodeOptions
 from .kernel import KERNEL_DIR, BODY_MARKER, Kernel, KernelError
 from .quantize_append import _static_and_table, supported
 
@@ -27,7 +28,7 @@ THREADS = 32
 MAX_DP = 256                 # widest stored row (values) the kernel holds in threadgroup memory
 # the flag has at least this many uint32 slots (the slots past the 2R rows' are zero): 2 slots would be
 # 8 bytes, which MLX's CUDA allocator serves from unified memory the GPU reads through a mapping
-# (attention_kernel.MIN_CONST_BYTES); one KV head, one row per step gives 2R = 2
+# (attention_launch.MIN_CONST_BYTES); one KV head, one row per step gives 2R = 2
 FLAG_MIN = 4
 _SRC = {"float32": 0, "float16": 1, "bfloat16": 2}
 
@@ -72,7 +73,7 @@ class KVAppend:
     on the emulator, where kc / vc are written in place as on the GPU)."""
 
     def __init__(self, k_format, v_format, k_dim: int, v_dim: int, k_dp: int, v_dp: int, k_rot: int,
-                 v_rot: int, src_dtype: str, backend: str, pad_flag: "bool | None" = None):
+                 v_rot: int, src_dtype: str, backend: str, options: "DecodeOptions | None" = None):
         from .dispatch import build
 
         kf, vf = get_format(k_format), get_format(v_format)
@@ -84,11 +85,10 @@ class KVAppend:
         self.k_dim, self.v_dim = k_dim, v_dim
         self.k_row_bytes = k_dp // kf.block_size * kf.type_size
         self.v_row_bytes = v_dp // vf.block_size * vf.type_size
-        from .attention_kernel import compile_launches, const_buffer, device_params
-
-        # the padding is one of the small-buffer measures TQBRIDGE_DEVICE_CONSTS switches (0: a flag of
-        # 2R slots, for measuring what the padding buys); None: read the switch (_pad_flag)
-        self.flag_min = FLAG_MIN if (_pad_flag(backend) if pad_flag is None else pad_flag) else 1
+        opts = (DEFAULT_OPTIONS if options is None else options).resolve(backend)
+        # the flag's padding is one of the small-buffer measures of device_consts (off: a flag of 2R slots);
+        # always on the emulator
+        self.flag_min = FLAG_MIN if (backend == "cpu-emulator" or opts.device_consts) else 1
         static = {"QA_SRC": _SRC[src_dtype], "KV_MAX_DP": MAX_DP, "KV_FLAG_MIN": self.flag_min,
                   **_side_static("KA", kf, k_dim, k_dp, k_rot), **_side_static("VA", vf, v_dim, v_dp, v_rot)}
         kern = _kernel(src_dtype != "float32")
@@ -98,11 +98,11 @@ class KVAppend:
         if backend == "cpu-emulator":
             self._ktab, self._vtab = ktab, vtab
         else:
-            self._ktab, self._vtab = const_buffer(ktab, backend), const_buffer(vtab, backend)
+            self._ktab, self._vtab = const_buffer(ktab, opts.device_consts), const_buffer(vtab, opts.device_consts)
 
-        self.compiled = backend != "cpu-emulator" and compile_launches(backend)
+        self.compiled = backend != "cpu-emulator" and opts.compile
         self._compiled = None
-        self.device_params = backend != "cpu-emulator" and device_params(backend)
+        self.device_params = backend != "cpu-emulator" and opts.device_params
         self._ptable: dict = {}   # (R, S, cap, H, n_in) -> device table over the row position (device_params)
         self._prow: dict = {}     # its rows in use (views), shared by the layers of a step
 
@@ -130,7 +130,7 @@ class KVAppend:
         # the decode step's call: rows in their own dtype (the kernel reads half/bfloat16 as bits),
         # one prepared launch; MLX's graph orders it after whatever made the rows and the buffers
         params = self.step_params(k_rows, kc, pos, flag_in)
-        if self.compiled:   # traced once per row shape, then replayed (see attention_kernel.COMPILE_BACKENDS)
+        if self.compiled:   # traced once per row shape, then replayed (the options' compile)
             if self._compiled is None:
                 self._compiled = mx.compile(self.launch)
             return self._compiled(k_rows, v_rows, kc, vc, params, flag_in)
@@ -154,12 +154,10 @@ class KVAppend:
 
     def _device_row(self, R: int, S: int, cap: int, pos: int, H: int, n_in: int):
         """``_params(R, S, cap, pos, H, n_in)`` as a view of a table made on the device (one table per
-        buffer geometry; see attention_kernel.device_params)."""
+        buffer geometry; the options' device_params)."""
         key = (R, S, cap, pos, H, n_in)
         row = self._prow.get(key)
         if row is None:
-            from .attention_kernel import param_table, table_row
-
             tkey = (R, S, cap, H, n_in)
             tbl = self._ptable.get(tkey)
             if tbl is None:
@@ -244,22 +242,15 @@ def _params(*values: int):
 
 
 def prepared(k_format: str, v_format: str, k_dim: int, v_dim: int, k_dp: int, v_dp: int, k_rot: int,
-             v_rot: int, src_dtype: str, backend: str) -> KVAppend:
-    """One :class:`KVAppend` per geometry (kernel built once) and setting of the small-buffer switch."""
-    return _prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend,
-                     _pad_flag(backend))
-
-
-def _pad_flag(backend: str) -> bool:
-    """Whether the flag is padded to FLAG_MIN slots: always on the emulator, else with device consts."""
-    from .attention_kernel import device_consts
-
-    return backend == "cpu-emulator" or device_consts(backend)
+             v_rot: int, src_dtype: str, backend: str, options: "DecodeOptions | None" = None) -> KVAppend:
+    """One :class:`KVAppend` per geometry (kernel built once) and resolved decode options."""
+    opts = (DEFAULT_OPTIONS if options is None else options).resolve(backend)
+    return _prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend, opts)
 
 
 @lru_cache(maxsize=64)
-def _prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend, pad) -> KVAppend:
-    return KVAppend(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend, pad)
+def _prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend, opts) -> KVAppend:
+    return KVAppend(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend, opts)
 
 
 prepared.cache_clear = _prepared.cache_clear   # as on an lru_cache: drop every prepared append

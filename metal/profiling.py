@@ -4,20 +4,20 @@
 ``device_times`` sums the device time of every kernel an evaluation ran, by kernel name, through
 CUPTI (PyTorch's profiler). CUPTI sees every kernel of the process, MLX's included; where PyTorch
 or its CUDA build is missing the answer is a sentence saying why, never a number.
-``parse_settings`` / ``settings`` apply TQBRIDGE_* environment switches for a block of one process
-(comparisons within a process, free of the spread between processes).
+``parse_options`` / ``split_options`` read decode options from a bench label (``q8_0/turbo3{chunks=1}``),
+for comparisons within one process, free of the spread between processes.
 Used by ``tqbridge bench attention`` / ``bench decode`` and the scripts under ``benchmarks/``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from collections import defaultdict
 from typing import Any, Callable, Iterable
 
-from ..bridge.environ import scoped_environ
+from .attention_problem import AttentionError
+from .decode_options import DecodeOptions
 
 
 def build_and_wall(mx: Any, make: Callable[[Any], Any], args: Iterable[Any], calls: int) -> "tuple[float, float]":
@@ -144,48 +144,16 @@ def device_us_per_call(times: "dict | str", calls: int) -> "float | None":
 
 
 class SettingsError(ValueError):
-    """A settings string that is not ``TQBRIDGE_NAME=value[,...]``."""
+    """A label whose decode options are not ``name=value[,...]`` in one pair of braces."""
 
 
-def parse_settings(text: str) -> dict:
-    """``"TQBRIDGE_A=1,TQBRIDGE_B=0"`` -> {name: value}; the empty string: no settings."""
-    env = {}
-    for item in (x.strip() for x in text.split(",")):
-        if not item:
-            continue
-        name, eq, value = item.partition("=")
-        if not eq or not name.startswith("TQBRIDGE_") or not name[len("TQBRIDGE_"):].replace("_", "").isalnum():
-            raise SettingsError(f"{item!r} is not a TQBRIDGE_NAME=value setting")
-        env[name] = value
-    return env
-
-
-class settings:
-    """``with settings(env):`` the TQBRIDGE_* switches of ``env`` set for the block and restored after;
-    the attention and append launch caches are cleared on entry and exit when ``env`` sets anything
-    (plans and launches read the switches when they are made, so a cached one would ignore them)."""
-
-    def __init__(self, env: dict):
-        self.env, self._scope = dict(env), contextlib.ExitStack()
-
-    @staticmethod
-    def _clear() -> None:
-        from . import attention_kernel, kv_append
-
-        attention_kernel.clear_launch_caches()
-        kv_append.prepared.cache_clear()
-
-    def __enter__(self):
-        self._scope.enter_context(scoped_environ(self.env))
-        if self.env:
-            self._clear()
-        return self
-
-    def __exit__(self, *exc):
-        self._scope.close()
-        if self.env:
-            self._clear()
-        return False
+def parse_options(text: str) -> DecodeOptions:
+    """``"chunks=1,compile=0"`` -> the :class:`~tqbridge.metal.decode_options.DecodeOptions` it names
+    (:meth:`DecodeOptions.parse`); errors as :class:`SettingsError`."""
+    try:
+        return DecodeOptions.parse(text)
+    except AttentionError as e:
+        raise SettingsError(str(e)) from None
 
 
 def split_top(text: str, sep: str = ",") -> "list[str]":
@@ -209,13 +177,13 @@ def split_top(text: str, sep: str = ",") -> "list[str]":
     return [p for p in (x.strip() for x in parts) if p]
 
 
-def split_settings(label: str) -> "tuple[str, dict]":
-    """``"q8_0/turbo3{TQBRIDGE_DEVICE_PARAMS=0}"`` -> ``("q8_0/turbo3", {"TQBRIDGE_DEVICE_PARAMS": "0"})``;
-    a label without braces -> ``(label, {})``."""
+def split_options(label: str):
+    """``"q8_0/turbo3{device_params=0}"`` -> ``("q8_0/turbo3", DecodeOptions(device_params=False))``; a label
+    without braces -> ``(label, DecodeOptions())``."""
     if "{" not in label and "}" not in label:
-        return label, {}
+        return label, parse_options("")
     base, brace, rest = label.partition("{")
     if not brace or not rest.endswith("}") or "{" in rest or not base:
-        raise SettingsError(f"{label!r}: settings go in one pair of braces after the name, e.g. "
-                            "q8_0/turbo3{TQBRIDGE_DEVICE_PARAMS=0}")
-    return base, parse_settings(rest[:-1])
+        raise SettingsError(f"{label!r}: decode options go in one pair of braces after the name, e.g. "
+                            "q8_0/turbo3{device_params=0}")
+    return base, parse_options(rest[:-1])

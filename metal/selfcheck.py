@@ -22,6 +22,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from .decode_options import DEFAULT_OPTIONS, DecodeOptions
 from .kernel import KERNEL_DIR
 
 # fp16 / bf16 q and output through the kernel vs the float32 MLX-ops reference: output rounding
@@ -57,10 +58,13 @@ def _device_name(backend: str) -> str:
 
 
 def check_decode_lane(k_format: str, v_format: str, k_dim: int, v_dim: int, k_dp: int, v_dp: int,
-                      k_rot: int, v_rot: int, dtype: str, backend: str) -> "str | None":
-    """None when the lane's kernels reproduce their references here, else the reason (said once)."""
+                      k_rot: int, v_rot: int, dtype: str, backend: str,
+                      options: "DecodeOptions | None" = None) -> "str | None":
+    """None when the lane's kernels, launched with ``options``, reproduce their references here, else the
+    reason (said once)."""
+    opts = (DEFAULT_OPTIONS if options is None else options).resolve(backend)
     key = "|".join(map(str, (backend, _device_name(backend), kernel_digest(), k_format, v_format, k_dim,
-                             v_dim, k_rot, v_rot, dtype)))
+                             v_dim, k_rot, v_rot, dtype, opts.label())))
     if key in _RESULTS:
         return _RESULTS[key]
     disk = {}
@@ -73,7 +77,7 @@ def check_decode_lane(k_format: str, v_format: str, k_dim: int, v_dim: int, k_dp
         return disk[key]
     raised = False
     try:
-        reason = _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, backend)
+        reason = _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, backend, opts)
     except Exception as e:   # a build or launch error is a failed check, not a crash
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         raised = True
@@ -95,7 +99,7 @@ def check_decode_lane(k_format: str, v_format: str, k_dim: int, v_dim: int, k_dp
     return reason
 
 
-def _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, backend) -> "str | None":
+def _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, backend, opts) -> "str | None":
     import mlx.core as mx
 
     from . import kv_append
@@ -108,7 +112,7 @@ def _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, back
     v = rng.standard_normal((B, H, S, v_dim)).astype(np.float32)
     mdt = getattr(mx, dtype)
     km, vm = mx.array(k).astype(mdt), mx.array(v).astype(mdt)
-    app = kv_append.prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, backend)
+    app = kv_append.prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, backend, opts)
     kc = mx.zeros((B, H, cap, app.k_row_bytes), mx.uint8)
     vc = mx.zeros((B, H, cap, app.v_row_bytes), mx.uint8)
     mx.eval(kc, vc)
@@ -123,12 +127,13 @@ def _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, back
         return None
     q = mx.array(rng.standard_normal((B, H * G, 1, k_dim)).astype(np.float32)).astype(mdt)
     kw = dict(k_format=k_format, v_format=v_format, scale=k_dim ** -0.5, rotation=(k_rot, v_rot))
-    launch = prepare_decode(q, kc, vc, backend="cpu-emulator" if backend == "cpu-emulator" else "auto", **kw)
+    launch = prepare_decode(q, kc, vc, backend="cpu-emulator" if backend == "cpu-emulator" else "auto", options=opts,
+                            **kw)
     if launch is None:
         return "no prepared attention launch for this backend"
     got = np.array(launch(q, kc, vc, S, after=flag).astype(mx.float32))
     # the reference with the q precision the launch runs (kernel v3 quantizes q to int8)
-    qp = getattr(launch, "run_info", {}).get("q_precision") or getattr(launch, "_kw", {}).get("q_precision")
+    qp = launch.run_info.get("q_precision")
     want = np.array(decode_attention(q.astype(mx.float32), kc, vc, length=S, backend="reference", **kw,
                                      q_precision=qp or "exact"))
     err = float(np.abs(got - want).max())

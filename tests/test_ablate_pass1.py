@@ -24,10 +24,11 @@ def ablate():
         sys.path.remove(str(ROOT / "benchmarks"))
 
 
-def _v3_defs(v_format: str):
+def _v3_defs(v_format: str, chunks=None):
     from tqbridge import bridge
-    from tqbridge.metal import attention_kernel as ak
     from tqbridge.metal.attention import check_problem
+    from tqbridge.metal.attention_build import kernel_defs, static_params
+    from tqbridge.metal.attention_plan import make_plan
 
     rng = np.random.default_rng(0)
     kf, vf = bridge.get_format("q8_0"), bridge.get_format(v_format)
@@ -35,9 +36,9 @@ def _v3_defs(v_format: str):
     kb = bridge.quantize(kf, rng.standard_normal((1, 8, 64, 128)).astype(np.float32))
     vb = bridge.quantize(vf, rng.standard_normal((1, 8, 64, 128)).astype(np.float32))
     prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=64)
-    plan = ak.make_plan(prob, "cuda", kernel="v3")
-    split_s, comb_s, _, _ = ak._static(prob, plan, 0, False)
-    k1, k2 = ak._kernel_defs(0, ak._version(plan))
+    plan = make_plan(prob, "cuda", kernel="v3", chunks=chunks)
+    split_s, comb_s, _, _ = static_params(prob, plan, 0, False)
+    k1, k2 = kernel_defs(0, plan.kernel)
     return (k1, split_s), (k2, comb_s)
 
 
@@ -81,8 +82,7 @@ def test_kernel_sass_counts_per_key_of_the_step(ablate, monkeypatch):
     assert one["loop_instructions"] == two["loop_instructions"] == 5
     assert (one["per_key"], one["keys_per_iteration"]) == (round(5 / 16, 1), 16)
     assert (two["per_key"], two["keys_per_iteration"]) == (round(5 / 32, 1), 32)
-    monkeypatch.setenv("TQBRIDGE_V3_CHUNKS", "2")   # _v3_defs makes its plan directly (no plan cache)
-    (k1, s1), _ = _v3_defs("turbo3")
+    (k1, s1), _ = _v3_defs("turbo3", chunks=2)
     assert s1["TQA_KC"] == 2 and s1["TQ_DSMEM"] == 0
     plain = ablate.PLAIN_SOURCE(k1, s1)
     assert kernel_sass._common_path(plain) != plain

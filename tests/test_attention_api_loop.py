@@ -12,6 +12,7 @@ import pytest
 from tqbridge.metal import attention
 from tqbridge.metal.attention import check_problem, decode_attention, last_run
 from tqbridge.metal.attention_ref import oracle
+from tqbridge.metal.decode_options import DecodeOptions
 from test_attention_kernel import GPU, _cache
 
 LENGTHS = (1, 17, 300, 513, 599, 600)
@@ -61,8 +62,8 @@ def test_which_calls_may_take_one_launch_per_signature(monkeypatch):
     a launch option with a value (a kernel, splits, warps ...) or the reference backend does not."""
     asked = []
 
-    def record(key, q, kb, vb, backend, qp, **kw):
-        asked.append((backend, qp))
+    def record(key, q, kb, vb, backend, opts, **kw):
+        asked.append((backend, opts.q_precision))
         return False
 
     monkeypatch.setattr(attention, "_length_free_launch", record)
@@ -73,11 +74,13 @@ def test_which_calls_may_take_one_launch_per_signature(monkeypatch):
     decode_attention(q, kb, vb, **kw, kernel=None, warps=None, splits=None, q_precision="exact")
     decode_attention(q, kb, vb, **kw, backend="kernel")
     assert asked == [("auto", "exact"), ("kernel", None)]
+    decode_attention(q, kb, vb, **kw, options=DecodeOptions(chunks=2))   # options are not a plan override
+    assert asked[-1] == ("auto", None) and len(asked) == 3
     decode_attention(q, kb, vb, **kw, kernel="v1")
     decode_attention(q, kb, vb, **kw, splits=2)
     decode_attention(q, kb, vb, **kw, backend="reference")
     decode_attention(q, kb, vb, k_format="q8_0", v_format="q8_0", length=[33])
-    assert len(asked) == 2
+    assert len(asked) == 3
 
 
 @pytest.mark.gpu
@@ -96,11 +99,9 @@ def test_device_params_give_the_same_outputs(monkeypatch):
     vb = mx.array(_cache(rng, "turbo3", (1, 2, 600, 128)))
     outs = {}
     for flag in ("0", "1"):
-        monkeypatch.setenv("TQBRIDGE_DEVICE_PARAMS", flag)
-        attention_kernel._decode_launch.cache_clear()
-        dl = attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3")
+        dl = attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3",
+                                             options=DecodeOptions(device_params=flag == "1"))
         assert dl.device_params is (flag == "1")
         outs[flag] = [np.array(dl(q, kb, vb, n)) for n in LENGTHS]
-    attention_kernel._decode_launch.cache_clear()
     for n, a, b in zip(LENGTHS, outs["0"], outs["1"]):
         assert np.array_equal(a, b), f"length {n}"

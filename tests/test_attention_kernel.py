@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 from tqbridge import bridge
 from tqbridge.bridge.padding import pad_rows
 from tqbridge.parity.plugin.strategies_attention import value_rows
-from tqbridge.metal import attention_kernel
+from tqbridge.metal import attention_build, attention_plan
+from tqbridge.metal.backend import pick_backend
+from tqbridge.metal.decode_options import FILL_PER_UNIT_V2, compute_units
 from tqbridge.metal.attention import AttentionError, check_problem, decode_attention, last_run
 from tqbridge.metal.attention_ref import oracle
 
@@ -26,7 +28,7 @@ def _gpu_backend():
         import mlx.core as mx
     except ImportError:
         return None
-    b = attention_kernel.pick_backend("auto")
+    b = pick_backend("auto")
     return b if b in ("cuda", "metal") else None
 
 
@@ -222,15 +224,16 @@ def test_gpu_plan_of_the_benchmark_shape():
     for n in (1, 4096, 32768, 131072):
         prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=4)
         prob = dataclasses.replace(prob, l_max=n, lengths=(n,))
-        plan = attention_kernel.make_plan(prob, "cuda")
+        plan = attention_plan.make_plan(prob, "cuda")
         assert plan.kernel == "v2" and plan.tile == 32 * plan.warps and plan.split_len % plan.tile == 0
         # long contexts take the largest threadgroups; short ones smaller, until the grid fills the GPU
         tiles = 8 * -(-n // plan.tile)
-        assert plan.warps == 4 or (tiles < attention_kernel.FILL_GROUPS_V2 * 2 and plan.warps >= 1)
-        assert plan.warps == 1 or tiles >= attention_kernel.FILL_GROUPS_V2
+        fill = FILL_PER_UNIT_V2 * compute_units("cuda")
+        assert plan.warps == 4 or (tiles < fill * 2 and plan.warps >= 1)
+        assert plan.warps == 1 or tiles >= fill
         assert plan.splits * plan.split_len >= n > (plan.splits - 1) * plan.split_len
-        assert plan.partials == plan.splits <= attention_kernel.MAX_PARTIALS
-        assert attention_kernel.v2_shared_bytes(prob, plan.warps, plan.tile, False) <= attention_kernel.SHARED_BYTES
+        assert plan.partials == plan.splits <= attention_plan.MAX_PARTIALS
+        assert attention_plan.v2_shared_bytes(prob, plan.warps, plan.tile, False) <= attention_plan.SHARED_BYTES
 
 
 def test_metal_source_is_well_formed(tmp_path):
@@ -248,15 +251,15 @@ def test_metal_source_is_well_formed(tmp_path):
         kb = bridge.quantize(kf, np.zeros((1, 1, 8, 128)))
         vb = bridge.quantize(vf, np.zeros((1, 1, 8, 128)))
         prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=8)
-        for version in attention_kernel.KERNELS:
+        for version in attention_plan.KERNELS:
             try:
-                plan = attention_kernel.make_plan(prob, "metal", kernel=version)
+                plan = attention_plan.make_plan(prob, "metal", kernel=version)
             except AttentionError:   # v3 refuses some pairs (f16 K): v2 serves them
                 assert version == "v3"
                 continue
             for dyn in ((False,) if version == "v3" else (False, True)):   # v3 has no format-generic build
-                statics = attention_kernel._static(prob, plan, qtype, dyn)[:2]
-                for kern, static in zip(attention_kernel._kernel_defs(qtype, attention_kernel._version(plan)), statics):
+                statics = attention_build.static_params(prob, plan, qtype, dyn)[:2]
+                for kern, static in zip(attention_build.kernel_defs(qtype, plan.kernel), statics):
                     src = tmp_path / f"{kern.name}.cpp"
                     src.write_text(te._metal_as_cpp(kern, static))
                     proc = subprocess.run([find_compiler(), "-std=c++17", "-fsyntax-only", "-w", "-I", str(tmp_path),

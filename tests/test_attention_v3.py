@@ -10,7 +10,7 @@ import pytest
 
 from tqbridge import bridge
 from tqbridge.bridge import legacy_fields
-from tqbridge.metal import attention_kernel
+from tqbridge.metal import attention_kernel, attention_plan, decode_options
 from tqbridge.metal.attention import AttentionError, check_problem, decode_attention, last_run
 from tqbridge.metal.attention_ref import oracle, quantize_q8
 from tqbridge.metal.emulator import EmulatedKernel
@@ -245,14 +245,11 @@ def test_int8_q_is_ggml_q8_0(seed):
 
 
 def _check_v3(backend, q, kb, vb, **kw):
-    opts = {k: kw.pop(k) for k in ("splits", "warps", "tile", "seed") if k in kw}
+    opts = {k: kw.pop(k) for k in ("splits", "warps", "tile", "seed", "options") if k in kw}
     got = decode_attention(q, kb, vb, backend=backend, q_precision="int8", **kw, **opts)
     run = last_run()
     assert run["backend"] == backend and run["kernel"] == "v3" and run["q_precision"] == "int8"
-    import os
-
-    fused = os.environ.get("TQBRIDGE_V3_DISPATCHES") == "1" and backend in attention_kernel.V3_FUSED_BACKENDS
-    assert run["dispatches"] == (1 if fused else 2)
+    assert run["dispatches"] == 2
     prob = check_problem(q, kb, vb, **kw)
     want, bound = oracle(q, kb, vb, prob, kw.get("sinks"), chain=run["chain"], q_precision="int8")
     if prob.squeeze_rows:
@@ -269,7 +266,7 @@ V_FORMATS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "turbo2", "turbo3
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kf", attention_kernel.V3_K_FORMATS)
+@pytest.mark.parametrize("kf", attention_plan.V3_K_FORMATS)
 def test_every_k_format(backend, kf):
     rng = np.random.default_rng(hash(kf) % 2**32)
     for vf in (V_FORMATS if backend != "cpu-emulator" else ["q8_0", "turbo3"]):
@@ -371,46 +368,16 @@ def test_head_dims(backend, d, kf, vf):
     _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=67)
 
 
-def test_single_dispatch_merges_many_splits(monkeypatch):
-    """TQBRIDGE_V3_DISPATCHES=1: the last threadgroup of each head merges every split (here 9 per
-    head, 2 heads, 2 batch rows of different lengths, sinks): the output must equal the oracle's
-    whatever order the emulator runs the threadgroups in, and the ticket counters come back to 0."""
-    monkeypatch.setenv("TQBRIDGE_V3_DISPATCHES", "1")
-    attention_kernel._plan_cached.cache_clear()
-    try:
-        rng = np.random.default_rng(22)
-        q = rng.standard_normal((2, 8, 128)).astype(np.float32)
-        kb, vb = _cache(rng, "q5_0", (2, 2, 300, 128)), _cache(rng, "turbo4", (2, 2, 300, 128))
-        sinks = rng.standard_normal(8).astype(np.float32)
-        for seed in (1, 2):
-            _check_v3("cpu-emulator", q, kb, vb, k_format="q5_0", v_format="turbo4", length=[300, 211], sinks=sinks,
-                      splits=9, seed=seed)
-            assert last_run()["dispatches"] == 1
-        q1 = rng.standard_normal((1, 4, 64)).astype(np.float32)
-        kb1, vb1 = _cache(rng, "q8_0", (1, 1, 80, 64)), _cache(rng, "q8_0", (1, 1, 80, 64))
-        _check_v3("cpu-emulator", q1, kb1, vb1, k_format="q8_0", v_format="q8_0", length=80, splits=1)
-        # so many splits that the merge's weights of all 8 query rows do not fit the staging area at
-        # once: the rows merged in chunks (one row per chunk at 1000 splits)
-        q2 = rng.standard_normal((1, 8, 128)).astype(np.float32)
-        kb2, vb2 = _cache(rng, "q8_0", (1, 1, 1000, 128)), _cache(rng, "turbo3", (1, 1, 1000, 128))
-        _check_v3("cpu-emulator", q2, kb2, vb2, k_format="q8_0", v_format="turbo3", length=1000, splits=1000,
-                  sinks=rng.standard_normal(8).astype(np.float32))
-        assert last_run()["splits"] == 1000
-    finally:
-        attention_kernel._plan_cached.cache_clear()
-
-
-def test_default_q_precision_per_backend(monkeypatch):
-    """CUDA decodes with int8 q (kernel v3) where v3 serves the problem, v2 elsewhere; the emulator
-    and Metal keep q exact; TQBRIDGE_Q_PRECISION overrides."""
-    from tqbridge.metal.attention_kernel import resolve_kernel
+def test_default_q_precision_per_backend():
+    """CUDA decodes with int8 q (kernel v3) where v3 serves the problem and V has fewer than 8 bits,
+    v2 elsewhere; the emulator and Metal keep q exact; an explicit q precision wins everywhere."""
+    from tqbridge.metal.attention_plan import resolve_kernel
 
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 8, 128)).astype(np.float32)
     q8, t3, f16 = (_cache(rng, f, (1, 2, 8, 128)) for f in ("q8_0", "turbo3", "f16"))
     good = check_problem(q, q8, t3, k_format="q8_0", v_format="turbo3", length=8)
     f16k = check_problem(q, f16, t3, k_format="f16", v_format="turbo3", length=8)
-    monkeypatch.delenv("TQBRIDGE_Q_PRECISION", raising=False)
     assert resolve_kernel(good, "cuda", None, None) == "v3"
     assert resolve_kernel(f16k, "cuda", None, None) is None              # v2 (or v1) with exact q
     assert resolve_kernel(good, "metal", None, None) is None
@@ -419,10 +386,10 @@ def test_default_q_precision_per_backend(monkeypatch):
     q8q8 = check_problem(q, q8, q8, k_format="q8_0", v_format="q8_0", length=8)
     assert resolve_kernel(q8q8, "cuda", None, None) is None               # 8-bit V: kept for fidelity, exact q
     assert resolve_kernel(q8q8, "cuda", None, "int8") == "v3"
-    monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "exact")
-    assert resolve_kernel(good, "cuda", None, None) is None
-    monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "int8")
-    assert resolve_kernel(good, "cpu-emulator", None, None) == "v3"
+    assert resolve_kernel(good, "cuda", None, "exact") is None
+    assert resolve_kernel(good, "cpu-emulator", None, "int8") == "v3"
+    with pytest.raises(AttentionError, match="int8"):   # explicit int8 where v3 cannot serve: refused, not exact
+        resolve_kernel(f16k, "cuda", None, "int8")
 
 
 def test_fuzz_claim_judges_int8_runs_with_the_int8_oracle(monkeypatch):
@@ -434,24 +401,26 @@ def test_fuzz_claim_judges_int8_runs_with_the_int8_oracle(monkeypatch):
     from tqbridge.parity.plugin.fuzz import our_target
 
     fn, claim = our_target("decode-attention", "cpu-emulator")
-    monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "int8")
-    attention_kernel._plan_cached.cache_clear()
+    # the emulator as a backend whose default is int8 (CUDA's table entry): what ran decides the oracle
+    monkeypatch.setitem(decode_options.DEFAULT_Q_PRECISION, "cpu-emulator", "int8")
+    attention_kernel.clear_launch_caches()
     rng = np.random.default_rng(3)
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
-    kb, vb = _cache(rng, "q8_0", (1, 1, 50, 64)), _cache(rng, "q8_0", (1, 1, 50, 64))
-    fn(q, kb, vb, k_format="q8_0", v_format="q8_0", length=50)
+    kb, vb = _cache(rng, "q8_0", (1, 1, 50, 64)), _cache(rng, "turbo3", (1, 1, 50, 64))
+    fn(q, kb, vb, k_format="q8_0", v_format="turbo3", length=50)
     assert claim.q_precision() == "int8" and last_run()["kernel"] == "v3"
     r = fuzz_kernel(fn, "decode-attention", k_format="q8_0", v_format="turbo3", max_examples=12, derandomize=True,
                     chain=claim.chain, q_precision=claim.q_precision)
     assert r.failure is None and r.examples > 0, r
     # the same runs judged by the exact oracle fail: the claim's q precision is what keeps it honest
-    wrong = fuzz_kernel(fn, "decode-attention", k_format="q8_0", v_format="q8_0", max_examples=12, derandomize=True,
+    wrong = fuzz_kernel(fn, "decode-attention", k_format="q8_0", v_format="turbo3", max_examples=12, derandomize=True,
                         chain=claim.chain, q_precision=lambda: "exact")
     assert wrong.failure is not None
-    monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "exact")
-    fn(q, kb, vb, k_format="q8_0", v_format="q8_0", length=50)
+    monkeypatch.setitem(decode_options.DEFAULT_Q_PRECISION, "cpu-emulator", "exact")
+    attention_kernel.clear_launch_caches()
+    fn(q, kb, vb, k_format="q8_0", v_format="turbo3", length=50)
     assert claim.q_precision() == "exact"
-    attention_kernel._plan_cached.cache_clear()
+    attention_kernel.clear_launch_caches()
 
 
 # Found by the CUDA fuzz campaign of kernel v3 (int8 q forced; benchmarks/h200-2026-12-01-fuzz-v3-cuda-first.json),
@@ -947,9 +916,8 @@ def test_v3_tiny_v_norms_regression(monkeypatch):
     from tqbridge.parity import testing as tqt
     from tqbridge.parity.plugin.fuzz import our_target
 
-    monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "int8")
     case = tqt.Case.from_text(TINY_V_NORM_CASE)
-    fn, _ = our_target("decode-attention", "cpu-emulator")
+    fn, _ = our_target("decode-attention", "cpu-emulator", q_precision="int8")
     tqt.check_case(fn, case)
     assert last_run()["kernel"] == "v3" and last_run()["q_precision"] == "int8"
     monkeypatch.setattr(attention_ref, "E16", 0.0)   # without the subnormal term the same output fails

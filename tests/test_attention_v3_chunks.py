@@ -1,4 +1,4 @@
-"""Kernel v3 with two 16-key chunks per SIMD-group step (TQBRIDGE_V3_CHUNKS=2, ``Plan.chunks``): both
+"""Kernel v3 with two 16-key chunks per SIMD-group step (``DecodeOptions(chunks=2)``, ``Plan.chunks``): both
 chunks' scores, one online-softmax update over their 32 keys, then both chunks' V products, so the
 chunks' dependency chains can overlap. The softmax sees a different running maximum than with one
 chunk per step, so the outputs are not bit-identical: each must hold the int8 oracle's bound, on
@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tqbridge.metal import attention_kernel
+from tqbridge.metal import attention_build, attention_kernel, attention_plan
+from tqbridge.metal.decode_options import DecodeOptions
 from tqbridge.metal.attention import AttentionError, check_problem, last_run
 from test_attention_kernel import BACKENDS, GPU, _cache
 from test_attention_v3 import _check_v3
@@ -30,18 +31,14 @@ CASES = [
 ]
 
 
-def _plan_env(monkeypatch, chunks):
-    if chunks is None:
-        monkeypatch.delenv("TQBRIDGE_V3_CHUNKS", raising=False)
-    else:
-        monkeypatch.setenv("TQBRIDGE_V3_CHUNKS", str(chunks))
-    attention_kernel._plan_cached.cache_clear()
+def _chunks(n):
+    return DecodeOptions(chunks=n)
 
 
 @pytest.fixture
 def clean_plans():
     yield
-    attention_kernel._plan_cached.cache_clear()
+    attention_kernel.clear_launch_caches()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -55,12 +52,10 @@ def test_two_chunks_hold_the_oracle_bound(backend, case, monkeypatch, clean_plan
     kb, vb = _cache(rng, kf, (1, hkv, n + 5, d)), _cache(rng, vf, (1, hkv, n + 5, d))
     if opts.pop("sinks", False):
         opts["sinks"] = rng.standard_normal(hkv * g).astype(np.float32)
-    _plan_env(monkeypatch, 2)
-    got2, want, bound = _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=n, **opts)
+    got2, want, bound = _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=n, options=_chunks(2), **opts)
     run = last_run()
     assert run["chunks"] == 2 and run["tile"] % 32 == 0 and 32 * run["warps"] <= run["tile"]
-    _plan_env(monkeypatch, 1)
-    got1, _, _ = _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=n, **opts)
+    got1, _, _ = _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=n, options=_chunks(1), **opts)
     assert last_run()["chunks"] == 1
     # the two variants differ only by roundings: both within the bound of the same oracle
     assert (np.abs(got2 - got1) <= 2 * bound).all()
@@ -74,37 +69,29 @@ def test_two_chunks_across_many_tiles_and_splits(monkeypatch, clean_plans):
     rng = np.random.default_rng(41)
     q = rng.standard_normal((2, 8, 128)).astype(np.float32)
     kb, vb = _cache(rng, "q8_0", (2, 2, 700, 128)), _cache(rng, "turbo3", (2, 2, 700, 128))
-    _plan_env(monkeypatch, 2)
-    _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=[700, 289], splits=2)
+    _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=[700, 289], splits=2,
+              options=_chunks(2))
     assert last_run()["chunks"] == 2
 
 
 def test_dropping_the_second_chunk_fails(monkeypatch, tmp_path, clean_plans):
     """Plant the bug this file guards against (the second chunk's V products skipped) in a copy of
     the kernel sources the emulator builds: the oracle check must fail."""
-    import shutil
+    from test_attention_v3_staging import _planted
 
-    src = (attention_kernel.KERNEL_DIR / "attention_kernel_split_v3.cpp").read_text()
     marker = "        TQ_UNROLL\n        for (int hc = 0; hc < TQA_KC; ++hc) {\n            const int kc = k0 + 16 * hc;\n            // P^T"
-    assert src.count(marker) == 1, "the V loop over the chunks is no longer where this test plants its bug"
-    for f in attention_kernel.KERNEL_DIR.iterdir():
-        shutil.copy(f, tmp_path / f.name)
-    (tmp_path / "attention_kernel_split_v3.cpp").write_text(src.replace(marker, marker.replace("hc < TQA_KC", "hc < 1")))
-    monkeypatch.setattr(attention_kernel, "KERNEL_DIR", tmp_path)
-    attention_kernel._kernel_defs.cache_clear()
+    _planted(tmp_path, monkeypatch, "attention_kernel_split_v3.cpp", marker, marker.replace("hc < TQA_KC", "hc < 1"))
     try:
-        _plan_env(monkeypatch, 2)
         rng = np.random.default_rng(3)
         q = rng.standard_normal((1, 8, 128)).astype(np.float32)
         kb, vb = _cache(rng, "q8_0", (1, 2, 150, 128)), _cache(rng, "turbo3", (1, 2, 150, 128))
         with pytest.raises(AssertionError, match="bound"):
-            _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=143)
+            _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=143, options=_chunks(2))
         # the same call with one chunk per step does not run the planted loop's second pass: it holds
-        _plan_env(monkeypatch, 1)
-        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=143)
+        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=143, options=_chunks(1))
     finally:
         monkeypatch.undo()
-        attention_kernel._kernel_defs.cache_clear()
+        attention_build.kernel_defs.cache_clear()
 
 
 def test_chunk_plans_and_refusals(monkeypatch, clean_plans):
@@ -112,32 +99,31 @@ def test_chunk_plans_and_refusals(monkeypatch, clean_plans):
     q = rng.standard_normal((1, 32, 128)).astype(np.float32)
     kb, vb = _cache(rng, "q8_0", (1, 8, 64, 128)), _cache(rng, "turbo3", (1, 8, 64, 128))
     prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
-    monkeypatch.delenv("TQBRIDGE_V3_CHUNKS", raising=False)
     # the defaults: two chunks in 2 SIMD groups x 64-key tiles on CUDA (measured), one elsewhere
-    auto = attention_kernel.make_plan(prob, "cuda", kernel="v3")
+    auto = attention_plan.make_plan(prob, "cuda", kernel="v3")
     assert auto.chunks == 2 and (auto.warps, auto.tile) == (2, 64)
-    assert attention_kernel.make_plan(prob, "cpu-emulator", kernel="v3").chunks == 1
-    assert attention_kernel.make_plan(prob, "metal", kernel="v3").chunks == 1
-    one = attention_kernel.make_plan(prob, "cuda", kernel="v3", chunks=1)
+    assert attention_plan.make_plan(prob, "cpu-emulator", kernel="v3").chunks == 1
+    assert attention_plan.make_plan(prob, "metal", kernel="v3").chunks == 1
+    one = attention_plan.make_plan(prob, "cuda", kernel="v3", chunks=1)
     assert one.chunks == 1 and (one.warps, one.tile) == (4, 64)
     # the emulator's 32 KB take a 64-key tile: two steps of 32 keys, so two SIMD groups, none idle
-    two = attention_kernel.make_plan(prob, "cpu-emulator", kernel="v3", chunks=2)
+    two = attention_plan.make_plan(prob, "cpu-emulator", kernel="v3", chunks=2)
     assert two.chunks == 2 and (two.warps, two.tile) == (2, 64)
-    assert attention_kernel._static(prob, two, 0, False)[0]["TQA_KC"] == 2
-    assert attention_kernel._static(prob, one, 0, False)[0]["TQA_KC"] == 1
+    assert attention_build.static_params(prob, two, 0, False)[0]["TQA_KC"] == 2
+    assert attention_build.static_params(prob, one, 0, False)[0]["TQA_KC"] == 1
     with pytest.raises(AttentionError, match="multiple of 32"):
-        attention_kernel.make_plan(prob, "cuda", kernel="v3", chunks=2, tile=48)
+        attention_plan.make_plan(prob, "cuda", kernel="v3", chunks=2, tile=48)
     with pytest.raises(AttentionError, match="idle"):
-        attention_kernel.make_plan(prob, "cuda", kernel="v3", chunks=2, warps=4, tile=64)
+        attention_plan.make_plan(prob, "cuda", kernel="v3", chunks=2, warps=4, tile=64)
     with pytest.raises(AttentionError, match="chunks of 1 or 2"):
-        attention_kernel.make_plan(prob, "cuda", kernel="v3", chunks=3)
+        attention_plan.make_plan(prob, "cuda", kernel="v3", chunks=3)
     with pytest.raises(AttentionError, match="v3 only"):
-        attention_kernel.make_plan(prob, "cuda", kernel="v2", chunks=2)
-    monkeypatch.setenv("TQBRIDGE_V3_CHUNKS", "two")
-    with pytest.raises(AttentionError, match="TQBRIDGE_V3_CHUNKS"):
-        attention_kernel.make_plan(prob, "cuda", kernel="v3")
-    monkeypatch.setenv("TQBRIDGE_V3_CHUNKS", "2")
-    assert attention_kernel.make_plan(prob, "cuda", kernel="v3").chunks == 2
+        attention_plan.make_plan(prob, "cuda", kernel="v2", chunks=2)
+    with pytest.raises(AttentionError, match="chunks must be one of 1, 2"):
+        DecodeOptions(chunks=3)
+    assert attention_plan.make_plan(prob, "cpu-emulator", kernel="v3", options=_chunks(2)).chunks == 2
+    # an explicit chunks argument wins over the options'
+    assert attention_plan.make_plan(prob, "cuda", kernel="v3", chunks=1, options=_chunks(2)).chunks == 1
 
 
 # ----------------------------------------------------------------------------- dynamic threadgroup memory
@@ -151,47 +137,42 @@ def test_dynamic_shared_memory_plans(monkeypatch, clean_plans):
     q = rng.standard_normal((1, 32, 128)).astype(np.float32)
     kb, vb = _cache(rng, "q8_0", (1, 8, 64, 128)), _cache(rng, "turbo3", (1, 8, 64, 128))
     prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
-    big = attention_kernel.make_plan(prob, "cuda", kernel="v3", chunks=2, tile=128)
+    big = attention_plan.make_plan(prob, "cuda", kernel="v3", chunks=2, tile=128)
     assert (big.warps, big.tile, big.stages) == (4, 128, 3)
-    assert big.dyn_smem >= attention_kernel.DSMEM_MIN and big.dyn_smem % 16 == 0
-    assert big.dyn_smem >= attention_kernel._static(prob, big, 0, False)[0]["TQA_STB"]
-    assert attention_kernel._static(prob, big, 0, False)[0]["TQ_DSMEM"] == big.dyn_smem
-    assert attention_kernel.v3_shared_bytes(prob, 4, 128, 3) <= attention_kernel.V3_DYNAMIC_CUDA
-    auto = attention_kernel.make_plan(prob, "cuda", kernel="v3", chunks=2)
+    assert big.dyn_smem >= attention_plan.DSMEM_MIN and big.dyn_smem % 16 == 0
+    assert big.dyn_smem >= attention_build.static_params(prob, big, 0, False)[0]["TQA_STB"]
+    assert attention_build.static_params(prob, big, 0, False)[0]["TQ_DSMEM"] == big.dyn_smem
+    assert attention_plan.v3_shared_bytes(prob, 4, 128, 3) <= attention_plan.V3_DYNAMIC_CUDA
+    auto = attention_plan.make_plan(prob, "cuda", kernel="v3", chunks=2)
     # automatic CUDA plans take V3_AUTO_STAGES_CUDA (2) tiles in the ring where a 64-key tile fits
-    assert (auto.warps, auto.tile, auto.stages, auto.dyn_smem) == (2, 64, attention_kernel.V3_AUTO_STAGES_CUDA, 0)
-    assert attention_kernel.V3_AUTO_STAGES_CUDA == 2 < attention_kernel.V3_STAGES_CUDA
-    assert attention_kernel.make_plan(prob, "cpu-emulator", kernel="v3").stages == attention_kernel.V3_STAGES_CUDA
-    one = attention_kernel.make_plan(prob, "cuda", kernel="v3")
-    assert one.dyn_smem == 0 and attention_kernel._static(prob, one, 0, False)[0]["TQ_DSMEM"] == 0
-    assert attention_kernel.make_plan(prob, "cuda", kernel="v3", tile=128).dyn_smem > 0
+    assert (auto.warps, auto.tile, auto.stages, auto.dyn_smem) == (2, 64, attention_plan.V3_AUTO_STAGES_CUDA, 0)
+    assert attention_plan.V3_AUTO_STAGES_CUDA == 2 < attention_plan.V3_STAGES_CUDA
+    assert attention_plan.make_plan(prob, "cpu-emulator", kernel="v3").stages == attention_plan.V3_STAGES_CUDA
+    one = attention_plan.make_plan(prob, "cuda", kernel="v3")
+    assert one.dyn_smem == 0 and attention_build.static_params(prob, one, 0, False)[0]["TQ_DSMEM"] == 0
+    assert attention_plan.make_plan(prob, "cuda", kernel="v3", tile=128).dyn_smem > 0
     for backend in ("metal", "cpu-emulator"):
-        p = attention_kernel.make_plan(prob, backend, kernel="v3", chunks=2)
+        p = attention_plan.make_plan(prob, backend, kernel="v3", chunks=2)
         assert p.dyn_smem == 0 and 32 * p.warps <= p.tile
     with pytest.raises(AttentionError, match="does not fit"):
-        attention_kernel.make_plan(prob, "cpu-emulator", kernel="v3", chunks=2, warps=4, tile=128)
-    monkeypatch.setenv("TQBRIDGE_V3_DYNAMIC_SHARED", "1")
-    assert attention_kernel.make_plan(prob, "cpu-emulator", kernel="v3").dyn_smem > 0
-    assert attention_kernel.make_plan(prob, "metal", kernel="v3").dyn_smem == 0
+        attention_plan.make_plan(prob, "cpu-emulator", kernel="v3", chunks=2, warps=4, tile=128)
+    forced = DecodeOptions(dynamic_shared=True)
+    assert attention_plan.make_plan(prob, "cpu-emulator", kernel="v3", options=forced).dyn_smem > 0
+    assert attention_plan.make_plan(prob, "metal", kernel="v3", options=forced).dyn_smem == 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("chunks", [1, 2])
 def test_dynamic_declaration_is_bit_identical(backend, chunks, monkeypatch, clean_plans):
-    """TQBRIDGE_V3_DYNAMIC_SHARED=1: the staging area declared as dynamic threadgroup memory with the
+    """``DecodeOptions(dynamic_shared=True)``: the staging area declared as dynamic threadgroup memory with the
     same plan otherwise; the same operations on the same bytes: identical outputs, bit for bit."""
     rng = np.random.default_rng(9 + chunks)
     q = rng.standard_normal((1, 8, 128)).astype(np.float32)
     kb, vb = _cache(rng, "q8_0", (1, 2, 300, 128)), _cache(rng, "turbo3", (1, 2, 300, 128))
     outs = []
     for dyn in (False, True):
-        _plan_env(monkeypatch, chunks)
-        if dyn:
-            monkeypatch.setenv("TQBRIDGE_V3_DYNAMIC_SHARED", "1")
-        else:
-            monkeypatch.delenv("TQBRIDGE_V3_DYNAMIC_SHARED", raising=False)
-        attention_kernel._plan_cached.cache_clear()
-        got, _, _ = _check_v3(backend, q, kb, vb, k_format="q8_0", v_format="turbo3", length=287)
+        got, _, _ = _check_v3(backend, q, kb, vb, k_format="q8_0", v_format="turbo3", length=287,
+                              options=DecodeOptions(chunks=chunks, dynamic_shared=dyn))
         run = last_run()
         assert (run["dyn_smem"] > 0) is dyn and run["chunks"] == chunks
         outs.append(got)
@@ -204,8 +185,8 @@ def test_four_groups_of_two_chunks_on_the_emulator(monkeypatch, clean_plans):
     rng = np.random.default_rng(12)
     q = rng.standard_normal((1, 8, 64)).astype(np.float32)
     kb, vb = _cache(rng, "q4_0", (1, 2, 600, 64)), _cache(rng, "q4_0", (1, 2, 600, 64))
-    _plan_env(monkeypatch, 2)
-    _check_v3("cpu-emulator", q, kb, vb, k_format="q4_0", v_format="q4_0", length=557, splits=3, warps=4, tile=128)
+    _check_v3("cpu-emulator", q, kb, vb, k_format="q4_0", v_format="q4_0", length=557, splits=3, warps=4, tile=128,
+              options=_chunks(2))
     run = last_run()
     assert (run["warps"], run["tile"], run["chunks"]) == (4, 128, 2)
 
@@ -219,32 +200,34 @@ def test_dynamic_shared_memory_on_cuda(monkeypatch, clean_plans, chunks):
     rng = np.random.default_rng(77)
     q = rng.standard_normal((1, 32, 128)).astype(np.float32)
     kb, vb = _cache(rng, "q8_0", (1, 8, 5000, 128)), _cache(rng, "turbo3", (1, 8, 5000, 128))
-    _plan_env(monkeypatch, chunks)
     for n in (4999, 1200, 129):
-        _check_v3("cuda", q, kb, vb, k_format="q8_0", v_format="turbo3", length=n, tile=128)
+        _check_v3("cuda", q, kb, vb, k_format="q8_0", v_format="turbo3", length=n, tile=128, options=_chunks(chunks))
         run = last_run()
         assert run["dyn_smem"] > 48000 and (run["warps"], run["tile"], run["chunks"]) == (4, 128, chunks)
 
 
 @pytest.mark.parametrize("length,splits", [(4096, 32), (32768, 64), (65536, 64), (131072, 98)])
-def test_cuda_plans_take_six_threadgroups_per_sm_only_for_long_splits(length, splits, monkeypatch, clean_plans):
-    """CUDA's v3 plans for 8 KV heads: 528 threadgroups (64 splits) until 792 (98 splits, 6 per H200 SM) leave
-    each split at least V3_LONG_SPLIT_KEYS keys (measured at 128K; at 32K 86 splits were slower); Metal keeps
-    the one target; TQBRIDGE_V3_GROUPS overrides both."""
+def test_cuda_plans_take_six_threadgroups_per_sm_only_for_long_splits(length, splits, monkeypatch):
+    """CUDA's v3 plans for 8 KV heads on 132 SMs: 4 threadgroups per SM (64 splits) until 6 per SM (98 splits)
+    leave each split at least V3_LONG_SPLIT_KEYS keys (measured at 128K; at 32K 86 splits were slower); Metal
+    keeps 4 per unit; ``DecodeOptions.target_groups`` overrides both; a device of half the SMs half the target."""
     import dataclasses
 
+    monkeypatch.setattr(attention_plan, "compute_units", lambda backend: 132)
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 32, 128)).astype(np.float32)
     kb, vb = _cache(rng, "q8_0", (1, 8, 64, 128)), _cache(rng, "turbo3", (1, 8, 64, 128))
     prob = dataclasses.replace(check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64),
                                lengths=(length,))
-    monkeypatch.delenv("TQBRIDGE_V3_GROUPS", raising=False)
-    assert attention_kernel.make_plan(prob, "cuda", kernel="v3").splits == splits
-    metal = attention_kernel.make_plan(prob, "metal", kernel="v3").splits
-    monkeypatch.setenv("TQBRIDGE_V3_GROUPS", str(attention_kernel.TARGET_GROUPS_V3))
-    assert attention_kernel.make_plan(prob, "metal", kernel="v3").splits == metal
-    monkeypatch.setenv("TQBRIDGE_V3_GROUPS", "1056")
-    assert attention_kernel.make_plan(prob, "cuda", kernel="v3").splits == min(128, length // 128)
-    monkeypatch.setenv("TQBRIDGE_V3_GROUPS", "none")
-    with pytest.raises(AttentionError, match="TQBRIDGE_V3_GROUPS"):
-        attention_kernel.make_plan(prob, "cuda", kernel="v3")
+    assert attention_plan.make_plan(prob, "cuda", kernel="v3").splits == splits
+    metal = attention_plan.make_plan(prob, "metal", kernel="v3").splits
+    assert metal <= 4 * 132 // 8
+    same = DecodeOptions(target_groups=4 * 132)
+    assert attention_plan.make_plan(prob, "metal", kernel="v3", options=same).splits == metal
+    more = DecodeOptions(target_groups=1056)
+    assert attention_plan.make_plan(prob, "cuda", kernel="v3", options=more).splits == min(128, length // 128)
+    with pytest.raises(AttentionError, match="target_groups"):
+        DecodeOptions(target_groups=0)
+    monkeypatch.setattr(attention_plan, "compute_units", lambda backend: 66)
+    half = attention_plan.make_plan(prob, "metal", kernel="v3").splits
+    assert half <= 4 * 66 // 8 and half <= metal and (length < 32768 or half < metal)

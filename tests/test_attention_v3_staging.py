@@ -13,7 +13,8 @@ import shutil
 import numpy as np
 import pytest
 
-from tqbridge.metal import attention_kernel
+from tqbridge.metal import attention_build, attention_kernel, attention_plan
+from tqbridge.metal.decode_options import DecodeOptions
 from tqbridge.metal.attention import decode_attention, last_run
 from test_attention_kernel import BACKENDS, _cache
 from test_attention_v3 import _check_v3
@@ -30,21 +31,23 @@ def _rows(kf, vf, l_max, hkv=2, d=128, seed=5):
 
 
 @pytest.fixture
-def fresh_plans():
-    attention_kernel._plan_cached.cache_clear()
+def fresh():
+    """Plans, launches and kernel definitions made anew before and after (a planted source is forgotten)."""
+    attention_build.kernel_defs.cache_clear()
+    attention_kernel.clear_launch_caches()
     yield
-    attention_kernel._plan_cached.cache_clear()
+    attention_build.kernel_defs.cache_clear()
+    attention_kernel.clear_launch_caches()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("chunks", [1, 2])
 @pytest.mark.parametrize("kf,vf", [("q8_0", "turbo3"), ("q4_0", "q8_0")])
-def test_whole_tile_copies_match_the_generic_loop(backend, chunks, kf, vf, monkeypatch, fresh_plans):
+def test_whole_tile_copies_match_the_generic_loop(backend, chunks, kf, vf, monkeypatch, fresh):
     """l_max = 200: every head's rows start 16-aligned (q8_0 rows of 136 bytes, turbo3 of 50: a multiple
     of 8 rows), so whole tiles take the 16-byte path; l_max = 201 moves heads >= 1 off alignment (the
     generic loop). On the emulator two splits of 75 keys start tiles off alignment too (GPU plans round
     splits to whole tiles). The outputs must be bit-identical."""
-    monkeypatch.setenv("TQBRIDGE_V3_CHUNKS", str(chunks))
     rng = np.random.default_rng(11)
     q = rng.standard_normal((1, 8, 128)).astype(np.float32)
     n = 150
@@ -53,7 +56,7 @@ def test_whole_tile_copies_match_the_generic_loop(backend, chunks, kf, vf, monke
         kb, vb = _rows(kf, vf, l_max)
         for splits in (1, 2):
             got = decode_attention(q, kb, vb, k_format=kf, v_format=vf, length=n, backend=backend,
-                                   q_precision="int8", splits=splits)
+                                   q_precision="int8", splits=splits, options=DecodeOptions(chunks=chunks))
             assert last_run()["kernel"] == "v3" and last_run()["chunks"] == chunks
             outs[l_max, splits] = np.asarray(got)
     for splits in (1, 2):   # (other splits merge other partial sums: compared within one split count)
@@ -61,13 +64,15 @@ def test_whole_tile_copies_match_the_generic_loop(backend, chunks, kf, vf, monke
 
 
 def _planted(tmp_path, monkeypatch, name, old, new):
-    src = (attention_kernel.KERNEL_DIR / name).read_text()
+    """The kernel sources from a copy in ``tmp_path`` whose ``name`` has ``old`` replaced by ``new``."""
+    src = (attention_build.KERNEL_DIR / name).read_text()
     assert src.count(old) == 1, f"{name} changed: the text this test plants its bug in is gone"
-    for f in attention_kernel.KERNEL_DIR.iterdir():
+    for f in attention_build.KERNEL_DIR.iterdir():
         shutil.copy(f, tmp_path / f.name)
     (tmp_path / name).write_text(src.replace(old, new))
-    monkeypatch.setattr(attention_kernel, "KERNEL_DIR", tmp_path)
-    attention_kernel._kernel_defs.cache_clear()
+    monkeypatch.setattr(attention_build, "KERNEL_DIR", tmp_path)
+    attention_build.kernel_defs.cache_clear()
+    attention_kernel.clear_launch_caches()
 
 
 def _fails_the_oracle(n, l_max, seed):
@@ -83,8 +88,8 @@ def _fails_the_oracle(n, l_max, seed):
 @pytest.fixture
 def restore_kernels():
     yield
-    attention_kernel._kernel_defs.cache_clear()
-    attention_kernel._plan_cached.cache_clear()
+    attention_build.kernel_defs.cache_clear()
+    attention_kernel.clear_launch_caches()
 
 
 def test_dropping_the_last_round_of_whole_tile_copies_fails(tmp_path, monkeypatch, restore_kernels):
@@ -112,35 +117,30 @@ def test_refilling_a_buffer_before_the_barrier_fails(tmp_path, monkeypatch, rest
     _fails_the_oracle(250, 256, seed=14)
 
 
-def test_a_two_stage_ring_holds_the_bound_across_tiles_and_splits(monkeypatch, fresh_plans):
+def test_a_two_stage_ring_holds_the_bound_across_tiles_and_splits(monkeypatch, fresh):
     """CUDA's automatic plans take a ring of V3_AUTO_STAGES_CUDA = 2 tiles: the wait for every pending
     copy, one barrier, then the refill of the other buffer. The emulator runs that ring when its limits
     allow only 2 stages: long rows over many tiles and splits, whole tiles and partial ones."""
-    monkeypatch.setattr(attention_kernel, "_v3_limits", lambda backend: (attention_kernel.SHARED_BYTES, 2))
+    monkeypatch.setattr(attention_plan, "_v3_limits", lambda backend: (attention_plan.SHARED_BYTES, 2))
     rng = np.random.default_rng(15)
     q = rng.standard_normal((2, 8, 128)).astype(np.float32)
     kb, vb = _cache(rng, "q8_0", (2, 2, 600, 128)), _cache(rng, "turbo3", (2, 2, 600, 128))
     for chunks in (1, 2):
-        monkeypatch.setenv("TQBRIDGE_V3_CHUNKS", str(chunks))
-        attention_kernel._plan_cached.cache_clear()
-        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=[600, 333], splits=2)
+        attention_kernel.clear_launch_caches()
+        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=[600, 333], splits=2,
+                  options=DecodeOptions(chunks=chunks))
         assert (last_run()["chunks"], last_run()["stages"]) == (chunks, 2)
 
 
-def test_cuda_plans_take_the_ring_tqbridge_v3_stages_names(monkeypatch, fresh_plans):
-    """CUDA's automatic plans for 64-key tiles: V3_AUTO_STAGES_CUDA tiles in the ring, or TQBRIDGE_V3_STAGES
-    (2 / 3); another value is refused with the switch's name."""
-    from tqbridge.metal.attention import AttentionError, check_problem
+def test_cuda_plans_take_a_two_stage_ring_for_64_key_tiles(fresh):
+    """CUDA's automatic plans for 64-key tiles: V3_AUTO_STAGES_CUDA (2) tiles in the ring, static memory,
+    though 3 would fit its 48 KB (the measured choice); Metal's 32 KB keep what fits."""
+    from tqbridge.metal.attention import check_problem
 
     kb, vb = _rows("q8_0", "turbo3", 64, hkv=8)
     q = np.zeros((1, 32, 128), np.float32)
     prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
-    monkeypatch.delenv("TQBRIDGE_V3_STAGES", raising=False)
-    assert attention_kernel.make_plan(prob, "cuda", kernel="v3").stages == attention_kernel.V3_AUTO_STAGES_CUDA
-    for st in (2, 3):
-        monkeypatch.setenv("TQBRIDGE_V3_STAGES", str(st))
-        plan = attention_kernel.make_plan(prob, "cuda", kernel="v3")
-        assert (plan.stages, plan.tile, plan.dyn_smem) == (st, 64, 0)
-    monkeypatch.setenv("TQBRIDGE_V3_STAGES", "4")
-    with pytest.raises(AttentionError, match="TQBRIDGE_V3_STAGES must be 2 or 3, got '4'"):
-        attention_kernel.make_plan(prob, "cuda", kernel="v3")
+    plan = attention_plan.make_plan(prob, "cuda", kernel="v3")
+    assert (plan.stages, plan.tile, plan.dyn_smem) == (attention_plan.V3_AUTO_STAGES_CUDA, 64, 0)
+    three = attention_plan.v3_shared_bytes(prob, plan.warps, 64, 3, plan.v_decode)
+    assert three <= attention_plan.V3_SHARED_CUDA, "the test's premise: a 3-stage ring would fit"

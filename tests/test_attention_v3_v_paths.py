@@ -1,5 +1,5 @@
-"""Kernel v3's fast V decodes against its generic one (TQBRIDGE_V3_V_GENERIC=1; attention_kernel.
-v3_v_decode): "turbo-permute" for turbo2 / turbo3 of one 128-value block per row (four centroids per
+"""Kernel v3's fast V decodes against its generic one (``DecodeOptions(v_decode="generic")``;
+attention_plan.v3_v_decode): "turbo-permute" for turbo2 / turbo3 of one 128-value block per row (four centroids per
 byte permute of registers, the sign bits from a table; a run's columns held in another order of
 m-tiles, undone at the write) and "codes-permute" for q4_0 / q5_0 / q8_0 (codes put into binary16 integers
 by byte permutes, one exact subtraction, times the block scales). Each hands the same binary16
@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tqbridge.metal import attention_kernel
+from tqbridge.metal import attention_build, attention_plan
+from tqbridge.metal.decode_options import DEFAULT_OPTIONS, DecodeOptions
 from tqbridge.metal.attention import check_problem, decode_attention, last_run
 from test_attention_kernel import BACKENDS, _cache
 
@@ -29,12 +30,8 @@ WANT = {"turbo3": "turbo-permute", "turbo2": "turbo-permute", "q4_0": "codes-per
         "q8_0": "codes-permute"}
 
 
-def _run(backend, monkeypatch, generic: bool, kf, vf, g, t, n, opts, kind="normal"):
-    if generic:
-        monkeypatch.setenv("TQBRIDGE_V3_V_GENERIC", "1")
-    else:
-        monkeypatch.delenv("TQBRIDGE_V3_V_GENERIC", raising=False)
-    attention_kernel._plan_cached.cache_clear()
+def _run(backend, generic: bool, kf, vf, g, t, n, opts, kind="normal"):
+    options = DecodeOptions(v_decode="generic" if generic else "fast")
     rng = np.random.default_rng(g + 7 * t + n)
     hkv, d = 2, opts.get("d", 128)
     q = rng.standard_normal((1, hkv * g, t, d) if t > 1 else (1, hkv * g, d)).astype(np.float32)
@@ -45,38 +42,31 @@ def _run(backend, monkeypatch, generic: bool, kf, vf, g, t, n, opts, kind="norma
     if opts.get("sinks"):
         kw["sinks"] = rng.standard_normal(hkv * g).astype(np.float32)
     prob = check_problem(q, kb, vb, **kw)
-    plan = attention_kernel.make_plan(prob, "cpu-emulator" if backend == "cpu-emulator" else "cuda", kernel="v3")
+    plan = attention_plan.make_plan(prob, "cpu-emulator" if backend == "cpu-emulator" else "cuda", kernel="v3",
+                                    options=options)
     decode = "generic" if generic else WANT[vf.split("@")[0]]
-    static = attention_kernel._static(prob, plan, 0, False)[0]
+    static = attention_build.static_params(prob, plan, 0, False)[0]
     assert (static["TQA_V23"], static["TQA_VCODE"]) == (int(decode == "turbo-permute"), int(decode == "codes-permute"))
-    out = decode_attention(q, kb, vb, backend=backend, q_precision="int8", **kw)
+    out = decode_attention(q, kb, vb, backend=backend, q_precision="int8", options=options, **kw)
     assert last_run()["v_decode"] == decode
     return np.asarray(out)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kf,vf,g,t,n,opts", CASES, ids=[f"{c[0]}-{c[1]}-g{c[2]}-t{c[3]}-n{c[4]}" for c in CASES])
-def test_byte_permute_decode_is_bit_identical(backend, monkeypatch, kf, vf, g, t, n, opts):
-    try:
-        fast = _run(backend, monkeypatch, False, kf, vf, g, t, n, opts)
-        generic = _run(backend, monkeypatch, True, kf, vf, g, t, n, opts)
-    finally:
-        monkeypatch.delenv("TQBRIDGE_V3_V_GENERIC", raising=False)
-        attention_kernel._plan_cached.cache_clear()
+def test_byte_permute_decode_is_bit_identical(backend, kf, vf, g, t, n, opts):
+    fast = _run(backend, False, kf, vf, g, t, n, opts)
+    generic = _run(backend, True, kf, vf, g, t, n, opts)
     assert np.isfinite(fast).all()
     assert np.array_equal(fast.view(np.uint32), generic.view(np.uint32))
 
 
 @pytest.mark.parametrize("vf", ["turbo3", "q4_0", "q5_0", "q8_0"])
 @pytest.mark.parametrize("kind", ["zeros", "tiny", "huge"])
-def test_byte_permute_decode_extreme_norms(monkeypatch, kind, vf):
+def test_byte_permute_decode_extreme_norms(kind, vf):
     """Zero, tiny (binary16-subnormal products) and huge V rows: the same bits through both paths."""
-    try:
-        fast = _run("cpu-emulator", monkeypatch, False, "q8_0", vf, 4, 1, 70, {}, kind)
-        generic = _run("cpu-emulator", monkeypatch, True, "q8_0", vf, 4, 1, 70, {}, kind)
-    finally:
-        monkeypatch.delenv("TQBRIDGE_V3_V_GENERIC", raising=False)
-        attention_kernel._plan_cached.cache_clear()
+    fast = _run("cpu-emulator", False, "q8_0", vf, 4, 1, 70, {}, kind)
+    generic = _run("cpu-emulator", True, "q8_0", vf, 4, 1, 70, {}, kind)
     assert np.array_equal(fast.view(np.uint32), generic.view(np.uint32))
 
 
@@ -90,7 +80,7 @@ def test_other_v_rows_take_the_generic_path():
         kb = _cache(rng, "q8_0", (1, 1, 40, d))
         vb = _cache(rng, vf, (1, 1, 40, d))
         prob = check_problem(q, kb, vb, k_format="q8_0", v_format=vf, length=40)
-        assert attention_kernel.v3_v_decode(prob) == "generic", (vf, d)
-        plan = attention_kernel.make_plan(prob, "cuda", kernel="v3")
-        static = attention_kernel._static(prob, plan, 0, False)[0]
+        assert attention_plan.v3_v_decode(prob, DEFAULT_OPTIONS) == "generic", (vf, d)
+        plan = attention_plan.make_plan(prob, "cuda", kernel="v3")
+        static = attention_build.static_params(prob, plan, 0, False)[0]
         assert (static["TQA_V23"], static["TQA_VCODE"]) == (0, 0), (vf, d)

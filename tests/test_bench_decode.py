@@ -48,38 +48,34 @@ def test_q_precision_suffix_reaches_the_caches(capsys):
     assert "q precision" in capsys.readouterr().err
 
 
-def test_a_cache_under_switches_is_its_own_row(tmp_path, monkeypatch):
-    """'q8_0/turbo3{TQBRIDGE_...}' decodes that cache under those switches, in the same interleaved
-    rounds as the others: its own row (named as given, the settings recorded), the environment set
-    only while it runs."""
-    import os
-
+def test_a_cache_with_decode_options_is_its_own_row(tmp_path, monkeypatch):
+    """'q8_0/turbo3{compile=0,chunks=1}' decodes that cache with those decode options, in the same
+    interleaved rounds as the others: its own row (named as given, the options recorded), its layers'
+    decode_options set, the other caches' left at the defaults."""
+    from tqbridge.metal.decode_options import DecodeOptions
     from tqbridge.metal.lm import decode_bench
 
     seen = []
     real = decode_bench._decode_tokens
 
     def spy(model, cache, tokens):
-        seen.append(os.environ.get("TQBRIDGE_V3_DISPATCHES"))
+        seen.append(getattr(cache[-1], "decode_options", None))
         return real(model, cache, tokens)
 
     monkeypatch.setattr(decode_bench, "_decode_tokens", spy)
-    monkeypatch.delenv("TQBRIDGE_V3_DISPATCHES", raising=False)
     out = tmp_path / "decode.json"
-    kinds = "fp16,q8_0/turbo3,q8_0/turbo3{TQBRIDGE_V3_DISPATCHES=1,TQBRIDGE_COMPILE=0}"
-    assert main(["bench", "decode", "--models", "tiny", "--context", "80", "--caches", kinds, "--tokens", "4",
-                 "--rounds", "2", "--json", str(out)]) == 0
+    switched = "q8_0/turbo3{compile=0,chunks=1}"
+    assert main(["bench", "decode", "--models", "tiny", "--context", "80", "--caches", f"fp16,q8_0/turbo3,{switched}",
+                 "--tokens", "4", "--rounds", "2", "--json", str(out)]) == 0
     runs = {r["cache"]: r for r in json.loads(out.read_text())["runs"]}
-    switched = "q8_0/turbo3{TQBRIDGE_V3_DISPATCHES=1,TQBRIDGE_COMPILE=0}"
     assert set(runs) == {"fp16", "q8_0/turbo3", switched}
-    assert runs[switched]["settings"] == {"TQBRIDGE_V3_DISPATCHES": "1", "TQBRIDGE_COMPILE": "0"}
-    assert "settings" not in runs["q8_0/turbo3"] and runs[switched]["ms_per_token"] > 0
-    assert seen == [None, None, "1"] * 2   # interleaved rounds; the switch only around its own cache
-    assert "TQBRIDGE_V3_DISPATCHES" not in os.environ
+    assert runs[switched]["options"] == "compile=0,chunks=1"
+    assert "options" not in runs["q8_0/turbo3"] and runs[switched]["ms_per_token"] > 0
+    assert seen == [None, DecodeOptions(), DecodeOptions(compile=False, chunks=1)] * 2   # interleaved rounds
 
 
-def test_bad_switches_are_refused(capsys):
-    for caches in ("fp16,q8_0/turbo3{X=1}", "fp16,q8_0/turbo3{TQBRIDGE_A=1", "fp16,{TQBRIDGE_A=1}"):
+def test_bad_options_are_refused(capsys):
+    for caches in ("fp16,q8_0/turbo3{X=1}", "fp16,q8_0/turbo3{chunks=1", "fp16,{chunks=1}", "fp16{chunks=1},q8_0/q4_0"):
         assert main(["bench", "decode", "--models", "tiny", "--caches", caches]) == 2
         err = capsys.readouterr().err
         assert "--caches" in err and "Traceback" not in err

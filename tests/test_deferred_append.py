@@ -1,7 +1,7 @@
-"""The decode step's deferred append (attention_kernel.DEFER_APPEND_BACKENDS): TQCache keeps the step's
-K/V rows and the routed attention writes them in its own call (append + attention, one compiled
-function on CUDA). Here on the CPU emulator's decode lane (emulate_decode_lane,
-TQBRIDGE_DEFER_APPEND=1), which runs the same cache logic: every result bit-identical to the
+"""The decode step's deferred append (``DecodeOptions.defer_append``, on by default on CUDA): TQCache keeps
+the step's K/V rows and the routed attention writes them in its own call (append + attention, one compiled
+function on CUDA). Here on the CPU emulator's decode lane (emulate_decode_lane, caches with
+``decode_options = DecodeOptions(defer_append=True)``), which runs the same cache logic: every result bit-identical to the
 append-then-attend lane, and every other reader of the cache sees the deferred rows.
 """
 
@@ -13,6 +13,7 @@ import pytest
 from mlx_lm.models import base
 
 from tqbridge.metal import attention_kernel
+from tqbridge.metal.decode_options import DecodeOptions
 from tqbridge.metal.lm.cache import TQCache, make_cache
 from tqbridge.metal.lm.routing import route_attention
 from tiny_models import forced_decode, tiny_gemma3, tiny_llama, tokens
@@ -43,11 +44,12 @@ def _spy_fused(monkeypatch) -> list:
 
 def _decode(model_name: str, defer: str, monkeypatch, kv=("q8_0", "q4_0"), n=30):
     """Teacher-forced decode of ``n`` tokens: per-step logits and every layer's stored blocks."""
-    monkeypatch.setenv("TQBRIDGE_DEFER_APPEND", defer)
-    attention_kernel.clear_launch_caches()
     m = tiny_llama(head_dim=128) if model_name == "llama" else tiny_gemma3(window=8)
     toks = tokens(n + 5, seed=11)
     cache = make_cache(m, *kv)
+    for c in cache:
+        if isinstance(c, TQCache):
+            c.decode_options = DecodeOptions(defer_append=defer == "1")
     out = forced_decode(m, toks, cache)
     blocks = [np.array(b) for c in cache if isinstance(c, TQCache) for b in c.blocks()]
     return out, blocks, cache
@@ -74,9 +76,8 @@ def _routed_step(c, k, v, q, attend=True):
 
 
 def _primed(defer: str, monkeypatch):
-    monkeypatch.setenv("TQBRIDGE_DEFER_APPEND", defer)
-    attention_kernel.clear_launch_caches()
     c = TQCache("q8_0", "turbo3")
+    c.decode_options = DecodeOptions(defer_append=defer == "1")
     x = mx.random.normal((1, 2, 40, 64), key=mx.random.key(3))
     c.update_and_fetch(x, 0.5 * x)
     rows = [(mx.random.normal((1, 2, 1, 64), key=mx.random.key(10 + i)),

@@ -12,7 +12,8 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-from tqbridge.metal import attention, attention_kernel, dispatch, kv_append   # noqa: E402
+from tqbridge.metal import attention, attention_kernel, attention_launch, dispatch, kv_append   # noqa: E402
+from tqbridge.metal.decode_options import DecodeOptions   # noqa: E402
 from tqbridge.metal.attention import check_problem, decode_attention, last_run   # noqa: E402
 from tqbridge.metal.lm.codecs import rotation_group   # noqa: E402
 
@@ -47,10 +48,10 @@ def fake_cuda(monkeypatch):
     _clear()   # no recorder-built kernel may outlive the test
 
 
-def _append_case(d: int, heads: int):
+def _append_case(d: int, heads: int, options=None):
     """A prepared q8_0/turbo3 append on the fake CUDA, one step's rows and 8-row cache buffers."""
     app = kv_append.prepared("q8_0", "turbo3", d, d, d, d, rotation_group("q8_0", d, "k"),
-                             rotation_group("turbo3", d, "v"), "float16", "cuda")
+                             rotation_group("turbo3", d, "v"), "float16", "cuda", options)
     rows = mx.zeros((1, heads, 1, d), mx.float16)
     kc = mx.zeros((1, heads, 8, app.k_row_bytes), mx.uint8)
     vc = mx.zeros((1, heads, 8, app.v_row_bytes), mx.uint8)
@@ -66,13 +67,10 @@ def test_prepared_append_calls_mlx(fake_cuda):
     assert shapes[:4] == [(1, 2, 1, d), (1, 2, 1, d), tuple(kc.shape), tuple(vc.shape)] and outs == [(4,)]
 
 
-@pytest.mark.parametrize("compiled", ["1", "0"])
-@pytest.mark.parametrize("dispatches", ["2", "1"])
-def test_prepared_attention_calls_mlx(fake_cuda, monkeypatch, dispatches, compiled):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_prepared_attention_calls_mlx(fake_cuda, compiled):
     """Three lengths, one prepared launch. Under mx.compile (CUDA's default) the launch code runs once,
     at the trace, and the two later calls replay it: the recorder sees one call's kernels, not three."""
-    monkeypatch.setenv("TQBRIDGE_V3_DISPATCHES", dispatches)
-    monkeypatch.setenv("TQBRIDGE_COMPILE", compiled)
     rng = np.random.default_rng(0)
     from tqbridge import bridge
 
@@ -81,60 +79,59 @@ def test_prepared_attention_calls_mlx(fake_cuda, monkeypatch, dispatches, compil
     vb = mx.array(bridge.quantize("turbo3", rng.standard_normal((1, 2, 64, 128)).astype(np.float32)))
     for n in (5, 17, 64):   # a growing length: one launch, the length a parameter
         out = decode_attention(q, kb, vb, k_format="q8_0", v_format="turbo3", length=n, backend="cuda",
-                               q_precision="int8")
+                               q_precision="int8", options=DecodeOptions(compile=compiled))
         assert tuple(out.shape) == (1, 8, 128) and out.dtype == mx.float16
         run = last_run()
         assert run["backend"] == "cuda" and run["kernel"] == "v3" and run["v_decode"] == "turbo-permute"
-        assert run["dispatches"] == int(dispatches) and run["compiled"] is (compiled == "1")
+        assert run["dispatches"] == 2 and run["compiled"] is compiled
     names = [c[0] for c in CALLS]
-    assert len(names) == (1 if compiled == "1" else 3) * int(dispatches)
-    assert all("split_v3" in x for x in names[::int(dispatches)])
+    assert len(names) == (1 if compiled else 3) * 2
+    assert all("split_v3" in x for x in names[::2]) and all("combine" in x for x in names[1::2])
     prob = check_problem(np.zeros((1, 8, 128), np.float16), np.asarray(kb), np.asarray(vb), k_format="q8_0",
                          v_format="turbo3", length=64)
     assert CALLS[0][1][:3] == [(1, 8, 128), tuple(kb.shape), tuple(vb.shape)]
     assert prob.l_max == 64
 
 
-@pytest.mark.parametrize("consts, slots", [("1", 4), ("0", 2)])
-def test_append_flag_padding_follows_the_small_buffer_switch(fake_cuda, monkeypatch, consts, slots):
+@pytest.mark.parametrize("consts, slots", [(True, 4), (False, 2)])
+def test_append_flag_padding_follows_device_consts(fake_cuda, consts, slots):
     """One KV head, one row: the flag is 4 slots (16 bytes) under the device-consts default and the
-    bare 2 (8 bytes, MLX's unified-memory pool) with TQBRIDGE_DEVICE_CONSTS=0, the A/B the decode
-    benchmark measures; the kernel is built for the flag length it is given."""
-    monkeypatch.setenv("TQBRIDGE_DEVICE_CONSTS", consts)
+    bare 2 (8 bytes, MLX's unified-memory pool) with ``DecodeOptions(device_consts=False)``, the A/B the
+    decode benchmark measures; the kernel is built for the flag length it is given."""
     kv_append.prepared.cache_clear()
-    app, rows, kc, vc = _append_case(256, 1)
+    app, rows, kc, vc = _append_case(256, 1, DecodeOptions(device_consts=consts))
     flag = app(rows, rows, kc, vc, 3, mx.zeros((slots,), mx.uint32))
     assert tuple(flag.shape) == (slots,) and app.flag_slots(1) == slots
-    assert app._kern.static["KV_FLAG_MIN"] == (4 if consts == "1" else 1)
+    assert app._kern.static["KV_FLAG_MIN"] == (4 if consts else 1)
     kv_append.prepared.cache_clear()
 
 
-@pytest.mark.parametrize("compiled", ["1", "0"])
-def test_prepared_append_compiled_replays(fake_cuda, monkeypatch, compiled):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_prepared_append_compiled_replays(fake_cuda, compiled):
     """The in-place append of a decode loop: under mx.compile its launch code runs at the first step
     only (one recorded call for three steps); without it, every step."""
-    monkeypatch.setenv("TQBRIDGE_COMPILE", compiled)
     kv_append.prepared.cache_clear()
-    app, rows, kc, vc = _append_case(128, 2)
-    assert app.compiled is (compiled == "1")
+    app, rows, kc, vc = _append_case(128, 2, DecodeOptions(compile=compiled))
+    assert app.compiled is compiled
     flag = mx.zeros((4,), mx.uint32)
     for pos in (3, 4, 5):
         flag = app(rows, rows, kc, vc, pos, flag)
         assert tuple(flag.shape) == (4,)
-    assert len(CALLS) == (1 if compiled == "1" else 3)
+    assert len(CALLS) == (1 if compiled else 3)
     kv_append.prepared.cache_clear()
 
 
-def test_compile_switch_refuses_other_values(monkeypatch):
-    monkeypatch.setenv("TQBRIDGE_COMPILE", "yes")
-    with pytest.raises(attention.AttentionError, match="TQBRIDGE_COMPILE"):
-        attention_kernel.compile_launches("cuda")
-    monkeypatch.delenv("TQBRIDGE_COMPILE")
-    assert attention_kernel.compile_launches("cuda") and not attention_kernel.compile_launches("metal")
+def test_decode_options_refuse_other_values_and_fill_the_backend_defaults():
+    with pytest.raises(attention.AttentionError, match="compile must be True, False or None"):
+        DecodeOptions(compile="yes")
+    cuda, metal = DecodeOptions().resolve("cuda"), DecodeOptions().resolve("metal")
+    assert (cuda.compile, cuda.device_params, cuda.device_consts, cuda.defer_append) == (True,) * 4
+    assert (metal.compile, metal.device_params, metal.device_consts, metal.defer_append) == (False,) * 4
+    assert DecodeOptions(compile=False).resolve("cuda").compile is False   # a value given wins
 
 
 def test_device_params_are_the_host_params(fake_cuda, monkeypatch):
-    """Device params (CUDA's default; TQBRIDGE_DEVICE_PARAMS=0 / 1 overrides): the per-step integers
+    """Device params (CUDA's default; ``DecodeOptions.device_params`` chooses): the per-step integers
     become views of a table made by MLX ops — the same values as the arrays made from host data, row
     by row, for pass 1's lengths and the append's row position."""
     from tqbridge import bridge
@@ -145,10 +142,9 @@ def test_device_params_are_the_host_params(fake_cuda, monkeypatch):
     vb = mx.array(bridge.quantize("turbo3", rng.standard_normal((1, 2, 64, 128)).astype(np.float32)))
     launches = {}
     for flag in ("0", "1"):
-        monkeypatch.setenv("TQBRIDGE_DEVICE_PARAMS", flag)
-        attention_kernel._decode_launch.cache_clear()
         launches[flag] = attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3",
-                                                         q_precision="int8")
+                                                         q_precision="int8",
+                                                         options=DecodeOptions(device_params=flag == "1"))
     assert launches["1"].device_params and not launches["0"].device_params
     assert launches["1"].run_info["device_params"] is True and launches["0"].run_info["device_params"] is False
     for n in (0, 1, 17, 63, 64):
@@ -167,28 +163,22 @@ def test_device_params_are_the_host_params(fake_cuda, monkeypatch):
 
     d = 128
     for flag in ("0", "1"):
-        monkeypatch.setenv("TQBRIDGE_DEVICE_PARAMS", flag)
         kv_append.prepared.cache_clear()
         app = kv_append.prepared("q8_0", "turbo3", d, d, d, d, rotation_group("q8_0", d, "k"),
-                                 rotation_group("turbo3", d, "v"), "float16", "cuda")
+                                 rotation_group("turbo3", d, "v"), "float16", "cuda",
+                                 DecodeOptions(device_params=flag == "1"))
         assert app.device_params is (flag == "1")
         if flag == "1":
             for args in ((2, 1, 8, 3, 2, 4), (2, 1, 8, 7, 2, 4), (4, 2, 16, 0, 2, 8)):
                 a, b = np.array(kv_append._params(*args)), np.array(app._device_row(*args))
                 assert a.dtype == b.dtype == np.uint32 and np.array_equal(a, b), (args, a, b)
     kv_append.prepared.cache_clear()
-    monkeypatch.setenv("TQBRIDGE_DEVICE_PARAMS", "yes")
-    with pytest.raises(attention.AttentionError, match="TQBRIDGE_DEVICE_PARAMS"):
-        attention_kernel.device_params("cuda")
-    monkeypatch.delenv("TQBRIDGE_DEVICE_PARAMS")   # the default: CUDA only
-    assert attention_kernel.device_params("cuda") and not attention_kernel.device_params("metal")
-    attention_kernel._decode_launch.cache_clear()
     assert attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3",
-                                           q_precision="int8").device_params
+                                           q_precision="int8").device_params   # the default on CUDA
 
 
 def test_device_consts_leave_no_small_host_buffer(fake_cuda, monkeypatch):
-    """Device consts (CUDA's default; TQBRIDGE_DEVICE_CONSTS=0 / 1 overrides): every constant input of
+    """Device consts (CUDA's default; ``DecodeOptions.device_consts`` chooses): every constant input of
     the prepared attention launches and of the append is at least MIN_CONST_BYTES long (MLX's CUDA
     allocator serves buffers of <= 8 bytes from unified memory the GPU reads through a mapping), holds
     the host values in front and keeps their dtype; the switch off gives the host-made arrays."""
@@ -202,13 +192,12 @@ def test_device_consts_leave_no_small_host_buffer(fake_cuda, monkeypatch):
     d = 128
     got = {}
     for flag in ("0", "1"):
-        monkeypatch.setenv("TQBRIDGE_DEVICE_CONSTS", flag)
-        attention_kernel.clear_launch_caches()
-        kv_append.prepared.cache_clear()
-        launch = attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3", q_precision="int8")
+        opts = DecodeOptions(device_consts=flag == "1")
+        launch = attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3", q_precision="int8",
+                                                 options=opts)
         run = launch._run
         app = kv_append.prepared("q8_0", "turbo3", d, d, d, d, rotation_group("q8_0", d, "k"),
-                                 rotation_group("turbo3", d, "v"), "float16", "cuda")
+                                 rotation_group("turbo3", d, "v"), "float16", "cuda", opts)
         got[flag] = {"fp1": run.fp1, "tabs": run.tabs, "zero_sinks": run.zero_sinks, "no_dep": run.no_dep,
                      "ip2": run.ip2, "ktab": app._ktab, "vtab": app._vtab}
         CALLS.clear()
@@ -228,32 +217,9 @@ def test_device_consts_leave_no_small_host_buffer(fake_cuda, monkeypatch):
         # to fold into every replay of the launches
         assert decode_bench.graph_primitives(dev) == [], name
         assert dev.dtype == host.dtype, name
-        assert dev.nbytes >= attention_kernel.MIN_CONST_BYTES, (name, dev.shape)
+        assert dev.nbytes >= attention_launch.MIN_CONST_BYTES, (name, dev.shape)
         h, g = np.array(host).reshape(-1).view(np.uint8), np.array(dev).reshape(-1).view(np.uint8)
         assert np.array_equal(g[:h.size], h) and not g[h.size:].any(), name   # the bytes (NaN placeholders too)
     assert got["0"]["fp1"].nbytes == 8 and got["0"]["no_dep"].nbytes == 4   # what the switch exists for
     assert got["1"]["p1_fp_dep"] == ((4,), (4,)) and got["0"]["p1_fp_dep"] == ((2,), (1,))
-    monkeypatch.delenv("TQBRIDGE_DEVICE_CONSTS")   # the default: CUDA only
-    assert attention_kernel.device_consts("cuda") and not attention_kernel.device_consts("metal")
     kv_append.prepared.cache_clear()
-
-
-def test_single_dispatch_counters_are_not_a_small_buffer(fake_cuda, monkeypatch):
-    """Kernel v3 in one dispatch counts finished splits per KV head in a buffer of atomics: with one or
-    two KV heads that is 4-8 bytes, which MLX's CUDA allocator would serve from its unified-memory small
-    pool; the buffer has at least MIN_CONST_BYTES, zeros past the heads'."""
-    from tqbridge import bridge
-
-    rng = np.random.default_rng(3)
-    monkeypatch.setenv("TQBRIDGE_V3_DISPATCHES", "1")
-    for hkv in (1, 2, 8):
-        attention_kernel.clear_launch_caches()
-        attention_kernel._COUNTERS.clear()
-        q = mx.array(rng.standard_normal((1, 4 * hkv, 128)).astype(np.float16))
-        kb = mx.array(bridge.quantize("q8_0", rng.standard_normal((1, hkv, 64, 128)).astype(np.float32)))
-        vb = mx.array(bridge.quantize("turbo3", rng.standard_normal((1, hkv, 64, 128)).astype(np.float32)))
-        launch = attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3", q_precision="int8")
-        assert launch.run_info["dispatches"] == 1
-        cnt = launch._run.cnt
-        assert cnt.nbytes >= attention_kernel.MIN_CONST_BYTES and cnt.shape[0] >= hkv and not np.array(cnt).any()
-    attention_kernel._COUNTERS.clear()

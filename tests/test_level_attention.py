@@ -121,21 +121,31 @@ def test_on_llama_cpp_cache_blocks():
 
 def test_an_int8_q_kernel_is_judged_as_int8(monkeypatch):
     """On CUDA the kernel's default q is int8 (kernel v3): the attention level must judge that run by
-    the int8 oracle (it passes), not the exact one (which it would fail)."""
-    from tqbridge.metal import attention_kernel
+    the int8 oracle (it passes), not the exact one (which fails it: asserted below). The emulator stands
+    in for such a backend with its default-precision entry set to int8."""
+    from tqbridge.metal import attention_kernel, attention_ref, decode_options
     from tqbridge.parity.harness.level_attention import judge_ours, random_problem
 
-    q, kb, vb = random_problem("q8_0", "q8_0", head_dim=128, seed=3)
+    # q4_0 V: fewer than 8 bits per value, so the int8 default applies; a turbo V's own error would leave
+    # the exact oracle's bound wide enough for int8 q (measured: 0.3-0.6 of it), q4_0's does not (5.7x)
+    q, kb, vb = random_problem("q8_0", "q4_0", head_dim=128, seed=3)
     args = (q[None] * 3, kb[None], vb[None])
-    kw = dict(k_format="q8_0", v_format="q8_0", length=kb.shape[1], scale=128 ** -0.5, backends=("cpu-emulator",))
-    monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "int8")
-    attention_kernel._plan_cached.cache_clear()
+    kw = dict(k_format="q8_0", v_format="q4_0", length=kb.shape[1], scale=128 ** -0.5, backends=("cpu-emulator",))
+    monkeypatch.setitem(decode_options.DEFAULT_Q_PRECISION, "cpu-emulator", "int8")
+    attention_kernel.clear_launch_caches()
     try:
         ours, _ = judge_ours(*args, **kw)
         e = ours["cpu-emulator"]
         assert e["q_precision"] == "int8" and e["within_bound"], e
-        monkeypatch.setenv("TQBRIDGE_Q_PRECISION", "exact")
-        attention_kernel._plan_cached.cache_clear()
+        # the same run judged by the exact oracle: outside its bound (what judging by the run's q prevents)
+        real_oracle = attention_ref.oracle
+        monkeypatch.setattr(attention_ref, "oracle",
+                            lambda *a, **k: real_oracle(*a, **dict(k, q_precision="exact")))
+        wrong, _ = judge_ours(*args, **kw)
+        assert wrong["cpu-emulator"]["q_precision"] == "int8" and not wrong["cpu-emulator"]["within_bound"], wrong
+        monkeypatch.undo()
+        monkeypatch.setitem(decode_options.DEFAULT_Q_PRECISION, "cpu-emulator", "exact")
+        attention_kernel.clear_launch_caches()
         assert judge_ours(*args, **kw)[0]["cpu-emulator"]["q_precision"] == "exact"
     finally:
-        attention_kernel._plan_cached.cache_clear()
+        attention_kernel.clear_launch_caches()

@@ -129,9 +129,9 @@ def _clear_kernel_caches():
     """Forget every built kernel and prepared call, so a source edit (or its undo) takes effect."""
     import functools
 
-    from tqbridge.metal import attention, attention_kernel, kernel
+    from tqbridge.metal import attention, attention_build, attention_kernel, attention_launch, attention_plan, kernel
 
-    for mod in (attention_kernel, kernel, attention):
+    for mod in (attention_kernel, attention_build, attention_launch, attention_plan, kernel, attention):
         for obj in vars(mod).values():
             if isinstance(obj, functools._lru_cache_wrapper):
                 obj.cache_clear()

@@ -48,8 +48,8 @@ def add_arguments(p):
     p.add_argument("--caches", default="fp16,q8_0/turbo3,q8_0/q4_0,mlx-q8",
                    help="decode: comma-separated caches: fp16 (mlx-lm KVCache), mlx-q8 / mlx-q4 (mlx-lm "
                         "QuantizedKVCache), or TQCache K/V spellings; fp16 first (speed-ups are against it); a "
-                        "cache may carry TQBRIDGE_* switches in braces, e.g. 'q8_0/turbo3{TQBRIDGE_COMPILE=0}', to "
-                        "compare settings in one process")
+                        "TQCache may carry decode options in braces, e.g. 'q8_0/turbo3{compile=0}' (docs/settings.md), "
+                        "to compare them in one process")
     p.add_argument("--tokens", type=int, default=32, help="decode: tokens generated per cache and round")
     p.add_argument("--rounds", type=int, default=3, help="decode: interleaved rounds (every cache decodes in each)")
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
@@ -78,20 +78,20 @@ def add_arguments(p):
                    "through PyTorch's profiler, summed over the kernels each evaluation ran)")
     p.add_argument("--variants", default=None, help="attention: settings of the cache path to compare within this "
                    "process, in interleaved rounds with fp16 SDPA timed in each round (ratios free of the run-to-run "
-                   "spread between processes): ';'-separated variants, each ','-separated TQBRIDGE_*=value settings, "
-                   "an empty one for the defaults; e.g. 'TQBRIDGE_V3_DISPATCHES=1;' (growing length)")
+                   "spread between processes): ';'-separated variants, each ','-separated decode options name=value "
+                   "(docs/settings.md), an empty one for the defaults; e.g. 'chunks=1;' (growing length)")
     p.add_argument("--variant-rounds", type=int, default=2, help="attention: rounds of --variants (default 2)")
     p.add_argument("--json", default=None, help="write the results to this file")
 
 
 def parse_variants(spec: "str | None") -> list:
-    """``--variants``: a list of {TQBRIDGE_* name: value} settings (an empty dict: the defaults)."""
+    """``--variants``: a list of DecodeOptions (the defaults for an empty variant)."""
     if spec is None:
         return []
-    from ..metal.profiling import SettingsError, parse_settings
+    from ..metal.profiling import SettingsError, parse_options
 
     try:
-        out = [parse_settings(part) for part in spec.split(";")]
+        out = [parse_options(part) for part in spec.split(";")]
     except SettingsError as e:
         raise CliError(f"--variants: {e}") from None
     if len(out) < 2:
@@ -173,7 +173,9 @@ def _run_attention(args) -> int:
     except ImportError as e:
         raise CliError(f"needs mlx and mlx-lm: {e}")
     from ..bridge import FormatError, get_format, mlx_quantize
-    from ..metal import attention_kernel, profiling
+    from ..metal import profiling
+    from ..metal.attention_plan import KERNELS
+    from ..metal.backend import pick_backend
     from ..metal.attention import decode_attention, last_run
 
     regimes = [r for r in args.regime.split(",") if r]
@@ -197,12 +199,12 @@ def _run_attention(args) -> int:
         vf.check_length(args.head_dim)
     except FormatError as e:
         raise CliError(f"--k-format / --v-format / --head-dim: {e}") from None
-    backend = attention_kernel.pick_backend(args.backend)
+    backend = pick_backend(args.backend)
     gpu = backend in ("cuda", "metal")
     if not gpu and args.backend == "auto":
         raise CliError("bench attention needs MLX on a GPU (CUDA or Metal); this machine has none "
                        "(--backend cpu-emulator runs the same steps on the emulator: a smoke test, not a timing)")
-    configs = _kernel_configs(args, attention_kernel.KERNELS)
+    configs = _kernel_configs(args, KERNELS)
     b, hq, hkv, d, nl = args.batch, args.q_heads, args.kv_heads, args.head_dim, args.layers
     scale = d ** -0.5
     device_time = not args.no_device_time and gpu
@@ -334,7 +336,7 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
             rec = last_run()
             checked(tag, lambda: fused(ctx, kern, lpk, nw, un, layers=1), rec.get("q_precision"))
             row[tag + "_plan"] = {k: rec.get(k) for k in ("kernel", "splits", "lanes_per_key", "warps", "tile",
-                                                          "dispatches", "q_precision", "chunks", "stages", "dyn_smem", "prologue", "merge_pad")
+                                                          "dispatches", "q_precision", "chunks", "stages", "dyn_smem")
                                   if k in rec}
             for regime in regimes:
                 timed(tag, lambda n: fused(n, kern, lpk, nw, un), regime)
@@ -344,7 +346,7 @@ def _attention_context(mx, args, ctx, kf, vf, backend, configs, regimes, measure
     if launch is not None and "growing" in regimes:
         info = getattr(launch, "run_info", None) or {"backend": launch.backend}
         row["cache_path_plan"] = {k: info[k] for k in ("backend", "kernel", "splits", "warps", "tile", "dispatches",
-                                                       "q_precision", "v_decode", "chunks", "stages", "dyn_smem", "prologue", "merge_pad",
+                                                       "q_precision", "v_decode", "chunks", "stages", "dyn_smem",
                                                        "compiled", "device_params", "device_consts")
                                  if k in info}
         checked("cache_path", lambda: launch(q0[:, :, 0], kb[0], vb[0], ctx), info.get("q_precision"))
@@ -379,35 +381,33 @@ def _chained(launch, q0, kb, vb, layers: int):
 
 def _variant_rounds(mx, args, ctx, row, q0, kb, vb, kf, vf, backend, sdpa, checked, measure_device, profiling):
     """``--variants``: the cache path under each setting, then fp16 SDPA, in each of the rounds, a new
-    length every evaluation; each variant's plan and launch are made under its settings
-    (:class:`tqbridge.metal.profiling.settings` clears the launch caches around it).
+    length every evaluation; each variant's plan and launch are made with its decode options.
     ``row["variants"]``: every measurement; ``row["variant_summary"]``: per variant the median wall
     time and the median of its same-round ratio to fp16 SDPA."""
     from ..metal.attention_kernel import prepare_decode
-    from ..metal.profiling import settings
 
     nl = args.layers
     lengths = list(range(ctx - args.repeats - 2, ctx - 1))
     runs = row["variants"] = []
     for rnd in range(args.variant_rounds):
-        for i, env in enumerate(args.variant_list):
-            with settings(env):   # the launch caches cleared on entry and exit: plans made under env
-                vl = prepare_decode(q0[:, :, 0], kb[0], vb[0], k_format=kf, v_format=vf, backend=backend)
-                mx.eval(vl(q0[:, :, 0], kb[0], vb[0], ctx))   # (the emulated launch says its plan after a call)
-                info = getattr(vl, "run_info", None) or {"backend": vl.backend}
-                tag = f"variant{i}_round{rnd}"
-                checked(tag, lambda: vl(q0[:, :, 0], kb[0], vb[0], ctx), info.get("q_precision"))
+        for i, opts in enumerate(args.variant_list):
+            vl = prepare_decode(q0[:, :, 0], kb[0], vb[0], k_format=kf, v_format=vf, backend=backend,
+                                options=opts)
+            mx.eval(vl(q0[:, :, 0], kb[0], vb[0], ctx))   # (the emulated launch says its plan after a call)
+            info = getattr(vl, "run_info", None) or {"backend": vl.backend}
+            tag = f"variant{i}_round{rnd}"
+            checked(tag, lambda: vl(q0[:, :, 0], kb[0], vb[0], ctx), info.get("q_precision"))
 
-                chain = _chained(vl, q0, kb, vb, nl)
-                build, wall = profiling.build_and_wall(mx, chain, lengths, nl)
-                entry = {"variant": i, "env": env, "round": rnd, "wall_us": wall, "build_us": build,
-                         "pipelined_us": profiling.pipelined_wall(mx, chain, lengths, nl),
-                         "plan": {k: info[k] for k in ("kernel", "splits", "dispatches", "q_precision", "v_decode", "prologue", "merge_pad",
-                                                       "compiled", "device_params", "device_consts") if k in info},
-                         "wrong": bool(row.get(tag + "_wrong"))}
-                if measure_device:
-                    entry["device_us"] = profiling.device_us_per_call(
-                        profiling.device_times(mx, lambda: chain(ctx - 1)), nl)
+            chain = _chained(vl, q0, kb, vb, nl)
+            build, wall = profiling.build_and_wall(mx, chain, lengths, nl)
+            entry = {"variant": i, "options": opts.label(), "round": rnd, "wall_us": wall, "build_us": build,
+                     "pipelined_us": profiling.pipelined_wall(mx, chain, lengths, nl),
+                     "plan": {k: info[k] for k in ("kernel", "splits", "dispatches", "q_precision", "v_decode", "chunks",
+                                                   "stages", "compiled", "device_params", "device_consts") if k in info},
+                     "wrong": bool(row.get(tag + "_wrong"))}
+            if measure_device:
+                entry["device_us"] = profiling.device_us_per_call(
+                    profiling.device_times(mx, lambda: chain(ctx - 1)), nl)
             runs.append(entry)
         build, wall = profiling.build_and_wall(mx, sdpa, lengths, nl)
         runs.append({"variant": "sdpa_fp16", "round": rnd, "wall_us": wall, "build_us": build,
@@ -415,10 +415,10 @@ def _variant_rounds(mx, args, ctx, row, q0, kb, vb, kf, vf, backend, sdpa, check
     sd = {r["round"]: r["wall_us"] for r in runs if r["variant"] == "sdpa_fp16"}
     sdp = {r["round"]: r["pipelined_us"] for r in runs if r["variant"] == "sdpa_fp16"}
     row["variant_summary"] = []
-    for i, env in enumerate(args.variant_list):
+    for i, opts in enumerate(args.variant_list):
         mine = [r for r in runs if r["variant"] == i]
         row["variant_summary"].append({
-            "variant": i, "env": env, "wall_us_median": statistics.median(r["wall_us"] for r in mine),
+            "variant": i, "options": opts.label(), "wall_us_median": statistics.median(r["wall_us"] for r in mine),
             "vs_sdpa_fp16_median": statistics.median(sd[r["round"]] / r["wall_us"] for r in mine),
             "pipelined_vs_sdpa_fp16_median": statistics.median(sdp[r["round"]] / r["pipelined_us"] for r in mine),
             "device_us_median": (statistics.median(r["device_us"] for r in mine)
@@ -473,14 +473,18 @@ def _run_decode(args) -> int:
     from ..metal.lm import decode_bench
     from ..metal.lm.kv_spelling import parse_kv_spec
 
-    from ..metal.profiling import SettingsError, split_settings, split_top
+    from ..metal.profiling import SettingsError, split_options, split_top
 
     models = [m for m in args.models.split(",") if m]
     try:
         caches = split_top(args.caches)
-        bases = [split_settings(c)[0] for c in caches]
+        split = [split_options(c) for c in caches]
     except SettingsError as e:
         raise CliError(f"--caches: {e}") from None
+    bases = [b for b, _ in split]
+    for c, (b, opts) in zip(caches, split):
+        if opts.changed() and b in ("fp16", "mlx-q8", "mlx-q4"):
+            raise CliError(f"--caches: {c!r}: decode options apply to TQCache spellings, not {b}")
     for c in bases:
         if c not in ("fp16", "mlx-q8", "mlx-q4"):
             spec, qp = split_q_precision(c)

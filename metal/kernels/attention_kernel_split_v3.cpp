@@ -21,7 +21,7 @@
 // Compile-time (each name prefixed TQA_): as v2 (KF VF KBB VBB KGRP VGRP KQS VQS KSG VSG DK DV D G
 // T NW TILE KTB VTB KROT VROT QTYPE), KM (K has an offset m: q8_1 q), STB (bytes of the staging /
 // merge area), VB (turbo V: bits per index, 2 / 3 / 4; 0: another V format), V23 / VCODE (1: the byte-permute
-// decodes of turbo2 / turbo3 and of q4_0 / q5_0 / q8_0 where they apply; attention_kernel.v3_v_decode), NS (tiles in the copy ring), Q8W (q8_0 K by whole words: tqa_q8_pair). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
+// decodes of turbo2 / turbo3 and of q4_0 / q5_0 / q8_0 where they apply; attention_kernel.v3_v_decode), NS (tiles in the copy ring), KC (16-key chunks per SIMD-group step). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
 // whose values fit binary16, or f16; G*T <= 8; DK % 32 == 0; DV % 64 == 0. No TQA_DYN build.
 const int kf = TQA_KF, vf = TQA_VF, kbb = TQA_KBB, vbb = TQA_VBB, vgrp = TQA_VGRP;
 const int vqs = TQA_VQS, vsg = TQA_VSG, krot = TQA_KROT;
@@ -33,7 +33,7 @@ constexpr int RV = TQA_DV / 16;             // V values per run (and m-tiles)
 constexpr int KRB = TQA_DK / 32 * TQA_KBB;
 constexpr int VRB = TQA_DV / TQA_VGRP * TQA_VBB;
 // q8_0 K rows of 4-byte aligned length: whole-word code loads, even blocks' slots rotated by 2 (tqa_q8_pair)
-constexpr bool Q8W = TQA_Q8W && TQA_KF == TQA_Q8_0 && (KRB & 3) == 0;
+constexpr bool Q8W = TQA_KF == TQA_Q8_0 && (KRB & 3) == 0;
 const uint tid = tq_tid;
 const uint lane = tid & 31u;
 const uint warp = tid >> 5;
@@ -57,16 +57,12 @@ TQ_DYN_SHARED_ARRAY(uint, stage);
 TQ_SHARED_ARRAY(uint, stage, TQA_STB / 4);
 #endif
 constexpr int HALF = (TQA_KTB + TQA_VTB) / 4;  // words per staged tile
-// TQA_PRO: the prologue. 0: q quantized one 32-value block per thread, the first tiles' copies issued after it
-// (q's rows at the start of the staging area); 1: q quantized by 8 lanes per block (conflict-free threadgroup
-// reads), copies after; 2: as 1, and the first NS - 1 tiles' copies issued before q is loaded, so their latency
-// hides q's load, rotation and quantization (q's rows then live in the ring's last buffer, which the key loop
-// refills only after its first barrier; the staging area is sized for that: attention_kernel._v3_stage_bytes)
-constexpr bool QLANES = TQA_PRO >= 1;
-constexpr bool EARLY = TQA_PRO >= 2;
+// The prologue: the first NS - 1 tiles' copies are issued before q is loaded, so their latency hides q's load,
+// rotation and quantization (q's rows then live in the ring's last buffer, which the key loop refills only
+// after its first barrier; the staging area is sized for that: attention_plan.v3_stage_bytes)
 static_assert(TQA_NS >= 2 && (TQA_NS - 1) * HALF * 4 + 32 * TQA_DK <= TQA_STB, "q's rows must fit after the ring's head");
 // q rows (rows >= Q zero), rotated: only until the key loop's first barrier
-TQ_SHARED float* qf = (TQ_SHARED float*)(stage + (EARLY ? (TQA_NS - 1) * HALF : 0));
+TQ_SHARED float* qf = (TQ_SHARED float*)(stage + (TQA_NS - 1) * HALF);
 // turbo2 / turbo3 rows of one 128-value block (RV = 8; TQA_V23, unless the generic turbo path is
 // forced): the centroids are looked up four at a time by byte permutes of registers (tq_byte_perm),
 // the indices assembled as 4-bit fields from one 16-bit load of qs and, for turbo3, a table keyed by
@@ -94,7 +90,7 @@ const size_t voff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)VRB;
 // straight 16-byte copies (tqa_stage_full16), any other by the generic loop
 const bool stage16 = tq_aligned16_shared(stage);   // (tqa_stage_tile checks the rest, tile by tile)
 const int first = start - (start & 1);
-if (EARLY) tqa_stage_ring_head<TQA_TILE, KRB, VRB, TQA_KTB, TQA_VTB, NT, TQA_NS>(stage, kb, koff, vb, voff, first, end,
+tqa_stage_ring_head<TQA_TILE, KRB, VRB, TQA_KTB, TQA_VTB, NT, TQA_NS>(stage, kb, koff, vb, voff, first, end,
                                                                                stage16, tid);
 
 if (tid < 16u) { ktab[tid] = tabs[tid]; vtab[tid] = tabs[16u + tid]; }
@@ -125,69 +121,43 @@ tq_barrier();
 if (krot) tqa_rotate(qf, 8 * TQA_DK, krot, tabs + TQA_TAB_KS1, tabs + TQA_TAB_KS2, tabs[TQA_TAB_KSCALE], tid, (uint)NT);
 // q to int8 per 32 values, as ggml's quantize_row_q8_0_ref / q8_1_ref. A block's slot j holds value
 // (j + rot) % 32 (rot 2 for the even blocks of whole-word q8_0 rows: tqa_q8_pair)
-if (QLANES) {
-    // 8 lanes per block, 4 values (one word of codes) each: the block's max |x| and its code sum by three
-    // butterfly steps over the 8 lanes (both order-free: the same bits as one thread per block)
-    constexpr int QW = 8 * NB * 8;   // words of codes: a multiple of 32, so SIMD groups run the loop whole
-    for (int wi = (int)tid; wi < QW; wi += NT) {   // uniform per SIMD group
-        const int bi = wi >> 3, m = wi & 7;
-        TQ_SHARED const float* x = qf + bi * 32;
-        const int rot = (Q8W && (bi % NB) % 2 == 0) ? 2 : 0;
-        float v[4];
-        float amax = 0.0f;
-        for (int u = 0; u < 4; ++u) {
-            v[u] = x[(4 * m + u + rot) & 31];
-            const float a = tq_abs(v[u]);
-            amax = a > amax ? a : amax;
-        }
-        for (uint off = 1u; off < 8u; off <<= 1) {
-            const float o = tq_simd_shuffle_xor(amax, off);
-            amax = o > amax ? o : amax;
-        }
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        int sum = 0;
-        uint w = 0u;
-        for (int u = 0; u < 4; ++u) {
-            const int c = (int)tqa_round_away(v[u] * id);
-            sum += c;
-            w |= ((uint)c & 0xffu) << (8 * u);
-        }
-        for (uint off = 1u; off < 8u; off <<= 1) sum += tq_simd_shuffle_xor(sum, off);
-        qi[(bi / NB) * QIS + (bi % NB) * 8 + m] = w;
-        if (m == 0) {
-            qd[bi] = tq_half_to_float(tq_f32_to_f16_bits(d));
-            qsm[bi] = tq_half_to_float(tq_f32_to_f16_bits((float)sum * d));
-        }
+// 8 lanes per block, 4 values (one word of codes) each: the block's max |x| and its code sum by three
+// butterfly steps over the 8 lanes (both order-free: the same bits as one thread per block)
+constexpr int QW = 8 * NB * 8;   // words of codes: a multiple of 32, so SIMD groups run the loop whole
+for (int wi = (int)tid; wi < QW; wi += NT) {   // uniform per SIMD group
+    const int bi = wi >> 3, m = wi & 7;
+    TQ_SHARED const float* x = qf + bi * 32;
+    const int rot = (Q8W && (bi % NB) % 2 == 0) ? 2 : 0;
+    float v[4];
+    float amax = 0.0f;
+    for (int u = 0; u < 4; ++u) {
+        v[u] = x[(4 * m + u + rot) & 31];
+        const float a = tq_abs(v[u]);
+        amax = a > amax ? a : amax;
     }
-} else {
-    for (int bi = (int)tid; bi < 8 * NB; bi += NT) {   // one thread per block
-        TQ_SHARED const float* x = qf + bi * 32;
-        float amax = 0.0f;
-        for (int j = 0; j < 32; ++j) { const float a = tq_abs(x[j]); amax = a > amax ? a : amax; }
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        int sum = 0;
-        const int rot = (Q8W && (bi % NB) % 2 == 0) ? 2 : 0;
-        for (int j = 0; j < 32; j += 4) {
-            uint w = 0u;
-            for (int u = 0; u < 4; ++u) {
-                const int c = (int)tqa_round_away(x[(j + u + rot) & 31] * id);
-                sum += c;
-                w |= ((uint)c & 0xffu) << (8 * u);
-            }
-            qi[(bi / NB) * QIS + (bi % NB) * 8 + j / 4] = w;
-        }
+    for (uint off = 1u; off < 8u; off <<= 1) {
+        const float o = tq_simd_shuffle_xor(amax, off);
+        amax = o > amax ? o : amax;
+    }
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int sum = 0;
+    uint w = 0u;
+    for (int u = 0; u < 4; ++u) {
+        const int c = (int)tqa_round_away(v[u] * id);
+        sum += c;
+        w |= ((uint)c & 0xffu) << (8 * u);
+    }
+    for (uint off = 1u; off < 8u; off <<= 1) sum += tq_simd_shuffle_xor(sum, off);
+    qi[(bi / NB) * QIS + (bi % NB) * 8 + m] = w;
+    if (m == 0) {
         qd[bi] = tq_half_to_float(tq_f32_to_f16_bits(d));
         qsm[bi] = tq_half_to_float(tq_f32_to_f16_bits((float)sum * d));
     }
 }
 tq_barrier();
 
-// this lane's q fragments (column g of B) and the scales of its two output columns 2*t4, 2*t4 + 1:
-// held in registers (TQA_QSMEM 0), or read from threadgroup memory in the key loop (TQA_QSMEM 1: 24
-// fewer registers per thread, e.g. 119 -> 95 for q8_0/turbo3 on sm_90a, 5 threadgroups per SM
-// instead of 4, for 16 more loads per 16 keys; the unused registers' stores are dead code)
+// this lane's q fragments (column g of B) and the scales of its two output columns 2*t4, 2*t4 + 1, in registers
 const int qrow = (int)g * QIS + (int)t4;
 const int qcol0 = (2 * (int)t4) * NB, qcol1 = (2 * (int)t4 + 1) * NB;
 uint bq0[NB], bq1[NB];
@@ -215,8 +185,6 @@ float lrun[2] = {0.0f, 0.0f};
 float o[RV][4];
 for (int i = 0; i < RV; ++i)
     for (int u = 0; u < 4; ++u) o[i][u] = 0.0f;
-if (!EARLY) tqa_stage_ring_head<TQA_TILE, KRB, VRB, TQA_KTB, TQA_VTB, NT, TQA_NS>(stage, kb, koff, vb, voff, first, end,
-                                                                                stage16, tid);
 int buf = 0;
 for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadgroup
     const int n = end - t0 < TQA_TILE ? end - t0 : TQA_TILE;
@@ -257,16 +225,16 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
                     d1 = tqa_half(r1 + k * kbb, 0);
                 }
                 int c[4] = {0, 0, 0, 0};
-                tq_mma_s8(c, a0, a1, a2, a3, TQA_QSMEM ? qi[qrow + k * 8] : bq0[k], TQA_QSMEM ? qi[qrow + k * 8 + 4] : bq1[k],
+                tq_mma_s8(c, a0, a1, a2, a3, bq0[k], bq1[k],
                           lane);
-                const float e0 = TQA_QSMEM ? qd[qcol0 + k] : dq0[k], e1 = TQA_QSMEM ? qd[qcol1 + k] : dq1[k];
+                const float e0 = dq0[k], e1 = dq1[k];
                 s[0] += (float)c[0] * (d0 * e0);
                 s[1] += (float)c[1] * (d0 * e1);
                 s[2] += (float)c[2] * (d1 * e0);
                 s[3] += (float)c[3] * (d1 * e1);
                 if (TQA_KM) {
                     const float m0 = tqa_half(r0 + k * kbb, 2), m1 = tqa_half(r1 + k * kbb, 2);
-                    const float u0 = TQA_QSMEM ? qsm[qcol0 + k] : sq0[k], u1 = TQA_QSMEM ? qsm[qcol1 + k] : sq1[k];
+                    const float u0 = sq0[k], u1 = sq1[k];
                     s[0] += m0 * u0;
                     s[1] += m0 * u1;
                     s[2] += m1 * u0;
@@ -501,10 +469,9 @@ for (int c = 0; c < 2; ++c)
     for (uint off = 4u; off < 32u; off <<= 1) lrun[c] += tq_simd_shuffle_xor(lrun[c], off);
 TQ_SHARED float* wm = (TQ_SHARED float*)stage;            // (NW, 8)
 TQ_SHARED float* wl = wm + TQA_NW * 8;                    // (NW, 8)
-// (NW, 8, WOS): rows of DV values at a stride of WOS. TQA_WOPAD 1: DV + 1, so the fragment stores below (lanes
-// g * 4 + t4 write row 2 * t4 + c, column g * RV + i) hit at most 2 lanes per bank (a stride of DV, a multiple
-// of 32: 8 lanes per bank)
-constexpr int WOS = TQA_DV + TQA_WOPAD;
+// (NW, 8, WOS): rows of DV values at a stride of DV + 1, so the fragment stores below (lanes g * 4 + t4 write
+// row 2 * t4 + c, column g * RV + i) hit at most 2 lanes per bank (a stride of DV, a multiple of 32: 8 lanes)
+constexpr int WOS = TQA_DV + 1;
 static_assert(4 * TQA_NW * 8 * (2 + WOS) <= TQA_STB, "the SIMD groups' partial rows must fit the staging area");
 TQ_SHARED float* wo = wl + TQA_NW * 8;
 for (int c = 0; c < 2; ++c) {
@@ -534,85 +501,3 @@ for (int x = (int)tid; x < Q * TQA_DV; x += NT) {
     po[pi * TQA_DV + e] = a;
     if (e == 0) { pml[pi * 2] = mx > TQA_NEG_BIG ? mx * (1.0f / LOG2E) : TQA_NEG_BIG; pml[pi * 2 + 1] = l; }
 }
-
-#if TQA_FUSED
-// One dispatch: the last threadgroup of this (batch row, KV head) to finish merges every split's
-// partial (as the combine pass does: the sinks, the softmax sum, the rotation back) and writes the
-// output rows; it resets the head's ticket counter for the next call.
-TQ_SHARED uint* ticket = stage + TQA_STB / 4 - 1;
-tq_device_fence();
-tq_barrier();
-if (tid == 0u) ticket[0] = tq_atomic_inc(cnt_w + bh) == (uint)(n_splits - 1) ? 1u : 0u;
-tq_barrier();
-if (ticket[0]) {   // uniform across the threadgroup
-    tq_device_fence();
-    if (tid == 0u) cnt_w[bh] = 0u;
-    // the query rows in chunks of rpp whose weights (rpp x n_splits) and outputs (rpp x DV) fit the
-    // staging area: per row, one SIMD group finds the largest maximum and the weights (lanes over
-    // the splits); then every thread sums 4 consecutive output values over the splits, 8 splits'
-    // loads in flight at a time (the merge is the tail of the dispatch), divides, and the chunk is
-    // rotated back and written
-    constexpr int CAP = TQA_STB / 4 - 1 - 8;
-    const int rpp0 = CAP / (n_splits + TQA_DV);
-    const int rpp = rpp0 < Q ? rpp0 : Q;
-    TQ_SHARED float* den_sh = (TQ_SHARED float*)stage;   // (8) softmax denominators
-    TQ_SHARED float* osh = den_sh + 8;                    // (rpp, DV) output rows
-    TQ_SHARED float* wsh = osh + rpp * TQA_DV;            // (rpp, n_splits) weights
-    for (int r0 = 0; r0 < Q; r0 += rpp) {
-        const int nr = Q - r0 < rpp ? Q - r0 : rpp;
-        for (int rr = (int)warp; rr < nr; rr += TQA_NW) {   // uniform per SIMD group
-            const size_t pr = row0 + (size_t)(r0 + rr);
-            const int hq = h * G + (r0 + rr) / T;
-            float mx = TQA_NEG_BIG;
-            for (int i = (int)lane; i < n_splits; i += 32) {
-                const float mi = tq_load_cg(pml + (pr * (size_t)n_splits + (size_t)i) * 2);
-                mx = mi > mx ? mi : mx;
-            }
-            for (uint off = 16u; off > 0u; off >>= 1) {
-                const float w = tq_simd_shuffle_xor(mx, off);
-                mx = w > mx ? w : mx;
-            }
-            const float sink = TQA_SINKS ? sinks[hq] : TQA_NEG_BIG;
-            if (TQA_SINKS && sink > mx) mx = sink;
-            float dp = 0.0f;
-            for (int i = (int)lane; i < n_splits; i += 32) {
-                const size_t pi = pr * (size_t)n_splits + (size_t)i;
-                const float w = tq_exp(tq_load_cg(pml + pi * 2) - mx);
-                wsh[rr * n_splits + i] = w;
-                dp += tq_load_cg(pml + pi * 2 + 1) * w;
-            }
-            for (uint off = 16u; off > 0u; off >>= 1) dp += tq_simd_shuffle_xor(dp, off);
-            if (lane == 0u) den_sh[rr] = dp + (TQA_SINKS ? tq_exp(sink - mx) : 0.0f);
-        }
-        tq_barrier();
-        const int nv = nr * TQA_DV;   // a multiple of 4: each thread sums 4 consecutive values of a row
-        for (int x0 = 4 * (int)tid; x0 < nv; x0 += 4 * NT) {
-            const int rr = x0 / TQA_DV;
-            TQ_CONST_DEVICE float* src = po + (row0 + (size_t)(r0 + rr)) * (size_t)n_splits * TQA_DV + (size_t)(x0 - rr * TQA_DV);
-            TQ_SHARED const float* wr = wsh + rr * n_splits;
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            int i = 0;
-            for (; i + 8 <= n_splits; i += 8) {   // 32 loads in flight, then the sums in split order
-                float v[8][4];
-                TQ_UNROLL
-                for (int j = 0; j < 8; ++j)
-                    for (int k = 0; k < 4; ++k) v[j][k] = tq_load_cg(src + (size_t)(i + j) * TQA_DV + k);
-                TQ_UNROLL
-                for (int j = 0; j < 8; ++j)
-                    for (int k = 0; k < 4; ++k) acc[k] += v[j][k] * wr[i + j];
-            }
-            for (; i < n_splits; ++i)
-                for (int k = 0; k < 4; ++k) acc[k] += tq_load_cg(src + (size_t)i * TQA_DV + k) * wr[i];
-            const float den = den_sh[rr];
-            for (int k = 0; k < 4; ++k) osh[x0 + k] = den > 0.0f ? acc[k] / den : 0.0f;
-        }
-        tq_barrier();
-        if (TQA_VROT) tqa_rotate(osh, nv, TQA_VROT, tabs + TQA_TAB_VS2, tabs + TQA_TAB_VS1, tabs[TQA_TAB_VSCALE], tid, (uint)NT);
-        for (int x = (int)tid; x < nr * TQA_D; x += NT) {
-            const int rr = x / TQA_D, e = x - rr * TQA_D;
-            TQA_OUT(out)[(row0 + (size_t)(r0 + rr)) * TQA_D + e] = TQA_QSTORE(osh[rr * TQA_DV + e]);
-        }
-        tq_barrier();
-    }
-}
-#endif

@@ -209,27 +209,6 @@ TQ_FUNC void tqa_stage_ring_head(TQ_SHARED uint* stage, TQ_CONST_DEVICE uchar* k
     }
 }
 
-// Across threadgroups (kernel v3's single dispatch): tq_device_fence orders this thread's device
-// memory writes before its later ones as seen by other threadgroups (release) and its later reads
-// after them (acquire); tq_atomic_inc returns the old value; tq_load_cg reads past the (non-coherent)
-// L1 cache. The emulator runs threadgroups one after another: plain operations. Metal has only
-// relaxed device atomics, so the single dispatch is not used there.
-#if defined(TQ_BACKEND_CUDA)
-TQ_FUNC void tq_device_fence() { __threadfence(); }
-TQ_FUNC uint tq_atomic_inc(TQ_DEVICE uint* p) { return atomicAdd(p, 1u); }
-TQ_FUNC float tq_load_cg(TQ_CONST_DEVICE float* p) { return __ldcg(p); }
-#elif defined(TQ_BACKEND_METAL)
-TQ_FUNC void tq_device_fence() {}
-TQ_FUNC uint tq_atomic_inc(TQ_DEVICE uint* p) {
-    return atomic_fetch_add_explicit((device atomic_uint*)p, 1u, memory_order_relaxed);
-}
-TQ_FUNC float tq_load_cg(TQ_CONST_DEVICE float* p) { return *p; }
-#else
-TQ_FUNC void tq_device_fence() {}
-TQ_FUNC uint tq_atomic_inc(TQ_DEVICE uint* p) { const uint old = *p; *p = old + 1u; return old; }
-TQ_FUNC float tq_load_cg(TQ_CONST_DEVICE float* p) { return *p; }
-#endif
-
 // 2^x with results below 2^-126 flushed to zero. On CUDA one MUFU.EX2 (`ex2.approx.ftz`: the same
 // instruction and bits exp2f computes for results >= 2^-126; exp2f spends 4 more instructions on
 // denormal results); elsewhere the backend's exp2, flushed. Kernel v3's softmax weights below 2^-126

@@ -20,6 +20,7 @@ the per-layer reports in :mod:`tqbridge.metal.lm.report`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -30,6 +31,7 @@ from tqbridge.bridge import FormatError, display_name, get_format
 from tqbridge.bridge.kv_spec import DEFAULT_FORMAT
 from tqbridge.bridge.registry import shown
 
+from ..decode_options import DEFAULT_OPTIONS
 from ..hadamard import hadamard_rotate
 from .calibration import CalibrationError, KeyCalibration, fit as _fit_calibration, split_key_spec
 from .codecs import _any_nonfinite, _dequantizer, _quantizer, padded_dim, rotation_group
@@ -66,7 +68,18 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
 
     step = 256
 
-    q_precision = None        # decode attention's q precision (None: the backend's default; see decode_attention)
+    # how decode attention is planned and launched (tqbridge.metal.decode_options); a cache-wide value,
+    # replaced (not mutated) to change it
+    decode_options = DEFAULT_OPTIONS
+
+    @property
+    def q_precision(self) -> "str | None":
+        """Decode attention's q precision (``decode_options.q_precision``; None: the backend's default)."""
+        return self.decode_options.q_precision
+
+    @q_precision.setter
+    def q_precision(self, value: "str | None") -> None:
+        self.decode_options = dataclasses.replace(self.decode_options, q_precision=value)
 
     def __init__(self, k_format: str = DEFAULT_FORMAT, v_format: str = DEFAULT_FORMAT, window: "int | None" = None,
                  rotation: str = "llama", calibration: "KeyCalibration | str | None" = None):

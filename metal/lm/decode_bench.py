@@ -81,10 +81,11 @@ def build_model(name: str, dtype=mx.float16, seed: int = 0):
     return model, {"model": name, "weights": f"GGUF {os.path.basename(str(path))} as {dtype}"}
 
 
-def make_caches(model, kind: str) -> list:
+def make_caches(model, kind: str, options=None) -> list:
     """A prompt cache: ``fp16`` (mlx-lm's KVCache), ``mlx-q8`` / ``mlx-q4`` (its QuantizedKVCache) or a
     TQCache K/V spelling such as ``q8_0/turbo3``, optionally with ``@int8`` / ``@exact`` (the decode
-    attention's q precision: kernel v3 / v2; default: the backend's)."""
+    attention's q precision: kernel v3 / v2; default: the backend's); TQCache layers decode with
+    ``options`` (a :class:`~tqbridge.metal.decode_options.DecodeOptions`; None: the defaults)."""
     from mlx_lm.models import cache as mc
 
     if kind == "fp16":
@@ -95,15 +96,17 @@ def make_caches(model, kind: str) -> list:
                 for c in mc.make_prompt_cache(model)]
     from tqbridge.bridge.kv_spec import split_q_precision
 
+    from ..decode_options import as_options
     from .cache import make_cache
     from .kv_spelling import parse_kv_spec
 
     kind, qp = split_q_precision(kind)
     k, v, cal = parse_kv_spec(kind)
     caches = make_cache(model, k, v, calibration=cal or None)
-    if qp:
-        for c in caches:
-            c.q_precision = qp
+    opts = as_options(options, qp or None)
+    for c in caches:
+        if hasattr(type(c), "decode_options"):   # TQCache layers (a model may mix in mlx-lm's own)
+            c.decode_options = opts
     return caches
 
 
@@ -215,12 +218,12 @@ def layer_step_profile(cache: list, model, steps: int = 64, dtype=mx.float16) ->
             "paths": dict(getattr(c, "paths", {}) or {})}
 
 
-def _prepare(model, kind: str, context: int, dtype) -> tuple[dict, "list | None"]:
+def _prepare(model, kind: str, context: int, dtype, options=None) -> tuple[dict, "list | None"]:
     row: dict[str, Any] = {"cache": kind, "context": context}
     mx.clear_cache()
     before = mx.get_active_memory()
     try:
-        cache = make_caches(model, kind)
+        cache = make_caches(model, kind, options)
         prefill(cache, model, context, dtype)
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {e}"[:300]
@@ -249,32 +252,31 @@ def _decode_tokens(model, cache: list, tokens: int) -> tuple[list[float], float]
 def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int, *, dtype=mx.float16) -> list[dict]:
     """Every cache of ``kinds`` pre-filled to ``context`` rows, then ``rounds`` rounds in which each cache
     decodes ``tokens`` tokens in turn (interleaved, so a slow spell of the machine hits every cache
-    alike). A kind may carry TQBRIDGE_* switches in braces (``q8_0/turbo3{TQBRIDGE_COMPILE=0}``): its
-    prefill, decoding and profile run under them (:class:`tqbridge.metal.profiling.settings`). Per
+    alike). A TQCache kind may carry decode options in braces (``q8_0/turbo3{compile=0}``,
+    :class:`tqbridge.metal.decode_options.DecodeOptions`): its caches decode with them. Per
     cache: median over rounds of each round's median ms/token; speed-up against the first cache: median
     over rounds of the per-round ratios."""
-    from ..profiling import settings, split_settings
+    from ..profiling import SettingsError, split_options
 
-    rows, caches, envs = [], [], []
+    rows, caches = [], []
     for kind in kinds:
-        base, env = split_settings(kind)   # "q8_0/turbo3{TQBRIDGE_X=0}": that cache under those switches
-        with settings(env):
-            row, cache = _prepare(model, base, context, dtype)
+        base, opts = split_options(kind)   # "q8_0/turbo3{compile=0}": that cache with those decode options
+        if opts.changed() and base in ("fp16", "mlx-q8", "mlx-q4"):
+            raise SettingsError(f"{kind!r}: decode options apply to TQCache kinds, not {base}")
+        row, cache = _prepare(model, base, context, dtype, opts)
         row["cache"] = kind
-        if env:
-            row["settings"] = env
+        if opts.changed():
+            row["options"] = opts.label()
         row["tokens"], row["rounds"] = tokens, rounds
         rows.append(row)
         caches.append(cache)
-        envs.append(env)
     per_round: list[list] = [[] for _ in kinds]
     for _ in range(rounds):
         for i, cache in enumerate(caches):
             if cache is None:
                 continue
             try:
-                with settings(envs[i]):
-                    deltas, syncs = _decode_tokens(model, cache, tokens)
+                deltas, syncs = _decode_tokens(model, cache, tokens)
             except Exception as e:
                 rows[i]["error"] = f"{type(e).__name__}: {e}"[:300]
                 caches[i] = None
@@ -289,8 +291,7 @@ def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int
         row["tokens_per_s"] = 1e3 / row["ms_per_token"]
         if per_round[0] and len(per_round[0]) == len(per_round[i]):
             row["speedup_vs_" + kinds[0]] = statistics.median(a / b for a, b in zip(per_round[0], per_round[i]))
-        with settings(envs[i]):
-            row.update(layer_step_profile(cache, model, dtype=dtype))
+        row.update(layer_step_profile(cache, model, dtype=dtype))
         if hasattr(cache[-1], "codec_paths"):
             from .report import cache_report
 

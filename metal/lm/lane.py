@@ -55,7 +55,7 @@ class StepLane(NamedTuple):
 
 class AttendLane(NamedTuple):
     """The routed attention of a decode step: the q shape and scale it was prepared for, the path name
-    it reports and the prepared fused attention (:class:`tqbridge.metal.attention_kernel.DecodeLaunch`)."""
+    it reports and the prepared fused attention (:class:`tqbridge.metal.attention_launch.DecodeLaunch`)."""
 
     q_shape: tuple
     scale: float
@@ -155,10 +155,10 @@ class DecodeLane:
                    padded_dim(self.v_format, self.v_dim), self.k_rot, self.v_rot,
                    str(keys.dtype).replace("mlx.core.", ""), gpu)
             try:
-                app = kv_append.prepared(*geo)
+                app = kv_append.prepared(*geo, options=self.decode_options)
             except Exception as e:   # a geometry the kernel does not take: the ops path, said once
                 self.codec_paths["append_note"] = f"in-place append unavailable: {type(e).__name__}: {e}"
-            reason = check_decode_lane(*geo) if app is not None else None
+            reason = check_decode_lane(*geo, options=self.decode_options) if app is not None else None
             if reason:   # kernels that fail here on this hardware: the reference paths, loudly
                 app = None
                 self.decode_fallback = f"self-check failed: {reason}"

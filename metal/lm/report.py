@@ -10,7 +10,7 @@ from .cache import TQCache
 
 __all__ = ["cache_report", "paths_line"]
 
-_KERNEL_INFO = ("backend", "kernel", "q_precision", "v_decode", "chunks", "stages", "dyn_smem", "prologue", "merge_pad", "warps", "tile",
+_KERNEL_INFO = ("backend", "kernel", "q_precision", "v_decode", "chunks", "stages", "dyn_smem", "warps", "tile",
                 "dispatches", "splits", "compiled", "fused_append", "device_params", "device_consts")
 
 

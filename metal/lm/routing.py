@@ -31,6 +31,7 @@ from contextvars import ContextVar
 import mlx.core as mx
 
 from ..backend import emulated_decode_lane
+from ..decode_options import DEFAULT_OPTIONS
 from .cache import TQCache, hadamard_rotate
 from .lane import AttendLane, routed_block
 
@@ -92,7 +93,7 @@ def _fast_decode(cache: TQCache, q, scale: float, sinks, backend: str):
                                 scale=scale, window=cache.window, sinks=sinks,
                                 rotation=(cache.k_rot, cache.v_rot),
                                 backend="cpu-emulator" if _gpu_backend() == "cpu-emulator" else "auto",
-                                q_precision=cache.q_precision)
+                                options=cache.decode_options)
         cache.decode_launch, cache._decode_sig = launch, sig
         if launch is None:
             return None
@@ -125,8 +126,8 @@ def _kernel_decode(cache: TQCache, q: mx.array, scale: float, sinks, backend: st
     kb, vb = cache.blocks(start)
     B, Hq, _, D = q.shape
     kwargs = {"sinks": sinks} if sinks is not None else {}
-    if cache.q_precision is not None:
-        kwargs["q_precision"] = cache.q_precision
+    if cache.decode_options != DEFAULT_OPTIONS:
+        kwargs["options"] = cache.decode_options
     if cache.calibration:
         q = cache.query_for_blocks(q)       # (H(q*s)).(H(k-mu)/s) = q.k - q.mu: same softmax
         rotation = None

@@ -53,7 +53,7 @@ def _np(a):
 def _v3_refuses(q, k_blocks, v_blocks, kw) -> bool:
     """Whether kernel v3 (int8 q) cannot serve this call (a malformed call: False, and the call raises)."""
     from ...metal.attention import check_problem
-    from ...metal.attention_kernel import v3_refusal
+    from ...metal.attention_plan import v3_refusal
 
     try:
         return v3_refusal(check_problem(q, k_blocks, v_blocks, **kw)) is not None

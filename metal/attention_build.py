@@ -1,0 +1,131 @@
+"""The fused decode attention's kernel builds: static parameters, value tables and kernel definitions.
+
+Pass 1 (one of the three split kernels, :mod:`.attention_plan`) and pass 2
+(``attention_kernel_combine.cpp``, one threadgroup per output row) are tqbridge-dialect kernels
+(:mod:`.kernel`) with the helpers of ``attention_kernel.h``; the same source runs on Metal, on CUDA
+(MLX's CUDA backend) and on the CPU SIMT emulator. A plan and a problem give the static parameters
+(:func:`static_params`); per-call values (lengths, split size, scale, softcap) travel in small
+parameter buffers, so a new token never builds a new kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from .attention_formats import _fmt_params, _side_rotation
+from .attention_plan import (COMBINE_THREADS, MAX_PARTIALS, TILE_BYTES, Plan, row_bytes, rows_room, turbo_index_bits,
+                             v2_key_slots, v3_stage_bytes)
+from .attention_problem import Problem
+from .kernel import KERNEL_DIR
+
+QTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
+DYN_MAX_ROWS = 32            # TQA_QA: query rows per group a format-generic (TQA_DYN) build holds
+LAUNCHES = [0]               # kernel launches made through :func:`launch` (what the dispatch count reports)
+
+
+def launch(kernel, *args, **kw):
+    """Issue one kernel launch, counted in :data:`LAUNCHES`."""
+    LAUNCHES[0] += 1
+    return kernel(*args, **kw)
+
+
+def tables(prob: Problem) -> np.ndarray:
+    """The ``tabs`` buffer: K/V value tables, K/V sign tables (RMAX each), K/V rotation scales."""
+    _, kt, *_ = _fmt_params(prob.k_format)
+    _, vt, *_ = _fmt_params(prob.v_format)
+    _, ks1, ks2, kscale = _side_rotation(prob.k_format, prob.k_rot)
+    _, vs1, vs2, vscale = _side_rotation(prob.v_format, prob.v_rot)
+    return np.concatenate([kt, vt, ks1, ks2, vs1, vs2, [kscale, vscale]]).astype(np.float32)
+
+
+def _fmt_consts(prob: Problem) -> dict:
+    ks, *_ = _fmt_params(prob.k_format)
+    vs, *_ = _fmt_params(prob.v_format)
+    return dict(TQA_KF=ks["ID"], TQA_VF=vs["ID"], TQA_KBB=ks["BB"], TQA_VBB=vs["BB"], TQA_KGRP=ks["GRP"],
+                TQA_VGRP=vs["GRP"], TQA_KQS=ks["QS"], TQA_VQS=vs["QS"], TQA_KSG=ks["SG"], TQA_VSG=vs["SG"],
+                TQA_KROT=ks["ROT"] or prob.k_rot, TQA_VROT=vs["ROT"] or prob.v_rot, TQA_G=prob.group,
+                TQA_T=prob.rows)
+
+
+def static_params(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dict, list, list]:
+    """Static parameters of both passes and the extra int parameters they read (TQA_DYN builds)."""
+    fc = _fmt_consts(prob)
+    krb, vrb = row_bytes(prob, dyn)
+    tile = plan.tile or max(2, min(64, 1 << int(math.log2(TILE_BYTES // (krb + vrb)))))
+    split = dict(TQA_DK=prob.k_dim, TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_NW=plan.warps, TQA_QTYPE=qtype,
+                 TQA_DYN=int(dyn), TQA_TILE=tile, TQA_KTB=-(-tile * krb // 4) * 4, TQA_VTB=-(-tile * vrb // 4) * 4)
+    if plan.kernel == "v3":
+        split.update(TQA_KM=int(prob.k_format.layout.has_m),   # q4_1 / q5_1: a minimum m per block
+                     TQA_VB=turbo_index_bits(prob.v_format),
+                     TQA_STB=v3_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages,
+                     TQA_KC=plan.chunks, TQ_DSMEM=plan.dyn_smem,
+                     TQA_V23=int(plan.v_decode == "turbo-permute"), TQA_VCODE=int(plan.v_decode == "codes-permute"))
+    elif plan.kernel == "v2":
+        split.update(TQA_QA=plan.rows_room or rows_room(prob, dyn), TQA_KS=v2_key_slots(prob))
+    else:
+        split.update(TQA_LPK=plan.lanes_per_key)
+    combine = dict(TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_NT=COMBINE_THREADS, TQA_QTYPE=qtype,
+                   TQA_DYN=int(dyn), TQA_MAXP=MAX_PARTIALS)
+    order = ["TQA_KF", "TQA_VF", "TQA_KBB", "TQA_VBB", "TQA_KGRP", "TQA_VGRP", "TQA_KQS", "TQA_VQS",
+             "TQA_KSG", "TQA_VSG", "TQA_KROT", "TQA_VROT", "TQA_G", "TQA_T"]
+    extra1 = [fc[k] for k in order]
+    extra2 = [fc["TQA_T"], fc["TQA_VGRP"], fc["TQA_VROT"]]
+    if not dyn:
+        split.update(fc)
+        combine.update(TQA_T=fc["TQA_T"], TQA_VGRP=fc["TQA_VGRP"], TQA_VROT=fc["TQA_VROT"])
+    return split, combine, extra1, extra2
+
+
+@lru_cache(maxsize=None)
+def kernel_defs(qtype: int, version: str = "v1"):
+    """(pass 1, pass 2) kernel definitions for q's element type and the pass-1 kernel.
+
+    Buffer names, as the kernel sources spell them (and the launch code with a pass number: ``ip1`` /
+    ``fp1`` are pass 1's): ``ip`` / ``fp`` the int / float launch parameters (``TQA_SPLIT_PARAMS`` in
+    attention_kernel.h lists pass 1's), ``tabs`` the value and rotation tables, ``dep`` the array the
+    pass must run after, ``po`` the partial outputs of every split, ``pml`` their (running max, sum of
+    weights) pairs."""
+    from .kernel import Kernel
+
+    header = (KERNEL_DIR / "attention_kernel.h").read_text()
+    qdt = "float32" if qtype == 0 else "uint16"
+    body = {"v1": "attention_kernel_split.cpp", "v2": "attention_kernel_split_v2.cpp",
+            "v3": "attention_kernel_split_v3.cpp"}[version]
+    split = Kernel(
+        "tq_attention_split" + ("" if version == "v1" else "_" + version),
+        (("q", qdt), ("kb", "uint8"), ("vb", "uint8"), ("ip", "int32"), ("fp", "float32"), ("tabs", "float32"),
+         ("dep", "uint32")),
+        (("po", "float32"), ("pml", "float32")),
+        (KERNEL_DIR / body).read_text(),
+        header + ("\n" + (KERNEL_DIR / "attention_mma.h").read_text() if version == "v3" else ""))
+    combine = Kernel(
+        "tq_attention_combine",
+        (("po", "float32"), ("pml", "float32"), ("ip", "int32"), ("sinks", "float32"), ("tabs", "float32")),
+        (("out", qdt),),
+        (KERNEL_DIR / "attention_kernel_combine.cpp").read_text(), header)
+    return split, combine
+
+
+def built(backend: str, which: int, qtype: int, static: dict, version: str = "v1"):
+    """Pass 1 (``which`` 0) or the combine pass (1), compiled for ``backend`` by the one kernel builder
+    and cache (:func:`.dispatch.build`): the emulator's kernel, or MLX's raw callable on a GPU."""
+    from .dispatch import build
+
+    kern = build(kernel_defs(qtype, version)[which], static, backend)
+    return kern if backend == "cpu-emulator" else kern.raw
+
+
+def dyn_build(prob: Problem, plan: Plan, generic: bool) -> bool:
+    """Whether to build the format-generic variant (v1 holds at most DYN_MAX_ROWS rows; v3 has none)."""
+    if plan.kernel == "v3":
+        return False
+    return generic and (plan.kernel == "v2" or prob.group * prob.rows <= DYN_MAX_ROWS)
+
+
+def param_head(prob: Problem, plan: Plan) -> list:
+    """The pass-1 int parameters before the per-row lengths."""
+    extra1 = static_params(prob, plan, 0, False)[2]
+    return [prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1]
