@@ -1,6 +1,6 @@
 """Kernel v3's two ways of holding q (TQBRIDGE_V3_Q_IN_SMEM): q's int8 fragments and scales in
 registers for the whole key loop (the default) or read from threadgroup memory in it (fewer
-registers, more threadgroups per SM; benchmarks/kernel_sass.py). The same values enter the same
+registers, more threadgroups per SM; benchmarks/scripts/kernel_sass.py). The same values enter the same
 operations in the same order, so the outputs must be identical bit for bit, on every backend here;
 and the variant must be what actually ran (its plan and its static parameter)."""
 

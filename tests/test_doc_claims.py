@@ -113,7 +113,7 @@ def check(ok: bool, what: str, bad: list) -> None:
 # ---- links ----------------------------------------------------------------------------------------
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-REPO_PATH = re.compile(r"(?<![\w/.-])((?:benchmarks|docs|tests)/[\w.-]+\.(?:json|py|png|md))\b")
+REPO_PATH = re.compile(r"(?<![\w/.-])((?:benchmarks|docs|tests)/(?:[\w.-]+/)*[\w.-]+\.(?:json|py|png|md))\b")
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
@@ -137,7 +137,7 @@ def test_links_and_cited_files_exist(doc):
 def test_readme_parity_table_is_the_demo_record():
     from tqbridge.parity.harness.report import table_rows
 
-    rec = record("benchmarks/cpu-2026-12-01-demo.json")
+    rec = record("benchmarks/records/cpu/2026-12-01-demo.json")
     _, body = table_rows(rec["logits"])
     readme = text("README.md")
     rows = table(readme, "| K/V | KL(llama.cpp")
@@ -170,7 +170,7 @@ def test_readme_parity_table_is_the_demo_record():
 
 # ---- decode end to end (bench decode) ---------------------------------------------------------------
 
-DECODE = "benchmarks/h200-2026-12-01-bench-decode.json"
+DECODE = "benchmarks/records/h200/2026-12-01-bench-decode.json"
 MODELS = {"Qwen2.5-1.5B": "qwen2.5-1.5b", "Llama-3.1-8B": "llama-3.1-8b", "Llama-3.2-1B": "llama-3.2-1b"}
 CONTEXTS = [4096, 32768, 131072]
 
@@ -219,9 +219,9 @@ def test_benchmarks_decode_table_is_the_record():
 
 # ---- attention kernel (bench attention) ---------------------------------------------------------------
 
-REV6 = "benchmarks/h200-2026-11-29-attention-v2-rev6.json"
-V2 = "benchmarks/h200-2026-11-29-attention-v2.json"
-PROFILE6 = "benchmarks/h200-2026-11-29-attention-profile-rev6.json"
+REV6 = "benchmarks/records/h200/2026-11-29-attention-v2-rev6.json"
+V2 = "benchmarks/records/h200/2026-11-29-attention-v2.json"
+PROFILE6 = "benchmarks/records/h200/2026-11-29-attention-profile-rev6.json"
 
 
 def test_revision6_table_is_its_record():
@@ -305,7 +305,7 @@ def test_readme_kernel_sentence_quotes_revision6():
 
 
 def test_cuda_fuzz_sentence_is_its_record():
-    rec = record("benchmarks/h200-2026-11-29-fuzz-decode-attention-cuda.json")
+    rec = record("benchmarks/records/h200/2026-11-29-fuzz-decode-attention-cuda.json")
     m = sole(text("BENCHMARKS.md"), r"(\d+)\s+examples,\s+(\d+)\s+distinct\s+shapes,\s+all\s+(\d+)\s+formats\s+for\s+K\s+"
                                     r"and\s+V,\s+worst\s+error\s+([\d.]+)\s+of\s+the\s+allowed\s+bound,\s+no\s+"
                                     r"counterexample,\s+(\d+)\s+s")
@@ -392,7 +392,7 @@ def test_quality_reading_quotes_the_records():
 
 # ---- parser fuzzing -----------------------------------------------------------------------------------
 
-FUZZ = "benchmarks/cpu-2026-12-01-fuzz-parsers.json"
+FUZZ = "benchmarks/records/cpu/2026-12-01-fuzz-parsers.json"
 FIXED = "prompt-cache (with the recommended TQCache setter fix, monkeypatched)"
 FUZZ_ROWS = {   # docs/fuzzing.md's row -> (campaign, the consumers each "a / b" part of a cell counts; None: all)
     "gguf": ("gguf", [None]),
@@ -525,7 +525,7 @@ def test_turbo_error_tables_are_their_record():
 # ---- generation on the H200 -------------------------------------------------------------------------------
 
 def test_readme_generation_sentence_is_its_record():
-    runs = record("benchmarks/h200-2026-11-29-generate.json")["runs"]
+    runs = record("benchmarks/records/h200/2026-11-29-generate.json")["runs"]
     by = {(("smollm2" if "SmolLM2" in r["model"] else "gemma3"), r["kv"]): r for r in runs}
     for r in runs:   # every decode step on the fused kernel
         assert set(k for k in r["paths"] if k.startswith("decode:")) == {"decode:cuda"}, r["paths"]
@@ -540,7 +540,7 @@ def test_readme_generation_sentence_is_its_record():
                                       r'on the CPU at every commit and on the GPU since 2026-12-01, "([^"]+?) …" on the GPU on '
                                       r'2026-11-29')
     assert by[("gemma3", "q8_0/turbo3")]["text"].startswith(gpu_text) and not gpu_text.startswith(cpu_text)
-    new = record("benchmarks/h200-2026-12-01-generate.json")
+    new = record("benchmarks/records/h200/2026-12-01-generate.json")
     cpu = new["cpu_reference"]["generated"]
     t3 = {r["q_precision_asked"]: r["generated"] for r in new["runs"]
           if r["kv"] == "q8_0/turbo3" and "gemma" in r["model"]}
@@ -777,7 +777,7 @@ def test_cache_bytes_at_a_long_context_are_the_formats_row_sizes():
 # ---- kernel campaigns on the emulator (docs/plugin.md) ------------------------------------------------------
 
 def test_plugin_kernel_campaign_table_is_its_record():
-    camps = record("benchmarks/cpu-2026-12-01-fuzz-kernels.json")["campaigns"]
+    camps = record("benchmarks/records/cpu/2026-12-01-fuzz-kernels.json")["campaigns"]
     bad = []
     rows = table(text("docs/plugin.md"), "| target | examples | distinct shapes")
     assert [r[0].split()[0] for r in rows] == list(camps), rows   # one row per campaign of the record
@@ -795,10 +795,10 @@ def test_plugin_kernel_campaign_table_is_its_record():
 
 # ---- kernel v3 (device time, wall time, decode) ------------------------------------------------------
 
-V3_DEV = "benchmarks/h200-2026-12-01-kernel-device-time.json"
-V3_ATT = "benchmarks/h200-2026-12-01-attention-v3.json"
-V3_ONE = "benchmarks/h200-2026-12-01-attention-v3-single-dispatch.json"
-V3_DEC = "benchmarks/h200-2026-12-01-bench-decode-v3.json"
+V3_DEV = "benchmarks/records/h200/2026-12-01-kernel-device-time.json"
+V3_ATT = "benchmarks/records/h200/2026-12-01-attention-v3.json"
+V3_ONE = "benchmarks/records/h200/2026-12-01-attention-v3-single-dispatch.json"
+V3_DEC = "benchmarks/records/h200/2026-12-01-bench-decode-v3.json"
 CTX_NAMES = {"4K": 4096, "32K": 32768, "128K": 131072}
 
 
@@ -907,7 +907,7 @@ def test_attention_doc_v3_ratios_are_the_record():
 
 
 def test_q_precision_decision_quotes_the_control():
-    ctl = record("benchmarks/cpu-2026-12-01-q-precision-kl.json")["control"]
+    ctl = record("benchmarks/records/cpu/2026-12-01-q-precision-kl.json")["control"]
     rises = sorted((r["kl_int8"] - r["kl_exact"]) / r["kl_exact"] * 100
                    for model in ("smollm2", "gemma3") for r in ctl[model] if r["kv"] == "q8_0/q8_0")
     assert len(rises) == 2
@@ -917,8 +917,8 @@ def test_q_precision_decision_quotes_the_control():
 
 # ---- real models and the per-call cost (BENCHMARKS.md, second 2026-12-01 section) -----------------
 
-REAL_DEC = "benchmarks/h200-2026-12-01-bench-decode-real.json"
-LAUNCH = "benchmarks/h200-2026-12-01-launch-cost.json"
+REAL_DEC = "benchmarks/records/h200/2026-12-01-bench-decode-real.json"
+LAUNCH = "benchmarks/records/h200/2026-12-01-launch-cost.json"
 
 
 def test_real_model_decode_table_is_its_record():
@@ -961,10 +961,10 @@ def test_real_model_decode_table_is_its_record():
 
 
 def test_generation_sentence_is_its_record():
-    rec = record("benchmarks/h200-2026-12-01-generate.json")
+    rec = record("benchmarks/records/h200/2026-12-01-generate.json")
     by = {(("smollm2" if "SmolLM2" in r["model"] else "gemma3"), r["kv"], r["q_precision_asked"]): r
           for r in rec["runs"]}
-    old = record("benchmarks/h200-2026-11-29-generate.json")["runs"]
+    old = record("benchmarks/records/h200/2026-11-29-generate.json")["runs"]
     doc = flat(text("BENCHMARKS.md"))
     caches, int8, kernel, gkv, n = span(doc, r"SmolLM2 gives the same tokens for every cache recorded then \(([^;]+); q exact\) "
                                              r"and with the int8 default \(([^,]+), kernel (v\d)\); Gemma 3 (\S+) gives the "
@@ -1025,7 +1025,7 @@ def test_launch_cost_table_and_split_are_the_record():
 
 def test_static_profile_table_is_its_record():
     rows = {(r["k_format"], r["v_format"].split("@")[0]): r
-            for r in record("benchmarks/nvcc-2026-12-01-kernel-sass-v3.json")["rows"]}
+            for r in record("benchmarks/records/nvcc/2026-12-01-kernel-sass-v3.json")["rows"]}
     body = table(text("BENCHMARKS.md"), "| K/V | registers | loop instructions")
     assert sorted(tuple(r[0].split("/")) for r in body) == sorted(rows), body   # one row per pair of the record
     bad = []
@@ -1049,8 +1049,8 @@ def test_static_profile_table_is_its_record():
 
 # ---- bench attention, fixed and growing length (third session) -----------------------------------------
 
-GROWING = {"q8_0/turbo3": "benchmarks/h200-2026-12-01-bench-attention-q8_0-turbo3.json",
-           "q8_0/q4_0": "benchmarks/h200-2026-12-01-bench-attention-q8_0-q4_0.json"}
+GROWING = {"q8_0/turbo3": "benchmarks/records/h200/2026-12-01-bench-attention-q8_0-turbo3.json",
+           "q8_0/q4_0": "benchmarks/records/h200/2026-12-01-bench-attention-q8_0-q4_0.json"}
 
 
 def test_fixed_and_growing_table_is_its_records():
@@ -1080,9 +1080,9 @@ def test_fixed_and_growing_table_is_its_records():
 
 # ---- fifth session: V decodes by byte permutes, one dispatch, decode ------------------------------
 
-PERMUTE_DEV = "benchmarks/h200-2026-12-01-v3-v-decode-device-time.json"
-DISPATCH_WALL = "benchmarks/h200-2026-12-01-bench-attention-dispatches.json"
-PERMUTE_DECODE = "benchmarks/h200-2026-12-01-bench-decode-permute.json"
+PERMUTE_DEV = "benchmarks/records/h200/2026-12-01-v3-v-decode-device-time.json"
+DISPATCH_WALL = "benchmarks/records/h200/2026-12-01-bench-attention-dispatches.json"
+PERMUTE_DECODE = "benchmarks/records/h200/2026-12-01-bench-decode-permute.json"
 
 
 def _copy_tbps() -> float:
@@ -1106,7 +1106,7 @@ def test_v_decode_device_table_is_its_record():
                                                         r"bench records' (\w+) readings, ([\d.]+)-([\d.]+)\)")
     assert rounds_to(copy, _copy_tbps()) and count_word(n) == len(readings)
     assert rounds_to(lo, min(readings)) and rounds_to(hi, max(readings))
-    static = {r["v_format"]: r for r in record("benchmarks/nvcc-2026-12-01-kernel-sass-v3.json")["rows"]}
+    static = {r["v_format"]: r for r in record("benchmarks/records/nvcc/2026-12-01-kernel-sass-v3.json")["rows"]}
     bad = []
     for vf, dec, regs, c4, c32, c128, tb in rows:
         if dec.startswith("pair table"):   # the previous default: its own records
@@ -1158,8 +1158,8 @@ def test_permute_decode_sentence_is_its_record():
 
 
 def test_emulator_v3_fuzz_sentence_is_its_records():
-    first = record("benchmarks/cpu-2026-12-01-fuzz-v3-emulator-first.json")
-    after = record("benchmarks/cpu-2026-12-01-fuzz-v3-emulator.json")
+    first = record("benchmarks/records/cpu/2026-12-01-fuzz-v3-emulator-first.json")
+    after = record("benchmarks/records/cpu/2026-12-01-fuzz-v3-emulator.json")
     doc = flat(text("BENCHMARKS.md"))
     examples, k, v, d, over = span(doc, r"the first campaign found a counterexample after (\d+) examples \(\[record\]\([^)]*\)\): "
                                         r"(\S+) / (\S+) at head dim (\d+), ([\d.]+)x over the oracle's bound")
@@ -1188,11 +1188,11 @@ def test_readme_permute_sentence_is_its_records():
 
 
 # ---- sixth session: mx.compile, the chain's profile, pass 1 with cold caches ---------------------------
-COMPILE_WALL = "benchmarks/h200-2026-12-01-bench-attention-compile.json"
-COMPILE_DECODE = "benchmarks/h200-2026-12-01-bench-decode-compile.json"
-CHAIN = "benchmarks/h200-2026-12-01-profile-chain.json"
-COLD = "benchmarks/h200-2026-12-01-kernel-device-time-cold.json"
-OCCUPANCY = "benchmarks/h200-2026-12-01-v3-occupancy-splits.json"
+COMPILE_WALL = "benchmarks/records/h200/2026-12-01-bench-attention-compile.json"
+COMPILE_DECODE = "benchmarks/records/h200/2026-12-01-bench-decode-compile.json"
+CHAIN = "benchmarks/records/h200/2026-12-01-profile-chain.json"
+COLD = "benchmarks/records/h200/2026-12-01-kernel-device-time-cold.json"
+OCCUPANCY = "benchmarks/records/h200/2026-12-01-v3-occupancy-splits.json"
 
 
 def test_compile_wall_table_is_its_record():
@@ -1331,12 +1331,12 @@ def test_readme_compile_sentence_is_its_record():
 
 
 # ---- seventh session: device params, the softmax's exp2, pass 1's ablations -----------------------------
-PROBE = "benchmarks/h200-2026-12-01-probe-host-params.json"
-DP_WALL = "benchmarks/h200-2026-12-01-bench-attention-device-params.json"
-DP_DECODE = "benchmarks/h200-2026-12-01-bench-decode-device-params.json"
-SOFTMAX = "benchmarks/h200-2026-12-01-v3-softmax-exp2.json"
-ABLATION = "benchmarks/h200-2026-12-02-v3-ablation.json"
-PLAN_SWEEP = "benchmarks/h200-2026-12-02-v3-plan-sweep.json"
+PROBE = "benchmarks/records/h200/2026-12-01-probe-host-params.json"
+DP_WALL = "benchmarks/records/h200/2026-12-01-bench-attention-device-params.json"
+DP_DECODE = "benchmarks/records/h200/2026-12-01-bench-decode-device-params.json"
+SOFTMAX = "benchmarks/records/h200/2026-12-01-v3-softmax-exp2.json"
+ABLATION = "benchmarks/records/h200/2026-12-02-v3-ablation.json"
+PLAN_SWEEP = "benchmarks/records/h200/2026-12-02-v3-plan-sweep.json"
 
 
 def _three(vals, fmt=".1f") -> str:
@@ -1451,7 +1451,7 @@ def test_readme_fresh_array_cost_is_its_record():
 
 def test_v_decode_ablation_sentence_is_its_record():
     doc = flat(text("BENCHMARKS.md"))
-    at = {r["ablation"]: r["pass1_us"] for r in record("benchmarks/h200-2026-12-02-v3-ablation-v-decode.json")["rows"]
+    at = {r["ablation"]: r["pass1_us"] for r in record("benchmarks/records/h200/2026-12-02-v3-ablation-v-decode.json")["rows"]
           if r["context"] == 131072}
     said = (f"(a second run, 128K: the full kernel {at['none']:.1f}, without V {at['nov']:.1f}): without the norms "
             f"(neither loaded nor multiplied in) {at['v23nonorm']:.1f}, without turbo3's sign bytes {at['v23nosign']:.1f}, "
@@ -1463,7 +1463,7 @@ def test_v_decode_ablation_sentence_is_its_record():
 
 def test_common_path_count_sentence_is_its_record():
     doc = flat(text("BENCHMARKS.md"))
-    rec = record("benchmarks/nvcc-2026-12-02-kernel-sass-v3-common-path.json")
+    rec = record("benchmarks/records/nvcc/2026-12-02-kernel-sass-v3-common-path.json")
     b, a = (next(r for r in rec[k]["rows"] if r["v_format"].startswith("turbo3")) for k in ("before", "after"))
     assert a["common_path"] is True
     said = (f"went from {b['loop_instructions']} to {a['loop_instructions']} instructions per 16 keys, "
@@ -1496,7 +1496,7 @@ def test_in_chain_pass1_sentence_is_its_records():
 
 
 def test_softmax_fuzz_sentence_is_its_record():
-    rec = record("benchmarks/cpu-2026-12-02-fuzz-v3-emulator-softmax.json")
+    rec = record("benchmarks/records/cpu/2026-12-02-fuzz-v3-emulator-softmax.json")
     assert rec["ok"] is True and rec["failure"] is None and rec["q_precision"] == "int8"
     said = (f"(int8 q, {rec['seconds'] / 60:.0f} minutes, {rec['examples']} examples, windows / softcaps / sinks): no "
             f"counterexample, worst error {rec['worst_error_over_allowed']:.3f} of the")
@@ -1505,10 +1505,10 @@ def test_softmax_fuzz_sentence_is_its_record():
 
 # ---- eighth session: device consts (BENCHMARKS.md) --------------------------------------------------
 
-CONSTS = "benchmarks/h200-2026-12-02-bench-attention-device-consts.json"
-CONSTS_DECODE = "benchmarks/h200-2026-12-02-bench-decode-device-consts.json"
-MANAGED = "benchmarks/h200-2026-12-02-kernel-device-time-managed.json"
-CUDA_FUZZ_8 = "benchmarks/h200-2026-12-02-fuzz-v3-cuda-softmax-consts.json"
+CONSTS = "benchmarks/records/h200/2026-12-02-bench-attention-device-consts.json"
+CONSTS_DECODE = "benchmarks/records/h200/2026-12-02-bench-decode-device-consts.json"
+MANAGED = "benchmarks/records/h200/2026-12-02-kernel-device-time-managed.json"
+CUDA_FUZZ_8 = "benchmarks/records/h200/2026-12-02-fuzz-v3-cuda-softmax-consts.json"
 
 
 def _by_ctx(res):
@@ -1649,7 +1649,7 @@ def test_readme_device_consts_sentence_is_its_records():
 
 def test_combine_rewrite_paragraph_is_its_record():
     doc = flat(text("BENCHMARKS.md"))
-    runs = record("benchmarks/h200-2026-12-02-combine-simd.json")["runs"]
+    runs = record("benchmarks/records/h200/2026-12-02-combine-simd.json")["runs"]
     assert [r["combine"] for r in runs] == ["new", "old", "new", "old", "new"]
     assert "q4_0" in runs[4]["command"] and "turbo3" in runs[2]["command"] and "turbo3" in runs[3]["command"]
     kn, ko = ([r["pass2_us"] for r in x["result"]["rows"]] for x in runs[:2])
@@ -1668,18 +1668,18 @@ def test_combine_rewrite_paragraph_is_its_record():
 
 
 def test_combine_emulator_fuzz_sentence_is_its_record():
-    rec = record("benchmarks/cpu-2026-12-02-fuzz-combine-emulator.json")
+    rec = record("benchmarks/records/cpu/2026-12-02-fuzz-combine-emulator.json")
     assert rec["ok"] is True and rec["failure"] is None and rec["backend"] == "cpu-emulator"
     said = (f"(int8 q, {rec['seconds'] / 60:.0f} minutes, {rec['examples']} examples over {rec['shapes']} shapes, every "
             f"format pair): no counterexample, worst error {rec['worst_error_over_allowed']:.2f} of the allowed bound")
     assert once(said, flat(text("BENCHMARKS.md"))), said
 
 
-ENCODE = "benchmarks/h200-2026-12-02-bench-attention-encode.json"
-ENCODE_PROBE = "benchmarks/h200-2026-12-02-probe-encode-size.json"
-GEMMA_GEO = "benchmarks/h200-2026-12-02-bench-decode-gemma-geometry.json"
-CUDA_FUZZ_9 = "benchmarks/h200-2026-12-02-fuzz-v3-cuda-combine.json"
-GPU_TESTS_9 = "benchmarks/h200-2026-12-02-gpu-tests.json"
+ENCODE = "benchmarks/records/h200/2026-12-02-bench-attention-encode.json"
+ENCODE_PROBE = "benchmarks/records/h200/2026-12-02-probe-encode-size.json"
+GEMMA_GEO = "benchmarks/records/h200/2026-12-02-bench-decode-gemma-geometry.json"
+CUDA_FUZZ_9 = "benchmarks/records/h200/2026-12-02-fuzz-v3-cuda-combine.json"
+GPU_TESTS_9 = "benchmarks/records/h200/2026-12-02-gpu-tests.json"
 
 
 def _ratios(ctx, num="growing_sdpa_fp16", den="growing_cache_path", suffix="_us"):
@@ -1693,7 +1693,7 @@ def test_ninth_session_combine_and_ratio_sentences_are_their_records():
     c1, c2, c3 = (_by_ctx(r["result"]) for r in runs)
     last = c2[-1]
     # "before": the eighth session's rewritten combine, measured in its chain (combine-simd record, q8_0/turbo3)
-    simd = record("benchmarks/h200-2026-12-02-combine-simd.json")["runs"]
+    simd = record("benchmarks/records/h200/2026-12-02-combine-simd.json")["runs"]
     assert simd[2]["combine"] == "new" and "turbo3" in simd[2]["command"]
     comb_before = [_kernel_us(r, "combine") for r in _by_ctx(simd[2]["result"])]
     said = [f"measured (CUPTI) {_three(_kernel_us(r, 'combine') for r in c1)} µs in one run and "
@@ -1778,12 +1778,12 @@ def test_ninth_session_probe_gemma_fuzz_and_tests_are_their_records():
     assert int(tests) == n, (tests, n)
 
 
-MAX_MB = "benchmarks/h200-2026-12-02-bench-attention-max-mb.json"
-CHUNKS = "benchmarks/h200-2026-12-02-v3-chunks.json"
-CHUNKS_DYN = "benchmarks/h200-2026-12-02-v3-chunks-dynamic.json"
-CHUNKS_DECODE = "benchmarks/h200-2026-12-02-bench-decode-chunks.json"
-CHUNKS_TESTS = "benchmarks/h200-2026-12-02-v3-chunks-gpu-tests-fuzz.json"
-CHUNKS_SASS = "benchmarks/nvcc-2026-12-02-kernel-sass-v3-chunks.json"
+MAX_MB = "benchmarks/records/h200/2026-12-02-bench-attention-max-mb.json"
+CHUNKS = "benchmarks/records/h200/2026-12-02-v3-chunks.json"
+CHUNKS_DYN = "benchmarks/records/h200/2026-12-02-v3-chunks-dynamic.json"
+CHUNKS_DECODE = "benchmarks/records/h200/2026-12-02-bench-decode-chunks.json"
+CHUNKS_TESTS = "benchmarks/records/h200/2026-12-02-v3-chunks-gpu-tests-fuzz.json"
+CHUNKS_SASS = "benchmarks/records/nvcc/2026-12-02-kernel-sass-v3-chunks.json"
 
 
 def _pass1(rec, ctx, warps, tile, chunks):
@@ -1887,7 +1887,7 @@ def test_tenth_session_decode_tests_and_fuzz_are_their_records():
     assert not d["failed"] and any("test_attention_v3_chunks.py" in x for x in d["passed"])
 
 
-NCU = "benchmarks/h200-2026-12-02-ncu-pass1.json"
+NCU = "benchmarks/records/h200/2026-12-02-ncu-pass1.json"
 
 
 def _ncu_numbers():
@@ -1930,7 +1930,7 @@ def test_eleventh_session_profile_sentences_are_their_record():
     # "the difference is the tile loop": the executed count exceeds the key loop's static count (the seventh session's
     # common path, as the page quotes it) by the staging and more
     (static,) = span(doc, r"executed, against the ([\d.]+) the static count of the key loop gave")
-    common = next(r for r in record("benchmarks/nvcc-2026-12-02-kernel-sass-v3-common-path.json")["after"]["rows"]
+    common = next(r for r in record("benchmarks/records/nvcc/2026-12-02-kernel-sass-v3-common-path.json")["after"]["rows"]
                   if r["v_format"].startswith("turbo3"))
     assert rounds_to(static, common["per_key"]), (static, common["per_key"])
     assert b["warp_instructions_per_key_and_kv_head"] - common["per_key"] > b["staging_head_instructions_per_key"]
@@ -1990,7 +1990,7 @@ def test_eleventh_session_default_chunks_sentence_is_its_record():
     assert attention_kernel.V3_DEFAULT_CHUNKS == {"cuda": count_word(chunks)}
 
 
-STAGES = "benchmarks/h200-2026-12-02-v3-stages.json"
+STAGES = "benchmarks/records/h200/2026-12-02-v3-stages.json"
 
 
 def test_eleventh_session_stages_sentences_are_their_record():
@@ -2026,7 +2026,7 @@ def test_eleventh_session_stages_sentences_are_their_record():
     assert attention_kernel.V3_AUTO_STAGES_CUDA == int(stages)
 
 
-STAGES2 = "benchmarks/h200-2026-12-02-v3-stages2-default.json"
+STAGES2 = "benchmarks/records/h200/2026-12-02-v3-stages2-default.json"
 
 
 def test_twelfth_session_default_on_the_gpu_is_its_record():
@@ -2068,7 +2068,7 @@ def test_twelfth_session_default_on_the_gpu_is_its_record():
                 f"{g['fp16', 32768]['kv_path_python_us_per_layer']:.1f}", doc)
 
 
-DEFERRED = "benchmarks/h200-2026-12-02-deferred-append.json"
+DEFERRED = "benchmarks/records/h200/2026-12-02-deferred-append.json"
 
 
 def test_twelfth_session_deferred_append_is_its_record():
@@ -2136,7 +2136,7 @@ def test_twelfth_session_deferred_append_is_its_record():
     assert cs[2]["growing_headline_device_fraction_of_copy_bw"] < float(asks)   # "asks 0.75": still missed
 
 
-Q8_WORDS = "benchmarks/h200-2026-12-02-q8-words-splits.json"
+Q8_WORDS = "benchmarks/records/h200/2026-12-02-q8-words-splits.json"
 
 
 def test_thirteenth_session_whole_words_and_splits_are_their_record():
@@ -2187,7 +2187,7 @@ def test_thirteenth_session_whole_words_and_splits_are_their_record():
     assert all(variants(r, 131072)[0][long]["plan"]["splits"] == int(lsplits) for r in (p1, p2))
     sms, kv_heads = span(doc, r"one NVIDIA H200 \((\d+) SMs, driver [\d.]+\), MLX [\d.]+ \(CUDA 13\), mlx-lm [\d.]+\. Shape B 1, "
                               r"Hq 32, Hkv (\d+), D 128, q8_0 K \+ turbo3 V, int8 q \(kernel v3\)\. \*\*Record\*\*: "
-                              r"\[h200-2026-12-02-q8-words-splits\.json\]")
+                              r"\[h200/2026-12-02-q8-words-splits\.json\]")
     assert kv_heads == heads and int(groups) == int(lsplits) * int(heads) and int(per_sm) == -(-int(groups) // int(sms))
     more = (("TQBRIDGE_V3_GROUPS", str(attention_kernel.TARGET_GROUPS_GPU)),)
     fewer = (("TQBRIDGE_V3_GROUPS", "660"),)
@@ -2265,7 +2265,7 @@ def test_thirteenth_session_whole_words_and_splits_are_their_record():
     assert attention_kernel.v3_q8_words()
 
 
-PROLOGUE = "benchmarks/h200-2026-12-03-v3-prologue.json"
+PROLOGUE = "benchmarks/records/h200/2026-12-03-v3-prologue.json"
 
 
 def test_fourteenth_session_prologue_and_comparison_are_their_record():
@@ -2381,8 +2381,8 @@ def test_fourteenth_session_prologue_and_comparison_are_their_record():
 # ---- README: parity against the TurboQuant fork ------------------------------------------------------
 
 def test_readme_fork_parity_section_is_the_record():
-    """Each claim of the section read against benchmarks/cpu-2026-12-03-fork-parity.json."""
-    rec = record("benchmarks/cpu-2026-12-03-fork-parity.json")
+    """Each claim of the section read against benchmarks/records/cpu/2026-12-03-fork-parity.json."""
+    rec = record("benchmarks/records/cpu/2026-12-03-fork-parity.json")
     readme = flat(text("README.md"))
     runs = rec["runs"]
     ran = {n: r for n, r in runs.items() if "error" not in r}
@@ -2415,7 +2415,7 @@ def test_fork_parity_model_path_numbers_are_read_from_the_pages():
     bound ratio in docs/parity.md."""
     import numpy as np
 
-    rec = record("benchmarks/cpu-2026-12-03-fork-parity.json")
+    rec = record("benchmarks/records/cpu/2026-12-03-fork-parity.json")
     ts = [t for r in rec["runs"].values() if "error" not in r for t in r["teacher"]]
     assert all(t.get("model_path_layers") for t in ts), "a run without the model path"
     q = max(t["model_path_worst_q_rel"] for t in ts)

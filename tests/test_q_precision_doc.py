@@ -1,4 +1,4 @@
-"""docs/q-precision.md's table against the record it cites (benchmarks/cpu-2026-12-01-q-precision-kl.json)."""
+"""docs/q-precision.md's table against the record it cites (benchmarks/records/cpu/2026-12-01-q-precision-kl.json)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from test_doc_claims import rounds_to, table
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORD = "benchmarks/cpu-2026-12-01-q-precision-kl.json"
+RECORD = "benchmarks/records/cpu/2026-12-01-q-precision-kl.json"
 
 
 def test_q_precision_table_is_its_record():
@@ -57,6 +57,6 @@ def test_q_precision_control_table_and_sentences_are_the_record():
     for m in rec["control"]:
         c = control[(m, "q8_0/q8_0")]
         assert f"+{round(100 * (c['kl_int8'] / c['kl_exact'] - 1))}%" in doc
-    demo = json.loads((ROOT / "benchmarks/cpu-2026-12-01-demo.json").read_text())
+    demo = json.loads((ROOT / "benchmarks/records/cpu/2026-12-01-demo.json").read_text())
     q8 = [x for x in demo["logits"] if x.get("kv") == "q8_0" or x.get("k_format") == "q8_0"]
     assert q8 and f"{q8[0]['baseline']['llama_kl_mean']:.6f}" in doc

@@ -1,6 +1,6 @@
 """Run the recorded kernel campaigns on the CPU emulator and write one JSON record (docs/plugin.md).
 
-    .venv/bin/python benchmarks/record_fuzz_kernels.py OUT.json [--examples 1000] [--seed 7] [--jobs 2]
+    .venv/bin/python benchmarks/scripts/record_fuzz_kernels.py OUT.json [--examples 1000] [--seed 7] [--jobs 2]
 
 Each target runs ``tqbridge fuzz TARGET --backend cpu-emulator --examples N --jobs J --seed S --db
 <fresh dir> --json ...`` in a fresh example database; the record keeps each summary, the commands,

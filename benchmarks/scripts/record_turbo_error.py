@@ -1,6 +1,6 @@
 """Measured error of the turbo formats (docs/turbo.md, "Error" and "Head dim 64" tables).
 
-    .venv/bin/python benchmarks/record_turbo_error.py docs/turbo-error.json
+    .venv/bin/python benchmarks/scripts/record_turbo_error.py docs/turbo-error.json
 
 Mean ||x - x~||^2 over random unit vectors (seed 0; original-basis dequantize), per format and
 head dim; for the fork formats also the Gaussian Lloyd-Max integral d * expected_mse(c, m, 1/sqrt(d)).
@@ -57,7 +57,7 @@ def main(out: str) -> None:
                 dims[f"{key} d{d}"] = {"format": key, "head_dim": d, "padded_to": bridge.padded_dim(key, d),
                                        "bits_per_value": bits_per_value(key, d), "measured_mse": mse(key, xd)}
     rec = {"what": "mean ||x - dequantize(quantize(x))||^2 over random unit vectors (original basis)",
-           "command": "python benchmarks/record_turbo_error.py OUT.json", "vectors": VECTORS, "seed": SEED,
+           "command": "python benchmarks/scripts/record_turbo_error.py OUT.json", "vectors": VECTORS, "seed": SEED,
            "numpy": np.__version__, "python": platform.python_version(), "machine": platform.machine(),
            "fork_formats": fork, "head_dims": dims}
     write_atomic(out, json.dumps(rec, indent=1) + "\n")

@@ -1,6 +1,6 @@
 """Does MLX's host cost of evaluating a chain of custom kernels grow with the size of their inputs?
 
-    python benchmarks/probe_encode_size.py [--mb 1,12,48] [--layers 16]
+    python benchmarks/scripts/probe_encode_size.py [--mb 1,12,48] [--layers 16]
 
 bench attention's growing regime (BENCHMARKS.md, ninth session) saw the host's share of an evaluation
 (``mx.async_eval``: MLX encodes every primitive on the calling thread) grow from 12 to 25 µs per layer

@@ -1,6 +1,6 @@
 """Does a parameter array made from host data every call cost the GPU? (yes: BENCHMARKS.md, seventh session)
 
-    python benchmarks/probe_host_params.py
+    python benchmarks/scripts/probe_host_params.py
 
 MLX allocates arrays made from host data (``mx.array(numpy)``) in unified (managed) memory when
 CUDA reports concurrent managed access, and writes them on the CPU; a kernel that reads one then

@@ -3,9 +3,9 @@
 ``tqbridge generate`` takes its tokenizer from llama-cpp-python. Where that is not installed, split
 the run in three:
 
-    python benchmarks/generate_ids.py prepare MODEL --prompt "..." [--chat] --out ids.json   # llama.cpp tokenizer
-    python benchmarks/generate_ids.py run MODEL.gguf --ids ids.json --kv q8_0/turbo3 --out gen.json
-    python benchmarks/generate_ids.py show MODEL --gen gen.json                            # text back
+    python benchmarks/scripts/generate_ids.py prepare MODEL --prompt "..." [--chat] --out ids.json   # llama.cpp tokenizer
+    python benchmarks/scripts/generate_ids.py run MODEL.gguf --ids ids.json --kv q8_0/turbo3 --out gen.json
+    python benchmarks/scripts/generate_ids.py show MODEL --gen gen.json                            # text back
 
 ``run`` needs only MLX, mlx-lm and gguf-py; it records which attention path each layer took
 (``decode:cuda`` when the fused kernel ran on the GPU), tokens per second and peak memory.
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tqbridge.bridge.atomic import write_atomic  # noqa: E402
 

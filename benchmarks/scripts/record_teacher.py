@@ -1,6 +1,6 @@
 """Record of the teacher-forcing level and the llama.cpp-arithmetic reference (docs/levels.md).
 
-    .venv/bin/python benchmarks/record_teacher.py docs/teacher-forcing.json
+    .venv/bin/python benchmarks/scripts/record_teacher.py docs/teacher-forcing.json
 
 Runs (CPU, F32 weights, llama.cpp's KV rotation on, 4 decode steps, the MLX-ops attention reference):
 SmolLM2 on 256 tokens with the demo's K/V pairs; Gemma 3 on 64 tokens with every cache type and on
@@ -107,7 +107,7 @@ def arith_runs() -> list[dict]:
 
 
 def main(out: str) -> None:
-    record = {"tool": "benchmarks/record_teacher.py", "machine": platform.machine(),
+    record = {"tool": "benchmarks/scripts/record_teacher.py", "machine": platform.machine(),
               "versions": {"llama_cpp_python": version("llama_cpp_python"), "mlx": version("mlx"),
                            "numpy": np.__version__},
               "teacher": teacher_runs(), "llama_arith": arith_runs()}

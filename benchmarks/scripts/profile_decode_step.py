@@ -1,7 +1,7 @@
 """Where one layer's decode step spends host time: cProfile over many steps of the KV path
 (TQCache update_and_fetch + routed attention) of a model geometry, caches pre-filled.
 
-    python benchmarks/profile_decode_step.py [--model qwen2.5-1.5b] [--context 4096] [--kv q8_0/turbo3]
+    python benchmarks/scripts/profile_decode_step.py [--model qwen2.5-1.5b] [--context 4096] [--kv q8_0/turbo3]
 """
 
 from __future__ import annotations

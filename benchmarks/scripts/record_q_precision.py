@@ -1,6 +1,6 @@
 """Measure what int8 q costs in KL on the real models and write one JSON record (docs/q-precision.md).
 
-    .venv/bin/python benchmarks/record_q_precision.py OUT.json [--tokens 256] [--jobs 2]
+    .venv/bin/python benchmarks/scripts/record_q_precision.py OUT.json [--tokens 256] [--jobs 2]
 
 For each model and each q precision (exact, int8) it runs
 
@@ -18,7 +18,7 @@ because later layers see slightly different rows). Its KL vs f16 columns must re
 
 The control (int8 q's own effect, where no quantization step can flip):
 
-    .venv/bin/python benchmarks/record_q_precision.py --paired-one MODEL 256 f16/f16,q8_0/q8_0
+    .venv/bin/python benchmarks/scripts/record_q_precision.py --paired-one MODEL 256 f16/f16,q8_0/q8_0
 
 prints the same rows as JSON for an f16 and a q8_0 cache (the record keeps them under "control").
 """
@@ -141,7 +141,7 @@ def main() -> int:
         return 0
     record: dict = {
         **header(("tqbridge", "mlx", "mlx-lm", "llama_cpp_python", "numpy")),
-        "script": "benchmarks/record_q_precision.py " + " ".join(sys.argv[2:]) + " OUT.json",
+        "script": "benchmarks/scripts/record_q_precision.py " + " ".join(sys.argv[2:]) + " OUT.json",
         "tokens": args.tokens,
         "chunk": 1,
         "runs": {},
@@ -178,7 +178,7 @@ def _add_paired(record: dict, args) -> None:
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = {m: pool.submit(_paired_subprocess, m, record["tokens"]) for m in MODELS}
         record["paired"] = {m: f.result() for m, f in futures.items()}
-    record["paired_command"] = "benchmarks/record_q_precision.py --paired-only OUT.json"
+    record["paired_command"] = "benchmarks/scripts/record_q_precision.py --paired-only OUT.json"
     _write(record, args.out)
 
 

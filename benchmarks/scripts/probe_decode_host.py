@@ -1,6 +1,6 @@
 """Where a decode step's host time goes, whole model and KV path (GPU).
 
-    python benchmarks/probe_decode_host.py [--model llama-3.1-8b] [--context 32768] [--json out.json]
+    python benchmarks/scripts/probe_decode_host.py [--model llama-3.1-8b] [--context 32768] [--json out.json]
 
 Two parts, each per cache (``fp16``: mlx-lm's KVCache; a TQCache spelling such as ``q8_0/turbo3``):
 
@@ -67,7 +67,7 @@ def main() -> None:
     model, _ = decode_bench.build_model(args.model)
     hq, hkv, hd = decode_bench._kv_shape(model)
     nl = len(model.layers)
-    report = {"command": "python benchmarks/probe_decode_host.py " + " ".join(
+    report = {"command": "python benchmarks/scripts/probe_decode_host.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None and k != "json"),
         "model": args.model, "layers": nl, "runs": []}
     for ctx in [int(x) for x in args.context.split(",")]:

@@ -1,6 +1,6 @@
 """Where a decode step's attention time goes in a chain of layers on MLX's CUDA backend.
 
-    python benchmarks/profile_chain.py --context 4096,131072 [--json out.json] [--only sdpa,v3]
+    python benchmarks/scripts/profile_chain.py --context 4096,131072 [--json out.json] [--only sdpa,v3]
 
 Per layer of a 16-layer chain (B 1, Hq 32, Hkv 8, D 128, q8_0 K + turbo3 V, int8 q = kernel v3,
 a new length every evaluation as in decode), for each path: ``build`` (µs of Python + MLX graph

@@ -1,6 +1,6 @@
 """Run the recorded parser campaigns and write one JSON record (docs/fuzzing.md).
 
-    .venv/bin/python benchmarks/record_fuzz_parsers.py OUT.json [--scale 1.0] [--seed 7] [--jobs 2]
+    .venv/bin/python benchmarks/scripts/record_fuzz_parsers.py OUT.json [--scale 1.0] [--seed 7] [--jobs 2]
 
 Each target runs ``tqbridge fuzz TARGET --minutes M --jobs J --seed S --db <fresh dir> --json ...``
 (minutes below, times ``--scale``), in a fresh example database so the counts are the campaign's

@@ -1,7 +1,7 @@
 """Where a fused decode-attention call spends its time on a GPU: host graph building, evaluation,
 and the device time of each kernel (CUPTI through PyTorch's profiler, when PyTorch is installed).
 
-    python benchmarks/profile_attention.py [--context 4096,32768,131072] [--layers 16] [--kernel v2]
+    python benchmarks/scripts/profile_attention.py [--context 4096,32768,131072] [--layers 16] [--kernel v2]
 
 Prints one line per context: wall time per call, the host-side time to build the call's MLX graph,
 and device time per call of every kernel that ran, summed by name. The bench

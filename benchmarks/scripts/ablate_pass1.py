@@ -11,7 +11,7 @@ compiler cannot fold; the benchmark's softcap is 0):
     v23nonorm / v23nosign / v23noidx   inside the turbo2 / turbo3 V decode: no norms (loads and
            products), no sign bytes (turbo3's third index bit), no index loads at all
 
-    python benchmarks/ablate_pass1.py --ablate none,nov,nok,nokld,nokv --kernels v3 --cold --chain \
+    python benchmarks/scripts/ablate_pass1.py --ablate none,nov,nok,nokld,nokv --kernels v3 --cold --chain \
         --context 4096,32768,131072 [--json out.json]
 
 The outputs of an ablated kernel are wrong by construction; only its time means something: the
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         i = argv.index("--json")
         out_json = argv[i + 1]
         del argv[i:i + 2]
-    command = "python benchmarks/ablate_pass1.py " + " ".join(["--ablate", ",".join(names)] + argv)
+    command = "python benchmarks/scripts/ablate_pass1.py " + " ".join(["--ablate", ",".join(names)] + argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmpdir:
         for name in names:

@@ -2,14 +2,14 @@
 staging code's share, the stall reasons, the headline counters.
 
 Reads the two CSV pages ``ncu -i REPORT`` prints (``--page details --csv`` and ``--page source --csv
---print-source sass``) of one kernel launch, as benchmarks/h200-2026-12-02-ncu-pass1.json records
+--print-source sass``) of one kernel launch, as benchmarks/records/h200/2026-12-02-ncu-pass1.json records
 them; profile the launch with, e.g.:
 
     ncu --clock-control none -k regex:tq_attention_split --launch-skip 3 --launch-count 1 --set full \\
-        -o REP python benchmarks/kernel_device_time.py --context 131072 --kernels v3 --iters 5 --cold
+        -o REP python benchmarks/scripts/kernel_device_time.py --context 131072 --kernels v3 --iters 5 --cold
     ncu -i REP.ncu-rep --page details --csv > details.csv
     ncu -i REP.ncu-rep --page source --csv --print-source sass > sass.csv
-    python benchmarks/ncu_summary.py details.csv sass.csv --context 131072 --kv-heads 8 --chunks 1
+    python benchmarks/scripts/ncu_summary.py details.csv sass.csv --context 131072 --kv-heads 8 --chunks 1
 
 "Per key" is per key and KV head (context x KV heads rows). The staging head is the tile loop's hot
 code (instructions executed at least 0.5 times per step of 16 x chunks keys) from its top up to the

@@ -8,7 +8,7 @@ measured with CUDA events over many launches on random cache bytes at a fixed le
 each head) has no pass 2. What MLX adds on top (graph building, per-call source hashing) is
 what ``tqbridge bench attention`` / ``bench decode`` measure.
 
-    python benchmarks/kernel_device_time.py --context 4096,32768,131072 --kernels v2,v3 --json out.json
+    python benchmarks/scripts/kernel_device_time.py --context 4096,32768,131072 --kernels v2,v3 --json out.json
 
 ``--managed`` puts every array in managed memory, as MLX's CUDA allocator does (the same kernel's
 device time inside MLX's chain exceeds CuPy's by 12-16 us per call: BENCHMARKS.md, seventh session).

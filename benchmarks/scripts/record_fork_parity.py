@@ -1,6 +1,6 @@
 """Record: `tqbridge parity --llama BUILD --levels all` against the TurboQuant fork, as one summary file.
 
-    python benchmarks/record_fork_parity.py OUT.json NAME=REPORT.json[:BUILD] ...
+    python benchmarks/scripts/record_fork_parity.py OUT.json NAME=REPORT.json[:BUILD] ...
 
 Each REPORT.json is a `tqbridge parity ... --json` report; BUILD is the build directory it ran on (its
 `tqbridge llama info` facts are recorded beside it). A NAME=TEXT.txt argument instead records a run that
@@ -106,7 +106,7 @@ def main(argv: "list[str]") -> int:
               "date": datetime.date.today().isoformat(), "commit": commit,
               "machine": {"platform": platform.platform(), "cpu_count": __import__("os").cpu_count()},
               "versions": versions(), "builds": builds, "runs": runs,
-              "how": "python benchmarks/record_fork_parity.py OUT NAME=REPORT.json:BUILD ... over the reports of "
+              "how": "python benchmarks/scripts/record_fork_parity.py OUT NAME=REPORT.json:BUILD ... over the reports of "
                      "the commands in runs[*].command (build directories from `tqbridge llama build SRC`)"}
     out_path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {out_path}")

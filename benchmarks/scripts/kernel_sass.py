@@ -9,8 +9,8 @@ every branch inside the loop (the masked-edge path, the rescale taken only when 
 are included, so the common path issues fewer. An issue-bound kernel's time follows its
 instructions per key; this is the profile to read before and after a change to the inner loop.
 
-    python benchmarks/kernel_sass.py --pairs q8_0/turbo3,q8_0/q4_0 [--kernel v3] [--common-path] [--json out.json]
-    python benchmarks/kernel_sass.py --cubin MODULE.ptx    (a cubin built elsewhere, e.g. MLX's cached one)
+    python benchmarks/scripts/kernel_sass.py --pairs q8_0/turbo3,q8_0/q4_0 [--kernel v3] [--common-path] [--json out.json]
+    python benchmarks/scripts/kernel_sass.py --cubin MODULE.ptx    (a cubin built elsewhere, e.g. MLX's cached one)
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     if a.json:
         nv = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
         Path(a.json).write_text(json.dumps({"what": "static profile of pass 1 (sm_90a machine code, no GPU)",
-                                            "command": "python benchmarks/kernel_sass.py " + " ".join(argv or sys.argv[1:]),
+                                            "command": "python benchmarks/scripts/kernel_sass.py " + " ".join(argv or sys.argv[1:]),
                                             "nvcc": nv, "rows": rows}, indent=1) + "\n")
     return 0
 

@@ -1,6 +1,6 @@
 """Where the wall time of a fused decode-attention call goes in a chain of layers (CUDA).
 
-    python benchmarks/profile_launch_cost.py --context 4096,131072 [--json out.json]
+    python benchmarks/scripts/profile_launch_cost.py --context 4096,131072 [--json out.json]
 
 Per layer of a 16-layer chain (B 1, Hq 32, Hkv 8, D 128, q8_0 K + turbo3 V, int8 q = kernel v3),
 median of 25 evaluations, two numbers each: ``build`` (µs of Python + MLX graph building per
