@@ -62,7 +62,7 @@ TARGET_GROUPS_V3 = 528       # v3 pass-1 threadgroups to aim for on a GPU (H200:
 # CUDA, long contexts: 6 threadgroups per SM where every split still holds V3_LONG_SPLIT_KEYS keys. Measured on
 # the H200 at 128K (q8_0/turbo3, two processes): 98 splits (784 threadgroups) 61.3 / 62.0 us per call through
 # MLX against 64.2 / 64.2 for 64 splits; at 32K the 86 splits of that target were slower (28.2 / 28.6 against
-# 26.7 / 26.3), hence the floor on keys per split (benchmarks/h200-2026-12-02-q8-words-splits.json)
+# 26.7 / 26.3), hence the floor on keys per split (benchmarks/records/h200/2026-12-02-q8-words-splits.json)
 TARGET_GROUPS_V3_LONG = 792
 V3_LONG_SPLIT_KEYS = 1024
 V3_MIN_SPLIT_KEYS = 128      # v3 on a GPU: at least this many keys per split
@@ -86,7 +86,7 @@ COMPILE_BACKENDS = ("cuda",)
 # Backends whose prepared launches take their per-step integers (pass 1's lengths, the append's row)
 # as views of a table made on the device, not as arrays made from host data every step. On CUDA MLX
 # keeps arrays made from host data in unified memory written by the CPU; the first kernel to read a
-# fresh one paid for it (benchmarks/probe_host_params.py, H200: 16 chained trivial kernels reading a
+# fresh one paid for it (benchmarks/scripts/probe_host_params.py, H200: 16 chained trivial kernels reading a
 # fresh host-made array 364 us per evaluation, one read before 190, one made on the device 209; the
 # cache path over 16 layers at new lengths 1136-1164 -> 836-906 us at 4K; BENCHMARKS.md, seventh
 # session). TQBRIDGE_DEVICE_PARAMS=0 / 1 overrides it for every backend.
@@ -101,7 +101,7 @@ DEVICE_PARAMS_BACKENDS = ("cuda",)
 # TQBRIDGE_DEFER_APPEND=0 / 1 overrides it for every backend (the emulator's decode lane included).
 # Measured on the H200 (Llama 3.1 8B geometry, q8_0/turbo3; BENCHMARKS.md, twelfth session): the KV
 # path's Python per layer lower in every one of 6 bench decode rows (-1.4 to -5.8 us), graph building
-# per layer -3.7 / -9.8 us at 32K / 128K (benchmarks/probe_decode_host.py); outputs bit-identical.
+# per layer -3.7 / -9.8 us at 32K / 128K (benchmarks/scripts/probe_decode_host.py); outputs bit-identical.
 DEFER_APPEND_BACKENDS = ("cuda",)
 
 
@@ -462,7 +462,7 @@ def _v3_limits(backend: str) -> tuple[int, int]:
 # tiles in the copy ring of CUDA's automatic v3 plans (an explicit tile takes as many as fit): with whole
 # tiles staged by straight copies, 2 stages (26 KB, 8 threadgroups of 2 SIMD groups per SM) measured faster
 # than 3 (38 KB, 5): pass 1 11.7 / 24.7 / 64.6 us against 12.4 / 26.0 / 67.2 at 4K / 32K / 128K for two chunks,
-# 10.9 / 26.3 / 70.1 against 11.7 / 26.8 / 71.0 for one (benchmarks/h200-2026-12-02-v3-stages.json)
+# 10.9 / 26.3 / 70.1 against 11.7 / 26.8 / 71.0 for one (benchmarks/records/h200/2026-12-02-v3-stages.json)
 V3_AUTO_STAGES_CUDA = 2
 
 
@@ -476,7 +476,7 @@ def v3_auto_stages() -> int:
 
 # v3's chunks per step where neither the call nor TQBRIDGE_V3_CHUNKS says: 2 on CUDA, where two chunks in
 # 2 SIMD groups x 64-key tiles measured faster than one in 4 x 64 once whole tiles are staged by straight
-# copies (pass 1 at 32K / 128K: 25.8 / 67.2 us vs 26.7 / 70.9, benchmarks/h200-2026-12-02-ncu-pass1.json);
+# copies (pass 1 at 32K / 128K: 25.8 / 67.2 us vs 26.7 / 70.9, benchmarks/records/h200/2026-12-02-ncu-pass1.json);
 # 1 elsewhere (not measured on Metal; the emulator's plans stay as its tests know them)
 V3_DEFAULT_CHUNKS = {"cuda": 2}
 
@@ -555,7 +555,7 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks=None)
         # the most keys in flight ((stages - 1) * tile) that fit in static memory; then the larger tile.
         # Dynamic memory only where nothing static fits: 4 SIMD groups of two chunks in 128-key tiles
         # (71 KB dynamic) measured slower than 2 groups in 64-key tiles (static) on the H200
-        # (benchmarks/h200-2026-12-02-v3-chunks-dynamic.json)
+        # (benchmarks/records/h200/2026-12-02-v3-chunks-dynamic.json)
         need = {(n, t): v3_shared_bytes(prob, nw, t, n)
                 for n in range(2, ns0 + 1) for t in range(16 * kc, V3_MAX_TILE + 1, 16 * kc)}
         fits = [(n, t, False) for (n, t), b in need.items() if b <= limit] \
@@ -596,7 +596,7 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks=None)
         splits = -(-l_used // split_len)
     fused = backend in V3_FUSED_BACKENDS and os.environ.get("TQBRIDGE_V3_DISPATCHES") == "1"
     # q in threadgroup memory (TQBRIDGE_V3_Q_IN_SMEM=1): fewer registers, more threadgroups per SM, a few
-    # more instructions per key (benchmarks/kernel_sass.py); off until the device time says which wins
+    # more instructions per key (benchmarks/scripts/kernel_sass.py); off until the device time says which wins
     q_regs = os.environ.get("TQBRIDGE_V3_Q_IN_SMEM") != "1"
     dsmem = 0
     if dyn:
