@@ -27,13 +27,25 @@ def header(packages: "tuple[str, ...]") -> dict:
             "versions": versions}
 
 
+def write_record(out: str, payload: dict, *, hardware: str, command) -> None:
+    """Write ``payload`` to ``out`` as a record (``tqbridge.tools.records.envelope``): its date, machine
+    and versions as the payload states them, the commit checked out here (null if the tree is not one clean
+    commit). ``out`` belongs under benchmarks/records/<hardware>/<date>-<what>.json."""
+    from tqbridge.bridge.atomic import write_atomic
+    from tqbridge.tools.records import dumps, envelope
+
+    rec = envelope(payload, hardware=hardware, command=command, date=payload.get("date"),
+                   machine_=payload.get("machine"), versions_=payload.get("versions"))
+    write_atomic(out, dumps(rec))
+
+
 def record_fuzz_campaigns(out: str, packages: "tuple[str, ...]", campaigns, *, keep_stderr: int = 0,
                           fixup=None) -> int:
     """Run ``tqbridge fuzz TARGET ARGS... --db <fresh dir> --json ...`` for each ``(target, args)`` of
     ``campaigns`` in one fresh example database (the counts are the campaigns' own) and write one record
-    to ``out``: the header, and per target its command, exit code and summary (``fixup(summary)`` edits
-    it first). ``keep_stderr``: how many characters of each campaign's stderr to echo."""
-    from tqbridge.bridge.atomic import write_atomic
+    to ``out`` (``write_record``, hardware ``cpu``): the header, and per target its command, exit code and
+    summary (``fixup(summary)`` edits it first). ``keep_stderr``: how many characters of each campaign's
+    stderr to echo."""
 
     record: dict = {**header(packages), "campaigns": {}}
     with tempfile.TemporaryDirectory(prefix="tqbridge-fuzz-record-") as tmp:
@@ -49,5 +61,6 @@ def record_fuzz_campaigns(out: str, packages: "tuple[str, ...]", campaigns, *, k
                 fixup(summary)
             record["campaigns"][target] = {"command": " ".join(cmd[:-4] + ["--db", "DB", "--json", "OUT"]),
                                            "exit_code": p.returncode, "summary": summary}
-    write_atomic(out, json.dumps(record, indent=1) + "\n")
+    write_record(out, record, hardware="cpu",
+                 command=[c["command"] for c in record["campaigns"].values()])
     return 0

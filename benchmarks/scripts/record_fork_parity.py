@@ -108,7 +108,12 @@ def main(argv: "list[str]") -> int:
               "versions": versions(), "builds": builds, "runs": runs,
               "how": "python benchmarks/scripts/record_fork_parity.py OUT NAME=REPORT.json:BUILD ... over the reports of "
                      "the commands in runs[*].command (build directories from `tqbridge llama build SRC`)"}
-    out_path.write_text(json.dumps(record, indent=1) + "\n")
+    from tqbridge.tools.records import dumps, envelope
+
+    # a schema-1 record (tools/records.py); the commit is the one checked out here, as the payload says
+    out_path.write_text(dumps(envelope(record, hardware="cpu", command=record["how"], date=record["date"],
+                                       commit=commit or None, machine_=record["machine"],
+                                       versions_=record["versions"])))
     print(f"wrote {out_path}")
     return 0
 

@@ -35,7 +35,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from record_env import header
+from record_env import header, write_record
 
 MODELS = ("smollm2", "gemma3")
 PRECISIONS = ("exact", "int8")
@@ -136,7 +136,9 @@ def main() -> int:
                     help="only the paired comparison, merged into OUT (which holds the CLI runs)")
     args = ap.parse_args()
     if args.paired_only:
-        record = json.loads(Path(args.out).read_text())
+        from tqbridge.tools.records import load
+
+        record = load(args.out)["results"]   # the record the CLI runs wrote (a schema-1 record)
         _add_paired(record, args)
         return 0
     record: dict = {
@@ -193,9 +195,8 @@ def _paired_subprocess(model: str, tokens: int) -> list[dict]:
 
 
 def _write(record: dict, out: str) -> None:
-    from tqbridge.bridge.atomic import write_atomic
-
-    write_atomic(out, json.dumps(record, indent=2))
+    commands = [record["script"]] + ([record["paired_command"]] if "paired_command" in record else [])
+    write_record(out, record, hardware="cpu", command=commands[0] if len(commands) == 1 else commands)
     print("| model | K / V | KL exact q | KL int8 q | int8 - exact | relative | top-1 exact / int8 |")
     print("|---|---|---|---|---|---|---|")
     for t in record["table"]:
