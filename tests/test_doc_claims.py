@@ -1,8 +1,9 @@
-"""The numbers in README.md, BENCHMARKS.md and docs/*.md against the records they cite.
+"""The numbers in README.md, BENCHMARKS.md and docs/*.md (docs/benchmark-history.md among them) against
+the records they cite.
 
-Each table or sentence checked here quotes a committed record (benchmarks/*.json, docs/*.json); a
-number is accepted when it is the record's value rounded to the digits printed (half a unit of the
-last digit). A link that does not resolve fails too. Editing a record without the text, or the text
+Each table or sentence checked here quotes a committed record (benchmarks/records/<hardware>/*.json,
+read through their schema, tools/records.py; docs/*.json); a number is accepted when it is the
+record's value rounded to the digits printed (half a unit of the last digit). A link that does not resolve fails too. Editing a record without the text, or the text
 without a record, fails these tests.
 
 How the pages are read: every number is taken from the page (a pattern anchored in its sentence,
@@ -24,6 +25,7 @@ import pytest
 from tqbridge.tools.records import results
 
 ROOT = Path(__file__).resolve().parents[1]
+HISTORY = "docs/benchmark-history.md"   # the sessions' measurements, oldest last; BENCHMARKS.md: current numbers
 DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 
@@ -138,6 +140,105 @@ def test_links_and_cited_files_exist(doc):
     assert not missing, f"{doc.name}: {missing}"
 
 
+# ---- BENCHMARKS.md: the current numbers, each cell read at its record key --------------------------
+
+CURRENT = "BENCHMARKS.md"
+RECORD_LINE = re.compile(r"\*\*Record\*\*: \[[^\]]+\]\(([^)\s]+)\)")
+# the names of models the page says in prose; any other number it quotes must be in a keyed table
+MODEL_NAMES = ("SmolLM2-135M", "Gemma 3 270M", "Llama 3.1 8B")
+# every (record, key) the page's tables quote: a dropped row or a changed key fails here
+CURRENT_KEYS = {
+    "benchmarks/records/h200/2026-12-03-v3-prologue.json": [
+        "bench_attention_variants.shape.q_heads",
+        "bench_attention_variants.shape.kv_heads",
+        "bench_attention_variants.shape.head_dim",
+        "bench_attention_variants.layers_per_eval",
+        "bench_attention_variants.contexts[context=<col>].variant_summary[env={}].device_us_median",
+        "bench_attention_variants.contexts[context=<col>].variant_summary[env={}].vs_sdpa_fp16_median",
+        "bench_attention_variants.contexts[context=<col>].variant_summary[env={}].pipelined_vs_sdpa_fp16_median",
+        "bench_attention_variants_q8_0_q4_0.contexts[context=<col>].variant_summary[env={}].device_us_median",
+        "bench_attention_full.contexts[context=<col>].growing_cache_path_us",
+        "bench_attention_full.contexts[context=<col>].growing_sdpa_fp16_us",
+        "bench_attention_full.contexts[context=<col>].growing_sdpa_fp16_device_us",
+        "bench_attention_full.contexts[context=<col>].growing_fused_v2_device_us",
+        "bench_attention_full.contexts[context=<col>].growing_dequant_sdpa_device_us",
+        "bench_decode.runs[cache=q8_0/turbo3&context=<col>].tokens",
+        "bench_decode.runs[cache=q8_0/turbo3&context=<col>].rounds",
+        "bench_decode.runs[cache=q8_0/turbo3&context=<col>].speedup_vs_fp16",
+        "bench_decode.runs[cache=q8_0/turbo3&context=<col>].ms_per_token",
+        "bench_decode.runs[cache=fp16&context=<col>].ms_per_token",
+    ],
+    "benchmarks/records/cpu/2026-12-01-demo.json": ["logits[kv=<col>].kl_mean", "logits[kv=<col>].top1"],
+    "benchmarks/records/cpu/2026-12-03-fork-parity.json": [
+        "runs.gemma3-fork-<col>.logits[kv=q8_0/turbo3@fork-<col>].kl_mean",
+        "runs.gemma3-fork-<col>.logits[kv=q8_0/turbo3@fork-<col>].top1",
+        "runs.gemma3-fork-<col>.logits[kv=turbo3@fork-<col>].kl_mean",
+        "runs.gemma3-fork-<col>.logits[kv=turbo3@fork-<col>].top1",
+    ],
+}
+
+
+def keyed_tables(doc: str) -> list[tuple[str, list[str], list[list[str]]]]:
+    """``(record, heading cells, body rows)`` of every table of ``doc``, the record being the last
+    ``**Record**: [..](path)`` line above the table."""
+    out, rec, lines = [], None, doc.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].strip()
+        m = RECORD_LINE.fullmatch(line)
+        if m:
+            rec = m.group(1)
+        if line.startswith("|"):
+            block = []
+            while i < len(lines) and lines[i].strip().startswith("|"):
+                block.append([c.strip() for c in re.split(r"(?<!\\)\|", lines[i].strip()[1:-1])])
+                i += 1
+            assert len(block) > 2 and set("".join(block[1])) <= set("-:"), block[:2]
+            out.append((rec, block[0], block[2:]))
+            continue
+        i += 1
+    return out
+
+
+def test_benchmarks_current_numbers_are_their_records():
+    """Each cell of each table of BENCHMARKS.md is the value at the row's key in the record named above
+    the table (``<col>`` in the key: the column's heading, a context such as 32K as its length)."""
+    from tqbridge.tools.records import lookup
+
+    tables = keyed_tables(text(CURRENT))
+    assert tables
+    seen: dict[str, list[str]] = {}
+    bad = []
+    for rec_path, head, rows in tables:
+        assert rec_path and head[-1] == "key" and len(head) >= 3, (rec_path, head)
+        res = record(rec_path)
+        for row in rows:
+            assert len(row) == len(head), row
+            key = row[-1]
+            assert key.startswith("`") and key.endswith("`"), key
+            key = key[1:-1]
+            seen.setdefault(rec_path, []).append(key)
+            for col, cell in zip(head[1:-1], row[1:-1]):
+                value = lookup(res, key.replace("<col>", str(CTX_NAMES.get(col, col))))
+                ok = (re.fullmatch(NUMBER.pattern + r"%?", cell) is not None and isinstance(value, (int, float))
+                      and not isinstance(value, bool) and rounds_to(cell, value, 100 if cell.endswith("%") else 1))
+                check(ok, f"{row[0]} / {col}: {cell} vs {key} = {value}", bad)
+    assert not bad, bad
+    assert seen == CURRENT_KEYS
+
+
+def test_benchmarks_quotes_no_number_outside_its_tables():
+    """The prose of BENCHMARKS.md names models and records but quotes no number: each number it gives
+    is a table cell checked above."""
+    doc = text(CURRENT)
+    for name in MODEL_NAMES:
+        doc = doc.replace(name, "")
+    prose = "\n".join(line for line in doc.splitlines() if not line.strip().startswith("|"))
+    prose = re.sub(r"\[[^\]]*\]\([^)]*\)|`[^`]*`", " ", prose)   # links and code name records and keys
+    stray = re.findall(r"(?<![\w.])\d+(?:[.,]\d+)*(?!\w)", prose)
+    assert not stray, stray
+
+
 # ---- README: parity demo ----------------------------------------------------------------------------
 
 def test_readme_parity_table_is_the_demo_record():
@@ -186,7 +287,7 @@ def _decode_runs():
 
 
 @pytest.mark.parametrize("doc, header", [("README.md", "| geometry (random fp16 weights)"),
-                                         ("BENCHMARKS.md", "| geometry | 4K")])
+                                         (HISTORY, "| geometry | 4K")])
 def test_decode_ratio_tables_quote_the_record(doc, header):
     runs = _decode_runs()
     rows = table(text(doc), header)
@@ -206,7 +307,7 @@ def test_decode_ratio_tables_quote_the_record(doc, header):
 def test_benchmarks_decode_table_is_the_record():
     runs = _decode_runs()
     ctx = {"4K": 4096, "32K": 32768, "128K": 131072}
-    rows = table(text("BENCHMARKS.md"), "| model | context | cache | ms/token")
+    rows = table(text(HISTORY), "| model | context | cache | ms/token")
     assert sorted((m, cache, ctx[c]) for m, c, cache, *_ in rows) == sorted(runs), rows   # each run once
     bad = []
     for model, c, cache, ms, vs, kernels, syncs, host, mib in rows:
@@ -233,7 +334,7 @@ PROFILE6 = "benchmarks/records/h200/2026-11-29-attention-profile-rev6.json"
 def test_revision6_table_is_its_record():
     rec = record(REV6)
     copy = rec["copy"]["cupy_copy_GBps"]
-    doc = text("BENCHMARKS.md")
+    doc = text(HISTORY)
     rows = table(doc, "| context | v2 (default plan)")
     assert len(rows) == len(rec["contexts"]), rows
     bad = []
@@ -258,7 +359,7 @@ def test_revision6_table_is_its_record():
 
 def test_revision6_profile_sentence_is_its_record():
     prof = {p["context"]: p for p in record(PROFILE6)}
-    m = sole(text("BENCHMARKS.md"), r"Profile of this\s+revision \(wall / host building / device per call\): 4K ([^,]+),"
+    m = sole(text(HISTORY), r"Profile of this\s+revision \(wall / host building / device per call\): 4K ([^,]+),"
                                     r"\s+32K ([^,]+),\s+128K ([^(]+)")
     bad = []
     for cell, ctx in zip(m.groups(), CONTEXTS):
@@ -272,7 +373,7 @@ def test_revision6_profile_sentence_is_its_record():
 
 def test_kernel_v2_table_is_its_record():
     rec = record(V2)
-    doc = text("BENCHMARKS.md")
+    doc = text(HISTORY)
     rows = table(doc, "| context | v2 (default) | v1")
     assert len(rows) == len(rec["contexts"]), rows
     cupy, mlx = span(flat(doc), r"Copy bandwidth in the same run: cupy ([\d,]+) GB/s, MLX `x \+ 0` ([\d,]+) GB/s\.")
@@ -312,7 +413,7 @@ def test_readme_kernel_sentence_quotes_revision6():
 
 def test_cuda_fuzz_sentence_is_its_record():
     rec = record("benchmarks/records/h200/2026-11-29-fuzz-decode-attention-cuda.json")
-    m = sole(text("BENCHMARKS.md"), r"(\d+)\s+examples,\s+(\d+)\s+distinct\s+shapes,\s+all\s+(\d+)\s+formats\s+for\s+K\s+"
+    m = sole(text(HISTORY), r"(\d+)\s+examples,\s+(\d+)\s+distinct\s+shapes,\s+all\s+(\d+)\s+formats\s+for\s+K\s+"
                                     r"and\s+V,\s+worst\s+error\s+([\d.]+)\s+of\s+the\s+allowed\s+bound,\s+no\s+"
                                     r"counterexample,\s+(\d+)\s+s")
     assert rec["ok"] and rec["failure"] is None
@@ -551,7 +652,7 @@ def test_readme_generation_sentence_is_its_record():
     t3 = {r["q_precision_asked"]: r["generated"] for r in new["runs"]
           if r["kv"] == "q8_0/turbo3" and "gemma" in r["model"]}
     first_diff = {k: next(i for i, (a, b) in enumerate(zip(cpu, g)) if a != b) for k, g in t3.items()}
-    int8, exact = span(flat(text("BENCHMARKS.md")), r"\(the first (\d+) tokens the same with int8 q, (\d+) with exact q, "
+    int8, exact = span(flat(text(HISTORY)), r"\(the first (\d+) tokens the same with int8 q, (\d+) with exact q, "
                                                     r"each then parting")
     assert first_diff == {"default": int(int8), "exact": int(exact)}, first_diff
 
@@ -814,8 +915,8 @@ def _v3_dev(v: str, kernel: str, ctx: int) -> dict:
 
 def test_v3_device_time_table_is_its_record():
     rec = record(V3_DEV)
-    doc = flat(text("BENCHMARKS.md"))
-    rows = table(text("BENCHMARKS.md"), "| V | context | v2 | v3 |")
+    doc = flat(text(HISTORY))
+    rows = table(text(HISTORY), "| V | context | v2 | v3 |")
     # one row per V format and context of the record's final rows
     assert [("q8_0/" + vf, CTX_NAMES[c]) for vf, c, *_ in rows] == \
         [(v, r["context"]) for v in rec["final"] for r in rec["final"][v]["rows"] if r["kernel"] == "v3"], rows
@@ -848,7 +949,7 @@ def test_v3_device_time_table_is_its_record():
 
 
 def test_v3_wall_table_is_its_record():
-    rows = table(text("BENCHMARKS.md"), "| context | v3 | v2 | fp16 SDPA")
+    rows = table(text(HISTORY), "| context | v3 | v2 | fp16 SDPA")
     recs = {r["context"]: r for r in record(V3_ATT)["contexts"]}
     assert [CTX_NAMES[r[0]] for r in rows] == sorted(recs), rows   # one row per context of the record
     bad = []
@@ -860,7 +961,7 @@ def test_v3_wall_table_is_its_record():
         check(rounds_to(ratio, r["sdpa_fp16_us"] / r["fused_us"]), f"{c} ratio {ratio}", bad)
         check(r["fused_plan"]["kernel"] == "v3", f"{c} plan", bad)
     assert not bad, bad
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     one = {r["context"]: r["fused_us"] for r in record(V3_ONE)["contexts"]}
     assert once(f"{one[4096]:.1f} / {one[32768]:.1f} / {one[131072]:.1f} µs (record", doc)
     # issue 13's targets, missed: the same ratios and pass 1's share of the copy bandwidth at 128K
@@ -873,7 +974,7 @@ def test_v3_wall_table_is_its_record():
 
 def test_v3_decode_table_is_its_record():
     runs = {(r["model"], r["cache"], r["context"]): r for r in record(V3_DEC)["runs"]}
-    rows = table(text("BENCHMARKS.md"), "| model | context | fp16 | @exact")
+    rows = table(text(HISTORY), "| model | context | fp16 | @exact")
     assert [r[0] for r in rows] == list(dict.fromkeys(m for m, _, _ in runs)), rows   # one row per model
     bad = []
     for model, ctxs, fp16, ex, i8 in rows:
@@ -890,7 +991,7 @@ def test_v3_decode_table_is_its_record():
     readme = flat(text("README.md"))
     i32, i128, e32, e128 = span(readme, r"it lifts Llama-3.1-8B to ([\d.]+)× fp16 at 32K and ([\d.]+)× at 128K \(v2 in the "
                                         r"same run: ([\d.]+)×, ([\d.]+)×;")
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     bi32, bi128, be32, be128, *qwen = span(doc, r"with v3, Llama-3.1-8B reaches ([\d.]+)× at 32K and ([\d.]+)× at 128K \(v2: "
                                                 r"([\d.]+)×, ([\d.]+)×\), Qwen2.5-1.5B ([\d.]+)× / ([\d.]+)× / ([\d.]+)×;")
     for cells, cache in (((i32, i128), "q8_0/turbo3@int8"), ((e32, e128), "q8_0/turbo3@exact"),
@@ -921,7 +1022,7 @@ def test_q_precision_decision_quotes_the_control():
     assert rounds_to(lo, rises[0]) and rounds_to(hi, rises[1]), (lo, hi, rises)
 
 
-# ---- real models and the per-call cost (BENCHMARKS.md, second 2026-12-01 section) -----------------
+# ---- real models and the per-call cost (the history, second 2026-12-01 section) -----------------
 
 REAL_DEC = "benchmarks/records/h200/2026-12-01-bench-decode-real.json"
 LAUNCH = "benchmarks/records/h200/2026-12-01-launch-cost.json"
@@ -930,11 +1031,11 @@ LAUNCH = "benchmarks/records/h200/2026-12-01-launch-cost.json"
 def test_real_model_decode_table_is_its_record():
     runs = {(("smollm2" if "SmolLM2" in r["model"] else "gemma3"), r["cache"], r["context"]): r
             for r in record(REAL_DEC)["runs"]}
-    rows = table(text("BENCHMARKS.md"), "| real model | context | fp16")
+    rows = table(text(HISTORY), "| real model | context | fp16")
     # one row per model and context of the record
     assert sorted(("smollm2" if "SmolLM2" in r[0] else "gemma3", CTX_NAMES[r[1]]) for r in rows) == \
         sorted({(m, c) for m, _, c in runs}), rows
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     readme = flat(text("README.md"))
     # the kernel counts per layer as the pages say them
     ours, syncs = span(doc, r"Every quantized row: (\d+) KV kernels per layer, (\d+) host syncs per step\.")
@@ -958,7 +1059,7 @@ def test_real_model_decode_table_is_its_record():
                         for x in (4096, 32768)) for m in ("smollm2", "gemma3")}
     assert once(f"SmolLM2-135M {quoted['smollm2'][0]:.2f}–{quoted['smollm2'][-1]:.2f}× fp16", readme)
     assert once(f"Gemma 3 270M {quoted['gemma3'][0]:.2f}–{quoted['gemma3'][-1]:.2f}×", readme)
-    (smol,) = span(doc, r"SmolLM2 is \(([\d.]+–[\d.]+)×\)\.")   # the same range in BENCHMARKS.md's reading
+    (smol,) = span(doc, r"SmolLM2 is \(([\d.]+–[\d.]+)×\)\.")   # the same range in the history's reading
     assert smol == f"{quoted['smollm2'][0]:.2f}–{quoted['smollm2'][-1]:.2f}"
     g = runs[("gemma3", "fp16", 32768)]["ms_per_token_rounds"]
     spread, rounds = span(doc, r"single rounds of one configuration spread up to ([\d.]+)× on this host \(Gemma 3 fp16 at "
@@ -971,7 +1072,7 @@ def test_generation_sentence_is_its_record():
     by = {(("smollm2" if "SmolLM2" in r["model"] else "gemma3"), r["kv"], r["q_precision_asked"]): r
           for r in rec["runs"]}
     old = record("benchmarks/records/h200/2026-11-29-generate.json")["runs"]
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     caches, int8, kernel, gkv, n = span(doc, r"SmolLM2 gives the same tokens for every cache recorded then \(([^;]+); q exact\) "
                                              r"and with the int8 default \(([^,]+), kernel (v\d)\); Gemma 3 (\S+) gives the "
                                              r"same (\d+) tokens\.")
@@ -996,7 +1097,7 @@ def test_generation_sentence_is_its_record():
 
 def test_launch_cost_table_and_split_are_the_record():
     rows = {r["context"]: r for r in record(LAUNCH)["rows"]}
-    body = table(text("BENCHMARKS.md"), "| call | 4K build | 4K wall")
+    body = table(text(HISTORY), "| call | 4K build | 4K wall")
     keys = ["v3_2disp_len", "v3_2disp_len0", "v3_1disp_len", "v3_1disp_len0", "sdpa", "two_trivial_like_ours"]
     assert len(body) == len(keys)
     bad = []
@@ -1006,7 +1107,7 @@ def test_launch_cost_table_and_split_are_the_record():
     assert not bad, bad
     # the split of the 128K call, every number read off the sentence
     r, r4 = rows[131072], rows[4096]
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     (total, build, launch, twall, tbuild, device, p1, p2, left, fixed, lwall, lbuild, ltriv, sdpa) = span(doc,
         r"At 128K the ([\d.]+) µs of a decode call split as: ([\d.]+) build; ≈ (\d+) MLX's evaluation of two custom "
         r"kernels \(([\d.]+) − ([\d.]+), the do-nothing pair\); ≈ (\d+) device time of pass 1 \+ combine \(CuPy, "
@@ -1032,7 +1133,7 @@ def test_launch_cost_table_and_split_are_the_record():
 def test_static_profile_table_is_its_record():
     rows = {(r["k_format"], r["v_format"].split("@")[0]): r
             for r in record("benchmarks/records/nvcc/2026-12-01-kernel-sass-v3.json")["rows"]}
-    body = table(text("BENCHMARKS.md"), "| K/V | registers | loop instructions")
+    body = table(text(HISTORY), "| K/V | registers | loop instructions")
     assert sorted(tuple(r[0].split("/")) for r in body) == sorted(rows), body   # one row per pair of the record
     bad = []
     for kv, regs, loop, per_key, integer, flt, lds in body:
@@ -1043,7 +1144,7 @@ def test_static_profile_table_is_its_record():
             check(rounds_to(cell, value), f"{kv} {cell}", bad)
     assert not bad, bad
     t3, q4 = rows[("q8_0", "turbo3")], rows[("q8_0", "q4_0")]
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     loop, dev, a, b = span(doc, r"q8_0/turbo3 against q8_0/q4_0 is ([\d.]+) in loop instructions and ([\d.]+) in pass-1 "
                                 r"device time at 128K \(([\d.]+) vs ([\d.]+) µs, above\)")
     p3, p4 = (_v3_dev(v, "v3", 131072)["pass1_us"] for v in ("q8_0/turbo3", "q8_0/q4_0"))
@@ -1060,7 +1161,7 @@ GROWING = {"q8_0/turbo3": "benchmarks/records/h200/2026-12-01-bench-attention-q8
 
 
 def test_fixed_and_growing_table_is_its_records():
-    rows = table(text("BENCHMARKS.md"), "| K/V | context | regime | cache path")
+    rows = table(text(HISTORY), "| K/V | context | regime | cache path")
     # one row per K/V record, context and regime (fixed, growing)
     assert sorted((kv, CTX_NAMES[c], regime) for kv, c, regime, *_ in rows) == \
         sorted((kv, x["context"], regime) for kv, path in GROWING.items() for x in record(path)["contexts"]
@@ -1092,12 +1193,12 @@ PERMUTE_DECODE = "benchmarks/records/h200/2026-12-01-bench-decode-permute.json"
 
 
 def _copy_tbps() -> float:
-    """The copy bandwidth BENCHMARKS.md's fifth-session section divides by: the largest reading."""
+    """The copy bandwidth the history's fifth-session section divides by: the largest reading."""
     return max(r["record"]["copy"]["cupy_copy_GBps"] for r in record(DISPATCH_WALL)["runs"]) / 1000
 
 
 def test_v_decode_device_table_is_its_record():
-    rows = table(text("BENCHMARKS.md"), "| V | decode | registers |")
+    rows = table(text(HISTORY), "| V | decode | registers |")
     rec = record(PERMUTE_DEV)
     # one row per V decode the record measured (the one-dispatch runs and the repeat aside) and the previous
     # default's pair-table row
@@ -1108,7 +1209,7 @@ def test_v_decode_device_table_is_its_record():
         == sorted((r["v_format"], "generic" if r["variant"].startswith("TQBRIDGE_V3_V_GENERIC") else "default") for r in runs)
     # the copy bandwidth the section divides by, as it quotes it: the largest of the bench records' readings
     readings = [r["record"]["copy"]["cupy_copy_GBps"] / 1000 for r in record(DISPATCH_WALL)["runs"]]
-    copy, n, lo, hi = span(flat(text("BENCHMARKS.md")), r"device copy bandwidth ([\d.]+) TB/s \(CuPy: the largest of the "
+    copy, n, lo, hi = span(flat(text(HISTORY)), r"device copy bandwidth ([\d.]+) TB/s \(CuPy: the largest of the "
                                                         r"bench records' (\w+) readings, ([\d.]+)-([\d.]+)\)")
     assert rounds_to(copy, _copy_tbps()) and count_word(n) == len(readings)
     assert rounds_to(lo, min(readings)) and rounds_to(hi, max(readings))
@@ -1133,7 +1234,7 @@ def test_v_decode_device_table_is_its_record():
 
 
 def test_dispatch_wall_table_is_its_record():
-    rows = table(text("BENCHMARKS.md"), "| V | dispatches | run |")
+    rows = table(text(HISTORY), "| V | dispatches | run |")
     rec = record(DISPATCH_WALL)
     assert sorted((r[0], int(r[1]), int(r[2])) for r in rows) == \
         sorted((x["v_format"], x["dispatches"], x["session_run"]) for x in rec["runs"]), rows   # one row per run
@@ -1155,7 +1256,7 @@ def test_dispatch_wall_table_is_its_record():
 
 def test_permute_decode_sentence_is_its_record():
     runs = {(r["cache"], r["context"]): r for r in record(PERMUTE_DECODE)["runs"]}
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     for ctx, words in ((131072, "128K fp16 {f:.2f} ms/token, q8_0/turbo3 {t:.2f}x, q8_0/q4_0 {q:.2f}x"),
                        (32768, "32K fp16 {f:.2f} ms, {t:.2f}x / {q:.2f}x")):
         said = words.format(f=runs[("fp16", ctx)]["ms_per_token"], t=runs[("q8_0/turbo3", ctx)]["speedup_vs_fp16"],
@@ -1166,7 +1267,7 @@ def test_permute_decode_sentence_is_its_record():
 def test_emulator_v3_fuzz_sentence_is_its_records():
     first = record("benchmarks/records/cpu/2026-12-01-fuzz-v3-emulator-first.json")
     after = record("benchmarks/records/cpu/2026-12-01-fuzz-v3-emulator.json")
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     examples, k, v, d, over = span(doc, r"the first campaign found a counterexample after (\d+) examples \(\[record\]\([^)]*\)\): "
                                         r"(\S+) / (\S+) at head dim (\d+), ([\d.]+)x over the oracle's bound")
     assert not first["ok"] and int(examples) == first["examples"]
@@ -1202,7 +1303,7 @@ OCCUPANCY = "benchmarks/records/h200/2026-12-01-v3-occupancy-splits.json"
 
 
 def test_compile_wall_table_is_its_record():
-    rows = table(text("BENCHMARKS.md"), "| compiled | 4K | 32K | 128K | build")
+    rows = table(text(HISTORY), "| compiled | 4K | 32K | 128K | build")
     assert [r[0] for r in rows] == ["yes" if r["compile"] else "no" for r in record(COMPILE_WALL)["runs"]], rows
     rec = {r["compile"]: sorted(r["contexts"], key=lambda x: x["context"]) for r in record(COMPILE_WALL)["runs"]}
     bad = []
@@ -1231,7 +1332,7 @@ def _split_us(entry: dict, key: str = "device") -> float:
 
 
 def test_chain_profile_sentences_are_their_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     sd = _chain(0, 4096, "sdpa")
     said = (f"fp16 SDPA at 4K: build {sd['build_us']:.0f}, wall {sd['wall_us']:.0f}, device {sd['device_us']:.0f} — "
             f"~{sd['wall_us'] - sd['build_us'] - sd['device_us']:.0f} µs per layer")
@@ -1267,7 +1368,7 @@ def test_chain_profile_sentences_are_their_record():
 
 
 def test_cold_pass1_sentence_is_its_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     sweep, chain = record(COLD)["runs"]
     assert all(r["chain"] for r in chain["rows"]) and all(r["copies"] * r["bytes_read"] >= 160 << 20 for r in sweep["rows"])
     alt = {r["context"]: r for r in chain["rows"]}
@@ -1295,7 +1396,7 @@ def test_cold_pass1_sentence_is_its_record():
 
 
 def test_occupancy_sentence_is_its_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     runs = {r["q_in_smem"]: {(x["context"], x["splits"]): x for x in r["rows"]} for r in record(OCCUPANCY)["runs"]}
     smem, regs = runs[True], runs[False]
     nregs, ctas_smem, ctas_regs, splits, ctas, warps_smem, warps_regs, default_splits = (int(x) for x in span(doc,
@@ -1314,7 +1415,7 @@ def test_occupancy_sentence_is_its_record():
 
 
 def test_compile_decode_sentence_is_its_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     runs = {(run["compile"], r["cache"]): r for run in record(COMPILE_DECODE)["runs"] for r in run["runs"]}
     said = (f"fp16 {runs[(True, 'fp16')]['ms_per_token']:.2f} / {runs[(False, 'fp16')]['ms_per_token']:.2f} ms/token")
     assert once(said, doc), said
@@ -1350,7 +1451,7 @@ def _three(vals, fmt=".1f") -> str:
 
 
 def test_probe_sentences_are_their_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     rec = record(PROBE)
     triv = {}
     for r in rec["trivial_chain"]:
@@ -1368,7 +1469,7 @@ def test_probe_sentences_are_their_record():
 
 
 def test_device_params_wall_table_is_its_record():
-    rows = table(text("BENCHMARKS.md"), "| 4K | 32K | 128K | build 4K")
+    rows = table(text(HISTORY), "| 4K | 32K | 128K | build 4K")
     assert len(rows) == len(record(DP_WALL)["runs"]) == 1   # the record's one run
     ctx = sorted(record(DP_WALL)["runs"][0]["contexts"], key=lambda x: x["context"])
     c4, c32, c128, build, dev, sdpa, vs = rows[0]
@@ -1387,7 +1488,7 @@ def test_device_params_wall_table_is_its_record():
 
 
 def test_device_params_decode_sentence_is_its_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     runs = {run["device_params"]: {r["cache"]: r for r in run["runs"]} for run in record(DP_DECODE)["runs"]}
 
     def vs(dp, cache):
@@ -1401,7 +1502,7 @@ def test_device_params_decode_sentence_is_its_record():
 
 
 def test_softmax_and_ablation_sentences_are_their_records():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     rows = record(SOFTMAX)["rows"]
     assert all(r["chain"] and r["copies"] * r["bytes_read"] >= 160 << 20 for r in rows)
 
@@ -1456,7 +1557,7 @@ def test_readme_fresh_array_cost_is_its_record():
 
 
 def test_v_decode_ablation_sentence_is_its_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     at = {r["ablation"]: r["pass1_us"] for r in record("benchmarks/records/h200/2026-12-02-v3-ablation-v-decode.json")["rows"]
           if r["context"] == 131072}
     said = (f"(a second run, 128K: the full kernel {at['none']:.1f}, without V {at['nov']:.1f}): without the norms "
@@ -1468,7 +1569,7 @@ def test_v_decode_ablation_sentence_is_its_record():
 
 
 def test_common_path_count_sentence_is_its_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     rec = record("benchmarks/records/nvcc/2026-12-02-kernel-sass-v3-common-path.json")
     b, a = (next(r for r in rec[k]["rows"] if r["v_format"].startswith("turbo3")) for k in ("before", "after"))
     assert a["common_path"] is True
@@ -1484,7 +1585,7 @@ def test_common_path_count_sentence_is_its_record():
 
 
 def test_in_chain_pass1_sentence_is_its_records():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     ctx = _by_ctx(record(DP_WALL)["runs"][0])
     p1 = [_kernel_us(r, "split_v3") for r in ctx]
     comb = [_kernel_us(r, "combine") for r in ctx]
@@ -1506,10 +1607,10 @@ def test_softmax_fuzz_sentence_is_its_record():
     assert rec["ok"] is True and rec["failure"] is None and rec["q_precision"] == "int8"
     said = (f"(int8 q, {rec['seconds'] / 60:.0f} minutes, {rec['examples']} examples, windows / softcaps / sinks): no "
             f"counterexample, worst error {rec['worst_error_over_allowed']:.3f} of the")
-    assert once(flat(said), flat(text("BENCHMARKS.md"))), said
+    assert once(flat(said), flat(text(HISTORY))), said
 
 
-# ---- eighth session: device consts (BENCHMARKS.md) --------------------------------------------------
+# ---- eighth session: device consts (the history) --------------------------------------------------
 
 CONSTS = "benchmarks/records/h200/2026-12-02-bench-attention-device-consts.json"
 CONSTS_DECODE = "benchmarks/records/h200/2026-12-02-bench-decode-device-consts.json"
@@ -1540,7 +1641,7 @@ def _kernel_us(row, part):
 
 
 def test_device_consts_table_is_its_record():
-    doc = text("BENCHMARKS.md")
+    doc = text(HISTORY)
     full = record(CONSTS)["runs"][1]["result"]
     ctx = _by_ctx(full)
 
@@ -1571,7 +1672,7 @@ def test_device_consts_table_is_its_record():
 
 
 def test_device_consts_sentences_are_their_records():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     runs = record(CONSTS)["runs"]
     second, full, ops8 = (r["result"] for r in runs)
     assert "MLX_MAX_OPS_PER_BUFFER=8" in runs[2]["command"]
@@ -1615,7 +1716,7 @@ def test_device_consts_sentences_are_their_records():
 
 
 def test_device_consts_decode_sentence_is_its_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     res = record(CONSTS_DECODE)["runs"][1]["result"]
     runs = {(r["cache"], r["context"]): r for r in res["runs"]}
     caches = ("fp16", "q8_0/turbo3", "q8_0/turbo3{TQBRIDGE_DEVICE_CONSTS=0}")
@@ -1637,7 +1738,7 @@ def test_device_consts_fuzz_sentence_is_its_record():
     assert rec["ok"] is True and rec["failure"] is None and rec["backend"] == "cuda" and rec["q_precision"] == "int8"
     said = (f"({rec['seconds']:.0f} s, {rec['jobs']} processes, int8 q, {len(rec['formats'])} formats): {rec['examples']} "
             f"examples over {rec['shapes']} shapes, no counterexample, worst error {rec['worst_error_over_allowed']:.3f} of the")
-    assert once(said, flat(text("BENCHMARKS.md"))), said
+    assert once(said, flat(text(HISTORY))), said
 
 
 def test_readme_device_consts_sentence_is_its_records():
@@ -1654,7 +1755,7 @@ def test_readme_device_consts_sentence_is_its_records():
 
 
 def test_combine_rewrite_paragraph_is_its_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     runs = record("benchmarks/records/h200/2026-12-02-combine-simd.json")["runs"]
     assert [r["combine"] for r in runs] == ["new", "old", "new", "old", "new"]
     assert "q4_0" in runs[4]["command"] and "turbo3" in runs[2]["command"] and "turbo3" in runs[3]["command"]
@@ -1678,7 +1779,7 @@ def test_combine_emulator_fuzz_sentence_is_its_record():
     assert rec["ok"] is True and rec["failure"] is None and rec["backend"] == "cpu-emulator"
     said = (f"(int8 q, {rec['seconds'] / 60:.0f} minutes, {rec['examples']} examples over {rec['shapes']} shapes, every "
             f"format pair): no counterexample, worst error {rec['worst_error_over_allowed']:.2f} of the allowed bound")
-    assert once(said, flat(text("BENCHMARKS.md"))), said
+    assert once(said, flat(text(HISTORY))), said
 
 
 ENCODE = "benchmarks/records/h200/2026-12-02-bench-attention-encode.json"
@@ -1693,7 +1794,7 @@ def _ratios(ctx, num="growing_sdpa_fp16", den="growing_cache_path", suffix="_us"
 
 
 def test_ninth_session_combine_and_ratio_sentences_are_their_records():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     runs = record(ENCODE)["runs"]
     assert "MLX_USE_CUDA_GRAPHS=0" in runs[2]["command"] and "MLX_USE_CUDA_GRAPHS" not in runs[1]["command"]
     c1, c2, c3 = (_by_ctx(r["result"]) for r in runs)
@@ -1747,7 +1848,7 @@ def test_ninth_session_combine_and_ratio_sentences_are_their_records():
 
 
 def test_ninth_session_probe_gemma_fuzz_and_tests_are_their_records():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     on, off = record(ENCODE_PROBE)["runs"]
     kernels, sizes = span(doc, r"a probe of (\d+) trivial kernels each reading its own buffer of ([\d /]+) MB encodes in")
     assert on["graphs"] == "default" and off["graphs"] == "0"
@@ -1803,7 +1904,7 @@ def _summary(rec, env):
 
 
 def test_tenth_session_host_time_sentences_are_their_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     runs = record(MAX_MB)["runs"]
     assert ["MLX_MAX_MB_PER_BUFFER=100000" in r["command"] for r in runs] == [False, True, False, True]
     cs = [_by_ctx(r["result"]) for r in runs]
@@ -1825,7 +1926,7 @@ def test_tenth_session_host_time_sentences_are_their_record():
 
 
 def test_tenth_session_chunk_sentences_are_their_records():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     rec, dyn = record(CHUNKS), record(CHUNKS_DYN)
     ctxs = (4096, 32768, 131072)
     p = lambda r, w, t, k: _three(_pass1(r, c, w, t, k) for c in ctxs)   # noqa: E731
@@ -1870,7 +1971,7 @@ def test_tenth_session_chunk_sentences_are_their_records():
 
 
 def test_tenth_session_decode_tests_and_fuzz_are_their_records():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     runs = record(CHUNKS_DECODE)["decode"]["result"]
     rows = runs["runs"] if isinstance(runs, dict) and "runs" in runs else runs
     g = {(r["cache"], r["context"]): r for r in rows}
@@ -1913,7 +2014,7 @@ def _pct(x) -> str:
 
 
 def test_eleventh_session_profile_sentences_are_their_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     r, b, a1, a2, a14 = _ncu_numbers()
     st, hand = b["stall_share"], r["ncu"]["before_c1_128K_regions_instructions_per_16_keys"]
     said = [f"chunk): {b['duration_us']} µs, DRAM {b['dram_throughput_pct']:.0f}% busy, issue slots "
@@ -1945,7 +2046,7 @@ def test_eleventh_session_profile_sentences_are_their_record():
 
 
 def test_eleventh_session_device_time_and_mlx_sentences_are_their_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     r = record(NCU)
 
     def dt(side, ch):
@@ -1992,7 +2093,7 @@ def test_eleventh_session_default_chunks_sentence_is_its_record():
     first = {(x["context"], x["chunks"]): x["pass1_us"] for x in record(NCU)["device_time"]["after"][0]}
     assert once(f"pass 1 on the H200 {first[32768, 2]:.1f} / {first[131072, 2]:.1f} µs at 32K / 128K against one chunk's "
                 f"{first[32768, 1]:.1f} / {first[131072, 1]:.1f},", flat(text("docs/attention.md")))
-    (chunks,) = span(flat(text("BENCHMARKS.md")), r"\*\*(\w+) chunks per step become CUDA's default\.\*\*")
+    (chunks,) = span(flat(text(HISTORY)), r"\*\*(\w+) chunks per step become CUDA's default\.\*\*")
     assert attention_kernel.V3_DEFAULT_CHUNKS == {"cuda": count_word(chunks)}
 
 
@@ -2002,7 +2103,7 @@ STAGES = "benchmarks/records/h200/2026-12-02-v3-stages.json"
 def test_eleventh_session_stages_sentences_are_their_record():
     from tqbridge.metal import attention_kernel
 
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     r = record(STAGES)
     g = {(x["context"], x["chunks"], x["stages"]): x for x in r["stages"]["rows"]}
     tri = lambda ch, st: " / ".join(f"{g[c, ch, st]['pass1_us']:.1f}" for c in (4096, 32768, 131072))   # noqa: E731
@@ -2038,7 +2139,7 @@ STAGES2 = "benchmarks/records/h200/2026-12-02-v3-stages2-default.json"
 def test_twelfth_session_default_on_the_gpu_is_its_record():
     from tqbridge.metal import attention_kernel
 
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     r = record(STAGES2)
     t, fz = r["gpu_tests"], r["fuzz"]["summary"]
     n, files = span(doc, r"With it: all (\d+) GPU tests of the (\w+) kernel test files passed")
@@ -2080,8 +2181,8 @@ DEFERRED = "benchmarks/records/h200/2026-12-02-deferred-append.json"
 def test_twelfth_session_deferred_append_is_its_record():
     from tqbridge.metal import attention_kernel
 
-    doc = flat(text("BENCHMARKS.md"))
-    raw = text("BENCHMARKS.md")
+    doc = flat(text(HISTORY))
+    raw = text(HISTORY)
     r = record(DEFERRED)
     t = r["gpu_tests"]
     n, files, n_on = span(doc, r"Correct on the GPU: all (\d+) GPU tests of those (\w+) files passed with the switch on "
@@ -2148,7 +2249,7 @@ Q8_WORDS = "benchmarks/records/h200/2026-12-02-q8-words-splits.json"
 def test_thirteenth_session_whole_words_and_splits_are_their_record():
     from tqbridge.metal import attention_kernel
 
-    raw = text("BENCHMARKS.md")
+    raw = text(HISTORY)
     doc = flat(raw)
     p1, p2, p3 = record(Q8_WORDS)["runs"]
     f2 = lambda x: f"{x:.2f}"   # noqa: E731
@@ -2277,7 +2378,7 @@ PROLOGUE = "benchmarks/records/h200/2026-12-03-v3-prologue.json"
 def test_fourteenth_session_prologue_and_comparison_are_their_record():
     from tqbridge.metal import attention_kernel
 
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     rec = record(PROLOGUE)
     f2 = lambda x: f"{x:.2f}"   # noqa: E731
     old, new = (rec["kernel_device_time"][k]["rows"] for k in ("prologue_0_merge_pad_0", "prologue_2_merge_pad_1"))
@@ -2315,7 +2416,7 @@ def test_fourteenth_session_prologue_and_comparison_are_their_record():
     targets = span(doc, r"Issue 13's targets against fp16 SDPA \(([\d.]+) / ([\d.]+) / ([\d.]+)× at 4K / 32K / 128K\)")
     _, bw_target = span(doc, r"128K reaches ([\d.]+) of the copy bandwidth with the new plan \(the issue asks ([\d.]+)\)")
     cp = rec["bench_attention_variants"]["copy"]["cupy_copy_GBps"]
-    rows = table(text("BENCHMARKS.md"), "| context | device ratio | wall ratio, each evaluation waited for",
+    rows = table(text(HISTORY), "| context | device ratio | wall ratio, each evaluation waited for",
                  after="fourteenth session)")
     assert [CTX_NAMES[r[0]] for r in rows] == sorted(ctxs), rows
     bad = []
@@ -2338,7 +2439,7 @@ def test_fourteenth_session_prologue_and_comparison_are_their_record():
                 f"spend per evaluation ({comb_us / layers:.2f} µs per call)", doc)
     # the whole comparison, row for row: a fixed and a growing row per context of the record
     full = {c["context"]: c for c in rec["bench_attention_full"]["contexts"]}
-    rows = table(text("BENCHMARKS.md"), "| context | regime | v3 | v2 | fp16 SDPA", after="fourteenth session)")
+    rows = table(text(HISTORY), "| context | regime | v3 | v2 | fp16 SDPA", after="fourteenth session)")
     assert [(CTX_NAMES[r[0]], r[1]) for r in rows] == [(n, regime) for n in sorted(full) for regime in ("fixed", "growing")]
     fixed = ("fused_us", "fused_v2_us", "sdpa_fp16_us", "dequant_sdpa_us", "fused_device_us", "fused_v2_device_us",
              "sdpa_fp16_device_us", "dequant_sdpa_device_us")

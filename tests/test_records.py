@@ -102,7 +102,9 @@ def test_lookup():
     assert R.lookup(res, "runs[1].ms") == 2.0
     assert R.lookup(res, "runs[context=32768].ms") == 3.0
     assert R.lookup(res, "runs[env={}].ms") == 3.0
-    for key in ("runs[cache=q8_0/turbo3].ms", "runs[context=1].ms", "copy.MBps", "runs[5]"):
+    assert R.lookup(res, "runs[cache=q8_0/turbo3&context=4096].ms") == 2.0
+    for key in ("runs[cache=q8_0/turbo3].ms", "runs[context=1].ms", "copy.MBps", "runs[5]", "runs[cache=fp16&context=1]",
+                "copy..GBps", "copy.GBps.x"):
         with pytest.raises(KeyError):
             R.lookup(res, key)
 

@@ -11,7 +11,7 @@ what ``tqbridge bench attention`` / ``bench decode`` measure.
     python benchmarks/scripts/kernel_device_time.py --context 4096,32768,131072 --kernels v2,v3 --json out.json
 
 ``--managed`` puts every array in managed memory, as MLX's CUDA allocator does (the same kernel's
-device time inside MLX's chain exceeds CuPy's by 12-16 us per call: BENCHMARKS.md, seventh session).
+device time inside MLX's chain exceeds CuPy's by 12-16 us per call: docs/benchmark-history.md, seventh session).
 Needs CuPy and a CUDA GPU (H200 here). Not part of the test suite.
 """
 

@@ -1,4 +1,4 @@
-"""Does a parameter array made from host data every call cost the GPU? (yes: BENCHMARKS.md, seventh session)
+"""Does a parameter array made from host data every call cost the GPU? (yes: docs/benchmark-history.md, seventh session)
 
     python benchmarks/scripts/probe_host_params.py
 
