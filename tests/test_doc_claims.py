@@ -25,7 +25,7 @@ import pytest
 from tqbridge.tools.records import results
 
 ROOT = Path(__file__).resolve().parents[1]
-HISTORY = "docs/benchmark-history.md"   # the sessions' measurements, oldest last; BENCHMARKS.md: current numbers
+HISTORY = "docs/benchmark-history.md"   # the measurements as made, newest first; BENCHMARKS.md: current numbers
 DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 
