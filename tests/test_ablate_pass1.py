@@ -1,4 +1,4 @@
-"""benchmarks/ablate_pass1.py (and kernel_sass.py --common-path) edit kernel v3's pass-1 source by
+"""benchmarks/scripts/ablate_pass1.py (and kernel_sass.py --common-path) edit kernel v3's pass-1 source by
 text substitution; a kernel change that breaks a substitution must fail here (CI), not on the GPU
 machine. No GPU or CuPy needed: the edited sources are only built as text, and each must differ
 from the plain one."""
@@ -16,12 +16,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def ablate():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "scripts"))
     try:
         import ablate_pass1
         yield ablate_pass1
     finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+        sys.path.remove(str(ROOT / "benchmarks" / "scripts"))
 
 
 def _v3_defs(v_format: str, chunks=None):
@@ -60,7 +60,7 @@ def test_a_stale_substitution_stops_the_run(ablate, monkeypatch):
 
 
 def test_kernel_sass_common_path_still_matches_the_kernel(ablate):
-    import kernel_sass   # benchmarks/ is on the path while the fixture holds
+    import kernel_sass   # benchmarks/scripts/ is on the path while the fixture holds
 
     (k1, s1), _ = _v3_defs("turbo3")
     plain = ablate.PLAIN_SOURCE(k1, s1)

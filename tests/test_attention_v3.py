@@ -423,7 +423,7 @@ def test_fuzz_claim_judges_int8_runs_with_the_int8_oracle(monkeypatch):
     attention_kernel.clear_launch_caches()
 
 
-# Found by the CUDA fuzz campaign of kernel v3 (int8 q forced; benchmarks/h200-2026-12-01-fuzz-v3-cuda-first.json),
+# Found by the CUDA fuzz campaign of kernel v3 (int8 q forced; benchmarks/records/h200/2026-12-01-fuzz-v3-cuda-first.json),
 # reproduced bit for bit on the emulator: q5_1 K / turbo2 V rows of tiny norm decode to binary16
 # subnormals, whose rounding error is absolute (up to 2^-25), not relative; the oracle's int8 bound
 # lacked that term (attention_ref.E16) and flagged 3% of a 2e-6 output.

@@ -1,8 +1,9 @@
-"""The numbers in README.md, BENCHMARKS.md and docs/*.md against the records they cite.
+"""The numbers in README.md, BENCHMARKS.md and docs/*.md (docs/benchmark-history.md among them) against
+the records they cite.
 
-Each table or sentence checked here quotes a committed record (benchmarks/*.json, docs/*.json); a
-number is accepted when it is the record's value rounded to the digits printed (half a unit of the
-last digit). A link that does not resolve fails too. Editing a record without the text, or the text
+Each table or sentence checked here quotes a committed record (benchmarks/records/<hardware>/*.json,
+read through their schema, tools/records.py; docs/*.json); a number is accepted when it is the
+record's value rounded to the digits printed (half a unit of the last digit). A link that does not resolve fails too. Editing a record without the text, or the text
 without a record, fails these tests.
 
 How the pages are read: every number is taken from the page (a pattern anchored in its sentence,
@@ -21,7 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from tqbridge.tools.records import results
+
 ROOT = Path(__file__).resolve().parents[1]
+HISTORY = "docs/benchmark-history.md"   # the measurements as made, newest first; BENCHMARKS.md: current numbers
 DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 
@@ -31,6 +35,10 @@ def text(name: str) -> str:
 
 
 def record(name: str):
+    """A record's results (benchmarks/records/: the envelope checked against its schema first), or a
+    docs/*.json record as it is."""
+    if name.startswith("benchmarks/"):
+        return results(ROOT / name)
     return json.loads((ROOT / name).read_text())
 
 
@@ -113,7 +121,7 @@ def check(ok: bool, what: str, bad: list) -> None:
 # ---- links ----------------------------------------------------------------------------------------
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-REPO_PATH = re.compile(r"(?<![\w/.-])((?:benchmarks|docs|tests)/[\w.-]+\.(?:json|py|png|md))\b")
+REPO_PATH = re.compile(r"(?<![\w/.-])((?:benchmarks|docs|tests)/(?:[\w.-]+/)*[\w.-]+\.(?:json|py|png|md))\b")
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
@@ -132,12 +140,111 @@ def test_links_and_cited_files_exist(doc):
     assert not missing, f"{doc.name}: {missing}"
 
 
+# ---- BENCHMARKS.md: the current numbers, each cell read at its record key --------------------------
+
+CURRENT = "BENCHMARKS.md"
+RECORD_LINE = re.compile(r"\*\*Record\*\*: \[[^\]]+\]\(([^)\s]+)\)")
+# the names of models the page says in prose; any other number it quotes must be in a keyed table
+MODEL_NAMES = ("SmolLM2-135M", "Gemma 3 270M", "Llama 3.1 8B")
+# every (record, key) the page's tables quote: a dropped row or a changed key fails here
+CURRENT_KEYS = {
+    "benchmarks/records/h200/2026-12-03-v3-prologue.json": [
+        "bench_attention_variants.shape.q_heads",
+        "bench_attention_variants.shape.kv_heads",
+        "bench_attention_variants.shape.head_dim",
+        "bench_attention_variants.layers_per_eval",
+        "bench_attention_variants.contexts[context=<col>].variant_summary[env={}].device_us_median",
+        "bench_attention_variants.contexts[context=<col>].variant_summary[env={}].vs_sdpa_fp16_median",
+        "bench_attention_variants.contexts[context=<col>].variant_summary[env={}].pipelined_vs_sdpa_fp16_median",
+        "bench_attention_variants_q8_0_q4_0.contexts[context=<col>].variant_summary[env={}].device_us_median",
+        "bench_attention_full.contexts[context=<col>].growing_cache_path_us",
+        "bench_attention_full.contexts[context=<col>].growing_sdpa_fp16_us",
+        "bench_attention_full.contexts[context=<col>].growing_sdpa_fp16_device_us",
+        "bench_attention_full.contexts[context=<col>].growing_fused_v2_device_us",
+        "bench_attention_full.contexts[context=<col>].growing_dequant_sdpa_device_us",
+        "bench_decode.runs[cache=q8_0/turbo3&context=<col>].tokens",
+        "bench_decode.runs[cache=q8_0/turbo3&context=<col>].rounds",
+        "bench_decode.runs[cache=q8_0/turbo3&context=<col>].speedup_vs_fp16",
+        "bench_decode.runs[cache=q8_0/turbo3&context=<col>].ms_per_token",
+        "bench_decode.runs[cache=fp16&context=<col>].ms_per_token",
+    ],
+    "benchmarks/records/cpu/2026-12-01-demo.json": ["logits[kv=<col>].kl_mean", "logits[kv=<col>].top1"],
+    "benchmarks/records/cpu/2026-12-03-fork-parity.json": [
+        "runs.gemma3-fork-<col>.logits[kv=q8_0/turbo3@fork-<col>].kl_mean",
+        "runs.gemma3-fork-<col>.logits[kv=q8_0/turbo3@fork-<col>].top1",
+        "runs.gemma3-fork-<col>.logits[kv=turbo3@fork-<col>].kl_mean",
+        "runs.gemma3-fork-<col>.logits[kv=turbo3@fork-<col>].top1",
+    ],
+}
+
+
+def keyed_tables(doc: str) -> list[tuple[str, list[str], list[list[str]]]]:
+    """``(record, heading cells, body rows)`` of every table of ``doc``, the record being the last
+    ``**Record**: [..](path)`` line above the table."""
+    out, rec, lines = [], None, doc.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].strip()
+        m = RECORD_LINE.fullmatch(line)
+        if m:
+            rec = m.group(1)
+        if line.startswith("|"):
+            block = []
+            while i < len(lines) and lines[i].strip().startswith("|"):
+                block.append([c.strip() for c in re.split(r"(?<!\\)\|", lines[i].strip()[1:-1])])
+                i += 1
+            assert len(block) > 2 and set("".join(block[1])) <= set("-:"), block[:2]
+            out.append((rec, block[0], block[2:]))
+            continue
+        i += 1
+    return out
+
+
+def test_benchmarks_current_numbers_are_their_records():
+    """Each cell of each table of BENCHMARKS.md is the value at the row's key in the record named above
+    the table (``<col>`` in the key: the column's heading, a context such as 32K as its length)."""
+    from tqbridge.tools.records import lookup
+
+    tables = keyed_tables(text(CURRENT))
+    assert tables
+    seen: dict[str, list[str]] = {}
+    bad = []
+    for rec_path, head, rows in tables:
+        assert rec_path and head[-1] == "key" and len(head) >= 3, (rec_path, head)
+        res = record(rec_path)
+        for row in rows:
+            assert len(row) == len(head), row
+            key = row[-1]
+            assert key.startswith("`") and key.endswith("`"), key
+            key = key[1:-1]
+            seen.setdefault(rec_path, []).append(key)
+            for col, cell in zip(head[1:-1], row[1:-1]):
+                value = lookup(res, key.replace("<col>", str(CTX_NAMES.get(col, col))))
+                ok = (re.fullmatch(NUMBER.pattern + r"%?", cell) is not None and isinstance(value, (int, float))
+                      and not isinstance(value, bool) and rounds_to(cell, value, 100 if cell.endswith("%") else 1))
+                check(ok, f"{row[0]} / {col}: {cell} vs {key} = {value}", bad)
+    assert not bad, bad
+    assert seen == CURRENT_KEYS
+
+
+def test_benchmarks_quotes_no_number_outside_its_tables():
+    """The prose of BENCHMARKS.md names models and records but quotes no number: each number it gives
+    is a table cell checked above."""
+    doc = text(CURRENT)
+    for name in MODEL_NAMES:
+        doc = doc.replace(name, "")
+    prose = "\n".join(line for line in doc.splitlines() if not line.strip().startswith("|"))
+    prose = re.sub(r"\[[^\]]*\]\([^)]*\)|`[^`]*`", " ", prose)   # links and code name records and keys
+    stray = re.findall(r"(?<![\w.])\d+(?:[.,]\d+)*(?!\w)", prose)
+    assert not stray, stray
+
+
 # ---- README: parity demo ----------------------------------------------------------------------------
 
 def test_readme_parity_table_is_the_demo_record():
     from tqbridge.parity.harness.report import table_rows
 
-    rec = record("benchmarks/cpu-2026-12-01-demo.json")
+    rec = record("benchmarks/records/cpu/2026-12-01-demo.json")
     _, body = table_rows(rec["logits"])
     readme = text("README.md")
     rows = table(readme, "| K/V | KL(llama.cpp")
@@ -170,7 +277,7 @@ def test_readme_parity_table_is_the_demo_record():
 
 # ---- decode end to end (bench decode) ---------------------------------------------------------------
 
-DECODE = "benchmarks/h200-2026-12-01-bench-decode.json"
+DECODE = "benchmarks/records/h200/2026-12-01-bench-decode.json"
 MODELS = {"Qwen2.5-1.5B": "qwen2.5-1.5b", "Llama-3.1-8B": "llama-3.1-8b", "Llama-3.2-1B": "llama-3.2-1b"}
 CONTEXTS = [4096, 32768, 131072]
 
@@ -180,7 +287,7 @@ def _decode_runs():
 
 
 @pytest.mark.parametrize("doc, header", [("README.md", "| geometry (random fp16 weights)"),
-                                         ("BENCHMARKS.md", "| geometry | 4K")])
+                                         (HISTORY, "| geometry | 4K")])
 def test_decode_ratio_tables_quote_the_record(doc, header):
     runs = _decode_runs()
     rows = table(text(doc), header)
@@ -200,7 +307,7 @@ def test_decode_ratio_tables_quote_the_record(doc, header):
 def test_benchmarks_decode_table_is_the_record():
     runs = _decode_runs()
     ctx = {"4K": 4096, "32K": 32768, "128K": 131072}
-    rows = table(text("BENCHMARKS.md"), "| model | context | cache | ms/token")
+    rows = table(text(HISTORY), "| model | context | cache | ms/token")
     assert sorted((m, cache, ctx[c]) for m, c, cache, *_ in rows) == sorted(runs), rows   # each run once
     bad = []
     for model, c, cache, ms, vs, kernels, syncs, host, mib in rows:
@@ -219,15 +326,15 @@ def test_benchmarks_decode_table_is_the_record():
 
 # ---- attention kernel (bench attention) ---------------------------------------------------------------
 
-REV6 = "benchmarks/h200-2026-11-29-attention-v2-rev6.json"
-V2 = "benchmarks/h200-2026-11-29-attention-v2.json"
-PROFILE6 = "benchmarks/h200-2026-11-29-attention-profile-rev6.json"
+REV6 = "benchmarks/records/h200/2026-11-29-attention-v2-rev6.json"
+V2 = "benchmarks/records/h200/2026-11-29-attention-v2.json"
+PROFILE6 = "benchmarks/records/h200/2026-11-29-attention-profile-rev6.json"
 
 
 def test_revision6_table_is_its_record():
     rec = record(REV6)
     copy = rec["copy"]["cupy_copy_GBps"]
-    doc = text("BENCHMARKS.md")
+    doc = text(HISTORY)
     rows = table(doc, "| context | v2 (default plan)")
     assert len(rows) == len(rec["contexts"]), rows
     bad = []
@@ -252,7 +359,7 @@ def test_revision6_table_is_its_record():
 
 def test_revision6_profile_sentence_is_its_record():
     prof = {p["context"]: p for p in record(PROFILE6)}
-    m = sole(text("BENCHMARKS.md"), r"Profile of this\s+revision \(wall / host building / device per call\): 4K ([^,]+),"
+    m = sole(text(HISTORY), r"Profile of this\s+revision \(wall / host building / device per call\): 4K ([^,]+),"
                                     r"\s+32K ([^,]+),\s+128K ([^(]+)")
     bad = []
     for cell, ctx in zip(m.groups(), CONTEXTS):
@@ -266,7 +373,7 @@ def test_revision6_profile_sentence_is_its_record():
 
 def test_kernel_v2_table_is_its_record():
     rec = record(V2)
-    doc = text("BENCHMARKS.md")
+    doc = text(HISTORY)
     rows = table(doc, "| context | v2 (default) | v1")
     assert len(rows) == len(rec["contexts"]), rows
     cupy, mlx = span(flat(doc), r"Copy bandwidth in the same run: cupy ([\d,]+) GB/s, MLX `x \+ 0` ([\d,]+) GB/s\.")
@@ -305,8 +412,8 @@ def test_readme_kernel_sentence_quotes_revision6():
 
 
 def test_cuda_fuzz_sentence_is_its_record():
-    rec = record("benchmarks/h200-2026-11-29-fuzz-decode-attention-cuda.json")
-    m = sole(text("BENCHMARKS.md"), r"(\d+)\s+examples,\s+(\d+)\s+distinct\s+shapes,\s+all\s+(\d+)\s+formats\s+for\s+K\s+"
+    rec = record("benchmarks/records/h200/2026-11-29-fuzz-decode-attention-cuda.json")
+    m = sole(text(HISTORY), r"(\d+)\s+examples,\s+(\d+)\s+distinct\s+shapes,\s+all\s+(\d+)\s+formats\s+for\s+K\s+"
                                     r"and\s+V,\s+worst\s+error\s+([\d.]+)\s+of\s+the\s+allowed\s+bound,\s+no\s+"
                                     r"counterexample,\s+(\d+)\s+s")
     assert rec["ok"] and rec["failure"] is None
@@ -392,7 +499,7 @@ def test_quality_reading_quotes_the_records():
 
 # ---- parser fuzzing -----------------------------------------------------------------------------------
 
-FUZZ = "benchmarks/cpu-2026-12-01-fuzz-parsers.json"
+FUZZ = "benchmarks/records/cpu/2026-12-01-fuzz-parsers.json"
 FIXED = "prompt-cache (with the recommended TQCache setter fix, monkeypatched)"
 FUZZ_ROWS = {   # docs/fuzzing.md's row -> (campaign, the consumers each "a / b" part of a cell counts; None: all)
     "gguf": ("gguf", [None]),
@@ -525,7 +632,7 @@ def test_turbo_error_tables_are_their_record():
 # ---- generation on the H200 -------------------------------------------------------------------------------
 
 def test_readme_generation_sentence_is_its_record():
-    runs = record("benchmarks/h200-2026-11-29-generate.json")["runs"]
+    runs = record("benchmarks/records/h200/2026-11-29-generate.json")["runs"]
     by = {(("smollm2" if "SmolLM2" in r["model"] else "gemma3"), r["kv"]): r for r in runs}
     for r in runs:   # every decode step on the fused kernel
         assert set(k for k in r["paths"] if k.startswith("decode:")) == {"decode:cuda"}, r["paths"]
@@ -540,12 +647,12 @@ def test_readme_generation_sentence_is_its_record():
                                       r'on the CPU at every commit and on the GPU since 2026-12-01, "([^"]+?) …" on the GPU on '
                                       r'2026-11-29')
     assert by[("gemma3", "q8_0/turbo3")]["text"].startswith(gpu_text) and not gpu_text.startswith(cpu_text)
-    new = record("benchmarks/h200-2026-12-01-generate.json")
+    new = record("benchmarks/records/h200/2026-12-01-generate.json")
     cpu = new["cpu_reference"]["generated"]
     t3 = {r["q_precision_asked"]: r["generated"] for r in new["runs"]
           if r["kv"] == "q8_0/turbo3" and "gemma" in r["model"]}
     first_diff = {k: next(i for i, (a, b) in enumerate(zip(cpu, g)) if a != b) for k, g in t3.items()}
-    int8, exact = span(flat(text("BENCHMARKS.md")), r"\(the first (\d+) tokens the same with int8 q, (\d+) with exact q, "
+    int8, exact = span(flat(text(HISTORY)), r"\(the first (\d+) tokens the same with int8 q, (\d+) with exact q, "
                                                     r"each then parting")
     assert first_diff == {"default": int(int8), "exact": int(exact)}, first_diff
 
@@ -777,7 +884,7 @@ def test_cache_bytes_at_a_long_context_are_the_formats_row_sizes():
 # ---- kernel campaigns on the emulator (docs/plugin.md) ------------------------------------------------------
 
 def test_plugin_kernel_campaign_table_is_its_record():
-    camps = record("benchmarks/cpu-2026-12-01-fuzz-kernels.json")["campaigns"]
+    camps = record("benchmarks/records/cpu/2026-12-01-fuzz-kernels.json")["campaigns"]
     bad = []
     rows = table(text("docs/plugin.md"), "| target | examples | distinct shapes")
     assert [r[0].split()[0] for r in rows] == list(camps), rows   # one row per campaign of the record
@@ -795,10 +902,10 @@ def test_plugin_kernel_campaign_table_is_its_record():
 
 # ---- kernel v3 (device time, wall time, decode) ------------------------------------------------------
 
-V3_DEV = "benchmarks/h200-2026-12-01-kernel-device-time.json"
-V3_ATT = "benchmarks/h200-2026-12-01-attention-v3.json"
-V3_ONE = "benchmarks/h200-2026-12-01-attention-v3-single-dispatch.json"
-V3_DEC = "benchmarks/h200-2026-12-01-bench-decode-v3.json"
+V3_DEV = "benchmarks/records/h200/2026-12-01-kernel-device-time.json"
+V3_ATT = "benchmarks/records/h200/2026-12-01-attention-v3.json"
+V3_ONE = "benchmarks/records/h200/2026-12-01-attention-v3-single-dispatch.json"
+V3_DEC = "benchmarks/records/h200/2026-12-01-bench-decode-v3.json"
 CTX_NAMES = {"4K": 4096, "32K": 32768, "128K": 131072}
 
 
@@ -808,8 +915,8 @@ def _v3_dev(v: str, kernel: str, ctx: int) -> dict:
 
 def test_v3_device_time_table_is_its_record():
     rec = record(V3_DEV)
-    doc = flat(text("BENCHMARKS.md"))
-    rows = table(text("BENCHMARKS.md"), "| V | context | v2 | v3 |")
+    doc = flat(text(HISTORY))
+    rows = table(text(HISTORY), "| V | context | v2 | v3 |")
     # one row per V format and context of the record's final rows
     assert [("q8_0/" + vf, CTX_NAMES[c]) for vf, c, *_ in rows] == \
         [(v, r["context"]) for v in rec["final"] for r in rec["final"][v]["rows"] if r["kernel"] == "v3"], rows
@@ -842,7 +949,7 @@ def test_v3_device_time_table_is_its_record():
 
 
 def test_v3_wall_table_is_its_record():
-    rows = table(text("BENCHMARKS.md"), "| context | v3 | v2 | fp16 SDPA")
+    rows = table(text(HISTORY), "| context | v3 | v2 | fp16 SDPA")
     recs = {r["context"]: r for r in record(V3_ATT)["contexts"]}
     assert [CTX_NAMES[r[0]] for r in rows] == sorted(recs), rows   # one row per context of the record
     bad = []
@@ -854,7 +961,7 @@ def test_v3_wall_table_is_its_record():
         check(rounds_to(ratio, r["sdpa_fp16_us"] / r["fused_us"]), f"{c} ratio {ratio}", bad)
         check(r["fused_plan"]["kernel"] == "v3", f"{c} plan", bad)
     assert not bad, bad
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     one = {r["context"]: r["fused_us"] for r in record(V3_ONE)["contexts"]}
     assert once(f"{one[4096]:.1f} / {one[32768]:.1f} / {one[131072]:.1f} µs (record", doc)
     # issue 13's targets, missed: the same ratios and pass 1's share of the copy bandwidth at 128K
@@ -867,7 +974,7 @@ def test_v3_wall_table_is_its_record():
 
 def test_v3_decode_table_is_its_record():
     runs = {(r["model"], r["cache"], r["context"]): r for r in record(V3_DEC)["runs"]}
-    rows = table(text("BENCHMARKS.md"), "| model | context | fp16 | @exact")
+    rows = table(text(HISTORY), "| model | context | fp16 | @exact")
     assert [r[0] for r in rows] == list(dict.fromkeys(m for m, _, _ in runs)), rows   # one row per model
     bad = []
     for model, ctxs, fp16, ex, i8 in rows:
@@ -884,7 +991,7 @@ def test_v3_decode_table_is_its_record():
     readme = flat(text("README.md"))
     i32, i128, e32, e128 = span(readme, r"it lifts Llama-3.1-8B to ([\d.]+)× fp16 at 32K and ([\d.]+)× at 128K \(v2 in the "
                                         r"same run: ([\d.]+)×, ([\d.]+)×;")
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     bi32, bi128, be32, be128, *qwen = span(doc, r"with v3, Llama-3.1-8B reaches ([\d.]+)× at 32K and ([\d.]+)× at 128K \(v2: "
                                                 r"([\d.]+)×, ([\d.]+)×\), Qwen2.5-1.5B ([\d.]+)× / ([\d.]+)× / ([\d.]+)×;")
     for cells, cache in (((i32, i128), "q8_0/turbo3@int8"), ((e32, e128), "q8_0/turbo3@exact"),
@@ -907,7 +1014,7 @@ def test_attention_doc_v3_ratios_are_the_record():
 
 
 def test_q_precision_decision_quotes_the_control():
-    ctl = record("benchmarks/cpu-2026-12-01-q-precision-kl.json")["control"]
+    ctl = record("benchmarks/records/cpu/2026-12-01-q-precision-kl.json")["control"]
     rises = sorted((r["kl_int8"] - r["kl_exact"]) / r["kl_exact"] * 100
                    for model in ("smollm2", "gemma3") for r in ctl[model] if r["kv"] == "q8_0/q8_0")
     assert len(rises) == 2
@@ -915,20 +1022,20 @@ def test_q_precision_decision_quotes_the_control():
     assert rounds_to(lo, rises[0]) and rounds_to(hi, rises[1]), (lo, hi, rises)
 
 
-# ---- real models and the per-call cost (BENCHMARKS.md, second 2026-12-01 section) -----------------
+# ---- real models and the per-call cost (the history, second 2026-12-01 section) -----------------
 
-REAL_DEC = "benchmarks/h200-2026-12-01-bench-decode-real.json"
-LAUNCH = "benchmarks/h200-2026-12-01-launch-cost.json"
+REAL_DEC = "benchmarks/records/h200/2026-12-01-bench-decode-real.json"
+LAUNCH = "benchmarks/records/h200/2026-12-01-launch-cost.json"
 
 
 def test_real_model_decode_table_is_its_record():
     runs = {(("smollm2" if "SmolLM2" in r["model"] else "gemma3"), r["cache"], r["context"]): r
             for r in record(REAL_DEC)["runs"]}
-    rows = table(text("BENCHMARKS.md"), "| real model | context | fp16")
+    rows = table(text(HISTORY), "| real model | context | fp16")
     # one row per model and context of the record
     assert sorted(("smollm2" if "SmolLM2" in r[0] else "gemma3", CTX_NAMES[r[1]]) for r in rows) == \
         sorted({(m, c) for m, _, c in runs}), rows
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     readme = flat(text("README.md"))
     # the kernel counts per layer as the pages say them
     ours, syncs = span(doc, r"Every quantized row: (\d+) KV kernels per layer, (\d+) host syncs per step\.")
@@ -952,7 +1059,7 @@ def test_real_model_decode_table_is_its_record():
                         for x in (4096, 32768)) for m in ("smollm2", "gemma3")}
     assert once(f"SmolLM2-135M {quoted['smollm2'][0]:.2f}–{quoted['smollm2'][-1]:.2f}× fp16", readme)
     assert once(f"Gemma 3 270M {quoted['gemma3'][0]:.2f}–{quoted['gemma3'][-1]:.2f}×", readme)
-    (smol,) = span(doc, r"SmolLM2 is \(([\d.]+–[\d.]+)×\)\.")   # the same range in BENCHMARKS.md's reading
+    (smol,) = span(doc, r"SmolLM2 is \(([\d.]+–[\d.]+)×\)\.")   # the same range in the history's reading
     assert smol == f"{quoted['smollm2'][0]:.2f}–{quoted['smollm2'][-1]:.2f}"
     g = runs[("gemma3", "fp16", 32768)]["ms_per_token_rounds"]
     spread, rounds = span(doc, r"single rounds of one configuration spread up to ([\d.]+)× on this host \(Gemma 3 fp16 at "
@@ -961,11 +1068,11 @@ def test_real_model_decode_table_is_its_record():
 
 
 def test_generation_sentence_is_its_record():
-    rec = record("benchmarks/h200-2026-12-01-generate.json")
+    rec = record("benchmarks/records/h200/2026-12-01-generate.json")
     by = {(("smollm2" if "SmolLM2" in r["model"] else "gemma3"), r["kv"], r["q_precision_asked"]): r
           for r in rec["runs"]}
-    old = record("benchmarks/h200-2026-11-29-generate.json")["runs"]
-    doc = flat(text("BENCHMARKS.md"))
+    old = record("benchmarks/records/h200/2026-11-29-generate.json")["runs"]
+    doc = flat(text(HISTORY))
     caches, int8, kernel, gkv, n = span(doc, r"SmolLM2 gives the same tokens for every cache recorded then \(([^;]+); q exact\) "
                                              r"and with the int8 default \(([^,]+), kernel (v\d)\); Gemma 3 (\S+) gives the "
                                              r"same (\d+) tokens\.")
@@ -990,7 +1097,7 @@ def test_generation_sentence_is_its_record():
 
 def test_launch_cost_table_and_split_are_the_record():
     rows = {r["context"]: r for r in record(LAUNCH)["rows"]}
-    body = table(text("BENCHMARKS.md"), "| call | 4K build | 4K wall")
+    body = table(text(HISTORY), "| call | 4K build | 4K wall")
     keys = ["v3_2disp_len", "v3_2disp_len0", "v3_1disp_len", "v3_1disp_len0", "sdpa", "two_trivial_like_ours"]
     assert len(body) == len(keys)
     bad = []
@@ -1000,7 +1107,7 @@ def test_launch_cost_table_and_split_are_the_record():
     assert not bad, bad
     # the split of the 128K call, every number read off the sentence
     r, r4 = rows[131072], rows[4096]
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     (total, build, launch, twall, tbuild, device, p1, p2, left, fixed, lwall, lbuild, ltriv, sdpa) = span(doc,
         r"At 128K the ([\d.]+) µs of a decode call split as: ([\d.]+) build; ≈ (\d+) MLX's evaluation of two custom "
         r"kernels \(([\d.]+) − ([\d.]+), the do-nothing pair\); ≈ (\d+) device time of pass 1 \+ combine \(CuPy, "
@@ -1025,8 +1132,8 @@ def test_launch_cost_table_and_split_are_the_record():
 
 def test_static_profile_table_is_its_record():
     rows = {(r["k_format"], r["v_format"].split("@")[0]): r
-            for r in record("benchmarks/nvcc-2026-12-01-kernel-sass-v3.json")["rows"]}
-    body = table(text("BENCHMARKS.md"), "| K/V | registers | loop instructions")
+            for r in record("benchmarks/records/nvcc/2026-12-01-kernel-sass-v3.json")["rows"]}
+    body = table(text(HISTORY), "| K/V | registers | loop instructions")
     assert sorted(tuple(r[0].split("/")) for r in body) == sorted(rows), body   # one row per pair of the record
     bad = []
     for kv, regs, loop, per_key, integer, flt, lds in body:
@@ -1037,7 +1144,7 @@ def test_static_profile_table_is_its_record():
             check(rounds_to(cell, value), f"{kv} {cell}", bad)
     assert not bad, bad
     t3, q4 = rows[("q8_0", "turbo3")], rows[("q8_0", "q4_0")]
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     loop, dev, a, b = span(doc, r"q8_0/turbo3 against q8_0/q4_0 is ([\d.]+) in loop instructions and ([\d.]+) in pass-1 "
                                 r"device time at 128K \(([\d.]+) vs ([\d.]+) µs, above\)")
     p3, p4 = (_v3_dev(v, "v3", 131072)["pass1_us"] for v in ("q8_0/turbo3", "q8_0/q4_0"))
@@ -1049,12 +1156,12 @@ def test_static_profile_table_is_its_record():
 
 # ---- bench attention, fixed and growing length (third session) -----------------------------------------
 
-GROWING = {"q8_0/turbo3": "benchmarks/h200-2026-12-01-bench-attention-q8_0-turbo3.json",
-           "q8_0/q4_0": "benchmarks/h200-2026-12-01-bench-attention-q8_0-q4_0.json"}
+GROWING = {"q8_0/turbo3": "benchmarks/records/h200/2026-12-01-bench-attention-q8_0-turbo3.json",
+           "q8_0/q4_0": "benchmarks/records/h200/2026-12-01-bench-attention-q8_0-q4_0.json"}
 
 
 def test_fixed_and_growing_table_is_its_records():
-    rows = table(text("BENCHMARKS.md"), "| K/V | context | regime | cache path")
+    rows = table(text(HISTORY), "| K/V | context | regime | cache path")
     # one row per K/V record, context and regime (fixed, growing)
     assert sorted((kv, CTX_NAMES[c], regime) for kv, c, regime, *_ in rows) == \
         sorted((kv, x["context"], regime) for kv, path in GROWING.items() for x in record(path)["contexts"]
@@ -1080,18 +1187,18 @@ def test_fixed_and_growing_table_is_its_records():
 
 # ---- fifth session: V decodes by byte permutes, one dispatch, decode ------------------------------
 
-PERMUTE_DEV = "benchmarks/h200-2026-12-01-v3-v-decode-device-time.json"
-DISPATCH_WALL = "benchmarks/h200-2026-12-01-bench-attention-dispatches.json"
-PERMUTE_DECODE = "benchmarks/h200-2026-12-01-bench-decode-permute.json"
+PERMUTE_DEV = "benchmarks/records/h200/2026-12-01-v3-v-decode-device-time.json"
+DISPATCH_WALL = "benchmarks/records/h200/2026-12-01-bench-attention-dispatches.json"
+PERMUTE_DECODE = "benchmarks/records/h200/2026-12-01-bench-decode-permute.json"
 
 
 def _copy_tbps() -> float:
-    """The copy bandwidth BENCHMARKS.md's fifth-session section divides by: the largest reading."""
+    """The copy bandwidth the history's fifth-session section divides by: the largest reading."""
     return max(r["record"]["copy"]["cupy_copy_GBps"] for r in record(DISPATCH_WALL)["runs"]) / 1000
 
 
 def test_v_decode_device_table_is_its_record():
-    rows = table(text("BENCHMARKS.md"), "| V | decode | registers |")
+    rows = table(text(HISTORY), "| V | decode | registers |")
     rec = record(PERMUTE_DEV)
     # one row per V decode the record measured (the one-dispatch runs and the repeat aside) and the previous
     # default's pair-table row
@@ -1102,11 +1209,11 @@ def test_v_decode_device_table_is_its_record():
         == sorted((r["v_format"], "generic" if r["variant"].startswith("TQBRIDGE_V3_V_GENERIC") else "default") for r in runs)
     # the copy bandwidth the section divides by, as it quotes it: the largest of the bench records' readings
     readings = [r["record"]["copy"]["cupy_copy_GBps"] / 1000 for r in record(DISPATCH_WALL)["runs"]]
-    copy, n, lo, hi = span(flat(text("BENCHMARKS.md")), r"device copy bandwidth ([\d.]+) TB/s \(CuPy: the largest of the "
+    copy, n, lo, hi = span(flat(text(HISTORY)), r"device copy bandwidth ([\d.]+) TB/s \(CuPy: the largest of the "
                                                         r"bench records' (\w+) readings, ([\d.]+)-([\d.]+)\)")
     assert rounds_to(copy, _copy_tbps()) and count_word(n) == len(readings)
     assert rounds_to(lo, min(readings)) and rounds_to(hi, max(readings))
-    static = {r["v_format"]: r for r in record("benchmarks/nvcc-2026-12-01-kernel-sass-v3.json")["rows"]}
+    static = {r["v_format"]: r for r in record("benchmarks/records/nvcc/2026-12-01-kernel-sass-v3.json")["rows"]}
     bad = []
     for vf, dec, regs, c4, c32, c128, tb in rows:
         if dec.startswith("pair table"):   # the previous default: its own records
@@ -1127,7 +1234,7 @@ def test_v_decode_device_table_is_its_record():
 
 
 def test_dispatch_wall_table_is_its_record():
-    rows = table(text("BENCHMARKS.md"), "| V | dispatches | run |")
+    rows = table(text(HISTORY), "| V | dispatches | run |")
     rec = record(DISPATCH_WALL)
     assert sorted((r[0], int(r[1]), int(r[2])) for r in rows) == \
         sorted((x["v_format"], x["dispatches"], x["session_run"]) for x in rec["runs"]), rows   # one row per run
@@ -1149,7 +1256,7 @@ def test_dispatch_wall_table_is_its_record():
 
 def test_permute_decode_sentence_is_its_record():
     runs = {(r["cache"], r["context"]): r for r in record(PERMUTE_DECODE)["runs"]}
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     for ctx, words in ((131072, "128K fp16 {f:.2f} ms/token, q8_0/turbo3 {t:.2f}x, q8_0/q4_0 {q:.2f}x"),
                        (32768, "32K fp16 {f:.2f} ms, {t:.2f}x / {q:.2f}x")):
         said = words.format(f=runs[("fp16", ctx)]["ms_per_token"], t=runs[("q8_0/turbo3", ctx)]["speedup_vs_fp16"],
@@ -1158,9 +1265,9 @@ def test_permute_decode_sentence_is_its_record():
 
 
 def test_emulator_v3_fuzz_sentence_is_its_records():
-    first = record("benchmarks/cpu-2026-12-01-fuzz-v3-emulator-first.json")
-    after = record("benchmarks/cpu-2026-12-01-fuzz-v3-emulator.json")
-    doc = flat(text("BENCHMARKS.md"))
+    first = record("benchmarks/records/cpu/2026-12-01-fuzz-v3-emulator-first.json")
+    after = record("benchmarks/records/cpu/2026-12-01-fuzz-v3-emulator.json")
+    doc = flat(text(HISTORY))
     examples, k, v, d, over = span(doc, r"the first campaign found a counterexample after (\d+) examples \(\[record\]\([^)]*\)\): "
                                         r"(\S+) / (\S+) at head dim (\d+), ([\d.]+)x over the oracle's bound")
     assert not first["ok"] and int(examples) == first["examples"]
@@ -1188,15 +1295,15 @@ def test_readme_permute_sentence_is_its_records():
 
 
 # ---- sixth session: mx.compile, the chain's profile, pass 1 with cold caches ---------------------------
-COMPILE_WALL = "benchmarks/h200-2026-12-01-bench-attention-compile.json"
-COMPILE_DECODE = "benchmarks/h200-2026-12-01-bench-decode-compile.json"
-CHAIN = "benchmarks/h200-2026-12-01-profile-chain.json"
-COLD = "benchmarks/h200-2026-12-01-kernel-device-time-cold.json"
-OCCUPANCY = "benchmarks/h200-2026-12-01-v3-occupancy-splits.json"
+COMPILE_WALL = "benchmarks/records/h200/2026-12-01-bench-attention-compile.json"
+COMPILE_DECODE = "benchmarks/records/h200/2026-12-01-bench-decode-compile.json"
+CHAIN = "benchmarks/records/h200/2026-12-01-profile-chain.json"
+COLD = "benchmarks/records/h200/2026-12-01-kernel-device-time-cold.json"
+OCCUPANCY = "benchmarks/records/h200/2026-12-01-v3-occupancy-splits.json"
 
 
 def test_compile_wall_table_is_its_record():
-    rows = table(text("BENCHMARKS.md"), "| compiled | 4K | 32K | 128K | build")
+    rows = table(text(HISTORY), "| compiled | 4K | 32K | 128K | build")
     assert [r[0] for r in rows] == ["yes" if r["compile"] else "no" for r in record(COMPILE_WALL)["runs"]], rows
     rec = {r["compile"]: sorted(r["contexts"], key=lambda x: x["context"]) for r in record(COMPILE_WALL)["runs"]}
     bad = []
@@ -1225,7 +1332,7 @@ def _split_us(entry: dict, key: str = "device") -> float:
 
 
 def test_chain_profile_sentences_are_their_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     sd = _chain(0, 4096, "sdpa")
     said = (f"fp16 SDPA at 4K: build {sd['build_us']:.0f}, wall {sd['wall_us']:.0f}, device {sd['device_us']:.0f} — "
             f"~{sd['wall_us'] - sd['build_us'] - sd['device_us']:.0f} µs per layer")
@@ -1261,7 +1368,7 @@ def test_chain_profile_sentences_are_their_record():
 
 
 def test_cold_pass1_sentence_is_its_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     sweep, chain = record(COLD)["runs"]
     assert all(r["chain"] for r in chain["rows"]) and all(r["copies"] * r["bytes_read"] >= 160 << 20 for r in sweep["rows"])
     alt = {r["context"]: r for r in chain["rows"]}
@@ -1289,7 +1396,7 @@ def test_cold_pass1_sentence_is_its_record():
 
 
 def test_occupancy_sentence_is_its_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     runs = {r["q_in_smem"]: {(x["context"], x["splits"]): x for x in r["rows"]} for r in record(OCCUPANCY)["runs"]}
     smem, regs = runs[True], runs[False]
     nregs, ctas_smem, ctas_regs, splits, ctas, warps_smem, warps_regs, default_splits = (int(x) for x in span(doc,
@@ -1308,7 +1415,7 @@ def test_occupancy_sentence_is_its_record():
 
 
 def test_compile_decode_sentence_is_its_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     runs = {(run["compile"], r["cache"]): r for run in record(COMPILE_DECODE)["runs"] for r in run["runs"]}
     said = (f"fp16 {runs[(True, 'fp16')]['ms_per_token']:.2f} / {runs[(False, 'fp16')]['ms_per_token']:.2f} ms/token")
     assert once(said, doc), said
@@ -1331,12 +1438,12 @@ def test_readme_compile_sentence_is_its_record():
 
 
 # ---- seventh session: device params, the softmax's exp2, pass 1's ablations -----------------------------
-PROBE = "benchmarks/h200-2026-12-01-probe-host-params.json"
-DP_WALL = "benchmarks/h200-2026-12-01-bench-attention-device-params.json"
-DP_DECODE = "benchmarks/h200-2026-12-01-bench-decode-device-params.json"
-SOFTMAX = "benchmarks/h200-2026-12-01-v3-softmax-exp2.json"
-ABLATION = "benchmarks/h200-2026-12-02-v3-ablation.json"
-PLAN_SWEEP = "benchmarks/h200-2026-12-02-v3-plan-sweep.json"
+PROBE = "benchmarks/records/h200/2026-12-01-probe-host-params.json"
+DP_WALL = "benchmarks/records/h200/2026-12-01-bench-attention-device-params.json"
+DP_DECODE = "benchmarks/records/h200/2026-12-01-bench-decode-device-params.json"
+SOFTMAX = "benchmarks/records/h200/2026-12-01-v3-softmax-exp2.json"
+ABLATION = "benchmarks/records/h200/2026-12-02-v3-ablation.json"
+PLAN_SWEEP = "benchmarks/records/h200/2026-12-02-v3-plan-sweep.json"
 
 
 def _three(vals, fmt=".1f") -> str:
@@ -1344,7 +1451,7 @@ def _three(vals, fmt=".1f") -> str:
 
 
 def test_probe_sentences_are_their_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     rec = record(PROBE)
     triv = {}
     for r in rec["trivial_chain"]:
@@ -1362,7 +1469,7 @@ def test_probe_sentences_are_their_record():
 
 
 def test_device_params_wall_table_is_its_record():
-    rows = table(text("BENCHMARKS.md"), "| 4K | 32K | 128K | build 4K")
+    rows = table(text(HISTORY), "| 4K | 32K | 128K | build 4K")
     assert len(rows) == len(record(DP_WALL)["runs"]) == 1   # the record's one run
     ctx = sorted(record(DP_WALL)["runs"][0]["contexts"], key=lambda x: x["context"])
     c4, c32, c128, build, dev, sdpa, vs = rows[0]
@@ -1381,7 +1488,7 @@ def test_device_params_wall_table_is_its_record():
 
 
 def test_device_params_decode_sentence_is_its_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     runs = {run["device_params"]: {r["cache"]: r for r in run["runs"]} for run in record(DP_DECODE)["runs"]}
 
     def vs(dp, cache):
@@ -1395,7 +1502,7 @@ def test_device_params_decode_sentence_is_its_record():
 
 
 def test_softmax_and_ablation_sentences_are_their_records():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     rows = record(SOFTMAX)["rows"]
     assert all(r["chain"] and r["copies"] * r["bytes_read"] >= 160 << 20 for r in rows)
 
@@ -1450,8 +1557,8 @@ def test_readme_fresh_array_cost_is_its_record():
 
 
 def test_v_decode_ablation_sentence_is_its_record():
-    doc = flat(text("BENCHMARKS.md"))
-    at = {r["ablation"]: r["pass1_us"] for r in record("benchmarks/h200-2026-12-02-v3-ablation-v-decode.json")["rows"]
+    doc = flat(text(HISTORY))
+    at = {r["ablation"]: r["pass1_us"] for r in record("benchmarks/records/h200/2026-12-02-v3-ablation-v-decode.json")["rows"]
           if r["context"] == 131072}
     said = (f"(a second run, 128K: the full kernel {at['none']:.1f}, without V {at['nov']:.1f}): without the norms "
             f"(neither loaded nor multiplied in) {at['v23nonorm']:.1f}, without turbo3's sign bytes {at['v23nosign']:.1f}, "
@@ -1462,8 +1569,8 @@ def test_v_decode_ablation_sentence_is_its_record():
 
 
 def test_common_path_count_sentence_is_its_record():
-    doc = flat(text("BENCHMARKS.md"))
-    rec = record("benchmarks/nvcc-2026-12-02-kernel-sass-v3-common-path.json")
+    doc = flat(text(HISTORY))
+    rec = record("benchmarks/records/nvcc/2026-12-02-kernel-sass-v3-common-path.json")
     b, a = (next(r for r in rec[k]["rows"] if r["v_format"].startswith("turbo3")) for k in ("before", "after"))
     assert a["common_path"] is True
     said = (f"went from {b['loop_instructions']} to {a['loop_instructions']} instructions per 16 keys, "
@@ -1478,7 +1585,7 @@ def test_common_path_count_sentence_is_its_record():
 
 
 def test_in_chain_pass1_sentence_is_its_records():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     ctx = _by_ctx(record(DP_WALL)["runs"][0])
     p1 = [_kernel_us(r, "split_v3") for r in ctx]
     comb = [_kernel_us(r, "combine") for r in ctx]
@@ -1496,19 +1603,19 @@ def test_in_chain_pass1_sentence_is_its_records():
 
 
 def test_softmax_fuzz_sentence_is_its_record():
-    rec = record("benchmarks/cpu-2026-12-02-fuzz-v3-emulator-softmax.json")
+    rec = record("benchmarks/records/cpu/2026-12-02-fuzz-v3-emulator-softmax.json")
     assert rec["ok"] is True and rec["failure"] is None and rec["q_precision"] == "int8"
     said = (f"(int8 q, {rec['seconds'] / 60:.0f} minutes, {rec['examples']} examples, windows / softcaps / sinks): no "
             f"counterexample, worst error {rec['worst_error_over_allowed']:.3f} of the")
-    assert once(flat(said), flat(text("BENCHMARKS.md"))), said
+    assert once(flat(said), flat(text(HISTORY))), said
 
 
-# ---- eighth session: device consts (BENCHMARKS.md) --------------------------------------------------
+# ---- eighth session: device consts (the history) --------------------------------------------------
 
-CONSTS = "benchmarks/h200-2026-12-02-bench-attention-device-consts.json"
-CONSTS_DECODE = "benchmarks/h200-2026-12-02-bench-decode-device-consts.json"
-MANAGED = "benchmarks/h200-2026-12-02-kernel-device-time-managed.json"
-CUDA_FUZZ_8 = "benchmarks/h200-2026-12-02-fuzz-v3-cuda-softmax-consts.json"
+CONSTS = "benchmarks/records/h200/2026-12-02-bench-attention-device-consts.json"
+CONSTS_DECODE = "benchmarks/records/h200/2026-12-02-bench-decode-device-consts.json"
+MANAGED = "benchmarks/records/h200/2026-12-02-kernel-device-time-managed.json"
+CUDA_FUZZ_8 = "benchmarks/records/h200/2026-12-02-fuzz-v3-cuda-softmax-consts.json"
 
 
 def _by_ctx(res):
@@ -1534,7 +1641,7 @@ def _kernel_us(row, part):
 
 
 def test_device_consts_table_is_its_record():
-    doc = text("BENCHMARKS.md")
+    doc = text(HISTORY)
     full = record(CONSTS)["runs"][1]["result"]
     ctx = _by_ctx(full)
 
@@ -1565,7 +1672,7 @@ def test_device_consts_table_is_its_record():
 
 
 def test_device_consts_sentences_are_their_records():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     runs = record(CONSTS)["runs"]
     second, full, ops8 = (r["result"] for r in runs)
     assert "MLX_MAX_OPS_PER_BUFFER=8" in runs[2]["command"]
@@ -1609,7 +1716,7 @@ def test_device_consts_sentences_are_their_records():
 
 
 def test_device_consts_decode_sentence_is_its_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     res = record(CONSTS_DECODE)["runs"][1]["result"]
     runs = {(r["cache"], r["context"]): r for r in res["runs"]}
     caches = ("fp16", "q8_0/turbo3", "q8_0/turbo3{TQBRIDGE_DEVICE_CONSTS=0}")
@@ -1631,7 +1738,7 @@ def test_device_consts_fuzz_sentence_is_its_record():
     assert rec["ok"] is True and rec["failure"] is None and rec["backend"] == "cuda" and rec["q_precision"] == "int8"
     said = (f"({rec['seconds']:.0f} s, {rec['jobs']} processes, int8 q, {len(rec['formats'])} formats): {rec['examples']} "
             f"examples over {rec['shapes']} shapes, no counterexample, worst error {rec['worst_error_over_allowed']:.3f} of the")
-    assert once(said, flat(text("BENCHMARKS.md"))), said
+    assert once(said, flat(text(HISTORY))), said
 
 
 def test_readme_device_consts_sentence_is_its_records():
@@ -1648,8 +1755,8 @@ def test_readme_device_consts_sentence_is_its_records():
 
 
 def test_combine_rewrite_paragraph_is_its_record():
-    doc = flat(text("BENCHMARKS.md"))
-    runs = record("benchmarks/h200-2026-12-02-combine-simd.json")["runs"]
+    doc = flat(text(HISTORY))
+    runs = record("benchmarks/records/h200/2026-12-02-combine-simd.json")["runs"]
     assert [r["combine"] for r in runs] == ["new", "old", "new", "old", "new"]
     assert "q4_0" in runs[4]["command"] and "turbo3" in runs[2]["command"] and "turbo3" in runs[3]["command"]
     kn, ko = ([r["pass2_us"] for r in x["result"]["rows"]] for x in runs[:2])
@@ -1668,18 +1775,18 @@ def test_combine_rewrite_paragraph_is_its_record():
 
 
 def test_combine_emulator_fuzz_sentence_is_its_record():
-    rec = record("benchmarks/cpu-2026-12-02-fuzz-combine-emulator.json")
+    rec = record("benchmarks/records/cpu/2026-12-02-fuzz-combine-emulator.json")
     assert rec["ok"] is True and rec["failure"] is None and rec["backend"] == "cpu-emulator"
     said = (f"(int8 q, {rec['seconds'] / 60:.0f} minutes, {rec['examples']} examples over {rec['shapes']} shapes, every "
             f"format pair): no counterexample, worst error {rec['worst_error_over_allowed']:.2f} of the allowed bound")
-    assert once(said, flat(text("BENCHMARKS.md"))), said
+    assert once(said, flat(text(HISTORY))), said
 
 
-ENCODE = "benchmarks/h200-2026-12-02-bench-attention-encode.json"
-ENCODE_PROBE = "benchmarks/h200-2026-12-02-probe-encode-size.json"
-GEMMA_GEO = "benchmarks/h200-2026-12-02-bench-decode-gemma-geometry.json"
-CUDA_FUZZ_9 = "benchmarks/h200-2026-12-02-fuzz-v3-cuda-combine.json"
-GPU_TESTS_9 = "benchmarks/h200-2026-12-02-gpu-tests.json"
+ENCODE = "benchmarks/records/h200/2026-12-02-bench-attention-encode.json"
+ENCODE_PROBE = "benchmarks/records/h200/2026-12-02-probe-encode-size.json"
+GEMMA_GEO = "benchmarks/records/h200/2026-12-02-bench-decode-gemma-geometry.json"
+CUDA_FUZZ_9 = "benchmarks/records/h200/2026-12-02-fuzz-v3-cuda-combine.json"
+GPU_TESTS_9 = "benchmarks/records/h200/2026-12-02-gpu-tests.json"
 
 
 def _ratios(ctx, num="growing_sdpa_fp16", den="growing_cache_path", suffix="_us"):
@@ -1687,13 +1794,13 @@ def _ratios(ctx, num="growing_sdpa_fp16", den="growing_cache_path", suffix="_us"
 
 
 def test_ninth_session_combine_and_ratio_sentences_are_their_records():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     runs = record(ENCODE)["runs"]
     assert "MLX_USE_CUDA_GRAPHS=0" in runs[2]["command"] and "MLX_USE_CUDA_GRAPHS" not in runs[1]["command"]
     c1, c2, c3 = (_by_ctx(r["result"]) for r in runs)
     last = c2[-1]
     # "before": the eighth session's rewritten combine, measured in its chain (combine-simd record, q8_0/turbo3)
-    simd = record("benchmarks/h200-2026-12-02-combine-simd.json")["runs"]
+    simd = record("benchmarks/records/h200/2026-12-02-combine-simd.json")["runs"]
     assert simd[2]["combine"] == "new" and "turbo3" in simd[2]["command"]
     comb_before = [_kernel_us(r, "combine") for r in _by_ctx(simd[2]["result"])]
     said = [f"measured (CUPTI) {_three(_kernel_us(r, 'combine') for r in c1)} µs in one run and "
@@ -1741,7 +1848,7 @@ def test_ninth_session_combine_and_ratio_sentences_are_their_records():
 
 
 def test_ninth_session_probe_gemma_fuzz_and_tests_are_their_records():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     on, off = record(ENCODE_PROBE)["runs"]
     kernels, sizes = span(doc, r"a probe of (\d+) trivial kernels each reading its own buffer of ([\d /]+) MB encodes in")
     assert on["graphs"] == "default" and off["graphs"] == "0"
@@ -1778,12 +1885,12 @@ def test_ninth_session_probe_gemma_fuzz_and_tests_are_their_records():
     assert int(tests) == n, (tests, n)
 
 
-MAX_MB = "benchmarks/h200-2026-12-02-bench-attention-max-mb.json"
-CHUNKS = "benchmarks/h200-2026-12-02-v3-chunks.json"
-CHUNKS_DYN = "benchmarks/h200-2026-12-02-v3-chunks-dynamic.json"
-CHUNKS_DECODE = "benchmarks/h200-2026-12-02-bench-decode-chunks.json"
-CHUNKS_TESTS = "benchmarks/h200-2026-12-02-v3-chunks-gpu-tests-fuzz.json"
-CHUNKS_SASS = "benchmarks/nvcc-2026-12-02-kernel-sass-v3-chunks.json"
+MAX_MB = "benchmarks/records/h200/2026-12-02-bench-attention-max-mb.json"
+CHUNKS = "benchmarks/records/h200/2026-12-02-v3-chunks.json"
+CHUNKS_DYN = "benchmarks/records/h200/2026-12-02-v3-chunks-dynamic.json"
+CHUNKS_DECODE = "benchmarks/records/h200/2026-12-02-bench-decode-chunks.json"
+CHUNKS_TESTS = "benchmarks/records/h200/2026-12-02-v3-chunks-gpu-tests-fuzz.json"
+CHUNKS_SASS = "benchmarks/records/nvcc/2026-12-02-kernel-sass-v3-chunks.json"
 
 
 def _pass1(rec, ctx, warps, tile, chunks):
@@ -1797,7 +1904,7 @@ def _summary(rec, env):
 
 
 def test_tenth_session_host_time_sentences_are_their_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     runs = record(MAX_MB)["runs"]
     assert ["MLX_MAX_MB_PER_BUFFER=100000" in r["command"] for r in runs] == [False, True, False, True]
     cs = [_by_ctx(r["result"]) for r in runs]
@@ -1819,7 +1926,7 @@ def test_tenth_session_host_time_sentences_are_their_record():
 
 
 def test_tenth_session_chunk_sentences_are_their_records():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     rec, dyn = record(CHUNKS), record(CHUNKS_DYN)
     ctxs = (4096, 32768, 131072)
     p = lambda r, w, t, k: _three(_pass1(r, c, w, t, k) for c in ctxs)   # noqa: E731
@@ -1864,7 +1971,7 @@ def test_tenth_session_chunk_sentences_are_their_records():
 
 
 def test_tenth_session_decode_tests_and_fuzz_are_their_records():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     runs = record(CHUNKS_DECODE)["decode"]["result"]
     rows = runs["runs"] if isinstance(runs, dict) and "runs" in runs else runs
     g = {(r["cache"], r["context"]): r for r in rows}
@@ -1887,7 +1994,7 @@ def test_tenth_session_decode_tests_and_fuzz_are_their_records():
     assert not d["failed"] and any("test_attention_v3_chunks.py" in x for x in d["passed"])
 
 
-NCU = "benchmarks/h200-2026-12-02-ncu-pass1.json"
+NCU = "benchmarks/records/h200/2026-12-02-ncu-pass1.json"
 
 
 def _ncu_numbers():
@@ -1907,7 +2014,7 @@ def _pct(x) -> str:
 
 
 def test_eleventh_session_profile_sentences_are_their_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     r, b, a1, a2, a14 = _ncu_numbers()
     st, hand = b["stall_share"], r["ncu"]["before_c1_128K_regions_instructions_per_16_keys"]
     said = [f"chunk): {b['duration_us']} µs, DRAM {b['dram_throughput_pct']:.0f}% busy, issue slots "
@@ -1930,7 +2037,7 @@ def test_eleventh_session_profile_sentences_are_their_record():
     # "the difference is the tile loop": the executed count exceeds the key loop's static count (the seventh session's
     # common path, as the page quotes it) by the staging and more
     (static,) = span(doc, r"executed, against the ([\d.]+) the static count of the key loop gave")
-    common = next(r for r in record("benchmarks/nvcc-2026-12-02-kernel-sass-v3-common-path.json")["after"]["rows"]
+    common = next(r for r in record("benchmarks/records/nvcc/2026-12-02-kernel-sass-v3-common-path.json")["after"]["rows"]
                   if r["v_format"].startswith("turbo3"))
     assert rounds_to(static, common["per_key"]), (static, common["per_key"])
     assert b["warp_instructions_per_key_and_kv_head"] - common["per_key"] > b["staging_head_instructions_per_key"]
@@ -1939,7 +2046,7 @@ def test_eleventh_session_profile_sentences_are_their_record():
 
 
 def test_eleventh_session_device_time_and_mlx_sentences_are_their_record():
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     r = record(NCU)
 
     def dt(side, ch):
@@ -1986,17 +2093,17 @@ def test_eleventh_session_default_chunks_sentence_is_its_record():
     first = {(x["context"], x["chunks"]): x["pass1_us"] for x in record(NCU)["device_time"]["after"][0]}
     assert once(f"pass 1 on the H200 {first[32768, 2]:.1f} / {first[131072, 2]:.1f} µs at 32K / 128K against one chunk's "
                 f"{first[32768, 1]:.1f} / {first[131072, 1]:.1f},", flat(text("docs/attention.md")))
-    (chunks,) = span(flat(text("BENCHMARKS.md")), r"\*\*(\w+) chunks per step become CUDA's default\.\*\*")
+    (chunks,) = span(flat(text(HISTORY)), r"\*\*(\w+) chunks per step become CUDA's default\.\*\*")
     assert attention_kernel.V3_DEFAULT_CHUNKS == {"cuda": count_word(chunks)}
 
 
-STAGES = "benchmarks/h200-2026-12-02-v3-stages.json"
+STAGES = "benchmarks/records/h200/2026-12-02-v3-stages.json"
 
 
 def test_eleventh_session_stages_sentences_are_their_record():
     from tqbridge.metal import attention_kernel
 
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     r = record(STAGES)
     g = {(x["context"], x["chunks"], x["stages"]): x for x in r["stages"]["rows"]}
     tri = lambda ch, st: " / ".join(f"{g[c, ch, st]['pass1_us']:.1f}" for c in (4096, 32768, 131072))   # noqa: E731
@@ -2026,13 +2133,13 @@ def test_eleventh_session_stages_sentences_are_their_record():
     assert attention_kernel.V3_AUTO_STAGES_CUDA == int(stages)
 
 
-STAGES2 = "benchmarks/h200-2026-12-02-v3-stages2-default.json"
+STAGES2 = "benchmarks/records/h200/2026-12-02-v3-stages2-default.json"
 
 
 def test_twelfth_session_default_on_the_gpu_is_its_record():
     from tqbridge.metal import attention_kernel
 
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     r = record(STAGES2)
     t, fz = r["gpu_tests"], r["fuzz"]["summary"]
     n, files = span(doc, r"With it: all (\d+) GPU tests of the (\w+) kernel test files passed")
@@ -2068,14 +2175,14 @@ def test_twelfth_session_default_on_the_gpu_is_its_record():
                 f"{g['fp16', 32768]['kv_path_python_us_per_layer']:.1f}", doc)
 
 
-DEFERRED = "benchmarks/h200-2026-12-02-deferred-append.json"
+DEFERRED = "benchmarks/records/h200/2026-12-02-deferred-append.json"
 
 
 def test_twelfth_session_deferred_append_is_its_record():
     from tqbridge.metal import attention_kernel
 
-    doc = flat(text("BENCHMARKS.md"))
-    raw = text("BENCHMARKS.md")
+    doc = flat(text(HISTORY))
+    raw = text(HISTORY)
     r = record(DEFERRED)
     t = r["gpu_tests"]
     n, files, n_on = span(doc, r"Correct on the GPU: all (\d+) GPU tests of those (\w+) files passed with the switch on "
@@ -2136,13 +2243,13 @@ def test_twelfth_session_deferred_append_is_its_record():
     assert cs[2]["growing_headline_device_fraction_of_copy_bw"] < float(asks)   # "asks 0.75": still missed
 
 
-Q8_WORDS = "benchmarks/h200-2026-12-02-q8-words-splits.json"
+Q8_WORDS = "benchmarks/records/h200/2026-12-02-q8-words-splits.json"
 
 
 def test_thirteenth_session_whole_words_and_splits_are_their_record():
     from tqbridge.metal import attention_kernel
 
-    raw = text("BENCHMARKS.md")
+    raw = text(HISTORY)
     doc = flat(raw)
     p1, p2, p3 = record(Q8_WORDS)["runs"]
     f2 = lambda x: f"{x:.2f}"   # noqa: E731
@@ -2187,7 +2294,7 @@ def test_thirteenth_session_whole_words_and_splits_are_their_record():
     assert all(variants(r, 131072)[0][long]["plan"]["splits"] == int(lsplits) for r in (p1, p2))
     sms, kv_heads = span(doc, r"one NVIDIA H200 \((\d+) SMs, driver [\d.]+\), MLX [\d.]+ \(CUDA 13\), mlx-lm [\d.]+\. Shape B 1, "
                               r"Hq 32, Hkv (\d+), D 128, q8_0 K \+ turbo3 V, int8 q \(kernel v3\)\. \*\*Record\*\*: "
-                              r"\[h200-2026-12-02-q8-words-splits\.json\]")
+                              r"\[h200/2026-12-02-q8-words-splits\.json\]")
     assert kv_heads == heads and int(groups) == int(lsplits) * int(heads) and int(per_sm) == -(-int(groups) // int(sms))
     more = (("TQBRIDGE_V3_GROUPS", str(attention_kernel.TARGET_GROUPS_GPU)),)
     fewer = (("TQBRIDGE_V3_GROUPS", "660"),)
@@ -2265,13 +2372,13 @@ def test_thirteenth_session_whole_words_and_splits_are_their_record():
     assert attention_kernel.v3_q8_words()
 
 
-PROLOGUE = "benchmarks/h200-2026-12-03-v3-prologue.json"
+PROLOGUE = "benchmarks/records/h200/2026-12-03-v3-prologue.json"
 
 
 def test_fourteenth_session_prologue_and_comparison_are_their_record():
     from tqbridge.metal import attention_kernel
 
-    doc = flat(text("BENCHMARKS.md"))
+    doc = flat(text(HISTORY))
     rec = record(PROLOGUE)
     f2 = lambda x: f"{x:.2f}"   # noqa: E731
     old, new = (rec["kernel_device_time"][k]["rows"] for k in ("prologue_0_merge_pad_0", "prologue_2_merge_pad_1"))
@@ -2309,7 +2416,7 @@ def test_fourteenth_session_prologue_and_comparison_are_their_record():
     targets = span(doc, r"Issue 13's targets against fp16 SDPA \(([\d.]+) / ([\d.]+) / ([\d.]+)× at 4K / 32K / 128K\)")
     _, bw_target = span(doc, r"128K reaches ([\d.]+) of the copy bandwidth with the new plan \(the issue asks ([\d.]+)\)")
     cp = rec["bench_attention_variants"]["copy"]["cupy_copy_GBps"]
-    rows = table(text("BENCHMARKS.md"), "| context | device ratio | wall ratio, each evaluation waited for",
+    rows = table(text(HISTORY), "| context | device ratio | wall ratio, each evaluation waited for",
                  after="fourteenth session)")
     assert [CTX_NAMES[r[0]] for r in rows] == sorted(ctxs), rows
     bad = []
@@ -2332,7 +2439,7 @@ def test_fourteenth_session_prologue_and_comparison_are_their_record():
                 f"spend per evaluation ({comb_us / layers:.2f} µs per call)", doc)
     # the whole comparison, row for row: a fixed and a growing row per context of the record
     full = {c["context"]: c for c in rec["bench_attention_full"]["contexts"]}
-    rows = table(text("BENCHMARKS.md"), "| context | regime | v3 | v2 | fp16 SDPA", after="fourteenth session)")
+    rows = table(text(HISTORY), "| context | regime | v3 | v2 | fp16 SDPA", after="fourteenth session)")
     assert [(CTX_NAMES[r[0]], r[1]) for r in rows] == [(n, regime) for n in sorted(full) for regime in ("fixed", "growing")]
     fixed = ("fused_us", "fused_v2_us", "sdpa_fp16_us", "dequant_sdpa_us", "fused_device_us", "fused_v2_device_us",
              "sdpa_fp16_device_us", "dequant_sdpa_device_us")
@@ -2381,8 +2488,8 @@ def test_fourteenth_session_prologue_and_comparison_are_their_record():
 # ---- README: parity against the TurboQuant fork ------------------------------------------------------
 
 def test_readme_fork_parity_section_is_the_record():
-    """Each claim of the section read against benchmarks/cpu-2026-12-03-fork-parity.json."""
-    rec = record("benchmarks/cpu-2026-12-03-fork-parity.json")
+    """Each claim of the section read against benchmarks/records/cpu/2026-12-03-fork-parity.json."""
+    rec = record("benchmarks/records/cpu/2026-12-03-fork-parity.json")
     readme = flat(text("README.md"))
     runs = rec["runs"]
     ran = {n: r for n, r in runs.items() if "error" not in r}
@@ -2415,7 +2522,7 @@ def test_fork_parity_model_path_numbers_are_read_from_the_pages():
     bound ratio in docs/parity.md."""
     import numpy as np
 
-    rec = record("benchmarks/cpu-2026-12-03-fork-parity.json")
+    rec = record("benchmarks/records/cpu/2026-12-03-fork-parity.json")
     ts = [t for r in rec["runs"].values() if "error" not in r for t in r["teacher"]]
     assert all(t.get("model_path_layers") for t in ts), "a run without the model path"
     q = max(t["model_path_worst_q_rel"] for t in ts)

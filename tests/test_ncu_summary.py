@@ -1,4 +1,4 @@
-"""benchmarks/ncu_summary.py on a small pair of Nsight Compute CSV pages written here (the layout of
+"""benchmarks/scripts/ncu_summary.py on a small pair of Nsight Compute CSV pages written here (the layout of
 ``ncu -i REP --page details|source --csv``): per-key counts, the staging head up to the copies'
 commit, stall shares; a page without samples is refused."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "scripts"))
 
 import ncu_summary  # noqa: E402
 

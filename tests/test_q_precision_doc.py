@@ -1,20 +1,21 @@
-"""docs/q-precision.md's table against the record it cites (benchmarks/cpu-2026-12-01-q-precision-kl.json)."""
+"""docs/q-precision.md's table against the record it cites (benchmarks/records/cpu/2026-12-01-q-precision-kl.json)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from test_doc_claims import rounds_to, table
 
+from tqbridge.tools.records import results
+
 ROOT = Path(__file__).resolve().parents[1]
-RECORD = "benchmarks/cpu-2026-12-01-q-precision-kl.json"
+RECORD = "benchmarks/records/cpu/2026-12-01-q-precision-kl.json"
 
 
 def test_q_precision_table_is_its_record():
     doc = (ROOT / "docs/q-precision.md").read_text()
     assert RECORD in doc
-    rec = json.loads((ROOT / RECORD).read_text())
+    rec = results(ROOT / RECORD)
     paired = {(m, r["kv"]): r for m, rows in rec["paired"].items() for r in rows}
     rows = table(doc, "| model | K / V | KL vs f16, exact q")
     assert [(r[0], r[1]) for r in rows] == [(t["model"], t["kv"]) for t in rec["table"]]
@@ -37,7 +38,7 @@ def test_q_precision_table_is_its_record():
 
 def test_q_precision_control_table_and_sentences_are_the_record():
     doc = (ROOT / "docs/q-precision.md").read_text()
-    rec = json.loads((ROOT / RECORD).read_text())
+    rec = results(ROOT / RECORD)
     control = {(m, r["kv"]): r for m, rows in rec["control"].items() for r in rows}
     rows = table(doc, "| model | K / V | KL vs f16, exact q | KL vs f16, int8 q | KL(exact")
     assert [(r[0], r[1]) for r in rows] == list(control)
@@ -57,6 +58,6 @@ def test_q_precision_control_table_and_sentences_are_the_record():
     for m in rec["control"]:
         c = control[(m, "q8_0/q8_0")]
         assert f"+{round(100 * (c['kl_int8'] / c['kl_exact'] - 1))}%" in doc
-    demo = json.loads((ROOT / "benchmarks/cpu-2026-12-01-demo.json").read_text())
+    demo = results(ROOT / "benchmarks/records/cpu/2026-12-01-demo.json")
     q8 = [x for x in demo["logits"] if x.get("kv") == "q8_0" or x.get("k_format") == "q8_0"]
     assert q8 and f"{q8[0]['baseline']['llama_kl_mean']:.6f}" in doc

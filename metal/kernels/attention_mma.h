@@ -139,7 +139,7 @@ TQ_FUNC bool tq_aligned16_shared(TQ_SHARED const void* p) { (void)p; return fals
 // tid taking copies tid, tid + NT, ..; the trip count is static, so the loop unrolls into straight
 // copies at constant offsets (only the last round's are predicated). The generic tqa_stage_async
 // below pays a loop with run-time bounds and alignment branches per call (kernel v3's pass 1 on the
-// H200: 129 of its 647 instructions per 16 keys, benchmarks/h200-2026-12-02-ncu-pass1.json).
+// H200: 129 of its 647 instructions per 16 keys, benchmarks/records/h200/2026-12-02-ncu-pass1.json).
 template <int NBYTES, int NT>
 TQ_FUNC void tqa_stage_full16(TQ_SHARED uint* dst, TQ_CONST_DEVICE uchar* s, uint tid) {
     static_assert(NBYTES % 16 == 0, "whole 16-byte copies");
