@@ -88,6 +88,7 @@ def _count_decode_q(tally: dict, current: list):
     into ``tally[current[0]]``: the precision the call ran with (the kernel's own record; the
     reference path's argument, whose default is exact)."""
     from tqbridge.metal import attention
+    from tqbridge.metal.decode_options import as_options
 
     original = attention.decode_attention
 
@@ -95,8 +96,8 @@ def _count_decode_q(tally: dict, current: list):
         out = original(*args, **kwargs)
         run = attention.last_run()
         backend = run.get("backend") or "kernel"
-        if backend == "reference":
-            qp = kwargs.get("q_precision") or "exact"
+        if backend == "reference":   # the precision asked for, as an argument or in the decode options
+            qp = as_options(kwargs.get("options"), kwargs.get("q_precision")).q_precision or "exact"
         else:
             qp = run.get("q_precision") or "exact"
         if current[0] is not None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from mlx_lm.models import base
 
-from tqbridge.metal import attention_kernel
+from tqbridge.metal import attention_kernel, attention_launch
 from tqbridge.metal.decode_options import DecodeOptions
 from tqbridge.metal.lm.cache import TQCache, make_cache
 from tqbridge.metal.lm.routing import route_attention
@@ -148,8 +148,8 @@ def test_gpu_fused_step_is_bit_identical(kv, monkeypatch):
     the same logits and cache bytes as append-then-attend, with growth every 8 positions."""
     monkeypatch.setattr(TQCache, "step", 8)
     spy = []
-    real = attention_kernel.DecodeLaunch.with_append
-    monkeypatch.setattr(attention_kernel.DecodeLaunch, "with_append",
+    real = attention_launch.DecodeLaunch.with_append
+    monkeypatch.setattr(attention_launch.DecodeLaunch, "with_append",
                         lambda self, *a, **kw: spy.append(1) or real(self, *a, **kw))
     want, want_blocks, _ = _decode("llama", "0", monkeypatch, kv=kv)
     assert not spy

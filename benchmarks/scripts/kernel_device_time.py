@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     import cupy as cp
 
     from tqbridge import bridge
-    from tqbridge.metal import attention_kernel as ak
+    from tqbridge.metal import attention_build as ab, attention_plan as ap_
     from tqbridge.metal.attention import check_problem
 
     p = argparse.ArgumentParser()
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
                      for st in ([int(x) for x in a.stages.split(",") if x] or [None])]
             for nw, ns, tl, kc, st in sweep:
                 try:
-                    plan = ak.make_plan(prob, "cuda", kernel=kern, warps=nw, splits=ns, tile=tl,
+                    plan = ap_.make_plan(prob, "cuda", kernel=kern, warps=nw, splits=ns, tile=tl,
                                         **({"chunks": kc} if kc is not None else {}))
                 except Exception as e:
                     print(f"{ctx} {kern} warps={nw} splits={ns} tile={tl} chunks={kc}: {e}", file=sys.stderr)
@@ -110,17 +110,17 @@ def main(argv=None) -> int:
                         print(f"{ctx} {kern} stages={st}: v3 takes 2..{plan.stages} here", file=sys.stderr)
                         continue
                     plan = dataclasses.replace(plan, stages=st)   # a smaller ring fits where the plan's did
-                split_s, comb_s, extra1, extra2 = ak._static(prob, plan, 0, False)
-                k1def, k2def = ak._kernel_defs(0, ak._version(plan))
+                split_s, comb_s, extra1, extra2 = ab.static_params(prob, plan, 0, False)
+                k1def, k2def = ab.kernel_defs(0, plan.kernel)
                 k1 = cp.RawKernel(_source(k1def, split_s), k1def.name, options=("--std=c++17",))
-                dsmem = int(split_s.get("TQ_DSMEM", 0))   # dynamic shared memory (>= ak.DSMEM_MIN on CUDA), as MLX requests it
+                dsmem = int(split_s.get("TQ_DSMEM", 0))   # dynamic shared memory (>= attention_plan.DSMEM_MIN on CUDA), as MLX requests it
                 if dsmem:
                     k1.max_dynamic_shared_size_bytes = dsmem
                 k2 = cp.RawKernel(_source(k2def, comb_s), k2def.name, options=("--std=c++17",))
                 ip1 = cp.asarray(np.array([prob.l_max, plan.split_len, plan.splits, prob.window, hkv, *extra1, ctx],
                                           np.int32))
                 fp1 = cp.asarray(np.array([prob.scale, 0.0], np.float32))
-                tabs = cp.asarray(ak.tables(prob))
+                tabs = cp.asarray(ab.tables(prob))
                 dep = cp.zeros(1, cp.uint32)
                 rows = hq
                 po = cp.empty((rows, plan.partials, prob.v_dim), cp.float32)
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
                 sinks = cp.zeros(hq, cp.float32)
                 res = cp.empty((rows, d), cp.float32)
                 g1, t1 = (hkv * plan.splits,), (32 * plan.warps,)
-                g2, t2 = (rows,), (ak.COMBINE_THREADS,)
+                g2, t2 = (rows,), (ap_.COMBINE_THREADS,)
 
                 cnt = cp.zeros(hkv, cp.uint32)
 

@@ -53,10 +53,10 @@ def _class(op: str) -> str:
 
 def _source(prob, plan):
     from kernel_device_time import _source as src
-    from tqbridge.metal import attention_kernel as ak
+    from tqbridge.metal.attention_build import kernel_defs, static_params
 
-    split_s, _, _, _ = ak._static(prob, plan, 0, False)
-    k1def, _ = ak._kernel_defs(0, ak._version(plan))
+    split_s, _, _, _ = static_params(prob, plan, 0, False)
+    k1def, _ = kernel_defs(0, plan.kernel)
     return k1def.name, src(k1def, split_s)
 
 
@@ -123,10 +123,11 @@ def cubin_profile(path: str) -> dict:
 
 
 def profile(k_format: str, v_format: str, kernel: str = "v3", q_heads: int = 32, kv_heads: int = 8,
-            head_dim: int = 128, context: int = 131072, arch: str = "sm_90a", common_path: bool = False) -> dict:
+            head_dim: int = 128, context: int = 131072, arch: str = "sm_90a", common_path: bool = False,
+            chunks: "int | None" = None) -> dict:
     from tqbridge import bridge
-    from tqbridge.metal import attention_kernel as ak
     from tqbridge.metal.attention import check_problem
+    from tqbridge.metal.attention_plan import make_plan
 
     kf, vf = bridge.get_format(k_format), bridge.get_format(v_format)
     rng = np.random.default_rng(0)
@@ -135,7 +136,7 @@ def profile(k_format: str, v_format: str, kernel: str = "v3", q_heads: int = 32,
     vb = bridge.quantize(vf, rng.standard_normal((1, kv_heads, 256, head_dim)).astype(np.float32))
     prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=256)
     prob = dataclasses.replace(prob, l_max=context, lengths=(context,))
-    plan = ak.make_plan(prob, "cuda", kernel=kernel)
+    plan = make_plan(prob, "cuda", kernel=kernel, chunks=chunks if kernel == "v3" else None)
     name, text = _source(prob, plan)
     if common_path:
         text = _common_path(text)
@@ -153,7 +154,7 @@ def profile(k_format: str, v_format: str, kernel: str = "v3", q_heads: int = 32,
     loop = loop_profile(sass, 16 * plan.chunks)
     return {"k_format": kf.key, "v_format": vf.key, "kernel": plan.kernel, "arch": arch,
             "shape": dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, context=context),
-            "plan": dict(warps=plan.warps, splits=plan.splits, tile=plan.tile, q_regs=plan.q_regs, chunks=plan.chunks,
+            "plan": dict(warps=plan.warps, splits=plan.splits, tile=plan.tile, chunks=plan.chunks,
                          dyn_smem=plan.dyn_smem),
             "registers": regs, "spill_store_bytes": spills[0], "spill_load_bytes": spills[1], "static_smem_bytes": smem,
             "common_path": common_path, **loop}
@@ -164,24 +165,14 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", default="q8_0/turbo3,q8_0/q4_0,q8_0/turbo4,q4_0/q4_0,q8_0/f16")
     ap.add_argument("--kernel", default="v3")
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--q-in-smem", action="store_true",
-                    help="v3 with q read from threadgroup memory in the key loop (TQBRIDGE_V3_Q_IN_SMEM=1)")
     ap.add_argument("--chunks", type=int, default=None,
-                    help="v3: 16-key chunks per SIMD-group step (TQBRIDGE_V3_CHUNKS; default: the plan's)")
+                    help="v3: 16-key chunks per SIMD-group step (default: the plan's)")
     ap.add_argument("--common-path", action="store_true",
                     help="v3: count the loop's common path only (every key visible, no softcap, no rescale)")
     ap.add_argument("--cubin", default=None, help="profile this prebuilt cubin (e.g. MLX's cached build of the "
                     "kernel) instead of building --pairs")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    if a.q_in_smem:
-        import os
-
-        os.environ["TQBRIDGE_V3_Q_IN_SMEM"] = "1"
-    if a.chunks is not None:
-        import os
-
-        os.environ["TQBRIDGE_V3_CHUNKS"] = str(a.chunks)
     for tool in ("nvcc", "cuobjdump", "nvdisasm"):
         if shutil.which(tool) is None:
             print(f"kernel_sass: {tool} not found on PATH (CUDA toolkit; cuobjdump needs nvdisasm)", file=sys.stderr)
@@ -197,7 +188,7 @@ def main(argv=None) -> int:
     rows = []
     for pair in a.pairs.split(","):
         k, v = pair.split("/")
-        row = profile(k, v, a.kernel, head_dim=a.head_dim, common_path=a.common_path)
+        row = profile(k, v, a.kernel, head_dim=a.head_dim, common_path=a.common_path, chunks=a.chunks)
         rows.append(row)
         print(json.dumps({x: row[x] for x in ("k_format", "v_format", "registers", "spill_store_bytes",
                                               "loop_instructions", "per_key", "by_class")}))

@@ -13,9 +13,8 @@ Two parts, each per cache (``fp16``: mlx-lm's KVCache; a TQCache spelling such a
   call): ``update_and_fetch`` + the routed attention as a model calls them. Per layer: build /
   encode / wall µs.
 
-A cache spelled ``kind{TQBRIDGE_X=v,...}`` runs under those switches (as in ``tqbridge bench decode``),
-e.g. ``q8_0/turbo3{TQBRIDGE_DEFER_APPEND=1}``: the append inside the attention's compiled call, not
-as its own.
+A cache spelled ``kind{name=value,...}`` decodes with those decode options (as in ``tqbridge bench decode``),
+e.g. ``q8_0/turbo3{defer_append=0}``: the append as its own compiled call, not inside the attention's.
 """
 
 from __future__ import annotations
@@ -53,12 +52,12 @@ def main() -> None:
 
     from tqbridge.metal.lm import decode_bench
     from tqbridge.metal.lm.routing import route_attention
-    from tqbridge.metal.profiling import build_encode_wall, settings, split_settings, split_top
+    from tqbridge.metal.profiling import build_encode_wall, split_options, split_top
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--context", default="32768")
-    ap.add_argument("--caches", default="fp16,q8_0/turbo3,q8_0/turbo3{TQBRIDGE_DEFER_APPEND=1}")
+    ap.add_argument("--caches", default="fp16,q8_0/turbo3,q8_0/turbo3{defer_append=0}")
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2)
@@ -73,12 +72,12 @@ def main() -> None:
     for ctx in [int(x) for x in args.context.split(",")]:
         for rnd in range(args.rounds):
             for label in split_top(args.caches):
-                kind, env = split_settings(label)
-                cache = decode_bench.make_caches(model, kind)
+                kind, opts = split_options(label)
+                cache = decode_bench.make_caches(model, kind, opts)
                 decode_bench.prefill(cache, model, ctx, mx.float16)
                 mx.eval([c.state for c in cache])
                 res = {"context": ctx, "round": rnd, "cache": label}
-                with settings(env), route_attention():
+                with route_attention():
                     res["step"] = _step_times(mx, model, cache, args.tokens)
                     res["step"]["build_us_per_layer"] = round(res["step"]["build_us"] / nl, 2)
                     res["step"]["encode_us_per_layer"] = round(res["step"]["encode_us"] / nl, 2)

@@ -11,7 +11,7 @@ and already read by the GPU, or made on the device (``mx.full``), and (2) the ca
 fused attention over 16 layers with lengths it has not seen against lengths whose parameter
 buffers it made (and the GPU read) before. A gap in (1) between fresh and pre-touched is the
 fault; whether (2) shows it says whether the decode step pays it, and (2) with
-``TQBRIDGE_DEVICE_PARAMS=1`` (the lengths as views of a table made on the device, now CUDA's default)
+``DecodeOptions(device_params=True)`` (the lengths as views of a table made on the device, now CUDA's default)
 whether avoiding host-made arrays wins it back.
 """
 
@@ -43,7 +43,7 @@ def main() -> None:
 
     from tqbridge.bridge import get_format, mlx_quantize
     from tqbridge.metal import attention_kernel as ak
-    from tqbridge.metal.profiling import settings
+    from tqbridge.metal.decode_options import DecodeOptions
 
     src = "if (threadIdx.x == 0 && blockIdx.x == 0) { y[0] = x[0] + (float)p[0]; }"
     triv = mx.fast.cuda_kernel(name="trivp", input_names=["x", "p"], output_names=["y"], source=src)
@@ -74,8 +74,8 @@ def main() -> None:
         q0 = mx.random.normal((1, 32, 128)).astype(mx.float16)
         mx.eval(kb, vb, q0)
         for flag in ("0", "1", "0", "1"):   # lengths from host data / as views of a device table, twice
-            with settings({"TQBRIDGE_DEVICE_PARAMS": flag}):   # read when the launch is made
-                dl = ak.prepare_decode(q0, kb0, vb0, k_format=kf, v_format=vf, q_precision="int8")
+            dl = ak.prepare_decode(q0, kb0, vb0, k_format=kf, v_format=vf, q_precision="int8",
+                                   options=DecodeOptions(device_params=flag == "1"))
             lens = list(range(ctx - REPS - 2, ctx - 1))
 
             def chain(i, dl=dl, kb=kb, vb=vb, q0=q0, lens=lens):
@@ -85,7 +85,7 @@ def main() -> None:
                 return q
             fresh = timeit(mx, chain, reps=REPS)
             seen = timeit(mx, chain, reps=REPS)
-            print(ctx, f"cache path x16, TQBRIDGE_DEVICE_PARAMS={flag}: new lengths", fresh,
+            print(ctx, f"cache path x16, device_params={flag}: new lengths", fresh,
                   "us; lengths seen before", seen, "us", flush=True)
 
 

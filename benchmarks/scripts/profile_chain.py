@@ -8,7 +8,7 @@ building), ``wall`` (µs from the first call to the end of ``mx.eval``) and ``de
 time per layer, CUPTI through PyTorch's profiler, by kernel). Paths:
 
 - ``sdpa``: ``mx.fast.scaled_dot_product_attention`` over fp16 K/V;
-- ``v3`` / ``v3f``: the prepared decode launch, two dispatches (pass 1 + combine) / one;
+- ``v3``: the prepared decode launch (pass 1 + combine);
 - ``*_compiled``: the same launch under ``mx.compile`` (one compiled function per layer call: the
   custom-kernel primitives are traced once and replayed, so the per-call Python binding and kernel
   source assembly drop out);
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
 
     from tqbridge.bridge import get_format
     from tqbridge.metal import attention_kernel as ak
-    from tqbridge.metal.profiling import build_and_wall, device_times, layer_buffers, settings
+    from tqbridge.metal.profiling import build_and_wall, device_times, layer_buffers
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", default="4096,131072")
@@ -87,12 +87,10 @@ def main(argv=None) -> int:
                 return q
             measure("sdpa", sdpa, lambda n: sdpa(n, hot=True))
 
-        for disp in ("2", "1"):
-            tag = "v3" if disp == "2" else "v3f"
+        for tag in ("v3",):
             if not want(tag):
                 continue
-            with settings({"TQBRIDGE_V3_DISPATCHES": disp}):   # read when the launch is made
-                dl = ak.prepare_decode(q0, kb0, vb0, k_format=kf, v_format=vf, q_precision="int8")
+            dl = ak.prepare_decode(q0, kb0, vb0, k_format=kf, v_format=vf, q_precision="int8")
             run = dl._run
             ref = dl(q0, kb0, vb0, ctx - 1)
 

@@ -6,8 +6,8 @@ Per layer of a 16-layer chain (B 1, Hq 32, Hkv 8, D 128, q8_0 K + turbo3 V, int8
 median of 25 evaluations, two numbers each: ``build`` (µs of Python + MLX graph building per
 layer) and ``wall`` (µs per layer from the first call to the end of ``mx.eval``):
 
-- ``v3_{2,1}disp_len``: the prepared decode launch (``prepare_decode``), two dispatches (pass 1 +
-  combine) or one (``TQBRIDGE_V3_DISPATCHES=1``), with a length that grows every evaluation
+- ``v3_2disp_len``: the prepared decode launch (``prepare_decode``: pass 1 + combine), with a length that
+  grows every evaluation
   (``len``: near the context, ``len1k``: near 1024) or stays 0 (``len0``: the kernels' fixed cost);
 - ``sdpa``: ``mx.fast.scaled_dot_product_attention`` over fp16 K/V of the same context;
 - ``two_trivial_like_ours``: two custom kernels that do nothing, with the same inputs, outputs,
@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from tqbridge.metal.profiling import build_and_wall, layer_buffers, settings
+from tqbridge.metal.profiling import build_and_wall, layer_buffers
 
 
 def main() -> None:
@@ -48,9 +48,8 @@ def main() -> None:
         kb0, vb0 = kb[0], vb[0]
         q0 = mx.random.normal((b, hq, d)).astype(mx.float16)
         res: dict = {"context": ctx}
-        for disp in ("2", "1"):
-            with settings({"TQBRIDGE_V3_DISPATCHES": disp}):   # read when the launch is made
-                dl = ak.prepare_decode(q0, kb0, vb0, k_format=kf, v_format=vf, q_precision="int8")
+        for disp in ("2",):
+            dl = ak.prepare_decode(q0, kb0, vb0, k_format=kf, v_format=vf, q_precision="int8")
             for lab, ln in (("len", ctx), ("len0", 0), ("len1k", 1024)):
                 step = [ln - 30 if ln > 30 else ln]
 
