@@ -171,6 +171,11 @@ CURRENT_KEYS = {
         "bench_decode.runs[cache=q8_0/turbo3&context=<col>].ms_per_token",
         "bench_decode.runs[cache=fp16&context=<col>].ms_per_token",
     ],
+    "benchmarks/records/h200/2026-12-03-decode-options-ab.json": [
+        f"bench_attention[run=attn-{side}].contexts[context=<col>].cache_path_device_us"
+        for side in ("new-0", "old-0", "new-2", "old-2")] + [
+        f"bench_decode[run=dec-{side}].runs[cache=q8_0/turbo3&context=<col>].speedup_vs_fp16"
+        for side in ("old-0", "new-0", "old-2", "new-2")],
     "benchmarks/records/cpu/2026-12-01-demo.json": ["logits[kv=<col>].kl_mean", "logits[kv=<col>].top1"],
     "benchmarks/records/cpu/2026-12-03-fork-parity.json": [
         "runs.gemma3-fork-<col>.logits[kv=q8_0/turbo3@fork-<col>].kl_mean",
@@ -2545,3 +2550,15 @@ def test_fork_parity_model_path_numbers_are_read_from_the_pages():
         assert q <= said and np.isclose(said, rounded_up(q)), (page, said, q)
     said = quoted("docs/parity.md", r"at most ([0-9.e-]+) of the\s*oracle's bound")
     assert ratio <= said and np.isclose(said, rounded_up(ratio)), (said, ratio)
+
+
+def test_settings_as_values_ab_ran_the_same_plans():
+    """BENCHMARKS.md: "the same plans" before and after DecodeOptions, at every context of every process."""
+    rec = record("benchmarks/records/h200/2026-12-03-decode-options-ab.json")
+    assert once("the same plans (the record's `plan` of every context)", flat(text(CURRENT)))
+    keys = ("kernel", "splits", "warps", "tile", "chunks", "stages", "dyn_smem", "q_precision", "v_decode")
+    plans = {}
+    for run in rec["bench_attention"]:
+        for c in run["contexts"]:
+            plans.setdefault(c["context"], set()).add(tuple(c["plan"].get(k) for k in keys))
+    assert len(plans) == 3 and all(len(p) == 1 for p in plans.values()), plans
