@@ -231,12 +231,14 @@ QUANTIZABLE_KINDS = frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "ffn
 @dataclass
 class QuantizedWeights:
     """What :func:`quantized_weights` returns: the arrays to save, mlx-lm's ``quantization`` config
-    (None when nothing went to MLX blocks), and per tensor where it went (``"affine"`` or a reason
-    for float32)."""
+    (None when nothing went to MLX blocks), per GGUF tensor where it went (``"Q4_K -> affine 4-bit,
+    group 32"``, ``"Q6_K -> float32"``) and why each float32 one is float32 (keyed by ggml type, or by
+    tensor name for a reason of that tensor's own)."""
 
     arrays: dict[str, np.ndarray]
     quantization: dict | None
     placed: dict[str, str]
+    why_float32: dict[str, str]
 
 
 def quantized_weights(c, cfg: dict, layout: str = "hf") -> QuantizedWeights:
@@ -254,15 +256,16 @@ def quantized_weights(c, cfg: dict, layout: str = "hf") -> QuantizedWeights:
     arrays: dict[str, np.ndarray] = {}
     per_layer: dict[str, dict | bool] = {}
     placed: dict[str, str] = {}
+    why_float32: dict[str, str] = {}
     for name, t in c.raw.items():
         target, kind = mlx_name(c, name)
         ref = dequantize_tensor(t, c.path.name)          # float32, numpy order (rows, n)
         type_name = t.tensor_type.name
         p = placement(type_name)
         module = target[: -len(".weight")] if target.endswith(".weight") else None
-        why = None
+        why, key = None, name
         if p.to != "affine":
-            why = f"{type_name}: {p.how}"
+            why, key = p.how, type_name
         elif module is None or kind not in QUANTIZABLE_KINDS or ref.ndim != 2:
             why = "not the weight matrix of a Linear or Embedding layer"
         elif ref.shape[1] % p.group_size:
@@ -281,15 +284,16 @@ def quantized_weights(c, cfg: dict, layout: str = "hf") -> QuantizedWeights:
             arrays[f"{module}.scales"] = mlx_rows(c, cfg, kind, s, layout)
             arrays[f"{module}.biases"] = mlx_rows(c, cfg, kind, b, layout)
             per_layer[module] = {"group_size": g, "bits": bits, "mode": "affine"}
-            placed[name] = f"affine {bits}-bit, group {g} ({type_name})"
+            placed[name] = f"{type_name} -> affine {bits}-bit, group {g}"
         else:
             arrays[target] = mlx_float(c, name, kind, mlx_rows(c, cfg, kind, ref, layout))
             if module is not None and kind in QUANTIZABLE_KINDS:
                 per_layer[module] = False
-            placed[name] = f"float32 ({why})"
+            placed[name] = f"{type_name} -> float32"
+            why_float32[key] = why
         del ref
     quant = None
     if any(v for v in per_layer.values()):
         first = next(v for v in per_layer.values() if v)
         quant = {"group_size": first["group_size"], "bits": first["bits"], "mode": "affine", **per_layer}
-    return QuantizedWeights(arrays, quant, placed)
+    return QuantizedWeights(arrays, quant, placed, why_float32)

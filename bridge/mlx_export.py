@@ -46,10 +46,10 @@ def write_mlx_dir(src: "str | os.PathLike[str]", out_dir: "str | os.PathLike[str
         raise GGUFModelError(f"{out}: already exists; choose a new directory")
     c = read_gguf(src, dequantize=not quantize)
     cfg = model_config(c, layout="hf")
-    placed = None
+    placed = why = None
     if quantize:
         q = quantized_weights(c, cfg, layout="hf")
-        weights, placed = q.arrays, q.placed
+        weights, placed, why = q.arrays, q.placed, q.why_float32
         if q.quantization is not None:
             cfg["quantization"] = q.quantization
             cfg["quantization_config"] = q.quantization
@@ -69,6 +69,7 @@ def write_mlx_dir(src: "str | os.PathLike[str]", out_dir: "str | os.PathLike[str
                        "dtype": "float32" if placed is None else "mlx affine where exact, float32 elsewhere"}
     if placed is not None:
         cfg["tqbridge"]["placed"] = placed
+        cfg["tqbridge"]["why_float32"] = why
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
