@@ -54,8 +54,8 @@ class Placement:
     how: str = ""             # the mapping (affine) or why not (float32)
 
 
-_GROUP16 = ("its sub-blocks of 16 values each have their own scale; MLX's smallest affine group is 32, "
-            "and a group of 32 with two scales has no single scale*code + bias")
+_GROUP16 = ("sub-blocks of 16 values, a scale each; MLX's smallest affine group is 32, and two scales "
+            "in one group have no single scale*code + bias")
 _TABLE = "its codes index a fixed non-linear table, not an evenly spaced grid"
 
 PLACEMENTS: dict[str, Placement] = {

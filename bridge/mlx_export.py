@@ -57,7 +57,7 @@ def write_mlx_dir(src: "str | os.PathLike[str]", out_dir: "str | os.PathLike[str
         weights = mlx_weights(c, cfg, layout="hf")
     try:
         sample = evaluation_text()[0][:20000]
-        tok_files = hf_tokenizer_files(src, sample)
+        tok_files = hf_tokenizer_files(src, sample, metadata=c.metadata)
         note = "tokenizer.json rebuilt from the GGUF; ids checked against llama.cpp on 20,000 characters"
     except TokenizerExportError as e:
         tok_files, note = {}, f"no tokenizer files: {e}"
