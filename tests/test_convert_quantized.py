@@ -122,6 +122,38 @@ def test_docs_quote_the_table():
     assert placement_table() in doc
 
 
+RECORD = "benchmarks/cpu-2026-12-03-convert-quantized.json"
+_NAMES = {"smollm2": "SmolLM2-135M (Q4_1)", "gemma3": "Gemma 3 270M (Q4_K_M)"}
+
+
+def test_docs_measured_table_is_the_record():
+    """docs/conversions.md's measured table and reading quote the record (row per model, every cell)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    doc = (root / "docs" / "conversions.md").read_text()
+    rec = json.loads((root / RECORD).read_text())
+    assert RECORD in doc
+    for model, v in rec["models"].items():
+        q, f, mem = v["quantized"], v["float"], v["load_memory"]
+        lq = v["logits"]["llama_vs_quantized"]
+        assert v["logits"]["quantized_vs_float"]["max_abs"] == 0.0          # the "identical" cell
+        assert v["logits"]["llama_vs_float"] == lq
+        row = (f"| {_NAMES[model]} | {v['gguf_bytes'] / 1e6:.1f} | {q['dir_bytes'] / 1e6:.1f} ({q['dir_vs_gguf']:.2f}×) | "
+               f"{f['dir_bytes'] / 1e6:.1f} ({f['dir_vs_gguf']:.2f}×) | "
+               f"{mem['quantized']['peak_rss_mb']:.1f} / {mem['float']['peak_rss_mb']:.1f} / "
+               f"{mem['baseline (imports only)']['peak_rss_mb']:.1f} | "
+               f"{mem['quantized']['mlx_active_mb']:.1f} / {mem['float']['mlx_active_mb']:.1f} | "
+               f"{lq['kl_mean']:.2e}, {100 * lq['top1']:.1f}% | identical |")
+        assert doc.count(row) == 1, row
+    s, g = rec["models"]["smollm2"], rec["models"]["gemma3"]
+    flat = " ".join(doc.split())
+    assert f"holds at {g['quantized']['dir_vs_gguf']:.2f}×" in flat
+    assert g["quantized"]["dir_vs_gguf"] <= 1.5
+    assert (f"takes {s['quantized']['wall_s']:.1f} s (SmolLM2) and {g['quantized']['wall_s']:.1f} s (Gemma 3) "
+            f"quantized, {s['float']['wall_s']:.1f} s and {g['float']['wall_s']:.1f} s with") in flat
+
+
 def test_cli_refuses_dequantize_for_gguf_f32(capsys):
     from tqbridge.tools.cli import main
 
@@ -166,7 +198,8 @@ def _check_directory(gguf_path, out, arch: str) -> dict:
         module = target[: -len(".weight")]
         if f"{module}.scales" not in weights:
             assert cfg["tqbridge"]["placed"][name] == f"{type_name} -> float32", name
-            assert placement(type_name).to == "float32" or blocks.shape[0] == 1, name   # or a 1-D tensor
+            assert (placement(type_name).to == "float32" or blocks.shape[0] == 1       # or a 1-D tensor
+                    or name in cfg["tqbridge"]["why_float32"]), name                    # or a reason of its own
             continue
         q = cfg["quantization"][module]
         got = dequantize_mlx(weights[f"{module}.weight"], weights[f"{module}.scales"], weights[f"{module}.biases"],
@@ -182,10 +215,12 @@ def _check_directory(gguf_path, out, arch: str) -> dict:
 @pytest.mark.model
 def test_smollm2_quantized_directory(tmp_path):
     """SmolLM2 (Q4_1, token embedding Q8_0): `convert` quantizes by default; mlx_lm.load takes the
-    directory (tokenizer included); logits equal the float-converted model's."""
+    directory (tokenizer included); its logits are the float model's: the same model with its layers
+    dequantized by mlx-lm, whose weights the directory check has just shown to be gguf-py's, i.e. the
+    `--dequantize` model's (the synthetic test compares with that one directly)."""
     import mlx_lm
+    from mlx_lm.utils import dequantize_model, load_model
 
-    from tqbridge.bridge.gguf_model import load_gguf_model
     from tqbridge.parity.harness.metrics import compare_logits
     from tqbridge.tools.cli import main
 
@@ -200,7 +235,7 @@ def test_smollm2_quantized_directory(tmp_path):
     assert type(model.model.layers[0].mlp.down_proj).__name__ == "QuantizedLinear"
     assert type(model.model.embed_tokens).__name__ == "QuantizedEmbedding"
     x = mx.array([tok.encode("The converted directory loads as any quantized mlx-lm model does.")[:32]])
-    ref = np.array(load_gguf_model(src, layout="hf")[0](x)[0])
+    ref = np.array(dequantize_model(load_model(out)[0])(x)[0])
     m = compare_logits(ref, np.array(model(x)[0]))
     print(f"smollm2 quantized vs float: kl_mean {m['kl_mean']:.3g}, max |d logit| {m['max_abs']:.3g}, "
           f"{size / src.stat().st_size:.2f}x the GGUF")
@@ -231,3 +266,91 @@ def test_gemma3_quantized_directory(tmp_path):
     assert type(model.model.embed_tokens).__name__ == "QuantizedEmbedding"      # tied: the output head too
     logits = model(mx.array([[2, 818, 5279, 529, 7001, 563]]))
     assert logits.shape == (1, 6, cfg["vocab_size"]) and bool(mx.isfinite(logits).all())
+
+
+# ---- a synthetic model: every affine type, a float-only type, and a block no triplet reproduces -----
+
+def _small_blocks(type_name: str, rows: int, n: int, seed: int) -> np.ndarray:
+    """Random blocks whose fp16 scale fields are small positive or negative values (a usable model)."""
+    b = _random_blocks(type_name, rows, n, seed)
+    bs, ts = gguf.GGML_QUANT_SIZES[QT[type_name]]
+    blocks = b.reshape(-1, ts)
+    rng = np.random.default_rng(seed + 1)
+    for off in ((0, 2) if type_name in ("Q4_K", "Q5_K", "Q4_1", "Q5_1") else (0,)):
+        v = (rng.uniform(0.002, 0.01, blocks.shape[0]) * rng.choice([-1, 1], blocks.shape[0])).astype(np.float16)
+        blocks[:, off:off + 2] = v.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def _write_mixed_llama(path, poison: bool = False):
+    from tqbridge.parity.plugin.parsers.gguf_target import add_tiny_vocab
+
+    d, n_head, n_kv, hd, ff, n_vocab = 256, 4, 2, 64, 512, 512
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(str(path), "llama")
+    add_tiny_vocab(w, n_vocab)
+    for f, v in (("add_context_length", 256), ("add_embedding_length", d), ("add_block_count", 1),
+                 ("add_feed_forward_length", ff), ("add_head_count", n_head), ("add_head_count_kv", n_kv),
+                 ("add_key_length", hd), ("add_value_length", hd), ("add_layer_norm_rms_eps", 1e-6),
+                 ("add_rope_freq_base", 10000.0), ("add_rope_dimension_count", hd)):
+        getattr(w, f)(v)
+    kinds = {"attn_q": ("Q4_K", n_head * hd, d), "attn_k": ("Q5_K", n_kv * hd, d), "attn_v": ("Q4_0", n_kv * hd, d),
+             "attn_output": ("Q5_1", d, n_head * hd), "ffn_gate": ("Q4_1", ff, d), "ffn_up": ("F16", ff, d),
+             "ffn_down": ("Q5_0", d, ff)}
+    emb = _small_blocks("Q8_0", n_vocab, d, 1)
+    w.add_tensor("token_embd.weight", emb, raw_dtype=QT.Q8_0)
+    w.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(d)).astype(np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", (1 + 0.1 * rng.standard_normal(d)).astype(np.float32))
+    w.add_tensor("blk.0.ffn_norm.weight", (1 + 0.1 * rng.standard_normal(d)).astype(np.float32))
+    for i, (kind, (t, rows, n)) in enumerate(kinds.items()):
+        if t == "F16":
+            w.add_tensor(f"blk.0.{kind}.weight", (0.05 * rng.standard_normal((rows, n))).astype(np.float16))
+            continue
+        blocks = _small_blocks(t, rows, n, 10 + i)
+        if poison and kind == "attn_v":   # one block's d is -inf: ggml gives +-inf where scale*q + bias is NaN
+            blocks[3, 0:2] = np.array([np.float16(-np.inf)]).view(np.uint8)
+        w.add_tensor(f"blk.0.{kind}.weight", blocks, raw_dtype=QT[t])
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    return path
+
+
+def test_mixed_synthetic_model(tmp_path):
+    """A llama (Q/K rows permuted to Hugging Face order, quantized codes and scales alike) with Q8_0,
+    Q4_K, Q5_K, Q4_0, Q5_1, Q4_1, Q5_0 and an F16 weight: every affine tensor converts exactly, the F16
+    one stays float32, and mlx-lm's model of the directory computes the float model's logits."""
+    from mlx_lm.utils import load_model
+
+    from tqbridge.bridge.gguf_model import load_gguf_model
+    from tqbridge.bridge.mlx_export import write_mlx_dir
+    from tqbridge.parity.harness.metrics import compare_logits
+
+    src = _write_mixed_llama(tmp_path / "mixed.gguf")
+    out = write_mlx_dir(src, tmp_path / "mixed-mlx", quantize=True)
+    counts = _check_directory(src, out, "llama")
+    assert counts == {"Q8_0": 1, "Q4_K": 1, "Q5_K": 1, "Q4_0": 1, "Q5_1": 1, "Q4_1": 1, "Q5_0": 1}
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["quantization"]["model.layers.0.mlp.up_proj"] is False
+    assert set(cfg["tqbridge"]["why_float32"]) == {"F32", "F16"}
+    model, _ = load_model(out)
+    ids = mx.array([[1, 5, 77, 300, 2, 9, 411, 18]])
+    want = np.array(load_gguf_model(src, layout="hf")[0](ids)[0])
+    m = compare_logits(want, np.array(model(ids)[0]))
+    assert np.isfinite(want).all() and want.std() > 0.1
+    assert m["kl_mean"] <= 1e-6 and m["top1"] == 1.0, m
+
+
+def test_a_tensor_no_triplet_reproduces_stays_float32(tmp_path):
+    """An infinite d in a Q4_0 block: ggml decodes +-inf, MLX's scale*code + bias would give NaN. The
+    tensor stays float32 and config.json says why, by name; the other tensors are unaffected."""
+    from tqbridge.bridge.mlx_export import write_mlx_dir
+
+    src = _write_mixed_llama(tmp_path / "poisoned.gguf", poison=True)
+    with np.errstate(invalid="ignore"):
+        out = write_mlx_dir(src, tmp_path / "poisoned-mlx", quantize=True)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["tqbridge"]["placed"]["blk.0.attn_v.weight"] == "Q4_0 -> float32"
+    assert "infinite d" in cfg["tqbridge"]["why_float32"]["blk.0.attn_v.weight"]
+    assert cfg["quantization"]["model.layers.0.self_attn.v_proj"] is False
+    assert cfg["tqbridge"]["placed"]["blk.0.attn_q.weight"] == "Q4_K -> affine 4-bit, group 32"
+    v = mx.load(str(out / "model.safetensors"))["model.layers.0.self_attn.v_proj.weight"]
+    assert v.dtype == mx.float32 and bool(mx.isinf(v).any())
