@@ -43,4 +43,20 @@ def run(args) -> int:
         raise CliError(str(e)) from e
     kind = args.to if args.to != "mlx" else ("mlx, float32" if args.dequantize else "mlx, quantized where exact")
     print(f"wrote {out} ({kind}) from {src.name} in {time.perf_counter() - t0:.1f} s")
+    if args.to == "mlx" and not args.dequantize:
+        _print_placed(out)
     return 0
+
+
+def _print_placed(out: Path) -> None:
+    """Where the GGUF's tensors went (config.json's tqbridge.placed, counted), and why the float32 ones."""
+    import json
+
+    info = json.loads((out / "config.json").read_text()).get("tqbridge", {})
+    counts: dict[str, int] = {}
+    for where in info.get("placed", {}).values():
+        counts[where] = counts.get(where, 0) + 1
+    for where, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        print(f"  {n:5d} x {where}")
+    for key, why in info.get("why_float32", {}).items():
+        print(f"  float32 {key}: {why}")
