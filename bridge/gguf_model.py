@@ -67,6 +67,8 @@ class GGUFContents:
     metadata: dict[str, Any]
     tensors: dict[str, np.ndarray] = field(repr=False)
     tensor_types: dict[str, str] = field(repr=False)
+    # gguf-py's ReaderTensor per name (raw blocks, memory-mapped); filled by read_gguf(dequantize=False)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 def open_reader(path: "str | os.PathLike[str]"):
@@ -105,8 +107,12 @@ def dequantize_tensor(t, file_name: str) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.float32).reshape(shape)
 
 
-def read_gguf(path: "str | os.PathLike[str]") -> GGUFContents:
-    """Read metadata and dequantize every tensor to float32 (exact: gguf-py's dequantizers)."""
+def read_gguf(path: "str | os.PathLike[str]", dequantize: bool = True) -> GGUFContents:
+    """Read metadata and dequantize every tensor to float32 (exact: gguf-py's dequantizers).
+
+    ``dequantize=False``: ``tensors`` holds shape-only placeholders (read-only zero-stride float32
+    arrays: the checks on shapes work, nothing is allocated) and ``raw`` gguf-py's tensors, whose
+    blocks the caller converts one at a time (:mod:`tqbridge.bridge.gguf_mlx_quant`)."""
     import gguf
 
     path = Path(path)
@@ -125,11 +131,16 @@ def read_gguf(path: "str | os.PathLike[str]") -> GGUFContents:
         raise GGUFModelError(
             f"{path.name}: architecture {_shown(arch)} is not supported "
             f"(supported: {', '.join(ARCHITECTURES)})")
-    tensors, types = {}, {}
+    tensors, types, raw = {}, {}, {}
     for t in reader.tensors:
-        tensors[t.name] = dequantize_tensor(t, path.name)
+        if dequantize:
+            tensors[t.name] = dequantize_tensor(t, path.name)
+        else:
+            shape = tuple(int(s) for s in reversed(t.shape))
+            tensors[t.name] = np.broadcast_to(np.float32(0), shape)
+            raw[t.name] = t
         types[t.name] = t.tensor_type.name
-    return GGUFContents(path, arch, meta, tensors, types)
+    return GGUFContents(path, arch, meta, tensors, types, raw)
 
 
 def _meta(c: GGUFContents, key: str, default: Any = None, required: bool = True) -> Any:
@@ -275,31 +286,46 @@ def qk_rows(w: np.ndarray, n_head: int, arch: str, layout: str) -> np.ndarray:
     return w.reshape(n_head, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def mlx_name(c: GGUFContents, name: str) -> tuple[str, str]:
+    """A GGUF tensor name -> (its mlx-lm parameter name, its GGUF kind such as ``attn_q``)."""
+    names = _LAYER_NAMES[c.arch]
+    parts = name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in names:
+        layer, kind, suffix = parts[1], parts[2], parts[3]
+        return f"model.layers.{layer}.{names[kind]}.{suffix}", kind
+    if len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
+        kind, suffix = parts[0], parts[1]
+        return f"{_GLOBAL_NAMES[kind]}.{suffix}", kind
+    raise GGUFModelError(f"{c.path.name}: tensor {name} has no place in an mlx-lm {c.arch} model")
+
+
+def mlx_rows(c: GGUFContents, cfg: dict[str, Any], kind: str, rows: np.ndarray, layout: str) -> np.ndarray:
+    """The rows (axis 0) of a tensor of ``kind`` in the requested Q/K layout: float weights, or the packed
+    codes, scales and biases of a quantized one (a row's blocks move with it)."""
+    if kind == "attn_q":
+        return qk_rows(rows, cfg["num_attention_heads"], c.arch, layout)
+    if kind == "attn_k":
+        return qk_rows(rows, cfg["num_key_value_heads"], c.arch, layout)
+    return rows
+
+
+def mlx_float(c: GGUFContents, name: str, kind: str, arr: np.ndarray) -> np.ndarray:
+    """A float tensor as mlx-lm holds it: Gemma's norms lose the 1 the GGUF adds (checked exact)."""
+    if c.arch == "gemma3" and kind.endswith("norm"):
+        # The GGUF stores (1 + w); mlx-lm's Gemma RMSNorm adds the 1 itself.
+        shifted = arr - np.float32(1.0)
+        if not np.array_equal(shifted + np.float32(1.0), arr):
+            raise GGUFModelError(f"{c.path.name}: {name}: (w + 1) - 1 is not exact in float32")
+        return shifted
+    return arr
+
+
 def mlx_weights(c: GGUFContents, cfg: dict[str, Any], layout: str = "ggml") -> dict[str, np.ndarray]:
     """GGUF tensor names -> mlx-lm parameter names, float32 numpy arrays."""
-    names = _LAYER_NAMES[c.arch]
     out: dict[str, np.ndarray] = {}
     for name, arr in c.tensors.items():
-        parts = name.split(".")
-        if parts[0] == "blk" and len(parts) == 4 and parts[2] in names:
-            layer, kind, suffix = parts[1], parts[2], parts[3]
-            target = f"model.layers.{layer}.{names[kind]}.{suffix}"
-        elif len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
-            kind, suffix = parts[0], parts[1]
-            target = f"{_GLOBAL_NAMES[kind]}.{suffix}"
-        else:
-            raise GGUFModelError(f"{c.path.name}: tensor {name} has no place in an mlx-lm {c.arch} model")
-        if kind == "attn_q":
-            arr = qk_rows(arr, cfg["num_attention_heads"], c.arch, layout)
-        elif kind == "attn_k":
-            arr = qk_rows(arr, cfg["num_key_value_heads"], c.arch, layout)
-        if c.arch == "gemma3" and kind.endswith("norm"):
-            # The GGUF stores (1 + w); mlx-lm's Gemma RMSNorm adds the 1 itself.
-            shifted = arr - np.float32(1.0)
-            if not np.array_equal(shifted + np.float32(1.0), arr):
-                raise GGUFModelError(f"{c.path.name}: {name}: (w + 1) - 1 is not exact in float32")
-            arr = shifted
-        out[target] = arr
+        target, kind = mlx_name(c, name)
+        out[target] = mlx_float(c, name, kind, mlx_rows(c, cfg, kind, arr, layout))
     return out
 
 

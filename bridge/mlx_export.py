@@ -13,13 +13,20 @@ from pathlib import Path
 import numpy as np
 
 from .evaluation_text import evaluation_text
+from .gguf_mlx_quant import quantized_weights
 from .gguf_model import GGUFModelError, mlx_weights, model_config, read_gguf
 from .mlx_blas import prefer_fast_blas
 from .tokenizer import TokenizerExportError, hf_tokenizer_files
 
 
-def write_mlx_dir(src: "str | os.PathLike[str]", out_dir: "str | os.PathLike[str]") -> Path:
-    """Write an mlx-lm model directory (``config.json`` + ``model.safetensors``, float32, HF row order).
+def write_mlx_dir(src: "str | os.PathLike[str]", out_dir: "str | os.PathLike[str]", *,
+                  quantize: bool = False) -> Path:
+    """Write an mlx-lm model directory (``config.json`` + ``model.safetensors``, HF row order).
+
+    ``quantize=False``: every tensor float32 (gguf-py's exact dequantization). ``quantize=True``: the
+    weights whose ggml type MLX's affine layout holds exactly go to MLX quantized layers, the rest
+    float32 (:mod:`tqbridge.bridge.gguf_mlx_quant`; config.json gets mlx-lm's per-layer
+    ``quantization`` and, under ``tqbridge.placed``, where each tensor went and why).
 
     Byte-level BPE tokenizers (SmolLM2's kind) are also written as Hugging Face tokenizer files,
     after checking their ids against llama.cpp's on a sample text; then ``mlx_lm.load(out_dir)``
@@ -37,12 +44,20 @@ def write_mlx_dir(src: "str | os.PathLike[str]", out_dir: "str | os.PathLike[str
     src, out = Path(src), Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise GGUFModelError(f"{out}: already exists; choose a new directory")
-    c = read_gguf(src)
+    c = read_gguf(src, dequantize=not quantize)
     cfg = model_config(c, layout="hf")
-    weights = mlx_weights(c, cfg, layout="hf")
+    placed = why = None
+    if quantize:
+        q = quantized_weights(c, cfg, layout="hf")
+        weights, placed, why = q.arrays, q.placed, q.why_float32
+        if q.quantization is not None:
+            cfg["quantization"] = q.quantization
+            cfg["quantization_config"] = q.quantization
+    else:
+        weights = mlx_weights(c, cfg, layout="hf")
     try:
         sample = evaluation_text()[0][:20000]
-        tok_files = hf_tokenizer_files(src, sample)
+        tok_files = hf_tokenizer_files(src, sample, metadata=c.metadata)
         note = "tokenizer.json rebuilt from the GGUF; ids checked against llama.cpp on 20,000 characters"
     except TokenizerExportError as e:
         tok_files, note = {}, f"no tokenizer files: {e}"
@@ -50,7 +65,11 @@ def write_mlx_dir(src: "str | os.PathLike[str]", out_dir: "str | os.PathLike[str
         v = c.metadata.get(f"tokenizer.ggml.{key}")
         if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= int(v) < cfg["vocab_size"]:
             cfg[key] = int(v)
-    cfg["tqbridge"] = {"source": src.name, "dtype": "float32", "tokenizer_note": note}
+    cfg["tqbridge"] = {"source": src.name, "tokenizer_note": note,
+                       "dtype": "float32" if placed is None else "mlx affine where exact, float32 elsewhere"}
+    if placed is not None:
+        cfg["tqbridge"]["placed"] = placed
+        cfg["tqbridge"]["why_float32"] = why
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

@@ -123,11 +123,20 @@ class TokenizerExportError(ValueError):
     """The GGUF's tokenizer cannot be written as Hugging Face tokenizer files (one line says why)."""
 
 
-def hf_tokenizer_files(gguf_path: "str | os.PathLike[str]", sample: str) -> dict[str, str]:
+def _refuse_kind(kind, pre) -> None:
+    if kind != "gpt2" or pre not in _BYTE_LEVEL_PRE:
+        raise TokenizerExportError(f"tokenizer {str(kind)[:40]!r} with pre-tokenizer {str(pre)[:40]!r} is not "
+                                   f"exported (supported: byte-level BPE with {', '.join(_BYTE_LEVEL_PRE)})")
+
+
+def hf_tokenizer_files(gguf_path: "str | os.PathLike[str]", sample: str,
+                       metadata: "dict | None" = None) -> dict[str, str]:
     """``tokenizer.json`` and ``tokenizer_config.json`` contents reproducing the GGUF's tokenizer.
 
     Raises :class:`TokenizerExportError` for vocabularies we do not rebuild, or when the rebuilt
-    tokenizer's ids differ from llama.cpp's on ``sample``.
+    tokenizer's ids differ from llama.cpp's on ``sample``. ``metadata``: the file's metadata where the
+    caller has read it already (``read_gguf``'s): a tokenizer kind we do not rebuild is then refused
+    before gguf-py reads the whole vocabulary (seconds on a 262k-token one).
     """
     import json
 
@@ -135,6 +144,9 @@ def hf_tokenizer_files(gguf_path: "str | os.PathLike[str]", sample: str) -> dict
 
     from .gguf_model import GGUFModelError, open_reader
 
+    kind = (metadata or {}).get("tokenizer.ggml.model")
+    if isinstance(kind, str) and kind != "gpt2":   # anything else (a missing or unreadable kind) below
+        _refuse_kind(kind, (metadata or {}).get("tokenizer.ggml.pre", "default"))
     try:
         check_vocabulary(gguf_path)
         r = open_reader(gguf_path)
@@ -149,9 +161,7 @@ def hf_tokenizer_files(gguf_path: "str | os.PathLike[str]", sample: str) -> dict
             raise TokenizerExportError(f"{key} holds a string that is not UTF-8") from None
 
     kind, pre = get("tokenizer.ggml.model"), get("tokenizer.ggml.pre", "default")
-    if kind != "gpt2" or pre not in _BYTE_LEVEL_PRE:
-        raise TokenizerExportError(f"tokenizer {str(kind)[:40]!r} with pre-tokenizer {str(pre)[:40]!r} is not "
-                                   f"exported (supported: byte-level BPE with {', '.join(_BYTE_LEVEL_PRE)})")
+    _refuse_kind(kind, pre)
     toks = get("tokenizer.ggml.tokens")
     types = get("tokenizer.ggml.token_type", [1] * len(toks))
     merges = [tuple(m.split(" ", 1)) for m in get("tokenizer.ggml.merges", [])]

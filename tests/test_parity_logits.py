@@ -95,7 +95,8 @@ def test_gemma3_exact_weights_f16():
 
 
 def test_convert_smollm2_to_mlx_lm_directory(smollm2, tmp_path):
-    """`tqbridge convert --to mlx` gives a directory mlx_lm.load takes, tokenizer included."""
+    """`tqbridge convert --to mlx --dequantize` gives a directory mlx_lm.load takes, tokenizer included, with
+    the float model's weights (the quantized default: tests/test_convert_quantized.py)."""
     import mlx.core as mx
     import mlx_lm
     import numpy as np
@@ -105,7 +106,7 @@ def test_convert_smollm2_to_mlx_lm_directory(smollm2, tmp_path):
     from tqbridge.tools.cli import main
 
     out = tmp_path / "smollm2-mlx"
-    assert main(["convert", str(smollm2), "--to", "mlx", str(out)]) == 0
+    assert main(["convert", str(smollm2), "--to", "mlx", str(out), "--dequantize"]) == 0
     model, tok = mlx_lm.load(str(out))
     text = parity_text()[0][20000:40000]  # not the part the export was checked on
     ids = GGUFTokenizer(smollm2).encode(text)
