@@ -122,7 +122,7 @@ def test_docs_quote_the_table():
     assert placement_table() in doc
 
 
-RECORD = "benchmarks/cpu-2026-12-03-convert-quantized.json"
+RECORD = "benchmarks/records/cpu/2026-12-03-convert-quantized.json"
 _NAMES = {"smollm2": "SmolLM2-135M (Q4_1)", "gemma3": "Gemma 3 270M (Q4_K_M)"}
 
 
@@ -132,7 +132,9 @@ def test_docs_measured_table_is_the_record():
 
     root = Path(__file__).resolve().parent.parent
     doc = (root / "docs" / "conversions.md").read_text()
-    rec = json.loads((root / RECORD).read_text())
+    from tqbridge.tools.records import results
+
+    rec = results(root / RECORD)
     assert RECORD in doc
     for model, v in rec["models"].items():
         q, f, mem = v["quantized"], v["float"], v["load_memory"]

@@ -1,7 +1,7 @@
 """Measure `tqbridge convert MODEL --to mlx DIR` (quantized, the default) against `--dequantize` and write
 one JSON record (docs/conversions.md quotes it).
 
-    .venv/bin/python benchmarks/record_convert_quantized.py OUT.json [--models smollm2,gemma3] [--tokens 128]
+    .venv/bin/python benchmarks/scripts/record_convert_quantized.py OUT.json [--models smollm2,gemma3] [--tokens 128]
 
 Per model: both conversions (wall time, directory bytes vs the GGUF's bytes); the peak resident memory
 (``VmHWM`` of /proc/self/status) of a fresh process that loads each directory with mlx-lm's loader
@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from record_env import header
+from record_env import header, write_record
 
 _LOAD = r"""
 import json, resource, sys
@@ -133,17 +133,15 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--models", default="smollm2,gemma3")
     ap.add_argument("--tokens", type=int, default=128)
     args = ap.parse_args(argv)
-    from tqbridge.bridge.atomic import write_atomic
-
     record = {**header(("tqbridge", "mlx", "mlx-lm", "gguf", "llama_cpp_python", "numpy")),
-              "script": f"benchmarks/record_convert_quantized.py --models {args.models} --tokens {args.tokens} OUT.json",
+              "script": f"benchmarks/scripts/record_convert_quantized.py --models {args.models} --tokens {args.tokens} OUT.json",
               "models": {}}
     with tempfile.TemporaryDirectory(prefix="tqbridge-convert-record-") as tmp:
         for model in args.models.split(","):
             print(f"{model} ...", file=sys.stderr, flush=True)
             record["models"][model] = run_model(model, args.tokens, Path(tmp))
             print(json.dumps(record["models"][model], indent=1), file=sys.stderr, flush=True)
-    write_atomic(args.out, json.dumps(record, indent=1) + "\n")
+    write_record(args.out, record, hardware="cpu", command=record["script"])
     return 0
 
 
