@@ -2,7 +2,7 @@
 
 ``build(kernel, static, backend)`` compiles once and caches; the result is called with the
 per-call buffers (lengths and offsets go in a parameter buffer, never in ``static``). Which backend
-``"auto"`` means is :mod:`.backend`'s answer (``resolve`` and ``backends`` are re-exported here).
+``"auto"`` means is :mod:`.backend`'s answer.
 ``last_path()`` tells which path the latest dispatch in this thread ran.
 """
 
@@ -13,8 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .backend import BACKEND_NAMES, _mlx, backends, resolve  # noqa: F401  (re-exported)
-from .backend import gpu_is_default as _gpu_is_default, gpu_kind as _gpu_kind  # noqa: F401  (metal/lm/codecs.py)
+from .backend import _mlx, resolve
 from .kernel import Kernel, KernelError
 
 _cache: dict[tuple, Any] = {}

@@ -1,7 +1,7 @@
 """KV-cache quality: KL divergence of next-token distributions vs the f16 cache, and bytes per token.
 
 Every configuration (a K/V format pair) reads the same tokens in the same fixed chunks; the
-reference is the same model with an ``f16/f16`` :class:`~tqbridge.metal.cache.TQCache`. Per
+reference is the same model with an ``f16/f16`` :class:`~tqbridge.metal.lm.cache.TQCache`. Per
 position: ``KL(P_f16 || P_kv)`` of the softmax of the logits (natural log, nats) and whether the top-1
 tokens agree. Bytes per token are measured from the live cache arrays after the last chunk (the
 valid rows of every layer's K and V arrays, divided by the number of tokens; sliding-window layers
@@ -140,7 +140,7 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
     """Quality of each K/V configuration in ``kvs`` against the f16 cache on ``tokens``.
 
     A configuration may carry key calibration on its K side (``q5_1+mean+scale/q4_0``, see
-    :mod:`tqbridge.metal.calibration`); its arrays count in the bytes.
+    :mod:`tqbridge.metal.lm.calibration`); its arrays count in the bytes.
     Returns one dict per configuration, the reference (``f16/f16``) first: kv, kl_mean, kl_max,
     top1, bytes_per_token, bits_per_value, compression_vs_f16, positions, paths, layers.
     ``progress(n)`` is called after each chunk with the number of positions done.

@@ -1,4 +1,6 @@
-"""The TurboQuant rotation: C operation order, inverse, orthogonality, numpy == MLX bit for bit."""
+"""The TurboQuant rotation: the inverse against the fork's own C (its ggml_turbo_wht, through the decode
+goldens) bit for bit; the forward against a transcription of the C operation order; inverse,
+orthogonality, numpy == MLX bit for bit."""
 
 import numpy as np
 import pytest
@@ -42,8 +44,29 @@ def test_sign_tables_match_the_spec_and_are_read_only():
     assert rotation.SCALES[128] == np.float32(0.08838834764831845) and rotation.SCALES[64] == np.float32(0.125)
 
 
+@pytest.mark.parametrize("variant", ["fork-69d8e4b", "fork-pr197"])
+def test_inverse_is_the_forks_c_bit_for_bit(variant):
+    """The decode goldens (tests/data/turbo/PROVENANCE.md) hold each row as the fork's C decoded it, in
+    the rotated basis and after its CPU inverse rotation: our inverse of the first is the second, every
+    float32 bit (3 types x (232 rows of 128, 256 and 512 values + 512 random blocks): 6,408 groups of 128)."""
+    from pathlib import Path
+
+    d = np.load(Path(__file__).parent / "data" / "turbo" / f"{variant}-decoded.npz")
+    rows = 0
+    for key in d.files:
+        if key.endswith("_rotated"):
+            rot, want = d[key], d[key.replace("_rotated", "_original")]
+            got = rotation.inverse(rot.reshape(-1, 128), 128).reshape(rot.shape)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), key
+            rows += rot.size // 128
+    assert rows == 3 * (232 * (1 + 2 + 4) + 512), rows
+
+
 @pytest.mark.parametrize("group", GROUPS)
-def test_forward_follows_the_c_operation_order_bit_for_bit(group):
+def test_forward_follows_a_transcription_of_the_c_operation_order_bit_for_bit(group):
+    """Against ``_c_order_forward``, written from the fork's description of turbo_cpu_fwht (the forward
+    has no C output in the goldens of its own; the quantizer's golden bytes check it through the
+    encode, tests/test_turbo_golden.py)."""
     rng = np.random.default_rng(group)
     x = (rng.standard_normal((4, group)) * np.array([[1e-3], [1.0], [7.0], [1e4]])).astype(np.float32)
     s1, s2 = rotation.sign_tables(group)

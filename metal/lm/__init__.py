@@ -13,8 +13,7 @@ Modules::
     decode_bench  `tqbridge bench decode`: end-to-end decode against mlx-lm's own caches
 
 The names below are imported on first use, so importing the package (or ``calibration``) does not
-import mlx-lm. The old paths ``tqbridge.metal.cache`` / ``routing`` / ``calibration`` /
-``decode_bench`` still import: they are the same module objects as the ones here.
+import mlx-lm.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Two comparisons per K/V pair, both on llama.cpp's state blob (:mod:`tqbridge.bri
   quantized by tqbridge, against the blocks llama.cpp wrote for that layer. At layer 0 the K/V
   rows do not depend on the cache type, so the quantizer's input is bit-identical and the bytes
   must be too.
-- **runtimes** — the blocks of tqbridge's MLX cache (:class:`tqbridge.metal.cache.TQCache`) after
+- **runtimes** — the blocks of tqbridge's MLX cache (:class:`tqbridge.metal.lm.cache.TQCache`) after
   an independent MLX forward pass, layer by layer: the share of differing blocks and values. Even
   layer 0 is not bit-identical at the float level (RoPE and matmul summation order differ by ulps),
   and from layer 1 on the two attentions differ (ggml's CPU flash attention rounds Q to the K
@@ -66,7 +66,7 @@ def same_input_check(f32_state: LlamaState, q_state: LlamaState, head_dim: int, 
                      rotation: bool = False, swa: "list[bool] | None" = None) -> dict[str, Any]:
     """What TQCache writes for llama.cpp's own float K/V of ``layer`` vs llama.cpp's blocks of it.
 
-    The float rows go through :class:`~tqbridge.metal.cache.TQCache` itself (its quantizer, its
+    The float rows go through :class:`~tqbridge.metal.lm.cache.TQCache` itself (its quantizer, its
     rotation, its layout), so this checks the cache a user runs, not a separate call of the bridge."""
     import mlx.core as mx
 

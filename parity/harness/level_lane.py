@@ -1,6 +1,6 @@
 """The GPU decode lane on a real model, run on the CPU emulator (``tqbridge parity --levels lane``).
 
-On a GPU, :class:`~tqbridge.metal.cache.TQCache` serves a decode step through its own lane: an
+On a GPU, :class:`~tqbridge.metal.lm.cache.TQCache` serves a decode step through its own lane: an
 in-place append kernel writes the step's rows into the cache buffers, a device copy grows the buffers
 and slides a window (``kv_append.relocate``), and the prepared fused attention reads the buffers with
 a runtime length (``offset - start``). Every other level runs TQCache's ops path on a CPU, so none of
@@ -83,7 +83,7 @@ def emulated_lane():
 
 @contextmanager
 def _observed(observe: Callable):
-    """Inside :func:`tqbridge.metal.routing.route_attention`: call ``observe(cache, queries, out, scale,
+    """Inside :func:`tqbridge.metal.lm.routing.route_attention`: call ``observe(cache, queries, out, scale,
     paths_before)`` after every routed attention call of a TQCache layer (the routed entry point is
     wrapped where route_attention installed it, and put back on exit)."""
     from mlx_lm.models import base

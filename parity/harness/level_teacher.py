@@ -6,7 +6,7 @@ with the cache type under test (:func:`tqbridge.bridge.llama_capture.capture_run
 and every layer of tqbridge is given exactly what that layer of llama.cpp was given:
 
 - **cache bytes (claim, exact)**: the float rows llama.cpp quantized into its cache (after RoPE and
-  after its Hadamard KV rotation) are appended to a :class:`~tqbridge.metal.cache.TQCache` (the
+  after its Hadamard KV rotation) are appended to a :class:`~tqbridge.metal.lm.cache.TQCache` (the
   user's cache: its quantizer, append path and layout; ``rotation="none"`` since the rows are
   rotated already), the prompt as one chunk and each decode step as one row. Its blocks must equal
   the bytes in llama.cpp's cache, **at every layer**, K and V.

@@ -4,7 +4,7 @@
   attention, logits for every position, the KV state blob, its automatic KV rotation on or off).
 - :class:`MLXRuntime`: the mlx-lm model built from the same GGUF (:mod:`tqbridge.bridge.gguf_model`)
   with a pluggable cache factory ``(model, k_format, v_format) -> list of per-layer caches``;
-  the default is tqbridge's block cache (:func:`tqbridge.metal.cache.make_cache`).
+  the default is tqbridge's block cache (:func:`tqbridge.metal.lm.cache.make_cache`).
 
 A KV configuration is a pair of format names, written ``K/V`` (``"f16"`` means ``f16/f16``).
 """
@@ -207,7 +207,7 @@ def tqbridge_cache_factory(model, k_format: str, v_format: str, rotation: bool =
     """tqbridge's block cache for every layer (sliding-window layers included).
 
     ``rotation``: rotate K/V rows of ggml quantized formats by a Hadamard matrix before quantizing,
-    as llama.cpp does by default (see ``tqbridge.metal.cache``); match it to the llama.cpp side.
+    as llama.cpp does by default (see ``tqbridge.metal.lm.cache``); match it to the llama.cpp side.
     """
     from tqbridge.metal.lm.cache import make_cache
 

@@ -2,7 +2,7 @@
 
 Forward: llama.cpp prefills the prompt; its sequence state blob is parsed
 (:mod:`tqbridge.bridge.llama_state`) and its raw blocks become the rows of one
-:class:`tqbridge.metal.cache.TQCache` per layer — no re-quantization, the bytes are llama.cpp's.
+:class:`tqbridge.metal.lm.cache.TQCache` per layer — no re-quantization, the bytes are llama.cpp's.
 MLX then decodes greedily from that cache. Reverse: MLX prefills into TQCache; its blocks are written
 as a sequence blob and restored into a llama.cpp context, which decodes on.
 
@@ -187,7 +187,7 @@ def greedy_mlx(model, cache: list, first: int, n: int, decode: "str | None" = No
     """Feed ``first`` then greedy tokens through the MLX model; the ``n`` tokens after ``first``.
 
     ``decode``: None for mlx-lm's own attention over the dequantized cache, or a mode of
-    :func:`tqbridge.metal.routing.route_attention` (``"kernel"``: the fused decode kernel).
+    :func:`tqbridge.metal.lm.routing.route_attention` (``"kernel"``: the fused decode kernel).
     """
     import contextlib
 
