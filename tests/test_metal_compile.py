@@ -1,0 +1,175 @@
+"""Every kernel body as Metal would compile it, type-checked by clang (libclang) against a
+declarations-only stand-in for the Metal standard library.
+
+No Mac runs CI, so the Metal path is never compiled by Apple's compiler here. What this checks, beyond
+the C++ syntax check of tests/test_emulator.py: Metal's address spaces as distinct pointer types
+(``device``, ``threadgroup``, ``constant`` are clang address spaces: a threadgroup pointer passed where
+a device pointer is expected fails), ``half`` as a real binary16 type and ``half2`` as a two-lane
+vector (arithmetic on them type-checks), every Metal name the preludes use declared with the
+signature they are called with, no C++ standard library (Metal has none), and the kernel signature as
+MLX generates it (inputs ``const device T*``, outputs ``device T*``, thread-position attributes). What
+only a Mac can check: the Metal compiler's own rules (e.g. which attributes it accepts where, its
+limits on threadgroup memory), its numerics, and that the kernels run. Threadgroup arrays are declared
+``extern`` here (clang's C++ has no threadgroup storage in function scope; the prelude's spelling is
+asserted before it is replaced).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# decided before any kernel source is made: the libclang wheel is in the `test` extra; without it, say why
+try:
+    from clang import cindex
+except ImportError as e:
+    _CLANG = f"libclang is not installed ({e}); pip install libclang"
+else:
+    try:
+        cindex.Index.create()
+        _CLANG = None
+    except cindex.LibclangError as e:
+        _CLANG = f"libclang does not load here: {e}"
+
+pytestmark = pytest.mark.skipif(_CLANG is not None, reason=_CLANG or "")
+
+import numpy as np  # noqa: E402
+
+from tqbridge import bridge  # noqa: E402
+from tqbridge.metal.kernel import Kernel  # noqa: E402
+
+METAL_STDLIB = r"""
+#pragma once
+#define device __attribute__((address_space(1)))
+#define constant __attribute__((address_space(2)))
+#define threadgroup __attribute__((address_space(3)))
+#define thread
+typedef unsigned long size_t;
+typedef long ptrdiff_t;
+typedef unsigned int uint;
+typedef unsigned short ushort;
+typedef unsigned char uchar;
+struct uint3 { uint x, y, z; };
+typedef _Float16 half;
+typedef half half2 __attribute__((ext_vector_type(2)));
+namespace metal {
+template <typename T, typename U> T as_type(U u) {
+    static_assert(sizeof(T) == sizeof(U), "as_type: sizes differ");
+    T t;
+    __builtin_memcpy(&t, &u, sizeof t);
+    return t;
+}
+namespace precise {
+float divide(float a, float b);
+float sqrt(float a);
+float exp(float a);
+float exp2(float a);
+}
+template <typename T> T simd_shuffle(T v, ushort lane);
+template <typename T> T simd_shuffle_xor(T v, ushort mask);
+template <typename T> T simd_broadcast(T v, ushort lane);
+enum class mem_flags { mem_none, mem_device, mem_threadgroup };
+void threadgroup_barrier(mem_flags flags);
+float fma(float a, float b, float c);
+float trunc(float a);
+float floor(float a);
+}
+"""
+
+SHARED_SPELLING = "#define TQ_SHARED_ARRAY(T, name, n) threadgroup T name[n]"
+
+
+def _source(kern: Kernel, static: dict) -> str:
+    from test_emulator import _metal_as_cpp
+
+    src = _metal_as_cpp(kern, static)
+    assert src.count(SHARED_SPELLING) == 1, "the Metal prelude's threadgroup-array spelling changed"
+    return src.replace(SHARED_SPELLING, "#define TQ_SHARED_ARRAY(T, name, n) extern threadgroup T name[n]")
+
+
+def clang_errors(src: str) -> "list[str]":
+    """clang's errors for ``src`` (a Metal translation unit) with :data:`METAL_STDLIB` as <metal_stdlib>."""
+    index = cindex.Index.create()
+    tu = index.parse("kernel.metal.cpp", args=["-std=c++17", "-x", "c++", "-nostdinc", "-nostdinc++", "-I", "/metal"],
+                     unsaved_files=[("kernel.metal.cpp", src), ("/metal/metal_stdlib", METAL_STDLIB)])
+    lines = src.splitlines()
+    out = []
+    for d in tu.diagnostics:   # read while the translation unit is alive
+        if d.severity >= cindex.Diagnostic.Error:
+            at = lines[d.location.line - 1].strip() if 0 < d.location.line <= len(lines) else ""
+            out.append(f"{d.spelling} | {at[:160]}")
+    return out
+
+
+def _attention_cases():
+    from tqbridge.metal.attention import check_problem
+    from tqbridge.metal.attention_build import kernel_defs, static_params
+    from tqbridge.metal.attention_plan import KERNELS, make_plan
+    from tqbridge.metal.attention_problem import AttentionError
+
+    cases = []
+    for kf, vf, d, qtype in [("q8_0", "turbo3", 128, 0), ("q4_1", "q5_0", 128, 1), ("turbo4@g64", "q5_1", 128, 2),
+                             ("iq4_nl", "turbo2", 128, 1), ("q5_1", "q4_0", 64, 2), ("f16", "bf16", 128, 0), ("q8_0", "q8_0", 256, 1)]:
+        q = np.zeros((1, 4, d), np.float32)
+        kb = bridge.quantize(kf, np.zeros((1, 1, 8, d)))
+        vb = bridge.quantize(vf, np.zeros((1, 1, 8, d)))
+        prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=8)
+        for version in KERNELS:
+            try:
+                plan = make_plan(prob, "metal", kernel=version)
+            except AttentionError:   # v3 refuses some pairs (f16 K, bf16 V): v1 / v2 serve them
+                continue
+            for dyn in ((False,) if version == "v3" else (False, True)):
+                for kern, static in zip(kernel_defs(qtype, plan.kernel), static_params(prob, plan, qtype, dyn)[:2]):
+                    cases.append((f"{kern.name}-{kf}-{vf}-d{d}-q{qtype}-{'generic' if dyn else 'pair'}", kern, static))
+    return cases
+
+
+def _append_cases():
+    import importlib
+
+    from tqbridge.metal import kv_append
+
+    quantize_append = importlib.import_module("tqbridge.metal.quantize_append")   # (the package exports a function of that name)
+    cases = []
+    for fmt in ("q8_0", "q4_0", "iq4_nl", "turbo3", "turbo4@g64"):
+        static, _ = quantize_append._static_and_table(bridge.get_format(fmt))
+        for src16 in (False, True):
+            cases.append((f"quantize_append-{fmt}-{src16}", quantize_append._kernel(src16), dict(static, QA_SRC=2 if src16 else 0)))
+    for kf, vf, d in (("q8_0", "turbo3", 128), ("q4_0", "q4_0", 64), ("turbo4", "q8_0", 256)):
+        k, v = bridge.get_format(kf), bridge.get_format(vf)
+        krot = 0 if k.kind == "turbo" else 128 if d % 128 == 0 else 64
+        static = {"KV_MAX_DP": kv_append.MAX_DP, "KV_FLAG_MIN": kv_append.FLAG_MIN,
+                  **kv_append._side_static("KA", k, d, d, krot), **kv_append._side_static("VA", v, d, d, 0)}
+        for src16 in (False, True):
+            cases.append((f"kv_append-{kf}-{vf}-d{d}-{src16}", kv_append._kernel(src16),
+                          dict(static, QA_SRC=1 if src16 else 0)))
+    cases.append(("kv_grow", kv_append._grow_kernel(), {}))
+    return cases
+
+
+CASES = _attention_cases() + _append_cases() if _CLANG is None else []
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_every_kernel_body_type_checks_as_metal(case):
+    name, kern, static = case
+    errors = clang_errors(_source(kern, static))
+    assert not errors, f"{name}:\n" + "\n".join(errors[:12])
+
+
+X = (("x", "float32"),)
+Y = (("y", "float32"),)
+
+
+def test_the_check_bites():
+    """Three mistakes only a Metal compiler would see (the CPU emulator and CUDA build them): a
+    threadgroup pointer where a device pointer is expected, a CUDA-only spelling, arithmetic on a
+    half2 assigned to a float; and the same kernel without the mistake type-checks."""
+    good = "TQ_SHARED_ARRAY(float, sh, 32);\nsh[tq_tid] = x[tq_tid];\ntq_barrier();\ny[tq_tid] = sh[31 - tq_tid];"
+    assert clang_errors(_source(Kernel("good", X, Y, good), {})) == []
+    mixed = good + "\nTQ_DEVICE float* p = sh;\np[0] = 1.0f;"
+    errors = clang_errors(_source(Kernel("mixed", X, Y, mixed), {}))
+    assert errors and "cannot initialize" in errors[0] and "address_space(3)" in errors[0], errors
+    assert clang_errors(_source(Kernel("cuda_only", X, Y, "__syncthreads(); y[tq_tid] = x[tq_tid];"), {}))
+    halves = "half2 h = half2(1.0h, 2.0h) * half2(3.0h, 4.0h);\nfloat f = h;\ny[tq_tid] = f;"
+    assert clang_errors(_source(Kernel("halves", X, Y, halves), {}))
