@@ -172,6 +172,21 @@ def _as_numpy(a, what: str, key: str) -> np.ndarray:
         raise FormatError(f"{key}: {what} is not an array ({e})") from e
 
 
+def _as_f16_exactly(a: np.ndarray, key: str, what: str, field: str) -> "tuple[np.ndarray, np.ndarray]":
+    """``a`` as float32 and as float16, refused unless every value is exactly a float16 (NaNs pass)."""
+    a32 = a.astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        a16 = a32.astype(np.float16)
+    same = (a16.astype(np.float32) == a32) | (np.isnan(a32) & np.isnan(a16))
+    if not same.all():
+        i = _first(~same)
+        raise FormatError(
+            f"{key}: {what} {a32[i]!r} at {i} (and {int((~same).sum()) - 1} more) is not exactly representable "
+            f"in float16, which is how ggml stores {field}"
+        )
+    return a32, a16
+
+
 def _first(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argwhere(mask)[0])
 
@@ -206,26 +221,10 @@ def from_mlx_affine(fmt, w, scales, biases, group_size: int, bits: int) -> np.nd
             f"{s.shape[-1]} groups of {group_size}"
         )
     lead = w.shape[:-1]
-    s32 = s.astype(np.float32)
+    s32, s16 = _as_f16_exactly(s, key, "scale", "d")
     b32 = b.astype(np.float32)
-    with np.errstate(over="ignore", invalid="ignore"):
-        s16 = s32.astype(np.float16)
-        b16 = b32.astype(np.float16)
-    same = (s16.astype(np.float32) == s32) | (np.isnan(s32) & np.isnan(s16))
-    if not same.all():
-        i = _first(~same)
-        raise FormatError(
-            f"{key}: scale {s32[i]!r} at {i} (and {int((~same).sum()) - 1} more) is not exactly representable "
-            f"in float16, which is how ggml stores d"
-        )
     if lay.has_m:
-        same = (b16.astype(np.float32) == b32) | (np.isnan(b32) & np.isnan(b16))
-        if not same.all():
-            i = _first(~same)
-            raise FormatError(
-                f"{key}: bias {b32[i]!r} at {i} (and {int((~same).sum()) - 1} more) is not exactly representable "
-                f"in float16, which is how ggml stores m"
-            )
+        b32, b16 = _as_f16_exactly(b, key, "bias", "m")
     else:
         k = _code_offset(lay)
         inf = np.isinf(s32)
