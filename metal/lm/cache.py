@@ -35,10 +35,10 @@ from ..decode_options import DEFAULT_OPTIONS
 from ..hadamard import hadamard_rotate
 from .calibration import CalibrationError, KeyCalibration, fit as _fit_calibration, split_key_spec
 from .codecs import _any_nonfinite, _dequantizer, _quantizer, padded_dim, rotation_group
-from .kv_spelling import kv_name
+from .kv_spelling import LayeredKV, kv_name, parse_layered_kv_spec
 from .lane import _ROUTED, DecodeLane, DeferredRows, _routing_active
 
-__all__ = ["TQCache", "make_cache", "ROTATIONS"]
+__all__ = ["TQCache", "make_cache", "make_layered_cache", "layer_count", "ROTATIONS"]
 
 ROTATIONS = ("llama", "none")
 _MAX_POSITIONS = (1 << 31) - 1   # MLX masks and RoPE offsets are int32
@@ -491,26 +491,51 @@ def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None
     quantizing, as llama.cpp does by default (see :func:`rotation_group`); ``"none"`` does not.
     ``calibration`` (e.g. ``"mean+scale"``, or written on the K format: ``"q5_1+mean+scale"``)
     turns on per-channel key calibration, fitted per layer from its first keys
-    (:mod:`tqbridge.metal.lm.calibration`).
+    (:mod:`tqbridge.metal.lm.calibration`). Per-layer pairs: :func:`make_layered_cache`.
     """
-    if sliding not in ("quantize", "float"):
-        raise ValueError(f"sliding must be 'quantize' or 'float', got {sliding!r}")
     k_format, k_cal = split_key_spec(k_format)
     v_format = k_format if v_format is None else v_format
     cal = KeyCalibration.parse(calibration) if not isinstance(calibration, KeyCalibration) else calibration
     if k_cal and cal and k_cal != cal:
         raise ValueError(f"two different key calibrations: {k_cal.spec!r} and {cal.spec!r}")
     cal = k_cal or cal
-    base = _mlx_cache.make_prompt_cache(model)
+    return _build(model, lambda i: (k_format, v_format, cal), sliding, rotation)
+
+
+def make_layered_cache(model: Any, spec: "LayeredKV | str", *, sliding: str = "quantize",
+                       rotation: str = "llama") -> list:
+    """A prompt cache whose layer ``i`` stores K/V in the pair ``spec`` gives it: a
+    :class:`~tqbridge.metal.lm.kv_spelling.LayeredKV` or its spelling (``q8_0/turbo3[0,1,-2,-1=q8_0/q8_0]``;
+    a plain pair spelling gives every layer that pair). Layer indices count the model's cache entries
+    (one per layer); an index out of range or a layer named twice raises a one-line FormatError.
+    Otherwise as :func:`make_cache` (a layer kept in float by ``sliding="float"`` stays float whatever
+    its pair)."""
+    if not isinstance(spec, LayeredKV):
+        spec = parse_layered_kv_spec(spec)
+    pairs = spec.pairs(layer_count(model))
+    return _build(model, pairs.__getitem__, sliding, rotation)
+
+
+def layer_count(model: Any) -> int:
+    """The number of cache entries (layers) mlx-lm makes for ``model``: what per-layer indices count."""
+    return len(_mlx_cache.make_prompt_cache(model))
+
+
+def _build(model: Any, pair_of, sliding: str, rotation: str) -> list:
+    """mlx-lm's prompt cache for ``model`` with each plain / sliding-window layer ``i`` replaced by a
+    TQCache of ``pair_of(i)`` = (K format, V format, KeyCalibration)."""
+    if sliding not in ("quantize", "float"):
+        raise ValueError(f"sliding must be 'quantize' or 'float', got {sliding!r}")
     out = []
-    for c in base:
+    for i, c in enumerate(_mlx_cache.make_prompt_cache(model)):
         if type(c) is _mlx_cache.KVCache:
-            out.append(TQCache(k_format, v_format, rotation=rotation, calibration=cal))
+            k, v, cal = pair_of(i)
+            out.append(TQCache(k, v, rotation=rotation, calibration=cal))
         elif type(c) is _mlx_cache.RotatingKVCache and sliding == "quantize":
             if c.keep:
                 raise ValueError("rotating caches that keep leading tokens are not supported")
-            out.append(TQCache(k_format, v_format, window=c.max_size, rotation=rotation, calibration=cal))
+            k, v, cal = pair_of(i)
+            out.append(TQCache(k, v, window=c.max_size, rotation=rotation, calibration=cal))
         else:
             out.append(c)
     return out
-

@@ -1,7 +1,8 @@
 """The ``kv-spelling`` parser target: valid ``--kv`` spellings (the named pairs of bridge/kv_spec.py
 and every spelling the format registry answers to), edits with tokens of the spelling grammar, and
-the consumers ``parse_kv_spec`` and ``parity-kv`` (``KV.parse``), whose canonical names must parse
-back to the same."""
+the consumers ``parse_kv_spec``, ``parse_layered_kv_spec`` (per-layer pairs in ``[LAYERS=K/V]`` groups,
+resolved against models of 1 and 30 layers) and ``parity-kv`` (``KV.parse``, which refuses per-layer
+spellings), whose canonical names must parse back to the same."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ def _kv_seeds() -> "tuple[str, ...]":
     return tuple(dict.fromkeys([
         DEFAULT_FORMAT, EXAMPLE_KV, LLAMA_EXAMPLE_KV, CALIBRATED_KV, f"{k}+qscale/{v}",
         f"{lk}+scale=0.75+rotated/{lv}", f"{k.upper()} / {v.upper()}",
-        *sp, *(f"{a}/{b}" for a, b in zip(sp, sp[1:] + sp[:1]))]))
+        *sp, *(f"{a}/{b}" for a, b in zip(sp, sp[1:] + sp[:1])),
+        f"{EXAMPLE_KV}[0,1,-2,-1={DEFAULT_FORMAT}/{DEFAULT_FORMAT}]", f"{EXAMPLE_KV}[0-3={LLAMA_EXAMPLE_KV}][-1=f16]",
+        f"{LLAMA_EXAMPLE_KV}[ -2--1 = {CALIBRATED_KV} ]"]))
 
 
 @functools.cache
@@ -40,7 +43,7 @@ def _kv_tokens() -> "tuple[str, ...]":
 
     fs = all_formats()
     formats = tuple(dict.fromkeys([*(f.name for f in fs), *(f.variant for f in fs if f.variant)]))
-    return ("/", "+", "@", "=", ",", ":", " ", "\t", "\n", *formats, "mean",
+    return ("/", "+", "@", "=", ",", ":", "[", "]", "-", "[0=", "[-1-", "]]", "[[", " ", "\t", "\n", *formats, "mean",
             "scale", "qscale", "rotated", "original", "none", "0", "-1", "0.5", "1", "2", "nan", "inf", "1e309",
             "1e-400", "0x1p-3", "\u00b9", "\u0130", "\x00", "\udcff", "\u212a", "\ufeff", "\u200b")
 
@@ -74,7 +77,7 @@ def _kv_mutation(rng: random.Random, data: bytes, seed: Seed) -> tuple[bytes, st
 
 class KVSpellingTarget(ParserTarget):
     name = "kv-spelling"
-    consumers = ("parse_kv_spec", "parity-kv")
+    consumers = ("parse_kv_spec", "parse_layered_kv_spec", "parity-kv")
     structured_share = 0.7
 
     def __init__(self):
@@ -86,12 +89,14 @@ class KVSpellingTarget(ParserTarget):
     def clean_classes(self, consumer):
         from tqbridge.bridge.format_types import FormatError
 
-        return (FormatError,) if consumer == "parse_kv_spec" else (ValueError,)
+        return (FormatError,) if consumer.startswith("parse_") else (ValueError,)
 
     def raised_by_us_required(self, consumer):
         return consumer == "parity-kv"
 
     def call(self, consumer, data, scratch):
+        from tqbridge.bridge.format_types import FormatError
+
         spec = data.decode("utf-8", "surrogateescape")
         if consumer == "parse_kv_spec":
             from tqbridge.metal.lm.kv_spelling import kv_name, parse_kv_spec
@@ -99,6 +104,20 @@ class KVSpellingTarget(ParserTarget):
             k, v, cal = parse_kv_spec(spec)
             if parse_kv_spec(kv_name(k, v, cal)) != (k, v, cal):
                 return f"canonical name {kv_name(k, v, cal)!r} parses to something else"
+            return None
+        if consumer == "parse_layered_kv_spec":
+            from tqbridge.metal.lm.kv_spelling import layered_kv_name, parse_layered_kv_spec
+
+            kv = parse_layered_kv_spec(spec)
+            if parse_layered_kv_spec(layered_kv_name(kv)) != kv:
+                return f"canonical name {layered_kv_name(kv)!r} parses to something else"
+            for n_layers in (1, 30):
+                try:
+                    pairs = kv.pairs(n_layers)
+                except FormatError:   # an index out of range for this model, a layer named twice
+                    continue
+                if len(pairs) != n_layers or (not kv.groups and set(pairs) != {kv.default}):
+                    return f"{len(pairs)} pairs for {n_layers} layers"
             return None
         from tqbridge.parity.harness.runtimes import KV
 
