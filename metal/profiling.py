@@ -157,22 +157,25 @@ def parse_options(text: str) -> DecodeOptions:
 
 
 def split_top(text: str, sep: str = ",") -> "list[str]":
-    """``text`` split at ``sep`` outside braces: ``"a,b{X=1,Y=2}"`` -> ``["a", "b{X=1,Y=2}"]``."""
-    parts, depth, cur = [], 0, []
+    """``text`` split at ``sep`` outside braces and square brackets: ``"a,b{X=1,Y=2}"`` -> ``["a", "b{X=1,Y=2}"]``,
+    ``"a[0,-1=b],c"`` -> ``["a[0,-1=b]", "c"]`` (per-layer K/V groups)."""
+    parts, depth, cur = [], {"{": 0, "[": 0}, []
     for ch in text:
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth < 0:
-                raise SettingsError(f"{text!r}: '}}' without its '{{'")
-        if ch == sep and depth == 0:
+        if ch in "{[":
+            depth[ch] += 1
+        elif ch in "}]":
+            opening = "{" if ch == "}" else "["
+            depth[opening] -= 1
+            if depth[opening] < 0:
+                raise SettingsError(f"{text!r}: {ch!r} without its {opening!r}")
+        if ch == sep and not any(depth.values()):
             parts.append("".join(cur))
             cur = []
         else:
             cur.append(ch)
-    if depth:
-        raise SettingsError(f"{text!r}: '{{' without its '}}'")
+    for opening, closing in (("{", "}"), ("[", "]")):
+        if depth[opening]:
+            raise SettingsError(f"{text!r}: {opening!r} without its {closing!r}")
     parts.append("".join(cur))
     return [p for p in (x.strip() for x in parts) if p]
 

@@ -140,15 +140,18 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
     """Quality of each K/V configuration in ``kvs`` against the f16 cache on ``tokens``.
 
     A configuration may carry key calibration on its K side (``q5_1+mean+scale/q4_0``, see
-    :mod:`tqbridge.metal.lm.calibration`); its arrays count in the bytes.
+    :mod:`tqbridge.metal.lm.calibration`); its arrays count in the bytes. It may give layers their own
+    pairs (``q8_0/turbo3[0,1,-2,-1=q8_0/q8_0]``, :func:`~tqbridge.metal.lm.kv_spelling.parse_layered_kv_spec`):
+    its row's k_format / v_format / k_calibration are the default pair's and ``layer_kv`` maps each
+    configuration to the layers holding it (None for one pair everywhere).
     Returns one dict per configuration, the reference (``f16/f16``) first: kv, kl_mean, kl_max,
     top1, bytes_per_token, bits_per_value, compression_vs_f16, positions, paths, layers.
     ``progress(n)`` is called after each chunk with the number of positions done.
     ``q_precision``: decode attention's q precision for the configurations under test (see the
     module's docstring); a K format with no int8 path keeps the backend's default, and its row says so.
     """
-    from tqbridge.metal.lm.cache import make_cache
-    from tqbridge.metal.lm.kv_spelling import kv_name, parse_kv_spec
+    from tqbridge.metal.lm.cache import make_layered_cache
+    from tqbridge.metal.lm.kv_spelling import parse_layered_kv_spec
     from tqbridge.metal.lm.report import cache_report, paths_line
     from tqbridge.metal.lm.routing import route_attention
 
@@ -159,21 +162,20 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
         raise ValueError(f"need at least 2 tokens to score next-token distributions, got {len(tokens)}")
     if q_precision is not None and q_precision not in Q_PRECISIONS:
         raise ValueError(f"q_precision must be one of {', '.join(Q_PRECISIONS)} or None, got {q_precision!r}")
-    specs = {REFERENCE_KV: parse_kv_spec(REFERENCE_KV)}
+    specs = {REFERENCE_KV: parse_layered_kv_spec(REFERENCE_KV)}
     for s in kvs:
-        k, v, cal = parse_kv_spec(s)
-        specs.setdefault(kv_name(k, v, cal), (k, v, cal))
+        kv = parse_layered_kv_spec(s)
+        specs.setdefault(kv.name, kv)
     names = list(specs)
-    caches = {n: make_cache(model, specs[n][0], specs[n][1], sliding=sliding, rotation=rotation,
-                            calibration=specs[n][2]) for n in names}
+    caches = {n: make_layered_cache(model, specs[n], sliding=sliding, rotation=rotation) for n in names}
     q_set = {n: None for n in names}
     q_note = {n: None for n in names}
     if q_precision is not None:
         int8_k = _int8_k_formats()
         for n in names[1:]:   # the f16 reference keeps q exact
-            k_fmt = specs[n][0]
-            if q_precision == "int8" and k_fmt.split("@")[0] not in int8_k:
-                q_note[n] = (f"{k_fmt} K has no int8 q path (K types with one: {', '.join(int8_k)}): "
+            no_int8 = sorted({k for k, _, _ in _pairs_of(specs[n]) if k.split("@")[0] not in int8_k})
+            if q_precision == "int8" and no_int8:
+                q_note[n] = (f"{', '.join(no_int8)} K has no int8 q path (K types with one: {', '.join(int8_k)}): "
                              "q kept at the backend's default")
                 continue
             q_set[n] = q_precision
@@ -223,9 +225,10 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
             f16_bpt = bpt
         rows.append({
             "kv": n,
-            "k_format": specs[n][0],
-            "v_format": specs[n][1],
-            "k_calibration": specs[n][2].spec or None,
+            "k_format": specs[n].default[0],
+            "v_format": specs[n].default[1],
+            "k_calibration": specs[n].default[2].spec or None,
+            "layer_kv": _layer_kv(rep) if specs[n].groups else None,
             "q_precision": q_set[n] or "default",
             "q_precision_note": q_note[n],
             "decode_q": _decode_q_paths(caches[n], tally[n]),
@@ -244,6 +247,21 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
             "paths_line": paths_line(caches[n]) if rep["layers"] and "codecs" in rep["layers"][0] else "",
         })
     return rows
+
+
+def _pairs_of(kv) -> list:
+    """The default pair of a LayeredKV and the pair of each of its groups."""
+    return [kv.default, *(pair for _, pair in kv.groups)]
+
+
+def _layer_kv(rep: dict) -> dict:
+    """Per-layer configurations: ``{"q8_0/q8_0": [0, 1, 28, 29], ...}`` from a cache report (the pair
+    and key calibration each layer holds)."""
+    out: dict = {}
+    for layer in rep["layers"]:
+        name = layer["kv"] + (f" +{layer['k_calibration']}" if layer.get("k_calibration") else "")
+        out.setdefault(name, []).append(layer["layer"])
+    return out
 
 
 def environment() -> dict:

@@ -192,13 +192,13 @@ def test_evaluate_q_precision_reaches_every_cache(tiny, monkeypatch):
     from tqbridge.metal.lm import cache as cache_mod
 
     made = {}
-    real_make = cache_mod.make_cache
+    real_make = cache_mod.make_layered_cache
 
-    def recording_make(model, k, v, **kw):
-        made[f"{k}/{v}"] = c = real_make(model, k, v, **kw)
+    def recording_make(model, kv, **kw):
+        made[kv.name] = c = real_make(model, kv, **kw)
         return c
 
-    monkeypatch.setattr(cache_mod, "make_cache", recording_make)
+    monkeypatch.setattr(cache_mod, "make_layered_cache", recording_make)
     original = attention.decode_attention
     toks = np.random.default_rng(6).integers(0, 97, 9).tolist()
     kvs = ["q8_0/q4_0", "q5_1/q8_0", "turbo3/q8_0"]

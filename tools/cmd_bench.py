@@ -32,7 +32,7 @@ def add_arguments(p):
                    help="decode: comma-separated caches: fp16 (mlx-lm KVCache), mlx-q8 / mlx-q4 (mlx-lm "
                         "QuantizedKVCache), or TQCache K/V spellings; fp16 first (speed-ups are against it); a "
                         "TQCache may carry decode options in braces, e.g. 'q8_0/turbo3{compile=0}' (docs/settings.md), "
-                        "to compare them in one process")
+                        "to compare them in one process; per-layer pairs in brackets: 'q8_0/turbo3[0,-1=q8_0/q8_0]'")
     p.add_argument("--tokens", type=int, default=32, help="decode: tokens generated per cache and round")
     p.add_argument("--rounds", type=int, default=3, help="decode: interleaved rounds (every cache decodes in each)")
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
@@ -172,7 +172,7 @@ def _run_decode(args) -> int:
     from ..bridge import FormatError
     from ..bridge.kv_spec import split_q_precision
     from ..metal.lm import decode_bench
-    from ..metal.lm.kv_spelling import parse_kv_spec
+    from ..metal.lm.kv_spelling import parse_layered_kv_spec
 
     from ..metal.profiling import SettingsError, split_options, split_top
 
@@ -192,7 +192,7 @@ def _run_decode(args) -> int:
             if qp and qp not in ("exact", "int8"):
                 raise CliError(f"--caches: {c!r}: the suffix after @ is the q precision, exact or int8")
             try:
-                parse_kv_spec(spec)
+                parse_layered_kv_spec(spec)
             except FormatError as e:
                 raise CliError(f"--caches: {e}") from None
     try:
@@ -222,6 +222,9 @@ def _run_decode(args) -> int:
     from ..bridge.mlx_blas import slow_blas_notice
 
     slow_blas_notice()  # the models run on MLX's CPU with the bundled reference BLAS: say so, once
-    save(decode_bench.run(models, contexts, caches, args.tokens, args.rounds, log=log, save=save,
-                          dtype=getattr(mx, args.dtype)))
+    try:
+        save(decode_bench.run(models, contexts, caches, args.tokens, args.rounds, log=log, save=save,
+                              dtype=getattr(mx, args.dtype)))
+    except FormatError as e:   # e.g. a per-layer index out of range for a model (known once it is built)
+        raise CliError(str(e)) from None
     return 0

@@ -7,6 +7,9 @@ import time
 
 from tqbridge.bridge.kv_spec import CALIBRATED_KV, EXAMPLE_KV, GENERATE_KV
 
+# the per-layer spelling help texts show (tqbridge.metal.lm.kv_spelling.LAYERED_EXAMPLE_KV; no MLX import here)
+LAYERED_KV_HELP = f"{EXAMPLE_KV}[0,1,-2,-1={GENERATE_KV}]"
+
 from .cli import CliError
 
 
@@ -14,7 +17,8 @@ def add_arguments(p) -> None:
     p.add_argument("model", help="GGUF model file, or a model name: smollm2, gemma3")
     p.add_argument("--kv", default=GENERATE_KV,
                    help=f"K/V cache formats, e.g. {EXAMPLE_KV} (default {GENERATE_KV}); keys calibrated per channel: "
-                        f"{CALIBRATED_KV}")
+                        f"{CALIBRATED_KV}; per layer: '{LAYERED_KV_HELP}' (layers 0, 1 and the last two "
+                        f"{GENERATE_KV}, the rest {EXAMPLE_KV})")
     p.add_argument("--prompt", required=True, help="prompt text ('-' reads standard input)")
     p.add_argument("--max-tokens", type=int, default=100, help="tokens to generate (default 100)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
@@ -64,15 +68,15 @@ def run(args) -> int:
     from tqbridge.bridge import FormatError
     from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
     from tqbridge.bridge.tokenizer import ChatTokenizer
-    from tqbridge.metal.lm.cache import make_cache
-    from tqbridge.metal.lm.kv_spelling import kv_name, parse_kv_spec
+    from tqbridge.metal.lm.cache import make_layered_cache
+    from tqbridge.metal.lm.kv_spelling import parse_layered_kv_spec
     from tqbridge.metal.lm.report import cache_report, paths_line
     from tqbridge.metal.lm.routing import route_attention
 
     if args.max_tokens < 0:
         raise CliError(f"--max-tokens must be >= 0, got {args.max_tokens}")
     try:
-        kf, vf, cal = parse_kv_spec(args.kv)
+        kv = parse_layered_kv_spec(args.kv)
     except FormatError as e:
         raise CliError(str(e)) from e
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -85,7 +89,10 @@ def run(args) -> int:
     if args.chat:
         prompt = chat_prompt(args.model, prompt)
     ids = tok.encode(prompt, add_bos=True)
-    cache = make_cache(model, kf, vf, sliding=args.sliding, rotation=args.rotation, calibration=cal)
+    try:
+        cache = make_layered_cache(model, kv, sliding=args.sliding, rotation=args.rotation)
+    except FormatError as e:   # a layer index out of range for this model, or named twice
+        raise CliError(str(e)) from e
     mx.random.seed(args.seed)
     mx.reset_peak_memory()
     t0 = time.perf_counter()
@@ -122,7 +129,7 @@ def run(args) -> int:
         rep = cache_report(cache)
         prefill = (t_first or t1) - t0
         rate = (n_gen - 1) / (t1 - t_first) if t_first and n_gen > 1 else float("nan")
-        print(f"--- kv {kv_name(kf, vf, cal)}: prompt {len(ids)} tokens ({prefill:.2f} s), generated {n_gen} "
+        print(f"--- kv {kv.name}: prompt {len(ids)} tokens ({prefill:.2f} s), generated {n_gen} "
               f"({rate:.1f} tok/s)", file=sys.stderr)
         print(f"--- layers {rep['layer_kinds']}, paths {rep['paths']}", file=sys.stderr)
         mib = 2 ** 20

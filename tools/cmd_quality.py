@@ -9,7 +9,7 @@ import sys
 from tqbridge.bridge.kv_spec import CALIBRATED_KV, QUALITY_KV
 
 from .cli import CliError
-from .cmd_generate import resolve_model
+from .cmd_generate import LAYERED_KV_HELP, resolve_model
 
 DEFAULT_KVS = list(QUALITY_KV)     # the standard table (named in tqbridge.bridge.kv_spec)
 
@@ -18,7 +18,8 @@ def add_arguments(p) -> None:
     p.add_argument("model", help="GGUF model file, or a model name: smollm2, gemma3")
     p.add_argument("--kv", action="append", default=None,
                    help="a K/V format pair (repeatable), keys optionally calibrated per channel: "
-                        f"{CALIBRATED_KV}; default: the standard table. f16/f16 is always included")
+                        f"{CALIBRATED_KV}, or given per layer: '{LAYERED_KV_HELP}'; default: the standard table. "
+                        "f16/f16 is always included")
     p.add_argument("--tokens", type=int, default=2048, help="tokens of text to score (default 2048)")
     p.add_argument("--chunk", type=int, default=256, help="fixed prefill chunk size (default 256)")
     p.add_argument("--text", default=None, help="a text file to score instead of pydoc_data.topics")
@@ -48,13 +49,13 @@ def run(args) -> int:
     prefer_fast_blas()  # before MLX is imported: OpenBLAS for float32 matmuls on Linux CPUs
     from tqbridge.bridge import FormatError
     from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
-    from tqbridge.metal.lm.kv_spelling import parse_kv_spec
+    from tqbridge.metal.lm.cache import layer_count
+    from tqbridge.metal.lm.kv_spelling import parse_layered_kv_spec
     from tqbridge.parity import quality as q
 
     kvs = args.kv or DEFAULT_KVS
     try:
-        for s in kvs:
-            parse_kv_spec(s)
+        specs = [parse_layered_kv_spec(s) for s in kvs]
     except FormatError as e:
         raise CliError(str(e)) from e
     if args.tokens < 2:
@@ -73,6 +74,11 @@ def run(args) -> int:
     try:
         model, cfg = load_gguf_model(args.model)
     except GGUFModelError as e:
+        raise CliError(str(e)) from e
+    try:   # per-layer indices against this model, before any scoring
+        for kv in specs:
+            kv.pairs(layer_count(model))
+    except FormatError as e:
         raise CliError(str(e)) from e
     tok = q.GGUFTokenizer(args.model)
     ids = tok.encode(text, add_bos=True)

@@ -83,8 +83,9 @@ def build_model(name: str, dtype=mx.float16, seed: int = 0):
 
 def make_caches(model, kind: str, options=None) -> list:
     """A prompt cache: ``fp16`` (mlx-lm's KVCache), ``mlx-q8`` / ``mlx-q4`` (its QuantizedKVCache) or a
-    TQCache K/V spelling such as ``q8_0/turbo3``, optionally with ``@int8`` / ``@exact`` (the decode
-    attention's q precision: kernel v3 / v2; default: the backend's); TQCache layers decode with
+    TQCache K/V spelling such as ``q8_0/turbo3`` or, per layer, ``q8_0/turbo3[0,-1=q8_0/q8_0]``, optionally
+    with ``@int8`` / ``@exact`` (the decode attention's q precision: kernel v3 / v2; default: the backend's);
+    TQCache layers decode with
     ``options`` (a :class:`~tqbridge.metal.decode_options.DecodeOptions`; None: the defaults)."""
     from mlx_lm.models import cache as mc
 
@@ -97,12 +98,10 @@ def make_caches(model, kind: str, options=None) -> list:
     from tqbridge.bridge.kv_spec import split_q_precision
 
     from ..decode_options import as_options
-    from .cache import make_cache
-    from .kv_spelling import parse_kv_spec
+    from .cache import make_layered_cache
 
     kind, qp = split_q_precision(kind)
-    k, v, cal = parse_kv_spec(kind)
-    caches = make_cache(model, k, v, calibration=cal or None)
+    caches = make_layered_cache(model, kind)
     opts = as_options(options, qp or None)
     for c in caches:
         if hasattr(type(c), "decode_options"):   # TQCache layers (a model may mix in mlx-lm's own)

@@ -6,7 +6,8 @@
   with a pluggable cache factory ``(model, k_format, v_format) -> list of per-layer caches``;
   the default is tqbridge's block cache (:func:`tqbridge.metal.lm.cache.make_cache`).
 
-A KV configuration is a pair of format names, written ``K/V`` (``"f16"`` means ``f16/f16``).
+A KV configuration is a pair of format names, written ``K/V`` (``"f16"`` means ``f16/f16``); per-layer
+pairs (``q8_0/turbo3[0,-1=q8_0/q8_0]``) are refused: llama.cpp cannot give layers different cache types.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 from tqbridge.bridge.environ import scoped_environ
 from tqbridge.bridge.kv_spec import LLAMA_EXAMPLE_KV, split_kv
 from tqbridge.bridge.mlx_blas import prefer_fast_blas
-from tqbridge.bridge.registry import get_format, names
+from tqbridge.bridge.registry import get_format, names, shown
 
 # KV types llama.cpp's CPU backend accepts for its cache (ggml names; the registry's llama_kv).
 LLAMA_KV_TYPES = names(lambda f: f.llama_kv)
@@ -41,6 +42,9 @@ class KV:
 
     @classmethod
     def parse(cls, spec: str) -> "KV":
+        if "[" in str(spec) or "]" in str(spec):   # the per-layer spelling (tqbridge.metal.lm.kv_spelling)
+            raise ValueError(f"{shown(spec)}: per-layer K/V formats cannot be compared with llama.cpp, which gives "
+                             "every layer the same cache types; use tqbridge quality or generate for them")
         k, v = split_kv(str(spec), error=ValueError, noun="K/V pair", example=LLAMA_EXAMPLE_KV)
         return cls(k.lower(), v.lower())
 
