@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -110,7 +111,19 @@ class KVGeometry:
 
 
 def kv_geometry(gguf_path: "str | os.PathLike[str]") -> KVGeometry:
-    """The cache geometry of the model in ``gguf_path`` (GGUF metadata only; nothing is dequantized)."""
+    """The cache geometry of the model in ``gguf_path`` (GGUF metadata only; nothing is dequantized).
+    Remembered per file (path, size, modification time): gguf-py reads a 50,000-token vocabulary in seconds."""
+    p = Path(gguf_path)
+    try:
+        st = p.stat()
+        key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = (str(p), -1, -1)
+    return _kv_geometry(key, p)
+
+
+@lru_cache(maxsize=8)
+def _kv_geometry(key: tuple, gguf_path: Path) -> KVGeometry:
     from .gguf_model import GGUFModelError, open_reader
 
     r = open_reader(gguf_path)
