@@ -385,3 +385,39 @@ def test_malformed_inputs_end_in_one_line(smol, case, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert msg in err, err
+
+
+def test_docs_quote_the_record():
+    """Every number of docs/conversions.md's KV-cache tables is the record's."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    rec = json.loads((root / "benchmarks/records/cpu/2026-12-03-kv-convert.json").read_text())["results"]
+    doc = (root / "docs/conversions.md").read_text()
+    section = doc[doc.index("## Measured: SmolLM2, both directions"):]
+    n = rec["new_tokens"]
+
+    def row(first: str) -> "list[str]":
+        line = next(x for x in section.splitlines() if x.startswith(f"| {first} |"))
+        return [c.strip() for c in line.strip("|").split("|")]
+
+    def pair(cell: str) -> "tuple[int, float]":
+        agree, k = cell.split(",")
+        assert agree.endswith(f" of {n}")
+        return int(agree.split()[0]), float(k)
+
+    for kv in ("f16/f16", "q8_0/q8_0", "q8_0/q4_0"):
+        a, b = rec["llama_to_mlx"][kv], rec["mlx_to_llama"][kv]
+        c = row(kv)
+        assert int(c[1].replace(",", "")) == a["session_file_bytes"]
+        assert int(c[2].replace(",", "")) == a["prompt_cache_bytes"]
+        assert c[3] == "yes / yes" and a["round_trip_bytes_equal"] and b["round_trip_blocks_equal"]
+        assert pair(c[4]) == (a["agree"], float(f"{a['kl_first_step']:.1e}"))
+        assert pair(c[5]) == (b["agree"], float(f"{b['kl_first_step']:.1e}"))
+    for tag, v in rec["requantize"].items():
+        c = row(tag.replace("->", " → "))
+        assert int(c[1].replace(",", "")) == v["prompt_cache_bytes"]
+        assert int(c[2].replace(",", "")) == v["session_file_bytes"]
+        assert pair(c[3]) == (v["mlx_agree"], float(f"{v['mlx_kl_first_step']:.1e}"))
+        assert pair(c[4]) == (v["llama_agree"], float(f"{v['llama_kl_first_step']:.1e}"))
+    assert f"first {rec['prompt_tokens']} tokens" in section and f"{n} greedy tokens" in section

@@ -52,6 +52,9 @@ def main(argv=None) -> int:
     ap.add_argument("--new", type=int, default=16)
     args = ap.parse_args(argv)
 
+    from tqbridge.bridge.mlx_blas import prefer_fast_blas
+
+    prefer_fast_blas()   # before MLX is imported (Linux CPU: OpenBLAS if installed)
     import llama_cpp
     import mlx.core as mx
 
