@@ -1,7 +1,9 @@
 """The ``state-blob`` parser target: llama.cpp state blobs and sequence-state files written by
 :mod:`tqbridge.bridge.llama_state` (and one read from llama.cpp when llama-cpp-python and SmolLM2
 are installed), a walk of their integer fields, and the consumers ``parse_state`` and
-``parse_state_file``: what the KV transplant reads, and a write-back that must give the same bytes."""
+``parse_state_file``: what the KV transplant reads, and a write-back that must give the same bytes;
+and ``parse_session_file`` (session and sequence-state files, what ``tqbridge convert --to prompt-cache``
+reads), with the check against a model's geometry that conversion makes next."""
 
 from __future__ import annotations
 
@@ -15,12 +17,13 @@ from .target import ParserTarget, Seed
 
 def _state_fields(data: bytes, ext: int = 0) -> list:
     """Integer fields of a valid state blob (or sequence-state file), by walking it as parse_state does."""
+    from tqbridge.bridge.kv_files import SESSION_MAGIC
     from tqbridge.bridge.llama_state import FILE_MAGIC, SEQ_MAGIC
 
     fields: list = []
     pos = 0
     head = struct.unpack_from("<I", data, 0)[0]
-    if head == FILE_MAGIC:
+    if head in (FILE_MAGIC, SESSION_MAGIC):
         n_tok = struct.unpack_from("<I", data, 8)[0]
         fields += [(0, 4), (4, 4), (8, 4)]
         pos = 12 + 4 * n_tok
@@ -91,7 +94,7 @@ def _real_state_blob() -> "bytes | None":
 
 class StateBlobTarget(ParserTarget):
     name = "state-blob"
-    consumers = ("parse_state", "parse_state_file")
+    consumers = ("parse_state", "parse_state_file", "parse_session_file")
 
     def __init__(self, real: bool = True):
         self.real = real
@@ -122,6 +125,12 @@ class StateBlobTarget(ParserTarget):
         blobs["seq-iswa"] = write_state(LlamaState("seq", [CacheKV([s1]), CacheKV([s2])], seq_id=0))
         # a sequence-state file: magic, version, 2 tokens, then the blob
         blobs["file-seq"] = struct.pack("<IIIii", FILE_MAGIC, 3, 2, 1, 2) + blobs["seq-q8_0-q4_0"]
+        # a session file (llama_state_save_file): magic 'ggsn', version, 3 tokens, a full blob
+        from tqbridge.bridge.kv_files import session_from_layers
+
+        blobs["file-session"] = session_from_layers(
+            "session", [1, 2, 3], [(8, rows(3, 68), 2, rows(3, 36)), (1, rows(3, 128), 1, rows(3, 128))],
+            "llama").to_bytes()
         if self.real:
             real = _real_state_blob()
             if real is not None:
@@ -140,6 +149,8 @@ class StateBlobTarget(ParserTarget):
     def call(self, consumer, data, scratch):
         from tqbridge.bridge.llama_state import parse_state, parse_state_file, write_state
 
+        if consumer == "parse_session_file":
+            return _session_file(data)
         if consumer == "parse_state":
             st = parse_state(data)
             blob = data
@@ -150,6 +161,24 @@ class StateBlobTarget(ParserTarget):
         if write_state(st) != bytes(blob):
             return "accepted blob written back is not the same bytes"
         return None
+
+
+def _session_file(data: bytes) -> "str | None":
+    """What ``tqbridge convert --to prompt-cache`` does with a file before MLX sees it: parse, check
+    against a model's geometry (2 KV heads of 32 values, 2 layers: the seeds' shapes), write back."""
+    from tqbridge.bridge.kv_files import KVGeometry, check_against_model, parse_session_file
+    from tqbridge.bridge.llama_state import StateError
+
+    sf = parse_session_file(data)
+    _exercise_state(sf.state)
+    for geo in (KVGeometry("llama", 2, 2, 32, 32, 64), KVGeometry("llama", 2, 1, 64, 64, 0)):
+        try:
+            check_against_model(sf, geo)
+        except StateError:
+            pass
+    if sf.to_bytes() != bytes(data):
+        return "accepted session file written back is not the same bytes"
+    return None
 
 
 def _exercise_state(st) -> None:
