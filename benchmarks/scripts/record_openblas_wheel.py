@@ -80,6 +80,7 @@ def run_case(prefix: list, env: dict, mode: str, tokens: int) -> dict:
                 "--json", str(out), "--quiet"]
         mm = subprocess.run([*prefix, sys.executable, "-c", _NO_SYSTEM, mode, "matmul"], env=env,
                             capture_output=True, text=True, check=True).stdout.split("\n")
+        load_before = os.getloadavg()[0]
         t = time.perf_counter()
         p = subprocess.run([*prefix, sys.executable, "-c", _NO_SYSTEM, mode, *args], env=env,
                            capture_output=True, text=True)
@@ -89,6 +90,8 @@ def run_case(prefix: list, env: dict, mode: str, tokens: int) -> dict:
         info = json.loads(out.read_text())["info"]
         return {"blas": info["mlx"]["blas"], "logits_level_s": info["seconds"], "process_wall_s": round(wall, 1),
                 "matmul_2048_f32_gflops": round(float(mm[1]), 1), "matmul_blas": mm[0],
+                # the machine's 1-minute load average as the run started and ended (other work shares the cores)
+                "loadavg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                 "kv": sorted({r["kv"] for r in json.loads(out.read_text())["logits"]})}
 
 
@@ -125,7 +128,8 @@ def main() -> int:
     for name, rs in runs.items():
         best = min(rs, key=lambda x: x["logits_level_s"])
         results[name] = {**best, "runs_logits_level_s": [x["logits_level_s"] for x in rs],
-                         "runs_matmul_2048_f32_gflops": [x["matmul_2048_f32_gflops"] for x in rs]}
+                         "runs_matmul_2048_f32_gflops": [x["matmul_2048_f32_gflops"] for x in rs],
+                         "runs_loadavg_1min": [x["loadavg_1min"] for x in rs]}
     cmd = f"tqbridge parity smollm2 --exact-weights --tokens {a.tokens} --levels logits"
     payload = {**header(("tqbridge", "mlx", "mlx-cpu", "mlx-lm", "cmeel-openblas", "llama_cpp_python", "numpy")),
                "command": cmd, "nproc": os.cpu_count(), "cases": results, "skipped": skipped}
