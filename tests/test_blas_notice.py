@@ -18,6 +18,7 @@ from tqbridge.bridge import mlx_blas  # noqa: E402
 
 NOTICE = "tqbridge: note: MLX runs this model on the CPU with the mlx wheel's bundled reference BLAS"
 FIX = "sudo apt-get install libopenblas0-pthread"
+NONE = "no libopenblas.so.0 found, nor the cmeel-openblas wheel"  # what _find_openblas says then
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ def synth(tmp_path_factory):
 def test_notice_once_when_openblas_is_missing(fresh, synth, capsys):
     from tqbridge.bridge.gguf_model import load_gguf_model
 
-    fresh.setattr(mlx_blas, "_find_openblas", lambda: None)
+    fresh.setattr(mlx_blas, "_find_openblas", lambda: ([], NONE))
     load_gguf_model(synth)
     load_gguf_model(synth)
     assert mlx_blas.slow_blas_notice() is False
@@ -54,21 +55,21 @@ def test_notice_once_when_openblas_is_missing(fresh, synth, capsys):
 def test_no_notice_with_openblas(fresh, synth, capsys):
     from tqbridge.bridge.gguf_model import load_gguf_model
 
-    fresh.setattr(mlx_blas, "_state", "openblas (libopenblas.so.0)")  # what prefer_fast_blas says once loaded
+    fresh.setattr(mlx_blas, "_state", "openblas (libopenblas.so.0, system)")  # what prefer_fast_blas says once loaded
     load_gguf_model(synth)
     assert mlx_blas.slow_blas_notice() is False
     assert NOTICE not in capsys.readouterr().err
 
 
 def test_no_notice_when_silenced(fresh, capsys):
-    fresh.setattr(mlx_blas, "_find_openblas", lambda: None)
+    fresh.setattr(mlx_blas, "_find_openblas", lambda: ([], NONE))
     fresh.setenv("TQBRIDGE_BLAS", "bundled")
     assert mlx_blas.slow_blas_notice() is False
     assert NOTICE not in capsys.readouterr().err
 
 
 def test_no_notice_on_a_gpu_device(fresh, capsys):
-    fresh.setattr(mlx_blas, "_find_openblas", lambda: None)
+    fresh.setattr(mlx_blas, "_find_openblas", lambda: ([], NONE))
     fresh.setattr(mlx_blas, "_on_cpu", lambda: False)
     assert mlx_blas.slow_blas_notice() is False
     assert NOTICE not in capsys.readouterr().err
@@ -76,7 +77,7 @@ def test_no_notice_on_a_gpu_device(fresh, capsys):
 
 def test_import_order_gets_its_own_fix(fresh, capsys):
     """OpenBLAS is there but MLX was imported first: installing it again would not help."""
-    fresh.setattr(mlx_blas, "_find_openblas", lambda: "/usr/lib/libopenblas.so.0")
+    fresh.setattr(mlx_blas, "_find_openblas", lambda: (["/usr/lib/libopenblas.so.0"], "system"))
     assert "mlx.core" in sys.modules
     assert mlx_blas.slow_blas_notice() is True
     err = capsys.readouterr().err

@@ -290,6 +290,27 @@ MODELS = {"Qwen2.5-1.5B": "qwen2.5-1.5b", "Llama-3.1-8B": "llama-3.1-8b", "Llama
 CONTEXTS = [4096, 32768, 131072]
 
 
+def test_readme_blas_sentence_is_the_openblas_wheel_record():
+    """The logits level with each BLAS, as README's BLAS paragraph quotes it, is the record's (fastest run
+    of each case), and each case ran the BLAS it is named for."""
+    rec = record("benchmarks/records/cpu/2026-12-03-openblas-wheel.json")
+    cases = rec["cases"]
+    doc = flat(text("README.md"))
+    cores, bundled, wheel, gfortran, system = span(
+        doc, r"On (\d+) shared cores the demo's logits level took ([\d.]+) s with the bundled BLAS, ([\d.]+) s "
+             r"with the wheel's OpenBLAS \(([\d.]+) s where it used `mlx\[cpu\]`'s libgfortran\) and ([\d.]+) s "
+             r"with the system's \(\[record\]\(benchmarks/records/cpu/2026-12-03-openblas-wheel\.json\)\)")
+    assert int(cores) == rec["nproc"]
+    for cell, name in ((bundled, "bundled"), (wheel, "wheel"), (gfortran, "wheel_mlx_gfortran"), (system, "system")):
+        assert rounds_to(cell, cases[name]["logits_level_s"]), (name, cell, cases[name]["logits_level_s"])
+        assert cases[name]["logits_level_s"] == min(cases[name]["runs_logits_level_s"]), name
+    assert cases["bundled"]["blas"].startswith("mlx bundled BLAS")
+    assert cases["wheel"]["blas"] == "openblas (libopenblas.so.0, cmeel-openblas wheel)"
+    assert cases["wheel_mlx_gfortran"]["blas"] == "openblas (libopenblas.so.0, cmeel-openblas wheel, mlx-cpu's libgfortran)"
+    assert cases["system"]["blas"] == "openblas (libopenblas.so.0, system)"
+    assert rec["command"] == "tqbridge parity smollm2 --exact-weights --tokens 256 --levels logits"
+
+
 def _decode_runs():
     return {(r["model"], r["cache"], r["context"]): r for r in record(DECODE)["runs"]}
 
