@@ -29,7 +29,45 @@ def test_bench_decode_smoke(tmp_path, capsys):
     assert runs["q8_0/turbo3"]["decode_paths"]["decode:reference"] > 0   # CPU: the ops reference decodes
     # the row names the kernel plan that ran (None: the reference ran, no prepared launch)
     assert "decode_kernel" in runs["q8_0/turbo3"] and runs["q8_0/turbo3"]["decode_kernel"] is None
-    assert "q8_0/turbo3" in capsys.readouterr().out
+    # the decode phase's memory, measured: MLX's peak while each cache decodes over the active memory at
+    # its round's start; the model's weights counted from its arrays
+    for kind, r in runs.items():
+        assert r["decode_transient_bytes"] >= 0 and r["model_bytes"] > 0
+        assert r["decode_peak_bytes"] == r["model_bytes"] + r["kv_bytes"] + r["decode_transient_bytes"]
+        assert r["decode_peak_over_kv_and_model"] >= 1.0
+        assert r["tokens_per_s"] == pytest.approx(1e3 / r["ms_per_token"])
+    out = capsys.readouterr().out
+    assert "q8_0/turbo3" in out
+    # the table at the end: one line per cache with tokens/s, the ratio, the peak ratio and the plan column
+    table = [line for line in out.splitlines() if line.startswith("| tiny |")]
+    assert len(table) == 3 and all(line.count("|") == 12 for line in table), table
+    assert "peak / (model + KV)" in out
+
+
+def test_decode_transient_sees_a_full_cache_copy(monkeypatch):
+    """The transient is the peak over the round's starting memory: a decode loop that holds a float copy
+    of every layer's cache at once (planted: the rows of each layer fetched and kept) shows up as at least
+    those copies' bytes, above the unplanted run's transient."""
+    import mlx.core as mx
+
+    from tqbridge.metal.lm import decode_bench
+
+    model, _ = decode_bench.build_model("tiny")
+    real = decode_bench._decode_tokens
+    held = []
+
+    def copying(model, cache, tokens):
+        out = real(model, cache, tokens)
+        copies = [a for c in cache for a in c.fetch(mx.float32)]
+        mx.eval(copies)
+        held.append(sum(a.nbytes for a in copies))
+        return out
+
+    rows = decode_bench.decode_group(model, ["q8_0/turbo3"], 1024, 4, 1)
+    monkeypatch.setattr(decode_bench, "_decode_tokens", copying)
+    planted = decode_bench.decode_group(model, ["q8_0/turbo3"], 1024, 4, 1)
+    assert planted[0]["decode_transient_bytes"] >= held[0] > 0
+    assert planted[0]["decode_transient_bytes"] > rows[0]["decode_transient_bytes"]
 
 
 def test_bench_decode_refuses_bad_spellings(capsys):

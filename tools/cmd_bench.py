@@ -203,7 +203,8 @@ def _run_decode(args) -> int:
         raise CliError("--tokens: at least 4 (the first 2 are dropped as warm-up)")
     if args.rounds < 1:
         raise CliError("--rounds: at least 1")
-    keys = ("model", "cache", "context", "ms_per_token", "speedup_vs_fp16", "kv_path_kernels_per_layer",
+    keys = ("model", "cache", "context", "tokens_per_s", "ms_per_token", "speedup_vs_fp16", "decode_peak_bytes",
+            "decode_peak_over_kv_and_model", "decode_kernel", "kv_path_kernels_per_layer",
             "kv_path_host_syncs_per_step", "host_syncs_per_token", "kv_path_python_us_per_layer", "kv_bytes", "error")
 
     def log(row):
@@ -222,6 +223,8 @@ def _run_decode(args) -> int:
     from ..bridge.mlx_blas import slow_blas_notice
 
     slow_blas_notice()  # the models run on MLX's CPU with the bundled reference BLAS: say so, once
-    save(decode_bench.run(models, contexts, caches, args.tokens, args.rounds, log=log, save=save,
-                          dtype=getattr(mx, args.dtype)))
+    results = decode_bench.run(models, contexts, caches, args.tokens, args.rounds, log=log, save=save,
+                               dtype=getattr(mx, args.dtype))
+    save(results)
+    print(decode_bench.to_markdown(results), end="")
     return 0

@@ -11,7 +11,10 @@ ms/token (steady state: the first 2 tokens are dropped) and, from one instrument
 - host synchronisations during that step, and per generated token in the whole loop (calls of
   ``mx.eval``, ``mx.synchronize``, ``array.item``, ``array.tolist`` counted by wrapping them);
 - Python (graph-building) time of one layer's KV path, median over steps;
-- resident KV bytes: the cache buffers' bytes, and MLX's active-memory growth over the pre-fill.
+- resident KV bytes: the cache buffers' bytes, and MLX's active-memory growth over the pre-fill;
+- memory of the decode phase: MLX's peak memory while the cache decodes, less the memory active when
+  its round starts (the transient: the step's temporaries, any copy of the cache), largest over rounds;
+  with the model's weight bytes and the KV bytes, the peak a process holding only this cache would see.
 """
 
 from __future__ import annotations
@@ -232,6 +235,13 @@ def _prepare(model, kind: str, context: int, dtype, options=None) -> tuple[dict,
     return row, cache
 
 
+def model_bytes(model) -> int:
+    """Bytes of the model's parameters as resident arrays."""
+    from mlx.utils import tree_flatten
+
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
 def _decode_tokens(model, cache: list, tokens: int) -> tuple[list[float], float]:
     """Greedy decode of ``tokens`` tokens through mlx-lm: seconds between tokens, syncs per token."""
     from mlx_lm.generate import generate_step
@@ -258,6 +268,7 @@ def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int
     from ..profiling import SettingsError, split_options
 
     rows, caches = [], []
+    weights = model_bytes(model)
     for kind in kinds:
         base, opts = split_options(kind)   # "q8_0/turbo3{compile=0}": that cache with those decode options
         if opts.changed() and base in ("fp16", "mlx-q8", "mlx-q4"):
@@ -274,12 +285,18 @@ def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int
         for i, cache in enumerate(caches):
             if cache is None:
                 continue
+            mx.synchronize()
+            start = mx.get_active_memory()
+            mx.reset_peak_memory()
             try:
                 deltas, syncs = _decode_tokens(model, cache, tokens)
             except Exception as e:
                 rows[i]["error"] = f"{type(e).__name__}: {e}"[:300]
                 caches[i] = None
                 continue
+            mx.synchronize()
+            transient = mx.get_peak_memory() - start
+            rows[i]["decode_transient_bytes"] = max(rows[i].get("decode_transient_bytes", 0), transient)
             per_round[i].append(statistics.median(deltas))
             rows[i]["host_syncs_per_token"] = syncs
     for i, (row, cache) in enumerate(zip(rows, caches)):
@@ -290,6 +307,9 @@ def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int
         row["tokens_per_s"] = 1e3 / row["ms_per_token"]
         if per_round[0] and len(per_round[0]) == len(per_round[i]):
             row["speedup_vs_" + kinds[0]] = statistics.median(a / b for a, b in zip(per_round[0], per_round[i]))
+        row["model_bytes"] = weights
+        row["decode_peak_bytes"] = weights + row["kv_bytes"] + row["decode_transient_bytes"]
+        row["decode_peak_over_kv_and_model"] = row["decode_peak_bytes"] / (weights + row["kv_bytes"])
         row.update(layer_step_profile(cache, model, dtype=dtype))
         if hasattr(cache[-1], "codec_paths"):
             from .report import cache_report
@@ -334,20 +354,36 @@ def run(models: list[str], contexts: list[int], caches: list[str], tokens: int, 
     return out
 
 
+def plan_label(row: dict) -> str:
+    """The decode kernel plan a row's cache ran, in a few words ("—": no prepared fused launch ran)."""
+    k = row.get("decode_kernel")
+    if not k:
+        return "—"
+    if isinstance(k, dict):
+        parts = [str(k.get("kernel", "?"))]
+        if k.get("splits"):
+            parts.append(f"{k['splits']} splits")
+        if k.get("q_precision"):
+            parts.append(f"q {k['q_precision']}")
+        return ", ".join(parts)
+    return str(k)
+
+
 def to_markdown(results: dict) -> str:
-    """The table of a :func:`run` record: ms/token and the speed-up against fp16 per model, context
-    and cache, with the counted kernels, syncs, host time and resident bytes."""
-    lines = ["| model | context | cache | ms/token | vs fp16 | KV kernels/layer | syncs/step | host µs/layer "
-             "| KV MiB |", "|---|---|---|---|---|---|---|---|---|"]
+    """The table of a :func:`run` record per model, context and cache: tokens/s and the speed-up
+    against fp16, the decode phase's peak memory over the model and KV bytes, resident KV bytes, the
+    kernel plan that ran, and the counted kernels, syncs and host time of the KV path."""
+    lines = ["| model | context | cache | tokens/s | vs fp16 | peak / (model + KV) | KV MiB | plan | KV kernels/layer "
+             "| syncs/step | host µs/layer |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["runs"]:
         if "error" in r:
             why = ("MLX's backend has no quantized_matmul for it" if "No implementation" in r["error"]
                    else r["error"][:80])
             lines.append(f"| {r['model']} | {r['context'] // 1024}K | {r['cache']} | decode failed: {why} | — | — "
-                         f"| — | — | {r.get('kv_bytes', 0) / 2**20:.0f} |")
+                         f"| {r.get('kv_bytes', 0) / 2**20:.0f} | — | — | — | — |")
             continue
-        lines.append(f"| {r['model']} | {r['context'] // 1024}K | {r['cache']} | {r['ms_per_token']:.2f} | "
-                     f"{r.get('speedup_vs_fp16', 1.0):.2f}× | {r['kv_path_kernels_per_layer']} | "
-                     f"{r['kv_path_host_syncs_per_step']:g} | {r['kv_path_python_us_per_layer']:.0f} | "
-                     f"{r['kv_bytes'] / 2**20:.0f} |")
+        lines.append(f"| {r['model']} | {r['context'] // 1024}K | {r['cache']} | {r['tokens_per_s']:.1f} | "
+                     f"{r.get('speedup_vs_fp16', 1.0):.2f}× | {r['decode_peak_over_kv_and_model']:.3f} | "
+                     f"{r['kv_bytes'] / 2**20:.0f} | {plan_label(r)} | {r['kv_path_kernels_per_layer']} | "
+                     f"{r['kv_path_host_syncs_per_step']:g} | {r['kv_path_python_us_per_layer']:.0f} |")
     return "\n".join(lines) + "\n"
