@@ -39,14 +39,36 @@ def flag_slots(rows: int, flag_min: int = FLAG_MIN) -> int:
 
 
 @lru_cache(maxsize=None)
-def _kernel(src16: bool) -> Kernel:
+def _kernel(src16: bool, calibrated: bool = False) -> Kernel:
     qa = (KERNEL_DIR / "quantize_append.h").read_text().split(BODY_MARKER, 1)[0]
     x = "uint16" if src16 else "float32"
-    return Kernel("kv_append" + ("_u16" if src16 else "_f32"),
+    return Kernel("kv_append" + ("_u16" if src16 else "_f32") + ("_cal" if calibrated else ""),
                   (("k", x), ("v", x), ("kc", "uint8"), ("vc", "uint8"), ("ktab", "float32"),
-                   ("vtab", "float32"), ("params", "uint32"), ("flag_in", "uint32")),
+                   ("vtab", "float32"), ("params", "uint32"), ("flag_in", "uint32"))
+                  + ((("kcal", "float32"),) if calibrated else ()),
                   (("flag", "uint32"),), (KERNEL_DIR / "kv_append.cpp").read_text(), qa,
                   inplace=("kc", "vc"))
+
+
+def calibration_rows(mu, s, heads: int, k_dim: int) -> np.ndarray:
+    """The ``kcal`` buffer of a calibrated append: float32 (2, heads, k_dim), the channel means ``mu``
+    (zeros when None) then the channel scales ``s`` (ones when None); what the kernel stores per K value
+    is ``(x - mu) / s``, before the rotation."""
+    out = np.zeros((2, heads, k_dim), np.float32)
+    out[1] = 1.0
+    if mu is not None:
+        out[0] = np.asarray(mu, np.float32).reshape(heads, k_dim)
+    if s is not None:
+        out[1] = np.asarray(s, np.float32).reshape(heads, k_dim)
+    return out
+
+
+def calibrate_rows(rows: np.ndarray, kcal: np.ndarray) -> np.ndarray:
+    """float32 ``rows`` (B, H, S, D) as a calibrated append stores them before the rotation:
+    ``(x - mu) / s`` per head and channel (two correctly rounded float32 operations, as the kernel)."""
+    x = np.asarray(rows, np.float32)
+    mu, s = np.asarray(kcal, np.float32)
+    return ((x - mu[None, :, None, :]) / s[None, :, None, :]).astype(np.float32)
 
 
 def _side_static(prefix: str, f: Format, din: int, dp: int, rot: int) -> dict:
@@ -73,7 +95,8 @@ class KVAppend:
     on the emulator, where kc / vc are written in place as on the GPU)."""
 
     def __init__(self, k_format, v_format, k_dim: int, v_dim: int, k_dp: int, v_dp: int, k_rot: int,
-                 v_rot: int, src_dtype: str, backend: str, options: "DecodeOptions | None" = None):
+                 v_rot: int, src_dtype: str, backend: str, options: "DecodeOptions | None" = None,
+                 calibrated: bool = False):
         from .dispatch import build
 
         kf, vf = get_format(k_format), get_format(v_format)
@@ -89,9 +112,12 @@ class KVAppend:
         # the flag's padding is one of the small-buffer measures of device_consts (off: a flag of 2R slots);
         # always on the emulator
         self.flag_min = FLAG_MIN if (backend == "cpu-emulator" or opts.device_consts) else 1
+        # calibrated: the call takes the layer's kcal buffer (calibration_rows) last
+        self.calibrated = bool(calibrated)
         static = {"QA_SRC": _SRC[src_dtype], "KV_MAX_DP": MAX_DP, "KV_FLAG_MIN": self.flag_min,
+                  "KV_CAL": int(self.calibrated),
                   **_side_static("KA", kf, k_dim, k_dp, k_rot), **_side_static("VA", vf, v_dim, v_dp, v_rot)}
-        kern = _kernel(src_dtype != "float32")
+        kern = _kernel(src_dtype != "float32", self.calibrated)
         self._kern = build(kern, static, backend)
 
         ktab, vtab = _static_and_table(kf, False)[1], _static_and_table(vf, False)[1]
@@ -110,10 +136,17 @@ class KVAppend:
         """This append's flag length for ``rows`` rows per side (:func:`flag_slots`)."""
         return flag_slots(rows, self.flag_min)
 
-    def __call__(self, k_rows, v_rows, kc, vc, pos: int, flag_in):
+    def _cal(self, kcal) -> tuple:
+        """The extra input of a calibrated append (checked present), () otherwise."""
+        if self.calibrated != (kcal is not None):
+            raise KernelError("a calibrated append takes the layer's kcal buffer, an uncalibrated one none")
+        return () if kcal is None else (kcal,)
+
+    def __call__(self, k_rows, v_rows, kc, vc, pos: int, flag_in, kcal=None):
+        cal = self._cal(kcal)
         if self.backend == "cpu-emulator" and _is_mx(kc):
             self._geometry(k_rows, kc, pos, flag_in)
-            return _on_mlx_buffers(self, k_rows, v_rows, kc, vc, pos, flag_in)
+            return _on_mlx_buffers(self, k_rows, v_rows, kc, vc, pos, flag_in, kcal)
         if self.backend == "cpu-emulator":
             R, S, cap, H, n_in = self._geometry(k_rows, kc, pos, flag_in)
             src16 = self._kern.kernel.inputs[0][1] == "uint16"
@@ -122,8 +155,9 @@ class KVAppend:
             if src16:
                 k, v = k.view(np.uint16), v.view(np.uint16)
             params = np.array([R, S, cap, pos, H, n_in], np.uint32)
-            (flag,) = self._kern([k, v, kc, vc, self._ktab, self._vtab, params, flag_in], [(self.flag_slots(R),)],
-                                 (2 * R, 1, 1), THREADS)
+            cal = tuple(np.ascontiguousarray(c, np.float32).reshape(-1) for c in cal)
+            (flag,) = self._kern([k, v, kc, vc, self._ktab, self._vtab, params, flag_in, *cal],
+                                 [(self.flag_slots(R),)], (2 * R, 1, 1), THREADS)
             return flag
         import mlx.core as mx
 
@@ -133,8 +167,8 @@ class KVAppend:
         if self.compiled:   # traced once per row shape, then replayed (the options' compile)
             if self._compiled is None:
                 self._compiled = mx.compile(self.launch)
-            return self._compiled(k_rows, v_rows, kc, vc, params, flag_in)
-        return self.launch(k_rows, v_rows, kc, vc, params, flag_in)
+            return self._compiled(k_rows, v_rows, kc, vc, params, flag_in, *cal)
+        return self.launch(k_rows, v_rows, kc, vc, params, flag_in, *cal)
 
     @staticmethod
     def _geometry(k_rows, kc, pos: int, flag_in) -> tuple:
@@ -168,13 +202,15 @@ class KVAppend:
             row = self._prow[key] = table_row(tbl, pos)
         return row
 
-    def launch(self, k_rows, v_rows, kc, vc, params, flag_in):
-        """The GPU append kernel's launch (``params``: :meth:`step_params`); returns the new flag."""
+    def launch(self, k_rows, v_rows, kc, vc, params, flag_in, kcal=None):
+        """The GPU append kernel's launch (``params``: :meth:`step_params`; ``kcal``: a calibrated
+        append's buffer); returns the new flag."""
         import mlx.core as mx
 
         B, H, S = k_rows.shape[:3]
         R = B * H * S
-        (flag,) = self._kern.raw(inputs=[k_rows, v_rows, kc, vc, self._ktab, self._vtab, params, flag_in],
+        cal = list(self._cal(kcal))
+        (flag,) = self._kern.raw(inputs=[k_rows, v_rows, kc, vc, self._ktab, self._vtab, params, flag_in, *cal],
                                  output_shapes=[(self.flag_slots(R),)], output_dtypes=[mx.uint32],
                                  grid=(2 * R * THREADS, 1, 1), threadgroup=(THREADS, 1, 1))
         return flag
@@ -184,14 +220,35 @@ def _is_mx(a) -> bool:
     return type(a).__module__.startswith("mlx")
 
 
-def _on_mlx_buffers(app: "KVAppend", k_rows, v_rows, kc, vc, pos: int, flag_in):
+def _on_mlx_buffers(app: "KVAppend", k_rows, v_rows, kc, vc, pos: int, flag_in, kcal=None):
     """The emulator writing into MLX arrays in place (numpy views of their memory): the decode lane
     on the CPU for tests (:func:`tqbridge.metal.backend.emulate_decode_lane`). Synchronises; not a product path."""
     import mlx.core as mx
 
     mx.eval(k_rows, v_rows, kc, vc, flag_in)
-    flag = app(np.array(k_rows), np.array(v_rows), np.asarray(kc), np.asarray(vc), pos, np.array(flag_in))
+    flag = app(np.array(k_rows), np.array(v_rows), np.asarray(kc), np.asarray(vc), pos, np.array(flag_in),
+               None if kcal is None else np.array(kcal))
     return mx.array(flag)
+
+
+class CalibratedAppend:
+    """A calibrated layer's append: the shared prepared :class:`KVAppend` (``calibrated=True``) with the
+    layer's ``kcal`` buffer (:func:`calibration_rows`, as a device array) bound; called and launched as an
+    uncalibrated one."""
+
+    def __init__(self, app: KVAppend, kcal):
+        if not app.calibrated:
+            raise KernelError("CalibratedAppend needs an append prepared with calibrated=True")
+        self.app, self.kcal = app, kcal
+
+    def __call__(self, k_rows, v_rows, kc, vc, pos: int, flag_in):
+        return self.app(k_rows, v_rows, kc, vc, pos, flag_in, self.kcal)
+
+    def launch(self, k_rows, v_rows, kc, vc, params, flag_in):
+        return self.app.launch(k_rows, v_rows, kc, vc, params, flag_in, self.kcal)
+
+    def __getattr__(self, name):
+        return getattr(self.app, name)
 
 
 @lru_cache(maxsize=None)
@@ -242,15 +299,20 @@ def _params(*values: int):
 
 
 def prepared(k_format: str, v_format: str, k_dim: int, v_dim: int, k_dp: int, v_dp: int, k_rot: int,
-             v_rot: int, src_dtype: str, backend: str, options: "DecodeOptions | None" = None) -> KVAppend:
-    """One :class:`KVAppend` per geometry (kernel built once) and resolved decode options."""
+             v_rot: int, src_dtype: str, backend: str, options: "DecodeOptions | None" = None,
+             calibrated: bool = False) -> KVAppend:
+    """One :class:`KVAppend` per geometry (kernel built once), resolved decode options and whether it
+    takes a key calibration."""
     opts = (DEFAULT_OPTIONS if options is None else options).resolve(backend)
-    return _prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend, opts)
+    return _prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend, opts,
+                     bool(calibrated))
 
 
 @lru_cache(maxsize=64)
-def _prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend, opts) -> KVAppend:
-    return KVAppend(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend, opts)
+def _prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend, opts,
+              calibrated=False) -> KVAppend:
+    return KVAppend(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, src_dtype, backend, opts,
+                    calibrated)
 
 
 prepared.cache_clear = _prepared.cache_clear   # as on an lru_cache: drop every prepared append

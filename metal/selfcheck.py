@@ -59,12 +59,12 @@ def _device_name(backend: str) -> str:
 
 def check_decode_lane(k_format: str, v_format: str, k_dim: int, v_dim: int, k_dp: int, v_dp: int,
                       k_rot: int, v_rot: int, dtype: str, backend: str,
-                      options: "DecodeOptions | None" = None) -> "str | None":
+                      options: "DecodeOptions | None" = None, calibrated: bool = False) -> "str | None":
     """None when the lane's kernels, launched with ``options``, reproduce their references here, else the
-    reason (said once)."""
+    reason (said once). ``calibrated``: the append that stores calibrated keys (random means and scales)."""
     opts = (DEFAULT_OPTIONS if options is None else options).resolve(backend)
     key = "|".join(map(str, (backend, _device_name(backend), kernel_digest(), k_format, v_format, k_dim,
-                             v_dim, k_rot, v_rot, dtype, opts.label())))
+                             v_dim, k_rot, v_rot, dtype, opts.label()) + (("calibrated",) if calibrated else ())))
     if key in _RESULTS:
         return _RESULTS[key]
     disk = {}
@@ -77,7 +77,7 @@ def check_decode_lane(k_format: str, v_format: str, k_dim: int, v_dim: int, k_dp
         return disk[key]
     raised = False
     try:
-        reason = _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, backend, opts)
+        reason = _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, backend, opts, calibrated)
     except Exception as e:   # a build or launch error is a failed check, not a crash
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         raised = True
@@ -99,7 +99,8 @@ def check_decode_lane(k_format: str, v_format: str, k_dim: int, v_dim: int, k_dp
     return reason
 
 
-def _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, backend, opts) -> "str | None":
+def _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, backend, opts,
+         calibrated=False) -> "str | None":
     import mlx.core as mx
 
     from . import kv_append
@@ -112,13 +113,21 @@ def _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, back
     v = rng.standard_normal((B, H, S, v_dim)).astype(np.float32)
     mdt = getattr(mx, dtype)
     km, vm = mx.array(k).astype(mdt), mx.array(v).astype(mdt)
-    app = kv_append.prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, backend, opts)
+    app = kv_append.prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, backend, opts,
+                             calibrated=calibrated)
+    kcal = None
+    if calibrated:
+        kcal = kv_append.calibration_rows(rng.standard_normal((H, k_dim)) * 0.5,
+                                          np.exp(rng.standard_normal((H, k_dim)) * 0.3), H, k_dim)
+        app = kv_append.CalibratedAppend(app, mx.array(kcal.reshape(-1)))
     kc = mx.zeros((B, H, cap, app.k_row_bytes), mx.uint8)
     vc = mx.zeros((B, H, cap, app.v_row_bytes), mx.uint8)
     mx.eval(kc, vc)
     flag = app(km, vm, kc, vc, 0, mx.zeros((kv_append.flag_slots(B * H * S),), mx.uint32))
     mx.eval(flag)
     kin, vin = np.array(km.astype(mx.float32)), np.array(vm.astype(mx.float32))
+    if kcal is not None:
+        kin = kv_append.calibrate_rows(kin, kcal)
     for name, got, fmt, x, dp, rot in (("K", kc, k_format, kin, k_dp, k_rot), ("V", vc, v_format, vin, v_dp, v_rot)):
         want = kv_append.reference_append(fmt, x, dp, rot)
         if not np.array_equal(np.array(got)[:, :, :S], want):

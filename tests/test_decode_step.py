@@ -396,8 +396,8 @@ def test_self_check_failure_falls_back_loudly(emulated_decode_lane, cpu_device, 
     monkeypatch.setattr(selfcheck, "_RESULTS", {})
     real = kv_append.KVAppend.__call__
 
-    def corrupt(self, k, v, kc, vc, pos, flag):
-        out = real(self, k, v, kc, vc, pos, flag)
+    def corrupt(self, k, v, kc, vc, pos, flag, *kcal):
+        out = real(self, k, v, kc, vc, pos, flag, *kcal)
         if not isinstance(kc, np.ndarray):           # once, on the MLX buffer (the lane calls itself on views)
             np.asarray(kc)[..., pos, 3] ^= 0x10       # one bit of the first new K row
         return out

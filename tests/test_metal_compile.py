@@ -142,7 +142,10 @@ def _append_cases():
                   **kv_append._side_static("KA", k, d, d, krot), **kv_append._side_static("VA", v, d, d, 0)}
         for src16 in (False, True):
             cases.append((f"kv_append-{kf}-{vf}-d{d}-{src16}", kv_append._kernel(src16),
-                          dict(static, QA_SRC=1 if src16 else 0)))
+                          dict(static, QA_SRC=1 if src16 else 0, KV_CAL=0)))
+        # the calibrated append (key means and scales in one more buffer)
+        cases.append((f"kv_append-cal-{kf}-{vf}-d{d}", kv_append._kernel(True, True),
+                      dict(static, QA_SRC=1, KV_CAL=1)))
     cases.append(("kv_grow", kv_append._grow_kernel(), {}))
     return cases
 

@@ -17,6 +17,9 @@
 // Out: flag (max(2R, KV_FLAG_MIN) uint32): flag_in[g % n_in] | (1 if row g held a NaN/inf), the slots
 // past 2R zero — a sticky device-side flag the cache reads once, later, instead of synchronising on
 // every append.
+// KV_CAL (key calibration, TQCache's "mean"/"scale" in the model's basis): one more buffer, kcal (float32,
+// 2 * H * KA_DIN: the per-head channel means mu, then the channel scales s), and each K value is stored as
+// (x - mu) / s before the rotation (the padding past KA_DIN stays zero).
 // the rows arrive typed as the caller's arrays (float, half or bfloat16): read them as float32 or as bits
 #if QA_SRC == 0
 #define KV_ROWS(p) ((TQ_CONST_DEVICE float*)(p))
@@ -40,7 +43,12 @@ for (int i = (int)lane; i < dp; i += 32) {
     const float x = i < din ? (is_k ? qa_load(KV_ROWS(k), r * (uint)KA_DIN + (uint)i) : qa_load(KV_ROWS(v), r * (uint)VA_DIN + (uint)i))
                             : 0.0f;
     bad |= (tq_isnan(x) || tq_isinf(x)) ? 1u : 0u;
+#if KV_CAL
+    xs[i] = (is_k && i < din) ? tq_div(tq_sub(x, kcal[h * (uint)KA_DIN + (uint)i]),
+                                       kcal[(H + h) * (uint)KA_DIN + (uint)i]) : x;
+#else
     xs[i] = x;
+#endif
 }
 bad = tq_simd_max(bad);
 tq_barrier();

@@ -110,6 +110,7 @@ class DecodeLane:
         self._flag = None            # device-side NaN/inf flag of the rows appended since the last check
         self._unsettled = False      # in-place appends the MLX graph does not order (see _settle)
         self._inplace: dict = {}     # (dtype, dk, dv) -> prepared in-place append, or None
+        self._kcal = None            # calibrated keys: the append kernel's means and scales (a device array)
         self.placeholder = False     # update_and_fetch returned the step's rows, not the cache
         self._owned = True           # the buffers are this cache's own allocations (in-place writes go there)
         self._reset_hot()
@@ -127,9 +128,35 @@ class DecodeLane:
         self._flagbuf = d.append(d.keys, d.values, self._kbuf, self._vbuf, d.row, self._flagbuf)
         self._unsettled = True
 
+    def _calibration_buffer(self, heads: int):
+        """The append kernel's ``kcal`` for this layer's key calibration (a device array, made once)."""
+        import numpy as np
+
+        from ..kv_append import calibration_rows
+
+        buf = self._kcal
+        if buf is None:
+            mu = None if self.k_mu is None else np.array(self.k_mu)
+            s = None if self.k_scale is None else np.array(self.k_scale)
+            buf = self._kcal = mx.array(calibration_rows(mu, s, heads, self.k_dim).reshape(-1))
+        return buf
+
+    def lane_query(self, queries: mx.array) -> mx.array:
+        """The query the fused attention takes for this layer's stored keys: ``q * s`` (then rotated
+        inside the kernel: ``H(q*s).H((k-mu)/s) = q.k - q.mu``, a shift per query row that softmax
+        ignores); ``q`` itself without a key scale."""
+        s = self.k_scale
+        if s is None:
+            return queries
+        if queries.shape[1] != s.shape[0]:
+            s = mx.repeat(s, queries.shape[1] // s.shape[0], axis=0)   # grouped-query heads share a KV head
+        s = s.reshape(1, queries.shape[1], *([1] * (queries.ndim - 3)), s.shape[-1])
+        return (queries.astype(mx.float32) * s).astype(queries.dtype)
+
     def _attend_step(self, launch, queries):
         """The routed attention of a decode step over the buffers (``launch``: the layer's prepared
         fused attention), with the step's deferred append in the same call where there is one."""
+        queries = self.lane_query(queries)
         d = self._deferred
         if d is None:
             return launch(queries, self.keys, self.values, self.offset - self.start, self._flag)
@@ -144,9 +171,15 @@ class DecodeLane:
         key = (keys.dtype, keys.shape[-1], values.shape[-1])
         if key in self._inplace:
             return self._inplace[key]
+        if self._pending is not None:   # qscale: the first chunk waits for its queries (decided after it)
+            return None
         app = None
         gpu = _gpu_backend()
-        if (gpu is not None and not self.calibration and self._pending is None and keys.dtype == values.dtype
+        calibrated = bool(self.calibration)
+        if gpu is not None and calibrated and self.calibration.basis != "original":
+            self.codec_paths["append_note"] = ("in-place append unavailable: key calibration in the rotated basis "
+                                               "(the append kernel calibrates keys before its rotation)")
+        elif (gpu is not None and keys.dtype == values.dtype
                 and keys.dtype in (mx.float16, mx.bfloat16, mx.float32)):
             from .. import kv_append
             from ..selfcheck import check_decode_lane
@@ -155,10 +188,13 @@ class DecodeLane:
                    padded_dim(self.v_format, self.v_dim), self.k_rot, self.v_rot,
                    str(keys.dtype).replace("mlx.core.", ""), gpu)
             try:
-                app = kv_append.prepared(*geo, options=self.decode_options)
+                app = kv_append.prepared(*geo, options=self.decode_options, calibrated=calibrated)
+                if calibrated:   # this layer's channel means and scales, bound to the shared kernel
+                    app = kv_append.CalibratedAppend(app, self._calibration_buffer(keys.shape[1]))
             except Exception as e:   # a geometry the kernel does not take: the ops path, said once
                 self.codec_paths["append_note"] = f"in-place append unavailable: {type(e).__name__}: {e}"
-            reason = check_decode_lane(*geo, options=self.decode_options) if app is not None else None
+            reason = (check_decode_lane(*geo, options=self.decode_options, calibrated=calibrated)
+                      if app is not None else None)
             if reason:   # kernels that fail here on this hardware: the reference paths, loudly
                 app = None
                 self.decode_fallback = f"self-check failed: {reason}"

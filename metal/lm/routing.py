@@ -79,8 +79,12 @@ def _decode_backend(mode: str) -> "str | None":
 def _fast_decode(cache: TQCache, q, scale: float, sinks, backend: str):
     """The decode step's attention on a GPU: the layer's prepared fused-kernel launch over the
     cache buffers (runtime length, rotations inside the kernel, ordered after the in-place append
-    by its flag); None when it does not apply (CPU, calibrated keys, a shape it refuses)."""
-    if cache.calibration or cache.keys is None or backend != "auto" or not cache._owned:
+    by its flag); None when it does not apply (CPU, keys calibrated in the rotated basis or still waiting
+    for their calibration, a shape it refuses). Calibrated keys (model basis): the kernel takes
+    ``cache.lane_query(q)``."""
+    if cache.keys is None or backend != "auto" or not cache._owned:
+        return None
+    if cache.calibration and (cache.calibration.basis != "original" or cache._pending is not None):
         return None
     sig = (tuple(q.shape), q.dtype, cache.keys.shape[2], scale, sinks is not None)
     launch = cache.decode_launch
@@ -97,7 +101,8 @@ def _fast_decode(cache: TQCache, q, scale: float, sinks, backend: str):
         cache.decode_launch, cache._decode_sig = launch, sig
         if launch is None:
             return None
-    out = launch(q, cache.keys, cache.values, cache.offset - cache.start, after=cache._flag, sinks=sinks)
+    out = launch(cache.lane_query(q), cache.keys, cache.values, cache.offset - cache.start, after=cache._flag,
+                 sinks=sinks)
     path = f"decode:{launch.backend}"
     cache.paths[path] += 1
     if sinks is None:   # later steps of this geometry take the lane in the routed entry point

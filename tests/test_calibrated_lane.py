@@ -1,0 +1,154 @@
+"""Key-calibrated caches on the GPU decode lane: the in-place append stores (x - mu) / s per head and
+channel before its rotation, and the fused attention takes q * s (issue 36 item 3). On the CPU the lane
+runs with its kernels on the emulator; the same kernel source runs on CUDA and Metal."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core", reason="MLX is not installed")
+pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
+
+from tqbridge.metal import kv_append  # noqa: E402
+from tqbridge.metal.lm.cache import TQCache, make_cache  # noqa: E402
+from tqbridge.metal.lm.kv_spelling import parse_kv_spec  # noqa: E402
+from tqbridge.metal.lm.report import cache_report  # noqa: E402
+from tiny_models import forced_decode, tiny_llama, tokens  # noqa: E402
+
+# Float keys: calibration is exact in real arithmetic; in float32 the mean subtracted, the scale divided
+# and the q.mu shift of every score round differently. tests/test_calibration.py measured up to ~4e-6 on
+# the tiny models' logits and holds every path to 1e-4; a missing scale moves them by > 1e-2.
+LOGIT_ATOL = 1e-4
+# Quantized keys: the lane against the float cache within 25% (+0.01) of the ops path's error over the
+# same cache (the verdict of tests/test_decode_step.py, whose comment gives the measurements).
+QUANTIZED_LANE_ERROR_RATIO, QUANTIZED_LANE_ERROR_SLACK = 1.25, 1e-2
+
+
+@pytest.fixture
+def cpu_device():
+    old = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(old)
+
+
+def _kernel_case(kf, vf, d, dtype, rot, seed=3):
+    rng = np.random.default_rng(seed)
+    B, H, S = 1, 2, 3
+    k = rng.standard_normal((B, H, S, d)).astype(np.float32) * 3 + 1.5
+    v = rng.standard_normal((B, H, S, d)).astype(np.float32)
+    kcal = kv_append.calibration_rows(rng.standard_normal((H, d)), np.exp(rng.standard_normal((H, d)) * 0.5), H, d)
+    app = kv_append.KVAppend(kf, vf, d, d, d, d, rot, rot, dtype, "cpu-emulator", calibrated=True)
+    plain = kv_append.KVAppend(kf, vf, d, d, d, d, rot, rot, dtype, "cpu-emulator")
+    src = k.astype(np.float16) if dtype == "float16" else k
+    vsrc = v.astype(np.float16) if dtype == "float16" else v
+    bufs = []
+    for a, extra in ((app, (kcal,)), (plain, ())):
+        kc = np.zeros((B, H, 4, a.k_row_bytes), np.uint8)
+        vc = np.zeros((B, H, 4, a.v_row_bytes), np.uint8)
+        a(src, vsrc, kc, vc, 1, np.zeros((kv_append.flag_slots(B * H * S),), np.uint32), *extra)
+        bufs.append((kc, vc))
+    return src.astype(np.float32), vsrc.astype(np.float32), kcal, bufs
+
+
+@pytest.mark.parametrize("kf,vf,d,rot", [("q8_0", "q4_0", 64, 64), ("q5_1", "turbo3", 128, 128),
+                                         ("turbo4", "q8_0", 128, 0), ("f32", "f16", 64, 0)])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_calibrated_append_writes_the_reference_bytes(kf, vf, d, rot, dtype):
+    """Byte for byte: K blocks = the reference append of (x - mu) / s (float32), V blocks as without
+    calibration; the rows before ``pos`` untouched."""
+    k, v, kcal, ((kc, vc), (kc0, vc0)) = _kernel_case(kf, vf, d, dtype, rot)
+    want_k = kv_append.reference_append(kf, kv_append.calibrate_rows(k, kcal), d, rot)
+    want_v = kv_append.reference_append(vf, v, d, rot)
+    np.testing.assert_array_equal(kc[:, :, 1:4], want_k)
+    np.testing.assert_array_equal(vc[:, :, 1:4], want_v)
+    np.testing.assert_array_equal(vc, vc0)
+    assert not kc[:, :, 0].any()
+    assert not np.array_equal(kc, kc0)   # the calibration changed what was stored
+
+
+def test_calibrated_append_refuses_a_missing_buffer():
+    app = kv_append.KVAppend("q8_0", "q4_0", 64, 64, 64, 64, 64, 64, "float32", "cpu-emulator", calibrated=True)
+    z = np.zeros((1, 1, 1, 64), np.float32)
+    with pytest.raises(kv_append.KernelError, match="kcal"):
+        app(z, z, np.zeros((1, 1, 2, app.k_row_bytes), np.uint8), np.zeros((1, 1, 2, app.v_row_bytes), np.uint8),
+            0, np.zeros((4,), np.uint32))
+
+
+def _float_cache_logits(m, toks, prefill=5):
+    from mlx_lm.models import cache as mc
+
+    cache, out = mc.make_prompt_cache(m), []
+    mx.eval(m(toks[:, :prefill], cache=cache))
+    for i in range(prefill, toks.shape[1]):
+        out.append(np.array(m(toks[:, i:i + 1], cache=cache)[0, -1].astype(mx.float32)))
+    return np.stack(out)
+
+
+def _forced(m, toks, mode, kv):
+    k, v, cal = parse_kv_spec(kv)
+    cache = make_cache(m, k, v, calibration=cal)
+    out = forced_decode(m, toks, cache, mode)
+    return out, cache
+
+
+@pytest.mark.parametrize("kv", ["f32+mean+scale/f32", "f32+scale=0.75/f32", "f32+mean/f32"])
+def test_float_keys_on_the_calibrated_lane_give_the_float_cache_logits(emulated_decode_lane, kv, cpu_device,
+                                                                       monkeypatch):
+    monkeypatch.setattr(TQCache, "step", 8)   # decode grows the buffers on the device several times
+    m, toks = tiny_llama(head_dim=64), tokens(30, seed=9)
+    exact = _float_cache_logits(m, toks)
+    got, cache = _forced(m, toks, "auto", kv)
+    rep = cache_report(cache)
+    assert rep["paths"].get("decode:cpu-emulator", 0) >= 20, rep["paths"]
+    assert all(layer["codecs"]["k_append"] == "kv-append:cpu-emulator" for layer in rep["layers"]), rep["layers"]
+    assert all(c._hot_attn is not None for c in cache)   # the decode steps took the prepared lane
+    np.testing.assert_allclose(got, exact, atol=LOGIT_ATOL, rtol=0)
+    assert np.array_equal(got.argmax(-1), exact.argmax(-1))
+
+
+@pytest.mark.parametrize("bug", ["q not scaled", "keys not scaled"])
+def test_the_float_verdict_catches_a_lane_without_its_scale(emulated_decode_lane, bug, cpu_device, monkeypatch):
+    """Planted: the lane's attention takes q unscaled, or the append stores keys without dividing by s;
+    the float-keys verdict above fails by far more than its tolerance."""
+    monkeypatch.setattr(TQCache, "step", 8)
+    if bug == "q not scaled":
+        monkeypatch.setattr(TQCache, "lane_query", lambda self, q: q)
+    else:
+        real = kv_append.calibration_rows
+        monkeypatch.setattr(kv_append, "calibration_rows",
+                            lambda mu, s, heads, k_dim: real(mu, None, heads, k_dim))
+    m, toks = tiny_llama(head_dim=64), tokens(30, seed=9)
+    exact = _float_cache_logits(m, toks)
+    got, cache = _forced(m, toks, "auto", "f32+mean+scale/f32")
+    assert cache_report(cache)["paths"].get("decode:cpu-emulator", 0) >= 20
+    assert np.abs(got - exact).max() > 100 * LOGIT_ATOL
+
+
+@pytest.mark.parametrize("kv", ["q8_0+mean+scale/q4_0", "q5_1+mean+scale/turbo3", "q4_0+mean+qscale/q8_0"])
+def test_quantized_calibrated_lane_is_as_accurate_as_the_ops_path(emulated_decode_lane, kv, cpu_device, monkeypatch):
+    """The lane (calibrated in-place append, scaled q, fused attention) against the float cache, within
+    the ops path's error (dequantize with the calibration undone + MLX's SDPA) over the same cache.
+    qscale: the first chunk's keys wait for their queries (ops path), later rows take the lane."""
+    monkeypatch.setattr(TQCache, "step", 8)
+    m, toks = tiny_llama(head_dim=128), tokens(40, seed=9)
+    exact = _float_cache_logits(m, toks)
+    got, cache = _forced(m, toks, "auto", kv)
+    ops, _ = _forced(m, toks, "sdpa", kv)
+    rep = cache_report(cache)
+    assert rep["paths"].get("decode:cpu-emulator", 0) >= 30, rep["paths"]
+    assert all(layer["codecs"]["k_append"] == "kv-append:cpu-emulator" for layer in rep["layers"])
+    err_lane, err_ops = np.abs(got - exact).max(), np.abs(ops - exact).max()
+    assert err_lane <= QUANTIZED_LANE_ERROR_RATIO * err_ops + QUANTIZED_LANE_ERROR_SLACK, (err_lane, err_ops)
+
+
+def test_rotated_basis_calibration_says_why_it_is_off_the_lane(emulated_decode_lane, cpu_device):
+    """Statistics taken after the rotation cannot be applied before it: the ops path appends, and the
+    report says why."""
+    m, toks = tiny_llama(head_dim=64), tokens(12, seed=9)
+    _, cache = _forced(m, toks, "auto", "q8_0+mean+scale+rotated/q4_0")
+    for layer in cache_report(cache)["layers"]:
+        assert layer["codecs"]["k_append"] != "kv-append:cpu-emulator"
+        assert "rotated basis" in layer["codecs"]["append_note"]
+    assert all(c._hot_attn is None for c in cache)
