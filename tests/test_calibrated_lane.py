@@ -152,3 +152,51 @@ def test_rotated_basis_calibration_says_why_it_is_off_the_lane(emulated_decode_l
         assert layer["codecs"]["k_append"] != "kv-append:cpu-emulator"
         assert "rotated basis" in layer["codecs"]["append_note"]
     assert all(c._hot_attn is None for c in cache)
+
+
+def _gpu_backend():
+    from tqbridge.metal.lm.codecs import _gpu_backend as gpu
+
+    return gpu() if mx.default_device() == mx.gpu else None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_gpu_calibrated_append_writes_the_reference_bytes(dtype):
+    backend = _gpu_backend()
+    if backend is None:
+        pytest.skip("no MLX GPU backend (Metal or CUDA) here")
+    rng = np.random.default_rng(5)
+    B, H, S, d = 1, 2, 3, 128
+    k = mx.array(rng.standard_normal((B, H, S, d)).astype(np.float32) * 3 + 1.5).astype(getattr(mx, dtype))
+    v = mx.array(rng.standard_normal((B, H, S, d)).astype(np.float32)).astype(getattr(mx, dtype))
+    kcal = kv_append.calibration_rows(rng.standard_normal((H, d)), np.exp(rng.standard_normal((H, d)) * 0.5), H, d)
+    app = kv_append.CalibratedAppend(kv_append.prepared("q5_1", "turbo3", d, d, d, d, 128, 128, dtype, backend,
+                                                        calibrated=True), mx.array(kcal.reshape(-1)))
+    kc = mx.zeros((B, H, 4, app.k_row_bytes), mx.uint8)
+    vc = mx.zeros((B, H, 4, app.v_row_bytes), mx.uint8)
+    mx.eval(kc, vc)
+    flag = app(k, v, kc, vc, 1, mx.zeros((kv_append.flag_slots(B * H * S),), mx.uint32))
+    mx.eval(flag)
+    k32, v32 = np.array(k.astype(mx.float32)), np.array(v.astype(mx.float32))
+    want_k = kv_append.reference_append("q5_1", kv_append.calibrate_rows(k32, kcal), d, 128)
+    np.testing.assert_array_equal(np.array(kc)[:, :, 1:4], want_k)
+    np.testing.assert_array_equal(np.array(vc)[:, :, 1:4], kv_append.reference_append("turbo3", v32, d, 128))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["q8_0+mean+scale/q4_0", "q5_1+mean+scale/turbo3"])
+def test_gpu_calibrated_lane_is_as_accurate_as_the_ops_path(kv, monkeypatch):
+    backend = _gpu_backend()
+    if backend is None:
+        pytest.skip("no MLX GPU backend (Metal or CUDA) here")
+    monkeypatch.setattr(TQCache, "step", 8)
+    m, toks = tiny_llama(head_dim=128), tokens(40, seed=9)
+    exact = _float_cache_logits(m, toks)
+    got, cache = _forced(m, toks, "auto", kv)
+    ops, _ = _forced(m, toks, "sdpa", kv)
+    rep = cache_report(cache)
+    assert rep["paths"].get(f"decode:{backend}", 0) >= 30, rep["paths"]
+    assert all(layer["codecs"]["k_append"] == f"kv-append:{backend}" for layer in rep["layers"])
+    err_lane, err_ops = np.abs(got - exact).max(), np.abs(ops - exact).max()
+    assert err_lane <= QUANTIZED_LANE_ERROR_RATIO * err_ops + QUANTIZED_LANE_ERROR_SLACK, (err_lane, err_ops)
