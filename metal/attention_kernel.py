@@ -173,9 +173,13 @@ class _EmulatedDecodeLaunch:
         self.fuses_append = self.options.defer_append
         self.run_info = {"backend": self.backend}   # what its latest call ran (a DecodeLaunch's is its plan)
 
-    def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int):
+    def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None):
         """:meth:`DecodeLaunch.with_append`'s contract: the append, then this attention (two calls here)."""
+        import mlx.core as mx
+
         flag = append(k_rows, v_rows, kb, vb, pos, flag_in)
+        if q_scale is not None:
+            q = (q.astype(mx.float32) * q_scale).astype(q.dtype)
         return flag, self(q, kb, vb, length, after=flag)
 
     def __call__(self, q, kb, vb, length: int, after=None, sinks=None):

@@ -225,22 +225,28 @@ class DecodeLaunch:
             return fn(q, kb, vb, ip1, dep) if sinks is None else fn(q, kb, vb, ip1, dep, sinks)
         return run.launch(q, kb, vb, sinks, ip1, dep)
 
-    def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int):
+    def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None):
         """The decode step's in-place append of ``k_rows`` / ``v_rows`` at row ``pos`` (``append``: the
         cache's prepared :class:`~tqbridge.metal.kv_append.KVAppend`, ``flag_in`` its flag) and then this
-        attention at ``length``, ordered after it by the append's flag: ``(flag, out)``. Compiled
-        launches trace both as one function (one replay per layer instead of two)."""
-        fn = self._with_append.get(append)
+        attention at ``length``, ordered after it by the append's flag: ``(flag, out)``. ``q_scale``
+        (float32, broadcast against q: a key-calibrated cache's channel scales) multiplies q first, in
+        float32, back to q's dtype. Compiled launches trace it all as one function (one replay per layer,
+        the scaling fused into one elementwise kernel)."""
+        key = (append, q_scale is not None)
+        fn = self._with_append.get(key)
         if fn is None:
             import mlx.core as mx
 
             run = self._run
 
-            def both(k_rows, v_rows, q, kb, vb, params, flag_in, ip1):
+            def both(k_rows, v_rows, q, kb, vb, params, flag_in, ip1, *scale):
                 flag = append.launch(k_rows, v_rows, kb, vb, params, flag_in)
+                if scale:
+                    q = (q.astype(mx.float32) * scale[0]).astype(q.dtype)
                 return flag, run.launch(q, kb, vb, None, ip1, flag)
-            fn = self._with_append[append] = mx.compile(both) if self.compiled else both
-        return fn(k_rows, v_rows, q, kb, vb, append.step_params(k_rows, kb, pos, flag_in), flag_in, self.ip1(length))
+            fn = self._with_append[key] = mx.compile(both) if self.compiled else both
+        return fn(k_rows, v_rows, q, kb, vb, append.step_params(k_rows, kb, pos, flag_in), flag_in, self.ip1(length),
+                  *(() if q_scale is None else (q_scale,)))
 
 
 @lru_cache(maxsize=64)

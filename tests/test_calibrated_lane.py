@@ -200,3 +200,33 @@ def test_gpu_calibrated_lane_is_as_accurate_as_the_ops_path(kv, monkeypatch):
     assert all(layer["codecs"]["k_append"] == f"kv-append:{backend}" for layer in rep["layers"])
     err_lane, err_ops = np.abs(got - exact).max(), np.abs(ops - exact).max()
     assert err_lane <= QUANTIZED_LANE_ERROR_RATIO * err_ops + QUANTIZED_LANE_ERROR_SLACK, (err_lane, err_ops)
+
+
+def test_calibrated_lane_with_the_append_in_the_attention_call_is_bit_identical(emulated_decode_lane, cpu_device,
+                                                                                monkeypatch):
+    """The deferred append (the step's append and attention in one call, q scaled inside it: CUDA's
+    default) against append-then-attend: the same logits and blocks, bit for bit."""
+    from tqbridge.metal import attention_kernel
+    from tqbridge.metal.decode_options import DecodeOptions
+
+    monkeypatch.setattr(TQCache, "step", 8)
+    calls = []
+    real = attention_kernel._EmulatedDecodeLaunch.with_append
+
+    def spy(self, *a, **kw):
+        calls.append(a[-1] if len(a) > 9 else kw.get("q_scale"))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(attention_kernel._EmulatedDecodeLaunch, "with_append", spy)
+    m, toks = tiny_llama(head_dim=128), tokens(30, seed=9)
+    runs = {}
+    for defer in (False, True):
+        k, v, cal = parse_kv_spec("q5_1+mean+scale/q5_0")
+        cache = make_cache(m, k, v, calibration=cal)
+        for c in cache:
+            c.decode_options = DecodeOptions(defer_append=defer)
+        runs[defer] = (forced_decode(m, toks, cache), [np.array(b) for c in cache for b in c.blocks()])
+        assert (len(calls) > 20) == defer
+    assert all(s is not None for s in calls)   # every fused call scaled q
+    assert np.array_equal(runs[True][0], runs[False][0])
+    assert all(np.array_equal(a, b) for a, b in zip(runs[True][1], runs[False][1]))

@@ -290,7 +290,7 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
         if queries is not None:
             q = hadamard_rotate(queries, self.k_rot) if rotated else queries
         self.k_mu, self.k_scale = _fit_calibration(k, self.calibration, q)
-        self._kcal = None
+        self._kcal = self._qscale = None
 
     def finish_calibration(self, queries: "mx.array | None") -> None:
         """Fit a pending ``qscale`` calibration from ``queries`` (None: keys only) and quantize
@@ -445,7 +445,7 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
                 raise CacheStateError(f"TQCache state: calibration arrays do not match "
                                       f"{self.calibration.spec or 'no calibration'}")
         self.k_mu, self.k_scale = mu, scale
-        self._kcal = None           # the append kernel's copy of them (made at the next append)
+        self._kcal = self._qscale = None   # the lane's copies of them (made at the next append / step)
         self._inplace = {}
         self.keys, self.values = keys, values
         self._owned = keys is None

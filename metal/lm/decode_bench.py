@@ -369,6 +369,10 @@ def plan_label(row: dict) -> str:
     return str(k)
 
 
+def _context(n: int) -> str:
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
 def to_markdown(results: dict) -> str:
     """The table of a :func:`run` record per model, context and cache: tokens/s and the speed-up
     against fp16, the decode phase's peak memory over the model and KV bytes, resident KV bytes, the
@@ -379,10 +383,10 @@ def to_markdown(results: dict) -> str:
         if "error" in r:
             why = ("MLX's backend has no quantized_matmul for it" if "No implementation" in r["error"]
                    else r["error"][:80])
-            lines.append(f"| {r['model']} | {r['context'] // 1024}K | {r['cache']} | decode failed: {why} | — | — "
+            lines.append(f"| {r['model']} | {_context(r['context'])} | {r['cache']} | decode failed: {why} | — | — "
                          f"| {r.get('kv_bytes', 0) / 2**20:.0f} | — | — | — | — |")
             continue
-        lines.append(f"| {r['model']} | {r['context'] // 1024}K | {r['cache']} | {r['tokens_per_s']:.1f} | "
+        lines.append(f"| {r['model']} | {_context(r['context'])} | {r['cache']} | {r['tokens_per_s']:.1f} | "
                      f"{r.get('speedup_vs_fp16', 1.0):.2f}× | {r['decode_peak_over_kv_and_model']:.3f} | "
                      f"{r['kv_bytes'] / 2**20:.0f} | {plan_label(r)} | {r['kv_path_kernels_per_layer']} | "
                      f"{r['kv_path_host_syncs_per_step']:g} | {r['kv_path_python_us_per_layer']:.0f} |")

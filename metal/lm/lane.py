@@ -42,6 +42,12 @@ def _routing_active() -> bool:
     return _ROUTED.get() > 0
 
 
+@mx.compile
+def _scaled_query(q: mx.array, s: mx.array) -> mx.array:
+    """``q * s`` in float32, back to q's dtype: one elementwise kernel."""
+    return (q.astype(mx.float32) * s).astype(q.dtype)
+
+
 class StepLane(NamedTuple):
     """A decode step's prepared in-place append: the K/V row shapes and dtype it was made for, the append
     and the buffer capacity (rows) it writes into."""
@@ -111,6 +117,7 @@ class DecodeLane:
         self._unsettled = False      # in-place appends the MLX graph does not order (see _settle)
         self._inplace: dict = {}     # (dtype, dk, dv) -> prepared in-place append, or None
         self._kcal = None            # calibrated keys: the append kernel's means and scales (a device array)
+        self._qscale = None          # calibrated keys: the scales shaped against the decode step's q
         self.placeholder = False     # update_and_fetch returned the step's rows, not the cache
         self._owned = True           # the buffers are this cache's own allocations (in-place writes go there)
         self._reset_hot()
@@ -141,28 +148,37 @@ class DecodeLane:
             buf = self._kcal = mx.array(calibration_rows(mu, s, heads, self.k_dim).reshape(-1))
         return buf
 
+    def query_scale(self, queries: mx.array) -> "mx.array | None":
+        """This layer's key scales ``s`` shaped against ``queries`` (query heads share their KV head's),
+        float32; None without a key scale. Made once per query shape."""
+        s = self.k_scale
+        if s is None:
+            return None
+        key = (queries.shape[1], queries.ndim)
+        got = self._qscale.get(key) if self._qscale else None
+        if got is None:
+            if queries.shape[1] != s.shape[0]:
+                s = mx.repeat(s, queries.shape[1] // s.shape[0], axis=0)
+            got = s.reshape(1, queries.shape[1], *([1] * (queries.ndim - 3)), s.shape[-1])
+            self._qscale = {key: got}
+        return got
+
     def lane_query(self, queries: mx.array) -> mx.array:
         """The query the fused attention takes for this layer's stored keys: ``q * s`` (then rotated
         inside the kernel: ``H(q*s).H((k-mu)/s) = q.k - q.mu``, a shift per query row that softmax
         ignores); ``q`` itself without a key scale."""
-        s = self.k_scale
-        if s is None:
-            return queries
-        if queries.shape[1] != s.shape[0]:
-            s = mx.repeat(s, queries.shape[1] // s.shape[0], axis=0)   # grouped-query heads share a KV head
-        s = s.reshape(1, queries.shape[1], *([1] * (queries.ndim - 3)), s.shape[-1])
-        return (queries.astype(mx.float32) * s).astype(queries.dtype)
+        s = self.query_scale(queries)
+        return queries if s is None else _scaled_query(queries, s)
 
     def _attend_step(self, launch, queries):
         """The routed attention of a decode step over the buffers (``launch``: the layer's prepared
         fused attention), with the step's deferred append in the same call where there is one."""
-        queries = self.lane_query(queries)
         d = self._deferred
         if d is None:
-            return launch(queries, self.keys, self.values, self.offset - self.start, self._flag)
+            return launch(self.lane_query(queries), self.keys, self.values, self.offset - self.start, self._flag)
         self._deferred = None
         self._flagbuf, out = launch.with_append(d.append, d.keys, d.values, queries, self._kbuf, self._vbuf, d.row,
-                                                self._flagbuf, self.offset - self.start)
+                                                self._flagbuf, self.offset - self.start, self.query_scale(queries))
         self._unsettled = True
         return out
 
