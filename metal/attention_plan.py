@@ -25,7 +25,7 @@ from .attention_formats import _fmt_params
 from .attention_problem import AttentionError, Problem
 from .decode_options import (DEFAULT_OPTIONS, DEFAULT_Q_PRECISION, FILL_PER_UNIT_V2, GROUPS_PER_UNIT_V1,
                              GROUPS_PER_UNIT_V2, GROUPS_PER_UNIT_V3, GROUPS_PER_UNIT_V3_LONG, INT8_DEFAULT_MAX_V_BITS,
-                             V3_CHUNKS, V3_LONG_SPLIT_KEYS, DecodeOptions, compute_units)
+                             V3_CHUNKS, V3_LONG_SPLIT_KEYS, DecodeOptions, compute_units, resident_groups)
 
 MAX_PARTIALS = 1024          # pass 2 keeps one weight per partial in threadgroup memory
 COMBINE_THREADS = 256        # >= the largest row (256 values), a power of 2
@@ -303,15 +303,23 @@ def _v3_limits(backend: str) -> tuple[int, int]:
     return (V3_SHARED_CUDA, V3_STAGES_CUDA) if backend == "cuda" else (SHARED_BYTES, V3_STAGES_CUDA)
 
 
-def v3_target_groups(opts: DecodeOptions, backend: str, length: int, heads: int) -> int:
+def v3_target_groups(opts: DecodeOptions, backend: str, length: int, heads: int, shared_bytes: int = 0) -> int:
     """Pass-1 threadgroups v3's GPU plans aim for: ``opts.target_groups``; else on CUDA 6 per compute
-    unit where each split still keeps V3_LONG_SPLIT_KEYS keys of ``length``; else 4 per unit."""
+    unit where each split still keeps V3_LONG_SPLIT_KEYS keys of ``length``; else 4 per unit. Per unit,
+    never more than the unit holds at once (threadgroups of ``shared_bytes``, :func:`resident_groups`):
+    a second, partial wave costs more than it spreads (head dim 256, 5 resident per H200 SM: 128K in
+    98 splits 521 us, in 66 splits 393 us)."""
     if opts.target_groups:
         return opts.target_groups
-    long_target = GROUPS_PER_UNIT_V3_LONG * compute_units(backend)
+    units = compute_units(backend)
+    resident = resident_groups(backend, shared_bytes) if shared_bytes else None
+    per_long, per_unit = GROUPS_PER_UNIT_V3_LONG, GROUPS_PER_UNIT_V3
+    if resident:
+        per_long, per_unit = min(per_long, resident), min(per_unit, resident)
+    long_target = per_long * units
     if backend == "cuda" and length // max(1, long_target // max(heads, 1)) >= V3_LONG_SPLIT_KEYS:
         return long_target
-    return GROUPS_PER_UNIT_V3 * compute_units(backend)
+    return per_unit * units
 
 
 def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks, opts: DecodeOptions) -> Plan:
@@ -387,7 +395,9 @@ def _make_plan_v3(prob: Problem, backend: str, splits, warps, tile, chunks, opts
         if backend == "cpu-emulator":
             splits = -(-l_used // EMU_SPLIT_KEYS)
         else:
-            splits = max(1, min(-(-l_used // V3_MIN_SPLIT_KEYS), v3_target_groups(opts, backend, l_used, heads) // heads))
+            smem = need(nw, tl, ns)
+            splits = max(1, min(-(-l_used // V3_MIN_SPLIT_KEYS),
+                                v3_target_groups(opts, backend, l_used, heads, smem) // heads))
     splits = int(splits)
     if splits < 1:
         raise AttentionError(f"splits must be positive, got {splits}")

@@ -59,6 +59,10 @@ V3_LONG_SPLIT_KEYS = 1024
 # compute units assumed where the device does not say (Metal: MLX reports no core count): the H200's,
 # where the per-unit targets above were measured
 FALLBACK_UNITS = 132
+# a CUDA device's threadgroup memory per compute unit and reserve per resident threadgroup where the
+# driver does not say: the H200's (228 KB per SM, 1 KB per block; CUDA C++ Programming Guide, compute
+# capability 9.0)
+FALLBACK_SHARED_PER_UNIT = (233472, 1024)
 
 _FIELDS_BOOL = ("compile", "device_params", "device_consts", "defer_append", "dynamic_shared")
 
@@ -183,14 +187,42 @@ def compute_units(backend: str) -> int:
     return FALLBACK_UNITS
 
 
+@lru_cache(maxsize=4)
+def shared_per_unit(backend: str) -> "tuple[int, int] | None":
+    """(threadgroup memory of one compute unit, bytes each resident threadgroup costs beyond its own) in
+    bytes: CUDA's CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR and
+    CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK of device 0, else :data:`FALLBACK_SHARED_PER_UNIT`
+    on CUDA; None elsewhere (Metal does not say; the emulator has no units)."""
+    if backend != "cuda":
+        return None
+    per_unit, reserved = _cuda_attribute(81), _cuda_attribute(111)
+    if per_unit:
+        return per_unit, reserved or 0
+    return FALLBACK_SHARED_PER_UNIT
+
+
+def resident_groups(backend: str, shared_bytes: int) -> "int | None":
+    """Threadgroups of ``shared_bytes`` of threadgroup memory that one compute unit holds at once (the
+    memory bound only), or None where the device does not say."""
+    got = shared_per_unit(backend)
+    if got is None:
+        return None
+    per_unit, reserved = got
+    return max(1, per_unit // (shared_bytes + reserved))
+
+
 def _cuda_sm_count() -> "int | None":
+    return _cuda_attribute(16)   # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT (cuda.h)
+
+
+def _cuda_attribute(attribute: int) -> "int | None":
+    """An integer attribute of CUDA device 0 from the driver (cuda.h's CUdevice_attribute), or None."""
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return None
     dev, n = ctypes.c_int(), ctypes.c_int()
-    multiprocessor_count = 16   # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT (cuda.h)
     if (lib.cuInit(0) != 0 or lib.cuDeviceGet(ctypes.byref(dev), 0) != 0
-            or lib.cuDeviceGetAttribute(ctypes.byref(n), multiprocessor_count, dev) != 0):
+            or lib.cuDeviceGetAttribute(ctypes.byref(n), attribute, dev) != 0):
         return None
     return n.value if n.value > 0 else None

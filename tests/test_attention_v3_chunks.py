@@ -231,3 +231,42 @@ def test_cuda_plans_take_six_threadgroups_per_sm_only_for_long_splits(length, sp
     monkeypatch.setattr(attention_plan, "compute_units", lambda backend: 66)
     half = attention_plan.make_plan(prob, "metal", kernel="v3").splits
     assert half <= 4 * 66 // 8 and half <= metal and (length < 32768 or half < metal)
+
+
+def test_cuda_grid_stays_within_one_wave_of_resident_threadgroups(monkeypatch):
+    """A CUDA plan's pass-1 grid per compute unit never exceeds the threadgroups one unit holds at once
+    (by threadgroup memory): head dim 256 (5 resident per H200 SM) takes 5 per SM at 128K, not the long
+    target's 6; head dim 128 (8 resident) keeps 6. Planted: a device with half the memory per unit."""
+    from tqbridge.bridge import get_format
+    from tqbridge.metal import attention_plan, decode_options
+    from tqbridge.metal.attention_problem import Problem
+
+    monkeypatch.setattr(decode_options, "_cuda_attribute", lambda attribute: None)   # the H200's figures
+    decode_options.compute_units.cache_clear()
+    decode_options.shared_per_unit.cache_clear()
+
+    def plan(hq, hkv, d, n):
+        prob = Problem(1, hq, hkv, 1, d, n, (n,), get_format("q8_0"), get_format("turbo3"), d, d, d ** -0.5, 0,
+                       0.0, False, True)
+        p = attention_plan.make_plan(prob, "cuda", kernel="v3")
+        smem = attention_plan.v3_shared_bytes(prob, p.warps, p.tile, p.stages, p.v_decode)
+        return p, smem
+
+    try:
+        units = decode_options.compute_units("cuda")
+        p256, smem = plan(16, 8, 256, 131072)
+        resident = decode_options.resident_groups("cuda", smem)
+        assert resident == 5 and p256.splits * 8 <= resident * units
+        assert p256.splits * 8 > (resident - 1) * units   # and it fills that wave
+        p128, smem128 = plan(32, 8, 128, 131072)
+        assert decode_options.resident_groups("cuda", smem128) >= decode_options.GROUPS_PER_UNIT_V3_LONG
+        assert p128.splits * 8 > 5 * units   # the long target (6 per unit) where it fits
+        # planted: half the threadgroup memory per unit -> fewer resident, a smaller grid
+        monkeypatch.setattr(decode_options, "FALLBACK_SHARED_PER_UNIT", (233472 // 2, 1024))
+        decode_options.shared_per_unit.cache_clear()
+        small, _ = plan(16, 8, 256, 131072)
+        assert small.splits * 8 <= decode_options.resident_groups("cuda", smem) * units < p256.splits * 8
+    finally:
+        decode_options.compute_units.cache_clear()
+        decode_options.shared_per_unit.cache_clear()
+        attention_plan.plan_cached.cache_clear()
