@@ -176,6 +176,36 @@ CURRENT_KEYS = {
         for side in ("new-0", "old-0", "new-2", "old-2")] + [
         f"bench_decode[run=dec-{side}].runs[cache=q8_0/turbo3&context=<col>].speedup_vs_fp16"
         for side in ("old-0", "new-0", "old-2", "new-2")],
+    "benchmarks/records/h200/2026-12-03-attention-shapes.json": [
+        "before.shape-12-2-128.contexts[context=<col>].growing_cache_path_device_us",
+        "before.shape-12-2-128.contexts[context=<col>].growing_sdpa_fp16_device_us",
+        "after.shape-64-8-128-turbo3.contexts[context=<col>].growing_cache_path_device_us",
+        "after.shape-64-8-128-turbo3.contexts[context=<col>].growing_sdpa_fp16_device_us",
+        "after.shape-32-8-64-q4_0.contexts[context=<col>].growing_cache_path_device_us",
+        "after.shape-32-8-64-q4_0.contexts[context=<col>].growing_sdpa_fp16_device_us",
+        "before.shape-16-8-256.contexts[context=<col>].growing_cache_path_device_us",
+        "after.shape-16-8-256-turbo3.contexts[context=<col>].growing_cache_path_device_us",
+        "after.shape-16-8-256-turbo3.contexts[context=<col>].growing_sdpa_fp16_device_us",
+        "before.shape-16-8-256.contexts[context=131072].variant_summary[options=].device_us_median",
+        "after.shape-16-8-256-turbo3.contexts[context=131072].variant_summary[options=].device_us_median",
+        "after.shape-16-8-256-turbo3.contexts[context=131072].variant_summary[options=target_groups=528].device_us_median",
+        "after.shape-16-8-256-turbo3.contexts[context=131072].variant_summary[options=target_groups=1056].device_us_median",
+    ],
+    "benchmarks/records/h200/2026-12-03-bench-decode-shapes.json": [
+        "runs[model=llama-3.2-1b&cache=q8_0/turbo3&context=<col>].speedup_vs_fp16",
+        "runs[model=llama-3.2-1b&cache=q8_0/q4_0&context=<col>].speedup_vs_fp16",
+        "runs[model=qwen2.5-1.5b&cache=q8_0/turbo3&context=<col>].speedup_vs_fp16",
+        "runs[model=qwen2.5-1.5b&cache=q8_0/q4_0&context=<col>].speedup_vs_fp16",
+        "runs[model=gemma-3-270m&cache=q8_0/turbo3&context=<col>].speedup_vs_fp16",
+        "runs[model=gemma-3-270m&cache=q8_0/q4_0&context=<col>].speedup_vs_fp16",
+        "runs[model=llama-3.2-1b&cache=q8_0/turbo3&context=<col>].decode_peak_over_kv_and_model",
+        "runs[model=llama-3.2-1b&cache=fp16&context=<col>].decode_peak_over_kv_and_model",
+    ],
+    "benchmarks/records/h200/2026-12-03-bench-decode-calibrated.json": [
+        "run2.runs[cache=q5_1/q5_0&context=<col>].speedup_vs_fp16",
+        "run2.runs[cache=q5_1+mean+scale/q5_0&context=<col>].speedup_vs_fp16",
+        "run2.runs[cache=q5_1+mean+scale/q5_0&context=<col>].kv_path_kernels_per_layer",
+    ],
     "benchmarks/records/cpu/2026-12-01-demo.json": ["logits[kv=<col>].kl_mean", "logits[kv=<col>].top1"],
     "benchmarks/records/cpu/2026-12-03-fork-parity.json": [
         "runs.gemma3-fork-<col>.logits[kv=q8_0/turbo3@fork-<col>].kl_mean",
