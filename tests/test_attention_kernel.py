@@ -20,6 +20,7 @@ from tqbridge.metal import attention_build, attention_plan
 from tqbridge.metal.backend import pick_backend
 from tqbridge.metal.decode_options import FILL_PER_UNIT_TILES, compute_units
 from tqbridge.metal.attention import AttentionError, check_problem, decode_attention, last_run
+from tqbridge.metal.attention_problem import KERNELS
 from tqbridge.metal.attention_ref import oracle
 
 
@@ -251,13 +252,13 @@ def test_metal_source_is_well_formed(tmp_path):
         kb = bridge.quantize(kf, np.zeros((1, 1, 8, 128)))
         vb = bridge.quantize(vf, np.zeros((1, 1, 8, 128)))
         prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=8)
-        for version in attention_plan.KERNELS:
+        for kernel in KERNELS:
             try:
-                plan = attention_plan.make_plan(prob, "metal", kernel=version)
+                plan = attention_plan.make_plan(prob, "metal", kernel=kernel)
             except AttentionError:   # int8-mma refuses some pairs (f16 K): tiles serves them
-                assert version == "int8-mma"
+                assert kernel == "int8-mma"
                 continue
-            for dyn in ((False,) if version == "int8-mma" else (False, True)):   # int8-mma has no format-generic build
+            for dyn in ((False,) if kernel == "int8-mma" else (False, True)):   # int8-mma has no format-generic build
                 statics = attention_build.static_params(prob, plan, qtype, dyn)[:2]
                 for kern, static in zip(attention_build.kernel_defs(qtype, plan.kernel), statics):
                     src = tmp_path / f"{kern.name}.cpp"

@@ -113,12 +113,12 @@ def _attention_cases():
         kb = bridge.quantize(kf, np.zeros((1, 1, 8, d)))
         vb = bridge.quantize(vf, np.zeros((1, 1, 8, d)))
         prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=8)
-        for version in KERNELS:
+        for kernel in KERNELS:
             try:
-                plan = make_plan(prob, "metal", kernel=version)
+                plan = make_plan(prob, "metal", kernel=kernel)
             except AttentionError:   # int8-mma refuses some pairs (f16 K, bf16 V): lanes / tiles serve them
                 continue
-            for dyn in ((False,) if version == "int8-mma" else (False, True)):
+            for dyn in ((False,) if kernel == "int8-mma" else (False, True)):
                 for kern, static in zip(kernel_defs(qtype, plan.kernel), static_params(prob, plan, qtype, dyn)[:2]):
                     cases.append((f"{kern.name}-{kf}-{vf}-d{d}-q{qtype}-{'generic' if dyn else 'pair'}", kern, static))
     return cases
