@@ -1,6 +1,6 @@
 """The fused decode attention's kernel builds: static parameters, value tables and kernel definitions.
 
-Pass 1 (one of the three split kernels, :mod:`.attention_plan`) and pass 2
+Pass 1 (one of the three split kernels, ``lanes`` / ``tiles`` / ``int8-mma``: :mod:`.attention_plan`) and pass 2
 (``attention_kernel_combine.cpp``, one threadgroup per output row) are tqbridge-dialect kernels
 (:mod:`.kernel`) with the helpers of ``attention_kernel.h``; the same source runs on Metal, on CUDA
 (MLX's CUDA backend) and on the CPU SIMT emulator. A plan and a problem give the static parameters
@@ -17,7 +17,7 @@ import numpy as np
 
 from .attention_formats import _fmt_params, _side_rotation
 from .attention_plan import (COMBINE_THREADS, MAX_PARTIALS, TILE_BYTES, Plan, row_bytes, rows_room, turbo_index_bits,
-                             v2_key_slots, v3_stage_bytes)
+                             tiles_key_slots, int8_mma_stage_bytes)
 from .attention_problem import Problem
 from .kernel import KERNEL_DIR
 
@@ -57,14 +57,14 @@ def static_params(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dic
     tile = plan.tile or max(2, min(64, 1 << int(math.log2(TILE_BYTES // (krb + vrb)))))
     split = dict(TQA_DK=prob.k_dim, TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_NW=plan.warps, TQA_QTYPE=qtype,
                  TQA_DYN=int(dyn), TQA_TILE=tile, TQA_KTB=-(-tile * krb // 4) * 4, TQA_VTB=-(-tile * vrb // 4) * 4)
-    if plan.kernel == "v3":
+    if plan.kernel == "int8-mma":
         split.update(TQA_KM=int(prob.k_format.layout.has_m),   # q4_1 / q5_1: a minimum m per block
                      TQA_VB=turbo_index_bits(prob.v_format),
-                     TQA_STB=v3_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages,
+                     TQA_STB=int8_mma_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages,
                      TQA_KC=plan.chunks, TQ_DSMEM=plan.dyn_smem,
                      TQA_V23=int(plan.v_decode == "turbo-permute"), TQA_VCODE=int(plan.v_decode == "codes-permute"))
-    elif plan.kernel == "v2":
-        split.update(TQA_QA=plan.rows_room or rows_room(prob, dyn), TQA_KS=v2_key_slots(prob))
+    elif plan.kernel == "tiles":
+        split.update(TQA_QA=plan.rows_room or rows_room(prob, dyn), TQA_KS=tiles_key_slots(prob))
     else:
         split.update(TQA_LPK=plan.lanes_per_key)
     combine = dict(TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_NT=COMBINE_THREADS, TQA_QTYPE=qtype,
@@ -79,9 +79,16 @@ def static_params(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dic
     return split, combine, extra1, extra2
 
 
+# the pass-1 kernels' sources: attention_kernel_split_<name>.cpp, kernel tq_attention_split_<name> (the name
+# of attention_problem.KERNELS with "-" as "_")
+SPLIT_SOURCES = {"lanes": "attention_kernel_split_lanes.cpp", "tiles": "attention_kernel_split_tiles.cpp",
+                 "int8-mma": "attention_kernel_split_int8_mma.cpp"}
+
+
 @lru_cache(maxsize=None)
-def kernel_defs(qtype: int, version: str = "v1"):
-    """(pass 1, pass 2) kernel definitions for q's element type and the pass-1 kernel.
+def kernel_defs(qtype: int, kernel: str = "lanes"):
+    """(pass 1, pass 2) kernel definitions for q's element type and the pass-1 kernel (one of
+    :data:`~.attention_problem.KERNELS`).
 
     Buffer names, as the kernel sources spell them (and the launch code with a pass number: ``ip1`` /
     ``fp1`` are pass 1's): ``ip`` / ``fp`` the int / float launch parameters (``TQA_SPLIT_PARAMS`` in
@@ -92,15 +99,13 @@ def kernel_defs(qtype: int, version: str = "v1"):
 
     header = (KERNEL_DIR / "attention_kernel.h").read_text()
     qdt = "float32" if qtype == 0 else "uint16"
-    body = {"v1": "attention_kernel_split.cpp", "v2": "attention_kernel_split_v2.cpp",
-            "v3": "attention_kernel_split_v3.cpp"}[version]
     split = Kernel(
-        "tq_attention_split" + ("" if version == "v1" else "_" + version),
+        "tq_attention_split_" + kernel.replace("-", "_"),
         (("q", qdt), ("kb", "uint8"), ("vb", "uint8"), ("ip", "int32"), ("fp", "float32"), ("tabs", "float32"),
          ("dep", "uint32")),
         (("po", "float32"), ("pml", "float32")),
-        (KERNEL_DIR / body).read_text(),
-        header + ("\n" + (KERNEL_DIR / "attention_mma.h").read_text() if version == "v3" else ""))
+        (KERNEL_DIR / SPLIT_SOURCES[kernel]).read_text(),
+        header + ("\n" + (KERNEL_DIR / "attention_mma.h").read_text() if kernel == "int8-mma" else ""))
     combine = Kernel(
         "tq_attention_combine",
         (("po", "float32"), ("pml", "float32"), ("ip", "int32"), ("sinks", "float32"), ("tabs", "float32")),
@@ -109,20 +114,21 @@ def kernel_defs(qtype: int, version: str = "v1"):
     return split, combine
 
 
-def built(backend: str, which: int, qtype: int, static: dict, version: str = "v1"):
+def built(backend: str, which: int, qtype: int, static: dict, kernel: str = "lanes"):
     """Pass 1 (``which`` 0) or the combine pass (1), compiled for ``backend`` by the one kernel builder
     and cache (:func:`.dispatch.build`): the emulator's kernel, or MLX's raw callable on a GPU."""
     from .dispatch import build
 
-    kern = build(kernel_defs(qtype, version)[which], static, backend)
+    kern = build(kernel_defs(qtype, kernel)[which], static, backend)
     return kern if backend == "cpu-emulator" else kern.raw
 
 
 def dyn_build(prob: Problem, plan: Plan, generic: bool) -> bool:
-    """Whether to build the format-generic variant (v1 holds at most DYN_MAX_ROWS rows; v3 has none)."""
-    if plan.kernel == "v3":
+    """Whether to build the format-generic variant (lanes holds at most DYN_MAX_ROWS rows; int8-mma has
+    none)."""
+    if plan.kernel == "int8-mma":
         return False
-    return generic and (plan.kernel == "v2" or prob.group * prob.rows <= DYN_MAX_ROWS)
+    return generic and (plan.kernel == "tiles" or prob.group * prob.rows <= DYN_MAX_ROWS)
 
 
 def param_head(prob: Problem, plan: Plan) -> list:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .attention_build import LAUNCHES, QTYPES, built, dyn_build, launch, static_params, tables
-from .attention_launch import clear_caches as _clear_launches, decode_launch, launches, v3_report
+from .attention_launch import clear_caches as _clear_launches, decode_launch, launches, int8_mma_report
 from .attention_plan import COMBINE_THREADS, Plan, plan_cached, resolve_kernel
 from .attention_problem import (AttentionError, Problem, RunRecord, _np, check_problem, last_run, record_run)
 from .backend import pick_backend
@@ -70,8 +70,9 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
     ``generic``: build the format-generic variant (format constants in the parameter buffer: one
     build for every format pair). Default: yes on the emulator, no on a GPU (one specialised build
     per format pair, the fast one); ``generic=True`` on a GPU serves sweeps over many pairs.
-    ``kernel``: the pass-1 kernel, "v1", "v2" or "v3" (default: from q's precision; v2 when its
-    threadgroup memory fits). ``options``: the decode options (``q_precision`` merges into them).
+    ``kernel``: the pass-1 kernel, "lanes", "tiles" or "int8-mma" (default: from q's precision; tiles when
+    its threadgroup memory fits; a former name is taken with a DeprecationWarning). ``options``: the
+    decode options (``q_precision`` merges into them).
     """
     bk = pick_backend("auto" if backend == "kernel" else backend)
     qdt = str(q.dtype).replace("mlx.core.", "")
@@ -106,7 +107,7 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
     record_run(RunRecord(
         backend=bk, dispatches=LAUNCHES[0] - launches0, kernel=plan.kernel, splits=plan.splits,
         lanes_per_key=plan.lanes_per_key, warps=plan.warps, tile=plan.tile,
-        chain=plan.chain(max(prob.lengths)), q_precision=plan.q_precision, **v3_report(plan)))
+        chain=plan.chain(max(prob.lengths)), q_precision=plan.q_precision, **int8_mma_report(plan)))
     return out
 
 

@@ -160,11 +160,11 @@ def launches(prob: Problem, plan: Plan, qtype: int, backend: str, has_sinks: boo
     return f
 
 
-def v3_report(plan: Plan) -> dict:
-    """What a run record and ``run_info`` say of a v3 build (None for the other kernels)."""
-    v3 = plan.kernel == "v3"
-    return dict(v_decode=plan.v_decode if v3 else None, chunks=plan.chunks if v3 else None,
-                stages=plan.stages if v3 else None, dyn_smem=plan.dyn_smem if v3 else None)
+def int8_mma_report(plan: Plan) -> dict:
+    """What a run record and ``run_info`` say of an int8-mma build (None for the other kernels)."""
+    mma = plan.kernel == "int8-mma"
+    return dict(v_decode=plan.v_decode if mma else None, chunks=plan.chunks if mma else None,
+                stages=plan.stages if mma else None, dyn_smem=plan.dyn_smem if mma else None)
 
 
 class DecodeLaunch:
@@ -190,7 +190,7 @@ class DecodeLaunch:
         self.device_params = opts.device_params
         self.run_info = dict(backend=backend, dispatches=plan.dispatches, kernel=plan.kernel, splits=plan.splits,
                              warps=plan.warps, tile=plan.tile, lanes_per_key=plan.lanes_per_key,
-                             chain=plan.chain(prob.l_max), q_precision=plan.q_precision, **v3_report(plan),
+                             chain=plan.chain(prob.l_max), q_precision=plan.q_precision, **int8_mma_report(plan),
                              compiled=opts.compile, device_params=opts.device_params,
                              device_consts=opts.device_consts)
         # the prepared launches; this class adds the per-length parameter buffer

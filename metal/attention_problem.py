@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,17 @@ from ..bridge.padding import padded_dim
 MAX_QUERY_ROWS = 4          # speculative decoding: at most 4 new query rows per call
 MAX_ROTATION = 256          # largest Hadamard group (the kernel's sign tables hold 256 entries)
 Q_PRECISIONS = ("exact", "int8")   # how q enters the scores (see decode_attention)
+
+# The fused kernel's pass-1 kernels (attention_plan says how each works), named by what each does:
+# - "lanes": lanes share a key (lanes_per_key of them per key): the one layout every shape fits;
+# - "tiles": a tile of keys at a time, one key per thread for the scores and one softmax step per
+#   tile and query row (exact q);
+# - "int8-mma": int8 q in matrix multiply-accumulate fragments (tensor cores on CUDA).
+KERNELS = ("lanes", "tiles", "int8-mma")
+# Their former names (v1, v2, v3: the order they were written in; docs/kernel-history.md), still taken
+# as input with a DeprecationWarning (:func:`renamed_kernel`); nothing outputs them. The only place the
+# library spells them.
+KERNEL_ALIASES = {"v1": "lanes", "v2": "tiles", "v3": "int8-mma"}
 
 
 class AttentionError(ValueError):
@@ -46,10 +58,10 @@ class RunRecord:
     tile: "int | None" = None
     chain: "int | None" = None
     q_precision: "str | None" = None
-    v_decode: "str | None" = None   # kernel v3: how V rows became fragments (attention_plan.v3_v_decode)
-    chunks: "int | None" = None     # kernel v3: 16-key chunks per SIMD-group step (attention_plan.Plan.chunks)
-    stages: "int | None" = None     # kernel v3: tiles in the copy ring (attention_plan.Plan.stages)
-    dyn_smem: "int | None" = None   # kernel v3: bytes of dynamic threadgroup memory (0: static; Plan.dyn_smem)
+    v_decode: "str | None" = None   # int8-mma: how V rows became fragments (attention_plan.int8_mma_v_decode)
+    chunks: "int | None" = None     # int8-mma: 16-key chunks per SIMD-group step (attention_plan.Plan.chunks)
+    stages: "int | None" = None     # int8-mma: tiles in the copy ring (attention_plan.Plan.stages)
+    dyn_smem: "int | None" = None   # int8-mma: bytes of dynamic threadgroup memory (0: static; Plan.dyn_smem)
     compiled: "bool | None" = None  # a prepared decode launch: whether it ran under mx.compile (COMPILE_BACKENDS)
     device_params: "bool | None" = None   # its per-step ints as views of a device table (DecodeOptions.device_params)
     device_consts: "bool | None" = None   # its constant inputs as device copies of >= 16 bytes (DecodeOptions.device_consts)
@@ -223,6 +235,31 @@ def check_q_precision(q_precision: "str | None") -> None:
     if q_precision is not None and q_precision not in Q_PRECISIONS:
         raise AttentionError(f"q_precision must be one of {', '.join(Q_PRECISIONS)} (or None: the backend's "
                              f"default); got {q_precision!r}")
+
+
+def renamed_kernel_note(old: str) -> str:
+    """What a caller is told when it names a kernel by its former name ``old`` (a key of
+    :data:`KERNEL_ALIASES`)."""
+    return f"kernel {old!r} is now called {KERNEL_ALIASES[old]!r}; the old name is deprecated"
+
+
+def renamed_kernel(kernel: Any, stacklevel: int = 1) -> Any:
+    """``kernel`` with a former name (:data:`KERNEL_ALIASES`) replaced by its new one, with a
+    DeprecationWarning naming it, ``stacklevel`` frames above the caller; anything else as it is."""
+    if isinstance(kernel, str) and kernel in KERNEL_ALIASES:
+        warnings.warn(renamed_kernel_note(kernel), DeprecationWarning, stacklevel=stacklevel + 2)
+        return KERNEL_ALIASES[kernel]
+    return kernel
+
+
+def kernel_name(kernel: "str | None", stacklevel: int = 1) -> "str | None":
+    """The ``kernel`` option as one of :data:`KERNELS` (None, the planner's choice, stays None): a
+    former name as :func:`renamed_kernel` maps it; anything else raises :class:`AttentionError`
+    listing the valid names."""
+    kernel = renamed_kernel(kernel, stacklevel + 1)
+    if kernel is not None and kernel not in KERNELS:
+        raise AttentionError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    return kernel
 
 
 def visible_range(length: int, rows: int, t: int, window: int) -> tuple[int, int]:

@@ -43,7 +43,7 @@ from .. import bridge
 from .attention_problem import Problem, RunRecord, _np, check_problem, record_run, visible_range
 
 U32 = 2.0 ** -24                     # float32 unit roundoff
-U16 = 2.0 ** -11                     # binary16 unit roundoff (kernel v3 rounds V values and weights to it)
+U16 = 2.0 ** -11                     # binary16 unit roundoff (kernel int8-mma rounds V values and weights to it)
 # half of binary16's smallest subnormal (2^-24): below binary16's normal range (2^-14) a rounding's error
 # is absolute, not relative — a V row of tiny norm (turbo's norm, a block's d) decodes to subnormals
 E16 = 2.0 ** -25
@@ -114,7 +114,7 @@ def quantize_q8(x: np.ndarray, with_sum: bool) -> tuple[np.ndarray, np.ndarray, 
 
 def _k_codes(fmt, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """K blocks (B, H, L, row_bytes) -> (int codes (B, H, L, n), d (B, H, L, n/32), m (B, H, L, n/32))
-    as kernel v3 reads them: x = d * code (+ m)."""
+    as kernel int8-mma reads them: x = d * code (+ m)."""
     from ..bridge import legacy_fields
 
     lead = blocks.shape[:3]
@@ -133,7 +133,7 @@ def _k_codes(fmt, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def int8_scores(q: Any, k_blocks: Any, prob: Problem) -> tuple[np.ndarray, np.ndarray]:
-    """Scores (before ``scale``) as kernel v3 computes them, in float64 from the exact integer block
+    """Scores (before ``scale``) as kernel int8-mma computes them, in float64 from the exact integer block
     dots: q rotated in float32 as the kernel rotates it, quantized to q8_0 (q8_1 for K formats with
     an offset m); score = sum over blocks of d_k * d_q * sum(k_code * q_code) (+ m_k * s_q).
     Returns (scores, magnitudes), both (B, Hq, T, L): magnitudes = sum over blocks of
@@ -175,7 +175,7 @@ def oracle(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = Non
     """float64 attention and its error bound (both (B, Hq, T, D)) for a float32 kernel.
 
     ``chain`` is the implementation's longest serial accumulation (default: the cache length).
-    ``q_precision``: "exact" (q enters the scores as given) or "int8" (kernel v3: q rotated and
+    ``q_precision``: "exact" (q enters the scores as given) or "int8" (kernel int8-mma: q rotated and
     quantized to q8_0 / q8_1 as ggml does, exact integer block dots; V values and the softmax weights
     rounded to binary16 in the V product). The int8 oracle is exact attention *of the quantized q*:
     the quantization of q is part of the arithmetic being judged, not an error it is allowed.
@@ -246,7 +246,7 @@ def oracle(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = Non
             rel = np.expm1(2 * delta) + 2 * U32 * (c + r_v + 2)
             bound[b, :, t] = SAFETY * rel[:, None] * vs + u_out * np.abs(o)
             if s8 is not None:
-                # kernel v3 rounds each V value and each (2^15-scaled) weight to binary16, relative
+                # kernel int8-mma rounds each V value and each (2^15-scaled) weight to binary16, relative
                 # error <= U16 each (turbo V: its centroid rounded, then times the binary16 norm: two
                 # roundings): the weighted mean moves by at most n_r * U16 * sum(w |v|) / den
                 # (in the stored basis; a rotation back mixes components: the 2-norm bounds each)
@@ -336,9 +336,9 @@ def _mlx_q8(x, n: int):
 def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = None,
                         q_precision: str = "exact") -> Any:
     """float32 MLX ops: dequantize both caches, scores, masked softmax (with sinks), weighted sum.
-    ``q_precision="int8"``: q (in the cache's basis) replaced by its q8_0 values first, as kernel v3
+    ``q_precision="int8"``: q (in the cache's basis) replaced by its q8_0 values first, as kernel int8-mma
     and llama.cpp's vec_dot do (for q4_1 / q5_1 K the m term uses those values, not q8_1's rounded
-    sum: an approximation of v3 within its binary16 error)."""
+    sum: an approximation of int8-mma within its binary16 error)."""
     import mlx.core as mx
 
     was_numpy = not isinstance(q, mx.array)

@@ -21,10 +21,11 @@ from functools import lru_cache
 
 from .attention_problem import AttentionError, Q_PRECISIONS
 
-# q's precision where the caller does not choose. CUDA: int8 (kernel v3, 1.4-1.85x less device time than
+# q's precision where the caller does not choose. CUDA: int8 (kernel int8-mma, 1.4-1.85x less device time than
 # the exact kernel on the H200) for caches whose V has fewer than 8 bits per value, where int8 q's own KL
 # cost is lost in the cache's (docs/q-precision.md); a cache of 8-bit V keeps exact q. Metal: exact until
-# v3 is measured on Apple hardware. The emulator: exact (it serves tests; v3's fragments are slow on a CPU).
+# int8-mma is measured on Apple hardware. The emulator: exact (it serves tests; int8-mma's fragments are slow
+# on a CPU).
 DEFAULT_Q_PRECISION = {"cuda": "int8", "metal": "exact", "cpu-emulator": "exact"}
 INT8_DEFAULT_MAX_V_BITS = 8.0    # the int8 default applies to V formats of fewer bits per value
 
@@ -39,23 +40,23 @@ DEVICE_PARAMS_BACKENDS = ("cuda",)
 DEVICE_CONSTS_BACKENDS = ("cuda",)
 DEFER_APPEND_BACKENDS = ("cuda",)
 
-# kernel v3's 16-key chunks per SIMD-group step: 2 on CUDA (two chunks in 2 SIMD groups of 64-key tiles
+# kernel int8-mma's 16-key chunks per SIMD-group step: 2 on CUDA (two chunks in 2 SIMD groups of 64-key tiles
 # beat one in 4: pass 1 at 32K / 128K 25.8 / 67.2 us vs 26.7 / 70.9), 1 elsewhere
-V3_CHUNKS = (1, 2)
-V3_DEFAULT_CHUNKS = {"cuda": 2}
+INT8_MMA_CHUNKS = (1, 2)
+INT8_MMA_DEFAULT_CHUNKS = {"cuda": 2}
 
-V_DECODES = ("fast", "generic")   # kernel v3's V decode: the fastest path that applies, or the generic decoder
+V_DECODES = ("fast", "generic")   # kernel int8-mma's V decode: the fastest path that applies, or the generic decoder
 
-# Threadgroups per compute unit the GPU plans aim for (H200: 132 SMs). v1: 8 per SM; v2: 10 (5 resident,
-# two waves), and below 5 per SM of tiles in flight, smaller threadgroups; v3: 4, and 6 on CUDA where every
-# split still holds V3_LONG_SPLIT_KEYS keys (128K: 98 splits 61-62 us per call vs 64 for 64 splits; at 32K
+# Threadgroups per compute unit the GPU plans aim for (H200: 132 SMs). lanes: 8 per SM; tiles: 10 (5 resident,
+# two waves), and below 5 per SM of tiles in flight, smaller threadgroups; int8-mma: 4, and 6 on CUDA where every
+# split still holds INT8_MMA_LONG_SPLIT_KEYS keys (128K: 98 splits 61-62 us per call vs 64 for 64 splits; at 32K
 # that target was slower, hence the floor).
-GROUPS_PER_UNIT_V1 = 8
-GROUPS_PER_UNIT_V2 = 10
-FILL_PER_UNIT_V2 = 5
-GROUPS_PER_UNIT_V3 = 4
-GROUPS_PER_UNIT_V3_LONG = 6
-V3_LONG_SPLIT_KEYS = 1024
+GROUPS_PER_UNIT_LANES = 8
+GROUPS_PER_UNIT_TILES = 10
+FILL_PER_UNIT_TILES = 5
+GROUPS_PER_UNIT_INT8_MMA = 4
+GROUPS_PER_UNIT_INT8_MMA_LONG = 6
+INT8_MMA_LONG_SPLIT_KEYS = 1024
 # compute units assumed where the device does not say (Metal: MLX reports no core count): the H200's,
 # where the per-unit targets above were measured
 FALLBACK_UNITS = 132
@@ -71,15 +72,15 @@ _FIELDS_BOOL = ("compile", "device_params", "device_consts", "defer_append", "dy
 class DecodeOptions:
     """Choices of the fused decode attention; ``None``: the backend's measured default.
 
-    - ``q_precision``: ``"exact"`` (float32 q: kernels v1 / v2) or ``"int8"`` (q8_0 / q8_1 q: kernel v3);
-      None: :data:`DEFAULT_Q_PRECISION`, int8 only where v3 serves the problem and V has < 8 bits.
+    - ``q_precision``: ``"exact"`` (float32 q: kernels lanes / tiles) or ``"int8"`` (q8_0 / q8_1 q: kernel int8-mma);
+      None: :data:`DEFAULT_Q_PRECISION`, int8 only where int8-mma serves the problem and V has < 8 bits.
     - ``compile``, ``device_params``, ``device_consts``, ``defer_append``: how prepared launches run
       (see the backend tables above).
-    - ``chunks``: kernel v3's 16-key chunks per SIMD-group step (1 or 2).
+    - ``chunks``: kernel int8-mma's 16-key chunks per SIMD-group step (1 or 2).
     - ``target_groups``: pass-1 threadgroups a GPU plan aims for (instead of per-unit targets).
     - ``v_decode``: ``"fast"`` (the byte-permute decoders where they apply) or ``"generic"`` (the
       per-value decoder for every format: bit-identical, the fast paths' reference).
-    - ``dynamic_shared``: kernel v3 declares its staging area as dynamic threadgroup memory even where
+    - ``dynamic_shared``: kernel int8-mma declares its staging area as dynamic threadgroup memory even where
       static memory fits (what CUDA does for tiles beyond 48 KB; lets the emulator run that declaration).
     """
 
@@ -101,8 +102,8 @@ class DecodeOptions:
             v = getattr(self, name)
             if v is not None and not isinstance(v, bool):
                 raise AttentionError(f"DecodeOptions.{name} must be True, False or None; got {v!r}")
-        if self.chunks is not None and self.chunks not in V3_CHUNKS:
-            raise AttentionError(f"DecodeOptions.chunks must be one of {', '.join(map(str, V3_CHUNKS))}; "
+        if self.chunks is not None and self.chunks not in INT8_MMA_CHUNKS:
+            raise AttentionError(f"DecodeOptions.chunks must be one of {', '.join(map(str, INT8_MMA_CHUNKS))}; "
                                  f"got {self.chunks!r}")
         if self.target_groups is not None and (isinstance(self.target_groups, bool)
                                                or not isinstance(self.target_groups, int) or self.target_groups < 1):
@@ -115,7 +116,7 @@ class DecodeOptions:
         default depends on the problem, :func:`tqbridge.metal.attention_plan.resolve_kernel`)."""
         fill = dict(compile=backend in COMPILE_BACKENDS, device_params=backend in DEVICE_PARAMS_BACKENDS,
                     device_consts=backend in DEVICE_CONSTS_BACKENDS, defer_append=backend in DEFER_APPEND_BACKENDS,
-                    chunks=V3_DEFAULT_CHUNKS.get(backend, 1))
+                    chunks=INT8_MMA_DEFAULT_CHUNKS.get(backend, 1))
         changes = {k: v for k, v in fill.items() if getattr(self, k) is None}
         return dataclasses.replace(self, **changes) if changes else self
 

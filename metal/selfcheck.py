@@ -141,7 +141,7 @@ def _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, back
     if launch is None:
         return "no prepared attention launch for this backend"
     got = np.array(launch(q, kc, vc, S, after=flag).astype(mx.float32))
-    # the reference with the q precision the launch runs (kernel v3 quantizes q to int8)
+    # the reference with the q precision the launch runs (kernel int8-mma quantizes q to int8)
     qp = launch.run_info.get("q_precision")
     want = np.array(decode_attention(q.astype(mx.float32), kc, vc, length=S, backend="reference", **kw,
                                      q_precision=qp or "exact"))

@@ -74,12 +74,12 @@ def _cache_bytes(cache: list) -> tuple[int, int]:
 
 
 def _int8_k_formats() -> tuple:
-    """K formats whose decode attention can take q as int8 (kernel v3's, as llama.cpp's vec_dot)."""
+    """K formats whose decode attention can take q as int8 (kernel int8-mma's, as llama.cpp's vec_dot)."""
     try:
-        from tqbridge.metal.attention_plan import V3_K_FORMATS
+        from tqbridge.metal.attention_plan import INT8_MMA_K_FORMATS
     except ImportError:  # pragma: no cover - an install without the kernel
         return ()
-    return tuple(V3_K_FORMATS)
+    return tuple(INT8_MMA_K_FORMATS)
 
 
 @contextmanager

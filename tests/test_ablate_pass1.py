@@ -1,4 +1,4 @@
-"""benchmarks/scripts/ablate_pass1.py (and kernel_sass.py --common-path) edit kernel v3's pass-1 source by
+"""benchmarks/scripts/ablate_pass1.py (and kernel_sass.py --common-path) edit kernel int8-mma's pass-1 source by
 text substitution; a kernel change that breaks a substitution must fail here (CI), not on the GPU
 machine. No GPU or CuPy needed: the edited sources are only built as text, and each must differ
 from the plain one."""
@@ -24,7 +24,7 @@ def ablate():
         sys.path.remove(str(ROOT / "benchmarks" / "scripts"))
 
 
-def _v3_defs(v_format: str, chunks=None):
+def _int8_mma_defs(v_format: str, chunks=None):
     from tqbridge import bridge
     from tqbridge.metal.attention import check_problem
     from tqbridge.metal.attention_build import kernel_defs, static_params
@@ -36,7 +36,7 @@ def _v3_defs(v_format: str, chunks=None):
     kb = bridge.quantize(kf, rng.standard_normal((1, 8, 64, 128)).astype(np.float32))
     vb = bridge.quantize(vf, rng.standard_normal((1, 8, 64, 128)).astype(np.float32))
     prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=64)
-    plan = make_plan(prob, "cuda", kernel="v3", chunks=chunks)
+    plan = make_plan(prob, "cuda", kernel="int8-mma", chunks=chunks)
     split_s, comb_s, _, _ = static_params(prob, plan, 0, False)
     k1, k2 = kernel_defs(0, plan.kernel)
     return (k1, split_s), (k2, comb_s)
@@ -44,7 +44,7 @@ def _v3_defs(v_format: str, chunks=None):
 
 @pytest.mark.parametrize("name", ["nov", "nok", "nokld", "nokv", "v23nonorm", "v23nosign", "v23noidx"])
 def test_every_ablation_still_matches_the_kernel(ablate, name):
-    (k1, s1), (k2, s2) = _v3_defs("turbo3")
+    (k1, s1), (k2, s2) = _int8_mma_defs("turbo3")
     plain = ablate.PLAIN_SOURCE(k1, s1)
     edited = ablate.ablated_source([name])(k1, s1)
     assert edited != plain
@@ -53,7 +53,7 @@ def test_every_ablation_still_matches_the_kernel(ablate, name):
 
 
 def test_a_stale_substitution_stops_the_run(ablate, monkeypatch):
-    (k1, s1), _ = _v3_defs("turbo3")
+    (k1, s1), _ = _int8_mma_defs("turbo3")
     monkeypatch.setitem(ablate.SUBS, "stale", [("this text is not in the kernel", "")])
     with pytest.raises(SystemExit, match="no longer matches"):
         ablate.ablated_source(["stale"])(k1, s1)
@@ -62,7 +62,7 @@ def test_a_stale_substitution_stops_the_run(ablate, monkeypatch):
 def test_kernel_sass_common_path_still_matches_the_kernel(ablate):
     import kernel_sass   # benchmarks/scripts/ is on the path while the fixture holds
 
-    (k1, s1), _ = _v3_defs("turbo3")
+    (k1, s1), _ = _int8_mma_defs("turbo3")
     plain = ablate.PLAIN_SOURCE(k1, s1)
     reduced = kernel_sass._common_path(plain)
     assert reduced != plain and "if (true) {" in reduced and "if (false) {" in reduced
@@ -72,7 +72,7 @@ def test_kernel_sass_common_path_still_matches_the_kernel(ablate):
 
 def test_kernel_sass_counts_per_key_of_the_step(ablate, monkeypatch):
     """kernel_sass.loop_profile divides the loop by the keys one iteration serves: 16 per chunk
-    (v3 with two chunks per step serves 32); the edits still match the two-chunk source."""
+    (int8-mma with two chunks per step serves 32); the edits still match the two-chunk source."""
     import kernel_sass
 
     sass = "\n".join(f"        /*{a:04x}*/                   {op} ;" for a, op in [
@@ -82,7 +82,7 @@ def test_kernel_sass_counts_per_key_of_the_step(ablate, monkeypatch):
     assert one["loop_instructions"] == two["loop_instructions"] == 5
     assert (one["per_key"], one["keys_per_iteration"]) == (round(5 / 16, 1), 16)
     assert (two["per_key"], two["keys_per_iteration"]) == (round(5 / 32, 1), 32)
-    (k1, s1), _ = _v3_defs("turbo3", chunks=2)
+    (k1, s1), _ = _int8_mma_defs("turbo3", chunks=2)
     assert s1["TQA_KC"] == 2 and s1["TQ_DSMEM"] == 0
     plain = ablate.PLAIN_SOURCE(k1, s1)
     assert kernel_sass._common_path(plain) != plain
@@ -91,7 +91,7 @@ def test_kernel_sass_counts_per_key_of_the_step(ablate, monkeypatch):
 
 
 def test_kernel_sass_counts_the_tile_loop_around_the_key_loop(ablate):
-    """The outermost loop around the tensor-core products (v3: the tile loop with its staging copies)
+    """The outermost loop around the tensor-core products (int8-mma: the tile loop with its staging copies)
     is counted apart from the key loop: its extra instructions and its asynchronous copies."""
     import kernel_sass
 

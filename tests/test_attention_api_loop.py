@@ -76,7 +76,7 @@ def test_which_calls_may_take_one_launch_per_signature(monkeypatch):
     assert asked == [("auto", "exact"), ("kernel", None)]
     decode_attention(q, kb, vb, **kw, options=DecodeOptions(chunks=2))   # options are not a plan override
     assert asked[-1] == ("auto", None) and len(asked) == 3
-    decode_attention(q, kb, vb, **kw, kernel="v1")
+    decode_attention(q, kb, vb, **kw, kernel="lanes")
     decode_attention(q, kb, vb, **kw, splits=2)
     decode_attention(q, kb, vb, **kw, backend="reference")
     decode_attention(q, kb, vb, k_format="q8_0", v_format="q8_0", length=[33])

@@ -18,8 +18,9 @@ from tqbridge.bridge.padding import pad_rows
 from tqbridge.parity.plugin.strategies_attention import value_rows
 from tqbridge.metal import attention_build, attention_plan
 from tqbridge.metal.backend import pick_backend
-from tqbridge.metal.decode_options import FILL_PER_UNIT_V2, compute_units
+from tqbridge.metal.decode_options import FILL_PER_UNIT_TILES, compute_units
 from tqbridge.metal.attention import AttentionError, check_problem, decode_attention, last_run
+from tqbridge.metal.attention_problem import KERNELS
 from tqbridge.metal.attention_ref import oracle
 
 
@@ -49,7 +50,7 @@ def _cache(rng, fmt, shape, kind="normal", scale=1.0):
 
 def _check(backend, q, kb, vb, **kw):
     opts = {k: kw.pop(k) for k in ("splits", "lanes_per_key", "warps", "generic", "kernel", "tile") if k in kw}
-    if opts.get("kernel") != "v3":   # this file tests kernels v1 / v2 (exact q); v3: test_attention_v3.py
+    if opts.get("kernel") != "int8-mma":   # this file tests kernels lanes / tiles (exact q); int8-mma: test_attention_int8_mma.py
         opts["q_precision"] = "exact"
     got = decode_attention(q, kb, vb, backend=backend, **kw, **opts)
     run = last_run()
@@ -100,7 +101,7 @@ def problems(draw):
     softcap = draw(st.one_of(st.none(), st.floats(1.0, 50.0)))
     sinks = draw(st.booleans())
     splits = draw(st.one_of(st.none(), st.integers(1, 7)))
-    kernel = draw(st.sampled_from([None, None, None, "v1"]))   # None: v2 where it fits
+    kernel = draw(st.sampled_from([None, None, None, "lanes"]))   # None: tiles where it fits
     seed = draw(st.integers(0, 2**32 - 1))
     return dict(d=d, hkv=hkv, g=g, t=t, b=b, l_max=l_max, lengths=lengths, kf=kf, vf=vf, kind=kind,
                 window=window, softcap=softcap, sinks=sinks, splits=splits, kernel=kernel, seed=seed)
@@ -160,7 +161,7 @@ def test_two_dispatches_whatever_the_split(monkeypatch):
     kb = _cache(rng, "q4_0", (1, 1, 700, 64))
     vb = _cache(rng, "q4_0", (1, 1, 700, 64))
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
-    for kernel in ("v1", "v2"):
+    for kernel in ("lanes", "tiles"):
         for splits in (1, 5, 64):
             calls.clear()
             decode_attention(q, kb, vb, k_format="q4_0", v_format="q4_0", length=700, backend="cpu-emulator",
@@ -175,17 +176,17 @@ def test_format_specialised_build_on_the_emulator():
     kb = _cache(rng, "q8_0", (1, 2, 300, 128))
     vb = _cache(rng, "turbo3", (1, 2, 300, 128))
     q = rng.standard_normal((1, 8, 128)).astype(np.float32)
-    for kernel in ("v1", "v2"):
+    for kernel in ("lanes", "tiles"):
         _check("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=290, splits=3, generic=False,
                kernel=kernel)
         assert last_run()["kernel"] == kernel
-    # v2 with the tile a GPU gets for this shape (128 keys: several full tiles and a short one)
+    # tiles with the tile a GPU gets for this shape (128 keys: several full tiles and a short one)
     _check("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=299, splits=1, generic=False)
     assert last_run()["tile"] == 128
 
 
 @pytest.mark.parametrize("kf,vf,d", [("q8_0", "turbo3", 128), ("f16", "q4_1", 64)])
-def test_v2_two_keys_per_thread(kf, vf, d):
+def test_tiles_two_keys_per_thread(kf, vf, d):
     # tiles of 2 keys per thread (one warp, 64 keys; two warps, 128 keys) share each q load
     # between two keys in the score phase; the tail tile is short and a window cuts the start
     rng = np.random.default_rng(12)
@@ -194,28 +195,28 @@ def test_v2_two_keys_per_thread(kf, vf, d):
     q = rng.standard_normal((1, 4, 2, d)).astype(np.float32)
     for warps, tile in ((1, 64), (2, 128)):
         _check("cpu-emulator", q, kb, vb, k_format=kf, v_format=vf, length=331, window=200, generic=False,
-               kernel="v2", warps=warps, tile=tile, splits=2)
+               kernel="tiles", warps=warps, tile=tile, splits=2)
         assert last_run()["tile"] == tile
 
 
-def test_v2_falls_back_to_v1_when_threadgroup_memory_is_short():
+def test_tiles_falls_back_to_lanes_when_threadgroup_memory_is_short():
     # 8 query heads x 4 rows of 256 values: q alone fills the 32 KiB of threadgroup memory
     rng = np.random.default_rng(10)
     kb = _cache(rng, "q8_0", (1, 1, 20, 256))
     vb = _cache(rng, "q4_0", (1, 1, 20, 256))
     q = rng.standard_normal((1, 8, 4, 256)).astype(np.float32)
     _check("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="q4_0", length=20)
-    assert last_run()["kernel"] == "v1"
-    with pytest.raises(AttentionError, match="kernel v2 does not fit"):
-        decode_attention(q, kb, vb, k_format="q8_0", v_format="q4_0", length=20, backend="cpu-emulator", kernel="v2")
+    assert last_run()["kernel"] == "lanes"
+    with pytest.raises(AttentionError, match="kernel 'tiles' does not fit"):
+        decode_attention(q, kb, vb, k_format="q8_0", v_format="q4_0", length=20, backend="cpu-emulator", kernel="tiles")
     with pytest.raises(AttentionError, match="unknown kernel"):
         decode_attention(q, kb, vb, k_format="q8_0", v_format="q4_0", length=20, backend="cpu-emulator", kernel="v9")
-    with pytest.raises(AttentionError, match="at most 8 query rows"):   # v3 takes at most 8 rows per group
-        decode_attention(q, kb, vb, k_format="q8_0", v_format="q4_0", length=20, backend="cpu-emulator", kernel="v3")
+    with pytest.raises(AttentionError, match="at most 8 query rows"):   # int8-mma takes at most 8 rows per group
+        decode_attention(q, kb, vb, k_format="q8_0", v_format="q4_0", length=20, backend="cpu-emulator", kernel="int8-mma")
 
 
 def test_gpu_plan_of_the_benchmark_shape():
-    # the plan a GPU gets for q8_0 K + turbo3 V, Hq 32 / Hkv 8, D 128: v2, whole tiles per split, a grid
+    # the plan a GPU gets for q8_0 K + turbo3 V, Hq 32 / Hkv 8, D 128: tiles, whole tiles per split, a grid
     # that fills the GPU where the context allows,
     # every key covered, one partial per threadgroup, within the combine pass's limit
     q = np.zeros((1, 32, 128), np.float32)
@@ -225,15 +226,15 @@ def test_gpu_plan_of_the_benchmark_shape():
         prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=4)
         prob = dataclasses.replace(prob, l_max=n, lengths=(n,))
         plan = attention_plan.make_plan(prob, "cuda")
-        assert plan.kernel == "v2" and plan.tile == 32 * plan.warps and plan.split_len % plan.tile == 0
+        assert plan.kernel == "tiles" and plan.tile == 32 * plan.warps and plan.split_len % plan.tile == 0
         # long contexts take the largest threadgroups; short ones smaller, until the grid fills the GPU
         tiles = 8 * -(-n // plan.tile)
-        fill = FILL_PER_UNIT_V2 * compute_units("cuda")
+        fill = FILL_PER_UNIT_TILES * compute_units("cuda")
         assert plan.warps == 4 or (tiles < fill * 2 and plan.warps >= 1)
         assert plan.warps == 1 or tiles >= fill
         assert plan.splits * plan.split_len >= n > (plan.splits - 1) * plan.split_len
         assert plan.partials == plan.splits <= attention_plan.MAX_PARTIALS
-        assert attention_plan.v2_shared_bytes(prob, plan.warps, plan.tile, False) <= attention_plan.SHARED_BYTES
+        assert attention_plan.tiles_shared_bytes(prob, plan.warps, plan.tile, False) <= attention_plan.SHARED_BYTES
 
 
 def test_metal_source_is_well_formed(tmp_path):
@@ -251,13 +252,13 @@ def test_metal_source_is_well_formed(tmp_path):
         kb = bridge.quantize(kf, np.zeros((1, 1, 8, 128)))
         vb = bridge.quantize(vf, np.zeros((1, 1, 8, 128)))
         prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=8)
-        for version in attention_plan.KERNELS:
+        for kernel in KERNELS:
             try:
-                plan = attention_plan.make_plan(prob, "metal", kernel=version)
-            except AttentionError:   # v3 refuses some pairs (f16 K): v2 serves them
-                assert version == "v3"
+                plan = attention_plan.make_plan(prob, "metal", kernel=kernel)
+            except AttentionError:   # int8-mma refuses some pairs (f16 K): tiles serves them
+                assert kernel == "int8-mma"
                 continue
-            for dyn in ((False,) if version == "v3" else (False, True)):   # v3 has no format-generic build
+            for dyn in ((False,) if kernel == "int8-mma" else (False, True)):   # int8-mma has no format-generic build
                 statics = attention_build.static_params(prob, plan, qtype, dyn)[:2]
                 for kern, static in zip(attention_build.kernel_defs(qtype, plan.kernel), statics):
                     src = tmp_path / f"{kern.name}.cpp"
@@ -311,7 +312,7 @@ def test_combine_merges_any_number_of_partials(splits, length, v_format, sinks):
     kb = _cache(rng, "q8_0", (1, 1, length, 128))
     vb = _cache(rng, v_format, (1, 1, length, 128))
     q = rng.standard_normal((1, 2, 128)).astype(np.float32)
-    kw = dict(k_format="q8_0", v_format=v_format, length=length, kernel="v2", splits=splits)
+    kw = dict(k_format="q8_0", v_format=v_format, length=length, kernel="tiles", splits=splits)
     if sinks:
         kw["sinks"] = rng.standard_normal(2).astype(np.float32)
     _check("cpu-emulator", q, kb, vb, **kw)

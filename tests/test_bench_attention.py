@@ -17,17 +17,17 @@ SMALL = ["bench", "attention", "--backend", "cpu-emulator", "--context", "96", "
 
 def test_both_regimes_and_the_cache_path(tmp_path):
     out = tmp_path / "bench.json"
-    assert main(SMALL + ["--kernel", "auto,v2", "--json", str(out)]) == 0
+    assert main(SMALL + ["--kernel", "auto,tiles", "--json", str(out)]) == 0
     rep = json.loads(out.read_text())
     assert rep["backend"] == "cpu-emulator" and rep["regimes"] == ["fixed", "growing"]
     assert rep["device_time"].startswith("not measured")   # no GPU kernels on the emulator: said, not faked
     (row,) = rep["contexts"]
     for prefix in ("", "growing_"):
-        for path in ("fused", "fused_v2", "sdpa_fp16", "dequant_sdpa", "mlx_lm_quantized_sdpa"):
+        for path in ("fused", "fused_tiles", "sdpa_fp16", "dequant_sdpa", "mlx_lm_quantized_sdpa"):
             assert row[f"{prefix}{path}_us"] > 0 and 0 < row[f"{prefix}{path}_build_us"] <= row[f"{prefix}{path}_us"]
             # the host's share of the evaluation (mx.async_eval), inside each timed evaluation
             assert 0 <= row[f"{prefix}{path}_encode_us"] <= row[f"{prefix}{path}_us"]
-        assert row[prefix + "best_fused"] in ("fused", "fused_v2", "cache_path")
+        assert row[prefix + "best_fused"] in ("fused", "fused_tiles", "cache_path")
         assert row[prefix + "speedup_vs_sdpa_fp16"] == pytest.approx(row[prefix + "sdpa_fp16_us"]
                                                                      / row[prefix + "best_fused_us"])
     assert row["growing_cache_path_us"] > 0 and row["cache_path_plan"]["backend"] == "cpu-emulator"
@@ -36,12 +36,12 @@ def test_both_regimes_and_the_cache_path(tmp_path):
         assert row[f"growing_{path}_pipelined_us"] > 0 and f"{path}_pipelined_us" not in row
     assert row["growing_pipelined_speedup_vs_sdpa_fp16"] == pytest.approx(
         row["growing_sdpa_fp16_pipelined_us"] / row["growing_cache_path_pipelined_us"])
-    assert "fused_v2_wrong" not in row and "cache_path_wrong" not in row
-    assert row["fused_plan"]["kernel"] in ("v1", "v2", "v3") and row["fused_v2_plan"]["kernel"] == "v2"
-    # the report says which v3 variant ran (chunks per step, copy ring, dynamic memory); v2 has none
-    if row["fused_plan"]["kernel"] == "v3":
+    assert "fused_tiles_wrong" not in row and "cache_path_wrong" not in row
+    assert row["fused_plan"]["kernel"] in ("lanes", "tiles", "int8-mma") and row["fused_tiles_plan"]["kernel"] == "tiles"
+    # the report says which int8-mma variant ran (chunks per step, copy ring, dynamic memory); tiles has none
+    if row["fused_plan"]["kernel"] == "int8-mma":
         assert {"chunks", "stages", "dyn_smem"} <= set(row["fused_plan"])
-    assert not {"chunks", "stages"} & set(row["fused_v2_plan"])
+    assert not {"chunks", "stages"} & set(row["fused_tiles_plan"])
 
 
 def test_a_wrong_kernel_is_flagged_and_never_the_best(tmp_path, monkeypatch, capsys):
@@ -56,7 +56,7 @@ def test_a_wrong_kernel_is_flagged_and_never_the_best(tmp_path, monkeypatch, cap
 
     monkeypatch.setattr(attention, "decode_attention", off_by_one_tenth)
     out = tmp_path / "bench.json"
-    assert main(SMALL + ["--kernel", "v2", "--regime", "fixed", "--json", str(out)]) == 0
+    assert main(SMALL + ["--kernel", "tiles", "--regime", "fixed", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())["contexts"]
     assert row["fused_wrong"] is True and row["fused_max_abs_diff_vs_reference"] >= 0.09
     assert "best_fused" not in row and "speedup_vs_sdpa_fp16" not in row
@@ -87,7 +87,7 @@ def test_a_failing_baseline_costs_only_its_own_numbers(tmp_path, monkeypatch):
 
     monkeypatch.setattr(base, "quantized_scaled_dot_product_attention", refuses)
     out = tmp_path / "bench.json"
-    assert main(SMALL + ["--kernel", "v2", "--json", str(out)]) == 0
+    assert main(SMALL + ["--kernel", "tiles", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())["contexts"]
     for prefix in ("", "growing_"):
         assert "No implementation" in row[prefix + "mlx_lm_quantized_sdpa_error"]
@@ -108,7 +108,7 @@ def test_variants_are_timed_in_interleaved_rounds(tmp_path):
     for r in row["variants"]:
         assert r["wall_us"] > 0 and 0 < r["build_us"] <= r["wall_us"]
         if r["variant"] != "sdpa_fp16":
-            assert r["plan"]["kernel"] == "v3" and r["plan"]["chunks"] == (2 if r["variant"] == 0 else 1)
+            assert r["plan"]["kernel"] == "int8-mma" and r["plan"]["chunks"] == (2 if r["variant"] == 0 else 1)
             assert r["options"] == ("q_precision=int8,chunks=2" if r["variant"] == 0 else "q_precision=int8")
             assert r["wrong"] is False
     sd = {r["round"]: r["wall_us"] for r in row["variants"] if r["variant"] == "sdpa_fp16"}
@@ -151,11 +151,11 @@ def test_decode_options_parse_and_label_round_trip():
             profiling.parse_options(bad)
 
 
-def test_a_v3_plan_reports_its_variant(tmp_path):
-    """bench attention's plan of a v3 run names the variant that ran: chunks per step, the copy ring's
+def test_an_int8_mma_plan_reports_its_variant(tmp_path):
+    """bench attention's plan of an int8-mma run names the variant that ran: chunks per step, the copy ring's
     stages, the dynamic threadgroup memory (the emulator's plan: one chunk, 3 stages, static)."""
-    out = tmp_path / "v3.json"
-    assert main(SMALL + ["--kernel", "v3", "--regime", "fixed", "--json", str(out)]) == 0
+    out = tmp_path / "int8-mma.json"
+    assert main(SMALL + ["--kernel", "int8-mma", "--regime", "fixed", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())["contexts"]
     plan = row["fused_plan"]
-    assert plan["kernel"] == "v3" and (plan["chunks"], plan["stages"], plan["dyn_smem"]) == (1, 3, 0)
+    assert plan["kernel"] == "int8-mma" and (plan["chunks"], plan["stages"], plan["dyn_smem"]) == (1, 3, 0)

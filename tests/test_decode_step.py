@@ -142,8 +142,8 @@ def test_generation_unchanged_by_the_cpu_codec_path(cpu_device, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _GPU, reason="no MLX GPU backend (Metal or CUDA) here")
 def test_gpu_decode_step_three_kernels_no_sync(kv, dtype):
-    # q exact (kernels v1/v2): the lane's arithmetic is then dequantize + SDPA's up to float rounding
-    # (CUDA's default int8 q, kernel v3, has its own test below)
+    # q exact (kernels lanes / tiles): the lane's arithmetic is then dequantize + SDPA's up to float rounding
+    # (CUDA's default int8 q, kernel int8-mma, has its own test below)
     ref = _prefilled(kv)
     c = _prefilled(kv)
     c.q_precision = "exact"
@@ -174,8 +174,8 @@ def test_gpu_decode_step_three_kernels_no_sync(kv, dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _GPU, reason="no MLX GPU backend (Metal or CUDA) here")
 def test_gpu_decode_step_int8_q_matches_its_reference(kv):
-    """q quantized to int8 (kernel v3: CUDA's default for these caches): the lane against the MLX-ops
-    reference doing the same int8 q, step by step. Tolerance: v3 also rounds V values and weights to
+    """q quantized to int8 (kernel int8-mma: CUDA's default for these caches): the lane against the MLX-ops
+    reference doing the same int8 q, step by step. Tolerance: int8-mma also rounds V values and weights to
     binary16 (relative 2^-11 each; docs/attention.md), so 5e-3 rather than the exact lane's 2e-3."""
     ref = _prefilled(kv)
     c = _prefilled(kv)
@@ -454,8 +454,8 @@ def test_self_check_keeps_only_kernel_verdicts_on_disk(monkeypatch, tmp_path):
     assert list(json.loads(disk.read_text()).values()) == ["the fused attention differs from the reference by 1"]
 
 
-@pytest.mark.parametrize("qp,want", [("int8", "cpu-emulator v3 int8 q V turbo-permute 1 chunk 3 stages 2 dispatches"),
-                                     ("exact", "cpu-emulator v2 exact q 2 dispatches")])
+@pytest.mark.parametrize("qp,want", [("int8", "cpu-emulator int8-mma int8 q V turbo-permute 1 chunk 3 stages 2 dispatches"),
+                                     ("exact", "cpu-emulator tiles exact q 2 dispatches")])
 def test_cache_report_says_which_decode_kernel_ran(emulated_decode_lane, qp, want, cpu_device, monkeypatch):
     from tqbridge.metal.lm.report import cache_report, paths_line
 
@@ -469,6 +469,6 @@ def test_cache_report_says_which_decode_kernel_ran(emulated_decode_lane, qp, wan
     assert c.paths["decode:cpu-emulator"] == 2
     info = cache_report([c])["layers"][0]["decode_kernel"]
     assert info["backend"] == "cpu-emulator" and info["q_precision"] == qp and info["splits"] >= 1
-    # v3's variant is the emulator's plan default (CUDA's differs: V3_DEFAULT_CHUNKS, V3_AUTO_STAGES_CUDA)
+    # int8-mma's variant is the emulator's plan default (CUDA's differs: INT8_MMA_DEFAULT_CHUNKS, INT8_MMA_AUTO_STAGES_CUDA)
     assert (info.get("chunks"), info.get("stages")) == ((1, 3) if qp == "int8" else (None, None))
     assert f"decode kernels: {want}" in paths_line([c])

@@ -1048,7 +1048,7 @@ def test_v3_decode_table_is_its_record():
     def vs(model, cache, ctx):
         return runs[(model, cache, ctx)]["speedup_vs_fp16"]
     readme = flat(text("README.md"))
-    i32, i128, e32, e128 = span(readme, r"it lifts Llama-3.1-8B to ([\d.]+)× fp16 at 32K and ([\d.]+)× at 128K \(v2 in the "
+    i32, i128, e32, e128 = span(readme, r"it lifts Llama-3.1-8B to ([\d.]+)× fp16 at 32K and ([\d.]+)× at 128K \(`tiles` in the "
                                         r"same run: ([\d.]+)×, ([\d.]+)×;")
     doc = flat(text(HISTORY))
     bi32, bi128, be32, be128, *qwen = span(doc, r"with v3, Llama-3.1-8B reaches ([\d.]+)× at 32K and ([\d.]+)× at 128K \(v2: "
@@ -1061,7 +1061,7 @@ def test_v3_decode_table_is_its_record():
         assert rounds_to(cell, vs("qwen2.5-1.5b", "q8_0/turbo3@int8", ctx)), (ctx, cell)
     a, b = _v3_dev("q8_0/turbo3", "v2", 131072), _v3_dev("q8_0/turbo3", "v3", 131072)
     ta, tb = a["pass1_us"] + a["pass2_us"], b["pass1_us"] + b["pass2_us"]
-    assert once(f"{ta / tb:.2f}× less device time than v2 at 128K ({tb:.0f} vs {ta:.0f} µs", readme)
+    assert once(f"{ta / tb:.2f}× less device time than `tiles` at 128K ({tb:.0f} vs {ta:.0f} µs", readme)
 
 
 def test_attention_doc_v3_ratios_are_the_record():
@@ -1069,7 +1069,8 @@ def test_attention_doc_v3_ratios_are_the_record():
     for ctx in CONTEXTS:
         a, b = _v3_dev("q8_0/turbo3", "v2", ctx), _v3_dev("q8_0/turbo3", "v3", ctx)
         ratios.append((a["pass1_us"] + a["pass2_us"]) / (b["pass1_us"] + b["pass2_us"]))
-    assert once(f"Kernel v3: {ratios[0]:.2f} / {ratios[1]:.2f} / {ratios[2]:.2f}× less device time", flat(text("docs/attention.md")))
+    assert once(f"Kernel `int8-mma`: {ratios[0]:.2f} / {ratios[1]:.2f} / {ratios[2]:.2f}× less device time",
+                flat(text("docs/attention.md")))
 
 
 def test_q_precision_decision_quotes_the_control():
@@ -2153,7 +2154,7 @@ def test_eleventh_session_default_chunks_sentence_is_its_record():
     assert once(f"pass 1 on the H200 {first[32768, 2]:.1f} / {first[131072, 2]:.1f} µs at 32K / 128K against one chunk's "
                 f"{first[32768, 1]:.1f} / {first[131072, 1]:.1f},", flat(text("docs/attention.md")))
     (chunks,) = span(flat(text(HISTORY)), r"\*\*(\w+) chunks per step become CUDA's default\.\*\*")
-    assert decode_options.V3_DEFAULT_CHUNKS == {"cuda": count_word(chunks)}
+    assert decode_options.INT8_MMA_DEFAULT_CHUNKS == {"cuda": count_word(chunks)}
 
 
 STAGES = "benchmarks/records/h200/2026-12-02-v3-stages.json"
@@ -2189,7 +2190,7 @@ def test_eleventh_session_stages_sentences_are_their_record():
     assert once(f"({fz['seconds']:.0f} s, {fz['jobs']} processes) with no counterexample in {fz['examples']} examples over "
                 f"{fz['shapes']} shapes, {len(fz['formats'])} formats, worst error {fz['worst_error_over_allowed']:.3f} of the allowed bound", doc)
     (stages,) = span(doc, r"CUDA's automatic plans now take `V3_AUTO_STAGES_CUDA` = (\d+) stages where a tile")
-    assert attention_plan.V3_AUTO_STAGES_CUDA == int(stages)
+    assert attention_plan.INT8_MMA_AUTO_STAGES_CUDA == int(stages)
 
 
 STAGES2 = "benchmarks/records/h200/2026-12-02-v3-stages2-default.json"
@@ -2215,7 +2216,7 @@ def test_twelfth_session_default_on_the_gpu_is_its_record():
     want = (int(warps), int(tile), count_word(chunks), int(stages), 0)
     plans = r["cuda_plan_q8_0_turbo3_b1_hq32_hkv8_d128"]["plans"]
     assert all((p["warps"], p["tile"], p["chunks"], p["stages"], p["dyn_smem"]) == want for p in plans.values())
-    assert attention_plan.V3_AUTO_STAGES_CUDA == want[3] and decode_options.V3_DEFAULT_CHUNKS == {"cuda": want[2]}
+    assert attention_plan.INT8_MMA_AUTO_STAGES_CUDA == want[3] and decode_options.INT8_MMA_DEFAULT_CHUNKS == {"cuda": want[2]}
     g = {(x["cache"], x["context"]): x for x in r["bench_decode"]["result"]["runs"]}
     c1 = "q8_0/turbo3{TQBRIDGE_V3_CHUNKS=1}"
     sp = lambda c: " / ".join(f"{g[c, n]['speedup_vs_fp16']:.3f}" for n in (32768, 131072))   # noqa: E731
@@ -2309,8 +2310,8 @@ def test_thirteenth_session_whole_words_and_splits_are_their_record():
     from tqbridge.metal import decode_options as do
 
     h200 = 132   # the H200's SMs (the page's header says so, checked below): the targets are per SM since
-    target_v3, target_long, target_v1 = (h200 * k for k in (do.GROUPS_PER_UNIT_V3, do.GROUPS_PER_UNIT_V3_LONG,
-                                                            do.GROUPS_PER_UNIT_V1))
+    target_v3, target_long, target_v1 = (h200 * k for k in (do.GROUPS_PER_UNIT_INT8_MMA, do.GROUPS_PER_UNIT_INT8_MMA_LONG,
+                                                            do.GROUPS_PER_UNIT_LANES))
 
     raw = text(HISTORY)
     doc = flat(raw)
@@ -2338,7 +2339,7 @@ def test_thirteenth_session_whole_words_and_splits_are_their_record():
     target, keys, heads, from_keys, before = span(doc,
         r"CUDA's plans now aim for (\d+) threadgroups where each split keeps at least (\d+) keys \(`TARGET_GROUPS_V3_LONG`, "
         r"`V3_LONG_SPLIT_KEYS`: at (\d+) KV heads from ([\d,]+) keys\), else (\d+) as before")
-    assert (int(target), int(keys), int(before)) == (target_long, do.V3_LONG_SPLIT_KEYS, target_v3)
+    assert (int(target), int(keys), int(before)) == (target_long, do.INT8_MMA_LONG_SPLIT_KEYS, target_v3)
     assert int(from_keys.replace(",", "")) == int(target) // int(heads) * int(keys)
     kdt = {(w, r["context"], r["splits"]): r for w in ("1", "0")
            for r in p1["kernel_device_time"][f"q8_words_{w}"]}

@@ -37,7 +37,7 @@ def test_decode_attention_campaign_on_the_emulator(tmp_path):
 
 @EMU
 def test_kernel_v3_campaign_with_int8_q(tmp_path):
-    """--q-precision int8 sends every call through kernel v3 where it serves the pair, judged by the
+    """--q-precision int8 sends every call through kernel int8-mma where it serves the pair, judged by the
     int8 oracle; the counterexample snippet would rebuild the same target."""
     rc, out, err = fuzz("decode-attention", "--backend", "cpu-emulator", "--q-precision", "int8", "--examples", "12",
                         "--db", "db", "--json", "summary.json", cwd=tmp_path)

@@ -82,11 +82,11 @@ def test_prepared_attention_calls_mlx(fake_cuda, compiled):
                                q_precision="int8", options=DecodeOptions(compile=compiled))
         assert tuple(out.shape) == (1, 8, 128) and out.dtype == mx.float16
         run = last_run()
-        assert run["backend"] == "cuda" and run["kernel"] == "v3" and run["v_decode"] == "turbo-permute"
+        assert run["backend"] == "cuda" and run["kernel"] == "int8-mma" and run["v_decode"] == "turbo-permute"
         assert run["dispatches"] == 2 and run["compiled"] is compiled
     names = [c[0] for c in CALLS]
     assert len(names) == (1 if compiled else 3) * 2
-    assert all("split_v3" in x for x in names[::2]) and all("combine" in x for x in names[1::2])
+    assert all("split_int8_mma" in x for x in names[::2]) and all("combine" in x for x in names[1::2])
     prob = check_problem(np.zeros((1, 8, 128), np.float16), np.asarray(kb), np.asarray(vb), k_format="q8_0",
                          v_format="turbo3", length=64)
     assert CALLS[0][1][:3] == [(1, 8, 128), tuple(kb.shape), tuple(vb.shape)]

@@ -120,7 +120,7 @@ def test_on_llama_cpp_cache_blocks():
 
 
 def test_an_int8_q_kernel_is_judged_as_int8(monkeypatch):
-    """On CUDA the kernel's default q is int8 (kernel v3): the attention level must judge that run by
+    """On CUDA the kernel's default q is int8 (kernel int8-mma): the attention level must judge that run by
     the int8 oracle (it passes), not the exact one (which fails it: asserted below). The emulator stands
     in for such a backend with its default-precision entry set to int8."""
     from tqbridge.metal import attention_kernel, attention_ref, decode_options

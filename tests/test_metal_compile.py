@@ -103,8 +103,8 @@ def clang_errors(src: str) -> "list[str]":
 def _attention_cases():
     from tqbridge.metal.attention import check_problem
     from tqbridge.metal.attention_build import kernel_defs, static_params
-    from tqbridge.metal.attention_plan import KERNELS, make_plan
-    from tqbridge.metal.attention_problem import AttentionError
+    from tqbridge.metal.attention_plan import make_plan
+    from tqbridge.metal.attention_problem import KERNELS, AttentionError
 
     cases = []
     for kf, vf, d, qtype in [("q8_0", "turbo3", 128, 0), ("q4_1", "q5_0", 128, 1), ("turbo4@g64", "q5_1", 128, 2),
@@ -113,12 +113,12 @@ def _attention_cases():
         kb = bridge.quantize(kf, np.zeros((1, 1, 8, d)))
         vb = bridge.quantize(vf, np.zeros((1, 1, 8, d)))
         prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=8)
-        for version in KERNELS:
+        for kernel in KERNELS:
             try:
-                plan = make_plan(prob, "metal", kernel=version)
-            except AttentionError:   # v3 refuses some pairs (f16 K, bf16 V): v1 / v2 serve them
+                plan = make_plan(prob, "metal", kernel=kernel)
+            except AttentionError:   # int8-mma refuses some pairs (f16 K, bf16 V): lanes / tiles serve them
                 continue
-            for dyn in ((False,) if version == "v3" else (False, True)):
+            for dyn in ((False,) if kernel == "int8-mma" else (False, True)):
                 for kern, static in zip(kernel_defs(qtype, plan.kernel), static_params(prob, plan, qtype, dyn)[:2]):
                     cases.append((f"{kern.name}-{kf}-{vf}-d{d}-q{qtype}-{'generic' if dyn else 'pair'}", kern, static))
     return cases

@@ -24,12 +24,12 @@ def _write(tmp_path, rows):
         w = csv.writer(f, quoting=csv.QUOTE_ALL)
         w.writerow(["ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value"])
         for k, v in METRICS.items():
-            w.writerow(["0", "tq_attention_split_v3", "S", k, "", v])
-        w.writerow(["1", "tq_attention_split_v3", "S", "Duration", "", "999"])   # a second launch: ignored
+            w.writerow(["0", "tq_attention_split_int8_mma", "S", k, "", v])
+        w.writerow(["1", "tq_attention_split_int8_mma", "S", "Duration", "", "999"])   # a second launch: ignored
     s = tmp_path / "sass.csv"
     with open(s, "w", newline="") as f:
         w = csv.writer(f, quoting=csv.QUOTE_ALL)
-        w.writerow(["Kernel Name", "tq_attention_split_v3"])
+        w.writerow(["Kernel Name", "tq_attention_split_int8_mma"])
         w.writerow(["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
                     "stall_wait", "stall_barrier", "stall_wait (Not Issued)"])
         for r in rows:

@@ -13,12 +13,13 @@ smoke test.
 from __future__ import annotations
 
 import json
+import sys
 
 from tqbridge.bridge.kv_spec import DEFAULT_FORMAT, TURBO_FORMAT
 
 from .cli import CliError
 
-DEFAULT_TUNE = "v2:4x128,v2:2x64,v2:1x32"   # v2 alternatives: fixed threadgroup sizes (warps x keys per tile)
+DEFAULT_TUNE = "tiles:4x128,tiles:2x64,tiles:1x32"   # tiles alternatives: fixed threadgroup sizes (warps x keys per tile)
 
 
 def add_arguments(p):
@@ -45,11 +46,13 @@ def add_arguments(p):
     p.add_argument("--v-format", default=TURBO_FORMAT)
     p.add_argument("--layers", type=int, default=16, help="distinct layers chained per evaluation")
     p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--kernel", default="auto,v2", help="comma-separated pass-1 kernels to time with their default "
-                   "plan (auto: the backend's default for the pair, as a cache runs it; v3: matrix fragments, int8 q; "
-                   "v2: one key per thread; v1: lanes share a key); the first is the headline")
-    p.add_argument("--tune", default=DEFAULT_TUNE, help="extra kernel configs, e.g. 'v2:8x64,v2:2x64,v1:16x4x64' "
-                   "(v2:warps x keys per tile; v1: lanes_per_key x warps [x tile]; no prefix: v1; '' for none)")
+    p.add_argument("--kernel", default="auto,tiles", help="comma-separated pass-1 kernels to time with their default "
+                   "plan (auto: the backend's default for the pair, as a cache runs it; int8-mma: matrix fragments, "
+                   "int8 q; tiles: a tile at a time, one key per thread; lanes: lanes share a key); the first is the "
+                   "headline")
+    p.add_argument("--tune", default=DEFAULT_TUNE, help="extra kernel configs, e.g. 'tiles:8x64,tiles:2x64,lanes:16x4x64' "
+                   "(tiles / int8-mma: warps x keys per tile; lanes: lanes_per_key x warps [x tile]; no prefix: lanes; "
+                   "'' for none)")
     p.add_argument("--splits", type=int, default=None, help="force the number of context splits")
     p.add_argument("--regime", default="fixed,growing", help="attention: fixed (the same length every call) and/or "
                    "growing (a new length every evaluation, as a decoding loop calls it; also times the prepared "
@@ -88,29 +91,46 @@ def run(args) -> int:
     return _run_attention(args)
 
 
+def _current_name(option: str, kern: str, told: set) -> str:
+    """``kern`` under its current name: a former one (``attention_problem.KERNEL_ALIASES``) is mapped, with
+    one line on stderr per option and name."""
+    from ..metal.attention_problem import KERNEL_ALIASES, renamed_kernel_note
+
+    if kern not in KERNEL_ALIASES:
+        return kern
+    if (option, kern) not in told:
+        told.add((option, kern))
+        print(f"tqbridge bench: {option}: {renamed_kernel_note(kern)}", file=sys.stderr)
+    return KERNEL_ALIASES[kern]
+
+
 def _kernel_configs(args, kernels) -> list:
-    """(tag, kernel, lanes_per_key, warps, tile) per timed configuration; the first is the headline."""
+    """(tag, kernel, lanes_per_key, warps, tile) per timed configuration; the first is the headline. Tags
+    and kernels carry the current names; a former name is taken with a note on stderr."""
     configs = []
+    told: set = set()
     for k in filter(None, args.kernel.split(",")):
+        k = _current_name("--kernel", k, told)
         if k != "auto" and k not in kernels:
             raise CliError(f"--kernel: unknown kernel {k!r}; choose from auto, {', '.join(kernels)}")
         configs.append(("fused" if not configs else f"fused_{k}", None if k == "auto" else k, None, None, None))
     if not configs:
         raise CliError("--kernel: name at least one kernel")
+    shapes = "tiles:WARPSxTILE, int8-mma:WARPSxTILE or lanes:LPKxWARPS[xTILE]"
     for c in filter(None, args.tune.split(",")):
         kern, _, spec = c.rpartition(":")
-        kern = kern or "v1"
+        kern = _current_name("--tune", kern or "lanes", told)
         try:
             parts = [int(x) for x in spec.split("x")]
         except ValueError:
-            raise CliError(f"--tune: {c!r} is not v2:WARPSxTILE or v1:LPKxWARPS[xTILE]") from None
-        if kern in ("v2", "v3") and len(parts) == 2:
+            raise CliError(f"--tune: {c!r} is not {shapes}") from None
+        if kern in ("tiles", "int8-mma") and len(parts) == 2:
             configs.append((f"fused_{kern}_{spec}", kern, None, parts[0], parts[1]))
-        elif kern == "v1" and len(parts) in (2, 3):
+        elif kern == "lanes" and len(parts) in (2, 3):
             parts += [None] * (3 - len(parts))
-            configs.append((f"fused_v1_{spec}", "v1", *parts))
+            configs.append((f"fused_lanes_{spec}", "lanes", *parts))
         else:
-            raise CliError(f"--tune: {c!r} is not v2:WARPSxTILE or v1:LPKxWARPS[xTILE]")
+            raise CliError(f"--tune: {c!r} is not {shapes}")
     return configs
 
 
@@ -122,7 +142,7 @@ def _run_attention(args) -> int:
         raise CliError(f"needs mlx and mlx-lm: {e}")
     from ..bridge import FormatError, get_format
     from ..metal.attention_bench import AttentionBench, run_attention_bench
-    from ..metal.attention_plan import KERNELS
+    from ..metal.attention_problem import KERNELS
     from ..metal.backend import pick_backend
 
     regimes = [r for r in args.regime.split(",") if r]

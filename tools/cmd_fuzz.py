@@ -45,7 +45,7 @@ def add_arguments(p) -> None:
     p.add_argument("--k-format", help="K format(s) of a decode-attention target, comma-separated")
     p.add_argument("--v-format", help="V format(s) of a decode-attention target, comma-separated")
     p.add_argument("--q-precision", choices=("exact", "int8"), default=None,
-                   help="decode-attention: q's precision in every call (int8: kernel v3 wherever it serves the "
+                   help="decode-attention: q's precision in every call (int8: kernel int8-mma wherever it serves the "
                         "pair; default: the backend's own choice per pair)")
     p.add_argument("--json", metavar="OUT", help="also write the summary as JSON to OUT")
     p.add_argument("--input-timeout", type=float, default=None, metavar="S",

@@ -1,4 +1,4 @@
-"""Where kernel v3's pass-1 time goes: the device time with parts of the key loop switched off.
+"""Where kernel int8-mma's pass-1 time goes: the device time with parts of the key loop switched off.
 
 Runs ``kernel_device_time.py`` (same arguments) on pass-1 sources edited by text substitution, so
 that a part of the loop still compiles but is skipped at run time (a condition on ``softcap`` the
@@ -11,7 +11,7 @@ compiler cannot fold; the benchmark's softcap is 0):
     v23nonorm / v23nosign / v23noidx   inside the turbo2 / turbo3 V decode: no norms (loads and
            products), no sign bytes (turbo3's third index bit), no index loads at all
 
-    python benchmarks/scripts/ablate_pass1.py --ablate none,nov,nok,nokld,nokv --kernels v3 --cold --chain \
+    python benchmarks/scripts/ablate_pass1.py --ablate none,nov,nok,nokld,nokv --kernels int8-mma --cold --chain \
         --context 4096,32768,131072 [--json out.json]
 
 The outputs of an ablated kernel are wrong by construction; only its time means something: the
@@ -73,7 +73,7 @@ def ablated_source(names: "list[str]"):
     """kernel_device_time's source builder with the substitutions of ``names`` applied to pass 1."""
     def source(kdef, static: dict) -> str:
         text = PLAIN_SOURCE(kdef, static)
-        if "TQA_NS" not in static:   # not a v3 pass 1 (the combine pass): as it is
+        if "TQA_NS" not in static:   # not an int8-mma pass 1 (the combine pass): as it is
             return text
         for name in names:
             for old, new in SUBS[name]:
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
                 return rc
             rows += [dict(r, ablation=name) for r in json.loads(tmp.read_text())["rows"]]
     if out_json:
-        Path(out_json).write_text(json.dumps({"what": "kernel v3 pass 1 with parts of the key loop skipped",
+        Path(out_json).write_text(json.dumps({"what": "kernel int8-mma pass 1 with parts of the key loop skipped",
                                               "command": command, "rows": rows}, indent=1) + "\n")
     return 0
 

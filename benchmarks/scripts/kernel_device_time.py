@@ -4,11 +4,11 @@ Compiles the same dialect source MLX compiles (header + body, the signature MLX 
 NVRTC through CuPy, then reports per kernel build: registers per thread, local-memory (spill) bytes,
 static shared memory, the resident threadgroups per SM those allow, and the device time of pass 1
 measured with CUDA events over many launches on random cache bytes at a fixed length. Pass 2
-(combine) is timed the same way; kernel v3 in one dispatch (its merge in the last threadgroup of
+(combine) is timed the same way; kernel int8-mma in one dispatch (its merge in the last threadgroup of
 each head) has no pass 2. What MLX adds on top (graph building, per-call source hashing) is
 what ``tqbridge bench attention`` / ``bench decode`` measure.
 
-    python benchmarks/scripts/kernel_device_time.py --context 4096,32768,131072 --kernels v2,v3 --json out.json
+    python benchmarks/scripts/kernel_device_time.py --context 4096,32768,131072 --kernels tiles,int8-mma --json out.json
 
 ``--managed`` puts every array in managed memory, as MLX's CUDA allocator does (the same kernel's
 device time inside MLX's chain exceeds CuPy's by 12-16 us per call: docs/benchmark-history.md, seventh session).
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser()
     p.add_argument("--context", default="4096,32768,131072")
-    p.add_argument("--kernels", default="v2,v3")
+    p.add_argument("--kernels", default="tiles,int8-mma")
     p.add_argument("--k-format", default="q8_0")
     p.add_argument("--v-format", default="turbo3")
     p.add_argument("--q-heads", type=int, default=32)
@@ -54,9 +54,9 @@ def main(argv=None) -> int:
     p.add_argument("--splits", default="", help="comma-separated split counts to sweep (default: the plan's)")
     p.add_argument("--warps", default="", help="comma-separated warps to sweep (default: the plan's)")
     p.add_argument("--tiles", default="", help="comma-separated keys per tile to sweep (default: the plan's)")
-    p.add_argument("--chunks", default="", help="v3: comma-separated 16-key chunks per SIMD-group step to sweep "
+    p.add_argument("--chunks", default="", help="int8-mma: comma-separated 16-key chunks per SIMD-group step to sweep "
                    "(default: the plan's)")
-    p.add_argument("--stages", default="", help="v3: comma-separated tiles in the copy ring to sweep, each at most "
+    p.add_argument("--stages", default="", help="int8-mma: comma-separated tiles in the copy ring to sweep, each at most "
                    "the plan's (fewer stages: less threadgroup memory, more threadgroups per SM; default: the plan's)")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--chain", action="store_true",
@@ -106,8 +106,8 @@ def main(argv=None) -> int:
                     print(f"{ctx} {kern} warps={nw} splits={ns} tile={tl} chunks={kc}: {e}", file=sys.stderr)
                     continue
                 if st is not None:
-                    if plan.kernel != "v3" or not 2 <= st <= plan.stages:
-                        print(f"{ctx} {kern} stages={st}: v3 takes 2..{plan.stages} here", file=sys.stderr)
+                    if plan.kernel != "int8-mma" or not 2 <= st <= plan.stages:
+                        print(f"{ctx} {kern} stages={st}: int8-mma takes 2..{plan.stages} here", file=sys.stderr)
                         continue
                     plan = dataclasses.replace(plan, stages=st)   # a smaller ring fits where the plan's did
                 split_s, comb_s, extra1, extra2 = ab.static_params(prob, plan, 0, False)

@@ -4,12 +4,12 @@ Compiles the same dialect source MLX compiles on CUDA (as ``kernel_device_time.p
 the local ``nvcc``, then reads the machine code (``cuobjdump -sass``, which needs ``nvdisasm`` on
 the PATH) and reports: registers per thread, spill bytes, static shared memory, and the key loop —
 the innermost loop holding the tensor-core products — counted by instruction class. The loop body
-serves 16 keys per SIMD group and chunk (``--chunks``, v3's ``Plan.chunks``), so ``per_key`` = body / (16 x chunks). The counts are static: both sides of
+serves 16 keys per SIMD group and chunk (``--chunks``, int8-mma's ``Plan.chunks``), so ``per_key`` = body / (16 x chunks). The counts are static: both sides of
 every branch inside the loop (the masked-edge path, the rescale taken only when a maximum moved)
 are included, so the common path issues fewer. An issue-bound kernel's time follows its
 instructions per key; this is the profile to read before and after a change to the inner loop.
 
-    python benchmarks/scripts/kernel_sass.py --pairs q8_0/turbo3,q8_0/q4_0 [--kernel v3] [--common-path] [--json out.json]
+    python benchmarks/scripts/kernel_sass.py --pairs q8_0/turbo3,q8_0/q4_0 [--kernel int8-mma] [--common-path] [--json out.json]
     python benchmarks/scripts/kernel_sass.py --cubin MODULE.ptx    (a cubin built elsewhere, e.g. MLX's cached one)
 """
 
@@ -62,7 +62,7 @@ def _source(prob, plan):
 
 # --common-path: the loop as a long context runs it almost always (every key of a tile visible, no
 # softcap, no running maximum moved): the other branches are removed from the source, so that the
-# static count of what remains is the common path's count (v3)
+# static count of what remains is the common path's count (int8-mma)
 COMMON_PATH = (("            if (inner && softcap <= 0.0f) {", "            if (true) {"),
                ("        if (moved) {", "        if (false) {"))
 
@@ -77,7 +77,7 @@ def _common_path(text: str) -> str:
 
 def loop_profile(sass: str, keys: int = 16) -> dict:
     """The key loop of ``cuobjdump -sass`` text (the innermost loop holding every tensor-core product),
-    counted by instruction class; ``per_key``: the body serves ``keys`` keys per SIMD group (v3: 16 per
+    counted by instruction class; ``per_key``: the body serves ``keys`` keys per SIMD group (int8-mma: 16 per
     chunk, ``Plan.chunks`` chunks per step)."""
     ins = []   # (address, opcode, full text)
     for line in sass.splitlines():
@@ -97,7 +97,7 @@ def loop_profile(sass: str, keys: int = 16) -> dict:
     body = [op for a, op, _ in ins if lo <= a <= hi]
     by = Counter(_class(op.split(".")[0]) for op in body)
     ops = Counter(op.split(".")[0] for op in body)
-    # the outermost enclosing loop (v3: the tile loop, staging copies and barriers around the key loop)
+    # the outermost enclosing loop (int8-mma: the tile loop, staging copies and barriers around the key loop)
     tlo, thi = min(loops)
     outer = [op for a, op, _ in ins if tlo <= a <= thi and not lo <= a <= hi]
     return {"loop_instructions": len(body), "per_key": round(len(body) / keys, 1), "keys_per_iteration": keys,
@@ -122,12 +122,13 @@ def cubin_profile(path: str) -> dict:
             "local_bytes": local, **loop_profile(sass)}
 
 
-def profile(k_format: str, v_format: str, kernel: str = "v3", q_heads: int = 32, kv_heads: int = 8,
+def profile(k_format: str, v_format: str, kernel: str = "int8-mma", q_heads: int = 32, kv_heads: int = 8,
             head_dim: int = 128, context: int = 131072, arch: str = "sm_90a", common_path: bool = False,
             chunks: "int | None" = None) -> dict:
     from tqbridge import bridge
     from tqbridge.metal.attention import check_problem
     from tqbridge.metal.attention_plan import make_plan
+    from tqbridge.metal.attention_problem import kernel_name
 
     kf, vf = bridge.get_format(k_format), bridge.get_format(v_format)
     rng = np.random.default_rng(0)
@@ -136,7 +137,8 @@ def profile(k_format: str, v_format: str, kernel: str = "v3", q_heads: int = 32,
     vb = bridge.quantize(vf, rng.standard_normal((1, kv_heads, 256, head_dim)).astype(np.float32))
     prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=256)
     prob = dataclasses.replace(prob, l_max=context, lengths=(context,))
-    plan = make_plan(prob, "cuda", kernel=kernel, chunks=chunks if kernel == "v3" else None)
+    kernel = kernel_name(kernel)   # a former name: its current one, with a DeprecationWarning
+    plan = make_plan(prob, "cuda", kernel=kernel, chunks=chunks if kernel == "int8-mma" else None)
     name, text = _source(prob, plan)
     if common_path:
         text = _common_path(text)
@@ -163,12 +165,12 @@ def profile(k_format: str, v_format: str, kernel: str = "v3", q_heads: int = 32,
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", default="q8_0/turbo3,q8_0/q4_0,q8_0/turbo4,q4_0/q4_0,q8_0/f16")
-    ap.add_argument("--kernel", default="v3")
+    ap.add_argument("--kernel", default="int8-mma")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--chunks", type=int, default=None,
-                    help="v3: 16-key chunks per SIMD-group step (default: the plan's)")
+                    help="int8-mma: 16-key chunks per SIMD-group step (default: the plan's)")
     ap.add_argument("--common-path", action="store_true",
-                    help="v3: count the loop's common path only (every key visible, no softcap, no rescale)")
+                    help="int8-mma: count the loop's common path only (every key visible, no softcap, no rescale)")
     ap.add_argument("--cubin", default=None, help="profile this prebuilt cubin (e.g. MLX's cached build of the "
                     "kernel) instead of building --pairs")
     ap.add_argument("--json", default=None)

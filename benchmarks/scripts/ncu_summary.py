@@ -1,4 +1,4 @@
-"""Summary of an Nsight Compute profile of kernel v3's pass 1: executed instructions per key, the
+"""Summary of an Nsight Compute profile of kernel int8-mma's pass 1: executed instructions per key, the
 staging code's share, the stall reasons, the headline counters.
 
 Reads the two CSV pages ``ncu -i REPORT`` prints (``--page details --csv`` and ``--page source --csv
@@ -6,7 +6,7 @@ Reads the two CSV pages ``ncu -i REPORT`` prints (``--page details --csv`` and `
 them; profile the launch with, e.g.:
 
     ncu --clock-control none -k regex:tq_attention_split --launch-skip 3 --launch-count 1 --set full \\
-        -o REP python benchmarks/scripts/kernel_device_time.py --context 131072 --kernels v3 --iters 5 --cold
+        -o REP python benchmarks/scripts/kernel_device_time.py --context 131072 --kernels int8-mma --iters 5 --cold
     ncu -i REP.ncu-rep --page details --csv > details.csv
     ncu -i REP.ncu-rep --page source --csv --print-source sass > sass.csv
     python benchmarks/scripts/ncu_summary.py details.csv sass.csv --context 131072 --kv-heads 8 --chunks 1
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     ap.add_argument("sass_csv")
     ap.add_argument("--context", type=int, required=True, help="the profiled launch's keys per KV head")
     ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--chunks", type=int, default=1, help="v3's 16-key chunks per SIMD-group step (Plan.chunks)")
+    ap.add_argument("--chunks", type=int, default=1, help="int8-mma's 16-key chunks per SIMD-group step (Plan.chunks)")
     a = ap.parse_args(argv)
     print(json.dumps(summary(a.details_csv, a.sass_csv, a.context, a.kv_heads, a.chunks), indent=1))
     return 0

@@ -1,7 +1,7 @@
 """Where a fused decode-attention call spends its time on a GPU: host graph building, evaluation,
 and the device time of each kernel (CUPTI through PyTorch's profiler, when PyTorch is installed).
 
-    python benchmarks/scripts/profile_attention.py [--context 4096,32768,131072] [--layers 16] [--kernel v2]
+    python benchmarks/scripts/profile_attention.py [--context 4096,32768,131072] [--layers 16] [--kernel tiles]
 
 Prints one line per context: wall time per call, the host-side time to build the call's MLX graph,
 and device time per call of every kernel that ran, summed by name. The bench
@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--context", default="4096,32768,131072")
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--kernel", default="v2")
+    ap.add_argument("--kernel", default="tiles")
     ap.add_argument("--k-format", default="q8_0")
     ap.add_argument("--v-format", default="turbo3")
     ap.add_argument("--json", default=None)

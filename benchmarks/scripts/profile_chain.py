@@ -1,14 +1,14 @@
 """Where a decode step's attention time goes in a chain of layers on MLX's CUDA backend.
 
-    python benchmarks/scripts/profile_chain.py --context 4096,131072 [--json out.json] [--only sdpa,v3]
+    python benchmarks/scripts/profile_chain.py --context 4096,131072 [--json out.json] [--only sdpa,int8-mma]
 
-Per layer of a 16-layer chain (B 1, Hq 32, Hkv 8, D 128, q8_0 K + turbo3 V, int8 q = kernel v3,
+Per layer of a 16-layer chain (B 1, Hq 32, Hkv 8, D 128, q8_0 K + turbo3 V, int8 q = kernel int8-mma,
 a new length every evaluation as in decode), for each path: ``build`` (µs of Python + MLX graph
 building), ``wall`` (µs from the first call to the end of ``mx.eval``) and ``device`` (µs of kernel
 time per layer, CUPTI through PyTorch's profiler, by kernel). Paths:
 
 - ``sdpa``: ``mx.fast.scaled_dot_product_attention`` over fp16 K/V;
-- ``v3``: the prepared decode launch (pass 1 + combine);
+- ``int8-mma``: the prepared decode launch (pass 1 + combine);
 - ``*_compiled``: the same launch under ``mx.compile`` (one compiled function per layer call: the
   custom-kernel primitives are traced once and replayed, so the per-call Python binding and kernel
   source assembly drop out);
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
                 return q
             measure("sdpa", sdpa, lambda n: sdpa(n, hot=True))
 
-        for tag in ("v3",):
+        for tag in ("int8-mma",):
             if not want(tag):
                 continue
             dl = ak.prepare_decode(q0, kb0, vb0, k_format=kf, v_format=vf, q_precision="int8")

@@ -2,11 +2,11 @@
 
     python benchmarks/scripts/profile_launch_cost.py --context 4096,131072 [--json out.json]
 
-Per layer of a 16-layer chain (B 1, Hq 32, Hkv 8, D 128, q8_0 K + turbo3 V, int8 q = kernel v3),
+Per layer of a 16-layer chain (B 1, Hq 32, Hkv 8, D 128, q8_0 K + turbo3 V, int8 q = kernel int8-mma),
 median of 25 evaluations, two numbers each: ``build`` (µs of Python + MLX graph building per
 layer) and ``wall`` (µs per layer from the first call to the end of ``mx.eval``):
 
-- ``v3_2disp_len``: the prepared decode launch (``prepare_decode``: pass 1 + combine), with a length that
+- ``int8-mma_2disp_len``: the prepared decode launch (``prepare_decode``: pass 1 + combine), with a length that
   grows every evaluation
   (``len``: near the context, ``len1k``: near 1024) or stays 0 (``len0``: the kernels' fixed cost);
 - ``sdpa``: ``mx.fast.scaled_dot_product_attention`` over fp16 K/V of the same context;
@@ -59,7 +59,7 @@ def main() -> None:
                     for i in range(nl):
                         q = dl(q, kb[i], vb[i], step[0])
                     return q
-                res[f"v3_{disp}disp_{lab}"] = timeit(fused)
+                res[f"int8-mma_{disp}disp_{lab}"] = timeit(fused)
 
         def sdpa():
             q = q0[:, :, None]

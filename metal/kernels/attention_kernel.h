@@ -86,7 +86,7 @@ TQ_FUNC uint tqa_u16(TQ_SHARED const uchar* p, int off) {
 
 TQ_FUNC uint tqa_u32(TQ_SHARED const uchar* p, int off) { return tqa_u16(p, off) | (tqa_u16(p, off + 2) << 16); }
 
-// Kernel v3: the 16-bit field at byte `off` of two staged rows (keys ka, kb of a tile at `tile`, rows of
+// Kernel int8-mma: the 16-bit field at byte `off` of two staged rows (keys ka, kb of a tile at `tile`, rows of
 // `rb` bytes) as one pair, low half key ka; 0 for a key without weight (ok_a / ok_b false) — the binary16
 // scales or norms that multiply the two keys' values of a fragment register.
 TQ_FUNC uint tqa_key_pair_u16(TQ_SHARED const uchar* tile, const int rb, const int ka, const int kb, const bool ok_a,
@@ -254,7 +254,7 @@ TQ_FUNC void tqa_rotate_simd(TQ_SHARED float* x, const int group, TQ_CONST_DEVIC
     }
 }
 
-// ----- kernel v3 (attention_kernel_split_v3.cpp) -----
+// ----- kernel int8-mma (attention_kernel_split_int8_mma.cpp) -----
 
 // P is scaled by 2^15 before it is rounded to binary16 (weights in [0, 1] stay normal numbers down
 // to 2^-29); the output is scaled back exactly.
@@ -350,6 +350,6 @@ TQ_FUNC uint tqa_turbo_idx4(const int fmt, TQ_SHARED const uchar* p, const int q
     return r;
 }
 
-// Kernel v3's turbo2 / turbo3 decode (TQA_V23): field / m-tile j of a run of 8 values holds value
+// Kernel int8-mma's turbo2 / turbo3 decode (TQA_V23): field / m-tile j of a run of 8 values holds value
 // tqa_v23_col(j) of the run: 0 2 4 6 1 3 5 7 (qs's even 2-bit fields, then its odd ones).
 TQ_FUNC int tqa_v23_col(const int j) { return ((j & 3) << 1) | (j >> 2); }

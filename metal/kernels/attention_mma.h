@@ -1,4 +1,4 @@
-// Matrix-fragment primitives of the tqbridge kernel dialect (kernel v3; see docs/kernels.md).
+// Matrix-fragment primitives of the tqbridge kernel dialect (kernel int8-mma; see docs/kernels.md).
 //
 // One SIMD group of 32 lanes multiplies small matrices held in registers, each lane holding a fixed
 // piece ("fragment"). The fragment layouts are those of the PTX `mma.sync` shapes named below
@@ -17,7 +17,7 @@
 // else (the CPU emulator, Metal until it gets simdgroup_matrix versions) they are SIMD shuffles and
 // plain arithmetic: the same results for the integer product; for binary16 products (exact in
 // float32) the float32 sums may round differently from the tensor cores, which the oracle's bound
-// for kernel v3 covers. TQ_MMA_GENERIC forces the portable versions on CUDA (to test one against
+// for kernel int8-mma covers. TQ_MMA_GENERIC forces the portable versions on CUDA (to test one against
 // the other).
 
 #if defined(TQ_BACKEND_CUDA) && !defined(TQ_MMA_GENERIC)
@@ -138,7 +138,7 @@ TQ_FUNC bool tq_aligned16_shared(TQ_SHARED const void* p) { (void)p; return fals
 // threadgroup words, all NT threads together, asynchronously: NBYTES / 16 copies of 16 bytes, thread
 // tid taking copies tid, tid + NT, ..; the trip count is static, so the loop unrolls into straight
 // copies at constant offsets (only the last round's are predicated). The generic tqa_stage_async
-// below pays a loop with run-time bounds and alignment branches per call (kernel v3's pass 1 on the
+// below pays a loop with run-time bounds and alignment branches per call (kernel int8-mma's pass 1 on the
 // H200: 129 of its 647 instructions per 16 keys, benchmarks/records/h200/2026-12-02-ncu-pass1.json).
 template <int NBYTES, int NT>
 TQ_FUNC void tqa_stage_full16(TQ_SHARED uint* dst, TQ_CONST_DEVICE uchar* s, uint tid) {
@@ -211,7 +211,7 @@ TQ_FUNC void tqa_stage_ring_head(TQ_SHARED uint* stage, TQ_CONST_DEVICE uchar* k
 
 // 2^x with results below 2^-126 flushed to zero. On CUDA one MUFU.EX2 (`ex2.approx.ftz`: the same
 // instruction and bits exp2f computes for results >= 2^-126; exp2f spends 4 more instructions on
-// denormal results); elsewhere the backend's exp2, flushed. Kernel v3's softmax weights below 2^-126
+// denormal results); elsewhere the backend's exp2, flushed. Kernel int8-mma's softmax weights below 2^-126
 // vanish anyway (times 2^15 they are below binary16's smallest subnormal).
 #if defined(TQ_BACKEND_CUDA)
 TQ_FUNC float tq_exp2_ftz(const float x) {
@@ -239,7 +239,7 @@ TQ_FUNC uint tq_pack_h2(const float lo, const float hi) { return tq_f2h(lo) | (t
 // Byte permute (PTX prmt in its default mode): byte n of the result is byte ((s >> 4n) & 7) of the
 // 8 bytes {b:a} (a's bytes 0..3, b's 4..7), or, where bit 3 of that nibble is set, that byte's top
 // bit copied into all 8 bits (prmt's sign replication, kept here so the emulator shows a selector
-// that sets it by mistake); bits 16..31 of s are ignored. Kernel v3 uses it as a table lookup of
+// that sets it by mistake); bits 16..31 of s are ignored. Kernel int8-mma uses it as a table lookup of
 // four 3-bit indices at once (its nibbles stay 0..7).
 #if defined(TQ_BACKEND_CUDA)
 TQ_FUNC uint tq_byte_perm(const uint a, const uint b, const uint s) {   // prmt itself: no mask of s
@@ -260,7 +260,7 @@ TQ_FUNC uint tq_byte_perm(const uint a, const uint b, const uint s) {
 }
 #endif
 
-// two binary16 sums at once, each correctly rounded (kernel v3 uses it where the sums are exact)
+// two binary16 sums at once, each correctly rounded (kernel int8-mma uses it where the sums are exact)
 #if defined(TQ_BACKEND_CUDA)
 TQ_FUNC uint tq_hadd2(const uint a, const uint b) {
     uint r;

@@ -87,7 +87,7 @@ def build_model(name: str, dtype=mx.float16, seed: int = 0):
 def make_caches(model, kind: str, options=None) -> list:
     """A prompt cache: ``fp16`` (mlx-lm's KVCache), ``mlx-q8`` / ``mlx-q4`` (its QuantizedKVCache) or a
     TQCache K/V spelling such as ``q8_0/turbo3`` or, per layer, ``q8_0/turbo3[0,-1=q8_0/q8_0]``, optionally
-    with ``@int8`` / ``@exact`` (the decode attention's q precision: kernel v3 / v2; default: the backend's);
+    with ``@int8`` / ``@exact`` (the decode attention's q precision: kernel int8-mma / tiles; default: the backend's);
     TQCache layers decode with
     ``options`` (a :class:`~tqbridge.metal.decode_options.DecodeOptions`; None: the defaults)."""
     from mlx_lm.models import cache as mc

@@ -16,7 +16,7 @@ _KERNEL_INFO = ("backend", "kernel", "q_precision", "v_decode", "chunks", "stage
 
 def _kernel_info(launch) -> "dict | None":
     """What a layer's prepared decode attention runs (its plan: backend, kernel, q precision, V decode,
-    v3's chunks / stages / dynamic memory, SIMD groups and tile, dispatches, splits, whether under
+    int8-mma's chunks / stages / dynamic memory, SIMD groups and tile, dispatches, splits, whether under
     mx.compile, whether the step's append runs in its call, whether its per-step ints are device views
     and its constants device copies), None
     before the layer's first decode step on a kernel lane."""
@@ -33,7 +33,7 @@ def _kernel_words(info: dict) -> str:
         words.append(f"{info['q_precision']} q")
     if info.get("v_decode"):
         words.append(f"V {info['v_decode']}")
-    if info.get("chunks"):   # kernel v3's variant: 16-key chunks per online-softmax step, copy-ring depth
+    if info.get("chunks"):   # kernel int8-mma's variant: 16-key chunks per online-softmax step, copy-ring depth
         words.append(f"{info['chunks']} chunk{'s' if info['chunks'] != 1 else ''}")
     if info.get("stages"):
         words.append(f"{info['stages']} stages")

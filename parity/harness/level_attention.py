@@ -97,7 +97,7 @@ def judge_ours(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray, *, k_format, v_fo
     def judge(o: np.ndarray, run: dict) -> dict[str, Any]:
         kernel = run.get("backend", "reference") != "reference"
         chain = run.get("chain") if kernel else None
-        # a kernel that quantized q to int8 (v3, CUDA's default) is judged as that arithmetic
+        # a kernel that quantized q to int8 (int8-mma, CUDA's default) is judged as that arithmetic
         qp = run.get("q_precision", "exact") if kernel else "exact"
         if chain is None:
             want, bound = ref, ref_bound

@@ -50,13 +50,13 @@ def _np(a):
     return to_numpy(a)
 
 
-def _v3_refuses(q, k_blocks, v_blocks, kw) -> bool:
-    """Whether kernel v3 (int8 q) cannot serve this call (a malformed call: False, and the call raises)."""
+def _int8_mma_refuses(q, k_blocks, v_blocks, kw) -> bool:
+    """Whether kernel int8-mma (int8 q) cannot serve this call (a malformed call: False, and the call raises)."""
     from ...metal.attention import check_problem
-    from ...metal.attention_plan import v3_refusal
+    from ...metal.attention_plan import int8_mma_refusal
 
     try:
-        return v3_refusal(check_problem(q, k_blocks, v_blocks, **kw)) is not None
+        return int8_mma_refusal(check_problem(q, k_blocks, v_blocks, **kw)) is not None
     except Exception:   # the call itself then raises its own error, as it would without the option
         return False
 
@@ -80,8 +80,8 @@ def our_target(name: str, backend: str, q_precision: "str | None" = None):
 
         def fn(q, k_blocks, v_blocks, **kw):
             qp = {} if q_precision is None else {"q_precision": q_precision}
-            if q_precision == "int8" and _v3_refuses(q, k_blocks, v_blocks, kw):
-                qp = {}   # "int8 wherever v3 serves the pair": the rest keep the backend's default
+            if q_precision == "int8" and _int8_mma_refuses(q, k_blocks, v_blocks, kw):
+                qp = {}   # "int8 wherever int8-mma serves the pair": the rest keep the backend's default
             return _np(decode_attention(q, k_blocks, v_blocks, backend=backend, **qp, **kw))
 
         claim = make_claim("decode-attention", chain=lambda: last_run().get("chain"),
@@ -302,7 +302,7 @@ def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" =
                  q_precision: "str | None" = None) -> Campaign:
     """Run one campaign and return its totals (never raises for a counterexample: see ``failure``).
     ``q_precision`` ("exact" / "int8"; decode-attention only) is passed to every call: "int8" fuzzes
-    kernel v3 wherever it serves the pair."""
+    kernel int8-mma wherever it serves the pair."""
     check_budget(profile, examples, minutes, jobs, FuzzError)
     if q_precision is not None:
         if target != "decode-attention":

@@ -69,7 +69,7 @@ class AttentionProblem:
         """``(expected, bound)``, both shaped like q: float64 attention and the per-component error
         bound for a float32 implementation whose longest serial sum has ``chain`` terms (default:
         the cache length, the most conservative). ``q_precision="int8"``: for an implementation that
-        quantizes q as llama.cpp's vec_dot does (tqbridge's kernel v3)."""
+        quantizes q as llama.cpp's vec_dot does (tqbridge's kernel int8-mma)."""
         from ...metal.attention import check_problem
         from ...metal.attention_ref import oracle
 

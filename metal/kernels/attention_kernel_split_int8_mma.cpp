@@ -1,5 +1,5 @@
-// Fused decode attention, pass 1 of 2, kernel v3: matrix fragments (tqbridge kernel dialect; the
-// primitives are in attention_mma.h). One threadgroup per (batch row, KV head, split), as v1/v2, and
+// Fused decode attention, pass 1 of 2, kernel int8-mma: matrix fragments (tqbridge kernel dialect; the
+// primitives are in attention_mma.h). One threadgroup per (batch row, KV head, split), as lanes / tiles, and
 // the same partial outputs for the combine pass. The GQA group's query rows (at most 8) are the N
 // side of every product, so each K/V byte is read once for all of them:
 //   q: rotated (turbo K / llama.cpp's rotation), then quantized to int8 per 32 values exactly as
@@ -18,10 +18,10 @@
 // so each lane decodes two runs of DV / 16 consecutive values per key (turbo2 / turbo3 with DV 128: the
 // run's values in the order tqa_v23_col, see below).
 //
-// Compile-time (each name prefixed TQA_): as v2 (KF VF KBB VBB KGRP VGRP KQS VQS KSG VSG DK DV D G
+// Compile-time (each name prefixed TQA_): as tiles (KF VF KBB VBB KGRP VGRP KQS VQS KSG VSG DK DV D G
 // T NW TILE KTB VTB KROT VROT QTYPE), KM (K has an offset m: q8_1 q), STB (bytes of the staging /
 // merge area), VB (turbo V: bits per index, 2 / 3 / 4; 0: another V format), V23 / VCODE (1: the byte-permute
-// decodes of turbo2 / turbo3 and of q4_0 / q5_0 / q8_0 where they apply; attention_kernel.v3_v_decode), NS (tiles in the copy ring), KC (16-key chunks per SIMD-group step). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
+// decodes of turbo2 / turbo3 and of q4_0 / q5_0 / q8_0 where they apply; attention_kernel.int8_mma_v_decode), NS (tiles in the copy ring), KC (16-key chunks per SIMD-group step). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
 // whose values fit binary16, or f16; G*T <= 8; DK % 32 == 0; DV % 64 == 0. No TQA_DYN build.
 const int kf = TQA_KF, vf = TQA_VF, kbb = TQA_KBB, vbb = TQA_VBB, vgrp = TQA_VGRP;
 const int vqs = TQA_VQS, vsg = TQA_VSG, krot = TQA_KROT;
@@ -59,7 +59,7 @@ TQ_SHARED_ARRAY(uint, stage, TQA_STB / 4);
 constexpr int HALF = (TQA_KTB + TQA_VTB) / 4;  // words per staged tile
 // The prologue: the first NS - 1 tiles' copies are issued before q is loaded, so their latency hides q's load,
 // rotation and quantization (q's rows then live in the ring's last buffer, which the key loop refills only
-// after its first barrier; the staging area is sized for that: attention_plan.v3_stage_bytes)
+// after its first barrier; the staging area is sized for that: attention_plan.int8_mma_stage_bytes)
 static_assert(TQA_NS >= 2 && (TQA_NS - 1) * HALF * 4 + 32 * TQA_DK <= TQA_STB, "q's rows must fit after the ring's head");
 // q rows (rows >= Q zero), rotated: only until the key loop's first barrier
 TQ_SHARED float* qf = (TQ_SHARED float*)(stage + (TQA_NS - 1) * HALF);

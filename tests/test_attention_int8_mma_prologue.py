@@ -1,4 +1,4 @@
-"""Kernel v3's prologue and epilogue: how q becomes int8 codes, when the first tiles' copies are issued,
+"""Kernel int8-mma's prologue and epilogue: how q becomes int8 codes, when the first tiles' copies are issued,
 how q8_0 K rows are read, and how the SIMD groups' partial rows are merged.
 
 - q to int8 per 32-value block by eight lanes, 4 values and one word of codes each; the block's max |x|
@@ -23,10 +23,10 @@ from tqbridge.metal import attention_plan
 from tqbridge.metal.attention import decode_attention, last_run
 from tqbridge.metal.decode_options import DecodeOptions
 from test_attention_kernel import BACKENDS, _cache
-from test_attention_v3 import _check_v3
-from test_attention_v3_staging import _planted, fresh  # noqa: F401 - the fixture: plans and sources made anew
+from test_attention_int8_mma import _check_int8_mma
+from test_attention_int8_mma_staging import _planted, fresh  # noqa: F401 - the fixture: plans and sources made anew
 
-SRC = "attention_kernel_split_v3.cpp"
+SRC = "attention_kernel_split_int8_mma.cpp"
 HDR = "attention_kernel.h"
 
 
@@ -52,7 +52,7 @@ def _case(kf, vf, d, rows, seed, l_max=203, hkv=2):
 def _run(q, kb, vb, kf, vf, length=181, splits=2, **kw):
     got = decode_attention(q, kb, vb, k_format=kf, v_format=vf, length=length, backend="cpu-emulator",
                            q_precision="int8", splits=splits, **kw)
-    assert last_run()["kernel"] == "v3"
+    assert last_run()["kernel"] == "int8-mma"
     return np.asarray(got)
 
 
@@ -63,19 +63,19 @@ def test_every_case_holds_the_int8_oracle_bound(backend, case, fresh):
     q, kb, vb = _case(kf, vf, d, rows, seed=len(name))
     if opts.get("sinks"):   # one logit per query head
         opts = dict(opts, sinks=np.linspace(-1.0, 2.0, q.shape[1]).astype(np.float32))
-    _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=181, splits=2, **opts)
+    _check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=181, splits=2, **opts)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_many_tiles_and_splits_hold_the_oracle_bound(backend, fresh):
     """Over many tiles and splits, the tiles short of a split's end, a partial last tile."""
     q, kb, vb = _case("q8_0", "turbo3", 128, 1, seed=4, l_max=400)
-    _check_v3(backend, q, kb, vb, k_format="q8_0", v_format="turbo3", length=389, splits=3)
+    _check_int8_mma(backend, q, kb, vb, k_format="q8_0", v_format="turbo3", length=389, splits=3)
 
 
 def test_the_staging_area_holds_q_after_the_ring_head():
     """q's rows (8 x DK floats) live after the first NS - 1 tiles: the plan's staging area must reach that
-    far for every shape v3 builds (the kernel's static_assert says the same at build time)."""
+    far for every shape int8-mma builds (the kernel's static_assert says the same at build time)."""
     from tqbridge.metal.attention import check_problem
 
     rng = np.random.default_rng(0)
@@ -87,7 +87,7 @@ def test_the_staging_area_holds_q_after_the_ring_head():
             for tile in (16, 32, 64, 128):
                 for stages in (2, 3):
                     tb = -(-tile * krb // 4) * 4 + -(-tile * vrb // 4) * 4
-                    assert attention_plan.v3_stage_bytes(prob, 2, tile, stages) >= (stages - 1) * tb + 32 * d
+                    assert attention_plan.int8_mma_stage_bytes(prob, 2, tile, stages) >= (stages - 1) * tb + 32 * d
 
 
 PLANTED = [
@@ -124,4 +124,4 @@ def test_planted_prologue_and_merge_bugs_are_caught(plant, tmp_path, monkeypatch
     got = _run(q, kb, vb, kf, vf)
     assert not np.array_equal(got, want), f"{name}: the planted bug did not change the output"
     with pytest.raises(AssertionError, match="bound|isfinite"):   # (the emulator poisons threadgroup memory)
-        _check_v3("cpu-emulator", q, kb, vb, k_format=kf, v_format=vf, length=181, splits=2)
+        _check_int8_mma("cpu-emulator", q, kb, vb, k_format=kf, v_format=vf, length=181, splits=2)

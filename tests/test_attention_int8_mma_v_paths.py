@@ -1,5 +1,5 @@
-"""Kernel v3's fast V decodes against its generic one (``DecodeOptions(v_decode="generic")``;
-attention_plan.v3_v_decode): "turbo-permute" for turbo2 / turbo3 of one 128-value block per row (four centroids per
+"""Kernel int8-mma's fast V decodes against its generic one (``DecodeOptions(v_decode="generic")``;
+attention_plan.int8_mma_v_decode): "turbo-permute" for turbo2 / turbo3 of one 128-value block per row (four centroids per
 byte permute of registers, the sign bits from a table; a run's columns held in another order of
 m-tiles, undone at the write) and "codes-permute" for q4_0 / q5_0 / q8_0 (codes put into binary16 integers
 by byte permutes, one exact subtraction, times the block scales). Each hands the same binary16
@@ -42,7 +42,7 @@ def _run(backend, generic: bool, kf, vf, g, t, n, opts, kind="normal"):
     if opts.get("sinks"):
         kw["sinks"] = rng.standard_normal(hkv * g).astype(np.float32)
     prob = check_problem(q, kb, vb, **kw)
-    plan = attention_plan.make_plan(prob, "cpu-emulator" if backend == "cpu-emulator" else "cuda", kernel="v3",
+    plan = attention_plan.make_plan(prob, "cpu-emulator" if backend == "cpu-emulator" else "cuda", kernel="int8-mma",
                                     options=options)
     decode = "generic" if generic else WANT[vf.split("@")[0]]
     static = attention_build.static_params(prob, plan, 0, False)[0]
@@ -80,7 +80,7 @@ def test_other_v_rows_take_the_generic_path():
         kb = _cache(rng, "q8_0", (1, 1, 40, d))
         vb = _cache(rng, vf, (1, 1, 40, d))
         prob = check_problem(q, kb, vb, k_format="q8_0", v_format=vf, length=40)
-        assert attention_plan.v3_v_decode(prob, DEFAULT_OPTIONS) == "generic", (vf, d)
-        plan = attention_plan.make_plan(prob, "cuda", kernel="v3")
+        assert attention_plan.int8_mma_v_decode(prob, DEFAULT_OPTIONS) == "generic", (vf, d)
+        plan = attention_plan.make_plan(prob, "cuda", kernel="int8-mma")
         static = attention_build.static_params(prob, plan, 0, False)[0]
         assert (static["TQA_V23"], static["TQA_VCODE"]) == (0, 0), (vf, d)

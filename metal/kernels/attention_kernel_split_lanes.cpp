@@ -1,4 +1,4 @@
-// Fused decode attention, pass 1 of 2 (tqbridge kernel dialect): one threadgroup per
+// Fused decode attention, pass 1 of 2, kernel lanes (tqbridge kernel dialect): one threadgroup per
 // (batch row, KV head, split of the context). All G*T query rows of the GQA group are scored from
 // ONE read of each K/V row. Inside a SIMD group, LPK lanes share a key (each owns DK/LPK values of
 // K and DV/LPK of V), so 32/LPK keys are in flight per SIMD group; each lane slot keeps its own

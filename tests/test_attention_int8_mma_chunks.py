@@ -1,4 +1,4 @@
-"""Kernel v3 with two 16-key chunks per SIMD-group step (``DecodeOptions(chunks=2)``, ``Plan.chunks``): both
+"""Kernel int8-mma with two 16-key chunks per SIMD-group step (``DecodeOptions(chunks=2)``, ``Plan.chunks``): both
 chunks' scores, one online-softmax update over their 32 keys, then both chunks' V products, so the
 chunks' dependency chains can overlap. The softmax sees a different running maximum than with one
 chunk per step, so the outputs are not bit-identical: each must hold the int8 oracle's bound, on
@@ -15,9 +15,9 @@ from tqbridge.metal import attention_build, attention_kernel, attention_plan
 from tqbridge.metal.decode_options import DecodeOptions
 from tqbridge.metal.attention import AttentionError, check_problem, last_run
 from test_attention_kernel import BACKENDS, GPU, _cache
-from test_attention_v3 import _check_v3
+from test_attention_int8_mma import _check_int8_mma
 
-# (K format, V format, head dim, GQA group, rows per query, length, options): the V decode paths of v3
+# (K format, V format, head dim, GQA group, rows per query, length, options): the V decode paths of int8-mma
 # (turbo byte permutes, generic turbo across 64-value blocks, code permutes, generic f16) and the K
 # offset path (q4_1); lengths with a last tile whose second chunk is empty (143: 15 keys past 128)
 CASES = [
@@ -52,10 +52,10 @@ def test_two_chunks_hold_the_oracle_bound(backend, case, monkeypatch, clean_plan
     kb, vb = _cache(rng, kf, (1, hkv, n + 5, d)), _cache(rng, vf, (1, hkv, n + 5, d))
     if opts.pop("sinks", False):
         opts["sinks"] = rng.standard_normal(hkv * g).astype(np.float32)
-    got2, want, bound = _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=n, options=_chunks(2), **opts)
+    got2, want, bound = _check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=n, options=_chunks(2), **opts)
     run = last_run()
     assert run["chunks"] == 2 and run["tile"] % 32 == 0 and 32 * run["warps"] <= run["tile"]
-    got1, _, _ = _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=n, options=_chunks(1), **opts)
+    got1, _, _ = _check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=n, options=_chunks(1), **opts)
     assert last_run()["chunks"] == 1
     # the two variants differ only by roundings: both within the bound of the same oracle
     assert (np.abs(got2 - got1) <= 2 * bound).all()
@@ -69,7 +69,7 @@ def test_two_chunks_across_many_tiles_and_splits(monkeypatch, clean_plans):
     rng = np.random.default_rng(41)
     q = rng.standard_normal((2, 8, 128)).astype(np.float32)
     kb, vb = _cache(rng, "q8_0", (2, 2, 700, 128)), _cache(rng, "turbo3", (2, 2, 700, 128))
-    _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=[700, 289], splits=2,
+    _check_int8_mma("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=[700, 289], splits=2,
               options=_chunks(2))
     assert last_run()["chunks"] == 2
 
@@ -77,18 +77,18 @@ def test_two_chunks_across_many_tiles_and_splits(monkeypatch, clean_plans):
 def test_dropping_the_second_chunk_fails(monkeypatch, tmp_path, clean_plans):
     """Plant the bug this file guards against (the second chunk's V products skipped) in a copy of
     the kernel sources the emulator builds: the oracle check must fail."""
-    from test_attention_v3_staging import _planted
+    from test_attention_int8_mma_staging import _planted
 
     marker = "        TQ_UNROLL\n        for (int hc = 0; hc < TQA_KC; ++hc) {\n            const int kc = k0 + 16 * hc;\n            // P^T"
-    _planted(tmp_path, monkeypatch, "attention_kernel_split_v3.cpp", marker, marker.replace("hc < TQA_KC", "hc < 1"))
+    _planted(tmp_path, monkeypatch, "attention_kernel_split_int8_mma.cpp", marker, marker.replace("hc < TQA_KC", "hc < 1"))
     try:
         rng = np.random.default_rng(3)
         q = rng.standard_normal((1, 8, 128)).astype(np.float32)
         kb, vb = _cache(rng, "q8_0", (1, 2, 150, 128)), _cache(rng, "turbo3", (1, 2, 150, 128))
         with pytest.raises(AssertionError, match="bound"):
-            _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=143, options=_chunks(2))
+            _check_int8_mma("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=143, options=_chunks(2))
         # the same call with one chunk per step does not run the planted loop's second pass: it holds
-        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=143, options=_chunks(1))
+        _check_int8_mma("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=143, options=_chunks(1))
     finally:
         monkeypatch.undo()
         attention_build.kernel_defs.cache_clear()
@@ -100,30 +100,30 @@ def test_chunk_plans_and_refusals(monkeypatch, clean_plans):
     kb, vb = _cache(rng, "q8_0", (1, 8, 64, 128)), _cache(rng, "turbo3", (1, 8, 64, 128))
     prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
     # the defaults: two chunks in 2 SIMD groups x 64-key tiles on CUDA (measured), one elsewhere
-    auto = attention_plan.make_plan(prob, "cuda", kernel="v3")
+    auto = attention_plan.make_plan(prob, "cuda", kernel="int8-mma")
     assert auto.chunks == 2 and (auto.warps, auto.tile) == (2, 64)
-    assert attention_plan.make_plan(prob, "cpu-emulator", kernel="v3").chunks == 1
-    assert attention_plan.make_plan(prob, "metal", kernel="v3").chunks == 1
-    one = attention_plan.make_plan(prob, "cuda", kernel="v3", chunks=1)
+    assert attention_plan.make_plan(prob, "cpu-emulator", kernel="int8-mma").chunks == 1
+    assert attention_plan.make_plan(prob, "metal", kernel="int8-mma").chunks == 1
+    one = attention_plan.make_plan(prob, "cuda", kernel="int8-mma", chunks=1)
     assert one.chunks == 1 and (one.warps, one.tile) == (4, 64)
     # the emulator's 32 KB take a 64-key tile: two steps of 32 keys, so two SIMD groups, none idle
-    two = attention_plan.make_plan(prob, "cpu-emulator", kernel="v3", chunks=2)
+    two = attention_plan.make_plan(prob, "cpu-emulator", kernel="int8-mma", chunks=2)
     assert two.chunks == 2 and (two.warps, two.tile) == (2, 64)
     assert attention_build.static_params(prob, two, 0, False)[0]["TQA_KC"] == 2
     assert attention_build.static_params(prob, one, 0, False)[0]["TQA_KC"] == 1
     with pytest.raises(AttentionError, match="multiple of 32"):
-        attention_plan.make_plan(prob, "cuda", kernel="v3", chunks=2, tile=48)
+        attention_plan.make_plan(prob, "cuda", kernel="int8-mma", chunks=2, tile=48)
     with pytest.raises(AttentionError, match="idle"):
-        attention_plan.make_plan(prob, "cuda", kernel="v3", chunks=2, warps=4, tile=64)
+        attention_plan.make_plan(prob, "cuda", kernel="int8-mma", chunks=2, warps=4, tile=64)
     with pytest.raises(AttentionError, match="chunks of 1 or 2"):
-        attention_plan.make_plan(prob, "cuda", kernel="v3", chunks=3)
-    with pytest.raises(AttentionError, match="v3 only"):
-        attention_plan.make_plan(prob, "cuda", kernel="v2", chunks=2)
+        attention_plan.make_plan(prob, "cuda", kernel="int8-mma", chunks=3)
+    with pytest.raises(AttentionError, match="'int8-mma' only"):
+        attention_plan.make_plan(prob, "cuda", kernel="tiles", chunks=2)
     with pytest.raises(AttentionError, match="chunks must be one of 1, 2"):
         DecodeOptions(chunks=3)
-    assert attention_plan.make_plan(prob, "cpu-emulator", kernel="v3", options=_chunks(2)).chunks == 2
+    assert attention_plan.make_plan(prob, "cpu-emulator", kernel="int8-mma", options=_chunks(2)).chunks == 2
     # an explicit chunks argument wins over the options'
-    assert attention_plan.make_plan(prob, "cuda", kernel="v3", chunks=1, options=_chunks(2)).chunks == 1
+    assert attention_plan.make_plan(prob, "cuda", kernel="int8-mma", chunks=1, options=_chunks(2)).chunks == 1
 
 
 # ----------------------------------------------------------------------------- dynamic threadgroup memory
@@ -137,28 +137,28 @@ def test_dynamic_shared_memory_plans(monkeypatch, clean_plans):
     q = rng.standard_normal((1, 32, 128)).astype(np.float32)
     kb, vb = _cache(rng, "q8_0", (1, 8, 64, 128)), _cache(rng, "turbo3", (1, 8, 64, 128))
     prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
-    big = attention_plan.make_plan(prob, "cuda", kernel="v3", chunks=2, tile=128)
+    big = attention_plan.make_plan(prob, "cuda", kernel="int8-mma", chunks=2, tile=128)
     assert (big.warps, big.tile, big.stages) == (4, 128, 3)
     assert big.dyn_smem >= attention_plan.DSMEM_MIN and big.dyn_smem % 16 == 0
     assert big.dyn_smem >= attention_build.static_params(prob, big, 0, False)[0]["TQA_STB"]
     assert attention_build.static_params(prob, big, 0, False)[0]["TQ_DSMEM"] == big.dyn_smem
-    assert attention_plan.v3_shared_bytes(prob, 4, 128, 3) <= attention_plan.V3_DYNAMIC_CUDA
-    auto = attention_plan.make_plan(prob, "cuda", kernel="v3", chunks=2)
-    # automatic CUDA plans take V3_AUTO_STAGES_CUDA (2) tiles in the ring where a 64-key tile fits
-    assert (auto.warps, auto.tile, auto.stages, auto.dyn_smem) == (2, 64, attention_plan.V3_AUTO_STAGES_CUDA, 0)
-    assert attention_plan.V3_AUTO_STAGES_CUDA == 2 < attention_plan.V3_STAGES_CUDA
-    assert attention_plan.make_plan(prob, "cpu-emulator", kernel="v3").stages == attention_plan.V3_STAGES_CUDA
-    one = attention_plan.make_plan(prob, "cuda", kernel="v3")
+    assert attention_plan.int8_mma_shared_bytes(prob, 4, 128, 3) <= attention_plan.INT8_MMA_DYNAMIC_CUDA
+    auto = attention_plan.make_plan(prob, "cuda", kernel="int8-mma", chunks=2)
+    # automatic CUDA plans take INT8_MMA_AUTO_STAGES_CUDA (2) tiles in the ring where a 64-key tile fits
+    assert (auto.warps, auto.tile, auto.stages, auto.dyn_smem) == (2, 64, attention_plan.INT8_MMA_AUTO_STAGES_CUDA, 0)
+    assert attention_plan.INT8_MMA_AUTO_STAGES_CUDA == 2 < attention_plan.INT8_MMA_STAGES_CUDA
+    assert attention_plan.make_plan(prob, "cpu-emulator", kernel="int8-mma").stages == attention_plan.INT8_MMA_STAGES_CUDA
+    one = attention_plan.make_plan(prob, "cuda", kernel="int8-mma")
     assert one.dyn_smem == 0 and attention_build.static_params(prob, one, 0, False)[0]["TQ_DSMEM"] == 0
-    assert attention_plan.make_plan(prob, "cuda", kernel="v3", tile=128).dyn_smem > 0
+    assert attention_plan.make_plan(prob, "cuda", kernel="int8-mma", tile=128).dyn_smem > 0
     for backend in ("metal", "cpu-emulator"):
-        p = attention_plan.make_plan(prob, backend, kernel="v3", chunks=2)
+        p = attention_plan.make_plan(prob, backend, kernel="int8-mma", chunks=2)
         assert p.dyn_smem == 0 and 32 * p.warps <= p.tile
     with pytest.raises(AttentionError, match="does not fit"):
-        attention_plan.make_plan(prob, "cpu-emulator", kernel="v3", chunks=2, warps=4, tile=128)
+        attention_plan.make_plan(prob, "cpu-emulator", kernel="int8-mma", chunks=2, warps=4, tile=128)
     forced = DecodeOptions(dynamic_shared=True)
-    assert attention_plan.make_plan(prob, "cpu-emulator", kernel="v3", options=forced).dyn_smem > 0
-    assert attention_plan.make_plan(prob, "metal", kernel="v3", options=forced).dyn_smem == 0
+    assert attention_plan.make_plan(prob, "cpu-emulator", kernel="int8-mma", options=forced).dyn_smem > 0
+    assert attention_plan.make_plan(prob, "metal", kernel="int8-mma", options=forced).dyn_smem == 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -171,7 +171,7 @@ def test_dynamic_declaration_is_bit_identical(backend, chunks, monkeypatch, clea
     kb, vb = _cache(rng, "q8_0", (1, 2, 300, 128)), _cache(rng, "turbo3", (1, 2, 300, 128))
     outs = []
     for dyn in (False, True):
-        got, _, _ = _check_v3(backend, q, kb, vb, k_format="q8_0", v_format="turbo3", length=287,
+        got, _, _ = _check_int8_mma(backend, q, kb, vb, k_format="q8_0", v_format="turbo3", length=287,
                               options=DecodeOptions(chunks=chunks, dynamic_shared=dyn))
         run = last_run()
         assert (run["dyn_smem"] > 0) is dyn and run["chunks"] == chunks
@@ -185,7 +185,7 @@ def test_four_groups_of_two_chunks_on_the_emulator(monkeypatch, clean_plans):
     rng = np.random.default_rng(12)
     q = rng.standard_normal((1, 8, 64)).astype(np.float32)
     kb, vb = _cache(rng, "q4_0", (1, 2, 600, 64)), _cache(rng, "q4_0", (1, 2, 600, 64))
-    _check_v3("cpu-emulator", q, kb, vb, k_format="q4_0", v_format="q4_0", length=557, splits=3, warps=4, tile=128,
+    _check_int8_mma("cpu-emulator", q, kb, vb, k_format="q4_0", v_format="q4_0", length=557, splits=3, warps=4, tile=128,
               options=_chunks(2))
     run = last_run()
     assert (run["warps"], run["tile"], run["chunks"]) == (4, 128, 2)
@@ -201,15 +201,15 @@ def test_dynamic_shared_memory_on_cuda(monkeypatch, clean_plans, chunks):
     q = rng.standard_normal((1, 32, 128)).astype(np.float32)
     kb, vb = _cache(rng, "q8_0", (1, 8, 5000, 128)), _cache(rng, "turbo3", (1, 8, 5000, 128))
     for n in (4999, 1200, 129):
-        _check_v3("cuda", q, kb, vb, k_format="q8_0", v_format="turbo3", length=n, tile=128, options=_chunks(chunks))
+        _check_int8_mma("cuda", q, kb, vb, k_format="q8_0", v_format="turbo3", length=n, tile=128, options=_chunks(chunks))
         run = last_run()
         assert run["dyn_smem"] > 48000 and (run["warps"], run["tile"], run["chunks"]) == (4, 128, chunks)
 
 
 @pytest.mark.parametrize("length,splits", [(4096, 32), (32768, 64), (65536, 64), (131072, 98)])
 def test_cuda_plans_take_six_threadgroups_per_sm_only_for_long_splits(length, splits, monkeypatch):
-    """CUDA's v3 plans for 8 KV heads on 132 SMs: 4 threadgroups per SM (64 splits) until 6 per SM (98 splits)
-    leave each split at least V3_LONG_SPLIT_KEYS keys (measured at 128K; at 32K 86 splits were slower); Metal
+    """CUDA's int8-mma plans for 8 KV heads on 132 SMs: 4 threadgroups per SM (64 splits) until 6 per SM (98 splits)
+    leave each split at least INT8_MMA_LONG_SPLIT_KEYS keys (measured at 128K; at 32K 86 splits were slower); Metal
     keeps 4 per unit; ``DecodeOptions.target_groups`` overrides both; a device of half the SMs half the target."""
     import dataclasses
 
@@ -219,17 +219,17 @@ def test_cuda_plans_take_six_threadgroups_per_sm_only_for_long_splits(length, sp
     kb, vb = _cache(rng, "q8_0", (1, 8, 64, 128)), _cache(rng, "turbo3", (1, 8, 64, 128))
     prob = dataclasses.replace(check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64),
                                lengths=(length,))
-    assert attention_plan.make_plan(prob, "cuda", kernel="v3").splits == splits
-    metal = attention_plan.make_plan(prob, "metal", kernel="v3").splits
+    assert attention_plan.make_plan(prob, "cuda", kernel="int8-mma").splits == splits
+    metal = attention_plan.make_plan(prob, "metal", kernel="int8-mma").splits
     assert metal <= 4 * 132 // 8
     same = DecodeOptions(target_groups=4 * 132)
-    assert attention_plan.make_plan(prob, "metal", kernel="v3", options=same).splits == metal
+    assert attention_plan.make_plan(prob, "metal", kernel="int8-mma", options=same).splits == metal
     more = DecodeOptions(target_groups=1056)
-    assert attention_plan.make_plan(prob, "cuda", kernel="v3", options=more).splits == min(128, length // 128)
+    assert attention_plan.make_plan(prob, "cuda", kernel="int8-mma", options=more).splits == min(128, length // 128)
     with pytest.raises(AttentionError, match="target_groups"):
         DecodeOptions(target_groups=0)
     monkeypatch.setattr(attention_plan, "compute_units", lambda backend: 66)
-    half = attention_plan.make_plan(prob, "metal", kernel="v3").splits
+    half = attention_plan.make_plan(prob, "metal", kernel="int8-mma").splits
     assert half <= 4 * 66 // 8 and half <= metal and (length < 32768 or half < metal)
 
 
@@ -248,8 +248,8 @@ def test_cuda_grid_stays_within_one_wave_of_resident_threadgroups(monkeypatch):
     def plan(hq, hkv, d, n):
         prob = Problem(1, hq, hkv, 1, d, n, (n,), get_format("q8_0"), get_format("turbo3"), d, d, d ** -0.5, 0,
                        0.0, False, True)
-        p = attention_plan.make_plan(prob, "cuda", kernel="v3")
-        smem = attention_plan.v3_shared_bytes(prob, p.warps, p.tile, p.stages, p.v_decode)
+        p = attention_plan.make_plan(prob, "cuda", kernel="int8-mma")
+        smem = attention_plan.int8_mma_shared_bytes(prob, p.warps, p.tile, p.stages, p.v_decode)
         return p, smem
 
     try:
@@ -259,7 +259,7 @@ def test_cuda_grid_stays_within_one_wave_of_resident_threadgroups(monkeypatch):
         assert resident == 5 and p256.splits * 8 <= resident * units
         assert p256.splits * 8 > (resident - 1) * units   # and it fills that wave
         p128, smem128 = plan(32, 8, 128, 131072)
-        assert decode_options.resident_groups("cuda", smem128) >= decode_options.GROUPS_PER_UNIT_V3_LONG
+        assert decode_options.resident_groups("cuda", smem128) >= decode_options.GROUPS_PER_UNIT_INT8_MMA_LONG
         assert p128.splits * 8 > 5 * units   # the long target (6 per unit) where it fits
         # planted: half the threadgroup memory per unit -> fewer resident, a smaller grid
         monkeypatch.setattr(decode_options, "FALLBACK_SHARED_PER_UNIT", (233472 // 2, 1024))

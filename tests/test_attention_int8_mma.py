@@ -1,4 +1,4 @@
-"""Kernel v3 (matrix fragments, int8 q): its primitives against their written layouts, the kernel
+"""Kernel int8-mma (matrix fragments, int8 q): its primitives against their written layouts, the kernel
 against the int8 oracle (exact integer block dots, binary16 rounding bounded), its refusals, and
 the oracle's own pieces against ggml's codecs. Emulator in CI; the same tests on a GPU (gpu marker).
 """
@@ -15,7 +15,7 @@ from tqbridge.metal.attention import AttentionError, check_problem, decode_atten
 from tqbridge.metal.attention_ref import oracle, quantize_q8
 from tqbridge.metal.emulator import EmulatedKernel
 from tqbridge.metal.kernel import KERNEL_DIR, Kernel
-from test_attention_kernel import BACKENDS, GPU, _cache   # the same backends and caches as kernels v1 / v2
+from test_attention_kernel import BACKENDS, GPU, _cache   # the same backends and caches as kernels lanes / tiles
 
 
 # ----------------------------------------------------------------------------- the primitives
@@ -244,11 +244,11 @@ def test_int8_q_is_ggml_q8_0(seed):
 # ----------------------------------------------------------------------------- the kernel
 
 
-def _check_v3(backend, q, kb, vb, **kw):
+def _check_int8_mma(backend, q, kb, vb, **kw):
     opts = {k: kw.pop(k) for k in ("splits", "warps", "tile", "seed", "options") if k in kw}
     got = decode_attention(q, kb, vb, backend=backend, q_precision="int8", **kw, **opts)
     run = last_run()
-    assert run["backend"] == backend and run["kernel"] == "v3" and run["q_precision"] == "int8"
+    assert run["backend"] == backend and run["kernel"] == "int8-mma" and run["q_precision"] == "int8"
     assert run["dispatches"] == 2
     prob = check_problem(q, kb, vb, **kw)
     want, bound = oracle(q, kb, vb, prob, kw.get("sinks"), chain=run["chain"], q_precision="int8")
@@ -266,14 +266,14 @@ V_FORMATS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "turbo2", "turbo3
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kf", attention_plan.V3_K_FORMATS)
+@pytest.mark.parametrize("kf", attention_plan.INT8_MMA_K_FORMATS)
 def test_every_k_format(backend, kf):
     rng = np.random.default_rng(hash(kf) % 2**32)
     for vf in (V_FORMATS if backend != "cpu-emulator" else ["q8_0", "turbo3"]):
         d = 128
         q = rng.standard_normal((1, 8, d)).astype(np.float32)
         kb, vb = _cache(rng, kf, (1, 2, 150, d)), _cache(rng, vf, (1, 2, 150, d))
-        _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=143)
+        _check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=143)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -282,7 +282,7 @@ def test_every_v_format(backend, vf):
     rng = np.random.default_rng(hash(vf) % 2**32)
     q = rng.standard_normal((2, 4, 64)).astype(np.float32)
     kb, vb = _cache(rng, "q8_0", (2, 1, 90, 64)), _cache(rng, vf, (2, 1, 90, 64))
-    _check_v3(backend, q, kb, vb, k_format="q8_0", v_format=vf, length=[90, 37])
+    _check_int8_mma(backend, q, kb, vb, k_format="q8_0", v_format=vf, length=[90, 37])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -302,7 +302,7 @@ def test_shapes_and_options(backend, case):
     if c.pop("sinks", False):
         c["sinks"] = rng.standard_normal(hkv * g).astype(np.float32)
     opts = {k: c.pop(k) for k in ("splits",) if k in c}
-    _check_v3(backend, q, kb, vb, k_format="q4_0", v_format="turbo3", length=n, **c, **opts)
+    _check_int8_mma(backend, q, kb, vb, k_format="q4_0", v_format="turbo3", length=n, **c, **opts)
 
 
 def test_refusals_name_the_reason():
@@ -319,13 +319,13 @@ def test_refusals_name_the_reason():
     with pytest.raises(AttentionError, match="at most 8 query rows"):
         decode_attention(q16, q8, q8, k_format="q8_0", v_format="q8_0", length=8, q_precision="int8")
     with pytest.raises(AttentionError, match="q_precision='exact'"):
-        decode_attention(q, q8, q8, k_format="q8_0", v_format="q8_0", length=8, q_precision="exact", kernel="v3")
+        decode_attention(q, q8, q8, k_format="q8_0", v_format="q8_0", length=8, q_precision="exact", kernel="int8-mma")
     with pytest.raises(AttentionError, match="q_precision must be"):
         decode_attention(q, q8, q8, k_format="q8_0", v_format="q8_0", length=8, q_precision="fp8")
 
 
 def test_the_int8_verdict_can_fail():
-    """A kernel that keeps q exact (v2) is not the int8 arithmetic: the int8 oracle's bound rejects
+    """A kernel that keeps q exact (tiles) is not the int8 arithmetic: the int8 oracle's bound rejects
     it on plain data, so the bound is tight enough to see the quantization of q."""
     rng = np.random.default_rng(11)
     q = (rng.standard_normal((1, 8, 128)) * 3).astype(np.float32)
@@ -362,15 +362,15 @@ def test_head_dims(backend, d, kf, vf):
     q = rng.standard_normal((1, 6, d)).astype(np.float32)
     kb, vb = _cache(rng, kf, (1, 2, 70, d)), _cache(rng, vf, (1, 2, 70, d))
     if vb.shape[-1] // bridge.get_format(vf).type_size * bridge.get_format(vf).block_size % 64:
-        with pytest.raises(AttentionError, match="V rows of 64k values"):   # v2 serves these rows
-            _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=67)
+        with pytest.raises(AttentionError, match="V rows of 64k values"):   # tiles serves these rows
+            _check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=67)
         return
-    _check_v3(backend, q, kb, vb, k_format=kf, v_format=vf, length=67)
+    _check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=67)
 
 
 def test_default_q_precision_per_backend():
-    """CUDA decodes with int8 q (kernel v3) where v3 serves the problem and V has fewer than 8 bits,
-    v2 elsewhere; the emulator and Metal keep q exact; an explicit q precision wins everywhere."""
+    """CUDA decodes with int8 q (kernel int8-mma) where int8-mma serves the problem and V has fewer than 8 bits,
+    tiles elsewhere; the emulator and Metal keep q exact; an explicit q precision wins everywhere."""
     from tqbridge.metal.attention_plan import resolve_kernel
 
     rng = np.random.default_rng(0)
@@ -378,23 +378,23 @@ def test_default_q_precision_per_backend():
     q8, t3, f16 = (_cache(rng, f, (1, 2, 8, 128)) for f in ("q8_0", "turbo3", "f16"))
     good = check_problem(q, q8, t3, k_format="q8_0", v_format="turbo3", length=8)
     f16k = check_problem(q, f16, t3, k_format="f16", v_format="turbo3", length=8)
-    assert resolve_kernel(good, "cuda", None, None) == "v3"
-    assert resolve_kernel(f16k, "cuda", None, None) is None              # v2 (or v1) with exact q
+    assert resolve_kernel(good, "cuda", None, None) == "int8-mma"
+    assert resolve_kernel(f16k, "cuda", None, None) is None              # tiles (or lanes) with exact q
     assert resolve_kernel(good, "metal", None, None) is None
     assert resolve_kernel(good, "cpu-emulator", None, None) is None
-    assert resolve_kernel(good, "cuda", "v2", None) == "v2"               # an explicit kernel wins
+    assert resolve_kernel(good, "cuda", "tiles", None) == "tiles"               # an explicit kernel wins
     q8q8 = check_problem(q, q8, q8, k_format="q8_0", v_format="q8_0", length=8)
     assert resolve_kernel(q8q8, "cuda", None, None) is None               # 8-bit V: kept for fidelity, exact q
-    assert resolve_kernel(q8q8, "cuda", None, "int8") == "v3"
+    assert resolve_kernel(q8q8, "cuda", None, "int8") == "int8-mma"
     assert resolve_kernel(good, "cuda", None, "exact") is None
-    assert resolve_kernel(good, "cpu-emulator", None, "int8") == "v3"
-    with pytest.raises(AttentionError, match="int8"):   # explicit int8 where v3 cannot serve: refused, not exact
+    assert resolve_kernel(good, "cpu-emulator", None, "int8") == "int8-mma"
+    with pytest.raises(AttentionError, match="int8"):   # explicit int8 where int8-mma cannot serve: refused, not exact
         resolve_kernel(f16k, "cuda", None, "int8")
 
 
 def test_fuzz_claim_judges_int8_runs_with_the_int8_oracle(monkeypatch):
     """`tqbridge fuzz decode-attention` checks whatever the backend ran: with int8 q (the CUDA
-    default) the claim's oracle takes q_precision from the run, so v3 is not reported as a failure,
+    default) the claim's oracle takes q_precision from the run, so int8-mma is not reported as a failure,
     and an exact run keeps the exact oracle."""
     pytest.importorskip("hypothesis")
     from tqbridge.parity.plugin.byok import fuzz_kernel
@@ -408,7 +408,7 @@ def test_fuzz_claim_judges_int8_runs_with_the_int8_oracle(monkeypatch):
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
     kb, vb = _cache(rng, "q8_0", (1, 1, 50, 64)), _cache(rng, "turbo3", (1, 1, 50, 64))
     fn(q, kb, vb, k_format="q8_0", v_format="turbo3", length=50)
-    assert claim.q_precision() == "int8" and last_run()["kernel"] == "v3"
+    assert claim.q_precision() == "int8" and last_run()["kernel"] == "int8-mma"
     r = fuzz_kernel(fn, "decode-attention", k_format="q8_0", v_format="turbo3", max_examples=12, derandomize=True,
                     chain=claim.chain, q_precision=claim.q_precision)
     assert r.failure is None and r.examples > 0, r
@@ -423,7 +423,7 @@ def test_fuzz_claim_judges_int8_runs_with_the_int8_oracle(monkeypatch):
     attention_kernel.clear_launch_caches()
 
 
-# Found by the CUDA fuzz campaign of kernel v3 (int8 q forced; benchmarks/records/h200/2026-12-01-fuzz-v3-cuda-first.json),
+# Found by the CUDA fuzz campaign of kernel int8-mma (int8 q forced; benchmarks/records/h200/2026-12-01-fuzz-v3-cuda-first.json),
 # reproduced bit for bit on the emulator: q5_1 K / turbo2 V rows of tiny norm decode to binary16
 # subnormals, whose rounding error is absolute (up to 2^-25), not relative; the oracle's int8 bound
 # lacked that term (attention_ref.E16) and flagged 3% of a 2e-6 output.
@@ -910,7 +910,7 @@ TINY_V_NORM_CASE = (
 )
 
 
-def test_v3_tiny_v_norms_regression(monkeypatch):
+def test_int8_mma_tiny_v_norms_regression(monkeypatch):
     from tqbridge.metal import attention_ref
     from tqbridge.metal.attention import last_run
     from tqbridge.parity import testing as tqt
@@ -919,7 +919,7 @@ def test_v3_tiny_v_norms_regression(monkeypatch):
     case = tqt.Case.from_text(TINY_V_NORM_CASE)
     fn, _ = our_target("decode-attention", "cpu-emulator", q_precision="int8")
     tqt.check_case(fn, case)
-    assert last_run()["kernel"] == "v3" and last_run()["q_precision"] == "int8"
+    assert last_run()["kernel"] == "int8-mma" and last_run()["q_precision"] == "int8"
     monkeypatch.setattr(attention_ref, "E16", 0.0)   # without the subnormal term the same output fails
     with pytest.raises(AssertionError, match="exceed the oracle bound"):
         tqt.check_case(fn, case)
@@ -927,7 +927,7 @@ def test_v3_tiny_v_norms_regression(monkeypatch):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("vf,d,window", [("turbo4@g64", 192, 1), ("turbo3@g64", 192, None), ("turbo2@g64", 192, 3)])
-def test_v3_runs_across_v_blocks_regression(backend, vf, d, window):
+def test_int8_mma_runs_across_v_blocks_regression(backend, vf, d, window):
     """Found by the emulator campaign of 2026-12-01 (iq4_nl / turbo4@g64, D 192, window 1: 1.56x over the
     bound): with 64-value turbo blocks and DV 192 a lane's run of 12 values crosses a block boundary,
     and the generic turbo decode took the whole run's norms from its first block. Now per 4 values
@@ -935,5 +935,5 @@ def test_v3_runs_across_v_blocks_regression(backend, vf, d, window):
     rng = np.random.default_rng(d + (window or 0))
     q = rng.standard_normal((2, 3, d)).astype(np.float32)
     kb, vb = _cache(rng, "iq4_nl", (2, 3, 89, d)), _cache(rng, vf, (2, 3, 89, d))
-    _check_v3(backend, q, kb, vb, k_format="iq4_nl", v_format=vf, length=36, window=window,
+    _check_int8_mma(backend, q, kb, vb, k_format="iq4_nl", v_format=vf, length=36, window=window,
               sinks=rng.standard_normal(3).astype(np.float32))

@@ -1,4 +1,4 @@
-// Fused decode attention, pass 1 of 2, key-per-lane layout (tqbridge kernel dialect): one
+// Fused decode attention, pass 1 of 2, kernel tiles: a key-per-lane layout (tqbridge kernel dialect): one
 // threadgroup per (batch row, KV head, split of the context). All Q = G*T query rows of the GQA
 // group are scored from ONE read of each K/V row. Per tile of TQA_TILE keys staged in threadgroup
 // memory:
@@ -19,7 +19,7 @@
 // (values per block), KQS VQS KSG VSG (turbo field offsets), DK DV (values per cache row), D (head
 // dim), G T (query heads per KV head, query rows), QA (room for query rows, >= G*T), NW (SIMD
 // groups), KS (keys per SIMD group in phase C: 1, 2 or 4), TILE (keys per staged tile), KTB VTB
-// (tile bytes, multiples of 4), KROT VROT (rotation groups of q and of the output: turbo's group, llama.cpp's Hadamard group, 0: none), QTYPE (q's element type). Buffers as in pass 1 of attention_kernel_split.cpp; out: po (rows,
+// (tile bytes, multiples of 4), KROT VROT (rotation groups of q and of the output: turbo's group, llama.cpp's Hadamard group, 0: none), QTYPE (q's element type). Buffers as in pass 1 of attention_kernel_split_lanes.cpp; out: po (rows,
 // n_splits, DV), pml (rows, n_splits, 2). With TQA_DYN = 1 the format constants, G and T come from
 // ip[5..18] (one build serves every format pair; used by the emulator).
 #if TQA_DYN

@@ -1,4 +1,4 @@
-"""Kernel v3's staging of K / V tiles into threadgroup memory: a whole tile whose rows start 16-aligned
+"""Kernel int8-mma's staging of K / V tiles into threadgroup memory: a whole tile whose rows start 16-aligned
 goes through straight 16-byte copies at constant offsets (``tqa_stage_full16``), any other tile (a
 split's last, partial one; rows of odd offset) through the generic loop (``tqa_stage_async``). Staging
 is a pure copy, so the two paths must give bit-identical outputs; the emulator takes the 16-byte path
@@ -17,9 +17,9 @@ from tqbridge.metal import attention_build, attention_kernel, attention_plan
 from tqbridge.metal.decode_options import DecodeOptions
 from tqbridge.metal.attention import decode_attention, last_run
 from test_attention_kernel import BACKENDS, _cache
-from test_attention_v3 import _check_v3
+from test_attention_int8_mma import _check_int8_mma
 
-SRC = "attention_kernel_split_v3.cpp"
+SRC = "attention_kernel_split_int8_mma.cpp"
 MMA = "attention_mma.h"
 
 
@@ -57,7 +57,7 @@ def test_whole_tile_copies_match_the_generic_loop(backend, chunks, kf, vf, monke
         for splits in (1, 2):
             got = decode_attention(q, kb, vb, k_format=kf, v_format=vf, length=n, backend=backend,
                                    q_precision="int8", splits=splits, options=DecodeOptions(chunks=chunks))
-            assert last_run()["kernel"] == "v3" and last_run()["chunks"] == chunks
+            assert last_run()["kernel"] == "int8-mma" and last_run()["chunks"] == chunks
             outs[l_max, splits] = np.asarray(got)
     for splits in (1, 2):   # (other splits merge other partial sums: compared within one split count)
         assert np.array_equal(outs[201, splits], outs[200, splits]), f"splits={splits}: l_max 201 differs from 200"
@@ -82,7 +82,7 @@ def _fails_the_oracle(n, l_max, seed):
     q = rng.standard_normal((1, 8, 128)).astype(np.float32)
     kb, vb = _rows("q8_0", "turbo3", l_max)
     with pytest.raises(AssertionError, match="bound"):
-        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=n, splits=1)
+        _check_int8_mma("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=n, splits=1)
 
 
 @pytest.fixture
@@ -118,29 +118,29 @@ def test_refilling_a_buffer_before_the_barrier_fails(tmp_path, monkeypatch, rest
 
 
 def test_a_two_stage_ring_holds_the_bound_across_tiles_and_splits(monkeypatch, fresh):
-    """CUDA's automatic plans take a ring of V3_AUTO_STAGES_CUDA = 2 tiles: the wait for every pending
+    """CUDA's automatic plans take a ring of INT8_MMA_AUTO_STAGES_CUDA = 2 tiles: the wait for every pending
     copy, one barrier, then the refill of the other buffer. The emulator runs that ring when its limits
     allow only 2 stages: long rows over many tiles and splits, whole tiles and partial ones."""
-    monkeypatch.setattr(attention_plan, "_v3_limits", lambda backend: (attention_plan.SHARED_BYTES, 2))
+    monkeypatch.setattr(attention_plan, "_int8_mma_limits", lambda backend: (attention_plan.SHARED_BYTES, 2))
     rng = np.random.default_rng(15)
     q = rng.standard_normal((2, 8, 128)).astype(np.float32)
     kb, vb = _cache(rng, "q8_0", (2, 2, 600, 128)), _cache(rng, "turbo3", (2, 2, 600, 128))
     for chunks in (1, 2):
         attention_kernel.clear_launch_caches()
-        _check_v3("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=[600, 333], splits=2,
+        _check_int8_mma("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=[600, 333], splits=2,
                   options=DecodeOptions(chunks=chunks))
         assert (last_run()["chunks"], last_run()["stages"]) == (chunks, 2)
 
 
 def test_cuda_plans_take_a_two_stage_ring_for_64_key_tiles(fresh):
-    """CUDA's automatic plans for 64-key tiles: V3_AUTO_STAGES_CUDA (2) tiles in the ring, static memory,
+    """CUDA's automatic plans for 64-key tiles: INT8_MMA_AUTO_STAGES_CUDA (2) tiles in the ring, static memory,
     though 3 would fit its 48 KB (the measured choice); Metal's 32 KB keep what fits."""
     from tqbridge.metal.attention import check_problem
 
     kb, vb = _rows("q8_0", "turbo3", 64, hkv=8)
     q = np.zeros((1, 32, 128), np.float32)
     prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
-    plan = attention_plan.make_plan(prob, "cuda", kernel="v3")
-    assert (plan.stages, plan.tile, plan.dyn_smem) == (attention_plan.V3_AUTO_STAGES_CUDA, 64, 0)
-    three = attention_plan.v3_shared_bytes(prob, plan.warps, 64, 3, plan.v_decode)
-    assert three <= attention_plan.V3_SHARED_CUDA, "the test's premise: a 3-stage ring would fit"
+    plan = attention_plan.make_plan(prob, "cuda", kernel="int8-mma")
+    assert (plan.stages, plan.tile, plan.dyn_smem) == (attention_plan.INT8_MMA_AUTO_STAGES_CUDA, 64, 0)
+    three = attention_plan.int8_mma_shared_bytes(prob, plan.warps, 64, 3, plan.v_decode)
+    assert three <= attention_plan.INT8_MMA_SHARED_CUDA, "the test's premise: a 3-stage ring would fit"
