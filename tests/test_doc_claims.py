@@ -206,6 +206,28 @@ CURRENT_KEYS = {
         "run2.runs[cache=q5_1+mean+scale/q5_0&context=<col>].speedup_vs_fp16",
         "run2.runs[cache=q5_1+mean+scale/q5_0&context=<col>].kv_path_kernels_per_layer",
     ],
+    "benchmarks/records/cpu/2026-12-03-per-layer-quality.json": [
+        "<col>[1].kl_mean",
+        "<col>[2].kl_mean",
+        "<col>[3].kl_mean",
+        "<col>[4].kl_mean",
+        "<col>[5].kl_mean",
+        "<col>[6].kl_mean",
+        "<col>[7].kl_mean",
+        "<col>[8].kl_mean",
+        "<col>[9].kl_mean",
+        "<col>[10].kl_mean",
+        "<col>[1].bytes_per_token",
+        "<col>[2].bytes_per_token",
+        "<col>[3].bytes_per_token",
+        "<col>[4].bytes_per_token",
+        "<col>[5].bytes_per_token",
+        "<col>[6].bytes_per_token",
+        "<col>[7].bytes_per_token",
+        "<col>[8].bytes_per_token",
+        "<col>[9].bytes_per_token",
+        "<col>[10].bytes_per_token",
+    ],
     "benchmarks/records/cpu/2026-12-01-demo.json": ["logits[kv=<col>].kl_mean", "logits[kv=<col>].top1"],
     "benchmarks/records/cpu/2026-12-03-fork-parity.json": [
         "runs.gemma3-fork-<col>.logits[kv=q8_0/turbo3@fork-<col>].kl_mean",
@@ -2614,3 +2636,16 @@ def test_settings_as_values_ab_ran_the_same_plans():
         for c in run["contexts"]:
             plans.setdefault(c["context"], set()).add(tuple(c["plan"].get(k) for k in keys))
     assert len(plans) == 3 and all(len(p) == 1 for p in plans.values()), plans
+
+
+def test_per_layer_quality_rows_name_their_pairs():
+    """The per-layer table's keys select record entries by position: each row's label is the K/V pair
+    of that entry in both models' runs."""
+    rec = record("benchmarks/records/cpu/2026-12-03-per-layer-quality.json")
+    doc = text(CURRENT)
+    for header in ("| KL mean vs the f16 cache |", "| bytes per token |"):
+        rows = table(doc, header)
+        assert len(rows) == len(rec["smollm2"]) - 1   # every pair but f16/f16 (the reference)
+        for row in rows:
+            i = int(re.search(r"<col>\[(\d+)\]", row[-1]).group(1))
+            assert rec["smollm2"][i]["kv"] == rec["gemma3"][i]["kv"] == row[0], row
