@@ -11,6 +11,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqbridge.bridge.gguf_fixtures import add_tiny_vocab
+
 from .mutation import BOUNDARY
 from .target import ParserTarget, Seed, remove_output, write_input
 
@@ -71,32 +73,6 @@ def _gguf_fields(data: bytes) -> tuple[list, int]:
         fields = fields[:64] + sorted(rng.sample(fields[64:], 236))
     fields += sorted(rng.sample(lengths, min(len(lengths), 48)))
     return fields, pos
-
-
-def byte_alphabet() -> list[str]:
-    """GPT-2's byte -> printable character map (a fact of the byte-level BPE format)."""
-    keep = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
-    out, extra = [], 0
-    for b in range(256):
-        if b in keep:
-            out.append(chr(b))
-        else:
-            out.append(chr(256 + extra))
-            extra += 1
-    return out
-
-
-def add_tiny_vocab(w, n: int = 300) -> None:
-    """An ``n``-token byte-level BPE vocabulary on GGUFWriter ``w``: enough for llama.cpp's loader."""
-    toks = byte_alphabet() + ["\u0120t", "<|endoftext|>"]
-    toks += [f"<x{i}>" for i in range(n - len(toks))]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(toks)
-    w.add_token_types([1] * len(toks))
-    w.add_token_merges(["\u0120 t"])
-    w.add_bos_token_id(257)
-    w.add_eos_token_id(257)
 
 
 def write_tiny_gguf_model(path: Path, arch: str = "llama", qtype=None, seed: int = 0) -> Path:
