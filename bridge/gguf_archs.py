@@ -63,8 +63,7 @@ class Arch:
     after it is built. ``eps``: which epsilon key the GGUF has, ``"rms"`` or ``"layer"`` (LayerNorm).
     ``keys``: our config name -> the name mlx-lm's ModelArgs uses for it. ``width_heads``: mlx-lm
     derives head_dim as hidden_size // heads. ``lm_head``: ``"either"``, or ``"tied"`` / ``"untied"``
-    where the mlx-lm class holds only that (an untied class gets the embedding as its head when the
-    GGUF has no output tensor). ``norm_plus_one``: the GGUF's norms hold 1 + w (Gemma). ``partial_rope``:
+    where the mlx-lm class holds only that (a file of the other kind is refused). ``norm_plus_one``: the GGUF's norms hold 1 + w (Gemma). ``partial_rope``:
     mlx-lm's class rotates part of a head. ``adjust``: changes to the built model that make it compute
     what llama.cpp's CPU backend computes (``build_model(match_llama_cpp=True)``). ``config``: the
     architecture's own config entries. ``note``: one line for the docs.

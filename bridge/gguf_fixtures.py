@@ -143,10 +143,11 @@ def _eps_keys(f: Fixture) -> str:
 
 
 def write_fixture(path: "str | os.PathLike[str]", arch: str, *, seed: "int | None" = None,
-                  fixture: "Fixture | None" = None) -> Path:
+                  fixture: "Fixture | None" = None, qtype=None) -> Path:
     """Write the tiny ``arch`` model (``FIXTURES[arch]`` or ``fixture``) as float32 GGUF at ``path``.
     ``seed`` draws the weights; by default one of the architecture's own (two architectures with the
-    same tensor shapes would otherwise get the same numbers)."""
+    same tensor shapes would otherwise get the same numbers). ``qtype`` (a gguf-py
+    ``GGMLQuantizationType``): matrices whose rows are whole blocks of it are stored quantized."""
     import gguf
 
     if seed is None:
@@ -182,7 +183,11 @@ def write_fixture(path: "str | os.PathLike[str]", arch: str, *, seed: "int | Non
 
     def t(name: str, *shape: int, scale: "float | None" = None, offset: float = 0.0) -> None:
         s = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
-        w.add_tensor(name, (rng.standard_normal(shape) * s + offset).astype(np.float32))
+        arr = (rng.standard_normal(shape) * s + offset).astype(np.float32)
+        if qtype is not None and arr.ndim == 2 and arr.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
+            w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, arr)
 
     def norm(name: str, n: int) -> None:
         t(name + ".weight", n, scale=0.1, offset=1.0)

@@ -296,6 +296,9 @@ def model_config(c: GGUFContents, layout: str = "ggml") -> dict[str, Any]:
     if a.lm_head == "tied" and not cfg["tie_word_embeddings"]:
         raise GGUFModelError(f"{c.path.name}: an output tensor apart from token_embd is not held by mlx-lm's "
                              f"{a.model_type} (it ties them)")
+    if a.lm_head == "untied" and cfg["tie_word_embeddings"]:
+        raise GGUFModelError(f"{c.path.name}: no output.weight: mlx-lm's {a.model_type} holds an output head of its "
+                             f"own (and llama.cpp's {c.arch} requires one)")
     if rope_scaling:
         cfg["rope_scaling"] = rope_scaling
     if a.rope_arg:
@@ -368,16 +371,11 @@ def mlx_float(c: GGUFContents, name: str, kind: str, arr: np.ndarray) -> np.ndar
 
 
 def mlx_weights(c: GGUFContents, cfg: dict[str, Any], layout: str = "ggml") -> dict[str, np.ndarray]:
-    """GGUF tensor names -> mlx-lm parameter names, float32 numpy arrays. An mlx-lm class that always
-    has an output head gets the embedding there when the GGUF ties them (llama.cpp reads token_embd)."""
+    """GGUF tensor names -> mlx-lm parameter names, float32 numpy arrays."""
     out: dict[str, np.ndarray] = {}
     for name, arr in c.tensors.items():
         target, kind = mlx_name(c, name)
         out[target] = mlx_float(c, name, kind, mlx_rows(c, cfg, kind, arr, layout))
-    a = arch_of(c)
-    head = f"{a.glob['output']}.weight"
-    if a.lm_head == "untied" and head not in out:
-        out[head] = out[f"{a.glob['token_embd']}.weight"]
     return out
 
 

@@ -168,6 +168,30 @@ def test_hf_layout_loads_in_mlx_lm_as_the_same_model(files, tmp_path, arch):
     assert cfg["model_type"] == gguf_archs.ARCHS[arch].model_type
 
 
+@pytest.mark.parametrize("arch", ["phi3", "qwen2moe", "granite"])
+def test_quantized_conversion_loads_in_mlx_lm_as_the_same_model(tmp_path, arch):
+    # Q8_0 matrices go to MLX's affine layers (exact values); what MLX cannot hold that way stays float32
+    # (experts, routers): mlx-lm's loader must take the mix and compute the model the GGUF holds.
+    import gguf
+    import mlx.core as mx
+    from mlx_lm.utils import load_model
+
+    from tqbridge.bridge.mlx_export import write_mlx_dir
+
+    src = write_fixture(tmp_path / f"{arch}.gguf", arch, qtype=gguf.GGMLQuantizationType.Q8_0)
+    out = write_mlx_dir(src, tmp_path / "mlx", quantize=True)
+    model, cfg = load_model(out)
+    placed = cfg["tqbridge"]["placed"]
+    matrices = {"phi3": ["attn_qkv", "ffn_up"], "qwen2moe": ["attn_q", "ffn_up_shexp"], "granite": ["attn_k"]}[arch]
+    for kind in matrices:
+        assert placed[f"blk.0.{kind}.weight"] == "Q8_0 -> affine 8-bit, group 32", placed
+    x = mx.array([A.token_ids(12)])
+    want = np.array(load_gguf_model(src, layout="ggml", match_llama_cpp=False)[0](x))
+    got = np.array(model(x))
+    print(arch, float(np.abs(got - want).max()))
+    assert np.abs(got - want).max() <= LAYOUT_MAX_ABS
+
+
 def test_hf_layout_undoes_the_permutation_only_where_the_converter_made_one(files):
     for arch in FIXTURES:
         c = read_gguf(files[arch])
@@ -193,6 +217,8 @@ REFUSED = {   # a variant the loader cannot hold -> the words of its refusal
     ("stablelm", "parallel residual"): (variant("stablelm", layer_norms=("attn_norm",)), "parallel residual"),
     ("stablelm", "q/k norms"): (variant("stablelm", qk_norm="head"), "per-head q/k LayerNorms"),
     ("command-r", "untied head"): (variant("command-r", tied=False), "ties them"),
+    ("stablelm", "tied head"): (variant("stablelm", tied=True), "no output.weight"),
+    ("qwen2moe", "tied head"): (variant("qwen2moe", tied=True), "no output.weight"),
     ("command-r", "q/k norms"): (variant("command-r", qk_norm="head"), "q/k norms"),
     ("granite", "experts"): (variant("granite", extra={**FIXTURES["granite"].extra, "expert_count": 4}),
                              "Granite MoE"),
