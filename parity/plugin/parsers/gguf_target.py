@@ -255,8 +255,8 @@ def _gguf_value(rng: random.Random) -> tuple[int, bytes, str]:
         v = rng.choice((0.0, -1.0, 1e-30, 1e30, float("nan"), float("inf"), -float("inf"), 0.5))
         return 6, struct.pack("<f", v), f"f32 {v}"
     if kind == 2:
-        t = rng.choice(("", "llama", "qwen2", "qwen3", "gemma3", "gpt2", "linear", "yarn", "none", "x" * 5000,
-                        "\u00e9", "42"))
+        t = rng.choice(("", "llama", "qwen2", "qwen3", "gemma3", "phi3", "granite", "qwen2moe", "command-r", "gpt2",
+                        "linear", "yarn", "none", "x" * 5000, "\u00e9", "42"))
         b = t.encode()
         return 8, struct.pack("<Q", len(b)) + b, f"string {t[:20]!r}"
     if kind == 3:
