@@ -34,8 +34,8 @@ from tqbridge.bridge.gguf_fixtures import FIXTURES, N_VOCAB, write_fixture
 from .metrics import compare_logits
 from .runtimes import KV, LlamaCppRuntime, MLXRuntime
 
-# f32 cache, no flash attention: KL at every position. Measured on the fixtures (2026-12-04, the
-# record benchmarks/records/cpu/2026-12-04-archs-parity.json): <= 1.6e-11, float32 reassociation; a
+# f32 cache, no flash attention: KL at every position. Measured on the fixtures (2026-12-03, the
+# record benchmarks/records/cpu/2026-12-03-archs-parity.json): <= 1.6e-11, float32 reassociation; a
 # planted scale, norm or layout bug measures >= 1e-4.
 EXACT_KL_GOAL = 1e-9
 # The same where llama.cpp's GELU is ggml's fp16 table (starcoder2): an input a float32 ulp away from
