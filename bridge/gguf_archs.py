@@ -66,7 +66,8 @@ class Arch:
     where the mlx-lm class holds only that (a file of the other kind is refused). ``norm_plus_one``: the GGUF's norms hold 1 + w (Gemma). ``partial_rope``:
     mlx-lm's class rotates part of a head. ``adjust``: changes to the built model that make it compute
     what llama.cpp's CPU backend computes (``build_model(match_llama_cpp=True)``). ``config``: the
-    architecture's own config entries. ``note``: one line for the docs.
+    architecture's own config entries. ``note``: one line for the docs; ``refuses``: the variants the
+    loader refuses beyond what it refuses for every architecture (tests/test_archs.py plants each).
     """
 
     model_type: str
@@ -87,6 +88,7 @@ class Arch:
     reshape: dict = field(default_factory=dict)   # GGUF kind -> the shape mlx-lm holds it in
     ffn_up_factor: int = 1                        # ffn_up rows per feed_forward_length (2: gate and up fused)
     note: str = ""
+    refuses: tuple = ()                           # the variants of it the loader refuses, for the docs
 
 
 # Gemma 3 values llama.cpp hard-codes (src/llama-model.cpp) and the GGUF does not carry.
@@ -158,17 +160,21 @@ def _command_r(m: Meta, cfg: dict) -> None:
     cfg["use_qk_norm"] = False
 
 
-def _moe(m: Meta, cfg: dict) -> None:
+def _experts(m: Meta, cfg: dict) -> None:
     cfg["num_experts"] = m.int("expert_count")
     cfg["num_experts_per_tok"] = m.int("expert_used_count")
     if cfg["num_experts_per_tok"] > cfg["num_experts"]:
-        m.refuse(f"{cfg['num_experts_per_tok']} experts used of {cfg['num_experts']}")
-    cfg["moe_intermediate_size"] = m.int("expert_feed_forward_length")
+        m.refuse(f"expert_used_count {cfg['num_experts_per_tok']} is more than expert_count {cfg['num_experts']}")
     gating = m.value("expert_gating_func", 1)
     if gating != 1:   # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
         m.refuse(f"expert gating function {m.shown(gating)} is not supported (softmax only)")
     if m.value("expert_weights_scale", 0.0) not in (0.0, 1.0):   # llama.cpp scales the weights where set
         m.refuse("expert_weights_scale other than 1 is not supported")
+
+
+def _moe(m: Meta, cfg: dict) -> None:
+    _experts(m, cfg)
+    cfg["moe_intermediate_size"] = m.int("expert_feed_forward_length")
 
 
 def _qwen2moe(m: Meta, cfg: dict) -> None:
@@ -188,10 +194,7 @@ def _qwen3moe(m: Meta, cfg: dict) -> None:
 def _olmoe(m: Meta, cfg: dict) -> None:
     # llama.cpp (src/models/olmoe.cpp): the experts are feed_forward_length wide; top-k of the softmax,
     # not renormalized
-    cfg["num_experts"] = m.int("expert_count")
-    cfg["num_experts_per_tok"] = m.int("expert_used_count")
-    if cfg["num_experts_per_tok"] > cfg["num_experts"]:
-        m.refuse(f"{cfg['num_experts_per_tok']} experts used of {cfg['num_experts']}")
+    _experts(m, cfg)
     cfg["moe_intermediate_size"] = cfg["intermediate_size"]
     cfg["norm_topk_prob"] = False
     _olmo2(m, cfg)
@@ -226,8 +229,10 @@ def _exaone(m: Meta, cfg: dict) -> None:
 
 ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", LLAMA_LAYER, rope="norm", permuted=True, config=_llama,
+                  refuses=("experts (Mixtral-style)",),
                   note="Q/K rows permuted by the converter; RoPE on adjacent pairs"),
-    "qwen2": Arch("qwen2", LLAMA_LAYER, config=_qwen2, note="q/k/v biases"),
+    "qwen2": Arch("qwen2", LLAMA_LAYER, config=_qwen2, note="q/k/v biases",
+                  refuses=("head dim x heads other than the width",)),
     "qwen3": Arch("qwen3", {**LLAMA_LAYER, **QK_NORM}, note="per-head q/k RMS norms"),
     "gemma3": Arch("gemma3_text", {**LLAMA_LAYER, **QK_NORM, "post_attention_norm": "post_attention_layernorm",
                                    "ffn_norm": "pre_feedforward_layernorm",
@@ -237,16 +242,17 @@ ARCHS: dict[str, Arch] = {
     "phi3": Arch("phi3", {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj",
                           "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
                           "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"},
-                 width_heads=True, ffn_up_factor=2, config=_phi3,
+                 width_heads=True, ffn_up_factor=2, config=_phi3, refuses=("separate attn_q/attn_k/attn_v",),
                  note="fused attn_qkv; ffn_up holds gate and up (SwiGLU on its halves)"),
     "olmo2": Arch("olmo2", {**LLAMA_LAYER, **QK_NORM, "post_attention_norm": "post_attention_layernorm",
                             "post_ffw_norm": "post_feedforward_layernorm"}, config=_olmo2,
                   note="norms after attention and FFN, none before; q/k RMS norms over all heads"),
     "granite": Arch("granite", LLAMA_LAYER, rope="norm", permuted=True, rope_arg=False, width_heads=True,
-                    config=_granite,
+                    config=_granite, refuses=("experts (Granite MoE)", "no RoPE (rope.scaling.finetuned false)"),
                     note="embedding, residual, attention and logit multipliers; llama's Q/K permutation"),
     "stablelm": Arch("stablelm", LLAMA_LAYER, eps="layer", keys={"rms_norm_eps": "layer_norm_eps"},
                      width_heads=True, lm_head="untied", partial_rope=True, config=_stablelm,
+                     refuses=("per-head q/k LayerNorms", "parallel residual (no ffn_norm)", "no output.weight"),
                      note="LayerNorm with bias; partial RoPE (rope.dimension_count of a head)"),
     "starcoder2": Arch("starcoder2", {**LLAMA_LAYER, "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
                        eps="layer", keys={"rms_norm_eps": "norm_epsilon"}, width_heads=True,
@@ -257,21 +263,25 @@ ARCHS: dict[str, Arch] = {
                                    "ffn_up_shexp": "mlp.shared_expert.up_proj",
                                    "ffn_down_shexp": "mlp.shared_expert.down_proj"},
                      width_heads=True, lm_head="untied", config=_qwen2moe,
+                     refuses=("expert gating other than softmax", "no output.weight"),
                      reshape={"ffn_gate_inp_shexp": (1, -1)},
                      note="experts (softmax top-k) and a shared expert behind a sigmoid gate"),
     "qwen3moe": Arch("qwen3_moe", {**LLAMA_LAYER, **QK_NORM, **EXPERTS}, config=_qwen3moe,
+                     refuses=("expert gating other than softmax",),
                      note="experts (softmax top-k, renormalized); per-head q/k RMS norms"),
     "command-r": Arch("cohere", {k: v for k, v in LLAMA_LAYER.items() if k != "ffn_norm"}, rope="norm",
                       eps="layer", keys={"rms_norm_eps": "layer_norm_eps"}, width_heads=True, lm_head="tied",
-                      config=_command_r,
+                      config=_command_r, refuses=("q/k norms (Command R+)", "an output.weight of its own"),
                       note="attention and FFN in parallel from one LayerNorm (no bias); logit scale; "
                            "RoPE on adjacent pairs (no permutation)"),
     "smollm3": Arch("smollm3", LLAMA_LAYER, rope="norm", permuted=True, config=_smollm3,
                     note="no RoPE in every 4th layer; llama's Q/K permutation"),
     "olmoe": Arch("olmoe", {**LLAMA_LAYER, **QK_NORM, **EXPERTS}, config=_olmoe,
+                  refuses=("expert gating other than softmax",),
                   note="experts of feed_forward_length (softmax top-k, not renormalized); q/k RMS norms over "
                        "all heads"),
     "ernie4_5": Arch("ernie4_5", LLAMA_LAYER, rope="norm", rope_arg=False, config=_ernie4_5,
+                     refuses=("q/k/v biases",),
                      note="llama's tensors with RoPE on adjacent pairs and no permutation"),
     "phi2": Arch("phi", {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                          "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1",
@@ -280,6 +290,7 @@ ARCHS: dict[str, Arch] = {
                        "output": "lm_head"},
                  eps="layer", keys={"rms_norm_eps": "layer_norm_eps"}, width_heads=True, lm_head="untied",
                  partial_rope=True, adjust=("ggml_gelu_mlp",), config=_phi2,
+                 refuses=("a fused attn_qkv", "no output.weight"),
                  note="attention and GELU MLP in parallel from one LayerNorm; biases everywhere, the output "
                       "head's too; partial RoPE"),
     "exaone": Arch("exaone", {"attn_norm": "ln_1", "attn_q": "attn.attention.q_proj",
@@ -289,5 +300,5 @@ ARCHS: dict[str, Arch] = {
                    glob={"token_embd": "transformer.wte", "output_norm": "transformer.ln_f", "output": "lm_head"},
                    layers="transformer.h", keys={"num_hidden_layers": "num_layers",
                                                  "rms_norm_eps": "layer_norm_epsilon"},
-                   config=_exaone, note="llama's tensors under other mlx-lm names; RoPE on pairs half a head apart"),
+                   config=_exaone, refuses=("head dim x heads other than the width",), note="llama's tensors under other mlx-lm names; RoPE on pairs half a head apart"),
 }

@@ -61,7 +61,7 @@ class Fixture:
     ``ffn``: ``swiglu`` (ffn_gate, ffn_up, ffn_down), ``swiglu_fused`` (ffn_up holds gate then up),
     ``gelu`` (ffn_up, ffn_down), ``moe`` (router and stacked experts), ``moe_shared`` (and a gated
     shared expert). ``layer_norms``: the per-layer norm tensors. ``extra``: metadata key (after
-    ``{arch}.``) -> value, written with the type of the value (float32, uint32 or bool).
+    ``{arch}.``) -> value, written with the type of the value (float32, uint32, bool or string).
     """
 
     n_layer: int = 2
@@ -261,6 +261,8 @@ def _add_value(w, key: str, value: Any) -> None:
         w.add_uint32(key, value)
     elif isinstance(value, float):
         w.add_float32(key, value)
+    elif isinstance(value, str):
+        w.add_string(key, value)
     else:
         raise TypeError(f"{key}: no GGUF type for {type(value).__name__}")
 

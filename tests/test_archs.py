@@ -212,24 +212,42 @@ def test_unsupported_architecture_is_one_line(tmp_path):
     assert all(a in msg for a in gguf_archs.ARCHS)
 
 
-REFUSED = {   # a variant the loader cannot hold -> the words of its refusal
-    ("phi3", "separate q/k/v"): (variant("phi3", qkv="split"), "separate attn_q/attn_k/attn_v"),
-    ("stablelm", "parallel residual"): (variant("stablelm", layer_norms=("attn_norm",)), "parallel residual"),
-    ("stablelm", "q/k norms"): (variant("stablelm", qk_norm="head"), "per-head q/k LayerNorms"),
-    ("command-r", "untied head"): (variant("command-r", tied=False), "ties them"),
-    ("stablelm", "tied head"): (variant("stablelm", tied=True), "no output.weight"),
-    ("qwen2moe", "tied head"): (variant("qwen2moe", tied=True), "no output.weight"),
-    ("command-r", "q/k norms"): (variant("command-r", qk_norm="head"), "q/k norms"),
-    ("granite", "experts"): (variant("granite", extra={**FIXTURES["granite"].extra, "expert_count": 4}),
-                             "Granite MoE"),
-    ("granite", "no RoPE"): (variant("granite", extra={**FIXTURES["granite"].extra,
-                                                      "rope.scaling.finetuned": False}), "without RoPE"),
-    ("qwen3moe", "partial RoPE"): (variant("qwen3moe", rope_dims=16), "partial RoPE"),
-    ("qwen2moe", "sigmoid gating"): (variant("qwen2moe", extra={"expert_gating_func": 2}), "softmax only"),
+REFUSED = {   # (architecture, a variant its Arch.refuses names) -> (the variant's fixture, words of the refusal)
+    ("llama", "experts (Mixtral-style)"): (variant("llama", ffn="moe"), "has no place in an mlx-lm llama model"),
+    ("qwen2", "head dim x heads other than the width"): (variant("qwen2", head_dim=16), "head_dim * heads"),
+    ("phi3", "separate attn_q/attn_k/attn_v"): (variant("phi3", qkv="split"), "separate attn_q/attn_k/attn_v"),
+    ("granite", "experts (Granite MoE)"): (variant("granite", extra={**FIXTURES["granite"].extra, "expert_count": 4}),
+                                          "Granite MoE"),
+    ("granite", "no RoPE (rope.scaling.finetuned false)"): (
+        variant("granite", extra={**FIXTURES["granite"].extra, "rope.scaling.finetuned": False}), "without RoPE"),
+    ("stablelm", "per-head q/k LayerNorms"): (variant("stablelm", qk_norm="head"), "per-head q/k LayerNorms"),
+    ("stablelm", "parallel residual (no ffn_norm)"): (variant("stablelm", layer_norms=("attn_norm",)),
+                                                      "parallel residual"),
+    ("stablelm", "no output.weight"): (variant("stablelm", tied=True), "no output.weight"),
+    ("qwen2moe", "expert gating other than softmax"): (variant("qwen2moe", extra={"expert_gating_func": 2}),
+                                                       "softmax only"),
+    ("qwen2moe", "no output.weight"): (variant("qwen2moe", tied=True), "no output.weight"),
+    ("qwen3moe", "expert gating other than softmax"): (variant("qwen3moe", extra={"expert_gating_func": 2}),
+                                                       "softmax only"),
+    ("command-r", "q/k norms (Command R+)"): (variant("command-r", qk_norm="head"), "q/k norms"),
+    ("command-r", "an output.weight of its own"): (variant("command-r", tied=False), "ties them"),
+    ("olmoe", "expert gating other than softmax"): (variant("olmoe", extra={"expert_gating_func": 2}), "softmax only"),
     ("ernie4_5", "q/k/v biases"): (variant("ernie4_5", qkv_bias=True), "q/k/v biases"),
-    ("phi2", "fused qkv"): (variant("phi2", qkv="fused"), "fused attn_qkv"),
-    ("exaone", "head dim apart from the width"): (variant("exaone", head_dim=16), "head_dim * heads"),
+    ("phi2", "a fused attn_qkv"): (variant("phi2", qkv="fused"), "fused attn_qkv"),
+    ("phi2", "no output.weight"): (variant("phi2", tied=True, output_bias=False), "no output.weight"),
+    ("exaone", "head dim x heads other than the width"): (variant("exaone", head_dim=16), "head_dim * heads"),
+    # refused for every architecture
+    ("qwen3moe", "partial RoPE"): (variant("qwen3moe", rope_dims=16), "partial RoPE"),
+    ("llama", "RoPE scaling other than linear"): (
+        variant("llama", extra={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}), "RoPE scaling 'yarn'"),
+    ("smollm3", "key_length != value_length"): (variant("smollm3", write_head_dims=False,
+                                                        extra={"attention.value_length": 16}), "key_length != value_length"),
 }
+
+
+def test_every_documented_refusal_is_planted():
+    documented = {(a, r) for a, arch in gguf_archs.ARCHS.items() for r in arch.refuses}
+    assert documented <= set(REFUSED), documented - set(REFUSED)
 
 
 @pytest.mark.parametrize("case", list(REFUSED), ids=lambda c: f"{c[0]}-{c[1]}")
