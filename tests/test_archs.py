@@ -193,6 +193,13 @@ def test_quantized_conversion_loads_in_mlx_lm_as_the_same_model(tmp_path, arch):
 
 
 def test_hf_layout_undoes_the_permutation_only_where_the_converter_made_one(files):
+    # Which families llama.cpp's converter permutes is a fact of convert_hf_to_gguf.py (LlamaModel.permute
+    # on q_proj/k_proj, inherited by GraniteModel and SmolLM3Model; Ernie4_5Model and the Cohere models
+    # derive from TextModel and keep Hugging Face's rows, which rotate adjacent pairs themselves). A
+    # random-weight GGUF cannot tell it: both layouts compute the same function (the test above).
+    assert {a for a, arch in gguf_archs.ARCHS.items() if arch.permuted} == {"llama", "granite", "smollm3"}
+    assert {a for a, arch in gguf_archs.ARCHS.items() if arch.rope == "norm"} == {
+        "llama", "granite", "smollm3", "command-r", "ernie4_5"}
     for arch in FIXTURES:
         c = read_gguf(files[arch])
         from tqbridge.bridge.gguf_model import mlx_weights, model_config
