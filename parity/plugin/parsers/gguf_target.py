@@ -1,7 +1,7 @@
 """The ``gguf`` parser target: seeds written with gguf-py's ``GGUFWriter`` (a tiny llama model, a
-tiny qwen3 Q8_0 model, a file of one tensor per block type), a walk of their integer fields, a
-structure-preserving edit (metadata values, tensor types and shapes, tensors removed or added), and
-the consumers ``inspect``, ``load``, ``convert-f32`` and ``convert-mlx``."""
+tiny qwen3 Q8_0 model, a file of one tensor per block type, a tiny qwen2moe model with experts), a
+walk of their integer fields, a structure-preserving edit (metadata values, tensor types and shapes,
+tensors removed or added), and the consumers ``inspect``, ``load``, ``convert-f32`` and ``convert-mlx``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqbridge.bridge.gguf_fixtures import add_tiny_vocab
+from tqbridge.bridge.gguf_fixtures import add_tiny_vocab, variant, write_fixture
 
 from .mutation import BOUNDARY
 from .target import ParserTarget, Seed, remove_output, write_input
@@ -353,7 +353,9 @@ class GGUFTarget(ParserTarget):
 
         made = [("tiny-llama-f32", write_tiny_gguf_model(scratch / "a.gguf", "llama")),
                 ("tiny-qwen3-q8_0", write_tiny_gguf_model(scratch / "b.gguf", "qwen3", gguf.GGMLQuantizationType.Q8_0, 1)),
-                ("block-zoo", write_block_zoo_gguf(scratch / "c.gguf"))]
+                ("block-zoo", write_block_zoo_gguf(scratch / "c.gguf")),
+                ("tiny-qwen2moe-f32", write_fixture(scratch / "d.gguf", "qwen2moe", fixture=variant(
+                    "qwen2moe", n_layer=1, d=32, n_head=2, n_kv=1, head_dim=16, ff=64, ff_expert=32, ff_shared=32)))]
         out = []
         for name, p in made:
             data = p.read_bytes()
