@@ -226,8 +226,9 @@ def same_values(a: np.ndarray, b: np.ndarray) -> bool:
 # ---- a whole model ---------------------------------------------------------------------------
 
 # GGUF tensor kinds that are the weight of an mlx-lm Linear or Embedding (layers with to_quantized)
-QUANTIZABLE_KINDS = frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
-                               "token_embd", "output"})
+QUANTIZABLE_KINDS = frozenset({"attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up",
+                               "ffn_down", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "token_embd",
+                               "output"})
 
 
 @dataclass

@@ -2,14 +2,17 @@
 
 Every tensor is dequantized to float32 with gguf-py (all ggml types, K-quants included), so the MLX
 model computes with exactly the values llama.cpp dequantizes. Hyper-parameters come from the
-``{arch}.*`` metadata. Supported architectures: llama, qwen2, qwen3, gemma3.
+``{arch}.*`` metadata. The architectures and what each is in mlx-lm: :mod:`tqbridge.bridge.gguf_archs`
+(llama, qwen2, qwen3, gemma3, phi3, olmo2, granite, stablelm, starcoder2, qwen2moe, qwen3moe,
+command-r, smollm3, olmoe, ernie4_5, phi2, exaone).
 
 Two layouts of the attention Q/K rows (see ``qk_rows``, the one place that handles them):
 
 - ``"ggml"``: GGUF's rows as stored (llama's rows are permuted for adjacent-pair RoPE) with MLX's
-  ``rope_traditional=True``; K then has exactly llama.cpp's cache layout. Default in memory.
-- ``"hf"``: rows in Hugging Face order with half-split RoPE; what ``convert --to mlx`` writes
-  (:func:`tqbridge.bridge.mlx_export.write_mlx_dir`).
+  traditional (adjacent-pair) RoPE where llama.cpp uses it; K then has exactly llama.cpp's cache
+  layout. Default in memory.
+- ``"hf"``: rows in Hugging Face order with the RoPE mlx-lm's class uses by default; what
+  ``convert --to mlx`` writes (:func:`tqbridge.bridge.mlx_export.write_mlx_dir`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .gguf_archs import ARCHS, Arch
 from .mlx_blas import prefer_fast_blas, slow_blas_notice
 
 
@@ -29,33 +33,9 @@ class GGUFModelError(ValueError):
 
 
 # GGUF architecture -> mlx-lm model_type
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
-# llama.cpp's convert_hf_to_gguf permutes attn_q/attn_k rows only for these (NEOX-RoPE families are not).
-_PERMUTED_QK = {"llama"}
-# Gemma 3 values llama.cpp hard-codes (src/llama-model.cpp) and the GGUF does not carry.
-_GEMMA3_SWA_PATTERN = 6
-_GEMMA3_LOCAL_ROPE_BASE = 10000.0
-
-_LAYER_NAMES_COMMON = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_LAYER_NAMES = {
-    "llama": {**_LAYER_NAMES_COMMON, "ffn_norm": "post_attention_layernorm"},
-    "qwen2": {**_LAYER_NAMES_COMMON, "ffn_norm": "post_attention_layernorm"},
-    "qwen3": {**_LAYER_NAMES_COMMON, "ffn_norm": "post_attention_layernorm"},
-    "gemma3": {**_LAYER_NAMES_COMMON, "post_attention_norm": "post_attention_layernorm",
-               "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
-}
-_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+ARCHITECTURES = {name: a.model_type for name, a in ARCHS.items()}
+# RoPE factor tensors llama.cpp may carry (Llama 3.1's rope_freqs, Phi-3's LongRoPE): not held
+_ROPE_FACTORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
 
 @dataclass
@@ -192,17 +172,49 @@ def _rows(c: GGUFContents, name: str) -> "int | None":
     return None if t is None or t.ndim == 0 else int(t.shape[0])
 
 
+class _Meta:
+    """The :class:`tqbridge.bridge.gguf_archs.Meta` view of a file: metadata readers that refuse with
+    GGUFModelError, tensor presence."""
+
+    def __init__(self, c: GGUFContents):
+        self.c, self.arch = c, c.arch
+
+    def int(self, key: str, default: "int | None" = None, lo: int = 1) -> int:
+        return _meta_int(self.c, key, default, lo)
+
+    def float(self, key: str, default: "float | None" = None, positive: bool = False) -> float:
+        return _meta_float(self.c, key, default, required=default is None, positive=positive)
+
+    def value(self, key: str, default: Any = None) -> Any:
+        return _meta(self.c, key, default, required=False)
+
+    def has(self, tensor: str) -> bool:
+        return tensor in self.c.tensors
+
+    def refuse(self, why: str) -> None:
+        raise GGUFModelError(f"{self.c.path.name}: {why}")
+
+    def shown(self, v: Any) -> str:
+        return _shown(v)
+
+
+def arch_of(c: GGUFContents) -> Arch:
+    """The :class:`~tqbridge.bridge.gguf_archs.Arch` entry of the file's architecture."""
+    return ARCHS[c.arch]
+
+
 def check_shapes(c: GGUFContents, cfg: dict[str, Any]) -> None:
     """The hyper-parameters must describe the tensors the file holds, before a model is built from
     them (mlx-lm allocates per layer and per width from the config: a hostile ``block_count`` or
     ``embedding_length`` must not size anything)."""
     name = c.path.name
+    a = arch_of(c)
     emb = c.tensors.get("token_embd.weight")
     if emb is None or emb.ndim != 2 or emb.size == 0:
         raise GGUFModelError(f"{name}: token_embd.weight is missing, empty or not a matrix")
-    if cfg["hidden_size"] != emb.shape[1]:
-        raise GGUFModelError(f"{name}: embedding_length {cfg['hidden_size']} but token_embd.weight has "
-                             f"rows of {emb.shape[1]}")
+    d = cfg["hidden_size"]
+    if d != emb.shape[1]:
+        raise GGUFModelError(f"{name}: embedding_length {d} but token_embd.weight has rows of {emb.shape[1]}")
     layers = {p.split(".")[1] for p in c.tensors if p.startswith("blk.") and p.count(".") >= 2}
     if cfg["num_hidden_layers"] != len(layers) or layers != {str(i) for i in range(len(layers))}:
         raise GGUFModelError(f"{name}: block_count {cfg['num_hidden_layers']} but the file holds tensors of "
@@ -212,74 +224,107 @@ def check_shapes(c: GGUFContents, cfg: dict[str, Any]) -> None:
         raise GGUFModelError(f"{name}: {n_head} attention heads do not group onto {n_kv} KV heads")
     if hd % 2:
         raise GGUFModelError(f"{name}: head dim {hd} is odd; RoPE rotates pairs")
-    for t, rows in (("attn_q", n_head * hd), ("attn_k", n_kv * hd), ("attn_v", n_kv * hd),
-                    ("ffn_up", cfg["intermediate_size"]), ("ffn_gate", cfg["intermediate_size"])):
-        got = _rows(c, f"blk.0.{t}.weight")
-        if got is not None and got != rows:
-            raise GGUFModelError(f"{name}: blk.0.{t}.weight has {got} rows; the hyper-parameters say {rows}")
+    if a.width_heads and n_head * hd != d:
+        raise GGUFModelError(f"{name}: {c.arch} with head dim {hd} x {n_head} heads != embedding_length {d} "
+                             f"is not supported (mlx-lm's {a.model_type} derives the head dim from the width)")
+    ff = cfg["intermediate_size"]
+    want = {"attn_q": (n_head * hd, d), "attn_k": (n_kv * hd, d), "attn_v": (n_kv * hd, d),
+            "attn_qkv": ((n_head + 2 * n_kv) * hd, d), "attn_output": (d, n_head * hd),
+            "ffn_up": (ff * a.ffn_up_factor, d), "ffn_gate": (ff, d), "ffn_down": (d, ff)}
+    if "num_experts" in cfg:   # the expert tensors must be there: the counts size mlx-lm's expert layers
+        ne, fe = cfg["num_experts"], cfg["moe_intermediate_size"]
+        experts = {"ffn_gate_inp": (ne, d), "ffn_gate_exps": (ne, fe, d), "ffn_up_exps": (ne, fe, d),
+                   "ffn_down_exps": (ne, d, fe)}
+        if "shared_expert_intermediate_size" in cfg:
+            fs = cfg["shared_expert_intermediate_size"]
+            experts.update({"ffn_gate_shexp": (fs, d), "ffn_up_shexp": (fs, d), "ffn_down_shexp": (d, fs)})
+        missing = [t for t in experts if f"blk.0.{t}.weight" not in c.tensors]
+        if missing:
+            raise GGUFModelError(f"{name}: {c.arch} names experts but blk.0 has no {', '.join(missing)}")
+        want.update(experts)
+    for t, shape in want.items():
+        got = c.tensors.get(f"blk.0.{t}.weight")
+        if got is not None and tuple(got.shape) != shape:
+            raise GGUFModelError(f"{name}: blk.0.{t}.weight has shape {tuple(got.shape)}; the hyper-parameters "
+                                 f"say {shape}")
 
 
 def model_config(c: GGUFContents, layout: str = "ggml") -> dict[str, Any]:
-    """The mlx-lm ``config.json`` dictionary for these hyper-parameters."""
+    """The mlx-lm ``config.json`` dictionary for these hyper-parameters (mlx-lm's own names for the
+    architectures that rename one, beside ours: see ``Arch.keys``)."""
     if layout not in ("ggml", "hf"):
         raise GGUFModelError(f"unknown Q/K layout {layout!r} (use 'ggml' or 'hf')")
+    a = arch_of(c)
     n_embd = _meta_int(c, "embedding_length")
     n_head = _meta_int(c, "attention.head_count")
     n_head_kv = _meta_int(c, "attention.head_count_kv", n_head)
     head_dim = _meta_int(c, "attention.key_length", max(1, n_embd // n_head))
     if _meta_int(c, "attention.value_length", head_dim) != head_dim:
         raise GGUFModelError(f"{c.path.name}: key_length != value_length is not supported")
-    if head_dim != _meta_int(c, "rope.dimension_count", head_dim):
-        raise GGUFModelError(f"{c.path.name}: partial RoPE (rope.dimension_count != head dim) is not supported")
+    n_rot = _meta_int(c, "rope.dimension_count", head_dim)
     scaling = _meta(c, "rope.scaling.type", "none", required=False)
     rope_scaling = None
     if scaling == "linear":
         rope_scaling = {"type": "linear", "factor": _meta_float(c, "rope.scaling.factor", positive=True)}
     elif scaling not in ("none", None):
         raise GGUFModelError(f"{c.path.name}: RoPE scaling {_shown(scaling)} is not supported")
-    if "rope_freqs.weight" in c.tensors:
-        raise GGUFModelError(f"{c.path.name}: per-frequency RoPE factors (rope_freqs.weight) are not supported")
+    for t in _ROPE_FACTORS:
+        if t in c.tensors:
+            raise GGUFModelError(f"{c.path.name}: per-frequency RoPE factors ({t}) are not supported")
+    eps_key = "attention.layer_norm_rms_epsilon" if a.eps == "rms" else "attention.layer_norm_epsilon"
     cfg: dict[str, Any] = {
-        "model_type": ARCHITECTURES[c.arch],
+        "model_type": a.model_type,
         "hidden_size": n_embd,
         "num_hidden_layers": _meta_int(c, "block_count"),
         "intermediate_size": _meta_int(c, "feed_forward_length"),
         "num_attention_heads": n_head,
         "num_key_value_heads": n_head_kv,
         "head_dim": head_dim,
-        "rms_norm_eps": _meta_float(c, "attention.layer_norm_rms_epsilon", positive=True),
+        "rms_norm_eps": _meta_float(c, eps_key, positive=True),
         "vocab_size": _rows(c, "token_embd.weight") or 0,
         "rope_theta": _meta_float(c, "rope.freq_base", 10000.0, required=False, positive=True),
         "max_position_embeddings": _meta_int(c, "context_length", 4096),
         "tie_word_embeddings": "output.weight" not in c.tensors,
     }
-    check_shapes(c, cfg)
+    if n_rot != head_dim:
+        if not a.partial_rope or n_rot > head_dim or n_rot % 2:
+            raise GGUFModelError(f"{c.path.name}: partial RoPE (rope.dimension_count {n_rot} of head dim "
+                                 f"{head_dim}) is not supported for {c.arch}")
+        cfg["partial_rotary_factor"] = n_rot / head_dim
+        if int(cfg["partial_rotary_factor"] * head_dim) != n_rot:   # how mlx-lm turns it back into dims
+            raise GGUFModelError(f"{c.path.name}: rotated dims {n_rot} of {head_dim} do not survive a float factor")
+    if a.lm_head == "tied" and not cfg["tie_word_embeddings"]:
+        raise GGUFModelError(f"{c.path.name}: an output tensor apart from token_embd is not held by mlx-lm's "
+                             f"{a.model_type} (it ties them)")
+    if a.lm_head == "untied" and cfg["tie_word_embeddings"]:
+        raise GGUFModelError(f"{c.path.name}: no output.weight: mlx-lm's {a.model_type} holds an output head of its "
+                             f"own (and llama.cpp's {c.arch} requires one)")
     if rope_scaling:
         cfg["rope_scaling"] = rope_scaling
-    if c.arch == "llama":
-        cfg["rope_traditional"] = layout == "ggml"
-        cfg["attention_bias"] = "blk.0.attn_q.bias" in c.tensors
-        cfg["mlp_bias"] = "blk.0.ffn_up.bias" in c.tensors
-    elif c.arch == "qwen2":
-        if head_dim * n_head != n_embd:
-            raise GGUFModelError(f"{c.path.name}: qwen2 with head_dim * heads != embedding_length is not supported")
-    elif c.arch == "gemma3":
-        cfg.update({
-            "query_pre_attn_scalar": head_dim,
-            "sliding_window": _meta_int(c, "attention.sliding_window"),
-            "sliding_window_pattern": _GEMMA3_SWA_PATTERN,
-            "rope_local_base_freq": _GEMMA3_LOCAL_ROPE_BASE,
-        })
+    if a.rope_arg:
+        cfg["rope_traditional"] = _traditional(a, layout)
+    if a.config is not None:
+        a.config(_Meta(c), cfg)
+    check_shapes(c, cfg)
+    for ours, theirs in a.keys.items():
+        cfg[theirs] = cfg[ours]
     return cfg
+
+
+def _traditional(a: Arch, layout: str) -> bool:
+    """Whether MLX rotates adjacent pairs (llama.cpp's "norm" RoPE) for ``a`` in ``layout``: in
+    ``"ggml"`` as llama.cpp on the stored rows; in ``"hf"`` rows the converter permuted are back in
+    half-split order."""
+    return a.rope == "norm" and (layout == "ggml" or not a.permuted)
 
 
 def qk_rows(w: np.ndarray, n_head: int, arch: str, layout: str) -> np.ndarray:
     """Q or K projection rows (weight or bias) in the requested layout; the one place that permutes.
 
     llama.cpp's converter reorders each head's rows from HF's half-split pairs (i, i + d/2) to
-    adjacent pairs (2i, 2i + 1). ``layout="hf"`` undoes that for the architectures that have it.
+    adjacent pairs (2i, 2i + 1) for the families ``Arch.permuted`` names. ``layout="hf"`` undoes that.
     """
-    if layout == "ggml" or arch not in _PERMUTED_QK:
+    if layout == "ggml" or not ARCHS[arch].permuted:
         return w
     rows = w.shape[0]
     d = rows // n_head
@@ -288,15 +333,15 @@ def qk_rows(w: np.ndarray, n_head: int, arch: str, layout: str) -> np.ndarray:
 
 def mlx_name(c: GGUFContents, name: str) -> tuple[str, str]:
     """A GGUF tensor name -> (its mlx-lm parameter name, its GGUF kind such as ``attn_q``)."""
-    names = _LAYER_NAMES[c.arch]
+    a = arch_of(c)
     parts = name.split(".")
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in names:
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in a.layer:
         layer, kind, suffix = parts[1], parts[2], parts[3]
-        return f"model.layers.{layer}.{names[kind]}.{suffix}", kind
-    if len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
+        return f"{a.layers}.{layer}.{a.layer[kind]}.{suffix}", kind
+    if len(parts) == 2 and parts[0] in a.glob:
         kind, suffix = parts[0], parts[1]
-        return f"{_GLOBAL_NAMES[kind]}.{suffix}", kind
-    raise GGUFModelError(f"{c.path.name}: tensor {name} has no place in an mlx-lm {c.arch} model")
+        return f"{a.glob[kind]}.{suffix}", kind
+    raise GGUFModelError(f"{c.path.name}: tensor {name} has no place in an mlx-lm {a.model_type} model")
 
 
 def mlx_rows(c: GGUFContents, cfg: dict[str, Any], kind: str, rows: np.ndarray, layout: str) -> np.ndarray:
@@ -310,13 +355,18 @@ def mlx_rows(c: GGUFContents, cfg: dict[str, Any], kind: str, rows: np.ndarray, 
 
 
 def mlx_float(c: GGUFContents, name: str, kind: str, arr: np.ndarray) -> np.ndarray:
-    """A float tensor as mlx-lm holds it: Gemma's norms lose the 1 the GGUF adds (checked exact)."""
-    if c.arch == "gemma3" and kind.endswith("norm"):
+    """A float tensor as mlx-lm holds it: Gemma's norms lose the 1 the GGUF adds (checked exact); a
+    tensor mlx-lm holds in another shape (qwen2moe's shared-expert gate, a vector in GGUF, is a
+    one-row Linear there) is reshaped."""
+    a = arch_of(c)
+    if a.norm_plus_one and kind.endswith("norm"):
         # The GGUF stores (1 + w); mlx-lm's Gemma RMSNorm adds the 1 itself.
         shifted = arr - np.float32(1.0)
         if not np.array_equal(shifted + np.float32(1.0), arr):
             raise GGUFModelError(f"{c.path.name}: {name}: (w + 1) - 1 is not exact in float32")
         return shifted
+    if kind in a.reshape and name.endswith(".weight"):
+        return arr.reshape(a.reshape[kind])
     return arr
 
 
@@ -333,8 +383,9 @@ def build_model(c: GGUFContents, layout: str = "ggml", match_llama_cpp: bool = T
     """An mlx-lm model (float32) with the GGUF's weights. Returns ``(model, config)``.
 
     ``match_llama_cpp`` makes the model compute what llama.cpp's CPU backend computes where mlx-lm
-    differs on purpose: Gemma's embedding scale (mlx-lm rounds sqrt(d) to bfloat16, llama.cpp uses
-    float32) and Gemma's GELU (ggml looks it up in an fp16 table).
+    differs on purpose (``Arch.adjust``): Gemma's embedding scale (mlx-lm rounds sqrt(d) to bfloat16,
+    llama.cpp uses float32), and GELU where ggml looks it up in an fp16 table (Gemma 3) or where
+    mlx-lm uses the erf form against llama.cpp's tanh form (StarCoder2).
     """
     prefer_fast_blas()
     import mlx.core as mx
@@ -342,6 +393,7 @@ def build_model(c: GGUFContents, layout: str = "ggml", match_llama_cpp: bool = T
 
     slow_blas_notice()  # model work on MLX's CPU with the bundled reference BLAS: say so, once
 
+    a = arch_of(c)
     cfg = model_config(c, layout)
     weights = mlx_weights(c, cfg, layout)
     model_cls, args_cls = _get_classes(cfg)
@@ -354,11 +406,23 @@ def build_model(c: GGUFContents, layout: str = "ggml", match_llama_cpp: bool = T
         why = " ".join(str(e).split())
         why = why if len(why) <= 300 else why[:300] + "..."
         raise GGUFModelError(f"{c.path.name}: weights do not fit the mlx-lm {cfg['model_type']} model: {why}") from None
-    if c.arch == "gemma3" and match_llama_cpp:
-        _use_float32_embedding_scale(model, cfg["hidden_size"])
-        _use_ggml_gelu(model)
+    if not a.rope_arg and _traditional(a, layout):
+        _use_traditional_rope(model)
+    if match_llama_cpp:
+        for name in a.adjust:
+            _ADJUST[name](model, cfg)
     mx.eval(model.parameters())
     return model, cfg
+
+
+def _use_traditional_rope(model) -> None:
+    """Rotate adjacent pairs in every RoPE module of ``model`` (mlx-lm classes that fix half-split RoPE:
+    llama.cpp's permuted Q/K rows in the ``"ggml"`` layout need adjacent pairs)."""
+    import mlx.nn as nn
+
+    for _, m in model.named_modules():
+        if isinstance(m, nn.RoPE):
+            m.traditional = True
 
 
 def load_gguf_model(path: "str | os.PathLike[str]", layout: str = "ggml", match_llama_cpp: bool = True):
@@ -410,8 +474,9 @@ def ggml_cpu_gelu(x):
     return mx.where(x <= -10.0, mx.zeros_like(x), mx.where(x >= 10.0, x, g))
 
 
-def _use_ggml_gelu(model) -> None:
-    """Give every Gemma MLP llama.cpp's CPU GELU (see :func:`ggml_cpu_gelu`)."""
+def _use_ggml_gelu(model, cfg=None) -> None:
+    """Give every gated GELU MLP (Gemma's: down(gelu(gate(x)) * up(x))) llama.cpp's CPU GELU (see
+    :func:`ggml_cpu_gelu`)."""
     import mlx.nn as nn
 
     class _GgmlGeluMLP(nn.Module):
@@ -422,5 +487,33 @@ def _use_ggml_gelu(model) -> None:
         def __call__(self, x):
             return self.down_proj(ggml_cpu_gelu(self.gate_proj(x)) * self.up_proj(x))
 
-    for layer in model.model.layers:
+    for layer in model.layers:
         layer.mlp = _GgmlGeluMLP(layer.mlp)
+
+
+def _use_ggml_gelu_mlp(model, cfg=None) -> None:
+    """Give every two-matrix GELU MLP llama.cpp's CPU GELU: StarCoder2's c_proj(gelu(c_fc(x))), where
+    mlx-lm uses the erf form and llama.cpp (and the Hugging Face model) the tanh form; Phi-2's
+    fc2(gelu(fc1(x))), where mlx-lm computes the tanh form without ggml's fp16 table."""
+    import mlx.nn as nn
+
+    class _GgmlGeluMLP(nn.Module):
+        def __init__(self, up, down):
+            super().__init__()
+            self.up, self.down = up, down
+
+        def __call__(self, x):
+            return self.down(ggml_cpu_gelu(self.up(x)))
+
+    for layer in model.layers:
+        mlp = layer.mlp
+        up, down = (mlp.c_fc, mlp.c_proj) if hasattr(mlp, "c_fc") else (mlp.fc1, mlp.fc2)
+        layer.mlp = _GgmlGeluMLP(up, down)
+
+
+# Arch.adjust names -> what they do to a built model (build_model(match_llama_cpp=True))
+_ADJUST = {
+    "gemma_embedding_scale": lambda model, cfg: _use_float32_embedding_scale(model, cfg["hidden_size"]),
+    "ggml_gelu_gated": _use_ggml_gelu,
+    "ggml_gelu_mlp": _use_ggml_gelu_mlp,
+}

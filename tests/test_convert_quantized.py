@@ -285,7 +285,7 @@ def _small_blocks(type_name: str, rows: int, n: int, seed: int) -> np.ndarray:
 
 
 def _write_mixed_llama(path, poison: bool = False):
-    from tqbridge.parity.plugin.parsers.gguf_target import add_tiny_vocab
+    from tqbridge.bridge.gguf_fixtures import add_tiny_vocab
 
     d, n_head, n_kv, hd, ff, n_vocab = 256, 4, 2, 64, 512, 512
     rng = np.random.default_rng(0)

@@ -2649,3 +2649,82 @@ def test_per_layer_quality_rows_name_their_pairs():
         for row in rows:
             i = int(re.search(r"<col>\[(\d+)\]", row[-1]).group(1))
             assert rec["smollm2"][i]["kv"] == rec["gemma3"][i]["kv"] == row[0], row
+
+
+# ---- GGUF architectures (docs/architectures.md) -----------------------------------------------------
+
+ARCHS_RECORD = "benchmarks/records/cpu/2026-12-03-archs-parity.json"
+
+
+def test_architectures_table_is_the_record():
+    """docs/architectures.md's table is doc_table of the record, row for row; the record covers every
+    architecture the loader builds (a new one needs a new record) and every judged claim held."""
+    from tqbridge.bridge.gguf_archs import ARCHS
+    from tqbridge.parity.harness.archs import doc_table
+
+    rec = record(ARCHS_RECORD)
+    doc = text("docs/architectures.md")
+    head, body = doc_table(rec)
+    assert table(doc, "| " + head[0] + " |") == body
+    assert [r["arch"] for r in rec["archs"]] == list(ARCHS)
+    assert rec["passed"] and all(r["pass"] for r in rec["archs"])
+    assert [r[c]["pass"] for r in rec["archs"] for c in ("exact", "f16")] == [True] * 2 * len(ARCHS)
+
+
+def test_architectures_sentences_are_the_record():
+    from tqbridge.bridge.gguf_archs import ARCHS
+    from tqbridge.parity.harness.archs import ARCH_KL_GOAL, EXACT_KL_GOAL, GELU_TABLE_KL_GOAL, MIN_ENTROPY
+
+    rec = record(ARCHS_RECORD)
+    rows = {r["arch"]: r for r in rec["archs"]}
+    gelu = {a for a, arch in ARCHS.items() if any(x.startswith("ggml_gelu") for x in arch.adjust)}
+    doc = flat(text("docs/architectures.md"))
+    n, = span(doc, r"builds mlx-lm's own model class for (\d+) GGUF architectures")
+    n_all, swiglu, table_max, table_arch, f16 = span(
+        doc, r"All (\d+) pass both judged claims: f32 KL at most ([\d.e-]+) where the FFN is SwiGLU, ([\d.e-]+) "
+             r"where GELU goes through ggml's fp16 table \((\w+)\); f16 mean KL at most ([\d.e-]+)\.")
+    assert int(n) == int(n_all) == len(ARCHS) == len(rows)
+    assert rounds_to(swiglu, max(r["exact"]["kl_max"] for a, r in rows.items() if a not in gelu))
+    worst = max(gelu, key=lambda a: rows[a]["exact"]["kl_max"])
+    assert rounds_to(table_max, rows[worst]["exact"]["kl_max"]) and table_arch == worst
+    assert rounds_to(f16, max(r["f16"]["kl_mean"] for r in rows.values()))
+    tokens, decode = span(doc, r"Both runtimes read the same (\d+) random token ids, the last (\d+) as decode steps")
+    assert (int(tokens), int(decode)) == (rec["tokens"], rec["decode_steps"])
+    lo, hi = span(doc, r"mean entropy ([\d.]+) to ([\d.]+) nats")
+    ent = [r[c]["entropy_mean"] for r in rows.values() for c in ("exact", "f16", "f16-fa")]
+    assert rounds_to(lo, min(ent)) and rounds_to(hi, max(ent))
+    # the bounds the page names are the harness's constants
+    exact, gelu_bound = span(doc, r"claim: KL ≤ ([\d.e-]+) at every position \(`EXACT_KL_GOAL`\), or ≤ ([\d.e-]+)")
+    assert (float(exact), float(gelu_bound)) == (EXACT_KL_GOAL, GELU_TABLE_KL_GOAL)
+    arch_goal, = span(doc, r"issue 35's target, mean KL ≤ ([\d.e-]+)")
+    entropy, = span(doc, r"a mean entropy ≥ ([\d.]+) nat")
+    assert (float(arch_goal), float(entropy)) == (ARCH_KL_GOAL, MIN_ENTROPY)
+    # the one flash-attention position of qwen2moe
+    pos, kl, rest = span(doc, r"at position (\d+) layer 1's router nearly ties.*?that position's KL is ([\d.]+) "
+                              r"\(every other position ([\d.e-]+) or less\)")
+    kls = rows["qwen2moe"]["f16-fa"]["kl_per_position"]
+    assert int(pos) == kls.index(max(kls)) and rounds_to(kl, max(kls))
+    assert rounds_to(rest, sorted(kls)[-2])
+
+
+def test_readme_counts_the_architectures():
+    from tqbridge.bridge.gguf_archs import ARCHS
+
+    n, = span(flat(text("README.md")), r"GGUF → mlx-lm for (\d+) architectures")
+    assert int(n) == len(ARCHS)
+
+
+def test_readme_architectures_sentence_is_the_record():
+    from tqbridge.bridge.gguf_archs import ARCHS
+
+    rec = record(ARCHS_RECORD)
+    rows = {r["arch"]: r for r in rec["archs"]}
+    gelu = {a for a, arch in ARCHS.items() if any(x.startswith("ggml_gelu") for x in arch.adjust)}
+    doc = flat(text("README.md"))
+    more, exact, gelu_max, f16 = span(
+        doc, r"the loader builds (\d+) more GGUF architectures.*?at every position \(KL ≤ ([\d.e-]+); ≤ ([\d.e-]+) "
+             r"where llama\.cpp's GELU is ggml's fp16 table\), and with an f16 cache the mean KL is at most ([\d.e-]+) ")
+    assert int(more) == len(ARCHS) - 2   # beside the two real models' architectures (llama, gemma3)
+    assert rounds_to(exact, max(r["exact"]["kl_max"] for a, r in rows.items() if a not in gelu))
+    assert rounds_to(gelu_max, max(rows[a]["exact"]["kl_max"] for a in gelu))
+    assert rounds_to(f16, max(r["f16"]["kl_mean"] for r in rows.values()))

@@ -33,7 +33,7 @@ LAYOUT_MAX_ABS = 1e-3
 N_VOCAB = 512
 
 
-from tqbridge.parity.plugin.parsers.gguf_target import add_tiny_vocab  # noqa: E402
+from tqbridge.bridge.gguf_fixtures import add_tiny_vocab  # noqa: E402
 
 
 def write_synthetic(path, arch: str, *, n_layer=2, d=128, n_head=4, n_kv=2, head_dim=32, ff=192,
@@ -186,11 +186,11 @@ def test_refusals(tmp_path, synth):
     with pytest.raises(GGUFModelError, match="not a readable GGUF"):
         read_gguf(bad)
     # An architecture we do not build: the same file with another general.architecture.
-    w = gguf.GGUFWriter(str(tmp_path / "phi.gguf"), "phi3")
+    w = gguf.GGUFWriter(str(tmp_path / "bloom.gguf"), "bloom")
     w.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    with pytest.raises(GGUFModelError, match="architecture 'phi3' is not supported"):
-        read_gguf(tmp_path / "phi.gguf")
+    with pytest.raises(GGUFModelError, match="architecture 'bloom' is not supported"):
+        read_gguf(tmp_path / "bloom.gguf")
     out = tmp_path / "exists"
     out.mkdir()
     (out / "x").write_text("x")

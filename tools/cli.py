@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("cmd_demo", "parity (blocks, attention, logits, teacher) on SmolLM2-135M with a default KV matrix"),
     "fuzz": ("cmd_fuzz", "hypothesis campaign against tqbridge's kernels or your own (module:function)"),
     "llama": ("cmd_llama", "build a llama.cpp checkout (upstream or the TurboQuant fork) for --llama; say what a build holds"),
+    "archs": ("cmd_archs", "the GGUF architectures the model loader builds; llama.cpp vs MLX on a tiny model of each"),
     "records": ("cmd_records", "the benchmark records: check them against the schema, write their index, file a new one"),
 }
 

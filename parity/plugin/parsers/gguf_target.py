@@ -1,7 +1,7 @@
 """The ``gguf`` parser target: seeds written with gguf-py's ``GGUFWriter`` (a tiny llama model, a
-tiny qwen3 Q8_0 model, a file of one tensor per block type), a walk of their integer fields, a
-structure-preserving edit (metadata values, tensor types and shapes, tensors removed or added), and
-the consumers ``inspect``, ``load``, ``convert-f32`` and ``convert-mlx``."""
+tiny qwen3 Q8_0 model, a file of one tensor per block type, a tiny qwen2moe model with experts), a
+walk of their integer fields, a structure-preserving edit (metadata values, tensor types and shapes,
+tensors removed or added), and the consumers ``inspect``, ``load``, ``convert-f32`` and ``convert-mlx``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import random
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+
+from tqbridge.bridge.gguf_fixtures import add_tiny_vocab, variant, write_fixture
 
 from .mutation import BOUNDARY
 from .target import ParserTarget, Seed, remove_output, write_input
@@ -71,32 +73,6 @@ def _gguf_fields(data: bytes) -> tuple[list, int]:
         fields = fields[:64] + sorted(rng.sample(fields[64:], 236))
     fields += sorted(rng.sample(lengths, min(len(lengths), 48)))
     return fields, pos
-
-
-def byte_alphabet() -> list[str]:
-    """GPT-2's byte -> printable character map (a fact of the byte-level BPE format)."""
-    keep = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
-    out, extra = [], 0
-    for b in range(256):
-        if b in keep:
-            out.append(chr(b))
-        else:
-            out.append(chr(256 + extra))
-            extra += 1
-    return out
-
-
-def add_tiny_vocab(w, n: int = 300) -> None:
-    """An ``n``-token byte-level BPE vocabulary on GGUFWriter ``w``: enough for llama.cpp's loader."""
-    toks = byte_alphabet() + ["\u0120t", "<|endoftext|>"]
-    toks += [f"<x{i}>" for i in range(n - len(toks))]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(toks)
-    w.add_token_types([1] * len(toks))
-    w.add_token_merges(["\u0120 t"])
-    w.add_bos_token_id(257)
-    w.add_eos_token_id(257)
 
 
 def write_tiny_gguf_model(path: Path, arch: str = "llama", qtype=None, seed: int = 0) -> Path:
@@ -279,8 +255,8 @@ def _gguf_value(rng: random.Random) -> tuple[int, bytes, str]:
         v = rng.choice((0.0, -1.0, 1e-30, 1e30, float("nan"), float("inf"), -float("inf"), 0.5))
         return 6, struct.pack("<f", v), f"f32 {v}"
     if kind == 2:
-        t = rng.choice(("", "llama", "qwen2", "qwen3", "gemma3", "gpt2", "linear", "yarn", "none", "x" * 5000,
-                        "\u00e9", "42"))
+        t = rng.choice(("", "llama", "qwen2", "qwen3", "gemma3", "phi3", "granite", "qwen2moe", "command-r", "gpt2",
+                        "linear", "yarn", "none", "x" * 5000, "\u00e9", "42"))
         b = t.encode()
         return 8, struct.pack("<Q", len(b)) + b, f"string {t[:20]!r}"
     if kind == 3:
@@ -377,7 +353,9 @@ class GGUFTarget(ParserTarget):
 
         made = [("tiny-llama-f32", write_tiny_gguf_model(scratch / "a.gguf", "llama")),
                 ("tiny-qwen3-q8_0", write_tiny_gguf_model(scratch / "b.gguf", "qwen3", gguf.GGMLQuantizationType.Q8_0, 1)),
-                ("block-zoo", write_block_zoo_gguf(scratch / "c.gguf"))]
+                ("block-zoo", write_block_zoo_gguf(scratch / "c.gguf")),
+                ("tiny-qwen2moe-f32", write_fixture(scratch / "d.gguf", "qwen2moe", fixture=variant(
+                    "qwen2moe", n_layer=1, d=32, n_head=2, n_kv=1, head_dim=16, ff=64, ff_expert=32, ff_shared=32)))]
         out = []
         for name, p in made:
             data = p.read_bytes()
