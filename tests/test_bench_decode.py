@@ -11,9 +11,9 @@ from tqbridge.tools.cli import main
 
 
 def test_bench_decode_smoke(tmp_path, capsys):
-    out = tmp_path / "decode.json"
+    out, md = tmp_path / "decode.json", tmp_path / "decode.md"
     rc = main(["bench", "decode", "--models", "tiny", "--context", "80", "--caches", "fp16,q8_0/turbo3,q8_0/q4_0",
-               "--tokens", "5", "--rounds", "2", "--json", str(out)])
+               "--tokens", "5", "--rounds", "2", "--json", str(out), "--markdown", str(md)])
     assert rc == 0
     rec = json.loads(out.read_text())
     assert rec["command"].startswith("tqbridge bench decode --models tiny")
@@ -38,10 +38,12 @@ def test_bench_decode_smoke(tmp_path, capsys):
         assert r["tokens_per_s"] == pytest.approx(1e3 / r["ms_per_token"])
     out = capsys.readouterr().out
     assert "q8_0/turbo3" in out
-    # the table at the end: one line per cache with tokens/s, the ratio, the peak ratio and the plan column
-    table = [line for line in out.splitlines() if line.startswith("| tiny |")]
+    assert all(json.loads(line) for line in out.splitlines())   # stdout: one JSON object per row
+    # --markdown: one line per cache with tokens/s, the ratio, the peak ratio and the plan column
+    text = md.read_text()
+    table = [line for line in text.splitlines() if line.startswith("| tiny |")]
     assert len(table) == 3 and all(line.count("|") == 12 for line in table), table
-    assert "peak / (model + KV)" in out
+    assert "peak / (model + KV)" in text
 
 
 def test_decode_transient_sees_a_full_cache_copy(monkeypatch):

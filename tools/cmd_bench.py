@@ -68,6 +68,8 @@ def add_arguments(p):
                    "(docs/settings.md), an empty one for the defaults; e.g. 'chunks=1;' (growing length)")
     p.add_argument("--variant-rounds", type=int, default=2, help="attention: rounds of --variants (default 2)")
     p.add_argument("--json", default=None, help="write the results to this file")
+    p.add_argument("--markdown", default=None, help="decode: write the results as a Markdown table here (tokens/s, "
+                   "the ratio to fp16, the decode phase's peak memory, KV bytes, the plan that ran)")
 
 
 def parse_variants(spec: "str | None") -> list:
@@ -246,5 +248,8 @@ def _run_decode(args) -> int:
     results = decode_bench.run(models, contexts, caches, args.tokens, args.rounds, log=log, save=save,
                                dtype=getattr(mx, args.dtype))
     save(results)
-    print(decode_bench.to_markdown(results), end="")
+    if args.markdown:
+        from ..bridge.atomic import write_atomic
+
+        write_atomic(args.markdown, decode_bench.to_markdown(results))
     return 0
