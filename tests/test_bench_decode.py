@@ -165,3 +165,25 @@ def test_gemma_geometry_is_the_real_models_attention_shape():
     assert g["rms_norm_eps"] == pytest.approx(meta("attention.layer_norm_rms_epsilon"), rel=1e-6)
     (emb,) = [t for t in r.tensors if t.name == "token_embd.weight"]
     assert g["vocab_size"] == int(emb.shape[1])
+
+
+def test_decode_transient_is_the_growth_of_the_buffers(emulated_decode_lane, monkeypatch):
+    """On the GPU lane (its kernels on the emulator here) the decode phase's transient comes from the
+    buffers' growth: pre-filled to a whole number of growth steps, the first decode step grows every
+    layer (old and new buffers both alive); a few rows short of the boundary, decoding never grows and
+    the transient is a sliver of the KV bytes."""
+    import mlx.core as mx
+
+    from tqbridge.metal.lm import decode_bench
+
+    old = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    try:
+        model, _ = decode_bench.build_model("tiny")
+        at, short = (decode_bench.decode_group(model, ["q8_0/q4_0"], ctx, 4, 1)[0] for ctx in (512, 500))
+    finally:
+        mx.set_default_device(old)
+    for r in (at, short):
+        assert r["decode_paths"].get("decode:cpu-emulator", 0) > 0, r["decode_paths"]   # the lane decoded
+    assert at["decode_transient_bytes"] > 0.2 * at["kv_bytes"]
+    assert short["decode_transient_bytes"] < 0.05 * short["kv_bytes"]
