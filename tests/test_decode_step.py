@@ -472,3 +472,36 @@ def test_cache_report_says_which_decode_kernel_ran(emulated_decode_lane, qp, wan
     # int8-mma's variant is the emulator's plan default (CUDA's differs: INT8_MMA_DEFAULT_CHUNKS, INT8_MMA_AUTO_STAGES_CUDA)
     assert (info.get("chunks"), info.get("stages")) == ((1, 3) if qp == "int8" else (None, None))
     assert f"decode kernels: {want}" in paths_line([c])
+
+
+def test_layers_grow_in_different_decode_steps(emulated_decode_lane, cpu_device, monkeypatch):
+    """make_cache spreads the layers over the growth step (DecodeLane.grow_phase): decoding across
+    several growth steps, no decode step grows more than one layer's buffers, and every layer grows."""
+    from tqbridge.metal import kv_append
+
+    monkeypatch.setattr(TQCache, "step", 16)
+    grown = []
+    real = kv_append.relocate
+
+    def spy(kc, vc, row0, n, new_cap, after, backend):
+        if not isinstance(kc, np.ndarray):   # (on the emulator it calls itself again on numpy copies)
+            grown.append((step[0], id(kc)))
+        return real(kc, vc, row0, n, new_cap, after, backend)
+
+    monkeypatch.setattr(kv_append, "relocate", spy)
+    m = tiny_llama()
+    cache = make_cache(m, "q8_0", "q4_0")
+    n = len(cache)
+    assert n > 1 and sorted(c.grow_lead for c in cache) == [i * 16 // n for i in range(n)]
+    step = [0]
+    toks = tokens(60, seed=4)
+    with route_attention():
+        mx.eval(m(toks[:, :16], cache=cache))
+        for i in range(16, 60):
+            step[0] = i
+            mx.eval(m(toks[:, i:i + 1], cache=cache))
+    per_step = {}
+    for s, _ in grown:
+        per_step[s] = per_step.get(s, 0) + 1
+    assert len(grown) >= 2 * len(cache) and max(per_step.values()) == 1, per_step
+    assert all(c.keys.shape[2] - c.grow_lead >= c.offset for c in cache)

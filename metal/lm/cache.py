@@ -541,4 +541,7 @@ def _build(model: Any, pair_of, sliding: str, rotation: str) -> list:
             out.append(TQCache(k, v, window=c.max_size, rotation=rotation, calibration=cal))
         else:
             out.append(c)
+    ours = [c for c in out if isinstance(c, TQCache)]
+    for i, c in enumerate(ours):   # the layers grow in different decode steps (DecodeLane.grow_phase)
+        c.grow_phase = i / len(ours)
     return out

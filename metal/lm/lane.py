@@ -129,6 +129,18 @@ class DecodeLane:
         self._hot: "StepLane | None" = None          # the in-place decode step
         self._hot_attn: "AttendLane | None" = None   # the routed attention of the decode step
 
+    # Where in its growth step this layer grows, as a fraction of ``step`` (``make_cache`` spreads the
+    # layers of a model over it): a layer grows ``grow_lead`` rows before its buffers are full, so the
+    # layers of one model grow in different decode steps. A growth copies the buffers on the device and
+    # the old ones live until the step's graph completes: spread, a step holds one layer's old buffers
+    # instead of every layer's.
+    grow_phase = 0.0
+
+    @property
+    def grow_lead(self) -> int:
+        """Rows before its buffers are full at which this layer grows (0 <= lead < step)."""
+        return min(int(self.grow_phase * self.step), self.step - 1)
+
     def _write_deferred(self) -> None:
         """The deferred append on its own (something other than the routed attention reads the cache)."""
         d, self._deferred = self._deferred, None
@@ -228,7 +240,8 @@ class DecodeLane:
         prev = self.offset
         keep = self._keep_from(prev)
         cap = 0 if self.keys is None else self.keys.shape[2]
-        if (keep != self.start or prev - self.start + S > cap) and self._owned and self.keys is not None \
+        lead = self.grow_lead
+        if (keep != self.start or prev - self.start + S > cap - lead) and self._owned and self.keys is not None \
                 and self._flag is not None:
             # slide the window and/or grow on the device, ordered after the in-place appends by their
             # flag: no sync
@@ -236,19 +249,19 @@ class DecodeLane:
 
             a, n = keep - self.start, prev - keep
             self._reset_hot()
-            self.keys, self.values = relocate(self.keys, self.values, a, n, -(-(n + S) // self.step) * self.step,
-                                              self._flag, append.backend)
+            self.keys, self.values = relocate(self.keys, self.values, a, n,
+                                              -(-(n + S + lead) // self.step) * self.step, self._flag, append.backend)
             self.start = keep
         elif keep != self.start:
             self._settle()
             self._compact(prev)
         r = prev - self.start
         cap = 0 if self.keys is None else self.keys.shape[2]
-        if r + S > cap or not self._owned:
+        if r + S > cap - lead or not self._owned:
             # buffers loaded from a state (possibly views of another cache's) are copied once into
             # our own before a kernel writes into them
             self._settle()
-            self._grow(B, H, r + S, append.k_row_bytes, append.v_row_bytes, force=not self._owned)
+            self._grow(B, H, r + S + lead, append.k_row_bytes, append.v_row_bytes, force=not self._owned)
             self._owned = True   # fresh buffers; the kernel's graph edge orders it after their allocation
         flag = self._flag
         slots = append.flag_slots(B * H * S)
@@ -261,7 +274,7 @@ class DecodeLane:
         self.offset = prev + S
         self.paths["append"] += 1
         if S == 1:   # later steps of this geometry take the lane at the top of update_and_fetch
-            self._hot = StepLane(keys.shape, values.shape, keys.dtype, append, self.keys.shape[2])
+            self._hot = StepLane(keys.shape, values.shape, keys.dtype, append, self.keys.shape[2] - lead)
         if S == 1 and _routing_active():
             # the routing sends this step to the fused kernel, which reads the buffers: no K/V rows
             # to build (attend fetches them itself if it has to fall back)
