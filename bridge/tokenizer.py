@@ -321,8 +321,9 @@ def hf_tokenizer_files(gguf_path: "str | os.PathLike[str]", sample: str,
     """``tokenizer.json`` and ``tokenizer_config.json`` contents reproducing the GGUF's tokenizer:
     byte-level BPE (``tokenizer.ggml.model`` "gpt2", SmolLM2's) or SentencePiece (``"llama"``, Gemma 3's).
 
-    Before anything is returned the rebuilt tokenizer's ids are compared with llama.cpp's
-    (:func:`_check_ids`) on ``sample`` and on :data:`EDGE_TEXT` (and the empty text). Raises
+    Before anything is returned the vocabulary read from the file must be llama.cpp's (every token's
+    text and, for SentencePiece, score), and the rebuilt tokenizer's ids must be llama.cpp's
+    (:func:`_check_ids`) on ``sample``, on :data:`EDGE_TEXT` and on the empty text. Raises
     :class:`TokenizerExportError` for vocabularies we do not rebuild, or at the first difference.
     ``metadata``: the file's metadata where the caller has read it already (``read_gguf``'s): a
     tokenizer kind we do not rebuild is then refused before the vocabulary is read.
