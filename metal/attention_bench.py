@@ -266,10 +266,8 @@ def _padded(mx, fmt, x):
     64 values: 128); the attention reads q and writes outputs of D values either way."""
     from ..bridge.padding import padded_dim
 
-    p = padded_dim(fmt, x.shape[-1])
-    if p == x.shape[-1]:
-        return x
-    return mx.concatenate([x, mx.zeros((*x.shape[:-1], p - x.shape[-1]), x.dtype)], axis=-1)
+    extra = padded_dim(fmt, x.shape[-1]) - x.shape[-1]
+    return mx.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)]) if extra else x
 
 
 def _chained(launch, q0, kb, vb, layers: int):
