@@ -51,6 +51,45 @@ def add_tiny_vocab(w, n: int = 300) -> None:
     w.add_eos_token_id(257)
 
 
+# A tiny SentencePiece vocabulary in the layout of Gemma 3's: special tokens (unknown, control,
+# user-defined: types 2, 3, 4), the 256 byte tokens (type 6, score 0), merged pieces best first (each
+# two earlier ones joined, as SentencePiece's BPE training makes them; "ab" outranks "bc", so "abc" is
+# [ab, c]), single characters, then unused tokens (type 5).
+SPM_SPECIAL = [("<unk>", 2), ("<s>", 3), ("</s>", 3), ("<start_of_turn>", 3), ("<b>", 4), ("\n", 4), ("  ", 4)]
+SPM_PIECES = ["ab", "bc", "ll", "he", "llo", "hello", "\u2581hello", "or", "ld", "\u2581w", "\u2581wor",
+              "\u2581world", "\u2581t", "\u2581the", "at", "\u2581c", "\u2581cat", "\u2581s", "\u2581sat"]
+SPM_CHARS = list("abcdehlnorstw,.") + ["\u2581"]
+
+
+def add_tiny_spm_vocab(w, n: int = 300, add_space_prefix: bool = False, add_eos: bool = False,
+                       extra=()) -> None:
+    """An ``n``-token SentencePiece vocabulary (tokenizer.ggml.model "llama") on GGUFWriter ``w``:
+    :data:`SPM_SPECIAL`, the byte tokens, :data:`SPM_PIECES` (scores -1, -2, ...), :data:`SPM_CHARS`
+    (-100, -101, ...), ``extra`` (text, token type) pairs, then ``<unusedN>`` tokens; BOS added."""
+    toks = [t for t, _ in SPM_SPECIAL] + [f"<0x{b:02X}>" for b in range(256)] + SPM_PIECES + SPM_CHARS
+    types = [ty for _, ty in SPM_SPECIAL] + [6] * 256 + [1] * (len(SPM_PIECES) + len(SPM_CHARS))
+    scores = [-1000.0] * len(SPM_SPECIAL) + [0.0] * 256 + [-1.0 - i for i in range(len(SPM_PIECES))] \
+        + [-100.0 - i for i in range(len(SPM_CHARS))]
+    toks += [t for t, _ in extra]
+    types += [ty for _, ty in extra]
+    scores += [-1000.0] * len(extra)
+    pad = n - len(toks)
+    toks += [f"<unused{i}>" for i in range(pad)]
+    types += [5] * pad
+    scores += [-1000.0] * pad
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(add_eos)
+    w.add_add_space_prefix(add_space_prefix)
+
+
 @dataclass(frozen=True)
 class Fixture:
     """How one architecture's tiny model looks in GGUF (llama.cpp's names and keys).

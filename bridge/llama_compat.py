@@ -69,6 +69,8 @@ PY_NAMES = ("Llama", "llama_state_seq_get_size", "llama_state_seq_get_data", "ll
             "llama_model_default_params", "llama_model_load_from_file", "llama_model_free",
             "llama_context_default_params", "llama_init_from_model", "llama_free", "llama_batch_get_one",
             "llama_decode", "llama_get_logits_ith", "llama_model_get_vocab", "llama_vocab_n_tokens",
+            # bridge/tokenizer.py: llama.cpp's view of each token (the tokenizer export)
+            "llama_vocab_get_text", "llama_vocab_get_score", "llama_vocab_get_attr",
             "ggml_backend_sched_eval_callback", "LLAMA_FLASH_ATTN_TYPE_ENABLED", "_logger.set_verbose")
 # fields of llama_context_params that llama_capture sets
 CONTEXT_PARAM_FIELDS = ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch", "flash_attn_type",

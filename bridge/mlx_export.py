@@ -16,7 +16,7 @@ from .evaluation_text import evaluation_text
 from .gguf_mlx_quant import quantized_weights
 from .gguf_model import GGUFModelError, mlx_weights, model_config, read_gguf
 from .mlx_blas import prefer_fast_blas
-from .tokenizer import TokenizerExportError, hf_tokenizer_files
+from .tokenizer import EDGE_TEXT, TokenizerExportError, hf_tokenizer_files
 
 
 def write_mlx_dir(src: "str | os.PathLike[str]", out_dir: "str | os.PathLike[str]", *,
@@ -28,10 +28,11 @@ def write_mlx_dir(src: "str | os.PathLike[str]", out_dir: "str | os.PathLike[str
     float32 (:mod:`tqbridge.bridge.gguf_mlx_quant`; config.json gets mlx-lm's per-layer
     ``quantization`` and, under ``tqbridge.placed``, where each tensor went and why).
 
-    Byte-level BPE tokenizers (SmolLM2's kind) are also written as Hugging Face tokenizer files,
-    after checking their ids against llama.cpp's on a sample text; then ``mlx_lm.load(out_dir)``
-    works. Otherwise (``tokenizer_note`` in config.json says why) load the weights with
-    ``mlx_lm.utils.load_model`` and take ids from :class:`tqbridge.bridge.tokenizer.GGUFTokenizer`.
+    Byte-level BPE (SmolLM2's) and SentencePiece (Gemma 3's) tokenizers are also written as Hugging
+    Face tokenizer files, after checking their ids against llama.cpp's on the first 20,000 characters
+    of the evaluation text and on edge cases; then ``mlx_lm.load(out_dir)`` works. Otherwise
+    (``tokenizer_note`` in config.json says why) load the weights with ``mlx_lm.utils.load_model`` and
+    take ids from :class:`tqbridge.bridge.tokenizer.GGUFTokenizer`.
     The directory appears atomically (built beside it, then renamed); an existing one is refused.
     """
     import json
@@ -58,7 +59,10 @@ def write_mlx_dir(src: "str | os.PathLike[str]", out_dir: "str | os.PathLike[str
     try:
         sample = evaluation_text()[0][:20000]
         tok_files = hf_tokenizer_files(src, sample, metadata=c.metadata)
-        note = "tokenizer.json rebuilt from the GGUF; ids checked against llama.cpp on 20,000 characters"
+        kind = {"llama": "SentencePiece BPE"}.get(c.metadata.get("tokenizer.ggml.model"), "byte-level BPE")
+        note = (f"tokenizer.json rebuilt from the GGUF ({kind}); ids checked against llama.cpp on "
+                f"{len(sample):,} characters of the evaluation text and {len(EDGE_TEXT):,} of edge cases, "
+                "special-token text parsed and as plain text")
     except TokenizerExportError as e:
         tok_files, note = {}, f"no tokenizer files: {e}"
     for key in ("bos_token_id", "eos_token_id"):

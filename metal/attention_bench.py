@@ -135,8 +135,8 @@ def _attention_context(mx, bench, ctx, kf, vf, backend, configs, regimes, measur
     mx.random.seed(ctx)
     kx = mx.random.normal((b, hkv, ctx, d)).astype(mx.float16)
     vx = mx.random.normal((b, hkv, ctx, d)).astype(mx.float16)
-    kb0 = mlx_quantize(kf, kx.astype(mx.float32))
-    vb0 = mlx_quantize(vf, vx.astype(mx.float32))
+    kb0 = mlx_quantize(kf, _padded(mx, kf, kx.astype(mx.float32)))
+    vb0 = mlx_quantize(vf, _padded(mx, vf, vx.astype(mx.float32)))
     kq0 = mx.quantize(kx, group_size=64, bits=8)
     vq0 = mx.quantize(vx, group_size=64, bits=4)
     kq40 = mx.quantize(kx, group_size=64, bits=4)
@@ -259,6 +259,15 @@ def _attention_context(mx, bench, ctx, kf, vf, backend, configs, regimes, measur
     for prefix in ([""] if "fixed" in regimes else []) + (["growing_"] if "growing" in regimes else []):
         _speedups(row, prefix, copy, kernel_bytes)
     return row
+
+
+def _padded(mx, fmt, x):
+    """Rows ``x`` (..., D) zero-padded to whole blocks of ``fmt``, as TQCache stores them (turbo rows of
+    64 values: 128); the attention reads q and writes outputs of D values either way."""
+    from ..bridge.padding import padded_dim
+
+    extra = padded_dim(fmt, x.shape[-1]) - x.shape[-1]
+    return mx.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)]) if extra else x
 
 
 def _chained(launch, q0, kb, vb, layers: int):

@@ -69,7 +69,7 @@ def test_a_wrong_kernel_is_flagged_and_never_the_best(tmp_path, monkeypatch, cap
     (["--context", "4k"], "--context"),
     (["--kernel", "v9"], "--kernel"),
     (["--k-format", "q9_9"], "q9_9"),
-    (["--head-dim", "64"], "block size 128"),    # turbo3 V: 128-value groups
+    (["--head-dim", "0"], "positive integer"),
 ])
 def test_bad_arguments_are_refused_in_one_line(argv, says, capsys):
     assert main(SMALL + argv) == 2
@@ -159,3 +159,17 @@ def test_an_int8_mma_plan_reports_its_variant(tmp_path):
     (row,) = json.loads(out.read_text())["contexts"]
     plan = row["fused_plan"]
     assert plan["kernel"] == "int8-mma" and (plan["chunks"], plan["stages"], plan["dyn_smem"]) == (1, 3, 0)
+
+
+def test_head_dim_64_turbo_rows_are_padded_as_the_cache_stores_them(tmp_path):
+    """turbo3 V at head dim 64: rows zero-padded to one 128-value block, as TQCache stores them; the
+    kernel checks against the reference on those rows and the bytes read count the padded rows."""
+    from tqbridge.bridge import get_format
+
+    out = tmp_path / "bench.json"
+    argv = [a if a != "128" else "64" for a in SMALL]
+    assert main(argv + ["--kernel", "auto", "--regime", "growing", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["contexts"]
+    assert not row.get("cache_path_wrong") and not row.get("fused_wrong")
+    k_row, v_row = get_format("q8_0").row_bytes(64), get_format("turbo3").row_bytes(128)
+    assert row["kernel_bytes"] == 2 * 96 * (k_row + v_row)   # kv heads x context x padded row bytes

@@ -228,3 +228,26 @@ def test_calibrated_lane_with_the_append_in_the_attention_call_is_bit_identical(
     assert all(s is not None for s in calls)   # every fused call scaled q
     assert np.array_equal(runs[True][0], runs[False][0])
     assert all(np.array_equal(a, b) for a, b in zip(runs[True][1], runs[False][1]))
+
+
+def _registry_pairs():
+    from tqbridge.bridge.registry import names
+
+    fmts = names(lambda f: True)
+    return sorted({(k, "q4_0") for k in fmts} | {("q8_0", v) for v in fmts})
+
+
+@pytest.mark.parametrize("kf,vf", _registry_pairs())
+def test_every_registry_format_takes_the_lane_or_says_why(emulated_decode_lane, kf, vf, cpu_device):
+    """Every format the registry lists, as K (with q4_0 V) and as V (with q8_0 K): a few decode steps
+    on the lane (its kernels on the emulator) append in place and decode through the prepared fused
+    attention; where either does not, cache_report says why (issue 36: no pair off the lane silently)."""
+    m, toks = tiny_llama(head_dim=64), tokens(9, seed=2)
+    cache = make_cache(m, kf, vf)
+    forced_decode(m, toks, cache)
+    rep = cache_report(cache)
+    for layer in rep["layers"]:
+        on_lane = layer["codecs"].get("k_append") == "kv-append:cpu-emulator"
+        assert on_lane or layer["codecs"].get("append_note"), layer
+        assert layer["decode_kernel"] is not None or layer["decode_fallback"], layer
+    assert rep["paths"].get("decode:cpu-emulator", 0) > 0 or any(l["decode_fallback"] for l in rep["layers"])

@@ -248,26 +248,44 @@ def test_smollm2_quantized_directory(tmp_path):
 def test_gemma3_quantized_directory(tmp_path):
     """The issue's target: Gemma 3 270M Q4_K_M -> a quantized MLX directory at most 1.5x the GGUF,
     which mlx-lm's loader builds with quantized layers, whose MLX blocks all dequantize to gguf-py's
-    values (Q8_0, Q5_0, Q4_K); Q6_K stays float32."""
-    from mlx_lm.utils import load_model
+    values (Q8_0, Q5_0, Q4_K); Q6_K stays float32. mlx_lm.load takes it, tokenizer included: its ids
+    are llama.cpp's (text the export did not check, a chat turn), and greedy generation through mlx-lm
+    gives the tokens tqbridge's own path gives (the GGUF model, llama.cpp's tokenizer)."""
+    import mlx_lm
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import make_prompt_cache
 
+    from tqbridge.bridge.evaluation_text import evaluation_text
+    from tqbridge.bridge.gguf_model import load_gguf_model
     from tqbridge.bridge.mlx_export import write_mlx_dir
+    from tqbridge.bridge.tokenizer import ChatTokenizer
+    from tqbridge.tools.cmd_generate import generate_tokens
 
     src = _model(gemma3_path)
     out = write_mlx_dir(src, tmp_path / "gemma3-q", quantize=True)
-    size = sum(f.stat().st_size for f in out.iterdir())
+    size = sum(f.stat().st_size for f in out.iterdir())   # tokenizer.json included (12 MB)
     assert size <= 1.5 * src.stat().st_size, (size, src.stat().st_size)
     counts = _check_directory(src, out, "gemma3")
     assert counts == {"Q8_0": 10, "Q5_0": 81, "Q4_K": 27}
     cfg = json.loads((out / "config.json").read_text())
     assert set(cfg["tqbridge"]["why_float32"]) == {"F32", "Q6_K"}
-    # the tokenizer is SentencePiece, which tqbridge does not export: load the model half of mlx_lm.load
-    model, _ = load_model(out)
+    assert cfg["tqbridge"]["tokenizer_note"].startswith("tokenizer.json rebuilt from the GGUF (SentencePiece BPE)")
+    model, tok = mlx_lm.load(str(out))
     assert type(model.model.layers[0].self_attn.o_proj).__name__ == "QuantizedLinear"
     assert type(model.model.layers[0].mlp.down_proj).__name__ == "Linear"      # Q6_K: float32
     assert type(model.model.embed_tokens).__name__ == "QuantizedEmbedding"      # tied: the output head too
-    logits = model(mx.array([[2, 818, 5279, 529, 7001, 563]]))
-    assert logits.shape == (1, 6, cfg["vocab_size"]) and bool(mx.isfinite(logits).all())
+    ref = ChatTokenizer(src)   # what `tqbridge generate` encodes with: llama.cpp, special text parsed
+    held_out = evaluation_text()[0][20000:60000]
+    prompt = "<start_of_turn>user\nWhat does the assert statement do?<end_of_turn>\n<start_of_turn>model\n"
+    assert tok.encode(held_out) == ref.encode(held_out)
+    ids = tok.encode(prompt)
+    assert ids == ref.encode(prompt) and ids[:2] == [2, 105]   # <bos> <start_of_turn>
+    n = 8
+    theirs = [int(t) for t, _ in zip((y for y, _ in generate_step(mx.array(ids), model, max_tokens=n)), range(n))]
+    own, _ = load_gguf_model(src)
+    ours = list(generate_tokens(own, ids, make_prompt_cache(own), n))
+    print(f"gemma3 greedy: mlx_lm.load {theirs}, tqbridge {ours}: {tok.decode(ours)!r}")
+    assert theirs == ours
 
 
 # ---- a synthetic model: every affine type, a float-only type, and a block no triplet reproduces -----

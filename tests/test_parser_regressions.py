@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tqbridge.parity.plugin.parsers.gguf_target import _gguf_parse, _gguf_write, write_tiny_gguf_model
+from tqbridge.parity.plugin.parsers.gguf_target import (
+    _gguf_parse, _gguf_write, add_tiny_spm_vocab, write_tiny_gguf_model,
+)
 from tqbridge.parity.plugin.parsers.outcome import check_input
 
 gguf = pytest.importorskip("gguf")
@@ -124,6 +126,27 @@ def test_duplicate_tokens_are_refused_before_llama_cpp_aborts(tiny, tmp_path, du
     assert r.returncode == 0 and r.stdout.startswith("refused"), (r.returncode, r.stderr[-500:])
     out = write_mlx_dir(path, tmp_path / "mlx")
     assert "appears twice" in (out / "config.json").read_text()
+    _clean("gguf", path.read_bytes())
+
+
+def test_sentencepiece_vocabulary_without_a_byte_token_is_refused(tmp_path):
+    """llama.cpp's SentencePiece tokenizer throws an uncaught std::out_of_range (SIGABRT) on a character
+    that is no token and has no byte token <0xXX> (llama_vocab::byte_to_token). Once SentencePiece
+    vocabularies were exported, `convert --to mlx` of such a file (the fuzz target's tiny-llama-spm
+    seed, one byte token's text changed) died with signal 6 checking the ids. Now check_vocabulary
+    refuses it before llama.cpp tokenizes anything, and the directory says why."""
+    from tqbridge.bridge.tokenizer import VocabularyError, check_vocabulary
+
+    spm = write_tiny_gguf_model(tmp_path / "spm.gguf", vocab=add_tiny_spm_vocab).read_bytes()
+    assert spm.count(b"<0x22>") == 1
+    path = _write(tmp_path, spm.replace(b"<0x22>", b"<0y22>"))   # '"' is no token of this vocabulary
+    with pytest.raises(VocabularyError, match="no token <0x22> for byte 0x22"):
+        check_vocabulary(path)
+    code = ("import sys\nfrom tqbridge.bridge.mlx_export import write_mlx_dir\n"
+            "print((write_mlx_dir(sys.argv[1], sys.argv[2]) / 'config.json').read_text())\n")
+    r = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "mlx")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and "no token <0x22>" in r.stdout, (r.returncode, r.stderr[-500:])
     _clean("gguf", path.read_bytes())
 
 

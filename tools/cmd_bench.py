@@ -143,6 +143,7 @@ def _run_attention(args) -> int:
     except ImportError as e:
         raise CliError(f"needs mlx and mlx-lm: {e}")
     from ..bridge import FormatError, get_format
+    from ..bridge.padding import padded_dim
     from ..metal.attention_bench import AttentionBench, run_attention_bench
     from ..metal.attention_problem import KERNELS
     from ..metal.backend import pick_backend
@@ -164,8 +165,9 @@ def _run_attention(args) -> int:
                        "regime times a new length every evaluation below it")
     try:
         kf, vf = get_format(args.k_format), get_format(args.v_format)
-        kf.check_length(args.head_dim)
-        vf.check_length(args.head_dim)
+        # rows are zero-padded to whole blocks as TQCache stores them (turbo at head dim 64: 128 values)
+        kf.check_length(padded_dim(kf, args.head_dim))
+        vf.check_length(padded_dim(vf, args.head_dim))
     except FormatError as e:
         raise CliError(f"--k-format / --v-format / --head-dim: {e}") from None
     backend = pick_backend(args.backend)

@@ -67,6 +67,11 @@ def run(args) -> int:
         raise CliError(str(e)) from e
     kind = args.to if args.to != "mlx" else ("mlx, float32" if args.dequantize else "mlx, quantized where exact")
     print(f"wrote {out} ({kind}) from {src.name} in {time.perf_counter() - t0:.1f} s")
+    if args.to == "mlx":
+        import json
+
+        note = json.loads((out / "config.json").read_text()).get("tqbridge", {}).get("tokenizer_note")
+        print(f"  tokenizer: {note}")   # the tokenizer files written, or why there are none
     if args.to == "mlx" and not args.dequantize:
         _print_placed(out)
     return 0

@@ -196,15 +196,12 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
     def query_for_blocks(self, q: mx.array) -> mx.array:
         """``q`` (B, Hq, ..., D) such that ``q'.row = q.k - q.mu`` for the stored key rows."""
         rotated = self.calibration.basis == "rotated"
-        if self.k_scale is None:
+        s = self.query_scale(q)
+        if s is None:
             return hadamard_rotate(q, self.k_rot)
-        s = self.k_scale
-        if q.shape[1] != s.shape[0]:
-            s = mx.repeat(s, q.shape[1] // s.shape[0], axis=0)   # grouped-query heads share a KV head
-        s = s.reshape(1, q.shape[1], *([1] * (q.ndim - 3)), s.shape[-1])
         if rotated:
             return (hadamard_rotate(q, self.k_rot).astype(mx.float32) * s).astype(q.dtype)
-        return hadamard_rotate((q.astype(mx.float32) * s).astype(q.dtype), self.k_rot)
+        return hadamard_rotate(self.lane_query(q), self.k_rot)
 
     # ------------------------------------------------------------ appends, the pending calibration, reads
     def update_and_fetch(self, keys: mx.array, values: mx.array):

@@ -10,18 +10,13 @@ from typing import Callable
 import mlx.core as mx
 
 from tqbridge.bridge import get_format
+from tqbridge.bridge.padding import padded_dim
 
 __all__ = ["padded_dim", "rotation_group"]
 
 # Formats stored directly as MLX float bytes (byte-identical to the numpy reference: IEEE
 # round-to-nearest-even casts, as ggml's F16/F32 rows).
 _FLOAT_VIEW = {"f16": mx.float16, "f32": mx.float32}
-
-
-def padded_dim(fmt, dim: int) -> int:
-    """``dim`` rounded up to a multiple of the format's block size (zero padding)."""
-    bs = get_format(fmt).block_size
-    return -(-int(dim) // bs) * bs
 
 
 def _gpu_backend() -> "str | None":

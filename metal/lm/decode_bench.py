@@ -388,6 +388,6 @@ def to_markdown(results: dict) -> str:
             continue
         lines.append(f"| {r['model']} | {_context(r['context'])} | {r['cache']} | {r['tokens_per_s']:.1f} | "
                      f"{r.get('speedup_vs_fp16', 1.0):.2f}× | {r['decode_peak_over_kv_and_model']:.3f} | "
-                     f"{r['kv_bytes'] / 2**20:.0f} | {plan_label(r)} | {r['kv_path_kernels_per_layer']} | "
+                     f"{r['kv_bytes'] / 2**20:.3g} | {plan_label(r)} | {r['kv_path_kernels_per_layer']} | "
                      f"{r['kv_path_host_syncs_per_step']:g} | {r['kv_path_python_us_per_layer']:.0f} |")
     return "\n".join(lines) + "\n"

@@ -11,7 +11,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqbridge.bridge.gguf_fixtures import add_tiny_vocab, variant, write_fixture
+from tqbridge.bridge.gguf_fixtures import add_tiny_spm_vocab, add_tiny_vocab, variant, write_fixture
 
 from .mutation import BOUNDARY
 from .target import ParserTarget, Seed, remove_output, write_input
@@ -75,15 +75,16 @@ def _gguf_fields(data: bytes) -> tuple[list, int]:
     return fields, pos
 
 
-def write_tiny_gguf_model(path: Path, arch: str = "llama", qtype=None, seed: int = 0) -> Path:
-    """A tiny random model GGUF (1 layer, width 32) that tqbridge and llama.cpp both load."""
+def write_tiny_gguf_model(path: Path, arch: str = "llama", qtype=None, seed: int = 0, vocab=None) -> Path:
+    """A tiny random model GGUF (1 layer, width 32) that tqbridge and llama.cpp both load. ``vocab(w, n)``
+    writes its ``n``-token vocabulary on the GGUFWriter (default :func:`add_tiny_vocab`)."""
     import gguf
     import numpy as np
 
     rng = np.random.default_rng(seed)
     d, n_head, n_kv, hd, ff, n_vocab = 32, 2, 1, 16, 64, 300
     w = gguf.GGUFWriter(str(path), arch)
-    add_tiny_vocab(w)
+    (vocab or add_tiny_vocab)(w, n_vocab)
     w.add_context_length(256)
     w.add_embedding_length(d)
     w.add_block_count(1)
@@ -355,7 +356,9 @@ class GGUFTarget(ParserTarget):
                 ("tiny-qwen3-q8_0", write_tiny_gguf_model(scratch / "b.gguf", "qwen3", gguf.GGMLQuantizationType.Q8_0, 1)),
                 ("block-zoo", write_block_zoo_gguf(scratch / "c.gguf")),
                 ("tiny-qwen2moe-f32", write_fixture(scratch / "d.gguf", "qwen2moe", fixture=variant(
-                    "qwen2moe", n_layer=1, d=32, n_head=2, n_kv=1, head_dim=16, ff=64, ff_expert=32, ff_shared=32)))]
+                    "qwen2moe", n_layer=1, d=32, n_head=2, n_kv=1, head_dim=16, ff=64, ff_expert=32, ff_shared=32))),
+                # the SentencePiece tokenizer export (convert-mlx) and llama.cpp's SentencePiece loader
+                ("tiny-llama-spm", write_tiny_gguf_model(scratch / "e.gguf", "llama", vocab=add_tiny_spm_vocab))]
         out = []
         for name, p in made:
             data = p.read_bytes()
