@@ -30,6 +30,10 @@ MAX_DP = 256                 # widest stored row (values) the kernel holds in th
 # 8 bytes, which MLX's CUDA allocator serves from unified memory the GPU reads through a mapping
 # (attention_launch.MIN_CONST_BYTES); one KV head, one row per step gives 2R = 2
 FLAG_MIN = 4
+# device parameter tables kept per append (one per buffer geometry): the layers of a model grow in
+# different decode steps (DecodeLane.grow_phase), so two capacities are in use at once; rebuilding a
+# table each time the layer order alternates between them cost 50+ us of host time per layer (H200)
+PARAM_TABLES = 4
 _SRC = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
@@ -195,7 +199,8 @@ class KVAppend:
             tkey = (R, S, cap, H, n_in)
             tbl = self._ptable.get(tkey)
             if tbl is None:
-                self._ptable.clear()   # the buffers grew: the old geometry's table is not needed again
+                if len(self._ptable) >= PARAM_TABLES:   # the oldest geometry's table: its buffers grew
+                    del self._ptable[next(iter(self._ptable))]
                 tbl = self._ptable[tkey] = param_table([R, S, cap], cap + 1, 1, np.uint32, after=[H, n_in])
             if len(self._prow) > 64:
                 self._prow.clear()

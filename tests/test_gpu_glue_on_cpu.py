@@ -223,3 +223,35 @@ def test_device_consts_leave_no_small_host_buffer(fake_cuda, monkeypatch):
     assert got["0"]["fp1"].nbytes == 8 and got["0"]["no_dep"].nbytes == 4   # what the switch exists for
     assert got["1"]["p1_fp_dep"] == ((4,), (4,)) and got["0"]["p1_fp_dep"] == ((2,), (1,))
     kv_append.prepared.cache_clear()
+
+
+def test_append_tables_survive_layers_of_two_capacities(fake_cuda, monkeypatch):
+    """The layers of a model grow in different decode steps (DecodeLane.grow_phase), so a step's layers
+    write buffers of two capacities in turn. The append's device parameter tables are kept per geometry:
+    alternating between the two builds each table once (a single-table cache rebuilt one per layer and
+    step: 50+ us of host time per layer on the H200), and every row still equals the host-made one."""
+    from tqbridge.metal.decode_options import DecodeOptions
+
+    d = 128
+    kv_append.prepared.cache_clear()
+    app = kv_append.prepared("q8_0", "turbo3", d, d, d, d, rotation_group("q8_0", d, "k"),
+                             rotation_group("turbo3", d, "v"), "float16", "cuda", DecodeOptions(device_params=True))
+    built = []
+    real = kv_append.param_table
+
+    def spy(*a, **k):
+        built.append(a[1])
+        return real(*a, **k)
+
+    monkeypatch.setattr(kv_append, "param_table", spy)
+    for pos in range(200, 260):
+        for cap in (256, 512):
+            args = (2, 1, cap, pos, 2, 4)
+            row = app._device_row(*args)
+            if pos % 16 == 0:
+                assert np.array_equal(np.array(row), np.array(kv_append._params(*args))), args
+    assert sorted(built) == [257, 513], built
+    for cap in (768, 1024, 1280, 1536):   # the buffers keep growing: old geometries leave, a few are kept
+        app._device_row(2, 1, cap, 300, 2, 4)
+    assert len(app._ptable) <= kv_append.PARAM_TABLES
+    kv_append.prepared.cache_clear()
