@@ -187,3 +187,34 @@ def test_decode_transient_is_the_growth_of_the_buffers(emulated_decode_lane, mon
         assert r["decode_paths"].get("decode:cpu-emulator", 0) > 0, r["decode_paths"]   # the lane decoded
     assert at["decode_transient_bytes"] > 0.2 * at["kv_bytes"]
     assert short["decode_transient_bytes"] < 0.05 * short["kv_bytes"]
+
+
+def test_host_time_per_layer_leaves_out_a_growth_step(monkeypatch):
+    """A layer's host time is its median step: among the timed steps, one in which the layer grows its
+    buffers (and, at a capacity no layer has had, builds that geometry's launches: milliseconds) does not
+    move the figure, so layers whose growth falls inside the timed steps (it depends on the context and on
+    their grow_phase) compare with those whose growth does not. A clock that advances 10 us per step and
+    5 ms in the step that grows."""
+    import types
+
+    import mlx.core as mx
+
+    from tqbridge.metal.lm import decode_bench
+
+    clock = [0.0]
+
+    class Growing:   # a cache whose 10th timed step grows (2 warm-up steps and the counted one first)
+        steps = 0
+
+        def update_and_fetch(self, keys, values):
+            self.steps += 1
+            clock[0] += 5e-3 if self.steps == 13 else 1e-5
+            return keys, values
+
+    monkeypatch.setattr(decode_bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    attn = types.SimpleNamespace(n_heads=4, n_kv_heads=2, head_dim=64)
+    model = types.SimpleNamespace(layers=[types.SimpleNamespace(self_attn=attn)])
+    c = Growing()
+    got = decode_bench.layer_step_profile([c], model, steps=64, dtype=mx.float32)
+    assert c.steps == 3 + 64
+    assert got["kv_path_python_us_per_layer"] == pytest.approx(10.0)

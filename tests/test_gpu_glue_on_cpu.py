@@ -255,3 +255,77 @@ def test_append_tables_survive_layers_of_two_capacities(fake_cuda, monkeypatch):
         app._device_row(2, 1, cap, 300, 2, 4)
     assert len(app._ptable) <= kv_append.PARAM_TABLES
     kv_append.prepared.cache_clear()
+
+
+def test_spread_layers_build_each_capacity_once(fake_cuda, monkeypatch):
+    """CUDA's decode lane (compiled launches, device params and consts, the append deferred into the
+    attention's call) with the layers' growth spread (DecodeLane.grow_phase, as make_cache sets it): two
+    capacities are in use at once and the layers of a step alternate between them. Each capacity's
+    DecodeLaunch, parameter tables (the attention's lengths, the append's row positions) and traced
+    launches are made once, whichever layer reaches it first; a step adds one row view per capacity in use
+    to each table."""
+    from mlx_lm.models import base
+
+    from tqbridge.metal import selfcheck
+    from tqbridge.metal.lm import codecs, lane, routing
+    from tqbridge.metal.lm.cache import TQCache
+    from tqbridge.metal.lm.routing import route_attention
+
+    for mod in (codecs, lane):
+        monkeypatch.setattr(mod, "_gpu_backend", lambda: "cuda")
+    monkeypatch.setattr(routing, "_decode_backend", lambda mode: "auto")
+    monkeypatch.setattr(selfcheck, "check_decode_lane", lambda *a, **k: None)   # the fake kernels write nothing
+    monkeypatch.setattr(TQCache, "step", 16)
+    kv_append.prepared.cache_clear()
+    counts = {"append table": 0, "attention table": 0, "append row": 0, "attention row": 0}
+
+    def counted(mod, name, what):
+        real = getattr(mod, name)
+
+        def spy(*a, **k):
+            counts[what] += 1
+            return real(*a, **k)
+        monkeypatch.setattr(mod, name, spy)
+
+    counted(kv_append, "param_table", "append table")
+    counted(attention_launch, "param_table", "attention table")
+    counted(kv_append, "table_row", "append row")
+    counted(attention_launch, "table_row", "attention row")
+
+    n, hkv, d = 4, 2, 64
+    caches = [TQCache("q8_0", "turbo3") for _ in range(n)]
+    for i, c in enumerate(caches):
+        c.grow_phase = i / n
+    rng = np.random.default_rng(3)
+
+    def rows(s):
+        return mx.array(rng.standard_normal((1, hkv, s, d)).astype(np.float16))
+
+    for c in caches:
+        c.update_and_fetch(rows(16), rows(16))
+    q, k, v = mx.array(rng.standard_normal((1, 4, 1, d)).astype(np.float16)), rows(1), rows(1)
+    counts.update(dict.fromkeys(counts, 0))
+    CALLS.clear()
+    seen, per_step = set(), []
+    with route_attention():
+        for _ in range(48):
+            before = dict(counts)
+            outs = []
+            for c in caches:
+                kk, vv = c.update_and_fetch(k, v)
+                outs.append(base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=d ** -0.5, mask=None))
+            mx.eval(outs + [c._flag for c in caches])
+            caps = {c.keys.shape[2] for c in caches}
+            seen |= caps
+            per_step.append((len(caps), {w: counts[w] - before[w] for w in ("append row", "attention row")}))
+    assert all(c.paths["decode:cuda"] == 48 for c in caches)
+    assert len(seen) >= 3 and max(m for m, _ in per_step) == 2, (seen, per_step)   # two capacities at once
+    assert attention_launch.decode_launch.cache_info().misses == len(seen)
+    assert counts["append table"] == counts["attention table"] == len(seen), (counts, seen)
+    # traced once per capacity (compiled launches run their Python, and so the recorder, at the trace only):
+    # the append alone and the attention alone (the growth step), then the two in one call (later steps)
+    names = [name for name, *_ in CALLS]
+    appends, attention = (sum(x.startswith(p) for x in names) for p in ("tq_kv_append", "tq_attention"))
+    assert appends == 2 * len(seen) and attention == 2 * 2 * len(seen), names   # attention: pass 1 and combine
+    assert all(got == {"append row": m, "attention row": m} for m, got in per_step), per_step
+    kv_append.prepared.cache_clear()
