@@ -30,8 +30,8 @@ from .attention_formats import _fmt_params
 from .attention_problem import AttentionError, Problem, kernel_name, renamed_kernel
 from .decode_options import (DEFAULT_OPTIONS, DEFAULT_Q_PRECISION, FILL_PER_UNIT_TILES, GROUPS_PER_UNIT_INT8_MMA,
                              GROUPS_PER_UNIT_INT8_MMA_LONG, GROUPS_PER_UNIT_LANES, GROUPS_PER_UNIT_TILES,
-                             INT8_DEFAULT_MAX_V_BITS, INT8_MMA_CHUNKS, INT8_MMA_LONG_SPLIT_KEYS, DecodeOptions,
-                             compute_units, resident_groups)
+                             INT8_DEFAULT_MAX_V_BITS, INT8_MMA_CHUNKS, INT8_MMA_DEFAULT_CHUNKS, INT8_MMA_LONG_SPLIT_KEYS,
+                             DecodeOptions, compute_units, resident_groups)
 
 MAX_PARTIALS = 1024          # pass 2 keeps one weight per partial in threadgroup memory
 COMBINE_THREADS = 256        # >= the largest row (256 values), a power of 2
@@ -56,6 +56,11 @@ DSMEM_MIN = 48016            # dynamic requests start here: MLX raises CUDA's li
 # of 2 SIMD groups per SM) measured faster than 3 (38 KB, 5) at every length on the H200
 INT8_MMA_AUTO_STAGES_CUDA = 2
 INT8_MMA_MIN_SPLIT_KEYS = 128        # int8-mma on a GPU: at least this many keys per split
+# CUDA's automatic plan for rows of more than 128 values (head dim 256), where static memory holds only 32-key
+# tiles (one SIMD group of two chunks): 64-key tiles in dynamic memory, 4 SIMD groups of one chunk, the deepest
+# ring that fits (3 tiles, 71 KB). H200, q8_0/turbo3, 16/8 heads, pass 1 at 4K / 32K / 128K: 16.5 / 41.5 / 109.8 us
+# against 24.9 / 55.1 / 157.4 (0.88 of the copy bandwidth at 128K); 4/1 heads at 32K 21.6 against 31.2
+INT8_MMA_WIDE_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -276,14 +281,15 @@ def int8_mma_shared_bytes(prob: Problem, warps: int, tile: int, stages: int = 2,
 
 def int8_mma_v_decode(prob: Problem, opts: DecodeOptions) -> str:
     """How kernel int8-mma decodes ``prob``'s V rows into binary16 fragments (the RunRecord's ``v_decode``):
-    "turbo-permute" (turbo2 / turbo3 of one 128-value block per row: four centroids per byte permute of
-    registers), "codes-permute" (legacy blocks x = d * (code - offset), 4-, 5- or 8-bit codes: codes
+    "turbo-permute" (turbo2 / turbo3 rows of 128 or 256 values, each lane's runs of 8 / 16 values inside
+    one block: four centroids per byte permute of registers), "codes-permute" (legacy blocks x = d * (code - offset), 4-, 5- or 8-bit codes: codes
     moved into binary16 integers by byte permutes, one subtraction, times the pair of block scales),
     or "generic" (every other format, and every format under ``options.v_decode="generic"``: the
     per-value decoder; each fast path is bit-identical to it, tests/test_attention_int8_mma_v_paths.py)."""
     if opts.v_decode == "generic":
         return "generic"
-    if turbo_index_bits(prob.v_format) in (2, 3) and prob.v_dim == 128 and prob.v_format.block_size == 128:
+    run = prob.v_dim // 16   # the values of a V row one lane decodes per m-tile row
+    if turbo_index_bits(prob.v_format) in (2, 3) and run in (8, 16) and prob.v_format.block_size % run == 0:
         return "turbo-permute"
     lay = prob.v_format.layout
     if (lay is not None and not lay.has_m and lay.values is None and lay.bits in (4, 5, 8)
@@ -335,7 +341,10 @@ def _make_plan_int8_mma(prob: Problem, backend: str, splits, warps, tile, chunks
     if chunks is not None and int(chunks) not in INT8_MMA_CHUNKS:
         raise AttentionError(f"kernel 'int8-mma' takes chunks of {' or '.join(map(str, INT8_MMA_CHUNKS))} (16-key "
                              f"chunks per SIMD-group step), got {chunks}")
-    kc = opts.chunks if chunks is None else int(chunks)
+    kc_set = opts.chunks if chunks is None else int(chunks)   # None: the planner's choice
+    wide = (backend == "cuda" and kc_set is None and warps is None and tile is None
+            and max(prob.k_dim, prob.v_dim) > INT8_MMA_WIDE_ROWS)
+    kc = 1 if wide else (kc_set or INT8_MMA_DEFAULT_CHUNKS.get(backend, 1))
     v_decode = int8_mma_v_decode(prob, opts)
     nw = INT8_MMA_WARPS if warps is None else int(warps)
     if not 1 <= nw <= 8:
@@ -361,6 +370,8 @@ def _make_plan_int8_mma(prob: Problem, backend: str, splits, warps, tile, chunks
                 return n, True
         return None
 
+    if wide:
+        tile = INT8_MMA_MAX_TILE   # (see INT8_MMA_WIDE_ROWS)
     if tile is not None:
         tl = int(tile)
         if tl % (16 * kc) or not 16 <= tl <= 256:

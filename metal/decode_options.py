@@ -40,8 +40,9 @@ DEVICE_PARAMS_BACKENDS = ("cuda",)
 DEVICE_CONSTS_BACKENDS = ("cuda",)
 DEFER_APPEND_BACKENDS = ("cuda",)
 
-# kernel int8-mma's 16-key chunks per SIMD-group step: 2 on CUDA (two chunks in 2 SIMD groups of 64-key tiles
-# beat one in 4: pass 1 at 32K / 128K 25.8 / 67.2 us vs 26.7 / 70.9), 1 elsewhere
+# kernel int8-mma's 16-key chunks per SIMD-group step where the options leave it to the planner: 2 on CUDA (two
+# chunks in 2 SIMD groups of 64-key tiles beat one in 4: pass 1 at 32K / 128K 25.8 / 67.2 us vs 26.7 / 70.9),
+# except CUDA's plan for rows of more than 128 values (attention_plan: one chunk in 4 SIMD groups), 1 elsewhere
 INT8_MMA_CHUNKS = (1, 2)
 INT8_MMA_DEFAULT_CHUNKS = {"cuda": 2}
 
@@ -112,11 +113,11 @@ class DecodeOptions:
             raise AttentionError(f"DecodeOptions.v_decode must be one of {', '.join(V_DECODES)}; got {self.v_decode!r}")
 
     def resolve(self, backend: str) -> "DecodeOptions":
-        """These options with every backend choice filled in for ``backend`` (q_precision stays: its
-        default depends on the problem, :func:`tqbridge.metal.attention_plan.resolve_kernel`)."""
+        """These options with every backend choice filled in for ``backend`` (q_precision and chunks stay:
+        their defaults depend on the problem, :func:`tqbridge.metal.attention_plan.resolve_kernel` and
+        :func:`tqbridge.metal.attention_plan.make_plan`)."""
         fill = dict(compile=backend in COMPILE_BACKENDS, device_params=backend in DEVICE_PARAMS_BACKENDS,
-                    device_consts=backend in DEVICE_CONSTS_BACKENDS, defer_append=backend in DEFER_APPEND_BACKENDS,
-                    chunks=INT8_MMA_DEFAULT_CHUNKS.get(backend, 1))
+                    device_consts=backend in DEVICE_CONSTS_BACKENDS, defer_append=backend in DEFER_APPEND_BACKENDS)
         changes = {k: v for k, v in fill.items() if getattr(self, k) is None}
         return dataclasses.replace(self, **changes) if changes else self
 

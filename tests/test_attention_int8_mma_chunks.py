@@ -235,8 +235,9 @@ def test_cuda_plans_take_six_threadgroups_per_sm_only_for_long_splits(length, sp
 
 def test_cuda_grid_stays_within_one_wave_of_resident_threadgroups(monkeypatch):
     """A CUDA plan's pass-1 grid per compute unit never exceeds the threadgroups one unit holds at once
-    (by threadgroup memory): head dim 256 (5 resident per H200 SM) takes 5 per SM at 128K, not the long
-    target's 6; head dim 128 (8 resident) keeps 6. Planted: a device with half the memory per unit."""
+    (by threadgroup memory): head dim 256 takes 3 per SM at 128K with its 71 KB wide-row plan and 5 with
+    the static plan of two chunks, not the long target's 6; head dim 128 (8 resident) keeps 6. Planted: a
+    device with half the memory per unit."""
     from tqbridge.bridge import get_format
     from tqbridge.metal import attention_plan, decode_options
     from tqbridge.metal.attention_problem import Problem
@@ -245,19 +246,20 @@ def test_cuda_grid_stays_within_one_wave_of_resident_threadgroups(monkeypatch):
     decode_options.compute_units.cache_clear()
     decode_options.shared_per_unit.cache_clear()
 
-    def plan(hq, hkv, d, n):
+    def plan(hq, hkv, d, n, options=None):
         prob = Problem(1, hq, hkv, 1, d, n, (n,), get_format("q8_0"), get_format("turbo3"), d, d, d ** -0.5, 0,
                        0.0, False, True)
-        p = attention_plan.make_plan(prob, "cuda", kernel="int8-mma")
+        p = attention_plan.make_plan(prob, "cuda", kernel="int8-mma", options=options)
         smem = attention_plan.int8_mma_shared_bytes(prob, p.warps, p.tile, p.stages, p.v_decode)
         return p, smem
 
     try:
         units = decode_options.compute_units("cuda")
-        p256, smem = plan(16, 8, 256, 131072)
-        resident = decode_options.resident_groups("cuda", smem)
-        assert resident == 5 and p256.splits * 8 <= resident * units
-        assert p256.splits * 8 > (resident - 1) * units   # and it fills that wave
+        for options, want in ((None, 3), (_chunks(2), 5)):
+            p256, smem = plan(16, 8, 256, 131072, options)
+            resident = decode_options.resident_groups("cuda", smem)
+            assert resident == want and p256.splits * 8 <= resident * units
+            assert p256.splits * 8 > (resident - 1) * units   # and it fills that wave
         p128, smem128 = plan(32, 8, 128, 131072)
         assert decode_options.resident_groups("cuda", smem128) >= decode_options.GROUPS_PER_UNIT_INT8_MMA_LONG
         assert p128.splits * 8 > 5 * units   # the long target (6 per unit) where it fits
@@ -270,3 +272,28 @@ def test_cuda_grid_stays_within_one_wave_of_resident_threadgroups(monkeypatch):
         decode_options.compute_units.cache_clear()
         decode_options.shared_per_unit.cache_clear()
         attention_plan.plan_cached.cache_clear()
+
+
+def test_wide_rows_plan_on_cuda(clean_plans):
+    """Rows of 256 values (Gemma 3's head dim) on CUDA, options leaving chunks to the planner: 64-key tiles
+    in dynamic memory, 4 SIMD groups of one chunk, a 3-tile ring (attention_plan.INT8_MMA_WIDE_ROWS, measured);
+    chunks asked for explicitly keep the static plan; rows of 128 values keep two chunks in 2 SIMD groups; the
+    other backends keep their 32 KB plans."""
+    rng = np.random.default_rng(1)
+    for d, hq, hkv in ((256, 16, 8), (256, 4, 1)):
+        q = rng.standard_normal((1, hq, d)).astype(np.float32)
+        kb, vb = _cache(rng, "q8_0", (1, hkv, 64, d)), _cache(rng, "turbo3", (1, hkv, 64, d))
+        prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
+        wide = attention_plan.make_plan(prob, "cuda", kernel="int8-mma")
+        assert (wide.warps, wide.tile, wide.stages, wide.chunks) == (4, 64, 3, 1)
+        assert wide.dyn_smem >= attention_plan.int8_mma_stage_bytes(prob, 4, 64, 3) > attention_plan.INT8_MMA_SHARED_CUDA
+        assert wide.v_decode == "turbo-permute"
+        static = attention_plan.make_plan(prob, "cuda", kernel="int8-mma", options=_chunks(2))
+        assert (static.chunks, static.dyn_smem, static.tile) == (2, 0, 32)
+        for be in ("cpu-emulator", "metal"):
+            assert attention_plan.make_plan(prob, be, kernel="int8-mma").dyn_smem == 0
+    q = rng.standard_normal((1, 32, 128)).astype(np.float32)
+    kb, vb = _cache(rng, "q8_0", (1, 8, 64, 128)), _cache(rng, "turbo3", (1, 8, 64, 128))
+    prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
+    narrow = attention_plan.make_plan(prob, "cuda", kernel="int8-mma")
+    assert (narrow.warps, narrow.tile, narrow.chunks, narrow.dyn_smem) == (2, 64, 2, 0)

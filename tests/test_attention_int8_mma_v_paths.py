@@ -1,6 +1,6 @@
 """Kernel int8-mma's fast V decodes against its generic one (``DecodeOptions(v_decode="generic")``;
-attention_plan.int8_mma_v_decode): "turbo-permute" for turbo2 / turbo3 of one 128-value block per row (four centroids per
-byte permute of registers, the sign bits from a table; a run's columns held in another order of
+attention_plan.int8_mma_v_decode): "turbo-permute" for turbo2 / turbo3 rows of 128 or 256 values whose runs of 8 / 16
+values lie in one block (128- or 64-value blocks; four centroids per byte permute of registers, the sign bits from a table; a run's columns held in another order of
 m-tiles, undone at the write) and "codes-permute" for q4_0 / q5_0 / q8_0 (codes put into binary16 integers
 by byte permutes, one exact subtraction, times the block scales). Each hands the same binary16
 values to the same products for every output column as the generic decoder (the value rounded once
@@ -25,7 +25,9 @@ CASES = [("q8_0", "turbo3", 4, 1, 300, {}), ("q4_0", "turbo2", 2, 1, 173, {}),
          ("q5_1", "turbo2@fork-69d8e4b", 1, 2, 150, {"sinks": True}),
          ("q8_0", "q4_0", 4, 1, 300, {}), ("q4_1", "q8_0", 2, 1, 173, {"window": 40}),
          ("q8_0", "q4_0", 8, 1, 97, {"d": 64}), ("iq4_nl", "q8_0", 1, 2, 150, {"d": 256, "sinks": True}),
-         ("q5_1", "q5_0", 4, 1, 300, {}), ("q8_0", "q5_0", 2, 1, 90, {"d": 256, "window": 33})]
+         ("q5_1", "q5_0", 4, 1, 300, {}), ("q8_0", "q5_0", 2, 1, 90, {"d": 256, "window": 33}),
+         ("q8_0", "turbo3", 4, 1, 300, {"d": 256}), ("q4_0", "turbo2", 2, 2, 173, {"d": 256, "window": 40}),
+         ("q8_0", "turbo3@g64", 4, 1, 97, {}), ("q8_0", "turbo3", 2, 1, 150, {"d": 192, "sinks": True})]
 WANT = {"turbo3": "turbo-permute", "turbo2": "turbo-permute", "q4_0": "codes-permute", "q5_0": "codes-permute",
         "q8_0": "codes-permute"}
 
@@ -53,7 +55,7 @@ def _run(backend, generic: bool, kf, vf, g, t, n, opts, kind="normal"):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kf,vf,g,t,n,opts", CASES, ids=[f"{c[0]}-{c[1]}-g{c[2]}-t{c[3]}-n{c[4]}" for c in CASES])
+@pytest.mark.parametrize("kf,vf,g,t,n,opts", CASES, ids=[f"{c[0]}-{c[1]}-g{c[2]}-t{c[3]}-n{c[4]}-d{c[5].get('d', 128)}" for c in CASES])
 def test_byte_permute_decode_is_bit_identical(backend, kf, vf, g, t, n, opts):
     fast = _run(backend, False, kf, vf, g, t, n, opts)
     generic = _run(backend, True, kf, vf, g, t, n, opts)
@@ -71,11 +73,11 @@ def test_byte_permute_decode_extreme_norms(kind, vf):
 
 
 def test_other_v_rows_take_the_generic_path():
-    """64-value turbo blocks (two per row), turbo4, formats with a minimum m or a value table, f16,
-    and rows whose runs of values would straddle blocks (head dim 192) take the generic decoder."""
+    """turbo4, formats with a minimum m or a value table, f16, and rows whose runs of values would
+    straddle blocks (q4_0 at head dim 192: runs of 12 values in 32-value blocks) take the generic decoder."""
     rng = np.random.default_rng(0)
-    for vf, d in (("turbo3@g64", 128), ("turbo4", 128), ("q4_1", 128), ("q5_1", 128), ("iq4_nl", 128),
-                  ("f16", 128), ("q4_0", 192), ("turbo3", 256)):
+    for vf, d in (("turbo4", 128), ("turbo4", 256), ("q4_1", 128), ("q5_1", 128), ("iq4_nl", 128),
+                  ("f16", 128), ("q4_0", 192)):
         q = rng.standard_normal((1, 4, d)).astype(np.float32)
         kb = _cache(rng, "q8_0", (1, 1, 40, d))
         vb = _cache(rng, vf, (1, 1, 40, d))

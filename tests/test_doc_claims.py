@@ -176,6 +176,15 @@ CURRENT_KEYS = {
         for side in ("new-0", "old-0", "new-2", "old-2")] + [
         f"bench_decode[run=dec-{side}].runs[cache=q8_0/turbo3&context=<col>].speedup_vs_fp16"
         for side in ("old-0", "new-0", "old-2", "new-2")],
+    "benchmarks/records/h200/2026-12-04-dim64-turbo3.json": [
+        "contexts[context=<col>].growing_cache_path_device_us",
+        "contexts[context=<col>].growing_sdpa_fp16_device_us",
+    ],
+    "benchmarks/records/h200/2026-12-04-wide-rows.json": [
+        "bench_attention.contexts[context=<col>].growing_cache_path_device_us",
+        "bench_attention.contexts[context=<col>].growing_sdpa_fp16_device_us",
+        "bench_attention.contexts[context=<col>].cache_path_plan.splits",
+    ],
     "benchmarks/records/h200/2026-12-03-attention-shapes.json": [
         "before.shape-12-2-128.contexts[context=<col>].growing_cache_path_device_us",
         "before.shape-12-2-128.contexts[context=<col>].growing_sdpa_fp16_device_us",

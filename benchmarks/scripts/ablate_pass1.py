@@ -34,8 +34,8 @@ import kernel_device_time as kdt  # noqa: E402
 SKIP = "softcap < -1.0f"   # false at run time (softcap >= 0), unknown to the compiler
 SUBS = {
     "none": [],
-    "nov": [("            if (V23) {\n                uint w[4][2];",
-             "            if (!(" + SKIP + ")) {} else if (V23) {\n                uint w[4][2];")],
+    "nov": [("            if (V23) {\n                uint npair[2][2];",
+             "            if (!(" + SKIP + ")) {} else if (V23) {\n                uint npair[2][2];")],
     "nok": [("            TQ_UNROLL\n            for (int k = 0; k < NB; ++k) {\n                uint a0, a1, a2, a3;",
              "            for (int k = 0; k < (" + SKIP + " ? NB : 0); ++k) {\n                uint a0, a1, a2, a3;")],
     # (both read paths: whole words, tqa_q8_pair, and half words; the blocks' d still loaded)
@@ -55,17 +55,18 @@ SUBS = {
 SUBS["nokv"] = SUBS["nok"] + SUBS["nov"]
 # inside the turbo2 / turbo3 permute decode (V23)
 SUBS["v23nonorm"] = [   # the keys' norms: neither loaded nor multiplied in (an upper bound on folding them into P)
-    ("                        npair[pr][run] = tqa_key_pair_u16(vts, VRB, kk[2 * pr], kk[2 * pr + 1], kv[2 * pr], kv[2 * pr + 1], 0);",
+    ("                        npair[pr][run] = tqa_key_pair_u16(vts, VRB, kk[2 * pr], kk[2 * pr + 1], kv[2 * pr],\n"
+     "                                                          kv[2 * pr + 1], blk * vbb);",
      "                        npair[pr][run] = 0x3c003c00u;"),
-    ("                            a[0][pr][run] = tq_hmul2(tq_byte_perm(lo, hi, 0x6240u), npair[pr][run]);\n"
-     "                            a[1][pr][run] = tq_hmul2(tq_byte_perm(lo, hi, 0x7351u), npair[pr][run]);",
-     "                            a[0][pr][run] = tq_byte_perm(lo, hi, 0x6240u);\n"
-     "                            a[1][pr][run] = tq_byte_perm(lo, hi, 0x7351u);")]
+    ("                                a[0][pr][run] = tq_hmul2(tq_byte_perm(lo, hi, 0x6240u), npair[pr][run]);\n"
+     "                                a[1][pr][run] = tq_hmul2(tq_byte_perm(lo, hi, 0x7351u), npair[pr][run]);",
+     "                                a[0][pr][run] = tq_byte_perm(lo, hi, 0x6240u);\n"
+     "                                a[1][pr][run] = tq_byte_perm(lo, hi, 0x7351u);")]
 SUBS["v23nosign"] = [   # turbo3's sign bytes and their table: not read
-    ("                        if (TQA_VB == 3) w[x][run] |= ptab[vrow[vsg + e8]];", "")]
+    ("                            if (TQA_VB == 3) w[x][run] |= ptab[bp[vsg + e8]];", "")]
 SUBS["v23noidx"] = SUBS["v23nosign"] + [   # the indices from registers, not threadgroup memory
-    ("                        const uint qx = tqa_u16(vrow, vqs + 2 * e8);",
-     "                        const uint qx = (uint)(kk[x] * 0x9e37 + e8) & 0xffffu;")]
+    ("                            const uint qx = tqa_u16(bp, vqs + 2 * e8);",
+     "                            const uint qx = (uint)(kk[x] * 0x9e37 + e8) & 0xffffu;")]
 PLAIN_SOURCE = kdt._source   # the unedited builder (each ablation starts from it)
 
 

@@ -63,12 +63,12 @@ constexpr int HALF = (TQA_KTB + TQA_VTB) / 4;  // words per staged tile
 static_assert(TQA_NS >= 2 && (TQA_NS - 1) * HALF * 4 + 32 * TQA_DK <= TQA_STB, "q's rows must fit after the ring's head");
 // q rows (rows >= Q zero), rotated: only until the key loop's first barrier
 TQ_SHARED float* qf = (TQ_SHARED float*)(stage + (TQA_NS - 1) * HALF);
-// turbo2 / turbo3 rows of one 128-value block (RV = 8; TQA_V23, unless the generic turbo path is
-// forced): the centroids are looked up four at a time by byte permutes of registers (tq_byte_perm),
-// the indices assembled as 4-bit fields from one 16-bit load of qs and, for turbo3, a table keyed by
-// the sign byte. Within a run of 8 values the m-tiles then hold the values in the order 0 2 4 6 1 3 5 7
-// (tqa_v23_col), which the final write undoes.
-constexpr bool V23 = TQA_V23 && (TQA_VB == 2 || TQA_VB == 3) && RV == 8 && TQA_VGRP == TQA_DV;
+// turbo2 / turbo3 rows whose runs of RV = 8 or 16 values each lie in one block (TQA_V23, unless the
+// generic turbo path is forced): the centroids are looked up four at a time by byte permutes of
+// registers (tq_byte_perm), the indices of 8 values assembled as 4-bit fields from one 16-bit load of qs
+// and, for turbo3, a table keyed by the sign byte. Within each 8 values of a run the m-tiles then hold
+// the values in the order 0 2 4 6 1 3 5 7 (tqa_v23_col), which the final write undoes.
+constexpr bool V23 = TQA_V23 && (TQA_VB == 2 || TQA_VB == 3) && (RV == 8 || RV == 16) && TQA_VGRP % RV == 0;
 // q4_0 / q5_0 / q8_0 V (TQA_VCODE): codes turned into binary16 integers by byte permutes (a run of RV values
 // lies in one 32-value block)
 constexpr bool VQ = TQA_VCODE && (TQA_VF == TQA_Q4_0 || TQA_VF == TQA_Q5_0 || TQA_VF == TQA_Q8_0) && 32 % RV == 0;
@@ -313,43 +313,57 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
                 kv[x] = kk[x] < n && t0 + kk[x] >= start;
             }
             if (V23) {
-                // turbo2 / turbo3, one block per row. Per key and run (8 values): the indices as 4-bit
-                // fields in the order 0 2 4 6 1 3 5 7 (qs's even 2-bit fields to fields 0..3, its odd ones to
-                // 4..7, turbo3's sign bits from the table); keys without weight read any bytes (the fields
-                // stay indices 0..7) and get a zero norm
-                uint w[4][2];
+                // turbo2 / turbo3, each run inside one block. Per key and sub-run (8 values): the indices as
+                // 4-bit fields in the order 0 2 4 6 1 3 5 7 (qs's even 2-bit fields to fields 0..3, its odd
+                // ones to 4..7, turbo3's sign bits from the table); keys without weight read any bytes (the
+                // fields stay indices 0..7) and get a zero norm
+                uint npair[2][2];   // [key pair][run]: the norms of the run's block
                 TQ_UNROLL
-                for (int x = 0; x < 4; ++x) {
-                    TQ_SHARED const uchar* vrow = vts + kk[x] * VRB;
-                    for (int run = 0; run < 2; ++run) {
-                        const int e8 = (int)g + 8 * run;   // the run's sign byte; its qs at 2 * e8
-                        const uint qx = tqa_u16(vrow, vqs + 2 * e8);
-                        w[x][run] = ((qx << 14) | qx) & 0x33333333u;
-                        if (TQA_VB == 3) w[x][run] |= ptab[vrow[vsg + e8]];
-                    }
+                for (int run = 0; run < 2; ++run) {
+                    const int blk = (((int)g + 8 * run) * RV) / vgrp;
+                    for (int pr = 0; pr < 2; ++pr)
+                        npair[pr][run] = tqa_key_pair_u16(vts, VRB, kk[2 * pr], kk[2 * pr + 1], kv[2 * pr],
+                                                          kv[2 * pr + 1], blk * vbb);
                 }
-                uint npair[2][2], sel[2][2][2];   // [key pair][run]; sel: fields 0..3 / 4..7 of both keys
                 TQ_UNROLL
-                for (int pr = 0; pr < 2; ++pr)
-                    for (int run = 0; run < 2; ++run) {
-                        npair[pr][run] = tqa_key_pair_u16(vts, VRB, kk[2 * pr], kk[2 * pr + 1], kv[2 * pr], kv[2 * pr + 1], 0);
-                        // bytes (key a, key b) of fields 0-1, 2-3 / 4-5, 6-7: each 16 bits select 4 centroids
-                        sel[pr][run][0] = tq_byte_perm(w[2 * pr][run], w[2 * pr + 1][run], 0x5140u);
-                        sel[pr][run][1] = tq_byte_perm(w[2 * pr][run], w[2 * pr + 1][run], 0x7362u);
+                for (int s8 = 0; s8 < RV / 8; ++s8) {   // m-tiles 8 * s8 .. 8 * s8 + 7
+                    uint w[4][2];
+                    TQ_UNROLL
+                    for (int x = 0; x < 4; ++x) {
+                        TQ_SHARED const uchar* vrow = vts + kk[x] * VRB;
+                        for (int run = 0; run < 2; ++run) {
+                            const int e = ((int)g + 8 * run) * RV + 8 * s8;   // the sub-run's first value
+                            const int blk = e / vgrp;
+                            const int e8 = (e - blk * vgrp) / 8;   // its sign byte in the block; its qs at 2 * e8
+                            TQ_SHARED const uchar* bp = vrow + blk * vbb;
+                            const uint qx = tqa_u16(bp, vqs + 2 * e8);
+                            w[x][run] = ((qx << 14) | qx) & 0x33333333u;
+                            if (TQA_VB == 3) w[x][run] |= ptab[bp[vsg + e8]];
+                        }
                     }
-                TQ_UNROLL
-                for (int f = 0; f < 4; ++f) {   // fields 2f and 2f + 1: m-tiles 2f, 2f + 1
-                    uint a[2][2][2];   // [field][key pair][run]
+                    uint sel[2][2][2];   // [key pair][run]: fields 0..3 / 4..7 of both keys
+                    TQ_UNROLL
                     for (int pr = 0; pr < 2; ++pr)
                         for (int run = 0; run < 2; ++run) {
-                            const uint sl = sel[pr][run][f >> 1] >> (16 * (f & 1));
-                            // low / high bytes of c[a 2f], c[a 2f+1], c[b 2f], c[b 2f+1]
-                            const uint lo = tq_byte_perm(clo0, clo1, sl), hi = tq_byte_perm(chi0, chi1, sl);
-                            a[0][pr][run] = tq_hmul2(tq_byte_perm(lo, hi, 0x6240u), npair[pr][run]);
-                            a[1][pr][run] = tq_hmul2(tq_byte_perm(lo, hi, 0x7351u), npair[pr][run]);
+                            // bytes (key a, key b) of fields 0-1, 2-3 / 4-5, 6-7: each 16 bits select 4 centroids
+                            sel[pr][run][0] = tq_byte_perm(w[2 * pr][run], w[2 * pr + 1][run], 0x5140u);
+                            sel[pr][run][1] = tq_byte_perm(w[2 * pr][run], w[2 * pr + 1][run], 0x7362u);
                         }
-                    tq_mma_f16(o[2 * f], a[0][0][0], a[0][0][1], a[0][1][0], a[0][1][1], pb0, pb1, lane);
-                    tq_mma_f16(o[2 * f + 1], a[1][0][0], a[1][0][1], a[1][1][0], a[1][1][1], pb0, pb1, lane);
+                    TQ_UNROLL
+                    for (int f = 0; f < 4; ++f) {   // fields 2f and 2f + 1: m-tiles 8 * s8 + 2f, + 1
+                        uint a[2][2][2];   // [field][key pair][run]
+                        for (int pr = 0; pr < 2; ++pr)
+                            for (int run = 0; run < 2; ++run) {
+                                const uint sl = sel[pr][run][f >> 1] >> (16 * (f & 1));
+                                // low / high bytes of c[a 2f], c[a 2f+1], c[b 2f], c[b 2f+1]
+                                const uint lo = tq_byte_perm(clo0, clo1, sl), hi = tq_byte_perm(chi0, chi1, sl);
+                                a[0][pr][run] = tq_hmul2(tq_byte_perm(lo, hi, 0x6240u), npair[pr][run]);
+                                a[1][pr][run] = tq_hmul2(tq_byte_perm(lo, hi, 0x7351u), npair[pr][run]);
+                            }
+                        tq_mma_f16(o[8 * s8 + 2 * f], a[0][0][0], a[0][0][1], a[0][1][0], a[0][1][1], pb0, pb1, lane);
+                        tq_mma_f16(o[8 * s8 + 2 * f + 1], a[1][0][0], a[1][0][1], a[1][1][0], a[1][1][1], pb0, pb1,
+                                   lane);
+                    }
                 }
             } else if (TQA_VB) {
                 // turbo V: centroid pairs from the table, times the two keys' norms (binary16 products).
@@ -479,7 +493,7 @@ for (int c = 0; c < 2; ++c) {
     if (r < Q) {
         if (g == 0u) { wm[warp * 8 + r] = mrun[c]; wl[warp * 8 + r] = lrun[c]; }
         for (int i = 0; i < RV; ++i) {
-            const int col = V23 ? tqa_v23_col(i) : i;
+            const int col = V23 ? ((i & ~7) | tqa_v23_col(i & 7)) : i;
             wo[((int)warp * 8 + r) * WOS + (int)g * RV + col] = o[i][c] * TQA_P_UNSCALE;
             wo[((int)warp * 8 + r) * WOS + ((int)g + 8) * RV + col] = o[i][2 + c] * TQA_P_UNSCALE;
         }
