@@ -79,6 +79,9 @@ def _attention_cases():
                 if plan.kernel == "int8-mma" and kern.name.startswith("tq_attention_split"):
                     tag += f"-w{plan.warps}t{plan.tile}s{plan.stages}c{plan.chunks}" + ("-dyn" if plan.dyn_smem else "")
                 cases.append((tag, kern, static))
+            # pass 1 multiplying q by a key-calibrated cache's channel scales (TQA_QSC, one input more)
+            cases.append((f"{plan.kernel}-qscale-{kf}-{vf}-d{d}-q{qtype}" + (f"-{opts}" if opts else ""),
+                          kernel_defs(qtype, plan.kernel, True)[0], static_params(prob, plan, qtype, False, True)[0]))
     # one build of each kernel and static parameters is enough (the combine pass repeats across kernels)
     seen, out = set(), []
     for tag, kern, static in cases:
@@ -123,6 +126,8 @@ def test_cases_cover_the_cuda_plans():
     assert any(s["TQA_V23"] and s["TQA_DV"] == 256 for s in statics)
     assert any(s["TQA_VCODE"] and s["TQA_DV"] == 256 for s in statics)
     assert any(s["TQ_DSMEM"] > 48 * 1024 for s in statics)
+    assert {c[1].name for c in CASES if "-qscale-" in c[0]} >= {"tq_attention_split_lanes", "tq_attention_split_tiles",
+                                                               "tq_attention_split_int8_mma"}
 
 
 def test_the_check_bites(tmp_path):
