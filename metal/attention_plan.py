@@ -283,8 +283,9 @@ def int8_mma_shared_bytes(prob: Problem, warps: int, tile: int, stages: int = 2,
 def int8_mma_v_decode(prob: Problem, opts: DecodeOptions) -> str:
     """How kernel int8-mma decodes ``prob``'s V rows into binary16 fragments (the RunRecord's ``v_decode``):
     "turbo-permute" (turbo2 / turbo3 rows of 128 or 256 values, each lane's runs of 8 / 16 values inside
-    one block: four centroids per byte permute of registers), "codes-permute" (legacy blocks x = d * (code - offset), 4-, 5- or 8-bit codes: codes
-    moved into binary16 integers by byte permutes, one subtraction, times the pair of block scales),
+    one block: four centroids per byte permute of registers), "codes-permute" (legacy blocks
+    x = d * (code - offset), 4-, 5- or 8-bit codes: codes moved into binary16 integers by byte permutes,
+    one subtraction, times the pair of block scales),
     or "generic" (every other format, and every format under ``options.v_decode="generic"``: the
     per-value decoder; each fast path is bit-identical to it, tests/test_attention_int8_mma_v_paths.py)."""
     if opts.v_decode == "generic":

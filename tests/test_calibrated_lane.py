@@ -27,13 +27,6 @@ LOGIT_ATOL = 1e-4
 QUANTIZED_LANE_ERROR_RATIO, QUANTIZED_LANE_ERROR_SLACK = 1.25, 1e-2
 
 
-@pytest.fixture
-def cpu_device():
-    old = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    yield
-    mx.set_default_device(old)
-
 
 def _kernel_case(kf, vf, d, dtype, rot, seed=3):
     rng = np.random.default_rng(seed)

@@ -1,6 +1,6 @@
 """Every kernel build CUDA's plans make, compiled by nvcc for the H200's architecture (sm_90a) as MLX's
 CUDA backend compiles it: the preludes, the static parameters, the body, and the kernel signature MLX
-generates (inputs ``const T*``, outputs ``T*``), without a GPU.
+generates (inputs ``const T*``, outputs ``T*``: ``Kernel.cuda_source``), without a GPU.
 
 The emulator runs the same bodies through the CPU prelude, and tests/test_metal_compile.py type-checks
 them as Metal; neither sees what only CUDA's compiler does: the CUDA prelude's intrinsics (``__shfl_xor_sync``,
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,18 +24,6 @@ NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit compiles these builds)")
 
 ARCH = "sm_90a"   # the H200's, as benchmarks/scripts/kernel_sass.py builds them
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def cuda_source(kern, static: dict) -> str:
-    """One CUDA translation unit: ``kern``'s header and body for the CUDA prelude under the signature MLX
-    generates (benchmarks/scripts/kernel_device_time.py builds the same text for its timings)."""
-    sys.path.insert(0, str(ROOT / "benchmarks" / "scripts"))
-    try:
-        from kernel_device_time import _source
-    finally:
-        sys.path.pop(0)
-    return _source(kern, static)
 
 
 def nvcc_errors(src: str, tmp: Path, name: str) -> str:
@@ -106,7 +93,7 @@ def compiled(tmp_path_factory):
     """nvcc's diagnostics per case, compiled two at a time (one nvcc run each: about a second)."""
     tmp = tmp_path_factory.mktemp("cuda")
     with ThreadPoolExecutor(max_workers=2) as pool:
-        errs = list(pool.map(lambda c: nvcc_errors(cuda_source(c[1], c[2]), tmp, f"k{c[3]}"),
+        errs = list(pool.map(lambda c: nvcc_errors(c[1].cuda_source(c[2]), tmp, f"k{c[3]}"),
                              [(*c, i) for i, c in enumerate(CASES)]))
     return dict(zip((c[0] for c in CASES), errs))
 
@@ -138,10 +125,10 @@ def test_the_check_bites(tmp_path):
 
     x, y = (("x", "float32"),), (("y", "float32"),)
     good = "TQ_SHARED_ARRAY(float, sh, 32);\nsh[tq_tid] = x[tq_tid];\ntq_barrier();\ny[tq_tid] = sh[31 - tq_tid];"
-    assert nvcc_errors(cuda_source(Kernel("good", x, y, good), {}), tmp_path, "good") == ""
+    assert nvcc_errors(Kernel("good", x, y, good).cuda_source({}), tmp_path, "good") == ""
     metal_only = good + "\nthreadgroup_barrier(mem_flags::mem_threadgroup);"
-    assert nvcc_errors(cuda_source(Kernel("metal_only", x, y, metal_only), {}), tmp_path, "metal_only")
+    assert nvcc_errors(Kernel("metal_only", x, y, metal_only).cuda_source({}), tmp_path, "metal_only")
     too_big = good.replace("sh, 32", "sh, 65536")
-    assert nvcc_errors(cuda_source(Kernel("too_big", x, y, too_big), {}), tmp_path, "too_big")
+    assert nvcc_errors(Kernel("too_big", x, y, too_big).cuda_source({}), tmp_path, "too_big")
     shuffle = good + "\ny[tq_tid] += __shfl_xor_sync(0xffffffffu, y[tq_tid]);"
-    assert nvcc_errors(cuda_source(Kernel("shuffle", x, y, shuffle), {}), tmp_path, "shuffle")
+    assert nvcc_errors(Kernel("shuffle", x, y, shuffle).cuda_source({}), tmp_path, "shuffle")

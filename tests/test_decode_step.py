@@ -21,14 +21,6 @@ from tqbridge.metal.lm.routing import route_attention
 from tiny_models import forced_decode, tiny_llama, tokens
 
 
-@pytest.fixture
-def cpu_device():
-    """MLX's CPU device for this test (the GPU tests keep the default device)."""
-    prev = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    yield
-    mx.set_default_device(prev)
-
 _GPU = mx.metal.is_available() or (getattr(mx, "cuda", None) is not None and mx.cuda.is_available())
 KVS = ["q8_0/turbo3", "q8_0/q4_0", "q5_1/q5_0", "f16/turbo4"]
 
