@@ -33,7 +33,7 @@ CHECK_TOLERANCE = 4e-3
 @dataclass(frozen=True)
 class AttentionBench:
     """What one ``bench attention`` run measures (checked by its caller: ``tools/cmd_bench.py``).
-    ``configs``: (tag, kernel, lanes_per_key, warps, tile) per timed kernel configuration, the first the
+    ``configs``: (tag, kernel, lanes_per_key, warps, tile, chunks) per timed kernel configuration, the first the
     headline; ``variant_list``: decode options compared on the cache path (empty: none)."""
 
     k_format: Format
@@ -153,11 +153,12 @@ def _attention_context(mx, bench, ctx, kf, vf, backend, configs, regimes, measur
     del kx, vx
     q0 = mx.random.normal((b, hq, 1, d)).astype(mx.float16)
 
-    def fused(length, kern=None, lpk=None, nw=None, un=None, layers=nl):
+    def fused(length, kern=None, lpk=None, nw=None, un=None, ch=None, layers=nl):
         q = q0[:, :, 0]
+        opts = DecodeOptions(chunks=ch) if ch else None
         for i in range(layers):
             q = decode_attention(q, kb[i], vb[i], k_format=kf, v_format=vf, length=length, backend=backend,
-                                 kernel=kern, lanes_per_key=lpk, warps=nw, tile=un, splits=bench.splits)
+                                 kernel=kern, lanes_per_key=lpk, warps=nw, tile=un, splits=bench.splits, options=opts)
         return q
 
     launch = prepare_decode(q0[:, :, 0], kb[0], vb[0], k_format=kf, v_format=vf, backend=backend)
@@ -223,16 +224,16 @@ def _attention_context(mx, bench, ctx, kf, vf, backend, configs, regimes, measur
             row[key + "_kernels"] = dev
         return key
 
-    for tag, kern, lpk, nw, un in configs:
+    for tag, kern, lpk, nw, un, ch in configs:
         try:
-            fused(ctx, kern, lpk, nw, un, layers=1)
+            fused(ctx, kern, lpk, nw, un, ch, layers=1)
             rec = last_run()
-            checked(tag, lambda: fused(ctx, kern, lpk, nw, un, layers=1), rec.get("q_precision"))
+            checked(tag, lambda: fused(ctx, kern, lpk, nw, un, ch, layers=1), rec.get("q_precision"))
             row[tag + "_plan"] = {k: rec.get(k) for k in ("kernel", "splits", "lanes_per_key", "warps", "tile",
                                                           "dispatches", "q_precision", "chunks", "stages", "dyn_smem")
                                   if k in rec}
             for regime in regimes:
-                timed(tag, lambda n: fused(n, kern, lpk, nw, un), regime)
+                timed(tag, lambda n: fused(n, kern, lpk, nw, un, ch), regime)
         except Exception as e:  # one failing configuration must not cost the other measurements
             row[tag + "_error"] = f"{type(e).__name__}: {e}"[:300]
             print(f"WARNING: {tag}: {row[tag + '_error']}")

@@ -50,13 +50,18 @@ def _fmt_consts(prob: Problem) -> dict:
                 TQA_T=prob.rows)
 
 
-def static_params(prob: Problem, plan: Plan, qtype: int, dyn: bool) -> tuple[dict, dict, list, list]:
-    """Static parameters of both passes and the extra int parameters they read (TQA_DYN builds)."""
+def static_params(prob: Problem, plan: Plan, qtype: int, dyn: bool,
+                  qscale: bool = False) -> tuple[dict, dict, list, list]:
+    """Static parameters of both passes and the extra int parameters they read (TQA_DYN builds).
+    ``qscale``: pass 1 multiplies q by the keys' channel scales (``TQA_QSC``, input ``qsc``: a
+    key-calibrated cache's lane); builds without it have no such parameter."""
     fc = _fmt_consts(prob)
     krb, vrb = row_bytes(prob, dyn)
     tile = plan.tile or max(2, min(64, 1 << int(math.log2(TILE_BYTES // (krb + vrb)))))
     split = dict(TQA_DK=prob.k_dim, TQA_DV=prob.v_dim, TQA_D=prob.head_dim, TQA_NW=plan.warps, TQA_QTYPE=qtype,
                  TQA_DYN=int(dyn), TQA_TILE=tile, TQA_KTB=-(-tile * krb // 4) * 4, TQA_VTB=-(-tile * vrb // 4) * 4)
+    if qscale:
+        split.update(TQA_QSC=1)
     if plan.kernel == "int8-mma":
         split.update(TQA_KM=int(prob.k_format.layout.has_m),   # q4_1 / q5_1: a minimum m per block
                      TQA_VB=turbo_index_bits(prob.v_format),
@@ -86,15 +91,16 @@ SPLIT_SOURCES = {"lanes": "attention_kernel_split_lanes.cpp", "tiles": "attentio
 
 
 @lru_cache(maxsize=None)
-def kernel_defs(qtype: int, kernel: str = "lanes"):
+def kernel_defs(qtype: int, kernel: str = "lanes", qscale: bool = False):
     """(pass 1, pass 2) kernel definitions for q's element type and the pass-1 kernel (one of
-    :data:`~.attention_problem.KERNELS`).
+    :data:`~.attention_problem.KERNELS`); ``qscale``: pass 1 takes the input ``qsc`` too (its builds
+    have the static parameter ``TQA_QSC``, :func:`static_params`).
 
     Buffer names, as the kernel sources spell them (and the launch code with a pass number: ``ip1`` /
     ``fp1`` are pass 1's): ``ip`` / ``fp`` the int / float launch parameters (``TQA_SPLIT_PARAMS`` in
     attention_kernel.h lists pass 1's), ``tabs`` the value and rotation tables, ``dep`` the array the
-    pass must run after, ``po`` the partial outputs of every split, ``pml`` their (running max, sum of
-    weights) pairs."""
+    pass must run after, ``qsc`` the keys' channel scales q is multiplied by (float32, (Hq, D)), ``po``
+    the partial outputs of every split, ``pml`` their (running max, sum of weights) pairs."""
     from .kernel import Kernel
 
     header = (KERNEL_DIR / "attention_kernel.h").read_text()
@@ -102,7 +108,7 @@ def kernel_defs(qtype: int, kernel: str = "lanes"):
     split = Kernel(
         "tq_attention_split_" + kernel.replace("-", "_"),
         (("q", qdt), ("kb", "uint8"), ("vb", "uint8"), ("ip", "int32"), ("fp", "float32"), ("tabs", "float32"),
-         ("dep", "uint32")),
+         ("dep", "uint32")) + ((("qsc", "float32"),) if qscale else ()),
         (("po", "float32"), ("pml", "float32")),
         (KERNEL_DIR / SPLIT_SOURCES[kernel]).read_text(),
         header + ("\n" + (KERNEL_DIR / "attention_mma.h").read_text() if kernel == "int8-mma" else ""))
@@ -116,10 +122,11 @@ def kernel_defs(qtype: int, kernel: str = "lanes"):
 
 def built(backend: str, which: int, qtype: int, static: dict, kernel: str = "lanes"):
     """Pass 1 (``which`` 0) or the combine pass (1), compiled for ``backend`` by the one kernel builder
-    and cache (:func:`.dispatch.build`): the emulator's kernel, or MLX's raw callable on a GPU."""
+    and cache (:func:`.dispatch.build`): the emulator's kernel, or MLX's raw callable on a GPU. A static
+    ``TQA_QSC`` picks pass 1's definition with the input ``qsc``."""
     from .dispatch import build
 
-    kern = build(kernel_defs(qtype, kernel)[which], static, backend)
+    kern = build(kernel_defs(qtype, kernel, bool(static.get("TQA_QSC")))[which], static, backend)
     return kern if backend == "cpu-emulator" else kern.raw
 
 

@@ -22,8 +22,8 @@ from .decode_options import DecodeOptions, as_options
 PLAN_OVERRIDES = ("splits", "lanes_per_key", "warps", "tile", "kernel")
 
 
-def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=None, dyn=True):
-    split_s, comb_s, extra1, extra2 = static_params(prob, plan, qtype, dyn_build(prob, plan, dyn))
+def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=None, dyn=True, q_scale=None):
+    split_s, comb_s, extra1, extra2 = static_params(prob, plan, qtype, dyn_build(prob, plan, dyn), q_scale is not None)
     if qtype == 2:  # bfloat16 exists only as MLX arrays: take the bits
         import mlx.core as mx
 
@@ -42,6 +42,8 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
     sk = np.zeros(prob.q_heads, np.float32) if sinks is None else _np(sinks).astype(np.float32).reshape(-1)
     k1 = built("cpu-emulator", 0, qtype, split_s, plan.kernel)
     ins = [qn, np.ascontiguousarray(_np(kb)), np.ascontiguousarray(_np(vb)), ip1, fp1, tabs, np.zeros(1, np.uint32)]
+    if q_scale is not None:
+        ins.append(q_scale)
     grid1 = (prob.batch * prob.kv_heads * plan.splits, 1, 1)
     po, pml = launch(k1, ins, [(rows, np_, prob.v_dim), (rows, np_, 2)], grid1, 32 * plan.warps, seed=seed)
     ip2 = np.array([np_, prob.q_heads, int(sinks is not None), *extra2], np.int32)
@@ -50,21 +52,32 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
     return out
 
 
-def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: str, dyn: bool, consts: bool):
+def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: str, dyn: bool, consts: bool,
+             q_scale=None):
     import mlx.core as mx
 
     def as_mx(a):
         return a if isinstance(a, mx.array) else mx.array(np.ascontiguousarray(_np(a)))
 
-    run = launches(prob, plan, qtype, backend, sinks is not None, dyn, consts)
-    return run(as_mx(q), as_mx(kb), as_mx(vb), None if sinks is None else as_mx(sinks))
+    run = launches(prob, plan, qtype, backend, sinks is not None, dyn, consts, q_scale is not None)
+    return run(as_mx(q), as_mx(kb), as_mx(vb), None if sinks is None else as_mx(sinks),
+               None if q_scale is None else mx.array(q_scale))
+
+
+def _query_scale(q_scale, prob: Problem) -> np.ndarray:
+    """``q_scale`` as pass 1's input ``qsc``: float32, the query heads x head dim values in order."""
+    a = np.ascontiguousarray(_np(q_scale), np.float32).reshape(-1)
+    if a.size != prob.q_heads * prob.head_dim:
+        raise AttentionError(f"q_scale has {a.size} values; q's heads x head dim are {prob.q_heads * prob.head_dim} "
+                             f"(shape (Hq, D) or (1, Hq, 1, D))")
+    return a
 
 
 def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backend: str = "auto",
                      splits: "int | None" = None, lanes_per_key: "int | None" = None, warps: "int | None" = None,
                      tile: "int | None" = None, kernel: "str | None" = None, seed: "int | None" = None,
                      generic: "bool | None" = None, q_precision: "str | None" = None,
-                     options: "DecodeOptions | None" = None):
+                     options: "DecodeOptions | None" = None, q_scale=None):
     """Run the two kernel passes on ``backend`` and return the output shaped like q.
 
     ``generic``: build the format-generic variant (format constants in the parameter buffer: one
@@ -72,7 +85,9 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
     per format pair, the fast one); ``generic=True`` on a GPU serves sweeps over many pairs.
     ``kernel``: the pass-1 kernel, "lanes", "tiles" or "int8-mma" (default: from q's precision; tiles when
     its threadgroup memory fits; a former name is taken with a DeprecationWarning). ``options``: the
-    decode options (``q_precision`` merges into them).
+    decode options (``q_precision`` merges into them). ``q_scale``: a key-calibrated cache's channel
+    scales s (Hq x D values: (Hq, D) or (1, Hq, 1, D)); pass 1 attends with q * s, made in float32 and
+    rounded to q's dtype as it loads q (the same bits as q * s cast to q's dtype before the call).
     """
     bk = pick_backend("auto" if backend == "kernel" else backend)
     qdt = str(q.dtype).replace("mlx.core.", "")
@@ -84,11 +99,12 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
         generic = bk == "cpu-emulator"
     kernel = resolve_kernel(prob, bk, kernel, opts.q_precision)
     plan = plan_cached(prob, bk, splits, lanes_per_key, warps, tile, kernel, bool(generic), opts)
+    qsc = None if q_scale is None else _query_scale(q_scale, prob)
     launches0 = LAUNCHES[0]
     shape = (prob.batch, prob.q_heads, prob.head_dim) if prob.squeeze_rows else (
         prob.batch, prob.q_heads, prob.rows, prob.head_dim)
     if bk == "cpu-emulator":
-        out = _run_emulator(q, k_blocks, v_blocks, prob, sinks, plan, qtype, seed, generic)
+        out = _run_emulator(q, k_blocks, v_blocks, prob, sinks, plan, qtype, seed, generic, qsc)
         if qtype == 1:
             out = out.view(np.float16)
         out = out.reshape(shape)
@@ -98,7 +114,7 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
             out = mx.array(out) if qtype != 2 else mx.view(mx.array(out), mx.bfloat16)
     else:
         out = _run_mlx(q, k_blocks, v_blocks, prob, sinks, plan, qtype, bk, dyn_build(prob, plan, generic),
-                       opts.device_consts)
+                       opts.device_consts, qsc)
         if not _is_mlx(q):
             import mlx.core as mx
 
@@ -176,24 +192,24 @@ class _EmulatedDecodeLaunch:
 
     def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None):
         """:meth:`DecodeLaunch.with_append`'s contract: the append, then this attention (two calls here)."""
-        import mlx.core as mx
-
         flag = append(k_rows, v_rows, kb, vb, pos, flag_in)
-        if q_scale is not None:
-            q = (q.astype(mx.float32) * q_scale).astype(q.dtype)
-        return flag, self(q, kb, vb, length, after=flag)
+        return flag, self(q, kb, vb, length, after=flag, q_scale=q_scale)
 
-    def __call__(self, q, kb, vb, length: int, after=None, sinks=None):
+    def __call__(self, q, kb, vb, length: int, after=None, sinks=None, q_scale=None):
+        """:meth:`DecodeLaunch.__call__`'s contract: q in its own dtype (the kernels of that dtype), the
+        channel scales ``q_scale`` multiplied in by pass 1."""
         import mlx.core as mx
 
-        mx.eval(q, kb, vb, *([] if after is None else [after]))
-        out = self._attend(np.array(q.astype(mx.float32)), np.array(kb), np.array(vb), length,
-                           None if sinks is None else np.array(sinks))
+        mx.eval(q, kb, vb, *([] if after is None else [after]), *([] if q_scale is None else [q_scale]))
+        out = self._attend(q, np.array(kb), np.array(vb), length, None if sinks is None else np.array(sinks),
+                           q_scale)
         self.run_info = last_run()
-        return mx.array(out).astype(q.dtype)
+        return out
 
-    def _attend(self, q, kb, vb, length: int, sinks):
-        """``decode_attention(..., backend="cpu-emulator")`` on numpy arrays: the problem validated, the
-        two kernel passes on the emulator (recorded as the thread's last run)."""
+    def _attend(self, q, kb, vb, length: int, sinks, q_scale):
+        """``decode_attention(..., backend="cpu-emulator")`` on the MLX q and numpy blocks (the output an
+        MLX array of q's dtype): the problem validated, the two kernel passes on the emulator (recorded
+        as the thread's last run)."""
         prob = check_problem(q, kb, vb, length=length, sinks=sinks, **self._kw)
-        return kernel_attention(q, kb, vb, prob, sinks, backend="cpu-emulator", options=self.options)
+        return kernel_attention(q, kb, vb, prob, sinks, backend="cpu-emulator", options=self.options,
+                                q_scale=q_scale)

@@ -67,9 +67,11 @@ def table_row(table, i: int):
 
 
 @lru_cache(maxsize=256)
-def _mlx_setup(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, dyn: bool, consts: bool):
-    """Kernels and constant buffers of one call signature (lengths and splits left out)."""
-    split_s, comb_s, extra1, extra2 = static_params(shape_prob, shape_plan, qtype, dyn)
+def _mlx_setup(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, dyn: bool, consts: bool,
+               qscale: bool = False):
+    """Kernels and constant buffers of one call signature (lengths and splits left out); ``qscale``:
+    pass 1 built to multiply q by the input ``qsc``."""
+    split_s, comb_s, extra1, extra2 = static_params(shape_prob, shape_plan, qtype, dyn, qscale)
     fp1 = const_buffer(np.array([shape_prob.scale, shape_prob.softcap], np.float32), consts)
     tabs = const_buffer(tables(shape_prob), consts)
     # constants already evaluated (host data, or const_buffer's scheduled device copy: no pending
@@ -97,37 +99,42 @@ def _int_buffer(values: tuple, consts: bool):
 class Launches:
     """The launches of one call (signature, plan and lengths fixed), every buffer prepared: what a
     decoding loop repeats. Called with MLX arrays; q and the output keep q's dtype (the kernels view
-    fp16 / bf16 as bits). :meth:`launch` is the one place that issues them (DecodeLaunch too)."""
+    fp16 / bf16 as bits). :meth:`launch` is the one place that issues them (DecodeLaunch too). With
+    ``qscale`` pass 1 takes one more input, ``qsc``: the keys' channel scales (float32, Hq x D values)
+    it multiplies q by as it loads it."""
 
     __slots__ = ("k1", "k2", "fp1", "tabs", "zero_sinks", "ip1", "ip2", "out1", "grid1", "tg1", "shape", "grid2",
-                 "no_dep", "_compiled")
+                 "no_dep", "qscale", "_compiled")
 
-    def __call__(self, q, kb, vb, sinks):
-        return self.launch(q, kb, vb, sinks, self.ip1, self.no_dep)
+    def __call__(self, q, kb, vb, sinks, qsc=None):
+        return self.launch(q, kb, vb, sinks, self.ip1, self.no_dep, qsc)
 
     def compiled(self, has_sinks: bool):
-        """:meth:`launch` under ``mx.compile`` (``(q, kb, vb, ip1, dep[, sinks])``): traced once, then each
-        call replays the traced custom-kernel primitives, so MLX's per-call Python binding and kernel
-        source assembly drop out."""
+        """:meth:`launch` under ``mx.compile`` (``(q, kb, vb, ip1, dep[, sinks][, qsc])``, ``qsc`` with
+        ``qscale``): traced once, then each call replays the traced custom-kernel primitives, so MLX's
+        per-call Python binding and kernel source assembly drop out."""
         import mlx.core as mx
 
         fns = self._compiled
         if fns is None:
-            def plain(q, kb, vb, ip1, dep):
-                return self.launch(q, kb, vb, None, ip1, dep)
+            def plain(q, kb, vb, ip1, dep, *qsc):
+                return self.launch(q, kb, vb, None, ip1, dep, *qsc)
 
-            def with_sinks(q, kb, vb, ip1, dep, sinks):
-                return self.launch(q, kb, vb, sinks, ip1, dep)
+            def with_sinks(q, kb, vb, ip1, dep, sinks, *qsc):
+                return self.launch(q, kb, vb, sinks, ip1, dep, *qsc)
             fns = self._compiled = (mx.compile(plain), mx.compile(with_sinks))
         return fns[1] if has_sinks else fns[0]
 
-    def launch(self, q, kb, vb, sinks, ip1, dep):
-        """Pass 1 (with ``ip1``: its int parameters, ``dep``: the array it must run after) and the
-        combine pass."""
+    def launch(self, q, kb, vb, sinks, ip1, dep, qsc=None):
+        """Pass 1 (with ``ip1``: its int parameters, ``dep``: the array it must run after, ``qsc``: the
+        channel scales of a ``qscale`` build, else None) and the combine pass."""
         import mlx.core as mx
 
+        if (qsc is None) == self.qscale:
+            raise AttentionError("the channel scales q is multiplied by go with a pass 1 built for them "
+                                 f"(this one: qscale={self.qscale})")
         sk = self.zero_sinks if sinks is None else sinks.astype(mx.float32).reshape(-1)
-        po, pml = launch(self.k1, inputs=[q, kb, vb, ip1, self.fp1, self.tabs, dep],
+        po, pml = launch(self.k1, inputs=[q, kb, vb, ip1, self.fp1, self.tabs, dep, *(() if qsc is None else (qsc,))],
                          output_shapes=self.out1, output_dtypes=[mx.float32, mx.float32], grid=self.grid1,
                          threadgroup=self.tg1)
         (out,) = launch(self.k2, inputs=[po, pml, self.ip2, sk, self.tabs], output_shapes=self.shape,
@@ -137,15 +144,17 @@ class Launches:
 
 @lru_cache(maxsize=1024)
 def launches(prob: Problem, plan: Plan, qtype: int, backend: str, has_sinks: bool, dyn: bool = False,
-             consts: bool = False) -> Launches:
+             consts: bool = False, qscale: bool = False) -> Launches:
     """Kernels, constant buffers and launch geometry of one call (lengths included): one lookup.
-    ``consts``: constants copied to the device (the options' ``device_consts``)."""
+    ``consts``: constants copied to the device (the options' ``device_consts``); ``qscale``: pass 1
+    takes q's channel scales (:class:`Launches`)."""
     shape_prob = dataclasses.replace(prob, lengths=())
     shape_plan = dataclasses.replace(plan, splits=0, split_len=0)
     f = Launches()
     f._compiled = None
+    f.qscale = qscale
     f.k1, f.k2, f.fp1, f.tabs, f.zero_sinks, extra1, extra2 = _mlx_setup(shape_prob, shape_plan, qtype, backend,
-                                                                         dyn, consts)
+                                                                         dyn, consts, qscale)
     f.no_dep = _no_dep(consts)
     f.ip1 = _int_buffer((prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1,
                          *prob.lengths), consts)
@@ -173,10 +182,13 @@ class DecodeLaunch:
     length — which grows every step — travels in the parameter buffer, made once per length for all
     layers. A decoding loop reuses the same two launches for every step until the buffers grow.
     ``after``: an array the kernel must run after (the in-place append's flag), so it reads the rows
-    that append wrote. ``opts``: resolved for ``backend``."""
+    that append wrote. ``q_scale`` (a key-calibrated cache's channel scales, :meth:`__call__`): pass 1
+    multiplies q by them as it loads it, so a calibrated step runs the same kernels as another.
+    ``opts``: resolved for ``backend``."""
 
     def __init__(self, prob: Problem, backend: str, qtype: int, opts: DecodeOptions):
         self.backend = backend
+        self._prob, self._qtype = prob, qtype
         self.options = opts
         plan = plan_cached(prob, backend, None, None, None, None,
                            resolve_kernel(prob, backend, None, opts.q_precision), False, opts)
@@ -193,8 +205,11 @@ class DecodeLaunch:
                              chain=plan.chain(prob.l_max), q_precision=plan.q_precision, **int8_mma_report(plan),
                              compiled=opts.compile, device_params=opts.device_params,
                              device_consts=opts.device_consts)
-        # the prepared launches; this class adds the per-length parameter buffer
+        # the prepared launches (pass 1 with q's channel scales: made at the first call that brings them);
+        # this class adds the per-length parameter buffer
         self._run = launches(prob, plan, qtype, backend, prob.has_sinks, False, opts.device_consts)
+        self._run_scaled = None
+        self._qsc_size = prob.q_heads * prob.head_dim
         self.fuses_append = opts.defer_append
         self._with_append: dict = {}   # prepared append -> the compiled append + attention
 
@@ -216,34 +231,48 @@ class DecodeLaunch:
                 buf = self._ip1[length] = mx.array(np.array(self._head + [length] * self.batch, np.int32))
         return buf
 
-    def __call__(self, q, kb, vb, length: int, after=None, sinks=None):
-        run = self._run
+    def _launches(self, q_scale) -> Launches:
+        """The prepared launches for ``q_scale`` (None: the plain pass 1; else the one taking it, whose
+        Hq x D values it checks)."""
+        if q_scale is None:
+            return self._run
+        if q_scale.size != self._qsc_size:
+            raise AttentionError(f"q_scale has {q_scale.size} values; the query heads x head dim are "
+                                 f"{self._qsc_size}")
+        run = self._run_scaled
+        if run is None:
+            run = self._run_scaled = launches(self._prob, self.plan, self._qtype, self.backend, self._prob.has_sinks,
+                                              False, self.options.device_consts, True)
+        return run
+
+    def __call__(self, q, kb, vb, length: int, after=None, sinks=None, q_scale=None):
+        """The attention of q over the buffers at ``length``, after ``after``. ``q_scale``: a key-calibrated
+        cache's channel scales (float32, Hq x D values in q's head order, e.g. shaped (1, Hq, 1, D)):
+        the kernel attends with q * s, made in float32 and rounded to q's dtype as it loads q."""
+        run = self._launches(q_scale)
         dep = run.no_dep if after is None else after
         ip1 = self.ip1(length)
+        qsc = () if q_scale is None else (q_scale,)
         if self.compiled:
             fn = run.compiled(sinks is not None)
-            return fn(q, kb, vb, ip1, dep) if sinks is None else fn(q, kb, vb, ip1, dep, sinks)
-        return run.launch(q, kb, vb, sinks, ip1, dep)
+            return fn(q, kb, vb, ip1, dep, *qsc) if sinks is None else fn(q, kb, vb, ip1, dep, sinks, *qsc)
+        return run.launch(q, kb, vb, sinks, ip1, dep, *qsc)
 
     def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None):
         """The decode step's in-place append of ``k_rows`` / ``v_rows`` at row ``pos`` (``append``: the
         cache's prepared :class:`~tqbridge.metal.kv_append.KVAppend`, ``flag_in`` its flag) and then this
-        attention at ``length``, ordered after it by the append's flag: ``(flag, out)``. ``q_scale``
-        (float32, broadcast against q: a key-calibrated cache's channel scales) multiplies q first, in
-        float32, back to q's dtype. Compiled launches trace it all as one function (one replay per layer,
-        the scaling fused into one elementwise kernel)."""
+        attention at ``length``, ordered after it by the append's flag: ``(flag, out)``. ``q_scale`` as in
+        :meth:`__call__` (multiplied in by pass 1). Compiled launches trace it all as one function: one
+        replay of three kernels per layer, with or without ``q_scale``."""
         key = (append, q_scale is not None)
         fn = self._with_append.get(key)
+        run = self._launches(q_scale)
         if fn is None:
             import mlx.core as mx
 
-            run = self._run
-
-            def both(k_rows, v_rows, q, kb, vb, params, flag_in, ip1, *scale):
+            def both(k_rows, v_rows, q, kb, vb, params, flag_in, ip1, *qsc):
                 flag = append.launch(k_rows, v_rows, kb, vb, params, flag_in)
-                if scale:
-                    q = (q.astype(mx.float32) * scale[0]).astype(q.dtype)
-                return flag, run.launch(q, kb, vb, None, ip1, flag)
+                return flag, run.launch(q, kb, vb, None, ip1, flag, *qsc)
             fn = self._with_append[key] = mx.compile(both) if self.compiled else both
         return fn(k_rows, v_rows, q, kb, vb, append.step_params(k_rows, kb, pos, flag_in), flag_in, self.ip1(length),
                   *(() if q_scale is None else (q_scale,)))

@@ -56,11 +56,12 @@ DSMEM_MIN = 48016            # dynamic requests start here: MLX raises CUDA's li
 # of 2 SIMD groups per SM) measured faster than 3 (38 KB, 5) at every length on the H200
 INT8_MMA_AUTO_STAGES_CUDA = 2
 INT8_MMA_MIN_SPLIT_KEYS = 128        # int8-mma on a GPU: at least this many keys per split
-# CUDA's automatic plan for rows of more than 128 values (head dim 256), where static memory holds only 32-key
-# tiles (one SIMD group of two chunks): 64-key tiles in dynamic memory, 4 SIMD groups of one chunk, the deepest
-# ring that fits (3 tiles, 71 KB). H200, q8_0/turbo3, 16/8 heads, pass 1 at 4K / 32K / 128K: 16.5 / 41.5 / 109.8 us
-# against 24.9 / 55.1 / 157.4 (0.88 of the copy bandwidth at 128K); 4/1 heads at 32K 21.6 against 31.2
-INT8_MMA_WIDE_ROWS = 128
+# CUDA's automatic plan where static memory holds only tiles below INT8_MMA_MAX_TILE keys (rows of 256 values:
+# 32-key tiles, so one SIMD group of two chunks per threadgroup): INT8_MMA_MAX_TILE-key tiles in dynamic memory,
+# INT8_MMA_WIDE_WARPS SIMD groups of one chunk, the deepest ring that fits (3 tiles, 71 KB at 256 values). H200,
+# q8_0/turbo3, 16/8 heads of 256, pass 1 at 4K / 32K / 128K: 16.5 / 41.5 / 109.8 us against 24.9 / 55.1 / 157.4
+# (0.88 of the copy bandwidth at 128K); 4/1 heads at 32K 21.6 against 31.2 (record h200/2026-12-04-wide-rows)
+INT8_MMA_WIDE_WARPS = 4
 
 
 @dataclass(frozen=True)
@@ -282,8 +283,9 @@ def int8_mma_shared_bytes(prob: Problem, warps: int, tile: int, stages: int = 2,
 def int8_mma_v_decode(prob: Problem, opts: DecodeOptions) -> str:
     """How kernel int8-mma decodes ``prob``'s V rows into binary16 fragments (the RunRecord's ``v_decode``):
     "turbo-permute" (turbo2 / turbo3 rows of 128 or 256 values, each lane's runs of 8 / 16 values inside
-    one block: four centroids per byte permute of registers), "codes-permute" (legacy blocks x = d * (code - offset), 4-, 5- or 8-bit codes: codes
-    moved into binary16 integers by byte permutes, one subtraction, times the pair of block scales),
+    one block: four centroids per byte permute of registers), "codes-permute" (legacy blocks
+    x = d * (code - offset), 4-, 5- or 8-bit codes: codes moved into binary16 integers by byte permutes,
+    one subtraction, times the pair of block scales),
     or "generic" (every other format, and every format under ``options.v_decode="generic"``: the
     per-value decoder; each fast path is bit-identical to it, tests/test_attention_int8_mma_v_paths.py)."""
     if opts.v_decode == "generic":
@@ -342,9 +344,7 @@ def _make_plan_int8_mma(prob: Problem, backend: str, splits, warps, tile, chunks
         raise AttentionError(f"kernel 'int8-mma' takes chunks of {' or '.join(map(str, INT8_MMA_CHUNKS))} (16-key "
                              f"chunks per SIMD-group step), got {chunks}")
     kc_set = opts.chunks if chunks is None else int(chunks)   # None: the planner's choice
-    wide = (backend == "cuda" and kc_set is None and warps is None and tile is None
-            and max(prob.k_dim, prob.v_dim) > INT8_MMA_WIDE_ROWS)
-    kc = 1 if wide else (kc_set or INT8_MMA_DEFAULT_CHUNKS.get(backend, 1))
+    kc = kc_set or INT8_MMA_DEFAULT_CHUNKS.get(backend, 1)
     v_decode = int8_mma_v_decode(prob, opts)
     nw = INT8_MMA_WARPS if warps is None else int(warps)
     if not 1 <= nw <= 8:
@@ -370,8 +370,6 @@ def _make_plan_int8_mma(prob: Problem, backend: str, splits, warps, tile, chunks
                 return n, True
         return None
 
-    if wide:
-        tile = INT8_MMA_MAX_TILE   # (see INT8_MMA_WIDE_ROWS)
     if tile is not None:
         tl = int(tile)
         if tl % (16 * kc) or not 16 <= tl <= 256:
@@ -400,6 +398,15 @@ def _make_plan_int8_mma(prob: Problem, backend: str, splits, warps, tile, chunks
         if (backend == "cuda" and ns > INT8_MMA_AUTO_STAGES_CUDA and tl >= 64
                 and sizes[INT8_MMA_AUTO_STAGES_CUDA, tl] <= limit):
             ns, dyn = INT8_MMA_AUTO_STAGES_CUDA, False
+        # CUDA, where static memory holds only tiles below INT8_MMA_MAX_TILE keys (wide rows): that tile in
+        # dynamic memory for INT8_MMA_WIDE_WARPS SIMD groups of one chunk
+        if backend == "cuda" and kc_set is None and warps is None and tl < INT8_MMA_MAX_TILE and not dyn:
+            nw_static, nw = nw, INT8_MMA_WIDE_WARPS
+            got = stages_for(INT8_MMA_MAX_TILE)
+            if got is not None:
+                (ns, dyn), tl, kc = got, INT8_MMA_MAX_TILE, 1
+            else:
+                nw = nw_static
     if opts.dynamic_shared and backend != "metal":
         dyn = True   # the dynamic declaration also where static memory would do (the emulator runs it)
     # each SIMD group takes 16 * chunks keys of a tile per step: with chunks > 1, no more groups than a tile

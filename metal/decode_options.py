@@ -42,7 +42,8 @@ DEFER_APPEND_BACKENDS = ("cuda",)
 
 # kernel int8-mma's 16-key chunks per SIMD-group step where the options leave it to the planner: 2 on CUDA (two
 # chunks in 2 SIMD groups of 64-key tiles beat one in 4: pass 1 at 32K / 128K 25.8 / 67.2 us vs 26.7 / 70.9),
-# except CUDA's plan for rows of more than 128 values (attention_plan: one chunk in 4 SIMD groups), 1 elsewhere
+# except CUDA's plan where static memory holds only tiles below 64 keys (attention_plan.INT8_MMA_WIDE_WARPS: one
+# chunk in 4 SIMD groups), 1 elsewhere
 INT8_MMA_CHUNKS = (1, 2)
 INT8_MMA_DEFAULT_CHUNKS = {"cuda": 2}
 

@@ -120,6 +120,14 @@ class Kernel:
         text = _ids(backend) + writable + self.body
         return text if backend == "cpu-emulator" else _without_comment_lines(text)
 
+    def cuda_source(self, static: Mapping[str, int]) -> str:
+        """One CUDA translation unit as MLX's CUDA backend compiles it: the header and body for the CUDA
+        prelude under the signature MLX generates (inputs ``const T*``, outputs ``T*``). For compiling a
+        build offline (nvcc, NVRTC through CuPy); MLX itself takes header and body apart."""
+        args = [f"const {CTYPES[t]}* {n}" for n, t in self.inputs] + [f"{CTYPES[t]}* {n}" for n, t in self.outputs]
+        return ("#include <cuda_fp16.h>\n" + self.header_source("cuda", static)
+                + f'extern "C" __global__ void {self.name}({", ".join(args)}) {{\n' + self.body_source("cuda") + "\n}\n")
+
     def cpu_source(self, static: Mapping[str, int]) -> str:
         """One C++ translation unit for the emulator."""
         args = []

@@ -61,7 +61,8 @@ def check_decode_lane(k_format: str, v_format: str, k_dim: int, v_dim: int, k_dp
                       k_rot: int, v_rot: int, dtype: str, backend: str,
                       options: "DecodeOptions | None" = None, calibrated: bool = False) -> "str | None":
     """None when the lane's kernels, launched with ``options``, reproduce their references here, else the
-    reason (said once). ``calibrated``: the append that stores calibrated keys (random means and scales)."""
+    reason (said once). ``calibrated``: the append that stores calibrated keys (random means and scales)
+    and the attention whose pass 1 multiplies q by the scales."""
     opts = (DEFAULT_OPTIONS if options is None else options).resolve(backend)
     key = "|".join(map(str, (backend, _device_name(backend), kernel_digest(), k_format, v_format, k_dim,
                              v_dim, k_rot, v_rot, dtype, opts.label()) + (("calibrated",) if calibrated else ())))
@@ -115,11 +116,13 @@ def _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, back
     km, vm = mx.array(k).astype(mdt), mx.array(v).astype(mdt)
     app = kv_append.prepared(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, backend, opts,
                              calibrated=calibrated)
-    kcal = None
+    kcal = qsc = None
     if calibrated:
-        kcal = kv_append.calibration_rows(rng.standard_normal((H, k_dim)) * 0.5,
-                                          np.exp(rng.standard_normal((H, k_dim)) * 0.3), H, k_dim)
+        mu, sc = rng.standard_normal((H, k_dim)) * 0.5, np.exp(rng.standard_normal((H, k_dim)) * 0.3)
+        kcal = kv_append.calibration_rows(mu, sc, H, k_dim)
         app = kv_append.CalibratedAppend(app, mx.array(kcal.reshape(-1)))
+        # the scales as the lane hands them to the attention (TQCache.query_scale: query heads share theirs)
+        qsc = mx.array(np.repeat(sc.astype(np.float32), G, axis=0).reshape(1, H * G, 1, k_dim))
     kc = mx.zeros((B, H, cap, app.k_row_bytes), mx.uint8)
     vc = mx.zeros((B, H, cap, app.v_row_bytes), mx.uint8)
     mx.eval(kc, vc)
@@ -140,10 +143,12 @@ def _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, back
                             **kw)
     if launch is None:
         return "no prepared attention launch for this backend"
-    got = np.array(launch(q, kc, vc, S, after=flag).astype(mx.float32))
-    # the reference with the q precision the launch runs (kernel int8-mma quantizes q to int8)
+    got = np.array(launch(q, kc, vc, S, after=flag, q_scale=qsc).astype(mx.float32))
+    # the reference with the q precision the launch runs (kernel int8-mma quantizes q to int8), over q * s
+    # rounded to q's dtype where the launch scales q
     qp = launch.run_info.get("q_precision")
-    want = np.array(decode_attention(q.astype(mx.float32), kc, vc, length=S, backend="reference", **kw,
+    qr = q if qsc is None else (q.astype(mx.float32) * qsc).astype(mdt)
+    want = np.array(decode_attention(qr.astype(mx.float32), kc, vc, length=S, backend="reference", **kw,
                                      q_precision=qp or "exact"))
     err = float(np.abs(got - want).max())
     top = float(np.abs(want).max()) or 1.0

@@ -47,3 +47,15 @@ def emulated_decode_lane():
 
     with emulate_decode_lane():
         yield
+
+
+@pytest.fixture
+def cpu_device():
+    """MLX's CPU device for the test that asks (its GPU tests keep the default device); a module that
+    imports tiny_models' fixture of this name has it for every test instead."""
+    import mlx.core as mx
+
+    prev = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(prev)

@@ -275,10 +275,11 @@ def test_cuda_grid_stays_within_one_wave_of_resident_threadgroups(monkeypatch):
 
 
 def test_wide_rows_plan_on_cuda(clean_plans):
-    """Rows of 256 values (Gemma 3's head dim) on CUDA, options leaving chunks to the planner: 64-key tiles
-    in dynamic memory, 4 SIMD groups of one chunk, a 3-tile ring (attention_plan.INT8_MMA_WIDE_ROWS, measured);
-    chunks asked for explicitly keep the static plan; rows of 128 values keep two chunks in 2 SIMD groups; the
-    other backends keep their 32 KB plans."""
+    """Rows of 256 values (Gemma 3's head dim) on CUDA, options leaving chunks to the planner: static memory
+    holds only 32-key tiles there, so 64-key tiles in dynamic memory, 4 SIMD groups of one chunk, a 3-tile
+    ring (attention_plan.INT8_MMA_WIDE_WARPS, measured); chunks asked for explicitly keep the static plan;
+    rows too wide for even that ring (f16 values) keep the former plan; rows of 128 values keep two chunks
+    in 2 SIMD groups; the other backends keep their 32 KB plans."""
     rng = np.random.default_rng(1)
     for d, hq, hkv in ((256, 16, 8), (256, 4, 1)):
         q = rng.standard_normal((1, hq, d)).astype(np.float32)
@@ -292,6 +293,13 @@ def test_wide_rows_plan_on_cuda(clean_plans):
         assert (static.chunks, static.dyn_smem, static.tile) == (2, 0, 32)
         for be in ("cpu-emulator", "metal"):
             assert attention_plan.make_plan(prob, be, kernel="int8-mma").dyn_smem == 0
+    # f16 values of 256: not even a 2-tile ring of 64-key tiles fits CUDA's dynamic memory: the former plan
+    q = rng.standard_normal((1, 16, 256)).astype(np.float32)
+    kb, vb = _cache(rng, "q8_0", (1, 8, 64, 256)), _cache(rng, "f16", (1, 8, 64, 256))
+    prob = check_problem(q, kb, vb, k_format="q8_0", v_format="f16", length=64)
+    f16 = attention_plan.make_plan(prob, "cuda", kernel="int8-mma")
+    assert f16 == attention_plan.make_plan(prob, "cuda", kernel="int8-mma", options=_chunks(2))
+    assert f16.chunks == 2 and f16.tile < attention_plan.INT8_MMA_MAX_TILE
     q = rng.standard_normal((1, 32, 128)).astype(np.float32)
     kb, vb = _cache(rng, "q8_0", (1, 8, 64, 128)), _cache(rng, "turbo3", (1, 8, 64, 128))
     prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)

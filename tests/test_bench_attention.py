@@ -173,3 +173,15 @@ def test_head_dim_64_turbo_rows_are_padded_as_the_cache_stores_them(tmp_path):
     assert not row.get("cache_path_wrong") and not row.get("fused_wrong")
     k_row, v_row = get_format("q8_0").row_bytes(64), get_format("turbo3").row_bytes(128)
     assert row["kernel_bytes"] == 2 * 96 * (k_row + v_row)   # kv heads x context x padded row bytes
+
+
+def test_tune_takes_int8_mma_chunks(tmp_path):
+    """``--tune int8-mma:WARPSxTILExCHUNKS`` times int8-mma with that many 16-key chunks per step (the wide-row
+    plan's one chunk in 4 SIMD groups, against two in 2), each configuration's plan saying what ran."""
+    out = tmp_path / "bench.json"
+    args = [a if a != "" else "int8-mma:2x64x1,int8-mma:1x64x2" for a in SMALL]
+    assert main(args + ["--kernel", "int8-mma", "--regime", "fixed", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["contexts"]
+    assert (row["fused_int8-mma_2x64x1_plan"]["warps"], row["fused_int8-mma_2x64x1_plan"]["chunks"]) == (2, 1)
+    assert (row["fused_int8-mma_1x64x2_plan"]["warps"], row["fused_int8-mma_1x64x2_plan"]["chunks"]) == (1, 2)
+    assert row["fused_int8-mma_2x64x1_us"] > 0 and "fused_int8-mma_2x64x1_wrong" not in row

@@ -1,6 +1,7 @@
 """Key-calibrated caches on the GPU decode lane: the in-place append stores (x - mu) / s per head and
-channel before its rotation, and the fused attention takes q * s (issue 36 item 3). On the CPU the lane
-runs with its kernels on the emulator; the same kernel source runs on CUDA and Metal."""
+channel before its rotation, and the fused attention takes q * s (issue 36 item 3), made by its pass 1 as
+it loads q (the kernels of an uncalibrated step, one input more). On the CPU the lane runs with its
+kernels on the emulator; the same kernel source runs on CUDA and Metal."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tqbridge.metal.lm.cache import TQCache, make_cache  # noqa: E402
 from tqbridge.metal.lm.kv_spelling import parse_kv_spec  # noqa: E402
 from tqbridge.metal.lm.report import cache_report  # noqa: E402
 from tiny_models import forced_decode, tiny_llama, tokens  # noqa: E402
+from test_attention_kernel import BACKENDS, _cache  # noqa: E402
 
 # Float keys: calibration is exact in real arithmetic; in float32 the mean subtracted, the scale divided
 # and the q.mu shift of every score round differently. tests/test_calibration.py measured up to ~4e-6 on
@@ -24,13 +26,6 @@ LOGIT_ATOL = 1e-4
 # same cache (the verdict of tests/test_decode_step.py, whose comment gives the measurements).
 QUANTIZED_LANE_ERROR_RATIO, QUANTIZED_LANE_ERROR_SLACK = 1.25, 1e-2
 
-
-@pytest.fixture
-def cpu_device():
-    old = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    yield
-    mx.set_default_device(old)
 
 
 def _kernel_case(kf, vf, d, dtype, rot, seed=3):
@@ -110,11 +105,11 @@ def test_float_keys_on_the_calibrated_lane_give_the_float_cache_logits(emulated_
 
 @pytest.mark.parametrize("bug", ["q not scaled", "keys not scaled"])
 def test_the_float_verdict_catches_a_lane_without_its_scale(emulated_decode_lane, bug, cpu_device, monkeypatch):
-    """Planted: the lane's attention takes q unscaled, or the append stores keys without dividing by s;
-    the float-keys verdict above fails by far more than its tolerance."""
+    """Planted: the lane's attention takes q unscaled (no channel scales for its pass 1), or the append
+    stores keys without dividing by s; the float-keys verdict above fails by far more than its tolerance."""
     monkeypatch.setattr(TQCache, "step", 8)
     if bug == "q not scaled":
-        monkeypatch.setattr(TQCache, "lane_query", lambda self, q: q)
+        monkeypatch.setattr(TQCache, "query_scale", lambda self, q: None)
     else:
         real = kv_append.calibration_rows
         monkeypatch.setattr(kv_append, "calibration_rows",
@@ -251,3 +246,144 @@ def test_every_registry_format_takes_the_lane_or_says_why(emulated_decode_lane, 
         assert on_lane or layer["codecs"].get("append_note"), layer
         assert layer["decode_kernel"] is not None or layer["decode_fallback"], layer
     assert rep["paths"].get("decode:cpu-emulator", 0) > 0 or any(l["decode_fallback"] for l in rep["layers"])
+
+
+# ---------------------------------------------------------------- q * s folded into pass 1
+
+# (K, V, head dim, G query heads per KV head, T query rows, window, sinks, rotation groups); the last two
+# are K formats kernel int8-mma takes
+FOLD_CASES = [("turbo4", "q4_0", 128, 2, 2, 20, False, None),
+              ("q5_1", "q5_0", 128, 4, 2, None, False, None),
+              ("q8_0", "turbo3", 64, 3, 2, 37, True, (64, 0))]
+
+
+def _bits(a):
+    return np.array(mx.view(a, mx.uint32 if a.dtype == mx.float32 else mx.uint16))
+
+
+def _fold_mismatches(backend: str, kernel: str, dtype, cases=FOLD_CASES) -> list:
+    """The cases (of ``cases``) whose output bits differ between pass 1 taking q and the channel scales
+    (``q_scale``) and pass 1 taking q * s made beforehand by MLX ops (float32, cast to q's dtype: the lane's
+    query before the fold)."""
+    from tqbridge.metal.attention import check_problem
+    from tqbridge.metal.attention_kernel import kernel_attention
+
+    bad = []
+    for i, (kf, vf, d, g, t, window, sinks, rot) in enumerate(cases):
+        if kernel == "int8-mma" and kf.startswith("turbo"):   # K formats it refuses
+            continue
+        rng = np.random.default_rng(40 + i)
+        hkv, n = 2, 70
+        kb, vb = _cache(rng, kf, (1, hkv, n + 6, d)), _cache(rng, vf, (1, hkv, n + 6, d))
+        s = np.exp(rng.standard_normal((hkv, d)) * 0.7).astype(np.float32)
+        qs = mx.array(np.repeat(s, g, axis=0).reshape(1, hkv * g, 1, d))   # as TQCache.query_scale shapes it
+        q = mx.array(rng.standard_normal((1, hkv * g, t, d)).astype(np.float32) * 2).astype(dtype)
+        sk = rng.standard_normal(hkv * g).astype(np.float32) if sinks else None
+        prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=n, window=window, sinks=sk, rotation=rot)
+        kw = dict(backend=backend, kernel=kernel, q_precision="int8" if kernel == "int8-mma" else "exact")
+        want = kernel_attention((q.astype(mx.float32) * qs).astype(dtype), kb, vb, prob, sk, **kw)
+        got = kernel_attention(q, kb, vb, prob, sk, q_scale=qs, **kw)
+        assert got.dtype == dtype
+        if not np.array_equal(_bits(got), _bits(want)):
+            bad.append((kf, vf, d, g, t))
+    return bad
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kernel", ["lanes", "tiles", "int8-mma"])
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32], ids=["f16", "bf16", "f32"])
+def test_q_scale_folded_into_pass_1_gives_the_bits_of_the_scaled_q(backend, kernel, dtype):
+    """Pass 1 multiplying q by the key scales as it loads q (in float32, rounded to q's dtype) gives the
+    output bits of the same kernel over q * s made by MLX ops: every pass-1 kernel, f16 / bf16 / f32 q, GQA
+    groups of 2 to 4 heads, 2 query rows, a window, sinks, turbo K and llama.cpp's rotation."""
+    assert _fold_mismatches(backend, kernel, dtype) == []
+
+
+@pytest.fixture
+def planted_kernels(tmp_path, monkeypatch):
+    """Swap one line of attention_kernel.h in a copy of the kernel sources; plans, launches and kernel
+    definitions are made anew before and after."""
+    import shutil
+
+    from tqbridge.metal import attention_build, attention_kernel
+
+    def plant(old: str, new: str) -> None:
+        src = (attention_build.KERNEL_DIR / "attention_kernel.h").read_text()
+        assert src.count(old) == 1, "attention_kernel.h changed: the text this test plants its bug in is gone"
+        for f in attention_build.KERNEL_DIR.iterdir():
+            shutil.copy(f, tmp_path / f.name)
+        (tmp_path / "attention_kernel.h").write_text(src.replace(old, new))
+        monkeypatch.setattr(attention_build, "KERNEL_DIR", tmp_path)
+        attention_build.kernel_defs.cache_clear()
+        attention_kernel.clear_launch_caches()
+    yield plant
+    attention_build.kernel_defs.cache_clear()
+    attention_kernel.clear_launch_caches()
+
+
+FOLD = "TQA_QLOAD(TQA_QSTORE(tq_mul(TQA_QLOAD(x), qsc[(hq) * TQA_D + (d)])))"
+
+
+@pytest.mark.parametrize("bug,new,dtype", [
+    ("q * s not rounded to q's dtype", "tq_mul(TQA_QLOAD(x), qsc[(hq) * TQA_D + (d)])", mx.bfloat16),
+    ("q * s not rounded to q's dtype", "tq_mul(TQA_QLOAD(x), qsc[(hq) * TQA_D + (d)])", mx.float16),
+    ("the KV head's scales", "TQA_QLOAD(TQA_QSTORE(tq_mul(TQA_QLOAD(x), qsc[(h) * TQA_D + (d)])))", mx.float32)])
+def test_the_fold_check_catches_a_planted_fold(planted_kernels, bug, new, dtype):
+    """Planted in pass 1's q load: the product kept in float32 (not rounded to q's dtype), or the scales of
+    row h (the KV head) for query head hq; the bit check above fails."""
+    planted_kernels(FOLD, new)
+    assert _fold_mismatches("cpu-emulator", "lanes", dtype, FOLD_CASES[1:2]), bug
+
+
+def test_the_lane_with_q_scale_folded_gives_the_logits_of_the_scaled_query(emulated_decode_lane, cpu_device,
+                                                                          monkeypatch):
+    """A float16 model's calibrated lane (append fused into the attention call, CUDA's default) with q * s
+    made by its pass 1 against the same lane given q * s made by MLX ops (the lane before the fold): the
+    same logits, bit for bit; no MLX op scaled q on the lane. (bfloat16 rows: the emulated append takes
+    none, numpy has no bfloat16; the kernel check above covers bfloat16 q.)"""
+    from tqbridge.metal import attention_kernel
+    from tqbridge.metal.lm import lane
+
+    monkeypatch.setattr(TQCache, "step", 8)
+    m, toks = tiny_llama(head_dim=128), tokens(16, seed=9)
+    m.set_dtype(mx.float16)
+    scaled_by_ops = []
+    real_scaled = lane._scaled_query
+
+    def counted(q, s):
+        scaled_by_ops.append(1)
+        return real_scaled(q, s)
+
+    monkeypatch.setattr(lane, "_scaled_query", counted)
+    folded, cache = _forced(m, toks, "auto", "q5_1+mean+scale/q5_0")
+    assert cache_report(cache)["paths"].get("decode:cpu-emulator", 0) >= 10
+    assert not scaled_by_ops
+
+    real = attention_kernel._EmulatedDecodeLaunch.__call__
+
+    def unfolded(self, q, kb, vb, length, after=None, sinks=None, q_scale=None):
+        if q_scale is not None:
+            q = (q.astype(mx.float32) * q_scale).astype(q.dtype)
+        return real(self, q, kb, vb, length, after=after, sinks=sinks)
+
+    monkeypatch.setattr(attention_kernel._EmulatedDecodeLaunch, "__call__", unfolded)
+    want, _ = _forced(m, toks, "auto", "q5_1+mean+scale/q5_0")
+    assert np.array_equal(folded, want)
+
+
+def test_the_self_check_attends_with_the_scaled_pass_1(monkeypatch):
+    """A calibrated lane's self-check runs the attention with the key scales (pass 1 multiplying q by them)
+    against the reference over q * s; planted: a launch that drops the scales fails it."""
+    from tqbridge.metal import attention_kernel, selfcheck
+    from tqbridge.metal.decode_options import DEFAULT_OPTIONS
+
+    args = ("q5_1", "q5_0", 128, 128, 128, 128, 128, 128, "float16", "cpu-emulator",
+            DEFAULT_OPTIONS.resolve("cpu-emulator"))
+    assert selfcheck._run(*args, calibrated=True) is None
+    real = attention_kernel._EmulatedDecodeLaunch.__call__
+
+    def unscaled(self, q, kb, vb, length, after=None, sinks=None, q_scale=None):
+        return real(self, q, kb, vb, length, after=after, sinks=sinks)
+
+    monkeypatch.setattr(attention_kernel._EmulatedDecodeLaunch, "__call__", unscaled)
+    assert "differs from the reference" in (selfcheck._run(*args, calibrated=True) or "")

@@ -1,5 +1,5 @@
 """The decode step through mlx-lm, instrumented: host synchronisations (0), kernels on the KV path
-(<= 3 on a GPU), the deferred NaN/inf report, and unchanged generations. What the bench
+(<= 3 on a GPU, key-calibrated caches too), the deferred NaN/inf report, and unchanged generations. What the bench
 (``tqbridge bench decode``) counts, asserted.
 
 CPU: TQCache's appends run through the MLX-ops codecs and decode through decode_attention's ops
@@ -16,17 +16,10 @@ from mlx_lm.models import base
 from tqbridge.bridge import FormatError
 from tqbridge.metal.lm import decode_bench
 from tqbridge.metal.lm.cache import TQCache, make_cache
+from tqbridge.metal.lm.kv_spelling import parse_kv_spec
 from tqbridge.metal.lm.routing import route_attention
 from tiny_models import forced_decode, tiny_llama, tokens
 
-
-@pytest.fixture
-def cpu_device():
-    """MLX's CPU device for this test (the GPU tests keep the default device)."""
-    prev = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    yield
-    mx.set_default_device(prev)
 
 _GPU = mx.metal.is_available() or (getattr(mx, "cuda", None) is not None and mx.cuda.is_available())
 KVS = ["q8_0/turbo3", "q8_0/q4_0", "q5_1/q5_0", "f16/turbo4"]
@@ -57,8 +50,8 @@ def _selfchecked(c, dtype=mx.float32, hkv=2, d=64):
 
 
 def _prefilled(kv, rows=40, d=64):
-    k, v = kv.split("/")
-    c = TQCache(k, v)
+    k, v, cal = parse_kv_spec(kv)   # key calibration (q5_1+mean+scale/...) fitted on these rows
+    c = TQCache(k, v, calibration=cal)
     x = mx.random.normal((1, 2, rows, d), key=mx.random.key(7))
     c.update_and_fetch(x, x * 0.5)
     c.check_finite()
@@ -168,6 +161,32 @@ def test_gpu_decode_step_three_kernels_no_sync(kv, dtype):
     kr, _ = ref.blocks()
     assert np.mean(np.array(kb) != np.array(kr)) < 0.02
     c.check_finite()
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU, reason="no MLX GPU backend (Metal or CUDA) here")
+def test_gpu_calibrated_decode_step_runs_the_kernels_of_an_uncalibrated_one(dtype):
+    """Key calibration on the lane: pass 1 multiplies q by the key scales as it loads q, so a calibrated
+    step's KV path has the kernels of an uncalibrated one (3 on CUDA: append, pass 1, combine; no
+    elementwise kernel for q * s)."""
+    kernels = {}
+    for kv in ("q5_1/q5_0", "q5_1+mean+scale/q5_0"):
+        c = _selfchecked(_prefilled(kv), dtype)
+        got = []
+        with route_attention():
+            for i in range(4):
+                out, syncs = _step(c, dtype=dtype, seed=i)
+                assert syncs == 0, f"{kv}: {syncs} host synchronisations"
+                got.append([p for p in decode_bench.graph_primitives(out, c._flag) if not decode_bench.is_view(p)])
+                mx.eval(out)
+        assert c.paths.get("decode:cuda", 0) + c.paths.get("decode:metal", 0) == 4, c.paths
+        assert c.codec_paths["k_append"].startswith("kv-append:")
+        kernels[kv] = got[1:]   # the first step also allocates the step's flag and materialises constants
+        c.check_finite()
+    plain, calibrated = kernels["q5_1/q5_0"], kernels["q5_1+mean+scale/q5_0"]
+    assert [len(k) for k in calibrated] == [len(k) for k in plain], (calibrated, plain)
+    assert all(len(k) <= 3 for k in calibrated), calibrated
 
 
 @pytest.mark.parametrize("kv", ["q8_0/turbo3", "q4_0/q4_0"])

@@ -176,6 +176,11 @@ CURRENT_KEYS = {
         for side in ("new-0", "old-0", "new-2", "old-2")] + [
         f"bench_decode[run=dec-{side}].runs[cache=q8_0/turbo3&context=<col>].speedup_vs_fp16"
         for side in ("old-0", "new-0", "old-2", "new-2")],
+    "benchmarks/records/nvcc/2026-12-04-kernel-sass-dim256.json": [
+        "<col>.rows[v_format=turbo3@fork-pr197].per_key",
+        "<col>.rows[v_format=q4_0].per_key",
+        "<col>.rows[v_format=turbo3@fork-pr197].registers",
+    ],
     "benchmarks/records/h200/2026-12-04-dim64-turbo3.json": [
         "contexts[context=<col>].growing_cache_path_device_us",
         "contexts[context=<col>].growing_sdpa_fp16_device_us",

@@ -1,5 +1,6 @@
 """The Python launch code of the GPU branches, run on a machine without a GPU: MLX's custom-kernel
-factory replaced by a recorder that returns zero arrays of the requested shapes. It checks what no
+factory replaced by a recorder that returns zero arrays of the requested shapes (tied to the call's
+inputs by ``mx.depends``, so an output's graph reaches them as a kernel's does). It checks what no
 CPU test of the kernels reaches — the calls the prepared append and the prepared attention launches
 make on MLX's callables (their attribute names, inputs, output shapes, grids) — not the kernels' results
 (those need the GPU: the gpu-marked tests). A rename of MLXKernel's callable that the append's GPU
@@ -27,7 +28,9 @@ def _fake_factory(name, input_names, output_names, source, header, **kw):
         assert all(isinstance(a, mx.array) for a in inputs)
         assert grid[0] % threadgroup[0] == 0
         CALLS.append((name, [tuple(a.shape) for a in inputs], [tuple(s) for s in output_shapes], grid))
-        return [mx.zeros(tuple(s), d) for s, d in zip(output_shapes, output_dtypes)]
+        outs = [mx.zeros(tuple(s), d) for s, d in zip(output_shapes, output_dtypes)]
+        mx.eval(outs)   # no primitive of their own: what an output's graph holds is what made its inputs
+        return mx.depends(outs, list(inputs))
     return call
 
 
@@ -328,4 +331,57 @@ def test_spread_layers_build_each_capacity_once(fake_cuda, monkeypatch):
     appends, attention = (sum(x.startswith(p) for x in names) for p in ("tq_kv_append", "tq_attention"))
     assert appends == 2 * len(seen) and attention == 2 * 2 * len(seen), names   # attention: pass 1 and combine
     assert all(got == {"append row": m, "attention row": m} for m, got in per_step), per_step
+    kv_append.prepared.cache_clear()
+
+
+def _lane_step_kernels(kv: str, monkeypatch, steps: int = 4) -> list:
+    """One TQCache layer's routed decode steps on the fake CUDA's lane (float16 rows, 8/4 heads of 128
+    values, launches not compiled so that each step's launch code runs): per step, the kernels of its KV
+    path, the custom kernels it launched (recorded) plus the MLX ops around them (the non-view primitives
+    of its graph), as tqbridge bench decode counts them on a GPU."""
+    from mlx_lm.models import base
+
+    from tqbridge.metal import selfcheck
+    from tqbridge.metal.lm import decode_bench, lane, routing
+    from tqbridge.metal.lm.cache import TQCache
+    from tqbridge.metal.lm.kv_spelling import parse_kv_spec
+
+    monkeypatch.setattr(lane, "_gpu_backend", lambda: "cuda")           # the cache's in-place append: CUDA's
+    monkeypatch.setattr(routing, "emulated_decode_lane", lambda: True)   # decode steps routed to the lane
+    monkeypatch.setattr(selfcheck, "check_decode_lane", lambda *a, **kw: None)   # (the recorder computes nothing)
+    kf, vf, cal = parse_kv_spec(kv)
+    c = TQCache(kf, vf, calibration=cal)
+    c.decode_options = DecodeOptions(compile=False)
+    rng = np.random.default_rng(3)
+
+    def rows(heads, n=1):
+        return mx.array(rng.standard_normal((1, heads, n, 128)).astype(np.float16))
+
+    c.update_and_fetch(rows(4, 40), rows(4, 40))   # the prompt
+    counts = []
+    with routing.route_attention():
+        for _ in range(steps):
+            q, k, v = rows(8), rows(4), rows(4)
+            mx.eval(q, k, v)
+            before = len(CALLS)
+            kk, vv = c.update_and_fetch(k, v)
+            out = base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=128 ** -0.5, mask=None)
+            ops = [p for p in decode_bench.graph_primitives(out, c._flag) if not decode_bench.is_view(p)]
+            counts.append(len(CALLS) - before + len(ops))
+            mx.eval(out, c._flag)
+    assert c.paths["decode:cuda"] == steps and c.codec_paths["k_append"] == "kv-append:cuda", (c.paths, c.codec_paths)
+    return counts
+
+
+def test_calibrated_decode_step_runs_the_kernels_of_an_uncalibrated_one(fake_cuda, monkeypatch):
+    """A key-calibrated cache's decode step on CUDA's lane (append fused into the attention call): the
+    append, pass 1 (which multiplies q by the key scales as it loads q) and the combine pass, 3 kernels as
+    without calibration; no elementwise kernel scales q. The first step also makes the flag and the
+    prepared launches' tables."""
+    kv_append.prepared.cache_clear()
+    plain = _lane_step_kernels("q5_1/q5_0", monkeypatch)
+    calibrated = _lane_step_kernels("q5_1+mean+scale/q5_0", monkeypatch)
+    assert plain[1:] == calibrated[1:] == [3, 3, 3], (plain, calibrated)
+    scaled = [shapes for name, shapes, _, _ in CALLS if "split" in name and len(shapes) == 8]
+    assert scaled and all(s[7] == (1, 8, 1, 128) for s in scaled)   # pass 1's 8th input: the heads' scales
     kv_append.prepared.cache_clear()

@@ -135,8 +135,9 @@ def test_bench_takes_former_names_with_one_note_each(capsys):
 
 @pytest.mark.parametrize("kernel, tune, says", [
     ("auto,v9", "", "--kernel: unknown kernel 'v9'; choose from auto, lanes, tiles, int8-mma"),
-    ("auto", "v9:8x64", "--tune: 'v9:8x64' is not tiles:WARPSxTILE, int8-mma:WARPSxTILE or lanes:LPKxWARPS[xTILE]"),
+    ("auto", "v9:8x64", "--tune: 'v9:8x64' is not tiles:WARPSxTILE, int8-mma:WARPSxTILE[xCHUNKS] or lanes:LPKxWARPS[xTILE]"),
     ("auto", "tiles:8x64x2", "is not tiles:WARPSxTILE"),
+    ("auto", "int8-mma:4x64x1x2", "is not tiles:WARPSxTILE"),
 ])
 def test_bench_refuses_unknown_kernels_naming_the_valid_ones(kernel, tune, says):
     from tqbridge.tools.cli import CliError

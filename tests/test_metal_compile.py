@@ -121,6 +121,9 @@ def _attention_cases():
             for dyn in ((False,) if kernel == "int8-mma" else (False, True)):
                 for kern, static in zip(kernel_defs(qtype, plan.kernel), static_params(prob, plan, qtype, dyn)[:2]):
                     cases.append((f"{kern.name}-{kf}-{vf}-d{d}-q{qtype}-{'generic' if dyn else 'pair'}", kern, static))
+            # pass 1 multiplying q by a key-calibrated cache's channel scales (TQA_QSC, one input more)
+            cases.append((f"{plan.kernel}-qscale-{kf}-{vf}-d{d}-q{qtype}", kernel_defs(qtype, plan.kernel, True)[0],
+                          static_params(prob, plan, qtype, False, True)[0]))
     return cases
 
 

@@ -50,9 +50,9 @@ def add_arguments(p):
                    "plan (auto: the backend's default for the pair, as a cache runs it; int8-mma: matrix fragments, "
                    "int8 q; tiles: a tile at a time, one key per thread; lanes: lanes share a key); the first is the "
                    "headline")
-    p.add_argument("--tune", default=DEFAULT_TUNE, help="extra kernel configs, e.g. 'tiles:8x64,tiles:2x64,lanes:16x4x64' "
-                   "(tiles / int8-mma: warps x keys per tile; lanes: lanes_per_key x warps [x tile]; no prefix: lanes; "
-                   "'' for none)")
+    p.add_argument("--tune", default=DEFAULT_TUNE, help="extra kernel configs, e.g. 'tiles:8x64,int8-mma:4x64x1,lanes:16x4x64' "
+                   "(tiles / int8-mma: warps x keys per tile, int8-mma then optionally x 16-key chunks per step; lanes: "
+                   "lanes_per_key x warps [x tile]; no prefix: lanes; '' for none)")
     p.add_argument("--splits", type=int, default=None, help="force the number of context splits")
     p.add_argument("--regime", default="fixed,growing", help="attention: fixed (the same length every call) and/or "
                    "growing (a new length every evaluation, as a decoding loop calls it; also times the prepared "
@@ -107,7 +107,7 @@ def _current_name(option: str, kern: str, told: set) -> str:
 
 
 def _kernel_configs(args, kernels) -> list:
-    """(tag, kernel, lanes_per_key, warps, tile) per timed configuration; the first is the headline. Tags
+    """(tag, kernel, lanes_per_key, warps, tile, chunks) per timed configuration; the first is the headline. Tags
     and kernels carry the current names; a former name is taken with a note on stderr."""
     configs = []
     told: set = set()
@@ -115,10 +115,10 @@ def _kernel_configs(args, kernels) -> list:
         k = _current_name("--kernel", k, told)
         if k != "auto" and k not in kernels:
             raise CliError(f"--kernel: unknown kernel {k!r}; choose from auto, {', '.join(kernels)}")
-        configs.append(("fused" if not configs else f"fused_{k}", None if k == "auto" else k, None, None, None))
+        configs.append(("fused" if not configs else f"fused_{k}", None if k == "auto" else k, None, None, None, None))
     if not configs:
         raise CliError("--kernel: name at least one kernel")
-    shapes = "tiles:WARPSxTILE, int8-mma:WARPSxTILE or lanes:LPKxWARPS[xTILE]"
+    shapes = "tiles:WARPSxTILE, int8-mma:WARPSxTILE[xCHUNKS] or lanes:LPKxWARPS[xTILE]"
     for c in filter(None, args.tune.split(",")):
         kern, _, spec = c.rpartition(":")
         kern = _current_name("--tune", kern or "lanes", told)
@@ -126,11 +126,11 @@ def _kernel_configs(args, kernels) -> list:
             parts = [int(x) for x in spec.split("x")]
         except ValueError:
             raise CliError(f"--tune: {c!r} is not {shapes}") from None
-        if kern in ("tiles", "int8-mma") and len(parts) == 2:
-            configs.append((f"fused_{kern}_{spec}", kern, None, parts[0], parts[1]))
+        if kern in ("tiles", "int8-mma") and len(parts) == 2 or kern == "int8-mma" and len(parts) == 3:
+            configs.append((f"fused_{kern}_{spec}", kern, None, parts[0], parts[1], parts[2] if len(parts) == 3 else None))
         elif kern == "lanes" and len(parts) in (2, 3):
             parts += [None] * (3 - len(parts))
-            configs.append((f"fused_lanes_{spec}", "lanes", *parts))
+            configs.append((f"fused_lanes_{spec}", "lanes", *parts, None))
         else:
             raise CliError(f"--tune: {c!r} is not {shapes}")
     return configs

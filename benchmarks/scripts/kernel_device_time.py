@@ -29,11 +29,8 @@ COLD_BYTES = 160 << 20   # > 2x the H200's L2 (60 MB): with --cold, a launch's K
 
 
 def _source(kdef, static: dict) -> str:
-    from tqbridge.metal.kernel import CTYPES
-
-    args = [f"const {CTYPES[t]}* {n}" for n, t in kdef.inputs] + [f"{CTYPES[t]}* {n}" for n, t in kdef.outputs]
-    return ("#include <cuda_fp16.h>\n" + kdef.header_source("cuda", static)
-            + f'extern "C" __global__ void {kdef.name}({", ".join(args)}) {{\n' + kdef.body_source("cuda") + "\n}\n")
+    """The CUDA translation unit of a build (benchmarks/scripts/ablate_pass1.py edits it through this name)."""
+    return kdef.cuda_source(static)
 
 
 def main(argv=None) -> int:

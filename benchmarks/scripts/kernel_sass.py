@@ -124,11 +124,12 @@ def cubin_profile(path: str) -> dict:
 
 def profile(k_format: str, v_format: str, kernel: str = "int8-mma", q_heads: int = 32, kv_heads: int = 8,
             head_dim: int = 128, context: int = 131072, arch: str = "sm_90a", common_path: bool = False,
-            chunks: "int | None" = None) -> dict:
+            chunks: "int | None" = None, v_decode: str = "fast") -> dict:
     from tqbridge import bridge
     from tqbridge.metal.attention import check_problem
     from tqbridge.metal.attention_plan import make_plan
     from tqbridge.metal.attention_problem import kernel_name
+    from tqbridge.metal.decode_options import DecodeOptions
 
     kf, vf = bridge.get_format(k_format), bridge.get_format(v_format)
     rng = np.random.default_rng(0)
@@ -138,7 +139,8 @@ def profile(k_format: str, v_format: str, kernel: str = "int8-mma", q_heads: int
     prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=256)
     prob = dataclasses.replace(prob, l_max=context, lengths=(context,))
     kernel = kernel_name(kernel)   # a former name: its current one, with a DeprecationWarning
-    plan = make_plan(prob, "cuda", kernel=kernel, chunks=chunks if kernel == "int8-mma" else None)
+    plan = make_plan(prob, "cuda", kernel=kernel, chunks=chunks if kernel == "int8-mma" else None,
+                     options=DecodeOptions(v_decode=v_decode))
     name, text = _source(prob, plan)
     if common_path:
         text = _common_path(text)
@@ -157,7 +159,7 @@ def profile(k_format: str, v_format: str, kernel: str = "int8-mma", q_heads: int
     return {"k_format": kf.key, "v_format": vf.key, "kernel": plan.kernel, "arch": arch,
             "shape": dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, context=context),
             "plan": dict(warps=plan.warps, splits=plan.splits, tile=plan.tile, chunks=plan.chunks,
-                         dyn_smem=plan.dyn_smem),
+                         dyn_smem=plan.dyn_smem, stages=plan.stages, v_decode=plan.v_decode),
             "registers": regs, "spill_store_bytes": spills[0], "spill_load_bytes": spills[1], "static_smem_bytes": smem,
             "common_path": common_path, **loop}
 
@@ -173,11 +175,14 @@ def main(argv=None) -> int:
                     help="int8-mma: count the loop's common path only (every key visible, no softcap, no rescale)")
     ap.add_argument("--cubin", default=None, help="profile this prebuilt cubin (e.g. MLX's cached build of the "
                     "kernel) instead of building --pairs")
+    ap.add_argument("--v-decode", default="fast", choices=("fast", "generic"),
+                    help="int8-mma's V decode (DecodeOptions.v_decode): the byte-permute paths or the generic decoder")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     for tool in ("nvcc", "cuobjdump", "nvdisasm"):
         if shutil.which(tool) is None:
-            print(f"kernel_sass: {tool} not found on PATH (CUDA toolkit; cuobjdump needs nvdisasm)", file=sys.stderr)
+            print(f"kernel_sass: {tool} not found on PATH (CUDA toolkit; cuobjdump needs nvdisasm: both are also in "
+                  "PyPI's nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels, under nvidia/cu13/bin)", file=sys.stderr)
             return 2
     if a.cubin:
         row = cubin_profile(a.cubin)
@@ -190,7 +195,8 @@ def main(argv=None) -> int:
     rows = []
     for pair in a.pairs.split(","):
         k, v = pair.split("/")
-        row = profile(k, v, a.kernel, head_dim=a.head_dim, common_path=a.common_path, chunks=a.chunks)
+        row = profile(k, v, a.kernel, head_dim=a.head_dim, common_path=a.common_path, chunks=a.chunks,
+                      v_decode=a.v_decode)
         rows.append(row)
         print(json.dumps({x: row[x] for x in ("k_format", "v_format", "registers", "spill_store_bytes",
                                               "loop_instructions", "per_key", "by_class")}))

@@ -23,26 +23,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record_env import header, write_record  # noqa: E402
 
+from tqbridge.parity.harness.metrics import kl_per_position  # noqa: E402
+from tqbridge.parity.harness.transplant import agreeing_prefix  # noqa: E402
+
 PAIRS = ("f16/f16", "q8_0/q8_0", "q8_0/q4_0")
 REQUANT = (("f16/f16", "q8_0/q4_0"), ("f16/f16", "q4_0/q4_0"))
 
 
 def kl(p, q) -> float:
-    def logp(x):
-        x = np.asarray(x, np.float64) - np.max(x)
-        return x - np.log(np.exp(x).sum())
-
-    a, b = logp(p), logp(q)
-    return float((np.exp(a) * (a - b)).sum())
-
-
-def agree(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    """KL(softmax(p) || softmax(q)) of one step's logits."""
+    return float(kl_per_position(np.asarray(p)[None], np.asarray(q)[None])[0])
 
 
 def main(argv=None) -> int:
@@ -117,7 +107,7 @@ def main(argv=None) -> int:
             rec["llama_to_mlx"][pair] = {
                 "session_file_bytes": sess.stat().st_size, "prompt_cache_bytes": pc.stat().st_size,
                 "kv_block_bytes": s["kv_bytes"], "round_trip_bytes_equal": back.read_bytes() == sess.read_bytes(),
-                "agree": agree(cont, mcont), "kl_first_step": kl(step, mstep)}
+                "agree": agreeing_prefix(cont, mcont), "kl_first_step": kl(step, mstep)}
             # MLX -> llama.cpp
             cache = make_cache(model, *pair.split("/"))
             logits = model(mx.array(tokens, dtype=mx.int32)[None], cache=cache)
@@ -132,7 +122,7 @@ def main(argv=None) -> int:
             _, lstep, lcont = llama_decode(pair, mfirst, load=msess)
             rec["mlx_to_llama"][pair] = {
                 "prompt_cache_bytes": mpc.stat().st_size, "session_file_bytes": msess.stat().st_size,
-                "round_trip_blocks_equal": same, "agree": agree(mcont, lcont), "kl_first_step": kl(mstep, lstep)}
+                "round_trip_blocks_equal": same, "agree": agreeing_prefix(mcont, lcont), "kl_first_step": kl(mstep, lstep)}
             print(pair, rec["llama_to_mlx"][pair], rec["mlx_to_llama"][pair], file=sys.stderr, flush=True)
         for src, dst in REQUANT:
             tag = f"{src}->{dst}"
@@ -146,8 +136,8 @@ def main(argv=None) -> int:
             rec["requantize"][tag] = {
                 "prompt_cache_bytes": pc.stat().st_size, "kv_block_bytes": s["kv_bytes"],
                 "session_file_bytes": out.stat().st_size,
-                "mlx_agree": agree(cont, mcont), "mlx_kl_first_step": kl(step, mstep),
-                "llama_agree": agree(cont, lcont), "llama_kl_first_step": kl(step, lstep)}
+                "mlx_agree": agreeing_prefix(cont, mcont), "mlx_kl_first_step": kl(step, mstep),
+                "llama_agree": agreeing_prefix(cont, lcont), "llama_kl_first_step": kl(step, lstep)}
             print(tag, rec["requantize"][tag], file=sys.stderr, flush=True)
     write_record(args.out, rec, hardware="cpu", command=rec["script"])
     return 0

@@ -64,6 +64,15 @@
 #endif
 #define TQA_Q(p) ((TQ_CONST_DEVICE TQA_QT*)(p))
 #define TQA_OUT(p) ((TQ_DEVICE TQA_QT*)(p))
+// Pass 1's load of q's element x (head hq, channel d of the head dim). With TQA_QSC 1 (key-calibrated
+// caches, whose keys are stored as (k - mu) / s) the input qsc (float32, Hq x TQA_D) holds the keys'
+// channel scales and the element loads as q * s: the product in float32, rounded to q's element type
+// and back, the bits of q * s made in float32 and cast to q's dtype before the kernel.
+#if defined(TQA_QSC) && TQA_QSC
+#define TQA_QIN(x, hq, d) TQA_QLOAD(TQA_QSTORE(tq_mul(TQA_QLOAD(x), qsc[(hq) * TQA_D + (d)])))
+#else
+#define TQA_QIN(x, hq, d) TQA_QLOAD(x)
+#endif
 
 struct tqa_f4 { float v[4]; };
 // 4 floats on a 16-byte boundary: one wide load from threadgroup memory on the GPUs (the

@@ -19,7 +19,7 @@
 // run's values in the order tqa_v23_col, see below).
 //
 // Compile-time (each name prefixed TQA_): as tiles (KF VF KBB VBB KGRP VGRP KQS VQS KSG VSG DK DV D G
-// T NW TILE KTB VTB KROT VROT QTYPE), KM (K has an offset m: q8_1 q), STB (bytes of the staging /
+// T NW TILE KTB VTB KROT VROT QTYPE QSC; buffers as theirs), KM (K has an offset m: q8_1 q), STB (bytes of the staging /
 // merge area), VB (turbo V: bits per index, 2 / 3 / 4; 0: another V format), V23 / VCODE (1: the byte-permute
 // decodes of turbo2 / turbo3 and of q4_0 / q5_0 / q8_0 where they apply; attention_kernel.int8_mma_v_decode), NS (tiles in the copy ring), KC (16-key chunks per SIMD-group step). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
 // whose values fit binary16, or f16; G*T <= 8; DK % 32 == 0; DV % 64 == 0. No TQA_DYN build.
@@ -115,7 +115,7 @@ if (V23) {
 for (int x = (int)tid; x < 8 * TQA_DK; x += NT) {
     const int r = x / TQA_DK, i = x % TQA_DK;
     const int hq = h * G + r / T, t = r % T;
-    qf[x] = (r < Q && i < TQA_D) ? TQA_QLOAD(TQA_Q(q)[((b * hq_all + hq) * T + t) * TQA_D + i]) : 0.0f;
+    qf[x] = (r < Q && i < TQA_D) ? TQA_QIN(TQA_Q(q)[((b * hq_all + hq) * T + t) * TQA_D + i], hq, i) : 0.0f;
 }
 tq_barrier();
 if (krot) tqa_rotate(qf, 8 * TQA_DK, krot, tabs + TQA_TAB_KS1, tabs + TQA_TAB_KS2, tabs[TQA_TAB_KSCALE], tid, (uint)NT);

@@ -10,7 +10,8 @@
 // KQS VQS KSG VSG (turbo field offsets), DK DV (values per cache row), D (head dim), G (query heads
 // per KV head), T (query rows), LPK (lanes per key), NW (SIMD groups), TILE (keys per staged tile),
 // KTB VTB (tile bytes: at least TILE rows, a multiple of 4), KROT VROT (rotation groups of q and of the output: turbo's group, llama.cpp's Hadamard group, 0: none),
-// QTYPE (q's element type). Buffers: q (B, Hq, T, D); kb, vb (B, Hkv, L_max, row bytes);
+// QTYPE (q's element type), QSC (1: q times the keys' channel scales, input qsc; absent: no qsc).
+// Buffers: q (B, Hq, T, D); kb, vb (B, Hkv, L_max, row bytes); with QSC, qsc (Hq, D) last (TQA_QIN);
 // ip = {L_max, split_len, n_splits, window, Hkv, 14 format ints (see TQA_DYN), lengths (B)}; fp = {scale, softcap}; tabs: K table [0, 16),
 // V table [16, 32), K s1/s2 at 32/160, V s1/s2 at 288/416, K/V rotation scales at 544/545. Out: po (rows, NP, DV), pml (rows, NP, 2)
 // with rows = B*Hq*T and NP = n_splits * NW. With TQA_DYN = 1 the format constants, G and T come from
@@ -49,7 +50,7 @@ float qr[TQA_QA][CK];
 for (int r = 0; r < Q; ++r) {
     const int hq = h * G + r / T, t = r % T;
     for (uint i = tid; i < (uint)TQA_DK; i += (uint)(TQA_NW * 32))
-        qsh[i] = (int)i < TQA_D ? TQA_QLOAD(TQA_Q(q)[((b * hq_all + hq) * T + t) * TQA_D + (int)i]) : 0.0f;
+        qsh[i] = (int)i < TQA_D ? TQA_QIN(TQA_Q(q)[((b * hq_all + hq) * T + t) * TQA_D + (int)i], hq, (int)i) : 0.0f;
     tq_barrier();
     if (krot) tqa_rotate(qsh, TQA_DK, krot, tabs + TQA_TAB_KS1, tabs + TQA_TAB_KS2, tabs[TQA_TAB_KSCALE], tid, (uint)(TQA_NW * 32));
     for (int j = 0; j < CK; ++j) qr[r][j] = qsh[c * CK + j] * scale;

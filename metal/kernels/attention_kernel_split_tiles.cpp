@@ -19,7 +19,7 @@
 // (values per block), KQS VQS KSG VSG (turbo field offsets), DK DV (values per cache row), D (head
 // dim), G T (query heads per KV head, query rows), QA (room for query rows, >= G*T), NW (SIMD
 // groups), KS (keys per SIMD group in phase C: 1, 2 or 4), TILE (keys per staged tile), KTB VTB
-// (tile bytes, multiples of 4), KROT VROT (rotation groups of q and of the output: turbo's group, llama.cpp's Hadamard group, 0: none), QTYPE (q's element type). Buffers as in pass 1 of attention_kernel_split_lanes.cpp; out: po (rows,
+// (tile bytes, multiples of 4), KROT VROT (rotation groups of q and of the output: turbo's group, llama.cpp's Hadamard group, 0: none), QTYPE (q's element type), QSC. Buffers as in pass 1 of attention_kernel_split_lanes.cpp; out: po (rows,
 // n_splits, DV), pml (rows, n_splits, 2). With TQA_DYN = 1 the format constants, G and T come from
 // ip[5..18] (one build serves every format pair; used by the emulator).
 #if TQA_DYN
@@ -63,7 +63,7 @@ if ((int)tid < Q) { msh[tid] = TQA_NEG_BIG; lsh[tid] = 0.0f; ash[tid] = 1.0f; }
 for (int x = (int)tid; x < Q * TQA_DK; x += NT) {
     const int r = x / TQA_DK, i = x % TQA_DK;
     const int hq = h * G + r / T, t = r % T;
-    qsh[x] = i < TQA_D ? TQA_QLOAD(TQA_Q(q)[((b * hq_all + hq) * T + t) * TQA_D + i]) : 0.0f;
+    qsh[x] = i < TQA_D ? TQA_QIN(TQA_Q(q)[((b * hq_all + hq) * T + t) * TQA_D + i], hq, i) : 0.0f;
 }
 tq_barrier();
 if (krot) tqa_rotate(qsh, Q * TQA_DK, krot, tabs + TQA_TAB_KS1, tabs + TQA_TAB_KS2, tabs[TQA_TAB_KSCALE], tid, (uint)NT);

@@ -162,7 +162,8 @@ class DecodeLane:
 
     def query_scale(self, queries: mx.array) -> "mx.array | None":
         """This layer's key scales ``s`` shaped against ``queries`` (query heads share their KV head's),
-        float32; None without a key scale. Made once per query shape."""
+        float32, ``(1, Hq, [1,] D)``; None without a key scale. Made once per query shape. The decode
+        lane's fused attention takes it as is (``q_scale``: pass 1 multiplies q by it as it loads q)."""
         s = self.k_scale
         if s is None:
             return None
@@ -176,18 +177,21 @@ class DecodeLane:
         return got
 
     def lane_query(self, queries: mx.array) -> mx.array:
-        """The query the fused attention takes for this layer's stored keys: ``q * s`` (then rotated
-        inside the kernel: ``H(q*s).H((k-mu)/s) = q.k - q.mu``, a shift per query row that softmax
-        ignores); ``q`` itself without a key scale."""
+        """The query for this layer's stored keys: ``q * s`` (``H(q*s).H((k-mu)/s) = q.k - q.mu``, a
+        shift per query row that softmax ignores); ``q`` itself without a key scale. Made by MLX ops,
+        for the paths outside the decode lane (:meth:`query_for_blocks`); the lane's pass 1 makes the
+        same bits from q and :meth:`query_scale`."""
         s = self.query_scale(queries)
         return queries if s is None else _scaled_query(queries, s)
 
     def _attend_step(self, launch, queries):
         """The routed attention of a decode step over the buffers (``launch``: the layer's prepared
-        fused attention), with the step's deferred append in the same call where there is one."""
+        fused attention; key scales, where there are, multiplied into q by its pass 1), with the step's
+        deferred append in the same call where there is one."""
         d = self._deferred
         if d is None:
-            return launch(self.lane_query(queries), self.keys, self.values, self.offset - self.start, self._flag)
+            return launch(queries, self.keys, self.values, self.offset - self.start, self._flag,
+                          q_scale=self.query_scale(queries))
         self._deferred = None
         self._flagbuf, out = launch.with_append(d.append, d.keys, d.values, queries, self._kbuf, self._vbuf, d.row,
                                                 self._flagbuf, self.offset - self.start, self.query_scale(queries))

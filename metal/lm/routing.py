@@ -16,9 +16,10 @@ Paths (recorded per cache in ``cache.paths``):
   how a prompt is chunked and every position sees the cache decode would see.
 
 Key calibration (``cache.calibration``): the kernel reads the calibrated blocks, so the query is
-scaled (and rotated) by ``cache.query_for_blocks``; the dequantize path gets keys with the
-calibration undone. Decode with attention sinks and a key mean takes the dequantize path (the
-reason is kept in ``cache.decode_fallback``).
+scaled by the key scales: on the decode lane by the prepared launch's pass 1 as it loads q (from
+``cache.query_scale``; the kernel rotates it), else scaled and rotated by ``cache.query_for_blocks``
+before ``decode_attention``; the dequantize path gets keys with the calibration undone. Decode with
+attention sinks and a key mean takes the dequantize path (the reason is kept in ``cache.decode_fallback``).
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ def _fast_decode(cache: TQCache, q, scale: float, sinks, backend: str):
     """The decode step's attention on a GPU: the layer's prepared fused-kernel launch over the
     cache buffers (runtime length, rotations inside the kernel, ordered after the in-place append
     by its flag); None when it does not apply (CPU, keys calibrated in the rotated basis or still waiting
-    for their calibration, a shape it refuses). Calibrated keys (model basis): the kernel takes
-    ``cache.lane_query(q)``."""
+    for their calibration, a shape it refuses). Calibrated keys (model basis): the kernel takes q and
+    ``cache.query_scale(q)``, and its pass 1 multiplies them."""
     if cache.keys is None or backend != "auto" or not cache._owned:
         return None
     if cache.calibration and (cache.calibration.basis != "original" or cache._pending is not None):
@@ -101,8 +102,8 @@ def _fast_decode(cache: TQCache, q, scale: float, sinks, backend: str):
         cache.decode_launch, cache._decode_sig = launch, sig
         if launch is None:
             return None
-    out = launch(cache.lane_query(q), cache.keys, cache.values, cache.offset - cache.start, after=cache._flag,
-                 sinks=sinks)
+    out = launch(q, cache.keys, cache.values, cache.offset - cache.start, after=cache._flag, sinks=sinks,
+                 q_scale=cache.query_scale(q))
     path = f"decode:{launch.backend}"
     cache.paths[path] += 1
     if sinks is None:   # later steps of this geometry take the lane in the routed entry point

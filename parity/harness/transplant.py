@@ -228,7 +228,8 @@ def greedy_llama(llm: LlamaSession, first: int, n: int) -> list[int]:
     return out
 
 
-def _agree(a: list[int], b: list[int]) -> int:
+def agreeing_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
     k = 0
     for x, y in zip(a, b):
         if x != y:
@@ -281,8 +282,8 @@ def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = DEFAULT_FORMAT
         "llama.cpp": llama_cont, "mlx_from_llama_state": mlx_from_llama, "mlx_own_prefill": mlx_cont,
         "mlx_decode_paths": decode_paths(moved),
         "blob_round_trip_bytes_equal": round_trip,
-        "forward_agree": _agree(llama_cont, mlx_from_llama),
-        "independent_agree": _agree(llama_cont, mlx_cont) if first == mlx_first else 0,
+        "forward_agree": agreeing_prefix(llama_cont, mlx_from_llama),
+        "independent_agree": agreeing_prefix(llama_cont, mlx_cont) if first == mlx_first else 0,
     }
     if reverse:
         # Reverse: MLX prefill -> llama.cpp decode from MLX's blocks.
@@ -293,5 +294,5 @@ def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = DEFAULT_FORMAT
         finally:
             llm.close()
         res["llama_from_mlx_state"] = llama_from_mlx
-        res["reverse_agree"] = _agree(mlx_cont, llama_from_mlx)
+        res["reverse_agree"] = agreeing_prefix(mlx_cont, llama_from_mlx)
     return res
