@@ -36,13 +36,15 @@ def test_bench_decode_smoke(tmp_path, capsys):
         assert r["decode_peak_bytes"] == r["model_bytes"] + r["kv_bytes"] + r["decode_transient_bytes"]
         assert r["decode_peak_over_kv_and_model"] >= 1.0
         assert r["tokens_per_s"] == pytest.approx(1e3 / r["ms_per_token"])
+        # no CUDA here: the device time per token is a sentence saying why, never a number
+        assert "device_ms_per_token" not in r and r["device_time_unavailable"], r
     out = capsys.readouterr().out
     assert "q8_0/turbo3" in out
     assert all(json.loads(line) for line in out.splitlines())   # stdout: one JSON object per row
     # --markdown: one line per cache with tokens/s, the ratio, the peak ratio and the plan column
     text = md.read_text()
     table = [line for line in text.splitlines() if line.startswith("| tiny |")]
-    assert len(table) == 3 and all(line.count("|") == 12 for line in table), table
+    assert len(table) == 3 and all(line.count("|") == 13 for line in table), table
     assert "peak / (model + KV)" in text
 
 
@@ -218,3 +220,37 @@ def test_host_time_per_layer_leaves_out_a_growth_step(monkeypatch):
     got = decode_bench.layer_step_profile([c], model, steps=64, dtype=mx.float32)
     assert c.steps == 3 + 64
     assert got["kv_path_python_us_per_layer"] == pytest.approx(10.0)
+
+
+def test_device_time_per_token_is_the_difference_of_two_decodes(monkeypatch):
+    """The device ms of a token: the kernels of the long decode less the short one's, over the difference
+    in tokens, so a fixed cost per decode (here 500 us) cancels; per kernel name likewise, ranked by time.
+    A fake CUPTI charges 300 + 100 us per token and 160 us once to a kernel of the long decode only."""
+    from tqbridge.metal import profiling
+    from tqbridge.metal.lm import decode_bench
+
+    seen = []
+
+    def fake_decode(model, cache, n):
+        seen.append(n)
+        return [], 0.0
+
+    def fake_times(mx_, fn):
+        fn()
+        out = {"k": {"count": 1, "us": 500.0 + 300.0 * seen[-1]}, "j": {"count": 1, "us": 100.0 * seen[-1]}}
+        if seen[-1] > 8:
+            out["late"] = {"count": 1, "us": 160.0}   # a kernel only the long decode ran
+        return out
+
+    monkeypatch.setattr(decode_bench, "_decode_tokens", fake_decode)
+    monkeypatch.setattr(profiling, "device_time_unavailable", lambda: None)
+    monkeypatch.setattr(profiling, "device_times", fake_times)
+    got = decode_bench.device_profile(None, [], (8, 24))
+    assert got["ms_per_token"] == pytest.approx(0.41) and seen == [8, 24]
+    assert got["kernels"] == pytest.approx({"k": 0.3, "j": 0.1, "late": 0.01})
+    assert list(got["kernels"]) == ["k", "j", "late"]   # by time
+    assert list(decode_bench.device_profile(None, [], (8, 24), top=1)["kernels"]) == ["k"]
+    monkeypatch.setattr(profiling, "device_times", lambda mx_, fn: "no CUPTI here")
+    assert decode_bench.device_profile(None, [], (8, 24)) == "no CUPTI here"
+    with pytest.raises(ValueError):
+        decode_bench.device_profile(None, [], (24, 8))

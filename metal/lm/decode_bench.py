@@ -14,7 +14,10 @@ ms/token (steady state: the first 2 tokens are dropped) and, from one instrument
 - resident KV bytes: the cache buffers' bytes, and MLX's active-memory growth over the pre-fill;
 - memory of the decode phase: MLX's peak memory while the cache decodes, less the memory active when
   its round starts (the transient: the step's temporaries, any copy of the cache), largest over rounds;
-  with the model's weight bytes and the KV bytes, the peak a process holding only this cache would see.
+  with the model's weight bytes and the KV bytes, the peak a process holding only this cache would see;
+- device time per token (CUDA, through CUPTI): the kernels of a long decode less those of a short one,
+  over the difference in tokens; its share of the wall time per token says whether decode waits on the
+  GPU (share near 1) or on the host's graph building (well below 1).
 """
 
 from __future__ import annotations
@@ -261,6 +264,37 @@ def _decode_tokens(model, cache: list, tokens: int) -> tuple[list[float], float]
     return [b - a for a, b in zip(stamps, stamps[1:])][2:], n["n"] / len(stamps)
 
 
+DEVICE_PROFILE_TOKENS = (8, 24)   # the short and the long decode whose difference is timed
+
+
+def device_profile(model, cache: list, tokens: "tuple[int, int]" = DEVICE_PROFILE_TOKENS,
+                   top: int = 8) -> "dict | str":
+    """Device time of one decoded token: the summed device time of every kernel (CUPTI) while ``cache``
+    decodes ``tokens[1]`` tokens less that of ``tokens[0]`` tokens, over the difference (the loop's
+    fixed work, its first step and its last evaluation, cancels). ``{"ms_per_token": t, "kernels":
+    {name: ms per token}}`` for the ``top`` kernels by time, or a sentence where CUPTI cannot measure.
+    Kernels that overlap on the device (MLX's CUDA graphs run independent ones concurrently) count each
+    in full, so the sum can exceed the wall time."""
+    from ..profiling import device_time_unavailable, device_times
+
+    why = device_time_unavailable()
+    if why:
+        return why
+    short, long = tokens
+    if not 0 < short < long:
+        raise ValueError(f"device profile tokens must be 0 < short < long, got {tokens}")
+    got = []
+    for n in (short, long):
+        times = device_times(mx, lambda n=n: (_decode_tokens(model, cache, n), mx.array(0))[1])
+        if isinstance(times, str):
+            return times
+        got.append(times)
+    per = {k: (v["us"] - got[0].get(k, {"us": 0.0})["us"]) / (long - short) / 1e3 for k, v in got[1].items()}
+    total = (sum(v["us"] for v in got[1].values()) - sum(v["us"] for v in got[0].values())) / (long - short) / 1e3
+    ranked = sorted(per.items(), key=lambda kv: -kv[1])[:top]
+    return {"ms_per_token": total, "kernels": {k: round(v, 4) for k, v in ranked}}
+
+
 def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int, *, dtype=mx.float16) -> list[dict]:
     """Every cache of ``kinds`` pre-filled to ``context`` rows, then ``rounds`` rounds in which each cache
     decodes ``tokens`` tokens in turn (interleaved, so a slow spell of the machine hits every cache
@@ -313,6 +347,13 @@ def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int
         row["model_bytes"] = weights
         row["decode_peak_bytes"] = weights + row["kv_bytes"] + row["decode_transient_bytes"]
         row["decode_peak_over_kv_and_model"] = row["decode_peak_bytes"] / (weights + row["kv_bytes"])
+        dev = device_profile(model, cache)
+        if isinstance(dev, str):
+            row["device_time_unavailable"] = dev
+        else:
+            row["device_ms_per_token"] = dev["ms_per_token"]
+            row["device_share_of_wall"] = dev["ms_per_token"] / row["ms_per_token"]
+            row["device_kernels_ms_per_token"] = dev["kernels"]
         row.update(layer_step_profile(cache, model, dtype=dtype))
         if hasattr(cache[-1], "codec_paths"):
             from .report import cache_report
@@ -372,6 +413,13 @@ def plan_label(row: dict) -> str:
     return str(k)
 
 
+def _device(row: dict) -> str:
+    """Device ms/token and its share of the wall time ("—" where CUPTI could not measure)."""
+    if row.get("device_ms_per_token") is None:
+        return "—"
+    return f"{row['device_ms_per_token']:.2f} ({row['device_share_of_wall']:.0%})"
+
+
 def _context(n: int) -> str:
     return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
@@ -379,18 +427,19 @@ def _context(n: int) -> str:
 def to_markdown(results: dict) -> str:
     """The table of a :func:`run` record per model, context and cache: tokens/s and the speed-up
     against fp16, the decode phase's peak memory over the model and KV bytes, resident KV bytes, the
-    kernel plan that ran, and the counted kernels, syncs and host time of the KV path."""
+    kernel plan that ran, the counted kernels, syncs and host time of the KV path, and the device time
+    per token with its share of the wall time."""
     lines = ["| model | context | cache | tokens/s | vs fp16 | peak / (model + KV) | KV MiB | plan | KV kernels/layer "
-             "| syncs/step | host µs/layer |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| syncs/step | host µs/layer | device ms/token |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["runs"]:
         if "error" in r:
             why = ("MLX's backend has no quantized_matmul for it" if "No implementation" in r["error"]
                    else r["error"][:80])
             lines.append(f"| {r['model']} | {_context(r['context'])} | {r['cache']} | decode failed: {why} | — | — "
-                         f"| {r.get('kv_bytes', 0) / 2**20:.0f} | — | — | — | — |")
+                         f"| {r.get('kv_bytes', 0) / 2**20:.0f} | — | — | — | — | — |")
             continue
         lines.append(f"| {r['model']} | {_context(r['context'])} | {r['cache']} | {r['tokens_per_s']:.1f} | "
                      f"{r.get('speedup_vs_fp16', 1.0):.2f}× | {r['decode_peak_over_kv_and_model']:.3f} | "
                      f"{r['kv_bytes'] / 2**20:.3g} | {plan_label(r)} | {r['kv_path_kernels_per_layer']} | "
-                     f"{r['kv_path_host_syncs_per_step']:g} | {r['kv_path_python_us_per_layer']:.0f} |")
+                     f"{r['kv_path_host_syncs_per_step']:g} | {r['kv_path_python_us_per_layer']:.0f} | {_device(r)} |")
     return "\n".join(lines) + "\n"
