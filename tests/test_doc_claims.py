@@ -150,6 +150,7 @@ RECORD_LINE = re.compile(r"\*\*Record\*\*: \[[^\]]+\]\(([^)\s]+)\)")
 # the names of models the page says in prose; any other number it quotes must be in a keyed table
 MODEL_NAMES = ("SmolLM2-135M", "Gemma 3 270M", "Llama 3.1 8B")
 # every (record, key) the page's tables quote: a dropped row or a changed key fails here
+GEMV = "void mlx::core::cu::gemv_single<__half, 8, 4>(__half const*,"   # a kernel name as CUPTI cut it
 CURRENT_KEYS = {
     "benchmarks/records/h200/2026-12-03-v3-prologue.json": [
         "bench_attention_variants.shape.q_heads",
@@ -165,11 +166,6 @@ CURRENT_KEYS = {
         "bench_attention_full.contexts[context=<col>].growing_sdpa_fp16_device_us",
         "bench_attention_full.contexts[context=<col>].growing_fused_v2_device_us",
         "bench_attention_full.contexts[context=<col>].growing_dequant_sdpa_device_us",
-        "bench_decode.runs[cache=q8_0/turbo3&context=<col>].tokens",
-        "bench_decode.runs[cache=q8_0/turbo3&context=<col>].rounds",
-        "bench_decode.runs[cache=q8_0/turbo3&context=<col>].speedup_vs_fp16",
-        "bench_decode.runs[cache=q8_0/turbo3&context=<col>].ms_per_token",
-        "bench_decode.runs[cache=fp16&context=<col>].ms_per_token",
     ],
     "benchmarks/records/h200/2026-12-03-decode-options-ab.json": [
         f"bench_attention[run=attn-{side}].contexts[context=<col>].cache_path_device_us"
@@ -215,10 +211,45 @@ CURRENT_KEYS = {
         "runs[model=llama-3.2-1b&cache=q8_0/turbo3&context=<col>].decode_peak_over_kv_and_model",
         "runs[model=llama-3.2-1b&cache=fp16&context=<col>].decode_peak_over_kv_and_model",
     ],
-    "benchmarks/records/h200/2026-12-03-bench-decode-calibrated.json": [
-        "run2.runs[cache=q5_1/q5_0&context=<col>].speedup_vs_fp16",
-        "run2.runs[cache=q5_1+mean+scale/q5_0&context=<col>].speedup_vs_fp16",
-        "run2.runs[cache=q5_1+mean+scale/q5_0&context=<col>].kv_path_kernels_per_layer",
+    "benchmarks/records/h200/2026-12-04-bench-decode-8b-profiled.json": [
+        "run16.runs[cache=q8_0/turbo3&context=<col>].rounds",
+        "run16.runs[cache=q8_0/turbo3&context=<col>].tokens",
+        "run16.runs[cache=q8_0/turbo3&context=<col>].speedup_vs_fp16",
+        "run16.runs[cache=q8_0/q4_0&context=<col>].speedup_vs_fp16",
+        "run16.runs[cache=q5_1/q5_0&context=<col>].tokens_per_s",
+        "run16.runs[cache=q5_1+mean+scale/q5_0&context=<col>].tokens_per_s",
+        "run16.runs[cache=q5_1+mean+scale/q5_0&context=<col>].kv_path_kernels_per_layer",
+        "run16.runs[cache=fp16&context=<col>].decode_peak_over_kv_and_model",
+        "run16.runs[cache=q8_0/turbo3&context=<col>].decode_peak_over_kv_and_model",
+        "profiled_8b.runs[cache=q8_0/turbo3&context=<col>].speedup_vs_fp16",
+        f"kernels.runs[cache=fp16&context=<col>].device_kernels_ms_per_token.{GEMV}",
+        "kernels.runs[cache=fp16&context=<col>].device_kernels_ms_per_token."
+        "cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma_f16_k",
+        "kernels.runs[cache=fp16&context=<col>].device_ms_per_token",
+        "kernels.runs[cache=fp16&context=<col>].ms_per_token",
+        f"kernels.runs[cache=q8_0/turbo3&context=<col>].device_kernels_ms_per_token.{GEMV}",
+        "kernels.runs[cache=q8_0/turbo3&context=<col>].device_kernels_ms_per_token."
+        "mlx::core::cu::custom_kernel_tq_attention_split_int8_mma_a8b",
+        "kernels.runs[cache=q8_0/turbo3&context=<col>].device_kernels_ms_per_token."
+        "mlx::core::cu::custom_kernel_tq_attention_combine_863681569f",
+        "kernels.runs[cache=q8_0/turbo3&context=<col>].device_kernels_ms_per_token."
+        "mlx::core::cu::custom_kernel_tq_kv_append_u16_fd9f6b8aff7a9f",
+        "kernels.runs[cache=q8_0/turbo3&context=<col>].device_ms_per_token",
+        "kernels.runs[cache=q8_0/turbo3&context=<col>].ms_per_token",
+    ] + [f"profiled_small.runs[model={m}&cache={c}&context=<col>].{k}" for m, c, k in (
+        ("gemma-3-270m", "q8_0/turbo3", "speedup_vs_fp16"), ("gemma-3-270m", "fp16", "device_share_of_wall"),
+        ("gemma-3-270m", "q8_0/turbo3", "device_share_of_wall"), ("llama-3.2-1b", "q8_0/turbo3", "speedup_vs_fp16"),
+        ("llama-3.2-1b", "fp16", "device_share_of_wall"))],
+    "benchmarks/records/h200/2026-12-04-grow-spread-ab2.json": [
+        f"{run}.runs[cache=q8_0/turbo3&context=<col>].{k}"
+        for k in ("decode_peak_over_kv_and_model", "speedup_vs_fp16")
+        for run in ("main1", "main2", "branch1", "branch2")],
+    "benchmarks/records/h200/2026-12-04-wide-rows-q4_0.json": [
+        "bench_decode_gemma.runs[cache=q8_0/turbo3&context=<col>].speedup_vs_fp16",
+        "bench_decode_gemma.runs[cache=q8_0/q4_0&context=<col>].speedup_vs_fp16",
+        "bench_attention.contexts[context=<col>].growing_cache_path_device_us",
+        "bench_attention.contexts[context=<col>].growing_fused_int8-mma_1x32x2_device_us",
+        "bench_attention.contexts[context=<col>].growing_sdpa_fp16_device_us",
     ],
     "benchmarks/records/cpu/2026-12-03-per-layer-quality.json": [
         "<col>[1].kl_mean",
