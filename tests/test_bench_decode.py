@@ -36,6 +36,11 @@ def test_bench_decode_smoke(tmp_path, capsys):
         assert r["decode_peak_bytes"] == r["model_bytes"] + r["kv_bytes"] + r["decode_transient_bytes"]
         assert r["decode_peak_over_kv_and_model"] >= 1.0
         assert r["tokens_per_s"] == pytest.approx(1e3 / r["ms_per_token"])
+        # the ratio's rounds and their middle half, the median inside it
+        lo, hi = r["speedup_vs_fp16_spread"]
+        assert len(r["speedup_vs_fp16_rounds"]) == 2 and lo <= r["speedup_vs_fp16"] <= hi
+        if kind == "fp16":
+            assert r["speedup_vs_fp16_rounds"] == [1.0, 1.0]
         # no CUDA here: the device time per token is a sentence saying why, never a number
         assert "device_ms_per_token" not in r and r["device_time_unavailable"], r
     out = capsys.readouterr().out
@@ -254,3 +259,14 @@ def test_device_time_per_token_is_the_difference_of_two_decodes(monkeypatch):
     assert decode_bench.device_profile(None, [], (8, 24)) == "no CUPTI here"
     with pytest.raises(ValueError):
         decode_bench.device_profile(None, [], (24, 8))
+
+
+def test_ratio_spread_is_the_middle_half_of_the_rounds():
+    from tqbridge.metal.lm import decode_bench
+
+    assert decode_bench.ratio_spread([1.5, 1.0, 1.2, 1.1, 1.4]) == pytest.approx([1.1, 1.4])
+    assert decode_bench.ratio_spread([0.9, 1.3, 1.0]) == [0.9, 1.3]   # few rounds: all of them
+    assert decode_bench.ratio_spread([1.2]) == [1.2, 1.2]
+    row = {"speedup_vs_fp16": 1.09, "speedup_vs_fp16_spread": [1.02, 1.151]}
+    assert decode_bench._ratio(row) == "1.09× (1.02–1.15)"
+    assert decode_bench._ratio({"speedup_vs_fp16": 1.0, "speedup_vs_fp16_spread": [1.0, 1.0]}) == "1.00×"

@@ -295,13 +295,24 @@ def device_profile(model, cache: list, tokens: "tuple[int, int]" = DEVICE_PROFIL
     return {"ms_per_token": total, "kernels": {k: round(v, 4) for k, v in ranked}}
 
 
+def ratio_spread(ratios: "list[float]") -> "list[float]":
+    """The middle half of the per-round ratios, ``[lower quartile, upper quartile]`` (the rounds
+    themselves where fewer than four): a median ratio whose spread straddles another cache's ratio, or
+    1.0, is not resolved by the run."""
+    r = sorted(ratios)
+    if len(r) < 4:
+        return [r[0], r[-1]]
+    q = statistics.quantiles(r, n=4, method="inclusive")
+    return [q[0], q[2]]
+
+
 def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int, *, dtype=mx.float16) -> list[dict]:
     """Every cache of ``kinds`` pre-filled to ``context`` rows, then ``rounds`` rounds in which each cache
     decodes ``tokens`` tokens in turn (interleaved, so a slow spell of the machine hits every cache
     alike). A TQCache kind may carry decode options in braces (``q8_0/turbo3{compile=0}``,
     :class:`tqbridge.metal.decode_options.DecodeOptions`): its caches decode with them. Per
     cache: median over rounds of each round's median ms/token; speed-up against the first cache: median
-    over rounds of the per-round ratios."""
+    over rounds of the per-round ratios, with the ratios and their middle half (:func:`ratio_spread`)."""
     from ..profiling import SettingsError, split_options
 
     rows, caches = [], []
@@ -343,7 +354,10 @@ def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int
         row["ms_per_token"] = statistics.median(per_round[i]) * 1e3
         row["tokens_per_s"] = 1e3 / row["ms_per_token"]
         if per_round[0] and len(per_round[0]) == len(per_round[i]):
-            row["speedup_vs_" + kinds[0]] = statistics.median(a / b for a, b in zip(per_round[0], per_round[i]))
+            ratios = [a / b for a, b in zip(per_round[0], per_round[i])]
+            row["speedup_vs_" + kinds[0]] = statistics.median(ratios)
+            row["speedup_vs_" + kinds[0] + "_rounds"] = ratios
+            row["speedup_vs_" + kinds[0] + "_spread"] = ratio_spread(ratios)
         row["model_bytes"] = weights
         row["decode_peak_bytes"] = weights + row["kv_bytes"] + row["decode_transient_bytes"]
         row["decode_peak_over_kv_and_model"] = row["decode_peak_bytes"] / (weights + row["kv_bytes"])
@@ -413,6 +427,14 @@ def plan_label(row: dict) -> str:
     return str(k)
 
 
+def _ratio(row: dict) -> str:
+    """The median ratio to fp16 and the middle half of the rounds' ratios ("1.09× (1.02–1.15)")."""
+    lo_hi = row.get("speedup_vs_fp16_spread")
+    if "speedup_vs_fp16" not in row or lo_hi is None or lo_hi[0] == lo_hi[1] == row["speedup_vs_fp16"]:
+        return f"{row.get('speedup_vs_fp16', 1.0):.2f}×"
+    return f"{row['speedup_vs_fp16']:.2f}× ({lo_hi[0]:.2f}–{lo_hi[1]:.2f})"
+
+
 def _device(row: dict) -> str:
     """Device ms/token and its share of the wall time ("—" where CUPTI could not measure)."""
     if row.get("device_ms_per_token") is None:
@@ -427,7 +449,7 @@ def _context(n: int) -> str:
 def to_markdown(results: dict) -> str:
     """The table of a :func:`run` record per model, context and cache: tokens/s and the speed-up
     against fp16, the decode phase's peak memory over the model and KV bytes, resident KV bytes, the
-    kernel plan that ran, the counted kernels, syncs and host time of the KV path, and the device time
+    kernel plan that ran (the ratio with the middle half of its rounds' ratios), the counted kernels, syncs and host time of the KV path, and the device time
     per token with its share of the wall time."""
     lines = ["| model | context | cache | tokens/s | vs fp16 | peak / (model + KV) | KV MiB | plan | KV kernels/layer "
              "| syncs/step | host µs/layer | device ms/token |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -439,7 +461,7 @@ def to_markdown(results: dict) -> str:
                          f"| {r.get('kv_bytes', 0) / 2**20:.0f} | — | — | — | — | — |")
             continue
         lines.append(f"| {r['model']} | {_context(r['context'])} | {r['cache']} | {r['tokens_per_s']:.1f} | "
-                     f"{r.get('speedup_vs_fp16', 1.0):.2f}× | {r['decode_peak_over_kv_and_model']:.3f} | "
+                     f"{_ratio(r)} | {r['decode_peak_over_kv_and_model']:.3f} | "
                      f"{r['kv_bytes'] / 2**20:.3g} | {plan_label(r)} | {r['kv_path_kernels_per_layer']} | "
                      f"{r['kv_path_host_syncs_per_step']:g} | {r['kv_path_python_us_per_layer']:.0f} | {_device(r)} |")
     return "\n".join(lines) + "\n"
