@@ -26,6 +26,7 @@ from tqbridge.tools.records import results
 
 ROOT = Path(__file__).resolve().parents[1]
 HISTORY = "docs/benchmark-history.md"   # the measurements as made, newest first; BENCHMARKS.md: current numbers
+KERNEL_PATH = "docs/attention.md"   # the decode kernel's path, as README quoted it at each step
 DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 
@@ -412,7 +413,7 @@ def _decode_runs():
     return {(r["model"], r["cache"], r["context"]): r for r in record(DECODE)["runs"]}
 
 
-@pytest.mark.parametrize("doc, header", [("README.md", "| geometry (random fp16 weights)"),
+@pytest.mark.parametrize("doc, header", [(KERNEL_PATH, "| geometry (random fp16 weights)"),
                                          (HISTORY, "| geometry | 4K")])
 def test_decode_ratio_tables_quote_the_record(doc, header):
     runs = _decode_runs()
@@ -522,9 +523,9 @@ def test_kernel_v2_table_is_its_record():
     assert not bad, bad
 
 
-def test_readme_kernel_sentence_quotes_revision6():
+def test_kernel_path_kernel_sentence_quotes_revision6():
     c = {x["context"]: x for x in record(REV6)["contexts"]}
-    readme = text("README.md")
+    readme = text(KERNEL_PATH)
     m = sole(readme, r"([\d.]+) / ([\d.]+) / ([\d.]+) µs per call at 4K /\s+32K / 128K")
     assert all(rounds_to(v, c[k]["fused_us"]) for v, k in zip(m.groups(), CONTEXTS))
     m = sole(readme, r"\(([\d.]+)–([\d.]+)× dequantize \+ SDPA,\s+([\d.]+)–([\d.]+)× mlx-lm's quantized SDPA\)")
@@ -912,9 +913,9 @@ def test_formats_command_rounds_the_ratio_once(capsys):
     assert any(line.startswith("turbo4@g64 ") and " 3.76x " in line for line in out.splitlines())
 
 
-def test_readme_decode_kv_bytes_ratio_is_the_record():
+def test_kernel_path_decode_kv_bytes_ratio_is_the_record():
     runs = _decode_runs()
-    m = sole(text("README.md"), r"\(([\d.]+)× fewer KV bytes at head dim 128, ([\d.]+)× at 64")
+    m = sole(text(KERNEL_PATH), r"\(([\d.]+)× fewer KV bytes at head dim 128, ([\d.]+)× at 64")
     for model, cell in (("qwen2.5-1.5b", m.group(1)), ("llama-3.1-8b", m.group(1)), ("llama-3.2-1b", m.group(2))):
         for ctx in CONTEXTS:
             ratio = runs[(model, "fp16", ctx)]["kv_bytes"] / runs[(model, "q8_0/turbo3", ctx)]["kv_bytes"]
@@ -1114,7 +1115,7 @@ def test_v3_decode_table_is_its_record():
 
     def vs(model, cache, ctx):
         return runs[(model, cache, ctx)]["speedup_vs_fp16"]
-    readme = flat(text("README.md"))
+    readme = flat(text(KERNEL_PATH))
     i32, i128, e32, e128 = span(readme, r"it lifts Llama-3.1-8B to ([\d.]+)× fp16 at 32K and ([\d.]+)× at 128K \(`tiles` in the "
                                         r"same run: ([\d.]+)×, ([\d.]+)×;")
     doc = flat(text(HISTORY))
@@ -1163,7 +1164,7 @@ def test_real_model_decode_table_is_its_record():
     assert sorted(("smollm2" if "SmolLM2" in r[0] else "gemma3", CTX_NAMES[r[1]]) for r in rows) == \
         sorted({(m, c) for m, _, c in runs}), rows
     doc = flat(text(HISTORY))
-    readme = flat(text("README.md"))
+    readme = flat(text(KERNEL_PATH))
     # the kernel counts per layer as the pages say them
     ours, syncs = span(doc, r"Every quantized row: (\d+) KV kernels per layer, (\d+) host syncs per step\.")
     fp16_g, ours_g = span(doc, r"mlx-lm's fp16 path runs (\d+) kernels per layer on the KV path \(casts, matmul, softmax, "
@@ -1408,8 +1409,8 @@ def test_emulator_v3_fuzz_sentence_is_its_records():
     assert once(said, doc), said
 
 
-def test_readme_permute_sentence_is_its_records():
-    doc = flat(text("README.md"))
+def test_kernel_path_permute_sentence_is_its_records():
+    doc = flat(text(KERNEL_PATH))
     rec = record(PERMUTE_DEV)
     new = {r["v_format"]: r["rows"] for r in rec["runs"] if r["variant"].startswith("default") and "repeat" not in r["variant"]}
     old_q4 = next(r for r in rec["runs"] if r["v_format"] == "q4_0" and r["variant"].startswith("TQBRIDGE_V3_V_GENERIC"))
@@ -1552,8 +1553,8 @@ def test_compile_decode_sentence_is_its_record():
     assert once(said, doc), said
 
 
-def test_readme_compile_sentence_is_its_record():
-    doc = flat(text("README.md"))
+def test_kernel_path_compile_sentence_is_its_record():
+    doc = flat(text(KERNEL_PATH))
     rec = {r["compile"]: sorted(r["contexts"], key=lambda x: x["context"]) for r in record(COMPILE_WALL)["runs"]}
     gains = [a["growing_cache_path_us"] - b["growing_cache_path_us"] for a, b in zip(rec[False], rec[True])]
     lo, hi = span(doc, r"outputs bit-identical: (\d+)–(\d+) µs less wall per layer and call at every length")
@@ -1666,20 +1667,20 @@ def test_softmax_and_ablation_sentences_are_their_records():
         assert plan["pass1_us"] <= (1 + float(pct) / 100) * min(r["pass1_us"] for r in at), n
 
 
-def test_readme_device_params_sentence_is_its_record():
-    doc = flat(text("README.md"))
+def test_kernel_path_device_params_sentence_is_its_record():
+    doc = flat(text(KERNEL_PATH))
     ctx = sorted(record(DP_WALL)["runs"][0]["contexts"], key=lambda x: x["context"])
     said = "the cache path ran at " + " / ".join(f"{x['growing_sdpa_fp16_us'] / x['growing_cache_path_us']:.2f}"
                                                   for x in ctx) + "× fp16 SDPA"
     assert once(said, doc), said
 
 
-def test_readme_fresh_array_cost_is_its_record():
+def test_kernel_path_fresh_array_cost_is_its_record():
     triv = {}
     for r in record(PROBE)["trivial_chain"]:
         triv.setdefault(r["case"], []).append(r["us_per_evaluation"])
     gaps = [f - p for f, p in zip(triv["fresh"], triv["pretouched"])]
-    (quoted,) = span(flat(text("README.md")), r"a chain of kernels reading a fresh one took ~(\d+) µs longer per evaluation")
+    (quoted,) = span(flat(text(KERNEL_PATH)), r"a chain of kernels reading a fresh one took ~(\d+) µs longer per evaluation")
     assert gaps and all(about(quoted, g) for g in gaps), (quoted, gaps)   # every round's gap, to the quoted tens
 
 
@@ -1723,8 +1724,8 @@ def test_in_chain_pass1_sentence_is_its_records():
     gaps = [a - b for a, b in zip(p1, alone)]
     lo, hi = span(doc, r"the ablation run below\): (\d+)–(\d+) µs more per call")
     assert all(int(lo) - 0.5 <= g < int(hi) + 0.5 for g in gaps), (lo, hi, gaps)   # each length's gap, to the µs
-    # the same gap where the README and docs/attention.md say what the 8-byte buffers cost pass 1
-    readme_lo, readme_hi = span(flat(text("README.md")), r"pass 1's two float parameters lived there, (\d+)–(\d+) µs per call")
+    # the same gap where the kernel's path and the kernel section of docs/attention.md say what the 8-byte buffers cost pass 1
+    readme_lo, readme_hi = span(flat(text(KERNEL_PATH)), r"pass 1's two float parameters lived there, (\d+)–(\d+) µs per call")
     doc_lo, doc_hi = span(flat(text("docs/attention.md")), r"pass 1's 8 bytes of floats there cost it (\d+)–(\d+) µs per call")
     assert (readme_lo, readme_hi) == (doc_lo, doc_hi) == (lo, hi)
 
@@ -1868,7 +1869,7 @@ def test_device_consts_fuzz_sentence_is_its_record():
     assert once(said, flat(text(HISTORY))), said
 
 
-def test_readme_device_consts_sentence_is_its_records():
+def test_kernel_path_device_consts_sentence_is_its_records():
     full = record(CONSTS)["runs"][1]["result"]
     ctx = _by_ctx(full)
     dec = record(CONSTS_DECODE)["runs"][1]["result"]
@@ -1878,7 +1879,7 @@ def test_readme_device_consts_sentence_is_its_records():
             f"(was {_three(_kernel_us(r, 'split_v3') for r in was)}), the cache path runs at "
             f"{_three((x[2] for x in _variant(full, {})), '.2f')}× fp16 SDPA, and Llama-3.1-8B decodes at "
             f"{r128['speedup_vs_fp16']:.2f}× fp16 at 128K")
-    assert once(said, flat(text("README.md"))), said
+    assert once(said, flat(text(KERNEL_PATH))), said
 
 
 def test_combine_rewrite_paragraph_is_its_record():
