@@ -91,10 +91,12 @@ SPLIT_SOURCES = {"lanes": "attention_kernel_split_lanes.cpp", "tiles": "attentio
 
 
 @lru_cache(maxsize=None)
-def kernel_defs(qtype: int, kernel: str = "lanes", qscale: bool = False):
+def kernel_defs(qtype: int, kernel: str = "lanes", qscale: bool = False, phases: bool = False):
     """(pass 1, pass 2) kernel definitions for q's element type and the pass-1 kernel (one of
     :data:`~.attention_problem.KERNELS`); ``qscale``: pass 1 takes the input ``qsc`` too (its builds
-    have the static parameter ``TQA_QSC``, :func:`static_params`).
+    have the static parameter ``TQA_QSC``, :func:`static_params`); ``phases`` (int8-mma, builds with the
+    static parameter ``TQA_PHASES``): pass 1 has one more output, ``clk``, its threadgroups' timestamps
+    (benchmarks/scripts/pass1_phases.py).
 
     Buffer names, as the kernel sources spell them (and the launch code with a pass number: ``ip1`` /
     ``fp1`` are pass 1's): ``ip`` / ``fp`` the int / float launch parameters (``TQA_SPLIT_PARAMS`` in
@@ -105,11 +107,13 @@ def kernel_defs(qtype: int, kernel: str = "lanes", qscale: bool = False):
 
     header = (KERNEL_DIR / "attention_kernel.h").read_text()
     qdt = "float32" if qtype == 0 else "uint16"
+    if phases and kernel != "int8-mma":
+        raise ValueError(f"phase timestamps are a build of kernel int8-mma, not {kernel!r}")
     split = Kernel(
         "tq_attention_split_" + kernel.replace("-", "_"),
         (("q", qdt), ("kb", "uint8"), ("vb", "uint8"), ("ip", "int32"), ("fp", "float32"), ("tabs", "float32"),
          ("dep", "uint32")) + ((("qsc", "float32"),) if qscale else ()),
-        (("po", "float32"), ("pml", "float32")),
+        (("po", "float32"), ("pml", "float32")) + ((("clk", "uint32"),) if phases else ()),
         (KERNEL_DIR / SPLIT_SOURCES[kernel]).read_text(),
         header + ("\n" + (KERNEL_DIR / "attention_mma.h").read_text() if kernel == "int8-mma" else ""))
     combine = Kernel(
@@ -123,10 +127,12 @@ def kernel_defs(qtype: int, kernel: str = "lanes", qscale: bool = False):
 def built(backend: str, which: int, qtype: int, static: dict, kernel: str = "lanes"):
     """Pass 1 (``which`` 0) or the combine pass (1), compiled for ``backend`` by the one kernel builder
     and cache (:func:`.dispatch.build`): the emulator's kernel, or MLX's raw callable on a GPU. A static
-    ``TQA_QSC`` picks pass 1's definition with the input ``qsc``."""
+    ``TQA_QSC`` picks pass 1's definition with the input ``qsc``, a static ``TQA_PHASES`` the one with the
+    output ``clk``."""
     from .dispatch import build
 
-    kern = build(kernel_defs(qtype, kernel, bool(static.get("TQA_QSC")))[which], static, backend)
+    kern = build(kernel_defs(qtype, kernel, bool(static.get("TQA_QSC")), bool(static.get("TQA_PHASES")))[which],
+                 static, backend)
     return kern if backend == "cpu-emulator" else kern.raw
 
 

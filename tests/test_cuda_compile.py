@@ -69,6 +69,10 @@ def _attention_cases():
             # pass 1 multiplying q by a key-calibrated cache's channel scales (TQA_QSC, one input more)
             cases.append((f"{plan.kernel}-qscale-{kf}-{vf}-d{d}-q{qtype}" + (f"-{opts}" if opts else ""),
                           kernel_defs(qtype, plan.kernel, True)[0], static_params(prob, plan, qtype, False, True)[0]))
+            if plan.kernel == "int8-mma":   # the profiling build (TQA_PHASES: the global timer, one output more)
+                cases.append((f"int8-mma-phases-{kf}-{vf}-d{d}-q{qtype}" + (f"-{opts}" if opts else ""),
+                              kernel_defs(qtype, plan.kernel, False, True)[0],
+                              {**static_params(prob, plan, qtype, False)[0], "TQA_PHASES": 1}))
     # one build of each kernel and static parameters is enough (the combine pass repeats across kernels)
     seen, out = set(), []
     for tag, kern, static in cases:
@@ -113,6 +117,7 @@ def test_cases_cover_the_cuda_plans():
     assert any(s["TQA_V23"] and s["TQA_DV"] == 256 for s in statics)
     assert any(s["TQA_VCODE"] and s["TQA_DV"] == 256 for s in statics)
     assert any(s["TQ_DSMEM"] > 48 * 1024 for s in statics)
+    assert any("-phases-" in c[0] and c[2]["TQA_PHASES"] and c[1].outputs[-1][0] == "clk" for c in CASES)
     assert {c[1].name for c in CASES if "-qscale-" in c[0]} >= {"tq_attention_split_lanes", "tq_attention_split_tiles",
                                                                "tq_attention_split_int8_mma"}
 

@@ -4,8 +4,7 @@ Compiles the same dialect source MLX compiles (header + body, the signature MLX 
 NVRTC through CuPy, then reports per kernel build: registers per thread, local-memory (spill) bytes,
 static shared memory, the resident threadgroups per SM those allow, and the device time of pass 1
 measured with CUDA events over many launches on random cache bytes at a fixed length. Pass 2
-(combine) is timed the same way; kernel int8-mma in one dispatch (its merge in the last threadgroup of
-each head) has no pass 2. What MLX adds on top (graph building, per-call source hashing) is
+(combine) is timed the same way. What MLX adds on top (graph building, per-call source hashing) is
 what ``tqbridge bench attention`` / ``bench decode`` measure.
 
     python benchmarks/scripts/kernel_device_time.py --context 4096,32768,131072 --kernels tiles,int8-mma --json out.json
@@ -128,23 +127,17 @@ def main(argv=None) -> int:
                 g1, t1 = (hkv * plan.splits,), (32 * plan.warps,)
                 g2, t2 = (rows,), (ap_.COMBINE_THREADS,)
 
-                cnt = cp.zeros(hkv, cp.uint32)
-
                 turn = [0]
 
                 def one():
                     i = turn[0] = (turn[0] + 1) % copies
-                    dkb, dvb = dkbs[i], dvbs[i]
-                    if plan.fused:   # one dispatch: the merge runs in the last threadgroup of each head
-                        k1(g1, t1, (dq, dkb, dvb, ip1, fp1, tabs, dep, cnt, sinks, po, pml, res), shared_mem=dsmem)
-                    else:
-                        k1(g1, t1, (dq, dkb, dvb, ip1, fp1, tabs, dep, po, pml), shared_mem=dsmem)
+                    k1(g1, t1, (dq, dkbs[i], dvbs[i], ip1, fp1, tabs, dep, po, pml), shared_mem=dsmem)
 
                 def two():
                     k2(g2, t2, (po, pml, ip2, sinks, tabs, res))
 
                 times = {}
-                if a.chain and not plan.fused:
+                if a.chain:
                     one(), two()
                     cp.cuda.Device().synchronize()
                     ev = [[cp.cuda.Event() for _ in range(3)] for _ in range(a.iters)]
@@ -158,7 +151,7 @@ def main(argv=None) -> int:
                     for name, i in (("pass1", 0), ("pass2", 1)):
                         ts = sorted(cp.cuda.get_elapsed_time(e[i], e[i + 1]) * 1e3 for e in ev)
                         times[name] = ts[len(ts) // 2]
-                for name, fn in (() if times else (("pass1", one),) + ((("pass2", two),) if not plan.fused else ())):
+                for name, fn in (() if times else (("pass1", one), ("pass2", two))):
                     fn()
                     cp.cuda.Device().synchronize()
                     e0, e1 = cp.cuda.Event(), cp.cuda.Event()
@@ -177,8 +170,7 @@ def main(argv=None) -> int:
                            stages=plan.stages, chunks=plan.chunks, dynamic_shared_bytes=dsmem,
                            ctas=hkv * plan.splits, regs=regs, local_bytes=local, shared_bytes=smem,
                            resident_ctas_per_sm=min(by_regs, by_smem, 32), pass1_us=times["pass1"],
-                           pass2_us=times.get("pass2", 0.0), fused=plan.fused, bytes_read=bytes_read, copies=copies,
-                           chain=a.chain and not plan.fused,
+                           pass2_us=times["pass2"], bytes_read=bytes_read, copies=copies, chain=a.chain,
                            pass1_TBps=bytes_read / times["pass1"] / 1e6)
                 out["rows"].append(row)
                 print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}),

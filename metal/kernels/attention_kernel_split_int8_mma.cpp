@@ -39,6 +39,20 @@ const uint lane = tid & 31u;
 const uint warp = tid >> 5;
 const uint g = lane >> 2, t4 = lane & 3u;
 TQA_SPLIT_PARAMS
+// TQA_PHASES (a profiling build, CUDA and the emulator: benchmarks/scripts/pass1_phases.py): thread 0 stamps five
+// points of its threadgroup into one more output, clk: per threadgroup 20 words, the global timer (tq_timer, ns) at
+// the five points, then the SM's cycle counter (tq_cycles) at the same points, each a uint32 pair, low word first.
+// The points: 0 entry, 1 q rotated and quantized, 2 the first tile landed, 3 the key loop done, 4 the partial
+// written. The other outputs are those of the plain build.
+#if TQA_PHASES
+#define TQA_PHASE(i) do { if (tid == 0u) { const unsigned long long t_ = tq_timer(), c_ = tq_cycles(); \
+    const uint at_ = tq_gx * 20u + 2u * (uint)(i); \
+    clk[at_] = (uint)t_; clk[at_ + 1u] = (uint)(t_ >> 32); clk[at_ + 10u] = (uint)c_; clk[at_ + 11u] = (uint)(c_ >> 32); } \
+    } while (0)
+#else
+#define TQA_PHASE(i) do { } while (0)
+#endif
+TQA_PHASE(0);
 const float LOG2E = 1.4426950408889634f;   // the softmax runs in base 2: scores times log2(e), then exp2
 
 TQ_SHARED_ARRAY(float, ktab, 16);
@@ -156,6 +170,7 @@ for (int wi = (int)tid; wi < QW; wi += NT) {   // uniform per SIMD group
     }
 }
 tq_barrier();
+TQA_PHASE(1);
 
 // this lane's q fragments (column g of B) and the scales of its two output columns 2*t4, 2*t4 + 1, in registers
 const int qrow = (int)g * QIS + (int)t4;
@@ -192,6 +207,7 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
     // copies visible and ends every SIMD group's reading of tile i - 1, whose buffer the next copy refills
     tq_cp_wait_n(TQA_NS - 2);
     tq_barrier();
+    if (t0 == first) TQA_PHASE(2);
     const int t1 = t0 + (TQA_NS - 1) * TQA_TILE;
     if (t1 < end)   // into tile i - 1's buffer, (buf + NS - 1) % NS
         tqa_stage_tile<TQA_TILE, KRB, VRB, TQA_KTB, TQA_VTB, NT>(stage + (buf == 0 ? TQA_NS - 1 : buf - 1) * HALF, kb,
@@ -477,6 +493,7 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
 }
 tq_cp_wait0();
 tq_barrier();   // every SIMD group is done with the last tile before the merge below reuses the area
+TQA_PHASE(3);
 
 // every SIMD group's sums over its lanes, then the groups merged through threadgroup memory
 for (int c = 0; c < 2; ++c)
@@ -515,3 +532,4 @@ for (int x = (int)tid; x < Q * TQA_DV; x += NT) {
     po[pi * TQA_DV + e] = a;
     if (e == 0) { pml[pi * 2] = mx > TQA_NEG_BIG ? mx * (1.0f / LOG2E) : TQA_NEG_BIG; pml[pi * 2 + 1] = l; }
 }
+TQA_PHASE(4);

@@ -36,6 +36,11 @@ TQ_FUNC float tq_trunc(float a) { return std::trunc(a); }
 TQ_FUNC float tq_floor(float a) { return std::floor(a); }
 TQ_FUNC float tq_exp(float a) { return std::exp(a); }
 TQ_FUNC float tq_exp2(float a) { return std::exp2(a); }
+// profiling builds (TQA_PHASES): the emulator's "timer" counts its calls, so it orders the points a kernel
+// stamps (one kernel runs at a time in a process) but measures no time
+static unsigned long long tq_emu_timer_calls = 0;
+TQ_FUNC unsigned long long tq_timer() { return ++tq_emu_timer_calls; }
+TQ_FUNC unsigned long long tq_cycles() { return ++tq_emu_timer_calls; }
 // binary16 bits -> float32, exact, without a loop (the GPUs use their conversion instruction):
 // normals by re-biasing the exponent, subnormals as an exact integer times 2^-24, inf / NaN by bits.
 TQ_FUNC float tq_half_to_float(uint h) {

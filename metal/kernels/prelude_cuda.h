@@ -34,6 +34,11 @@ TQ_FUNC float tq_exp2(float a) { return exp2f(a); }
 // binary16 bits -> float32 with the hardware conversion (exact for every non-NaN input)
 TQ_FUNC float tq_half_to_float(uint h) { return __half2float(__ushort_as_half((unsigned short)h)); }
 
+// profiling builds only (TQA_PHASES): the GPU's global timer (ns; its update interval depends on the GPU)
+// and the SM's cycle counter (the SM's own clock: durations within one threadgroup)
+TQ_FUNC unsigned long long tq_timer() { unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+TQ_FUNC unsigned long long tq_cycles() { return (unsigned long long)clock64(); }
+
 // SIMD-group (warp) ops: all 32 lanes must call them (the emulator enforces it).
 #define tq_simd_shuffle(v, lane) __shfl_sync(0xffffffffu, (v), (int)(lane))
 #define tq_simd_shuffle_xor(v, mask) __shfl_xor_sync(0xffffffffu, (v), (int)(mask))
