@@ -270,3 +270,21 @@ def test_ratio_spread_is_the_middle_half_of_the_rounds():
     row = {"speedup_vs_fp16": 1.09, "speedup_vs_fp16_spread": [1.02, 1.151]}
     assert decode_bench._ratio(row) == "1.09× (1.02–1.15)"
     assert decode_bench._ratio({"speedup_vs_fp16": 1.0, "speedup_vs_fp16_spread": [1.0, 1.0]}) == "1.00×"
+
+
+def test_70b_geometry_has_the_70b_attention_and_layer_shapes():
+    """llama-3.1-70b-8l: the published Llama 3.1 70B configuration's layers (64 query / 8 KV heads of 128
+    values, 8192 hidden, 28672 MLP) and vocabulary, 8 of its 80 layers; built lazily here (the shapes of
+    its parameters, no weights evaluated)."""
+    from mlx_lm.models import llama
+
+    from tqbridge.metal.lm.decode_bench import GEOMETRIES
+
+    cfg = GEOMETRIES["llama-3.1-70b-8l"]
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (64, 8, 128)
+    model = llama.Model(llama.ModelArgs.from_dict(cfg))   # lazy: nothing allocated until evaluated
+    layer = model.model.layers[0]
+    assert len(model.model.layers) == 8
+    assert tuple(layer.self_attn.q_proj.weight.shape) == (8192, 8192)
+    assert tuple(layer.self_attn.k_proj.weight.shape) == (1024, 8192)
+    assert tuple(layer.mlp.gate_proj.weight.shape) == (28672, 8192)

