@@ -32,12 +32,23 @@ def _source(kdef, static: dict) -> str:
     return kdef.cuda_source(static)
 
 
+def random_problem(kf, vf, hq: int, hkv: int, d: int, ctx: int, rng):
+    """``(q, kb, vb, prob)``: one query row per head and a cache of ``ctx`` rows, 256 random rows of blocks
+    repeated (the kernel reads every byte; their values do not change its time)."""
+    from tqbridge import bridge
+    from tqbridge.metal.attention import check_problem
+
+    q = rng.standard_normal((1, hq, d)).astype(np.float32)
+    kb = np.tile(bridge.quantize(kf, rng.standard_normal((1, hkv, 256, d)).astype(np.float32)), (1, 1, ctx // 256, 1))
+    vb = np.tile(bridge.quantize(vf, rng.standard_normal((1, hkv, 256, d)).astype(np.float32)), (1, 1, ctx // 256, 1))
+    return q, kb, vb, check_problem(q, kb, vb, k_format=kf, v_format=vf, length=ctx)
+
+
 def main(argv=None) -> int:
     import cupy as cp
 
     from tqbridge import bridge
     from tqbridge.metal import attention_build as ab, attention_plan as ap_
-    from tqbridge.metal.attention import check_problem
 
     p = argparse.ArgumentParser()
     p.add_argument("--context", default="4096,32768,131072")
@@ -78,12 +89,7 @@ def main(argv=None) -> int:
            "rows": []}
     rng = np.random.default_rng(0)
     for ctx in [int(x) for x in a.context.split(",")]:
-        q = rng.standard_normal((1, hq, d)).astype(np.float32)
-        krow = bridge.quantize(kf, rng.standard_normal((1, hkv, 256, d)).astype(np.float32))
-        vrow = bridge.quantize(vf, rng.standard_normal((1, hkv, 256, d)).astype(np.float32))
-        kb = np.tile(krow, (1, 1, ctx // 256, 1))
-        vb = np.tile(vrow, (1, 1, ctx // 256, 1))
-        prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=ctx)
+        q, kb, vb, prob = random_problem(kf, vf, hq, hkv, d, ctx, rng)
         bytes_read = kb.nbytes + vb.nbytes
         dq = cp.asarray(q)
         copies = -(-COLD_BYTES // bytes_read) if a.cold else 1

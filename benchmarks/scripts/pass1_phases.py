@@ -25,7 +25,6 @@ import sys
 
 import numpy as np
 
-COLD_BYTES = 160 << 20   # > 2x the H200's L2: each launch reads K/V evicted since their last use
 POINTS = ("entry", "q_ready", "first_tile", "loop_done", "written")
 
 
@@ -58,9 +57,9 @@ def summarize(stamps: np.ndarray, cycles: np.ndarray, event_us: float) -> dict:
 def main(argv=None) -> int:
     import cupy as cp
 
+    from kernel_device_time import COLD_BYTES, random_problem
     from tqbridge import bridge
     from tqbridge.metal import attention_build as ab, attention_plan as ap_
-    from tqbridge.metal.attention import check_problem
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--context", default="4096,32768,131072")
@@ -93,10 +92,7 @@ def main(argv=None) -> int:
            "copy_GBps": copy_gbps, "rows": []}
     rng = np.random.default_rng(0)
     for ctx in [int(x) for x in a.context.split(",")]:
-        q = rng.standard_normal((1, hq, d)).astype(np.float32)
-        kb = np.tile(bridge.quantize(kf, rng.standard_normal((1, hkv, 256, d)).astype(np.float32)), (1, 1, ctx // 256, 1))
-        vb = np.tile(bridge.quantize(vf, rng.standard_normal((1, hkv, 256, d)).astype(np.float32)), (1, 1, ctx // 256, 1))
-        prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=ctx)
+        q, kb, vb, prob = random_problem(kf, vf, hq, hkv, d, ctx, rng)
         bytes_read = kb.nbytes + vb.nbytes
         copies = -(-COLD_BYTES // bytes_read)
         dkbs, dvbs = [cp.asarray(kb) for _ in range(copies)], [cp.asarray(vb) for _ in range(copies)]
