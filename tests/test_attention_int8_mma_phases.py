@@ -74,3 +74,25 @@ def test_phase_summary_of_a_known_launch():
     ph = s["phases_median"]
     assert ph["prologue"]["us"] == pytest.approx(0.75) and ph["first_tile_wait"]["us"] == pytest.approx(1.25)
     assert ph["key_loop"]["us"] == pytest.approx(6.0) and ph["epilogue"]["us"] == pytest.approx(1.0)
+
+
+def test_phase_script_runs_on_the_emulator(tmp_path):
+    """The whole script on the emulator (MLX's CUDA launch is the only part it does not reach): a row per
+    split count, every threadgroup profiled in every launch, the phases' cycles in the kernel's order."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "scripts"))
+    import pass1_phases
+
+    out = tmp_path / "phases.json"
+    assert pass1_phases.main(["--backend", "cpu-emulator", "--context", "512", "--q-heads", "8", "--kv-heads", "2",
+                              "--splits", "2,4", "--launches", "2", "--json", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert [r["splits"] for r in rec["rows"]] == [2, 4] and rec["copy_GBps"] is None
+    for r in rec["rows"]:
+        assert r["threadgroups"] == 2 * r["splits"] and len(r["launches"]) == 2
+        assert all(x["threadgroups"] == r["threadgroups"] and x["empty_threadgroups"] == 0 for x in r["launches"])
+        # one call of each counter per point: each phase spans two calls of the shared counter
+        assert set(r["phases_cycles"].values()) == {2.0}, r["phases_cycles"]
