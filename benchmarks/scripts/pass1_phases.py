@@ -25,7 +25,9 @@ import sys
 
 import numpy as np
 
-POINTS = ("entry", "q_ready", "first_tile", "loop_done", "written")
+# between the kernel's five stamps (entry, q ready, first tile landed, key loop done, partial written)
+PHASES = ("prologue", "first_tile_wait", "key_loop", "epilogue")
+STAMP_WORDS = 2 * 5 * 2   # per threadgroup: (timer, cycles) x 5 points x (low, high) uint32 words
 
 
 def _quantiles(x: np.ndarray) -> dict:
@@ -44,7 +46,7 @@ def summarize(stamps: np.ndarray, cycles: np.ndarray, event_us: float) -> dict:
     dur_ns = t[:, 4] - t[:, 0]
     ghz = float(np.median(dur_cycles) / max(np.median(dur_ns), 1.0))   # the SM clock, cycles per ns
     phases = {}
-    for i, name in enumerate(("prologue", "first_tile_wait", "key_loop", "epilogue")):
+    for i, name in enumerate(PHASES):
         cyc = float(np.median(c[:, i + 1] - c[:, i]))
         phases[name] = {"cycles": cyc, "us": cyc / ghz / 1e3 if ghz > 0 else None}
     return {"threadgroups": int(ok.sum()), "empty_threadgroups": int((~ok).sum()), "event_us": event_us,
@@ -85,7 +87,7 @@ def launcher(backend: str, prob, plan, q, kb, vb, copies: int):
     ip1 = np.array([prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1, *prob.lengths],
                    np.int32)
     fixed = [ip1, np.array([prob.scale, 0.0], np.float32), ab.tables(prob), np.zeros(1, np.uint32)]
-    shapes = [(rows, plan.partials, prob.v_dim), (rows, plan.partials, 2), (groups * 20,)]
+    shapes = [(rows, plan.partials, prob.v_dim), (rows, plan.partials, 2), (groups * STAMP_WORDS,)]
     if backend == "cpu-emulator":
         def run(i):
             t0 = time.perf_counter()
@@ -163,9 +165,9 @@ def main(argv=None) -> int:
                        exit_max_us=med(lambda r: r["exit_after_first_entry_us"]["p100"]),
                        threadgroup_median_us=med(lambda r: r["threadgroup_us"]["p50"]),
                        phases_us={k: med(lambda r, k=k: r["phases_median"][k]["us"] or 0.0)
-                                  for k in ("prologue", "first_tile_wait", "key_loop", "epilogue")},
+                                  for k in PHASES},
                        phases_cycles={k: med(lambda r, k=k: r["phases_median"][k]["cycles"])
-                                      for k in ("prologue", "first_tile_wait", "key_loop", "epilogue")},
+                                      for k in PHASES},
                        launches=runs)
             out["rows"].append(row)
             print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()

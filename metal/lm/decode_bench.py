@@ -453,9 +453,9 @@ def _context(n: int) -> str:
 
 def to_markdown(results: dict) -> str:
     """The table of a :func:`run` record per model, context and cache: tokens/s and the speed-up
-    against fp16, the decode phase's peak memory over the model and KV bytes, resident KV bytes, the
-    kernel plan that ran (the ratio with the middle half of its rounds' ratios), the counted kernels, syncs and host time of the KV path, and the device time
-    per token with its share of the wall time."""
+    against fp16 (with the middle half of its rounds' ratios), the decode phase's peak memory over the
+    model and KV bytes, resident KV bytes, the kernel plan that ran, the counted kernels, syncs and host
+    time of the KV path, and the device time per token with its share of the wall time."""
     lines = ["| model | context | cache | tokens/s | vs fp16 | peak / (model + KV) | KV MiB | plan | KV kernels/layer "
              "| syncs/step | host µs/layer | device ms/token |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["runs"]:
