@@ -40,17 +40,22 @@ const uint warp = tid >> 5;
 const uint g = lane >> 2, t4 = lane & 3u;
 TQA_SPLIT_PARAMS
 // TQA_PHASES (a profiling build, CUDA and the emulator: benchmarks/scripts/pass1_phases.py): thread 0 stamps five
-// points of its threadgroup into one more output, clk: per threadgroup 20 words, the global timer (tq_timer, ns) at
-// the five points, then the SM's cycle counter (tq_cycles) at the same points, each a uint32 pair, low word first.
-// The points: 0 entry, 1 q rotated and quantized, 2 the first tile landed, 3 the key loop done, 4 the partial
-// written. The other outputs are those of the plain build.
+// points of its threadgroup, 0 entry, 1 q rotated and quantized, 2 the first tile landed, 3 the key loop done,
+// 4 the partial written, with the global timer (tq_timer, ns) and the SM's cycle counter (tq_cycles), in
+// registers; after the last point it writes them into one more output, clk: per threadgroup 20 words, the five
+// timer values, then the five cycle counts, each a uint32 pair, low word first (0: a point not reached). The
+// stores come after the last stamp, so no phase holds their latency (on CUDA a store to a page the host last
+// touched waits for its migration: hundreds of µs). The other outputs are those of the plain build.
 #if TQA_PHASES
-#define TQA_PHASE(i) do { if (tid == 0u) { const unsigned long long t_ = tq_timer(), c_ = tq_cycles(); \
-    const uint at_ = tq_gx * 20u + 2u * (uint)(i); \
-    clk[at_] = (uint)t_; clk[at_ + 1u] = (uint)(t_ >> 32); clk[at_ + 10u] = (uint)c_; clk[at_ + 11u] = (uint)(c_ >> 32); } \
-    } while (0)
+unsigned long long tqa_st[5] = {0ull, 0ull, 0ull, 0ull, 0ull}, tqa_sc[5] = {0ull, 0ull, 0ull, 0ull, 0ull};
+#define TQA_PHASE(i) do { if (tid == 0u) { tqa_st[i] = tq_timer(); tqa_sc[i] = tq_cycles(); } } while (0)
+#define TQA_PHASES_WRITE() do { if (tid == 0u) for (int i_ = 0; i_ < 5; ++i_) { \
+    const uint at_ = tq_gx * 20u + 2u * (uint)i_; \
+    clk[at_] = (uint)tqa_st[i_]; clk[at_ + 1u] = (uint)(tqa_st[i_] >> 32); \
+    clk[at_ + 10u] = (uint)tqa_sc[i_]; clk[at_ + 11u] = (uint)(tqa_sc[i_] >> 32); } } while (0)
 #else
 #define TQA_PHASE(i) do { } while (0)
+#define TQA_PHASES_WRITE() do { } while (0)
 #endif
 TQA_PHASE(0);
 const float LOG2E = 1.4426950408889634f;   // the softmax runs in base 2: scores times log2(e), then exp2
@@ -533,3 +538,4 @@ for (int x = (int)tid; x < Q * TQA_DV; x += NT) {
     if (e == 0) { pml[pi * 2] = mx > TQA_NEG_BIG ? mx * (1.0f / LOG2E) : TQA_NEG_BIG; pml[pi * 2 + 1] = l; }
 }
 TQA_PHASE(4);
+TQA_PHASES_WRITE();
