@@ -3,16 +3,16 @@ how q8_0 K rows are read, and how the SIMD groups' partial rows are merged.
 
 - q to int8 per 32-value block by eight lanes, 4 values and one word of codes each; the block's max |x|
   and code sum by three butterfly steps (both order-free), as ggml's quantize_row_q8_0_ref / q8_1_ref;
-- the copies of the ring's first NS - 1 tiles issued before q is loaded, q's rows kept in the ring's
-  last buffer (refilled only after the key loop's first barrier);
+- the copies of the ring's first NS - 1 tiles issued after q is loaded and before it is quantized, q's
+  rows kept in the ring's last buffer (refilled only after the key loop's first barrier);
 - q8_0 K rows by whole 32-bit words (``tqa_q8_pair``): a 34-byte block of an even-numbered slot has its
   fragment slots, and q's codes, rotated by 2 (the int32 sum does not depend on the order);
 - the SIMD groups' partial rows in threadgroup memory at a stride of DV + 1.
 
 Every case holds the int8 oracle's bound (several query rows, windows, sinks, one and two chunks, odd
 lengths, tiles short of a split). Planted bugs (in a copy of the sources) show the oracle sees each
-part. (The variants these replaced — one thread per block, copies after q, half-word q8_0 reads, an
-unpadded merge — gave the same bits: docs/kernel-history.md.)"""
+part. (The variants these replaced — one thread per block, copies after q's quantization or before its
+load, half-word q8_0 reads, an unpadded merge — gave the same bits: docs/kernel-history.md.)"""
 
 from __future__ import annotations
 

@@ -76,9 +76,11 @@ TQ_DYN_SHARED_ARRAY(uint, stage);
 TQ_SHARED_ARRAY(uint, stage, TQA_STB / 4);
 #endif
 constexpr int HALF = (TQA_KTB + TQA_VTB) / 4;  // words per staged tile
-// The prologue: the first NS - 1 tiles' copies are issued before q is loaded, so their latency hides q's load,
-// rotation and quantization (q's rows then live in the ring's last buffer, which the key loop refills only
-// after its first barrier; the staging area is sized for that: attention_plan.int8_mma_stage_bytes)
+// The prologue: the tables and q's rows are loaded first, then the first NS - 1 tiles' copies are issued, so
+// their latency hides q's rotation and quantization. (Loads issued behind the copies wait for them: with the
+// copies first, the prologue took 2.1K-3.1K more cycles at head dim 128 and 5.6K at 256 on the H200.) q's rows
+// live in the ring's last buffer, which the key loop refills only after its first barrier; the staging area
+// is sized for that: attention_plan.int8_mma_stage_bytes
 static_assert(TQA_NS >= 2 && (TQA_NS - 1) * HALF * 4 + 32 * TQA_DK <= TQA_STB, "q's rows must fit after the ring's head");
 // q rows (rows >= Q zero), rotated: only until the key loop's first barrier
 TQ_SHARED float* qf = (TQ_SHARED float*)(stage + (TQA_NS - 1) * HALF);
@@ -109,8 +111,6 @@ const size_t voff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)VRB;
 // straight 16-byte copies (tqa_stage_full16), any other by the generic loop
 const bool stage16 = tq_aligned16_shared(stage);   // (tqa_stage_tile checks the rest, tile by tile)
 const int first = start - (start & 1);
-tqa_stage_ring_head<TQA_TILE, KRB, VRB, TQA_KTB, TQA_VTB, NT, TQA_NS>(stage, kb, koff, vb, voff, first, end,
-                                                                               stage16, tid);
 
 if (tid < 16u) { ktab[tid] = tabs[tid]; vtab[tid] = tabs[16u + tid]; }
 // V23: the 8 (turbo2: 4) binary16 centroids as low bytes (clo0: entries 0..3, clo1: 4..7) and high bytes
@@ -136,6 +136,9 @@ for (int x = (int)tid; x < 8 * TQA_DK; x += NT) {
     const int hq = h * G + r / T, t = r % T;
     qf[x] = (r < Q && i < TQA_D) ? TQA_QIN(TQA_Q(q)[((b * hq_all + hq) * T + t) * TQA_D + i], hq, i) : 0.0f;
 }
+// the ring's first NS - 1 tiles (see the prologue's note above)
+tqa_stage_ring_head<TQA_TILE, KRB, VRB, TQA_KTB, TQA_VTB, NT, TQA_NS>(stage, kb, koff, vb, voff, first, end,
+                                                                               stage16, tid);
 tq_barrier();
 if (krot) tqa_rotate(qf, 8 * TQA_DK, krot, tabs + TQA_TAB_KS1, tabs + TQA_TAB_KS2, tabs[TQA_TAB_KSCALE], tid, (uint)NT);
 // q to int8 per 32 values, as ggml's quantize_row_q8_0_ref / q8_1_ref. A block's slot j holds value
@@ -170,8 +173,8 @@ for (int wi = (int)tid; wi < QW; wi += NT) {   // uniform per SIMD group
     for (uint off = 1u; off < 8u; off <<= 1) sum += tq_simd_shuffle_xor(sum, off);
     qi[(bi / NB) * QIS + (bi % NB) * 8 + m] = w;
     if (m == 0) {
-        qd[bi] = tq_half_to_float(tq_f32_to_f16_bits(d));
-        qsm[bi] = tq_half_to_float(tq_f32_to_f16_bits((float)sum * d));
+        qd[bi] = tq_half_to_float(tq_f2h(d));
+        qsm[bi] = tq_half_to_float(tq_f2h((float)sum * d));
     }
 }
 tq_barrier();
