@@ -168,6 +168,30 @@ CURRENT_KEYS = {
         "bench_attention_full.contexts[context=<col>].growing_fused_v2_device_us",
         "bench_attention_full.contexts[context=<col>].growing_dequant_sdpa_device_us",
     ],
+    "benchmarks/records/h200/2026-12-04-pass1-phases.json": [
+        f"kept.default.rows[context=<col>].{k}" for k in (
+            "splits", "span_us_min", "read_floor_us", "phases_cycles.prologue", "phases_cycles.first_tile_wait",
+            "phases_cycles.key_loop", "phases_cycles.epilogue")] + [
+        f"prologue_variants.{v}.rows[context=<col>].span_us_min" for v in ("varC", "varV2", "varV1", "varV124")] + [
+        f"prologue_variants.{v}_dim256.rows[context=32768].span_us_min" for v in ("varC", "varV2")] + [
+        f"{part}.rows[context=32768].{k}"
+        for part in ("l2_prefetch.bytes_0", "l2_prefetch.bytes_25165824", "q_loads_batched.default")
+        for k in ("span_us", "phases_us.prologue", "phases_us.key_loop")],
+    "benchmarks/records/h200/2026-12-04-bench-decode-70b-shapes.json": [
+        "llama_70b_8l.report.runs[cache=q8_0/turbo3&context=<col>].speedup_vs_fp16",
+        "llama_70b_8l.report.runs[cache=q8_0/q4_0&context=<col>].speedup_vs_fp16",
+        "llama_70b_8l.report.runs[cache=q8_0/turbo3&context=<col>].decode_peak_over_kv_and_model",
+        "llama_70b_8l.report.runs[cache=fp16&context=<col>].decode_peak_over_kv_and_model",
+        "small_shapes.report.runs[model=qwen2.5-1.5b&cache=q8_0/turbo3&context=<col>].speedup_vs_fp16",
+        "small_shapes.report.runs[model=qwen2.5-1.5b&cache=q8_0/turbo3&context=<col>].device_share_of_wall",
+        "small_shapes.report.runs[model=llama-3.2-1b&cache=q8_0/turbo3&context=<col>].speedup_vs_fp16",
+        "8b_kept.report.runs[cache=q8_0/turbo3&context=<col>].speedup_vs_fp16",
+        "8b_kept.report.runs[cache=q8_0/turbo3&context=<col>].device_kernels_ms_per_token."
+        "mlx::core::cu::custom_kernel_tq_attention_split_int8_mma_2cd",
+        "8b_l2_prefetch.report.runs[cache=q8_0/turbo3&context=<col>].device_kernels_ms_per_token."
+        "mlx::core::cu::custom_kernel_tq_attention_split_int8_mma_13b",
+        "gemma_32k.report.runs[model=gemma-3-270m&cache=q8_0/turbo3&context=<col>].speedup_vs_fp16",
+    ],
     "benchmarks/records/h200/2026-12-03-decode-options-ab.json": [
         f"bench_attention[run=attn-{side}].contexts[context=<col>].cache_path_device_us"
         for side in ("new-0", "old-0", "new-2", "old-2")] + [
