@@ -192,6 +192,15 @@ CURRENT_KEYS = {
         "mlx::core::cu::custom_kernel_tq_attention_split_int8_mma_13b",
         "gemma_32k.report.runs[model=gemma-3-270m&cache=q8_0/turbo3&context=<col>].speedup_vs_fp16",
     ],
+    "benchmarks/records/h200/2026-12-04-bench-decode-shapes-128k.json": [
+        "gemma.report.runs[model=gemma-3-270m&cache=q8_0/turbo3&context=<col>].speedup_vs_fp16",
+        "gemma.report.runs[model=gemma-3-270m&cache=q8_0/q4_0&context=<col>].speedup_vs_fp16",
+        "gemma.report.runs[model=gemma-3-270m&cache=fp16&context=<col>].device_share_of_wall",
+        "gemma.report.runs[model=gemma-3-270m&cache=q8_0/turbo3&context=<col>].decode_peak_over_kv_and_model",
+        "small_q4_0.report.runs[model=qwen2.5-1.5b&cache=q8_0/q4_0&context=<col>].speedup_vs_fp16",
+        "small_q4_0.report.runs[model=llama-3.2-1b&cache=q8_0/q4_0&context=<col>].speedup_vs_fp16",
+        "small_q4_0.report.runs[model=llama-3.2-1b&cache=fp16&context=<col>].device_share_of_wall",
+    ],
     "benchmarks/records/h200/2026-12-03-decode-options-ab.json": [
         f"bench_attention[run=attn-{side}].contexts[context=<col>].cache_path_device_us"
         for side in ("new-0", "old-0", "new-2", "old-2")] + [
