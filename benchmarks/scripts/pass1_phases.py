@@ -7,7 +7,7 @@ the span (first entry to last exit, global timer) next to the launch's wall time
 entries and exits spread over the span (quantiles from the first entry), and the median per-threadgroup
 durations of the four phases in cycles and, at the SM clock the launch implies, in µs. A kernel whose
 span is mostly entry skew and exit spread is limited by its grid, one whose threadgroups spend it in the
-key loop by its streaming; the read bandwidth measured here (a sum over 1 GiB in device memory)
+key loop by its streaming; the read bandwidth measured here (CuPy's sum over 1 GiB in device memory)
 gives the streaming floor.
 
     python benchmarks/scripts/pass1_phases.py --context 4096,32768,131072 --json out.json
@@ -57,39 +57,24 @@ def summarize(stamps: np.ndarray, cycles: np.ndarray, event_us: float) -> dict:
             "phases_median": phases}
 
 
-def read_gbps() -> "tuple[float, str]":
-    """Bytes per second of a read-only pass over 1 GiB in device memory, and what made it: CuPy's sum where
-    CuPy is installed, else MLX's. The floor pass 1 streams against; MLX's own passes are no floor (on the
-    H200 its sum read 2.3 TB/s and an elementwise pass ~1.1 TB/s, while pass 1's key loop streams ~4 TB/s)."""
-    import time
-
+def read_gbps() -> "float | None":
+    """Bytes per second of CuPy's sum over 1 GiB in device memory: the read floor pass 1 streams against
+    (None without CuPy: MLX's own passes are no floor, on the H200 its sum read 2.3 TB/s and an
+    elementwise pass ~1.1 TB/s, while pass 1's key loop streams ~4 TB/s)."""
     try:
         import cupy as cp
     except ImportError:
-        cp = None
-    if cp is not None:
-        x = cp.ones(1 << 28, cp.float32)
-        for _ in range(2):
-            x.sum()
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        for _ in range(10):
-            x.sum()
-        stop.record()
-        stop.synchronize()
-        return x.nbytes * 10 / (cp.cuda.get_elapsed_time(start, stop) * 1e-3) / 1e9, "cupy sum"
-    import mlx.core as mx
-
-    x = mx.ones((1 << 28,), mx.float32) * 1   # written by a kernel: device-resident
-    mx.eval(x)
+        return None
+    x = cp.ones(1 << 28, cp.float32)
     for _ in range(2):
-        mx.eval(x.sum())
-    mx.synchronize()
-    t0 = time.perf_counter()
+        x.sum()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
     for _ in range(10):
-        mx.eval(x.sum())
-    mx.synchronize()
-    return x.nbytes * 10 / (time.perf_counter() - t0) / 1e9, "mlx sum"
+        x.sum()
+    stop.record()
+    stop.synchronize()
+    return x.nbytes * 10 / (cp.cuda.get_elapsed_time(start, stop) * 1e-3) / 1e9
 
 
 def launcher(backend: str, prob, plan, q, kb, vb, copies: int):
@@ -123,6 +108,8 @@ def launcher(backend: str, prob, plan, q, kb, vb, copies: int):
     caches = [(const_buffer(kb, True), const_buffer(vb, True)) for _ in range(copies)]
     mx.eval(mq, mfixed, caches)
 
+    read = []   # the device copies of clk the host has read (kept: see run)
+
     def run(i):
         mk, mv = caches[i % copies]
         mx.synchronize()
@@ -140,7 +127,6 @@ def launcher(backend: str, prob, plan, q, kb, vb, copies: int):
         mx.eval(seen)
         read.append(seen)
         return np.array(seen), wall
-    read = []
     return run
 
 
@@ -168,9 +154,7 @@ def main(argv=None) -> int:
     gpu = a.backend == "cuda"
     out = {"hardware": platform.node(), "backend": a.backend, "device": str(mx.default_device()),
            "formats": [kf.key, vf.key], "shape": dict(q_heads=hq, kv_heads=hkv, head_dim=d),
-           "read_GBps": None, "read_source": None, "rows": []}
-    if gpu:
-        out["read_GBps"], out["read_source"] = read_gbps()
+           "read_GBps": read_gbps() if gpu else None, "rows": []}
     rng = np.random.default_rng(0)
     for ctx in [int(x) for x in a.context.split(",")]:
         q, kb, vb, prob = random_problem(kf, vf, hq, hkv, d, ctx, rng)
@@ -191,7 +175,7 @@ def main(argv=None) -> int:
             med = lambda f: float(np.median([f(r) for r in runs]))   # noqa: E731
             row = dict(context=ctx, splits=plan.splits, warps=plan.warps, tile=plan.tile, stages=plan.stages,
                        chunks=plan.chunks, threadgroups=groups, bytes_read=bytes_read,
-                       read_floor_us=bytes_read / out["read_GBps"] / 1e3 if gpu else None,
+                       read_floor_us=bytes_read / out["read_GBps"] / 1e3 if out["read_GBps"] else None,
                        wall_us=med(lambda r: r["event_us"]), span_us=med(lambda r: r["span_us"]),
                        span_us_min=min(r["span_us"] for r in runs),
                        sm_ghz=med(lambda r: r["sm_ghz"]),

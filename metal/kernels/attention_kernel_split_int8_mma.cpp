@@ -77,9 +77,8 @@ TQ_SHARED_ARRAY(uint, stage, TQA_STB / 4);
 #endif
 constexpr int HALF = (TQA_KTB + TQA_VTB) / 4;  // words per staged tile
 // The prologue: the tables and q's rows are loaded first, then the first NS - 1 tiles' copies are issued, so
-// their latency hides q's rotation and quantization. (Loads issued behind the copies wait for them: with the
-// copies first, the prologue took 2.1K-3.1K more cycles at head dim 128 and 5.6K at 256 on the H200.) q's rows
-// live in the ring's last buffer, which the key loop refills only after its first barrier; the staging area
+// their latency hides q's rotation and quantization (loads issued behind the copies would wait for them;
+// docs/kernel-history.md has the other order's cycles). q's rows live in the ring's last buffer, which the key loop refills only after its first barrier; the staging area
 // is sized for that: attention_plan.int8_mma_stage_bytes
 static_assert(TQA_NS >= 2 && (TQA_NS - 1) * HALF * 4 + 32 * TQA_DK <= TQA_STB, "q's rows must fit after the ring's head");
 // q rows (rows >= Q zero), rotated: only until the key loop's first barrier
