@@ -362,9 +362,10 @@ def test_real_model_generation_unchanged_by_the_cpu_codec_path(name, kv, cpu_dev
     from tqbridge.bridge.models import ModelUnavailable, model_path
 
     try:
-        m, _ = load_gguf_model(model_path(name))
+        path = model_path(name)
     except ModelUnavailable as e:
         pytest.skip(f"{name}: {e}")
+    m, _ = load_gguf_model(path)
     prompt = mx.array([2, 651, 6037, 314, 4649, 314])   # any in-vocabulary ids
 
     def run():
