@@ -2,6 +2,8 @@
 
 - No test catches ``Exception`` / ``BaseException`` or uses a bare ``except``, nor wraps code in
   ``contextlib.suppress`` of those: an error of the code under test must fail its test.
+- No test calls the builtin ``hash()``: a str's hash varies per process (PYTHONHASHSEED is not
+  fixed), so a seed drawn from it makes a run unrepeatable; ``zlib.crc32`` of the name is the same.
 - No ``except`` handler does nothing (``pass`` or ``...`` alone), whatever it catches: a swallowed
   error passes silently.
 - A ``pytest.skip`` inside an ``except`` handler catches only what says the machine lacks something
@@ -57,6 +59,8 @@ def problems(source: str, name: str = "<test>") -> list[str]:
                     caught = set().union(set(), *(_names(a) for a in e.args))
                     if caught & BROAD:
                         out.append(f"{name}:{node.lineno}: suppresses {', '.join(sorted(caught))}")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hash":
+            out.append(f"{name}:{node.lineno}: calls hash(), which varies per process")
         if not isinstance(node, ast.Try):
             continue
         for h in node.handlers:
@@ -98,4 +102,8 @@ def test_the_check_sees_the_patterns_it_forbids():
     # a handler of a tuple that does nothing
     assert problems("try:\n    run()\nexcept (ValueError, KeyError):\n    pass\n") == \
         ["<test>:3: swallows KeyError, ValueError (the handler does nothing)"]
+    # a seed from hash() of a name
+    assert problems("rng = np.random.default_rng(hash(kf) % 2**32)\n") == \
+        ["<test>:1: calls hash(), which varies per process"]
+    assert not problems("rng = np.random.default_rng(zlib.crc32(kf.encode()))\n")
     assert not problems("for k in ks:\n    try:\n        run(k)\n    except ValueError:\n        continue\n")
