@@ -10,7 +10,7 @@ what ``tqbridge bench attention`` / ``bench decode`` measure.
     python benchmarks/scripts/kernel_device_time.py --context 4096,32768,131072 --kernels tiles,int8-mma --json out.json
 
 ``--managed`` puts every array in managed memory, as MLX's CUDA allocator does (the same kernel's
-device time inside MLX's chain exceeds CuPy's by 12-16 us per call: docs/benchmark-history.md, seventh session).
+device time inside MLX's chain exceeds CuPy's by 12-16 us per call: docs/benchmark-history.md, 2026-12-01, commit 97f5219).
 Needs CuPy and a CUDA GPU (H200 here). Not part of the test suite.
 """
 

@@ -2,7 +2,7 @@
 
     python benchmarks/scripts/probe_encode_size.py [--mb 1,12,48] [--layers 16]
 
-bench attention's growing regime (docs/benchmark-history.md, ninth session) saw the host's share of an evaluation
+bench attention's growing regime (docs/benchmark-history.md, 2026-12-02, commit 835c3ce) saw the host's share of an evaluation
 (``mx.async_eval``: MLX encodes every primitive on the calling thread) grow from 12 to 25 µs per layer
 between 4K and 128K keys with CUDA graphs on, and stay at 15-19 µs with ``MLX_USE_CUDA_GRAPHS=0``.
 Our kernels read the whole cache buffer of a layer, whose size grows with the context. This probe

@@ -1,4 +1,4 @@
-"""Does a parameter array made from host data every call cost the GPU? (yes: docs/benchmark-history.md, seventh session)
+"""Does a parameter array made from host data every call cost the GPU? (yes: docs/benchmark-history.md, 2026-12-01, commit 97f5219)
 
     python benchmarks/scripts/probe_host_params.py
 
