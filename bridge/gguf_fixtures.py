@@ -177,6 +177,15 @@ FIXTURES: dict[str, Fixture] = {
 }
 
 
+# Hyper-parameters the loader reads with a default, written with values no loader or mlx-lm model
+# defaults to (rope.freq_base 10000 or 1e6; eps 1e-5 or 1e-6), so a loader that ignores a key builds
+# a different model from llama.cpp's (tests/test_archs.py plants each). The eps is large against the
+# mean square of the tiny models' activations (~0.03), so it moves every norm's output.
+ROPE_FREQ_BASE = 2500.0
+NORM_EPS = 1e-2
+CONTEXT_LENGTH = 2048
+
+
 def _eps_keys(f: Fixture) -> str:
     return "attention.layer_norm_rms_epsilon" if f.norm == "rms" else "attention.layer_norm_epsilon"
 
@@ -202,10 +211,10 @@ def write_fixture(path: "str | os.PathLike[str]", arch: str, *, seed: "int | Non
     w = gguf.GGUFWriter(str(path), arch)
     add_tiny_vocab(w, N_VOCAB)
     kv = {
-        "context_length": 2048, "embedding_length": f.d, "block_count": f.n_layer,
+        "context_length": CONTEXT_LENGTH, "embedding_length": f.d, "block_count": f.n_layer,
         "feed_forward_length": f.ff, "attention.head_count": f.n_head, "attention.head_count_kv": f.n_kv,
-        "rope.freq_base": 10000.0, "rope.dimension_count": f.rope_dims or f.head_dim,
-        _eps_keys(f): 1e-5,
+        "rope.freq_base": ROPE_FREQ_BASE, "rope.dimension_count": f.rope_dims or f.head_dim,
+        _eps_keys(f): NORM_EPS,
     }
     if f.write_head_dims:
         kv["attention.key_length"] = f.head_dim

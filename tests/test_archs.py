@@ -122,6 +122,18 @@ PLANTED = {   # a bug in the mapping of one architecture -> how it is planted
     "olmoe: top-k weights renormalized": ("olmoe", lambda mp: _config_also(mp, "olmoe", norm_topk_prob=True)),
     "ernie4_5: RoPE on pairs half a head apart": ("ernie4_5", lambda mp: _half_split_rope(mp, "ernie4_5")),
     "phi2: every dim of a head rotated": ("phi2", lambda mp: _config_also(mp, "phi2", partial_rotary_factor=1.0)),
+    # a loader that ignores a hyper-parameter key (bridge/gguf_fixtures.py writes non-default values):
+    # the value mlx-lm or the loader would fall back to
+    "llama: rope.freq_base ignored (10000)": ("llama", lambda mp: _config_also(mp, "llama", rope_theta=10000.0)),
+    "qwen3: rope.freq_base ignored (1e6)": ("qwen3", lambda mp: _config_also(mp, "qwen3", rope_theta=1e6)),
+    "llama: RMS norm eps ignored (1e-5)": ("llama", lambda mp: _config_also(mp, "llama", rms_norm_eps=1e-5)),
+    "stablelm: LayerNorm eps ignored (1e-5)": ("stablelm", lambda mp: _config_also(mp, "stablelm", rms_norm_eps=1e-5)),
+    "command-r: LayerNorm eps ignored (1e-5)": ("command-r", lambda mp: _config_also(mp, "command-r", rms_norm_eps=1e-5)),
+    "gemma3: sliding window ignored (512)": ("gemma3", lambda mp: _config_also(mp, "gemma3", sliding_window=512)),
+    "granite: logit_scale ignored": ("granite", lambda mp: _config_also(mp, "granite", logits_scaling=1.0)),
+    "granite: embedding_scale ignored": ("granite", lambda mp: _config_also(mp, "granite", embedding_multiplier=1.0)),
+    "granite: attention.scale ignored": ("granite", lambda mp: _config_also(
+        mp, "granite", attention_multiplier=FIXTURES["granite"].head_dim ** -0.5)),
     "qwen2moe: shared expert's gate and up swapped": ("qwen2moe", lambda mp: _swap(mp, "qwen2moe", layer={
         **gguf_archs.ARCHS["qwen2moe"].layer, "ffn_gate_shexp": "mlp.shared_expert.up_proj",
         "ffn_up_shexp": "mlp.shared_expert.gate_proj"})),
