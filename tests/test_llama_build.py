@@ -132,3 +132,23 @@ def test_live_turbo_decode_goldens_are_remade_bit_for_bit():
         r = subprocess.run([sys.executable, "-m", "tqbridge.parity.harness.turbo_decode_goldens", "--llama", str(build),
                             "--check", str(data / f"{variant}-decoded.npz")], capture_output=True, text=True, timeout=900)
         assert r.returncode == 0 and "identical, every array bit for bit" in r.stdout, r.stdout + r.stderr[-2000:]
+
+
+@live
+def test_live_turbo_quantize_goldens_are_remade_bit_for_bit(tmp_path):
+    # the committed recipe of tests/data/turbo/<variant>.npz: each build quantizes the file's rows into
+    # its blocks; a copy with one flipped bit is reported as differing
+    data = Path(__file__).parent / "data" / "turbo"
+    mod = "tqbridge.parity.harness.turbo_quantize_goldens"
+    for build in _fork_builds():
+        variant = llama_build.describe(build).variant
+        r = subprocess.run([sys.executable, "-m", mod, "--llama", str(build), "--check", str(data / f"{variant}.npz")],
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0 and "identical, every array bit for bit" in r.stdout, r.stdout + r.stderr[-2000:]
+        z = dict(np.load(data / f"{variant}.npz"))
+        z["turbo4_n256_blocks"] = z["turbo4_n256_blocks"].copy()
+        z["turbo4_n256_blocks"][5, 3] ^= 1
+        np.savez(tmp_path / "planted.npz", **z)
+        r = subprocess.run([sys.executable, "-m", mod, "--llama", str(build), "--check", str(tmp_path / "planted.npz")],
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 1 and "DIFFERS in ['turbo4_n256_blocks']" in r.stdout, r.stdout + r.stderr[-2000:]
