@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import example, given
@@ -286,3 +289,62 @@ def test_gpu_dequantize_exact(fmt):
             ref = dequantize(fmt, blocks, 128)
         got = np.array(mx.dequantize(w, s, b, group_size=g, bits=bits, stream=mx.gpu))
         assert np.array_equal(got, ref, equal_nan=True)
+
+
+def _span(doc: str, pattern: str) -> tuple:
+    found = list(re.finditer(pattern, doc))
+    assert len(found) == 1, f"{len(found)} matches of {pattern!r}"
+    return found[0].groups()
+
+
+def _about(shown: str, value: float) -> bool:
+    """A round number such as ``65 000``: ``value`` rounded to its last non-zero digit."""
+    s = shown.replace(" ", "")
+    zeros = len(s) - len(s.rstrip("0"))
+    return abs(int(s) - value) <= 0.5 * 10 ** zeros
+
+
+def test_mlx_gguf_loader_float16_limits(tmp_path):
+    """The q8_0 limits the page states for MLX's own GGUF loader, read off the page: d above the first
+    threshold (65504 / 128) loads with bias -inf; d above the second (65504 / 255) loads finite but
+    dequantizes to inf in float16 (the page's block of +-x), while tqbridge's float32 triplet decodes it
+    exactly; blocks just below each threshold stay finite. The refusal sentence quotes the first too."""
+    gguf = pytest.importorskip("gguf")
+    mx = pytest.importorskip("mlx.core")
+    import numpy as np
+
+    from tqbridge.bridge import dequantize, quantize, to_mlx_affine
+
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs/affine-and-inspect.md").read_text().split())
+    (refused,) = _span(doc, r"a q8_0 bias −128·d that would overflow float16 \(d > ([\d.]+)\) is refused")
+    bias_d, bias_x = _span(doc, r"- q8_0 blocks with d > ([\d.]+) \(\|x\| above ~([\d ]+)\) load with bias = −inf;")
+    inf_d, inf_x, block = _span(doc, r"- q8_0 blocks with d > ([\d.]+) \(\|x\| above ~([\d ]+)\) load with finite numbers, "
+                                    r"but `mx.dequantize` in float16 overflows d·code to inf \(a block of ±([\d ]+) decodes")
+    f16_max = float(np.finfo(np.float16).max)
+    assert float(refused) == float(bias_d) == f16_max / 128 and abs(float(inf_d) - f16_max / 255) <= 0.05
+    assert _about(bias_x, float(bias_d) * 127) and _about(inf_x, f16_max / 255 * 127)
+    x_inf = float(block.replace(" ", ""))
+    assert f16_max / 255 < x_inf / 127 < f16_max / 128   # the page's block is between the two limits
+    x = np.zeros((5, 32), np.float32)
+    x[0, ::2], x[0, 1::2] = x_inf, -x_inf                 # the page's block: d above the second limit only
+    x[1, 0] = 1.01 * 127 * float(bias_d)                  # just above the first limit
+    x[2, :] = np.linspace(-1, 1, 32)
+    x[3, 0] = 0.99 * 127 * float(bias_d)                  # just below the first limit
+    x[4, 0] = 0.99 * 127 * float(inf_d)                   # just below the second limit
+    blocks = quantize("q8_0", x)
+    path = tmp_path / "limits.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("t.weight", blocks, raw_shape=blocks.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    loaded = mx.load(str(path))
+    wl, sl, bl = loaded["t.weight"], loaded["t.scales"], loaded["t.biases"]
+    b = np.array(bl.astype(mx.float32)).ravel()
+    assert np.isneginf(b[1]) and np.isfinite(b[[0, 2, 3, 4]]).all()
+    y16 = np.array(mx.dequantize(wl, sl, bl, group_size=32, bits=8).astype(mx.float32))
+    assert np.isinf(y16[0]).any() and np.isfinite(y16[[2, 4]]).all()
+    wq, s, bb, g, bits = to_mlx_affine("q8_0", blocks, 32)
+    y32 = np.array(mx.dequantize(wq, s, bb, group_size=g, bits=bits))
+    assert np.array_equal(y32[0], dequantize("q8_0", blocks, 32)[0])

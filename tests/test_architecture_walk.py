@@ -356,13 +356,13 @@ def test_walk_a_new_format(toy_format, capsys):
     assert kernel_ids()["walk_toy"] == toy_format.kernel_id and supported("walk_toy")
     assert find(format_names(), lambda k: k == "walk_toy") == "walk_toy"
     # and the checks the table names fail until the places it names are edited: the headers lack its
-    # TQA_ / QA_ ids (tests/test_registry.py), the README's format table lacks its row (test_doc_claims)
+    # TQA_ / QA_ ids (tests/test_registry.py), docs/formats-ggml.md's format table lacks its row (test_doc_claims)
     tqa, qa = _c_ids("attention_kernel.h", "TQA_"), _c_ids("quantize_append.h", "QA_")
     assert "WALK_TOY" not in tqa and "WALK_TOY" not in qa
     import test_doc_claims
 
     with pytest.raises(AssertionError, match="walk_toy"):
-        test_doc_claims.test_readme_format_table_is_the_registry()
+        test_doc_claims.test_formats_table_is_the_registry()
 
 
 def test_the_registry_is_itself_again_after_the_walk():
