@@ -21,8 +21,8 @@ Two ways a page ties a number to a record, both read here and nowhere else:
   X.json "rows[context=4096].device_us")``; the first number of the link's text must be the value rounded
   to the digits printed (text ending in ``%``: the value as a percentage).
 
-README.md and BENCHMARKS.md state no measured number any other way: a table with a digit in a cell is a
-generated table, or is marked ``<!-- not measured: why -->`` (facts of the code, such as the formats'
+README.md and BENCHMARKS.md state no measured number any other way: a table with a cell that is a number
+(or a number with a unit of measure) is a generated table, or is marked ``<!-- not measured: why -->`` (facts of the code, such as the formats'
 sizes, checked against the registry below); a number in their prose followed by a unit of measure (µs,
 ms, s, ×, %, MiB, GiB, tokens/s) sits in an inline key. docs/ pages use the same two forms; their other
 numbers describe the code (checked by the tests of that code) or name records by path.
@@ -180,7 +180,9 @@ def problems(body: str, page: Path, strict: bool) -> list[str]:
         rest = SPEC.sub("", body)
         rest = UNMEASURED.sub("", rest)
         for line in rest.splitlines():
-            if line.strip().startswith("|") and re.search(r"\d", "".join(_cells(line)[1:])):
+            cells = [re.sub(r"`[^`]*`|\[[^\]]*\]\([^)]*\)", " ", c) for c in _cells(line)[1:]]
+            if line.strip().startswith("|") and any(
+                    re.fullmatch(NUMBER.pattern + r"\s?(?:" + UNIT + r")?", c.strip()) or STRAY.search(c) for c in cells):
                 bad.append(f"{page.name}: a table's numbers without a record: {line.strip()[:100]}")
         prose = "\n".join(ln for ln in rest.splitlines() if not ln.strip().startswith("|"))
         prose = INLINE.sub(" ", prose)
