@@ -272,9 +272,12 @@ def test_links_and_cited_files_exist(doc):
         path = target.split("#")[0]
         if path and not (doc.parent / path).exists():
             missing.append(target)
+    # the kernel history names the test files it deleted (and the old names the records use)
+    gone = set(re.findall(r"tests/[\w.]+\.py", (ROOT / "docs" / "kernel-history.md").read_text()))
     for path in REPO_PATH.findall(body):
         if not (ROOT / path).exists() and not (doc.parent / path).exists() and not (ROOT / "metal" / path).exists():
-            missing.append(path)
+            if not (doc.name == "kernel-history.md" and path in gone and "Deleted with" in body):
+                missing.append(path)
     assert not missing, f"{doc.name}: {missing}"
 
 
