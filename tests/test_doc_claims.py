@@ -7,8 +7,9 @@ Two ways a page ties a number to a record, both read here and nowhere else:
   line per row ``label | key | format``; the Markdown table right below it must be exactly what the spec
   renders from the record. ``<col>`` in a key is the column's heading (4K, 32K, 128K read as their length
   in tokens); keys are :func:`tqbridge.tools.records.lookup`'s. Formats: Python's (``.2f``, ``.1%``,
-  ``,.0f``), ``e1``/``e2`` (``1.9e-4``: a mantissa of that many decimals), ``s`` (the value as text);
-  one for every column, or one per column separated by ``;``.
+  ``,.0f``, ``.3g``), ``e1``/``e2`` (``1.9e-4``: a mantissa of that many decimals), ``s`` (the value as
+  text), a format string (``{:.2f}x``); one for every column, or one per column separated by ``;``. A
+  heading ``top-1=top1`` prints ``top-1`` and puts ``top1`` for ``<col>``.
   ``python tests/test_doc_claims.py --write`` renders every table from its spec. A changed number, a
   deleted or added row fails.
 
@@ -69,6 +70,8 @@ def fmt(value, spec: str) -> str:
     """``value`` as the page prints it under ``spec``."""
     if spec == "s":
         return str(value)
+    if "{" in spec:                  # a format string around the value: "{:.2f}x"
+        return spec.format(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{value!r} is not a number (format {spec!r})")
     if spec.startswith("e"):
@@ -87,13 +90,13 @@ def render(spec_lines: str, res) -> list[str]:
     """The Markdown table a spec renders from a record's results."""
     lines = [ln for ln in spec_lines.splitlines() if ln.strip()]
     head = _cells(lines[0])
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out = ["| " + " | ".join(c.split("=", 1)[0].strip() for c in head) + " |", "|" + "---|" * len(head)]
     for ln in lines[1:]:
         label, key, spec = (c.strip() for c in ln.rsplit("|", 2)) if ln.count("|") >= 2 else (ln, "", "")
         specs = spec.split(";") if ";" in spec else [spec] * (len(head) - 1)   # one per column, or one for all
         row = [label]
         for col, sp in zip(head[1:], specs):
-            where = str(CTX_NAMES.get(col, col))
+            where = col.split("=", 1)[1] if "=" in col else str(CTX_NAMES.get(col, col))
             row.append(fmt(lookup(res, key.replace("<col>", where)), sp))
         out.append("| " + " | ".join(row) + " |")
     return out
