@@ -206,7 +206,7 @@ def test_the_strict_pages_tie_their_numbers_to_records():
     for name in STRICT:
         body = (ROOT / name).read_text()
         assert generated_tables(body, ROOT / name) or INLINE.search(body), name
-    assert len(generated_tables((ROOT / "BENCHMARKS.md").read_text(), ROOT / "BENCHMARKS.md")) >= 10
+    assert len(generated_tables((ROOT / "BENCHMARKS.md").read_text(), ROOT / "BENCHMARKS.md")) >= 5
 
 
 # ---- the check fails where it must (planted on copies of the pages) ---------------------------------
