@@ -9,7 +9,8 @@ Two ways a page ties a number to a record, both read here and nowhere else:
   in tokens); keys are :func:`tqbridge.tools.records.lookup`'s. Formats: Python's (``.2f``, ``.1%``,
   ``,.0f``, ``.3g``), ``e1``/``e2`` (``1.9e-4``: a mantissa of that many decimals), ``s`` (the value as
   text), a format string (``{:.2f}x``); one for every column, or one per column separated by ``;``. A
-  heading ``top-1=top1`` prints ``top-1`` and puts ``top1`` for ``<col>``.
+  heading ``top-1=top1`` prints ``top-1`` and puts ``top1`` for ``<col>``; ``<row>`` is the row's label,
+  and a line holding a label alone takes the key and format of the row above.
   ``python tests/test_doc_claims.py --write`` renders every table from its spec. A changed number, a
   deleted or added row fails.
 
@@ -91,13 +92,17 @@ def render(spec_lines: str, res) -> list[str]:
     lines = [ln for ln in spec_lines.splitlines() if ln.strip()]
     head = _cells(lines[0])
     out = ["| " + " | ".join(c.split("=", 1)[0].strip() for c in head) + " |", "|" + "---|" * len(head)]
+    key = spec = ""
     for ln in lines[1:]:
-        label, key, spec = (c.strip() for c in ln.rsplit("|", 2)) if ln.count("|") >= 2 else (ln, "", "")
+        if ln.count("|") >= 2:
+            label, key, spec = (c.strip() for c in ln.rsplit("|", 2))
+        else:                        # a label alone: the key and format of the row above
+            label = ln.strip()
         specs = spec.split(";") if ";" in spec else [spec] * (len(head) - 1)   # one per column, or one for all
         row = [label]
         for col, sp in zip(head[1:], specs):
             where = col.split("=", 1)[1] if "=" in col else str(CTX_NAMES.get(col, col))
-            row.append(fmt(lookup(res, key.replace("<col>", where)), sp))
+            row.append(fmt(lookup(res, key.replace("<col>", where).replace("<row>", label)), sp))
         out.append("| " + " | ".join(row) + " |")
     return out
 
