@@ -246,14 +246,17 @@ def _die_with_parent() -> None:
         pass
 
 
-def run_cell(argv: list, *, json_from: str, timeout_s: float, build: "str | None" = None,
-             started: "Callable[[dict], int] | None" = None) -> dict:
-    """Run one cell's command line here, as a subprocess; its outcome as a dict. Raises :class:`CellLost`
-    when the process died by a signal (the caller's retry policy decides)."""
+def run_cell(argv: list, *, json_from: str, timeout_s: float, build: "str | None" = None, cwd: "str | None" = None,
+             node: "str | None" = None, started: "Callable[[dict], int] | None" = None) -> dict:
+    """Run one cell's command line here, as a subprocess, in ``cwd`` where that folder exists on this
+    machine (relative paths and a user's fuzz module then mean what they meant to the driver), else in a
+    temporary folder; its outcome as a dict. Raises :class:`CellLost` when the process died by a signal
+    (the caller's retry policy decides)."""
     host = socket.gethostname()
-    attempt = started({"host": host, "pid": os.getpid()}) if started is not None else 1
+    where = {"host": host, "pid": os.getpid(), "node": node}
+    attempt = started(where) if started is not None else 1
     t0 = time.monotonic()
-    out = {"host": host, "pid": os.getpid(), "attempt": attempt}
+    out = {**where, "attempt": attempt}
     if build is not None and not Path(build).is_dir():
         return {**out, "status": "error", "exit_code": None, "seconds": 0.0, "report": None,
                 "error": f"llama.cpp build {build} is not present on {host}", "stderr_tail": ""}
@@ -262,7 +265,8 @@ def run_cell(argv: list, *, json_from: str, timeout_s: float, build: "str | None
         cmd = [sys.executable, "-m", "tqbridge.tools.cli", *argv]
         cmd += ["--json", str(report_path)] if json_from == "file" else ["--json"]
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=tmp,
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                               cwd=cwd if cwd and Path(cwd).is_dir() else tmp,
                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         except subprocess.TimeoutExpired as e:
             err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
@@ -303,7 +307,8 @@ def _markdown(record: dict) -> str:
         cmd = c["command_line"].replace("|", "\\|")
         sec = "" if c.get("seconds") is None else f"{c['seconds']:.1f}"
         status = c["status"] + ("" if c.get("in_spec", True) else " (not in spec)")
-        lines.append(f"| {c['id']} | `{cmd}` | {status} | {sec} | {c.get('attempts') or ''} | {c.get('host') or ''} |")
+        node = " ".join(x for x in (c.get("host"), (c.get("node") or "")[:8]) if x)
+        lines.append(f"| {c['id']} | `{cmd}` | {status} | {sec} | {c.get('attempts') or ''} | {node} |")
     errs = [c for c in record["cells"] if c["status"] == "error"]
     if errs:
         lines += ["", "## Errors", ""]
@@ -359,8 +364,9 @@ def _tracker_class(ray):
 
 
 def _cell_task(ray):
-    def task(cell_id, argv, json_from, timeout_s, build, tracker):
-        return run_cell(argv, json_from=json_from, timeout_s=timeout_s, build=build,
+    def task(cell_id, argv, json_from, timeout_s, build, cwd, tracker):
+        return run_cell(argv, json_from=json_from, timeout_s=timeout_s, build=build, cwd=cwd,
+                        node=ray.get_runtime_context().get_node_id(),
                         started=lambda where: ray.get(tracker.started.remote(cell_id, where)))
     return ray.remote(task)
 
@@ -370,9 +376,9 @@ def _entry(cell: Cell, result: "dict | None", status: str, error: "str | None" =
          "resources": {"num_cpus": cell.num_cpus, "num_gpus": cell.num_gpus, "memory_gb": cell.memory_gb,
                        **cell.resources},
          "status": status, "exit_code": None, "seconds": None, "wall_seconds": None, "attempts": None,
-         "host": None, "report": None, "error": error, "stderr_tail": None}
+         "host": None, "node": None, "report": None, "error": error, "stderr_tail": None}
     if result is not None:
-        e.update({k: result.get(k) for k in ("exit_code", "seconds", "report", "error", "stderr_tail", "host")})
+        e.update({k: result.get(k) for k in ("exit_code", "seconds", "report", "error", "stderr_tail", "host", "node")})
         e["attempts"] = result.get("attempt")
         e["status"] = result["status"]
     return e
@@ -466,7 +472,7 @@ def run_campaign(spec_path: "str | os.PathLike[str]", out: "str | os.PathLike[st
             t = time.monotonic()
             try:
                 r = run_cell(c.argv, json_from="stdout" if c.command in JSON_STDOUT else "file",
-                             timeout_s=c.timeout_s, build=c.build)
+                             timeout_s=c.timeout_s, build=c.build, cwd=os.getcwd())
                 entries[c.id] = _entry(c, r, r["status"])
             except CellLost as e:
                 entries[c.id] = _entry(c, None, "error", str(e))
@@ -508,7 +514,7 @@ def run_campaign(spec_path: "str | os.PathLike[str]", out: "str | os.PathLike[st
             if c.resources:
                 opts["resources"] = dict(c.resources)
             ref = task.options(**opts).remote(c.id, c.argv, "stdout" if c.command in JSON_STDOUT else "file",
-                                              c.timeout_s, c.build, tracker)
+                                              c.timeout_s, c.build, os.getcwd(), tracker)
             pending[ref] = c
             submitted[c.id] = time.monotonic()
         by_id = {c.id: c for c in cells}

@@ -45,7 +45,8 @@ def run(args) -> int:
             print(f"{head} skip   {cell['command_line']} ({cell['status']} in the record)", file=sys.stderr)
         elif event == "start":
             again = f", attempt {cell['attempt']}" if cell.get("attempt", 1) > 1 else ""
-            print(f"{head} start  {cell['command_line']} (on {cell.get('host')} pid {cell.get('pid')}{again})",
+            node = f" node {cell['node'][:8]}" if cell.get("node") else ""
+            print(f"{head} start  {cell['command_line']} (on {cell.get('host')}{node} pid {cell.get('pid')}{again})",
                   file=sys.stderr)
         else:
             sec = f"{cell['seconds']:.1f} s" if cell.get("seconds") is not None else "-"
