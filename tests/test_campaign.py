@@ -108,13 +108,37 @@ def test_matrix_on_two_nodes_with_a_killed_worker_a_failing_cell_and_resume(clus
     assert again[FAILING]["status"] == "error" and "(2 finished before)" in out
 
 
-def test_serial_run_writes_the_same_record_without_ray(tmp_path, capsys, monkeypatch):
+FUZZ_SPEC = """
+[[cells]]
+command = "formats"
+
+[[cells]]
+command = "fuzz"
+args = ["{target}", "--op", "dequantize", "--format", "q8_0", "--examples", "5", "--db", "db"]
+matrix = { target = ["mine:deq", "mine:deq_wrong"] }
+"""
+MINE = (
+    "import numpy as np\n"
+    "from tqbridge import bridge\n"
+    "def deq(blocks, n):\n"
+    "    return bridge.dequantize('q8_0', blocks, n)\n"
+    "def deq_wrong(blocks, n):\n"
+    "    return bridge.dequantize('q8_0', blocks, n) + 1.0\n")
+
+
+def test_serial_run_spreads_fuzz_targets_as_cells(tmp_path, capsys, monkeypatch):
+    """Fuzz targets as cells (a user's module, found in the campaign's folder); --serial runs without Ray."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "s.toml").write_text('[[cells]]\ncommand = "formats"\n')
-    assert main(["campaign", "s.toml", "--serial", "--out", "o"]) == 0
+    (tmp_path / "s.toml").write_text(FUZZ_SPEC)
+    (tmp_path / "mine.py").write_text(MINE)
+    assert main(["campaign", "s.toml", "--serial", "--out", "o"]) == 1
     rec = json.loads((tmp_path / "o" / "campaign.json").read_text())
-    assert rec["ray"]["mode"] == "serial" and rec["cells"][0]["status"] == "pass" and rec["cells"][0]["report"]
-    assert "1 pass, 0 fail, 0 error" in capsys.readouterr().out
+    assert rec["ray"]["mode"] == "serial" and rec["summary"]["pass"] == 2 and rec["summary"]["fail"] == 1
+    cells = {c["argv"][1]: c for c in rec["cells"] if c["command"] == "fuzz"}
+    assert cells["mine:deq"]["status"] == "pass" and cells["mine:deq"]["report"]["examples"] >= 5
+    bad = cells["mine:deq_wrong"]
+    assert bad["status"] == "fail" and bad["report"]["failure"]["case"].startswith("Case(dequantize, q8_0")
+    assert "fail   tqbridge fuzz mine:deq_wrong" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("spec, message", [

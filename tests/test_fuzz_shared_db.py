@@ -51,15 +51,16 @@ def redis_url(tmp_path_factory):
 
     client = redis.Redis(port=port)
     deadline = time.monotonic() + REDIS_START_S
-    while True:
+    up = False
+    while not up and proc.poll() is None and time.monotonic() < deadline:
         try:
-            client.ping()
-            break
+            up = client.ping()
         except redis.ConnectionError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.skip(f"redis-server did not start on port {port} (exit code {proc.poll()})")
             time.sleep(0.1)
+    if not up:
+        proc.kill()
+        proc.wait()
+        pytest.skip(f"redis-server did not start on port {port} (exit code {proc.returncode})")
     yield f"redis://127.0.0.1:{port}"
     client.close()
     proc.terminate()
