@@ -426,6 +426,20 @@ class Campaign:
         return _summary([self.entries[c.id] for c in self.cells])
 
 
+def infeasible(cell: Cell, nodes: list) -> "str | None":
+    """Why no node of ``nodes`` (``ray.nodes()``) could ever run ``cell``; None when one can. Ray would
+    otherwise keep such a task waiting for a node that never comes."""
+    need = {"CPU": cell.num_cpus, "GPU": cell.num_gpus, **cell.resources}
+    if cell.memory_gb:
+        need["memory"] = cell.memory_gb * (1 << 30)
+    need = {k: v for k, v in need.items() if v}
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+    if any(all(r.get(k, 0) >= v for k, v in need.items()) for r in alive):
+        return None
+    asked = ", ".join(f"{k} {v:g}" for k, v in need.items())
+    return f"no node of the Ray cluster has {asked} (the cell's resources)"
+
+
 def _ray_info(ray, address: "str | None") -> dict:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     res = ray.cluster_resources()
@@ -506,7 +520,14 @@ def run_campaign(spec_path: "str | os.PathLike[str]", out: "str | os.PathLike[st
         task = _cell_task(ray)
         pending: dict = {}
         submitted: dict = {}
+        nodes = ray.nodes()
         for c in todo:
+            why = infeasible(c, nodes)
+            if why is not None:
+                entries[c.id] = _entry(c, None, "error", why)
+                camp.write()
+                say("done", entries[c.id], camp)
+                continue
             opts: dict = {"num_cpus": c.num_cpus, "num_gpus": c.num_gpus, "max_retries": c.retries,
                           "retry_exceptions": [CellLost]}
             if c.memory_gb:

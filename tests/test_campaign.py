@@ -26,6 +26,10 @@ command = "formats"
 command = "archs"
 args = ["--parity", "{arch}", "--quiet"]
 matrix = { arch = ["llama", "nosucharch"] }
+
+[[cells]]
+command = "selfcheck"
+num_gpus = 1
 """
 KILLED = "tqbridge archs --parity llama --quiet"
 FAILING = "tqbridge archs --parity nosucharch --quiet"
@@ -79,7 +83,7 @@ def test_matrix_on_two_nodes_with_a_killed_worker_a_failing_cell_and_resume(clus
     assert rc == 1, out + err                                   # one cell errs
     rec = json.loads((tmp_path / "out" / "campaign.json").read_text())
     cells = {c["command_line"]: c for c in rec["cells"]}
-    assert rec["ray"]["nodes"] == 2 and rec["summary"] == {"cells": 3, "pass": 2, "fail": 0, "error": 1, "pending": 0}
+    assert rec["ray"]["nodes"] == 2 and rec["summary"] == {"cells": 4, "pass": 2, "fail": 0, "error": 2, "pending": 0}
     # the killed cell ran again, to the end: attempt 2, its report complete
     k = cells[KILLED]
     assert k["status"] == "pass" and k["attempts"] == 2 and k["exit_code"] == 0, k
@@ -92,11 +96,14 @@ def test_matrix_on_two_nodes_with_a_killed_worker_a_failing_cell_and_resume(clus
     bad = cells[FAILING]
     assert bad["status"] == "error" and bad["exit_code"] == 2 and "no tiny fixture for nosucharch" in bad["error"]
     assert f"error  {FAILING}" in out and "no tiny fixture for nosucharch" in out
+    # a cell no node can take (a GPU on a CPU cluster) is an error at once, not a wait for ever
+    gpu = cells["tqbridge selfcheck"]
+    assert gpu["status"] == "error" and gpu["error"] == "no node of the Ray cluster has CPU 1, GPU 1 (the cell's resources)"
     md = (tmp_path / "out" / "campaign.md").read_text()
     assert f"`{FAILING}` | error" in md and f"`{KILLED}` | pass" in md
     # two cells ran at once, one on each node (each node has one CPU)
     started_on = {line.split(" node ")[1].split()[0] for line in err.splitlines() if " start  " in line}
-    assert len(started_on) == 2 and all(c["node"][:8] in started_on for c in rec["cells"]), err
+    assert len(started_on) == 2 and all(c["node"][:8] in started_on for c in rec["cells"] if c["node"]), err
 
     # resume: the two finished cells are skipped (their entries unchanged), the failed one runs again
     rc, out, err = campaign("spec.toml", "--address", cluster.address, "--out", "out", cwd=tmp_path)
