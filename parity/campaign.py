@@ -247,16 +247,17 @@ def _die_with_parent() -> None:
 
 
 def run_cell(argv: list, *, json_from: str, timeout_s: float, build: "str | None" = None, cwd: "str | None" = None,
-             node: "str | None" = None, started: "Callable[[dict], int] | None" = None) -> dict:
+             node: "str | None" = None, started: "Callable[[dict], Any] | None" = None) -> dict:
     """Run one cell's command line here, as a subprocess, in ``cwd`` where that folder exists on this
     machine (relative paths and a user's fuzz module then mean what they meant to the driver), else in a
     temporary folder; its outcome as a dict. Raises :class:`CellLost` when the process died by a signal
     (the caller's retry policy decides)."""
     host = socket.gethostname()
     where = {"host": host, "pid": os.getpid(), "node": node}
-    attempt = started(where) if started is not None else 1
+    if started is not None:
+        started(where)
     t0 = time.monotonic()
-    out = {**where, "attempt": attempt}
+    out = {**where, "attempt": 1, "started_at": round(time.time(), 3)}
     if build is not None and not Path(build).is_dir():
         return {**out, "status": "error", "exit_code": None, "seconds": 0.0, "report": None,
                 "error": f"llama.cpp build {build} is not present on {host}", "stderr_tail": ""}
@@ -352,10 +353,12 @@ def _tracker_class(ray):
             self.starts: dict = {}
             self.events: list = []
 
-        def started(self, cell_id: str, where: dict) -> int:
+        def started(self, cell_id: str, where: dict) -> None:
             self.starts[cell_id] = self.starts.get(cell_id, 0) + 1
             self.events.append({"id": cell_id, "attempt": self.starts[cell_id], **where})
-            return self.starts[cell_id]
+
+        def attempts(self, cell_id: str) -> int:
+            return self.starts.get(cell_id, 0)
 
         def drain(self) -> list:
             out, self.events = self.events, []
@@ -367,7 +370,10 @@ def _cell_task(ray):
     def task(cell_id, argv, json_from, timeout_s, build, cwd, tracker):
         return run_cell(argv, json_from=json_from, timeout_s=timeout_s, build=build, cwd=cwd,
                         node=ray.get_runtime_context().get_node_id(),
-                        started=lambda where: ray.get(tracker.started.remote(cell_id, where)))
+                        started=lambda where: tracker.started.remote(cell_id, where))
+    # ``started`` is sent, not awaited: Ray gives a task's CPUs back while it blocks in ray.get and may
+    # start another task on them, so a cell awaiting it could share its CPU with another cell (a campaign
+    # on a one-CPU node of a loaded machine once took less time than the sum of its cells).
     return ray.remote(task)
 
 
@@ -376,9 +382,9 @@ def _entry(cell: Cell, result: "dict | None", status: str, error: "str | None" =
          "resources": {"num_cpus": cell.num_cpus, "num_gpus": cell.num_gpus, "memory_gb": cell.memory_gb,
                        **cell.resources},
          "status": status, "exit_code": None, "seconds": None, "wall_seconds": None, "attempts": None,
-         "host": None, "node": None, "report": None, "error": error, "stderr_tail": None}
+         "host": None, "node": None, "started_at": None, "report": None, "error": error, "stderr_tail": None}
     if result is not None:
-        e.update({k: result.get(k) for k in ("exit_code", "seconds", "report", "error", "stderr_tail", "host", "node")})
+        e.update({k: result.get(k) for k in ("exit_code", "seconds", "report", "error", "stderr_tail", "host", "node", "started_at")})
         e["attempts"] = result.get("attempt")
         e["status"] = result["status"]
     return e
@@ -552,7 +558,7 @@ def run_campaign(spec_path: "str | os.PathLike[str]", out: "str | os.PathLike[st
                 except Exception as e:        # noqa: BLE001 - retries exhausted, or the task could not run
                     msg = _ray_error(e)
                     entries[c.id] = _entry(c, None, "error", msg)
-                    entries[c.id]["attempts"] = camp.running.get(c.id, {}).get("attempt")
+                entries[c.id]["attempts"] = ray.get(tracker.attempts.remote(c.id)) or None
                 entries[c.id]["wall_seconds"] = round(time.monotonic() - submitted[c.id], 3)
                 camp.running.pop(c.id, None)
                 camp.write()

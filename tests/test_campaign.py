@@ -96,6 +96,9 @@ def test_matrix_on_two_nodes_with_a_killed_worker_a_failing_cell_and_resume(clus
     bad = cells[FAILING]
     assert bad["status"] == "error" and bad["exit_code"] == 2 and "no tiny fixture for nosucharch" in bad["error"]
     assert f"error  {FAILING}" in out and "no tiny fixture for nosucharch" in out
+    # one CPU per node, one cell per CPU: the cells a node ran do not overlap in time
+    spans = sorted((c["node"], c["started_at"], c["started_at"] + c["seconds"]) for c in rec["cells"] if c["node"])
+    assert all(a[0] != b[0] or b[1] >= a[2] for a, b in zip(spans, spans[1:])), spans
     # a cell no node can take (a GPU on a CPU cluster) is an error at once, not a wait for ever
     gpu = cells["tqbridge selfcheck"]
     assert gpu["status"] == "error" and gpu["error"] == "no node of the Ray cluster has CPU 1, GPU 1 (the cell's resources)"
