@@ -544,7 +544,6 @@ def run_campaign(spec_path: "str | os.PathLike[str]", out: "str | os.PathLike[st
                                               c.timeout_s, c.build, os.getcwd(), tracker)
             pending[ref] = c
             submitted[c.id] = time.monotonic()
-        by_id = {c.id: c for c in cells}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
             for ev in ray.get(tracker.drain.remote()):
@@ -563,7 +562,6 @@ def run_campaign(spec_path: "str | os.PathLike[str]", out: "str | os.PathLike[st
                 camp.running.pop(c.id, None)
                 camp.write()
                 say("done", entries[c.id], camp)
-        del by_id
         return camp
     finally:
         if started_here:
