@@ -446,6 +446,19 @@ def infeasible(cell: Cell, nodes: list) -> "str | None":
     return f"no node of the Ray cluster has {asked} (the cell's resources)"
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ``host:port`` cluster address answers on TCP; Ray itself would retry for minutes before saying so.
+    Other forms (``auto``, ``ray://...``) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or "://" in address:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise CampaignError(f"cannot reach a Ray cluster at {address}: {e.strerror or e} "
+                            "(`ray start --head` prints the address to give)") from None
+
+
 def _ray_info(ray, address: "str | None") -> dict:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     res = ray.cluster_resources()
@@ -508,6 +521,7 @@ def run_campaign(spec_path: "str | os.PathLike[str]", out: "str | os.PathLike[st
     if started_here:
         try:
             if address:
+                check_reachable(address)
                 ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
             else:
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,

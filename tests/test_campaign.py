@@ -184,6 +184,20 @@ def test_matrix_expansion_puts_known_axes_where_the_command_takes_them():
     assert cells[0].num_cpus == 2 and cells[0].resources == {"fork": 1} and cells[0].retries == 2
 
 
+def test_an_unreachable_cluster_is_one_line(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("ray", reason="Ray is not installed (the cluster extra)")
+    import socket
+
+    with socket.socket() as s:          # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.toml").write_text('[[cells]]\ncommand = "formats"\n')
+    assert main(["campaign", "s.toml", "--address", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot reach a Ray cluster at 127.0.0.1:{port}" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_without_ray_the_command_names_the_extra(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setitem(sys.modules, "ray", None)          # import ray -> ImportError, as without the extra
