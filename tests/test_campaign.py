@@ -136,6 +136,31 @@ MINE = (
     "    return bridge.dequantize('q8_0', blocks, n) + 1.0\n")
 
 
+def test_a_driver_killed_mid_campaign_keeps_finished_cells_and_resume_runs_the_rest(cluster, tmp_path):
+    (tmp_path / "spec.toml").write_text(
+        '[[cells]]\ncommand = "archs"\nargs = ["--parity", "{arch}", "--tokens", "16", "--decode", "2", "--quiet"]\n'
+        'matrix = { arch = ["llama", "qwen2", "qwen3", "phi3"] }\n')
+    killed = []
+
+    def kill_driver_at_first_result(line, proc):
+        if not killed and "] pass   tqbridge archs" in line:
+            proc.send_signal(signal.SIGKILL)            # no chance to write anything more
+            killed.append(line)
+
+    rc, out, err = campaign("spec.toml", "--address", cluster.address, "--out", "out", cwd=tmp_path,
+                            on_line=kill_driver_at_first_result)
+    assert killed and rc == -signal.SIGKILL, err
+    rec = json.loads((tmp_path / "out" / "campaign.json").read_text())   # whole: written atomically
+    done = {c["command_line"] for c in rec["cells"] if c["status"] == "pass"}
+    assert 1 <= len(done) < 4 and rec["summary"]["pending"] == 4 - len(done), rec["summary"]
+    assert killed[0].split("pass   ")[1].split(" (")[0] in done
+    rc, out, err = campaign("spec.toml", "--address", cluster.address, "--out", "out", cwd=tmp_path)
+    assert rc == 0, out + err
+    assert all(f"skip   {c}" in err and f"start  {c} " not in err for c in done), err
+    assert err.count("start  tqbridge archs") == 4 - len(done)
+    assert json.loads((tmp_path / "out" / "campaign.json").read_text())["summary"]["pass"] == 4
+
+
 def test_serial_run_spreads_fuzz_targets_as_cells(tmp_path, capsys, monkeypatch):
     """Fuzz targets as cells (a user's module, found in the campaign's folder); --serial runs without Ray."""
     monkeypatch.chdir(tmp_path)
