@@ -38,7 +38,9 @@ def add_arguments(p) -> None:
                    help="ci: 60 examples, seed 0; dev: 300; deep: 3000 (random seed unless --seed)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--seed", type=int, help="base seed; give each machine of a spread campaign its own")
-    p.add_argument("--db", help="example database root (default $TQBRIDGE_CACHE/fuzz, i.e. ~/.cache/tqbridge/fuzz)")
+    p.add_argument("--db", help="example database root (default $TQBRIDGE_CACHE/fuzz, i.e. ~/.cache/tqbridge/fuzz), "
+                                "or redis://HOST:PORT: a Redis server that campaigns on several machines share "
+                                "(kernel targets; needs the cluster extra)")
     p.add_argument("--op", choices=("quantize", "dequantize", "append", "decode-attention"),
                    help="what a module:function target implements (else its @claims decorator)")
     p.add_argument("--format", dest="fmt", help="format(s) it claims, comma-separated (quantize/dequantize/append)")
@@ -83,6 +85,8 @@ def run(args) -> int:
           "(hypothesis.target 'error / allowed')")
     print(f"  time         {s['seconds']:.1f} s")
     print(f"  database     {c.db}")
+    if c.shared_db:
+        print(f"  shared with  {c.shared_db}")
     for e in c.errors:
         print(f"  error        {e}")
     if c.failure:
@@ -120,6 +124,10 @@ def run_parsers(args) -> int:
             raise CliError(f"--{flag.replace('_', '-').replace('fmt', 'format')} does not apply to parser targets")
     if args.backend != "auto":
         raise CliError("--backend does not apply to parser targets")
+    from tqbridge.parity.plugin.campaigns import is_shared_db
+
+    if is_shared_db(args.db):
+        raise CliError("--db redis:// applies to kernel targets; parser campaigns keep their findings in a folder")
     progress = _progress_printer()
 
     try:

@@ -9,6 +9,8 @@ and formats come from :func:`tqbridge.parity.plugin.byok.claims` or from the cal
 Each worker process runs rounds of :func:`tqbridge.parity.plugin.byok.fuzz_kernel` with its own seed
 against one shared :class:`hypothesis.database.DirectoryBasedExampleDatabase` (one file per example,
 safe for concurrent writers), so a counterexample found once is replayed first by every later run.
+With ``db="redis://HOST:PORT"`` the examples also go to that Redis server (hypothesis'
+``RedisExampleDatabase``), so campaigns on several machines replay each other's failures.
 The first counterexample stops the campaign.
 
 Parser targets (``gguf``, ``state-blob``, ``prompt-cache``, ``kv-spelling``) are mutation campaigns
@@ -31,7 +33,8 @@ from typing import Any, Callable
 
 OUR_TARGETS = ("quantize", "dequantize", "append", "decode-attention")
 from .parsers.named_targets import PARSER_TARGETS  # noqa: E402 - mutation campaigns against the file parsers
-from .campaigns import check_budget, db_path, default_db_root, hypothesis_home  # noqa: E402
+from .campaigns import (check_budget, check_shared_db, db_path, default_db_root, example_database,  # noqa: E402
+                        hypothesis_home, is_shared_db)
 from .profiles import EXAMPLES as PROFILES  # noqa: E402 - examples per campaign when --examples is not given
 ROUND = 25                                            # examples per round when the campaign is timed
 GRACE_S = 5.0                                         # after a counterexample, how long other workers may finish
@@ -165,12 +168,10 @@ def _worker(spec: dict, worker: int, conn: Any, stop: Any) -> None:
     try:
         # Before hypothesis stores anything: its caches go to tqbridge's cache, not ./.hypothesis.
         os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", spec["hypothesis_home"])
-        from hypothesis.database import DirectoryBasedExampleDatabase
-
         from .byok import fuzz_kernel
 
         fn, claim = resolve_target(spec)
-        db = DirectoryBasedExampleDatabase(str(spec["db"]))
+        db = example_database(spec["db"], spec.get("shared_db"), Path(spec["db"]).name)
         sent_shapes: set = set()
         sent_formats: set = set()
         state = {"examples": 0, "worst": 0.0, "last": 0.0}
@@ -248,6 +249,7 @@ class Campaign:
     failure: "dict | None" = None
     errors: list = field(default_factory=list)
     q_precision: "str | None" = None     # decode-attention: passed to every call (None: the backend's default)
+    shared_db: "str | None" = None       # a Redis server's URL whose examples this campaign shares
 
     @property
     def examples(self) -> int:
@@ -273,7 +275,7 @@ class Campaign:
     def summary(self) -> dict:
         return {"target": self.target, "backend": self.backend, "q_precision": self.q_precision,
                 "jobs": self.jobs, "seed": self.seed,
-                "database": self.db, "examples": self.examples, "shapes": len(self.shapes),
+                "database": self.db, "shared_database": self.shared_db, "examples": self.examples, "shapes": len(self.shapes),
                 "formats": sorted(self.formats), "worst_error_over_allowed": self.worst_ratio,
                 "seconds": round(self.seconds, 2), "ok": self.failure is None and not self.errors,
                 "failure": self.failure, "errors": self.errors}
@@ -315,19 +317,23 @@ def run_campaign(target: str, *, backend: str = "auto", examples: "int | None" =
         if backend not in usable():
             raise FuzzError(f"backend {backend!r} is not usable here (usable: {', '.join(usable())})")
     seed = (0 if profile == "ci" else random.randrange(1 << 30)) if seed is None else int(seed)
+    shared = None
+    if is_shared_db(db):        # a Redis server: examples shared there, the rest in the default folder
+        shared, db = str(db), None
+        check_shared_db(shared, FuzzError)
     root = Path(db) if db is not None else default_db_root()
     path = db_path(root, target if op is None else f"{target}-{op}")
     path.mkdir(parents=True, exist_ok=True)
     spec = {"target": target, "backend": backend, "op": op, "fmt": fmt, "k_format": k_format, "v_format": v_format,
             "q_precision": q_precision,
-            "db": str(path), "seed": seed, "hypothesis_home": str(hypothesis_home())}
+            "db": str(path), "shared_db": shared, "seed": seed, "hypothesis_home": str(hypothesis_home())}
     resolve_target(spec)          # fail fast, in this process, with a clear message
     total = PROFILES[profile] if examples is None and minutes is None else examples
     if minutes is not None:
         spec["deadline"] = time.time() + 60.0 * minutes
     else:
         spec["examples_per_worker"] = -(-total // jobs)
-    camp = Campaign(target, backend, jobs, seed, str(path), q_precision=q_precision)
+    camp = Campaign(target, backend, jobs, seed, str(path), q_precision=q_precision, shared_db=shared)
     deadline = spec.get("deadline")
     t0 = time.monotonic()
 
