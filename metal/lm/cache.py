@@ -467,6 +467,42 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
     def calibration_nbytes(self) -> int:
         return sum(a.nbytes for a in (self.k_mu, self.k_scale) if a is not None)
 
+    # ------------------------------------------------------------ copies
+    def __copy__(self) -> "TQCache":
+        return self._twin()
+
+    def __deepcopy__(self, memo: dict) -> "TQCache":
+        twin = self._twin()
+        memo[id(self)] = twin
+        return twin
+
+    def _twin(self) -> "TQCache":
+        """An independent cache holding the same positions: its own block buffers (the valid rows copied
+        into fresh arrays, evaluated now), its own counters, no prepared decode lane. ``copy.copy`` and
+        ``copy.deepcopy`` both give this: TQCache writes its buffers in place (the decode lane's append
+        kernel, and ``keys[...] = rows`` on the ops path), so a copy sharing them would see the other's
+        appends after a trim. What is never written in place is shared: the key calibration arrays, a
+        pending first chunk's float keys, the codecs."""
+        kb = vb = None
+        if self.keys is not None:
+            kb, vb = self.keys, self.values   # writes a deferred decode row first
+            self._settle()
+            n = self.offset - self.start
+            cap = max(n, -(-n // self.step) * self.step)
+            B, H, _, krb = kb.shape
+            vrb = vb.shape[-1]
+            # concatenate allocates its output: the copy never aliases these buffers
+            kb = mx.concatenate([kb[..., :n, :], mx.zeros((B, H, cap - n, krb), mx.uint8)], axis=2)
+            vb = mx.concatenate([vb[..., :n, :], mx.zeros((B, H, cap - n, vrb), mx.uint8)], axis=2)
+            mx.eval(kb, vb)   # read now, before this cache writes its buffers again
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        twin.paths = Counter(self.paths)
+        twin.codec_paths = dict(self.codec_paths)
+        twin._setup_lane()
+        twin._kbuf, twin._vbuf = kb, vb
+        return twin
+
     def __repr__(self) -> str:
         w = f", window={self.window}" if self.window else ""
         return f"TQCache({kv_name(self.k_format, self.v_format, self.calibration)}{w}, offset={self.offset}, start={self.start})"
