@@ -38,7 +38,7 @@ from .codecs import _any_nonfinite, _dequantizer, _quantizer, padded_dim, rotati
 from .kv_spelling import LayeredKV, kv_name, parse_layered_kv_spec
 from .lane import _ROUTED, DecodeLane, DeferredRows, _routing_active
 
-__all__ = ["TQCache", "make_cache", "make_layered_cache", "layer_count", "ROTATIONS"]
+__all__ = ["TQCache", "make_cache", "make_layered_cache", "install_cache", "layer_count", "ROTATIONS"]
 
 ROTATIONS = ("llama", "none")
 _MAX_POSITIONS = (1 << 31) - 1   # MLX masks and RoPE offsets are int32
@@ -514,6 +514,31 @@ if getattr(_mlx_cache, "TQCache", TQCache) is not TQCache:  # pragma: no cover
 _mlx_cache.TQCache = TQCache
 
 
+def _refusing_tqcache(cls_name: str, merge):
+    """mlx-lm's batch cache ``merge`` that refuses TQCache layers: it copies each cache's ``keys`` /
+    ``values`` as K/V rows, and a TQCache's are quantized blocks (uint8), which it would take silently."""
+    func = merge.__func__
+
+    def guarded(cls, caches):
+        for c in caches:
+            if isinstance(c, TQCache):
+                raise ValueError(f"{cls_name}.merge: {c!r} holds quantized blocks, not K/V rows; TQCache has no "
+                                 "batch protocol yet: generate its sequences one at a time (mlx-lm's server "
+                                 "does so for TQCache layers)")
+        return func(cls, caches)
+
+    guarded.__wrapped__ = func
+    guarded._tqbridge_refuses_tqcache = True
+    return classmethod(guarded)
+
+
+for _name in ("BatchKVCache", "BatchRotatingKVCache"):
+    _cls = getattr(_mlx_cache, _name, None)
+    _merge = vars(_cls).get("merge") if _cls is not None else None
+    if isinstance(_merge, classmethod) and not getattr(_merge.__func__, "_tqbridge_refuses_tqcache", False):
+        _cls.merge = _refusing_tqcache(_name, _merge)
+
+
 def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None" = None,
                *, sliding: str = "quantize", rotation: str = "llama",
                calibration: "KeyCalibration | str | None" = None) -> list:
@@ -560,10 +585,16 @@ def layer_count(model: Any) -> int:
 def _build(model: Any, pair_of, sliding: str, rotation: str) -> list:
     """mlx-lm's prompt cache for ``model`` with each plain / sliding-window layer ``i`` replaced by a
     TQCache of ``pair_of(i)`` = (K format, V format, KeyCalibration)."""
+    return _replace(_mlx_cache.make_prompt_cache(model), pair_of, sliding, rotation)
+
+
+def _replace(base: list, pair_of, sliding: str, rotation: str) -> list:
+    """``base`` (mlx-lm's caches of a model) with each plain / sliding-window layer ``i`` replaced by a
+    TQCache of ``pair_of(i)``."""
     if sliding not in ("quantize", "float"):
         raise ValueError(f"sliding must be 'quantize' or 'float', got {sliding!r}")
     out = []
-    for i, c in enumerate(_mlx_cache.make_prompt_cache(model)):
+    for i, c in enumerate(base):
         if type(c) is _mlx_cache.KVCache:
             k, v, cal = pair_of(i)
             out.append(TQCache(k, v, rotation=rotation, calibration=cal))
@@ -578,3 +609,22 @@ def _build(model: Any, pair_of, sliding: str, rotation: str) -> list:
     for i, c in enumerate(ours):   # the layers grow in different decode steps (DecodeLane.grow_phase)
         c.grow_phase = i / len(ours)
     return out
+
+
+def install_cache(model: Any, spec: "LayeredKV | str", *, sliding: str = "quantize", rotation: str = "llama") -> None:
+    """Make ``model.make_cache()`` (what mlx-lm's ``make_prompt_cache`` calls, in its generate, server and
+    batch paths) return :func:`make_layered_cache`'s TQCache layers. Each call builds the model's own
+    layout first (its ``make_cache``, or one ``KVCache`` per layer as mlx-lm makes for a model without
+    one) and replaces its plain / sliding-window layers. Bad spellings and layer indices are refused
+    here, once."""
+    if not isinstance(spec, LayeredKV):
+        spec = parse_layered_kv_spec(spec)
+    pairs = spec.pairs(layer_count(model))
+    _replace(_mlx_cache.make_prompt_cache(model), pairs.__getitem__, sliding, rotation)   # refuses now, not later
+    own = getattr(model, "make_cache", None)
+
+    def make_cache() -> list:
+        base = own() if own is not None else [_mlx_cache.KVCache() for _ in model.layers]
+        return _replace(base, pairs.__getitem__, sliding, rotation)
+
+    model.make_cache = make_cache
