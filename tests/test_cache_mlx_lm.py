@@ -72,3 +72,70 @@ def test_install_cache_keeps_the_models_own_layout():
     got = mlx_cache.make_prompt_cache(m)
     assert [c.window for c in got] == own
     assert (got[0].k_format, got[1].k_format) == ("f16", "q8_0")
+
+
+# ---- saved prompt caches: non-finite float fields refused on load -----------------------------------
+
+def _saved(tmp_path, kf, vf, calibration=None, edit=None):
+    """A 2-layer TQCache prompt cache saved by mlx-lm; ``edit(state list)`` changes its arrays first."""
+    from mlx_lm.models.cache import save_prompt_cache
+
+    layers = []
+    for i in range(2):
+        c = TQCache(kf, vf, calibration=calibration)
+        rng = np.random.default_rng(i)
+        x = mx.array(rng.standard_normal((1, 2, 6, 64)).astype(np.float32))
+        c.update_and_fetch(x, x * 0.5)
+        layers.append(c)
+
+    class Edited:   # what mlx-lm's save reads: state and the class name
+        def __init__(self, c, st):
+            self.state = st
+    states = [list(c.state) for c in layers]
+    if edit is not None:
+        edit(states[1])
+    path = tmp_path / "cache.safetensors"
+    Edited.__name__ = type(layers[0]).__name__
+    save_prompt_cache(str(path), [Edited(c, st) for c, st in zip(layers, states)])
+    return path
+
+
+def _nan_f16_scale(kf):
+    """K blocks of ``kf`` with the first block's f16 scale set to NaN (q8_0 and q4_0: d leads the block)."""
+    def edit(st):
+        kb = np.array(st[0])
+        kb[0, 0, 2, 0:2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+        st[0] = mx.array(kb)
+    return edit
+
+
+def _set(i, value):
+    def edit(st):
+        a = np.array(st[i])
+        a.flat[3] = value
+        st[i] = mx.array(a)
+    return edit
+
+
+@pytest.mark.parametrize("case,kf,vf,cal,edit,says", [
+    ("mean nan", "q8_0", "turbo3", "mean+scale", _set(2, np.nan), "key mean holds NaN"),
+    ("mean inf", "q8_0", "q4_0", "mean+scale", _set(2, np.inf), "key mean holds NaN"),
+    ("scale -inf", "q8_0", "q8_0", "mean+scale", _set(3, -np.inf), "key scale holds NaN"),
+    ("scale 0", "q8_0", "turbo3", "mean+scale", _set(3, 0.0), "key scale holds zeros"),
+    ("q8_0 d nan", "q8_0", "turbo3", None, _nan_f16_scale("q8_0"), "blocks decode to NaN"),
+    ("q4_0 d nan", "q4_0", "q8_0", None, _nan_f16_scale("q4_0"), "blocks decode to NaN"),
+    ("f16 inf", "f16", "f16", None, _set(0, 0x7C), "blocks decode to NaN"),
+])
+def test_a_saved_cache_with_non_finite_floats_is_refused_on_load(tmp_path, case, kf, vf, cal, edit, says):
+    from mlx_lm.models.cache import load_prompt_cache as mlx_load
+
+    from tqbridge.metal.lm.prompt_cache import load_prompt_cache
+
+    good = _saved(tmp_path, kf, vf, cal)
+    assert [c.offset for c in load_prompt_cache(good)] == [6, 6]   # the unedited file loads
+    good.unlink()
+    bad = _saved(tmp_path, kf, vf, cal, edit)
+    for loader in (load_prompt_cache, mlx_load):
+        with pytest.raises(ValueError, match=says) as e:
+            loader(str(bad))
+        assert "\n" not in str(e.value)

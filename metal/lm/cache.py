@@ -441,12 +441,38 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
             if keys is not None or mu is not None or scale is not None:
                 raise CacheStateError(f"TQCache state: calibration arrays do not match "
                                       f"{self.calibration.spec or 'no calibration'}")
+        for name, a in (("key mean", mu), ("key scale", scale)):
+            if a is not None and bool(_any_nonfinite(a).item()):
+                raise CacheStateError(f"TQCache state: the {name} holds NaN or infinite values")
+        if scale is not None and bool(mx.any(scale == 0).item()):
+            raise CacheStateError("TQCache state: the key scale holds zeros (keys are divided by it)")
+        if keys is not None:
+            self._refuse_nonfinite_blocks(keys, values)
         self.k_mu, self.k_scale = mu, scale
         self._kcal = self._qscale = None   # the lane's copies of them (made at the next append / step)
         self._inplace = {}
         self.keys, self.values = keys, values
         self._owned = keys is None
         self._reset_hot()
+
+    _CHECK_ROWS = 4096   # rows dequantized at a time when a loaded state's blocks are checked
+
+    def _refuse_nonfinite_blocks(self, keys: mx.array, values: mx.array) -> None:
+        """A state's blocks must decode to finite rows (appends refuse NaN/inf rows, so only an edited
+        file holds them: a block scale set to NaN or infinity). One dequantizing pass over the stored
+        rows, ``_CHECK_ROWS`` at a time, one sync."""
+        n = self.offset - self.start
+        bad = mx.array(False)
+        for a in range(0, n, self._CHECK_ROWS):
+            b = min(n, a + self._CHECK_ROWS)
+            k = self._decode(keys[..., a:b, :], self.k_format, self._kd, self.k_dim, mx.float32)
+            v = self._decode(values[..., a:b, :], self.v_format, self._vd, self.v_dim, mx.float32)
+            bad = bad | _any_nonfinite(k) | _any_nonfinite(v)
+            if (b // self._CHECK_ROWS) % 8 == 0:
+                mx.eval(bad)   # bounds the graph of a long cache
+        if bool(bad.item()):
+            raise CacheStateError(f"TQCache state: {self.k_format}/{self.v_format} blocks decode to NaN or "
+                                  "infinite values (a block scale that no append writes)")
 
     @property
     def nbytes(self) -> int:
