@@ -139,3 +139,81 @@ def test_a_saved_cache_with_non_finite_floats_is_refused_on_load(tmp_path, case,
         with pytest.raises(ValueError, match=says) as e:
             loader(str(bad))
         assert "\n" not in str(e.value)
+
+
+# ---- prompt-cache files: tqbridge generate writes and continues them; mlx-lm's tools name the way in ---
+
+def _smollm2():
+    from tqbridge.bridge.models import ModelUnavailable, model_path
+
+    try:
+        return str(model_path("smollm2"))
+    except ModelUnavailable as e:   # the model package is optional: decided before anything runs
+        pytest.skip(f"SmolLM2 is not installed: {e}")
+
+
+@pytest.mark.model
+def test_generate_saves_a_prompt_cache_and_continues_from_it(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from mlx_lm.models.cache import load_prompt_cache as mlx_load
+
+    from tqbridge.bridge.tokenizer import ChatTokenizer
+    from tqbridge.tools.cli import main
+
+    path = _smollm2()
+    f = tmp_path / "p.safetensors"
+    prompt = "The capital of France is"
+    assert main(["generate", path, "--kv", "q8_0/turbo3", "--prompt", prompt, "--max-tokens", "2",
+                 "--save-prompt-cache", str(f)]) == 0
+    n = len(ChatTokenizer(path).encode(prompt, add_bos=True))
+    caches, meta = mlx_load(str(f), return_metadata=True)   # mlx-lm's loader, tqbridge imported
+    assert [c.offset for c in caches] == [n] * 30 and meta["tokens"] == str(n)
+    assert {(c.k_format, c.v_format) for c in caches} == {("q8_0", "turbo3")}
+    capsys.readouterr()
+    more = " Paris. The capital of Italy is"
+    assert main(["generate", path, "--prompt-cache-file", str(f), "--prompt", more, "--max-tokens", "3",
+                 "--stats"]) == 0
+    out = capsys.readouterr()
+    n2 = len(ChatTokenizer(path).encode(more, add_bos=False))   # after the file's positions: no BOS
+    assert out.out.strip() and f"--- kv from p.safetensors: prompt {n2} tokens" in out.err, out.err
+    # the same file, opened by mlx-lm's own code in a process that never imported tqbridge
+    hint = "tqbridge generate MODEL --prompt-cache-file FILE"
+    for code in ("from mlx_lm.models.cache import load_prompt_cache as L; L(%r)" % str(f),
+                 "import sys; sys.argv = ['mlx_lm.generate', '--model', 'none', '--prompt', 'x', "
+                 "'--prompt-cache-file', %r]; from mlx_lm.generate import main; main()" % str(f)):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and hint in r.stderr.strip().splitlines()[-1], r.stderr[-500:]
+
+
+def test_generate_refuses_bad_prompt_cache_options_in_one_line(tmp_path, capsys):
+    from tqbridge.tools.cli import main
+
+    garbage = tmp_path / "g.safetensors"
+    garbage.write_bytes(b"\x01" * 40)
+    two = _saved(tmp_path, "q8_0", "turbo3")
+    cases = [
+        (["--prompt-cache-file", str(two), "--kv", "q8_0/q8_0"], "drop --kv"),
+        (["--save-prompt-cache", str(two)], "already exists"),
+        (["--save-prompt-cache", str(tmp_path / "x.bin")], "ends in .safetensors"),
+        (["--save-prompt-cache", str(tmp_path / "y.safetensors"), "--max-tokens", "0"], "--max-tokens >= 1"),
+    ]
+    for extra, says in cases:
+        assert main(["generate", str(tmp_path / "m.gguf"), "--prompt", "x", *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert says in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.model
+def test_generate_refuses_a_prompt_cache_of_another_model_in_one_line(tmp_path, capsys):
+    from tqbridge.tools.cli import main
+
+    path = _smollm2()
+    garbage = tmp_path / "g.safetensors"
+    garbage.write_bytes(b"\x01" * 40)
+    for f, says in ((_saved(tmp_path, "q8_0", "turbo3"), "2 cache layers; the model has 30"),
+                    (garbage, "g.safetensors")):
+        assert main(["generate", path, "--prompt-cache-file", str(f), "--prompt", "x"]) == 2
+        err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("llama_context")]
+        assert len(err) == 1 and says in err[0] and "error:" in err[0], err

@@ -38,7 +38,7 @@ from .codecs import _any_nonfinite, _dequantizer, _quantizer, padded_dim, rotati
 from .kv_spelling import LayeredKV, kv_name, parse_layered_kv_spec
 from .lane import _ROUTED, DecodeLane, DeferredRows, _routing_active
 
-__all__ = ["TQCache", "make_cache", "make_layered_cache", "install_cache", "layer_count", "ROTATIONS"]
+__all__ = ["TQCache", "SAVED_NAME", "make_cache", "make_layered_cache", "install_cache", "layer_count", "ROTATIONS"]
 
 ROTATIONS = ("llama", "none")
 _MAX_POSITIONS = (1 << 31) - 1   # MLX masks and RoPE offsets are int32
@@ -534,10 +534,18 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
         return f"TQCache({kv_name(self.k_format, self.v_format, self.calibration)}{w}, offset={self.offset}, start={self.start})"
 
 
-# mlx-lm's load_prompt_cache looks cache classes up by name in its cache module.
-if getattr(_mlx_cache, "TQCache", TQCache) is not TQCache:  # pragma: no cover
-    raise ImportError("mlx_lm.models.cache already defines a different TQCache")
-_mlx_cache.TQCache = TQCache
+# mlx-lm's save_prompt_cache writes each layer's class name (``type(c).__name__``) into the file and its
+# load_prompt_cache looks the names up in its cache module's globals, with no hook for other packages: a
+# file of TQCache layers opened by mlx-lm without tqbridge imported ends in a KeyError naming the class.
+# So the name TQCache saves under says what opens it; importing this module registers both that name
+# and "TQCache" (files written before 2026-12-06) where mlx-lm looks.
+SAVED_NAME = ("TQCache (a tqbridge cache: open it with `tqbridge generate MODEL --prompt-cache-file FILE`, "
+              "or import tqbridge.metal.lm.cache before mlx-lm loads it)")
+TQCache.__name__ = SAVED_NAME      # __qualname__ stays "TQCache" (reprs, pickling)
+for _alias in ("TQCache", SAVED_NAME):
+    if getattr(_mlx_cache, _alias, TQCache) is not TQCache:  # pragma: no cover
+        raise ImportError(f"mlx_lm.models.cache already defines a different {_alias}")
+    setattr(_mlx_cache, _alias, TQCache)
 
 
 def _refusing_tqcache(cls_name: str, merge):
