@@ -12,7 +12,7 @@ pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
 
 from mlx_lm.models import cache as mlx_cache  # noqa: E402
 
-from tqbridge.metal.lm.cache import TQCache, install_cache  # noqa: E402
+from tqbridge.metal.lm.cache import TQCache, install_cache, to_tqcache  # noqa: E402
 from tiny_models import cpu_device, tiny_gemma3, tiny_llama, tokens  # noqa: E402,F401
 
 PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q8_0", "turbo3"), ("q8_0", "q4_0")]
@@ -217,3 +217,163 @@ def test_generate_refuses_a_prompt_cache_of_another_model_in_one_line(tmp_path, 
         assert main(["generate", path, "--prompt-cache-file", str(f), "--prompt", "x"]) == 2
         err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("llama_context")]
         assert len(err) == 1 and says in err[0] and "error:" in err[0], err
+
+
+# ---- from mlx-lm's caches; bounded caches -------------------------------------------------------------
+
+LOGIT_ATOL = 1e-4   # same float32 math in two shapes (as tests/test_cache.py's LOGIT_ATOL)
+
+
+def _rows(seed, n, d=64):
+    rng = np.random.default_rng(seed)
+    return mx.array(rng.standard_normal((1, 2, n, d)).astype(np.float32))
+
+
+def _blocks(c, start=0):
+    return tuple(np.array(a) for a in c.blocks(start))
+
+
+@pytest.mark.parametrize("kf,vf", PAIRS)
+def test_a_kvcache_converts_to_the_blocks_a_tqcache_appends(kf, vf):
+    src = mlx_cache.KVCache()
+    k, v = _rows(1, 9), _rows(2, 9)
+    src.update_and_fetch(k[..., :7, :], v[..., :7, :])
+    src.update_and_fetch(k[..., 7:, :], v[..., 7:, :])
+    got = TQCache.from_cache(src, kf, vf)
+    want = TQCache(kf, vf)
+    want.update_and_fetch(k, v)
+    assert got.offset == want.offset == 9 and (got.k_format, got.v_format) == (kf, vf)
+    for a, b in zip(_blocks(got), _blocks(want)):
+        assert np.array_equal(a, b)
+    got.update_and_fetch(_rows(3, 1), _rows(4, 1))   # and goes on
+    assert got.offset == 10
+
+
+@pytest.mark.parametrize("kf,vf", PAIRS)
+def test_a_quantized_kvcache_converts_from_its_dequantized_rows(kf, vf):
+    src = mlx_cache.QuantizedKVCache(group_size=32, bits=8)
+    src.update_and_fetch(_rows(1, 5), _rows(2, 5))
+    got = TQCache.from_cache(src, kf, vf)
+    kq, vq = src.keys, src.values
+    want = TQCache(kf, vf)
+    want.update_and_fetch(*(mx.dequantize(*(a[..., :5, :] for a in t), group_size=32, bits=8) for t in (kq, vq)))
+    for a, b in zip(_blocks(got), _blocks(want)):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("kf,vf", PAIRS)
+def test_a_rotating_cache_converts_to_a_windowed_tqcache_of_its_positions(kf, vf):
+    src = mlx_cache.RotatingKVCache(max_size=6, keep=0)
+    k, v = _rows(1, 11), _rows(2, 11)
+    src.update_and_fetch(k[..., :4, :], v[..., :4, :])
+    for i in range(4, 11):   # one step at a time: the buffer rotates
+        src.update_and_fetch(k[..., i:i + 1, :], v[..., i:i + 1, :])
+    got = TQCache.from_cache(src, kf, vf)
+    assert got.window == 6 and got.offset == 11 and got.size() == src.size() == 6
+    want = TQCache(kf, vf, window=6)
+    want.update_and_fetch(k, v)
+    for a, b in zip(_blocks(got, 5), _blocks(want, 5)):   # the positions both see: 5..10
+        assert np.array_equal(a, b)
+    with pytest.raises(ValueError, match="keeping 4 leading tokens"):
+        TQCache.from_cache(mlx_cache.RotatingKVCache(max_size=6, keep=4), kf, vf)
+
+
+@pytest.mark.parametrize("routed", [False, True], ids=["plain", "routed"])
+def test_generation_continues_quantized_after_start_tokens(routed):
+    """to_tqcache: mlx-lm's float caches for the first tokens, TQCache after (kv_bits-style start).
+    A lossless pair (f32) continues with the float cache's logits; a quantized pair converts every layer
+    and keeps decoding."""
+    from tqbridge.metal.lm.routing import route_attention
+
+    m = tiny_llama()
+    toks = tokens(14, seed=6)[0].tolist()
+
+    def run(kv, start):
+        cache = mlx_cache.make_prompt_cache(m)
+        out = []
+        with route_attention("auto") if routed else _nothing():
+            m(mx.array([toks[:6]]), cache=cache)
+            for t in toks[6:]:
+                if kv:
+                    to_tqcache(cache, kv, start=start)
+                lg = m(mx.array([[t]]), cache=cache)[0, -1].astype(mx.float32)
+                mx.eval(lg)
+                out.append(np.array(lg))
+        return cache, np.stack(out)
+
+    _, want = run(None, 0)
+    cache, got = run("f32/f32", 8)
+    assert all(isinstance(c, TQCache) for c in cache) and cache[0].offset == 14
+    np.testing.assert_allclose(got, want, atol=LOGIT_ATOL, rtol=0)
+    assert np.array_equal(got[:3], want[:3])   # before the start: mlx-lm's own cache, untouched
+    for kv in ("q8_0/turbo3", "q8_0/q4_0"):
+        cache, got = run(kv, 8)
+        assert {(c.k_format, c.v_format) for c in cache} == {tuple(kv.split("/"))} and np.isfinite(got).all()
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+def test_max_kv_size_bounds_the_cache_as_mlx_lms_rotating_cache():
+    """make_cache(max_kv_size=N): every layer a window of N positions; f32 logits as mlx-lm's
+    RotatingKVCache(N, keep=0) gives them, and the stored rows stay bounded."""
+    from tqbridge.metal.lm.cache import make_cache
+
+    m = tiny_llama()
+    toks = tokens(40, seed=7)[0].tolist()
+    ours = make_cache(m, "f32", "f32", max_kv_size=8)
+    theirs = [mlx_cache.RotatingKVCache(max_size=8, keep=0) for _ in m.layers]
+    assert [c.window for c in ours] == [8, 8]
+    outs = []
+    for cache in (ours, theirs):
+        got = []
+        m(mx.array([toks[:5]]), cache=cache)
+        for t in toks[5:]:
+            lg = m(mx.array([[t]]), cache=cache)[0, -1].astype(mx.float32)
+            mx.eval(lg)
+            got.append(np.array(lg))
+        outs.append(np.stack(got))
+    np.testing.assert_allclose(outs[0], outs[1], atol=LOGIT_ATOL, rtol=0)
+    assert all(c.offset == 40 and c.size() == 8 for c in ours)
+    with pytest.raises(ValueError, match="max_kv_size"):
+        make_cache(m, "f32", "f32", max_kv_size=0)
+
+
+# ---- windowed semantics: as mlx-lm's RotatingKVCache where a user sees them ----------------------------
+
+def _window_mask(c, N):
+    """Which stored keys each of the next N queries of windowed ``c`` may see (numpy, bool)."""
+    keys = np.arange(c._keep_from(c.offset), c.offset + N)
+    q = np.arange(c.offset, c.offset + N)[:, None]
+    return (keys <= q) & (keys > q - c.window)
+
+
+@pytest.mark.parametrize("kf,vf", PAIRS)
+def test_windowed_size_trimmability_and_masks_follow_rotating_kv_cache(kf, vf, monkeypatch):
+    """Step by step against RotatingKVCache(4): size(), is_trimmable() and the kind of mask agree while
+    the stored rows fit the window; past it (a windowed TQCache drops rows ``step`` at a time: 2 here)
+    a decode step's mask is the explicit window mask where RotatingKVCache needs none."""
+    monkeypatch.setattr(TQCache, "step", 2)
+    ours, theirs = TQCache(kf, vf, window=4), mlx_cache.RotatingKVCache(max_size=4, keep=0)
+    explicit = 0
+    for n, seed in ((3, 1), (1, 2), (1, 3), (2, 4), (1, 5), (1, 6), (3, 7), (1, 8)):
+        assert ours.size() == theirs.size() == min(ours.offset, 4)
+        assert ours.is_trimmable() == theirs.is_trimmable() == (ours.offset < 4)
+        for N in (1, 2, 3):
+            want, got = theirs.make_mask(N), ours.make_mask(N)
+            stored = ours.offset - ours._keep_from(ours.offset) + N
+            if stored <= 4:
+                assert (got is None and want is None) or (isinstance(got, str) and got == want), (ours.offset, N)
+            else:
+                assert not isinstance(want, str) and isinstance(got, mx.array)
+                assert np.array_equal(np.array(got), _window_mask(ours, N)), (ours.offset, N)
+                explicit += want is None
+        for c in (ours, theirs):
+            c.update_and_fetch(_rows(seed, n), _rows(seed + 10, n))
+    assert ours.offset == theirs.offset == 13 and ours.size() == theirs.size() == 4
+    assert explicit > 0   # the documented difference did occur

@@ -38,7 +38,7 @@ from .codecs import _any_nonfinite, _dequantizer, _quantizer, padded_dim, rotati
 from .kv_spelling import LayeredKV, kv_name, parse_layered_kv_spec
 from .lane import _ROUTED, DecodeLane, DeferredRows, _routing_active
 
-__all__ = ["TQCache", "SAVED_NAME", "make_cache", "make_layered_cache", "install_cache", "layer_count", "ROTATIONS"]
+__all__ = ["TQCache", "SAVED_NAME", "make_cache", "make_layered_cache", "install_cache", "to_tqcache", "layer_count", "ROTATIONS"]
 
 ROTATIONS = ("llama", "none")
 _MAX_POSITIONS = (1 << 31) - 1   # MLX masks and RoPE offsets are int32
@@ -318,13 +318,19 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
 
     # ------------------------------------------------------------ mlx-lm protocol
     def size(self) -> int:
-        return self.offset
+        """Positions attention can see: ``offset``, at most the window (as mlx-lm's RotatingKVCache)."""
+        return min(self.offset, self.window) if self.window else self.offset
 
     def empty(self) -> bool:
         return self.keys is None
 
     def is_trimmable(self) -> bool:
-        return self.start == 0   # once a window dropped rows, re-appending would need them
+        """As mlx-lm's RotatingKVCache: a windowed cache is not once its window slid (``offset`` reached
+        it), even while it still stores the older rows (they are dropped ``step`` at a time), so
+        mlx-lm's prompt-cache store treats both alike. ``trim`` itself removes up to the stored rows."""
+        if self.window:
+            return self.offset < self.window and self.start == 0
+        return self.start == 0
 
     def trim(self, n: int) -> int:
         # rows past the new offset get overwritten by later in-place appends: let every kernel that
@@ -338,12 +344,18 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
         return n
 
     def make_mask(self, N: int, return_array: bool = False, window_size: "int | None" = None):
-        # Keys are the stored positions [start, offset + N): offsets count from the start the
-        # next update will keep (the rule is deterministic, so every windowed layer agrees).
+        """The attention mask of the next ``N`` queries. Keys are the stored positions
+        ``[start, offset + N)``: offsets count from the start the next update keeps (the rule is
+        deterministic, so every windowed layer agrees). As mlx-lm's RotatingKVCache, ``"causal"`` (a
+        chunk) or None (a decode step) where no stored key is older than the window, else the explicit
+        mask; a windowed TQCache needs that mask more often than RotatingKVCache, because it drops old
+        rows ``step`` at a time instead of overwriting them, so up to ``step`` rows past the window
+        stay stored."""
         window_size = window_size if window_size is not None else self.window
-        return _mlx_cache.create_attention_mask(
-            N, offset=self.offset - self._keep_from(self.offset), return_array=return_array,
-            window_size=window_size)
+        o = self.offset - self._keep_from(self.offset)
+        if window_size and not return_array and o + N <= window_size:
+            return "causal" if N > 1 else None
+        return _mlx_cache.create_attention_mask(N, offset=o, return_array=return_array, window_size=window_size)
 
     @property
     def meta_state(self) -> tuple:
@@ -493,6 +505,46 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
     def calibration_nbytes(self) -> int:
         return sum(a.nbytes for a in (self.k_mu, self.k_scale) if a is not None)
 
+    # ------------------------------------------------------------ from mlx-lm's caches
+    @classmethod
+    def from_cache(cls, cache: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None" = None, *,
+                   rotation: str = "llama", calibration: "KeyCalibration | str | None" = None) -> "TQCache":
+        """A TQCache of the pair holding the positions of one of mlx-lm's caches (as mlx-lm's
+        ``to_quantized`` makes a QuantizedKVCache): a ``KVCache``, a ``QuantizedKVCache`` (its rows
+        dequantized first) or a ``RotatingKVCache`` without kept leading tokens (a windowed TQCache of
+        its size, holding the positions it holds). The rows are quantized as appends quantize them; a
+        calibration is fitted on them."""
+        if isinstance(cache, TQCache):
+            raise ValueError("from_cache takes one of mlx-lm's caches; a TQCache is one already")
+        k_format, k_cal = split_key_spec(k_format)
+        v_format = k_format if v_format is None else v_format
+        calibration = k_cal or calibration
+        window = None
+        if type(cache) is _mlx_cache.RotatingKVCache:
+            if cache.keep:
+                raise ValueError(f"a RotatingKVCache keeping {cache.keep} leading tokens cannot become a TQCache "
+                                 "(windowed TQCaches keep none)")
+            window = cache.max_size
+        elif type(cache) not in (_mlx_cache.KVCache, _mlx_cache.QuantizedKVCache):
+            raise ValueError(f"{type(cache).__name__} cannot become a TQCache (KVCache, QuantizedKVCache and "
+                             "RotatingKVCache can)")
+        out = cls(k_format, v_format, window=window, rotation=rotation, calibration=calibration)
+        if cache.empty() or cache.offset == 0:
+            return out
+        if type(cache) is _mlx_cache.QuantizedKVCache:
+            deq = [mx.dequantize(*(a[..., :cache.offset, :] for a in t), group_size=cache.group_size,
+                                 bits=cache.bits) for t in (cache.keys, cache.values)]
+            keys, values = deq
+        elif window:
+            keys, values = (cache._temporal_order(a) for a in (cache.keys, cache.values))
+            n = min(cache.offset, keys.shape[2])
+            keys, values = keys[..., -n:, :], values[..., -n:, :]
+            out.offset = out.start = cache.offset - n
+        else:
+            keys, values = cache.keys[..., :cache.offset, :], cache.values[..., :cache.offset, :]
+        out.update_and_fetch(keys, values)
+        return out
+
     # ------------------------------------------------------------ copies
     def __copy__(self) -> "TQCache":
         return self._twin()
@@ -575,7 +627,7 @@ for _name in ("BatchKVCache", "BatchRotatingKVCache"):
 
 def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None" = None,
                *, sliding: str = "quantize", rotation: str = "llama",
-               calibration: "KeyCalibration | str | None" = None) -> list:
+               calibration: "KeyCalibration | str | None" = None, max_kv_size: "int | None" = None) -> list:
     """A prompt cache for ``model`` with K in ``k_format`` and V in ``v_format``.
 
     Layers mlx-lm gives a plain ``KVCache`` get a :class:`TQCache`. Sliding-window layers
@@ -587,6 +639,8 @@ def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None
     ``calibration`` (e.g. ``"mean+scale"``, or written on the K format: ``"q5_1+mean+scale"``)
     turns on per-channel key calibration, fitted per layer from its first keys
     (:mod:`tqbridge.metal.lm.calibration`). Per-layer pairs: :func:`make_layered_cache`.
+    ``max_kv_size``: a bounded cache, every quantized layer windowed to at most that many positions (as
+    mlx-lm's ``max_kv_size`` makes RotatingKVCaches, but keeping no leading tokens: mlx-lm keeps 4).
     """
     k_format, k_cal = split_key_spec(k_format)
     v_format = k_format if v_format is None else v_format
@@ -594,11 +648,11 @@ def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None
     if k_cal and cal and k_cal != cal:
         raise ValueError(f"two different key calibrations: {k_cal.spec!r} and {cal.spec!r}")
     cal = k_cal or cal
-    return _build(model, lambda i: (k_format, v_format, cal), sliding, rotation)
+    return _build(model, lambda i: (k_format, v_format, cal), sliding, rotation, max_kv_size)
 
 
 def make_layered_cache(model: Any, spec: "LayeredKV | str", *, sliding: str = "quantize",
-                       rotation: str = "llama") -> list:
+                       rotation: str = "llama", max_kv_size: "int | None" = None) -> list:
     """A prompt cache whose layer ``i`` stores K/V in the pair ``spec`` gives it: a
     :class:`~tqbridge.metal.lm.kv_spelling.LayeredKV` or its spelling (``q8_0/turbo3[0,1,-2,-1=q8_0/q8_0]``;
     a plain pair spelling gives every layer that pair). Layer indices count the model's cache entries
@@ -608,7 +662,7 @@ def make_layered_cache(model: Any, spec: "LayeredKV | str", *, sliding: str = "q
     if not isinstance(spec, LayeredKV):
         spec = parse_layered_kv_spec(spec)
     pairs = spec.pairs(layer_count(model))
-    return _build(model, pairs.__getitem__, sliding, rotation)
+    return _build(model, pairs.__getitem__, sliding, rotation, max_kv_size)
 
 
 def layer_count(model: Any) -> int:
@@ -616,27 +670,30 @@ def layer_count(model: Any) -> int:
     return len(_mlx_cache.make_prompt_cache(model))
 
 
-def _build(model: Any, pair_of, sliding: str, rotation: str) -> list:
+def _build(model: Any, pair_of, sliding: str, rotation: str, max_kv_size: "int | None" = None) -> list:
     """mlx-lm's prompt cache for ``model`` with each plain / sliding-window layer ``i`` replaced by a
     TQCache of ``pair_of(i)`` = (K format, V format, KeyCalibration)."""
-    return _replace(_mlx_cache.make_prompt_cache(model), pair_of, sliding, rotation)
+    return _replace(_mlx_cache.make_prompt_cache(model), pair_of, sliding, rotation, max_kv_size)
 
 
-def _replace(base: list, pair_of, sliding: str, rotation: str) -> list:
+def _replace(base: list, pair_of, sliding: str, rotation: str, max_kv_size: "int | None" = None) -> list:
     """``base`` (mlx-lm's caches of a model) with each plain / sliding-window layer ``i`` replaced by a
-    TQCache of ``pair_of(i)``."""
+    TQCache of ``pair_of(i)`` (windowed to at most ``max_kv_size`` positions when given)."""
     if sliding not in ("quantize", "float"):
         raise ValueError(f"sliding must be 'quantize' or 'float', got {sliding!r}")
+    if max_kv_size is not None and (isinstance(max_kv_size, bool) or int(max_kv_size) < 1):
+        raise ValueError(f"max_kv_size must be a positive number of positions, got {max_kv_size!r}")
     out = []
     for i, c in enumerate(base):
         if type(c) is _mlx_cache.KVCache:
             k, v, cal = pair_of(i)
-            out.append(TQCache(k, v, rotation=rotation, calibration=cal))
+            out.append(TQCache(k, v, window=max_kv_size, rotation=rotation, calibration=cal))
         elif type(c) is _mlx_cache.RotatingKVCache and sliding == "quantize":
             if c.keep:
                 raise ValueError("rotating caches that keep leading tokens are not supported")
             k, v, cal = pair_of(i)
-            out.append(TQCache(k, v, window=c.max_size, rotation=rotation, calibration=cal))
+            window = c.max_size if max_kv_size is None else min(c.max_size, int(max_kv_size))
+            out.append(TQCache(k, v, window=window, rotation=rotation, calibration=cal))
         else:
             out.append(c)
     ours = [c for c in out if isinstance(c, TQCache)]
@@ -662,3 +719,22 @@ def install_cache(model: Any, spec: "LayeredKV | str", *, sliding: str = "quanti
         return _replace(base, pairs.__getitem__, sliding, rotation)
 
     model.make_cache = make_cache
+
+
+def to_tqcache(prompt_cache: list, spec: "LayeredKV | str", *, start: int = 0, rotation: str = "llama") -> list:
+    """Convert, in place, the layers of ``prompt_cache`` (mlx-lm's caches) that hold more than ``start``
+    positions into TQCaches of the pairs ``spec`` gives them (:meth:`TQCache.from_cache`): what mlx-lm's
+    ``kv_bits`` + ``quantized_kv_start`` do with QuantizedKVCache, so a generation can begin in float
+    and continue quantized. Layers already TQCache, or of kinds that cannot convert (SSM state), stay.
+    Returns the list."""
+    if not isinstance(spec, LayeredKV):
+        spec = parse_layered_kv_spec(spec)
+    pairs = spec.pairs(len(prompt_cache))
+    for i, c in enumerate(prompt_cache):
+        if isinstance(c, TQCache) or c.offset <= start:
+            continue
+        if type(c) in (_mlx_cache.KVCache, _mlx_cache.QuantizedKVCache) or \
+                (type(c) is _mlx_cache.RotatingKVCache and not c.keep):
+            k, v, cal = pairs[i]
+            prompt_cache[i] = TQCache.from_cache(c, k, v, rotation=rotation, calibration=cal)
+    return prompt_cache
