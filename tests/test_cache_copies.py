@@ -153,3 +153,36 @@ def test_mlx_lm_lru_prompt_cache_reuses_a_tqcache_prefix(kf, vf):
         assert np.array_equal(g, w)
     for c, (kb, vb) in zip(cache, kept):
         assert c.offset == 8 and np.array_equal(_bytes(c)[0], kb) and np.array_equal(_bytes(c)[1], vb)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kf,vf", PAIRS)
+def test_copies_on_the_gpu_decode_lane(kf, vf):
+    """On a GPU (in-place append kernels, the fused attention over the buffers): the original and a
+    trimmed deep copy decode in turn; each one's layer-0 blocks (rows no attention output feeds) are a
+    fresh cache's over its own tokens, byte for byte."""
+    from tqbridge.metal.lm.codecs import _gpu_backend
+
+    if not mx.is_available(mx.gpu):
+        pytest.skip("no MLX GPU backend (Metal or CUDA) here")
+    mx.set_default_device(mx.gpu)   # the module's cpu_device fixture puts the default back after
+    assert _gpu_backend() is not None
+    m = tiny_llama()
+    t = tokens(12, seed=3)[0].tolist()
+    prompt, a, b = t[:6], t[6:9], t[9:12]
+    cache = make_cache(m, kf, vf)
+    _decode(m, cache, [prompt, a[0], a[1]], True)
+    twin = copy.deepcopy(cache)
+    for c in twin:
+        c.trim(1)
+    for x, y in ((a[2], b[1]), (b[0], b[2])):
+        _decode(m, cache, [x], True)
+        _decode(m, twin, [y], True)
+    want_c, want_twin = make_cache(m, kf, vf), make_cache(m, kf, vf)
+    _decode(m, want_c, [prompt, a[0], a[1], a[2], b[0]], True)
+    _decode(m, want_twin, [prompt, a[0], b[1], b[2]], True)
+    assert any(k.startswith("decode:") and "reference" not in k for k in cache[0].paths), cache[0].paths
+    for got, want in ((cache[0], want_c[0]), (twin[0], want_twin[0])):
+        assert got.offset == want.offset
+        for g, w in zip(_bytes(got), _bytes(want)):
+            assert np.array_equal(g, w)

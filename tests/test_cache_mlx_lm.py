@@ -172,6 +172,10 @@ def test_generate_saves_a_prompt_cache_and_continues_from_it(tmp_path, capsys):
     assert [c.offset for c in caches] == [n] * 30 and meta["tokens"] == str(n)
     assert {(c.k_format, c.v_format) for c in caches} == {("q8_0", "turbo3")}
     capsys.readouterr()
+    capsys.readouterr()
+    assert main(["generate", path, "--kv", "q8_0/q4_0", "--prompt", prompt * 3, "--max-tokens", "3",
+                 "--max-kv-size", "8", "--stats"]) == 0
+    assert "--- kv q8_0/q4_0:" in capsys.readouterr().err   # a bounded cache generates
     more = " Paris. The capital of Italy is"
     assert main(["generate", path, "--prompt-cache-file", str(f), "--prompt", more, "--max-tokens", "3",
                  "--stats"]) == 0
@@ -198,6 +202,8 @@ def test_generate_refuses_bad_prompt_cache_options_in_one_line(tmp_path, capsys)
         (["--save-prompt-cache", str(two)], "already exists"),
         (["--save-prompt-cache", str(tmp_path / "x.bin")], "ends in .safetensors"),
         (["--save-prompt-cache", str(tmp_path / "y.safetensors"), "--max-tokens", "0"], "--max-tokens >= 1"),
+        (["--max-kv-size", "0"], "--max-kv-size must be >= 1"),
+        (["--prompt-cache-file", str(two), "--max-kv-size", "8"], "drop --max-kv-size"),
     ]
     for extra, says in cases:
         assert main(["generate", str(tmp_path / "m.gguf"), "--prompt", "x", *extra]) == 2

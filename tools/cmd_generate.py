@@ -20,6 +20,9 @@ def add_arguments(p) -> None:
                    help=f"K/V cache formats, e.g. {EXAMPLE_KV} (default {GENERATE_KV}); keys calibrated per channel: "
                         f"{CALIBRATED_KV}; per layer: '{LAYERED_KV_HELP}' (layers 0, 1 and the last two "
                         f"{GENERATE_KV}, the rest {EXAMPLE_KV})")
+    p.add_argument("--max-kv-size", type=int, metavar="N",
+                   help="a bounded cache: every layer keeps at most the last N positions (a sliding window, as "
+                        "mlx-lm's --max-kv-size, but keeping no leading tokens)")
     p.add_argument("--prompt-cache-file", metavar="FILE",
                    help="start from a saved prompt cache (mlx-lm's save_prompt_cache format, TQCache layers; "
                         "--save-prompt-cache writes one): --prompt continues after its positions, in its pairs")
@@ -82,6 +85,11 @@ def run(args) -> int:
 
     if args.max_tokens < 0:
         raise CliError(f"--max-tokens must be >= 0, got {args.max_tokens}")
+    if args.max_kv_size is not None and args.max_kv_size < 1:
+        raise CliError(f"--max-kv-size must be >= 1, got {args.max_kv_size}")
+    if args.prompt_cache_file and args.max_kv_size is not None:
+        raise CliError("--max-kv-size and --prompt-cache-file: the file's layers hold their own windows; drop "
+                       "--max-kv-size")
     if args.prompt_cache_file and args.kv:
         raise CliError("--kv and --prompt-cache-file: the file's layers hold their own pairs; drop --kv")
     if args.save_prompt_cache:
@@ -110,7 +118,8 @@ def run(args) -> int:
         kv_name = "from " + os.path.basename(args.prompt_cache_file)
     else:
         try:
-            cache = make_layered_cache(model, kv, sliding=args.sliding, rotation=args.rotation)
+            cache = make_layered_cache(model, kv, sliding=args.sliding, rotation=args.rotation,
+                                       max_kv_size=args.max_kv_size)
         except FormatError as e:   # a layer index out of range for this model, or named twice
             raise CliError(str(e)) from e
         kv_name = kv.name
