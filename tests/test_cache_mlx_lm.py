@@ -383,3 +383,18 @@ def test_windowed_size_trimmability_and_masks_follow_rotating_kv_cache(kf, vf, m
             c.update_and_fetch(_rows(seed, n), _rows(seed + 10, n))
     assert ours.offset == theirs.offset == 13 and ours.size() == theirs.size() == 4
     assert explicit > 0   # the documented difference did occur
+
+
+def test_mlx_lm_kv_bits_on_a_tqcache_is_refused_not_skipped():
+    """mlx-lm's generate_step with kv_bits calls to_quantized on each cache that has one: a TQCache
+    refuses in one line (before, kv_bits was skipped without a word)."""
+    from mlx_lm.generate import generate_step
+
+    from tqbridge.metal.lm.cache import make_cache
+
+    m = tiny_llama()
+    with pytest.raises(ValueError, match=r"kv_bits=4: TQCache\(q8_0/turbo3.*quantized already") as e:
+        for _ in generate_step(tokens(6)[0], m, max_tokens=2, prompt_cache=make_cache(m, "q8_0", "turbo3"),
+                               kv_bits=4, quantized_kv_start=0):
+            pass
+    assert "\n" not in str(e.value)

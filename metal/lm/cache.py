@@ -505,6 +505,12 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
     def calibration_nbytes(self) -> int:
         return sum(a.nbytes for a in (self.k_mu, self.k_scale) if a is not None)
 
+    def to_quantized(self, group_size: int = 64, bits: int = 4):
+        """Refused: mlx-lm's ``kv_bits`` turns its float caches into QuantizedKVCaches (it calls this on
+        every cache that has it); a TQCache is quantized in its own pair already."""
+        raise ValueError(f"kv_bits={bits}: {self!r} is quantized already ({self.k_format}/{self.v_format}); "
+                         "kv_bits applies to mlx-lm's own caches: drop it, or choose the pair")
+
     # ------------------------------------------------------------ from mlx-lm's caches
     @classmethod
     def from_cache(cls, cache: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None" = None, *,
