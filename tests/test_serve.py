@@ -188,3 +188,16 @@ def test_bad_options_are_refused_at_start_in_one_line(args, says):
     assert "Traceback" not in r.stderr
     if says:
         assert says in lines[0]
+
+
+def test_a_directory_without_a_model_or_tokenizer_is_refused_in_one_line(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"tqbridge": {"tokenizer_note": "no tokenizer files: SPM"}}))
+    for d, says in ((empty, "not an mlx-lm model directory (no config.json)"),
+                    (bare, "no tokenizer files, which mlx-lm's server needs (no tokenizer files: SPM)")):
+        r = _cli("serve", str(d))
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and says in lines[0], r.stderr
