@@ -45,6 +45,22 @@ _MAX_POSITIONS = (1 << 31) - 1   # MLX masks and RoPE offsets are int32
 _MAX_DIM = 1 << 16
 
 
+_FLOAT_DTYPES = {"f16": mx.float16, "bf16": mx.bfloat16, "f32": mx.float32}
+
+
+def _block_floats(blocks: mx.array, fmt: str) -> "mx.array | None":
+    """The float fields of ``fmt`` blocks (uint8, last axis a row's bytes) as floats: every value of a
+    float format; the fp16 ``d`` (and ``m``) leading each of ggml's legacy blocks (bridge/format_types.py's
+    Layout); None for formats without such a view."""
+    f = get_format(fmt)
+    if f.kind == "float" and f.name in _FLOAT_DTYPES:
+        return blocks.view(_FLOAT_DTYPES[f.name])
+    if f.layout is not None and blocks.shape[-1] % f.type_size == 0:
+        b = blocks.reshape(*blocks.shape[:-1], blocks.shape[-1] // f.type_size, f.type_size)
+        return mx.contiguous(b[..., :4 if f.layout.has_m else 2]).view(mx.float16)
+    return None
+
+
 class CacheStateError(ValueError):
     """A saved TQCache state this class cannot take (one line says why)."""
 
@@ -471,15 +487,21 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
 
     def _refuse_nonfinite_blocks(self, keys: mx.array, values: mx.array) -> None:
         """A state's blocks must decode to finite rows (appends refuse NaN/inf rows, so only an edited
-        file holds them: a block scale set to NaN or infinity). One dequantizing pass over the stored
-        rows, ``_CHECK_ROWS`` at a time, one sync."""
+        file holds them: a block scale set to NaN or infinity). Float formats: their values are read as
+        floats; ggml's legacy blocks: their fp16 ``d`` (and ``m``) fields, which a row decodes finite
+        exactly when they are; other formats (turbo): one dequantizing pass. ``_CHECK_ROWS`` rows at a
+        time, one sync."""
         n = self.offset - self.start
         bad = mx.array(False)
         for a in range(0, n, self._CHECK_ROWS):
             b = min(n, a + self._CHECK_ROWS)
-            k = self._decode(keys[..., a:b, :], self.k_format, self._kd, self.k_dim, mx.float32)
-            v = self._decode(values[..., a:b, :], self.v_format, self._vd, self.v_dim, mx.float32)
-            bad = bad | _any_nonfinite(k) | _any_nonfinite(v)
+            for blocks, fmt, deq, dim in ((keys, self.k_format, self._kd, self.k_dim),
+                                          (values, self.v_format, self._vd, self.v_dim)):
+                rows = blocks[..., a:b, :]
+                floats = _block_floats(rows, fmt)
+                if floats is None:
+                    floats = self._decode(rows, fmt, deq, dim, mx.float32)
+                bad = bad | _any_nonfinite(floats)
             if (b // self._CHECK_ROWS) % 8 == 0:
                 mx.eval(bad)   # bounds the graph of a long cache
         if bool(bad.item()):
