@@ -179,6 +179,8 @@ def test_a_client_killed_mid_stream_harms_no_other_request(server):
     (["--kv", "q8_0/turbo3[99=f16/f16]"], None),
     (["--kv-bits", "4"], "--kv-bits"),
     (["--model", "x"], "--model"),
+    (["--port", "x"], "--port: not a port number"),
+    (["--port=70000"], "is not a port number"),
 ])
 def test_bad_options_are_refused_at_start_in_one_line(args, says):
     r = _cli("serve", "smollm2", *args)
@@ -201,3 +203,14 @@ def test_a_directory_without_a_model_or_tokenizer_is_refused_in_one_line(tmp_pat
         r = _cli("serve", str(d))
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and says in lines[0], r.stderr
+
+
+def test_a_port_in_use_is_refused_in_one_line_without_hanging():
+    """mlx-lm's server alone starts its generation thread, then its bind fails with a traceback and the
+    process hangs on that thread; tqbridge serve refuses first."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        r = _cli("serve", "smollm2", "--port", str(taken.getsockname()[1]))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Address already in use" in lines[0], r.stderr

@@ -32,12 +32,13 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from tqbridge.bridge import FormatError
     from tqbridge.metal.lm.kv_spelling import parse_layered_kv_spec
-    from tqbridge.metal.lm.serve import ServeError, check_layers, check_server_args, model_dir, run_server
+    from tqbridge.metal.lm.serve import ServeError, check_address, check_layers, check_server_args, model_dir, run_server
 
     extra = list(getattr(args, "passthrough", []))
     try:
         kv = parse_layered_kv_spec(args.kv)
         check_server_args(extra)
+        check_address(extra)
         directory = model_dir(args.model)
         check_layers(directory, kv)
     except (FormatError, ServeError) as e:

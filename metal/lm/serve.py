@@ -27,7 +27,7 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["ServeError", "model_dir", "check_server_args", "check_layers", "run_server", "REFUSED_OPTIONS"]
+__all__ = ["ServeError", "model_dir", "check_server_args", "check_address", "check_layers", "run_server", "REFUSED_OPTIONS"]
 
 # mlx-lm server options tqbridge serve takes otherwise, or refuses with TQCache layers (and why)
 REFUSED_OPTIONS = {
@@ -48,6 +48,35 @@ def check_server_args(args: "list[str]") -> None:
         name = a.split("=", 1)[0]
         if name in REFUSED_OPTIONS:
             raise ServeError(f"{name}: {REFUSED_OPTIONS[name]}")
+
+
+def check_address(server_args: "list[str]") -> "tuple[str, int]":
+    """The ``--host`` / ``--port`` mlx-lm's server will take from ``server_args`` (its defaults:
+    127.0.0.1, 8080), refused in one line when nothing can listen there now (a port in use, a host that
+    is not this machine's). mlx-lm's server would start its generation thread first and then hang on
+    the traceback of its bind."""
+    import argparse
+    import socket
+
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", default="8080")
+    known, _ = p.parse_known_args(server_args)
+    try:
+        port = int(known.port)
+    except ValueError:
+        raise ServeError(f"--port: not a port number: {known.port!r}") from None
+    if not 0 <= port <= 65535:
+        raise ServeError(f"--port: {port} is not a port number (0..65535)")
+    try:
+        family, kind, _, _, addr = socket.getaddrinfo(known.host, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as Python's HTTP server binds
+            sock.bind(addr)
+    except OSError as e:
+        raise ServeError(f"cannot listen on {known.host}:{port}: {e.strerror or e}") from None
+    return known.host, port
 
 
 def model_dir(model: str) -> Path:
@@ -134,8 +163,14 @@ def run_server(directory: "str | os.PathLike[str]", kv, server_args: "list[str]"
             self.is_batchable = self.is_batchable and all(
                 hasattr(c, "merge") for c in server.make_prompt_cache(self.model))
 
+    made = []
+
     class RoutedResponseGenerator(base_generator):
         """mlx-lm's response generator; its generation thread runs in the attention routing."""
+
+        def __init__(self, *args, **kwargs):
+            made.append(self)
+            super().__init__(*args, **kwargs)
 
         def _run_generate(self):
             try:
@@ -150,6 +185,10 @@ def run_server(directory: "str | os.PathLike[str]", kv, server_args: "list[str]"
     server.ModelProvider, server.ResponseGenerator = TQModelProvider, RoutedResponseGenerator
     try:
         server.main()
+    except OSError as e:   # its HTTP server could not bind after all (taken since check_address)
+        raise ServeError(f"mlx-lm's server cannot listen: {e.strerror or e}") from None
     finally:
+        for g in made:     # its generation thread ends with the server, whatever ended it
+            g.stop_and_join()
         server.ModelProvider, server.ResponseGenerator = base_provider, base_generator
         sys.argv = argv
