@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "llama": ("cmd_llama", "build a llama.cpp checkout (upstream or the TurboQuant fork) for --llama; say what a build holds"),
     "archs": ("cmd_archs", "the GGUF architectures the model loader builds; llama.cpp vs MLX on a tiny model of each"),
     "campaign": ("cmd_campaign", "run a matrix of tqbridge commands as Ray tasks, locally or on a cluster; resumable"),
+    "serve": ("cmd_serve", "mlx-lm's OpenAI-compatible server with TQCache layers (prompt-cache reuse across requests)"),
     "records": ("cmd_records", "the benchmark records: check them against the schema, write their index, file a new one"),
 }
 
@@ -72,13 +73,18 @@ def main(argv: "list[str] | None" = None) -> int:
         from tqbridge.bridge.mlx_blas import prefer_fast_blas
 
         prefer_fast_blas()  # before the subcommand's module imports MLX (Linux CPU: OpenBLAS if installed)
+    passes = False   # a subcommand that hands the options it does not know to another program
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         if name == chosen:
             mod = importlib.import_module(f"tqbridge.tools.{module}")
             mod.add_arguments(p)
             p.set_defaults(_run=mod.run)
-    args = parser.parse_args(argv)
+            passes = getattr(mod, "PASS_UNKNOWN_OPTIONS", False)
+    if passes:
+        args, args.passthrough = parser.parse_known_args(argv)
+    else:
+        args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0 if args.command is None else 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -15,10 +16,19 @@ from .cli import CliError
 
 def add_arguments(p) -> None:
     p.add_argument("model", help="GGUF model file, or a model name: smollm2, gemma3")
-    p.add_argument("--kv", default=GENERATE_KV,
+    p.add_argument("--kv", default=None,
                    help=f"K/V cache formats, e.g. {EXAMPLE_KV} (default {GENERATE_KV}); keys calibrated per channel: "
                         f"{CALIBRATED_KV}; per layer: '{LAYERED_KV_HELP}' (layers 0, 1 and the last two "
                         f"{GENERATE_KV}, the rest {EXAMPLE_KV})")
+    p.add_argument("--max-kv-size", type=int, metavar="N",
+                   help="a bounded cache: every layer keeps at most the last N positions (a sliding window, as "
+                        "mlx-lm's --max-kv-size, but keeping no leading tokens)")
+    p.add_argument("--prompt-cache-file", metavar="FILE",
+                   help="start from a saved prompt cache (mlx-lm's save_prompt_cache format, TQCache layers; "
+                        "--save-prompt-cache writes one): --prompt continues after its positions, in its pairs")
+    p.add_argument("--save-prompt-cache", metavar="FILE",
+                   help="write the prompt's cache (every prompt token, before the generated ones) to FILE, a new "
+                        "file, for --prompt-cache-file (and mlx-lm's load_prompt_cache once tqbridge is imported)")
     p.add_argument("--prompt", required=True, help="prompt text ('-' reads standard input)")
     p.add_argument("--max-tokens", type=int, default=100, help="tokens to generate (default 100)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
@@ -75,8 +85,23 @@ def run(args) -> int:
 
     if args.max_tokens < 0:
         raise CliError(f"--max-tokens must be >= 0, got {args.max_tokens}")
+    if args.max_kv_size is not None and args.max_kv_size < 1:
+        raise CliError(f"--max-kv-size must be >= 1, got {args.max_kv_size}")
+    if args.prompt_cache_file and args.max_kv_size is not None:
+        raise CliError("--max-kv-size and --prompt-cache-file: the file's layers hold their own windows; drop "
+                       "--max-kv-size")
+    if args.prompt_cache_file and args.kv:
+        raise CliError("--kv and --prompt-cache-file: the file's layers hold their own pairs; drop --kv")
+    if args.save_prompt_cache:
+        if not args.save_prompt_cache.endswith(".safetensors"):
+            raise CliError(f"{args.save_prompt_cache}: a prompt cache file name ends in .safetensors")
+        if os.path.exists(args.save_prompt_cache):
+            raise CliError(f"{args.save_prompt_cache}: already exists; choose a new file name")
+        if args.max_tokens < 1:
+            raise CliError("--save-prompt-cache needs --max-tokens >= 1 (the last prompt token enters the cache "
+                           "with the first generated one)")
     try:
-        kv = parse_layered_kv_spec(args.kv)
+        kv = parse_layered_kv_spec(args.kv or GENERATE_KV)
     except FormatError as e:
         raise CliError(str(e)) from e
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -88,11 +113,18 @@ def run(args) -> int:
     tok = ChatTokenizer(args.model)
     if args.chat:
         prompt = chat_prompt(args.model, prompt)
-    ids = tok.encode(prompt, add_bos=True)
-    try:
-        cache = make_layered_cache(model, kv, sliding=args.sliding, rotation=args.rotation)
-    except FormatError as e:   # a layer index out of range for this model, or named twice
-        raise CliError(str(e)) from e
+    if args.prompt_cache_file:
+        cache = _load_cache(args.prompt_cache_file, model)
+        kv_name = "from " + os.path.basename(args.prompt_cache_file)
+    else:
+        try:
+            cache = make_layered_cache(model, kv, sliding=args.sliding, rotation=args.rotation,
+                                       max_kv_size=args.max_kv_size)
+        except FormatError as e:   # a layer index out of range for this model, or named twice
+            raise CliError(str(e)) from e
+        kv_name = kv.name
+    start = max((getattr(c, "offset", 0) for c in cache), default=0)
+    ids = tok.encode(prompt, add_bos=start == 0)
     mx.random.seed(args.seed)
     mx.reset_peak_memory()
     t0 = time.perf_counter()
@@ -109,6 +141,8 @@ def run(args) -> int:
                                      on_prefill_done=prefill_done):
             if t_first is None:
                 t_first = time.perf_counter()
+                if args.save_prompt_cache:   # the cache holds every prompt token now, no generated one
+                    _save_cache(args.save_prompt_cache, cache, args.model, start + len(ids))
             if token in tok.eos_token_ids:
                 break
             n_gen += 1
@@ -129,7 +163,7 @@ def run(args) -> int:
         rep = cache_report(cache)
         prefill = (t_first or t1) - t0
         rate = (n_gen - 1) / (t1 - t_first) if t_first and n_gen > 1 else float("nan")
-        print(f"--- kv {kv.name}: prompt {len(ids)} tokens ({prefill:.2f} s), generated {n_gen} "
+        print(f"--- kv {kv_name}: prompt {len(ids)} tokens ({prefill:.2f} s), generated {n_gen} "
               f"({rate:.1f} tok/s)", file=sys.stderr)
         print(f"--- layers {rep['layer_kinds']}, paths {rep['paths']}", file=sys.stderr)
         mib = 2 ** 20
@@ -138,6 +172,33 @@ def run(args) -> int:
               f"{mem.get('prefill_peak', 0) / mib:.1f} MiB, decode {mx.get_peak_memory() / mib:.1f} MiB; "
               f"active {mx.get_active_memory() / mib:.1f} MiB", file=sys.stderr)
     return 0
+
+
+def _load_cache(path: str, model) -> list:
+    """A saved prompt cache for ``model`` (tqbridge's checked loader); CliError with one line otherwise."""
+    from tqbridge.bridge import FormatError
+    from tqbridge.metal.lm.cache import layer_count
+    from tqbridge.metal.lm.prompt_cache import load_prompt_cache
+
+    try:
+        cache = load_prompt_cache(path)
+    except (ValueError, FormatError) as e:   # PromptCacheError, a TQCache state refused
+        raise CliError(str(e) if str(e).startswith(str(path)) else f"{path}: {e}") from None
+    n = layer_count(model)
+    if len(cache) != n:
+        raise CliError(f"{path}: {len(cache)} cache layers; the model has {n}")
+    return cache
+
+
+def _save_cache(path: str, cache: list, model: str, tokens: int) -> None:
+    """The cache as mlx-lm's ``save_prompt_cache`` writes it (TQCache layers), written atomically."""
+    from mlx_lm.models.cache import save_prompt_cache
+
+    from tqbridge.bridge.atomic import atomic_output
+
+    with atomic_output(path, suffix=".safetensors") as tmp:
+        save_prompt_cache(str(tmp), cache, metadata={"tqbridge_model": os.path.basename(model),
+                                                     "tokens": str(tokens)})
 
 
 def _utf8_prefix(b: bytes) -> tuple[str, bytes]:

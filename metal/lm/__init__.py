@@ -10,6 +10,7 @@ Modules::
     routing       route_attention(): decode steps of TQCache layers to the fused kernel, prefill to SDPA
     calibration   opt-in per-channel key calibration (KeyCalibration)
     prompt_cache  load_prompt_cache(): saved prompt caches (TQCache layers included), checked before loading
+    serve         `tqbridge serve`: mlx-lm's OpenAI-compatible server with TQCache layers
     decode_bench  `tqbridge bench decode`: end-to-end decode against mlx-lm's own caches
 
 The names below are imported on first use, so importing the package (or ``calibration``) does not

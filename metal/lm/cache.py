@@ -38,11 +38,27 @@ from .codecs import _any_nonfinite, _dequantizer, _quantizer, padded_dim, rotati
 from .kv_spelling import LayeredKV, kv_name, parse_layered_kv_spec
 from .lane import _ROUTED, DecodeLane, DeferredRows, _routing_active
 
-__all__ = ["TQCache", "make_cache", "make_layered_cache", "layer_count", "ROTATIONS"]
+__all__ = ["TQCache", "SAVED_NAME", "make_cache", "make_layered_cache", "install_cache", "to_tqcache", "layer_count", "ROTATIONS"]
 
 ROTATIONS = ("llama", "none")
 _MAX_POSITIONS = (1 << 31) - 1   # MLX masks and RoPE offsets are int32
 _MAX_DIM = 1 << 16
+
+
+_FLOAT_DTYPES = {"f16": mx.float16, "bf16": mx.bfloat16, "f32": mx.float32}
+
+
+def _block_floats(blocks: mx.array, fmt: str) -> "mx.array | None":
+    """The float fields of ``fmt`` blocks (uint8, last axis a row's bytes) as floats: every value of a
+    float format; the fp16 ``d`` (and ``m``) leading each of ggml's legacy blocks (bridge/format_types.py's
+    Layout); None for formats without such a view."""
+    f = get_format(fmt)
+    if f.kind == "float" and f.name in _FLOAT_DTYPES:
+        return blocks.view(_FLOAT_DTYPES[f.name])
+    if f.layout is not None and blocks.shape[-1] % f.type_size == 0:
+        b = blocks.reshape(*blocks.shape[:-1], blocks.shape[-1] // f.type_size, f.type_size)
+        return mx.contiguous(b[..., :4 if f.layout.has_m else 2]).view(mx.float16)
+    return None
 
 
 class CacheStateError(ValueError):
@@ -318,13 +334,19 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
 
     # ------------------------------------------------------------ mlx-lm protocol
     def size(self) -> int:
-        return self.offset
+        """Positions attention can see: ``offset``, at most the window (as mlx-lm's RotatingKVCache)."""
+        return min(self.offset, self.window) if self.window else self.offset
 
     def empty(self) -> bool:
         return self.keys is None
 
     def is_trimmable(self) -> bool:
-        return self.start == 0   # once a window dropped rows, re-appending would need them
+        """As mlx-lm's RotatingKVCache: a windowed cache is not once its window slid (``offset`` reached
+        it), even while it still stores the older rows (they are dropped ``step`` at a time), so
+        mlx-lm's prompt-cache store treats both alike. ``trim`` itself removes up to the stored rows."""
+        if self.window:
+            return self.offset < self.window and self.start == 0
+        return self.start == 0
 
     def trim(self, n: int) -> int:
         # rows past the new offset get overwritten by later in-place appends: let every kernel that
@@ -338,12 +360,18 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
         return n
 
     def make_mask(self, N: int, return_array: bool = False, window_size: "int | None" = None):
-        # Keys are the stored positions [start, offset + N): offsets count from the start the
-        # next update will keep (the rule is deterministic, so every windowed layer agrees).
+        """The attention mask of the next ``N`` queries. Keys are the stored positions
+        ``[start, offset + N)``: offsets count from the start the next update keeps (the rule is
+        deterministic, so every windowed layer agrees). As mlx-lm's RotatingKVCache, ``"causal"`` (a
+        chunk) or None (a decode step) where no stored key is older than the window, else the explicit
+        mask; a windowed TQCache needs that mask more often than RotatingKVCache, because it drops old
+        rows ``step`` at a time instead of overwriting them, so up to ``step`` rows past the window
+        stay stored."""
         window_size = window_size if window_size is not None else self.window
-        return _mlx_cache.create_attention_mask(
-            N, offset=self.offset - self._keep_from(self.offset), return_array=return_array,
-            window_size=window_size)
+        o = self.offset - self._keep_from(self.offset)
+        if window_size and not return_array and o + N <= window_size:
+            return "causal" if N > 1 else None
+        return _mlx_cache.create_attention_mask(N, offset=o, return_array=return_array, window_size=window_size)
 
     @property
     def meta_state(self) -> tuple:
@@ -441,12 +469,44 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
             if keys is not None or mu is not None or scale is not None:
                 raise CacheStateError(f"TQCache state: calibration arrays do not match "
                                       f"{self.calibration.spec or 'no calibration'}")
+        for name, a in (("key mean", mu), ("key scale", scale)):
+            if a is not None and bool(_any_nonfinite(a).item()):
+                raise CacheStateError(f"TQCache state: the {name} holds NaN or infinite values")
+        if scale is not None and bool(mx.any(scale == 0).item()):
+            raise CacheStateError("TQCache state: the key scale holds zeros (keys are divided by it)")
+        if keys is not None:
+            self._refuse_nonfinite_blocks(keys, values)
         self.k_mu, self.k_scale = mu, scale
         self._kcal = self._qscale = None   # the lane's copies of them (made at the next append / step)
         self._inplace = {}
         self.keys, self.values = keys, values
         self._owned = keys is None
         self._reset_hot()
+
+    _CHECK_ROWS = 4096   # rows dequantized at a time when a loaded state's blocks are checked
+
+    def _refuse_nonfinite_blocks(self, keys: mx.array, values: mx.array) -> None:
+        """A state's blocks must decode to finite rows (appends refuse NaN/inf rows, so only an edited
+        file holds them: a block scale set to NaN or infinity). Float formats: their values are read as
+        floats; ggml's legacy blocks: their fp16 ``d`` (and ``m``) fields, which a row decodes finite
+        exactly when they are; other formats (turbo): one dequantizing pass. ``_CHECK_ROWS`` rows at a
+        time, one sync."""
+        n = self.offset - self.start
+        bad = mx.array(False)
+        for a in range(0, n, self._CHECK_ROWS):
+            b = min(n, a + self._CHECK_ROWS)
+            for blocks, fmt, deq, dim in ((keys, self.k_format, self._kd, self.k_dim),
+                                          (values, self.v_format, self._vd, self.v_dim)):
+                rows = blocks[..., a:b, :]
+                floats = _block_floats(rows, fmt)
+                if floats is None:
+                    floats = self._decode(rows, fmt, deq, dim, mx.float32)
+                bad = bad | _any_nonfinite(floats)
+            if (b // self._CHECK_ROWS) % 8 == 0:
+                mx.eval(bad)   # bounds the graph of a long cache
+        if bool(bad.item()):
+            raise CacheStateError(f"TQCache state: {self.k_format}/{self.v_format} blocks decode to NaN or "
+                                  "infinite values (a block scale that no append writes)")
 
     @property
     def nbytes(self) -> int:
@@ -467,20 +527,135 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
     def calibration_nbytes(self) -> int:
         return sum(a.nbytes for a in (self.k_mu, self.k_scale) if a is not None)
 
+    def to_quantized(self, group_size: int = 64, bits: int = 4):
+        """Refused: mlx-lm's ``kv_bits`` turns its float caches into QuantizedKVCaches (it calls this on
+        every cache that has it); a TQCache is quantized in its own pair already."""
+        raise ValueError(f"kv_bits={bits}: {self!r} is quantized already ({self.k_format}/{self.v_format}); "
+                         "kv_bits applies to mlx-lm's own caches: drop it, or choose the pair")
+
+    # ------------------------------------------------------------ from mlx-lm's caches
+    @classmethod
+    def from_cache(cls, cache: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None" = None, *,
+                   rotation: str = "llama", calibration: "KeyCalibration | str | None" = None) -> "TQCache":
+        """A TQCache of the pair holding the positions of one of mlx-lm's caches (as mlx-lm's
+        ``to_quantized`` makes a QuantizedKVCache): a ``KVCache``, a ``QuantizedKVCache`` (its rows
+        dequantized first) or a ``RotatingKVCache`` without kept leading tokens (a windowed TQCache of
+        its size, holding the positions it holds). The rows are quantized as appends quantize them; a
+        calibration is fitted on them."""
+        if isinstance(cache, TQCache):
+            raise ValueError("from_cache takes one of mlx-lm's caches; a TQCache is one already")
+        k_format, k_cal = split_key_spec(k_format)
+        v_format = k_format if v_format is None else v_format
+        calibration = k_cal or calibration
+        window = None
+        if type(cache) is _mlx_cache.RotatingKVCache:
+            if cache.keep:
+                raise ValueError(f"a RotatingKVCache keeping {cache.keep} leading tokens cannot become a TQCache "
+                                 "(windowed TQCaches keep none)")
+            window = cache.max_size
+        elif type(cache) not in (_mlx_cache.KVCache, _mlx_cache.QuantizedKVCache):
+            raise ValueError(f"{type(cache).__name__} cannot become a TQCache (KVCache, QuantizedKVCache and "
+                             "RotatingKVCache can)")
+        out = cls(k_format, v_format, window=window, rotation=rotation, calibration=calibration)
+        if cache.empty() or cache.offset == 0:
+            return out
+        if type(cache) is _mlx_cache.QuantizedKVCache:
+            deq = [mx.dequantize(*(a[..., :cache.offset, :] for a in t), group_size=cache.group_size,
+                                 bits=cache.bits) for t in (cache.keys, cache.values)]
+            keys, values = deq
+        elif window:
+            keys, values = (cache._temporal_order(a) for a in (cache.keys, cache.values))
+            n = min(cache.offset, keys.shape[2])
+            keys, values = keys[..., -n:, :], values[..., -n:, :]
+            out.offset = out.start = cache.offset - n
+        else:
+            keys, values = cache.keys[..., :cache.offset, :], cache.values[..., :cache.offset, :]
+        out.update_and_fetch(keys, values)
+        return out
+
+    # ------------------------------------------------------------ copies
+    def __copy__(self) -> "TQCache":
+        return self._twin()
+
+    def __deepcopy__(self, memo: dict) -> "TQCache":
+        twin = self._twin()
+        memo[id(self)] = twin
+        return twin
+
+    def _twin(self) -> "TQCache":
+        """An independent cache holding the same positions: its own block buffers (the valid rows copied
+        into fresh arrays, evaluated now), its own counters, no prepared decode lane. ``copy.copy`` and
+        ``copy.deepcopy`` both give this: TQCache writes its buffers in place (the decode lane's append
+        kernel, and ``keys[...] = rows`` on the ops path), so a copy sharing them would see the other's
+        appends after a trim. What is never written in place is shared: the key calibration arrays, a
+        pending first chunk's float keys, the codecs."""
+        kb = vb = None
+        if self.keys is not None:
+            kb, vb = self.keys, self.values   # writes a deferred decode row first
+            self._settle()
+            n = self.offset - self.start
+            cap = max(n, -(-n // self.step) * self.step)
+            B, H, _, krb = kb.shape
+            vrb = vb.shape[-1]
+            # concatenate allocates its output: the copy never aliases these buffers
+            kb = mx.concatenate([kb[..., :n, :], mx.zeros((B, H, cap - n, krb), mx.uint8)], axis=2)
+            vb = mx.concatenate([vb[..., :n, :], mx.zeros((B, H, cap - n, vrb), mx.uint8)], axis=2)
+            mx.eval(kb, vb)   # read now, before this cache writes its buffers again
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        twin.paths = Counter(self.paths)
+        twin.codec_paths = dict(self.codec_paths)
+        twin._setup_lane()
+        twin._kbuf, twin._vbuf = kb, vb
+        return twin
+
     def __repr__(self) -> str:
         w = f", window={self.window}" if self.window else ""
         return f"TQCache({kv_name(self.k_format, self.v_format, self.calibration)}{w}, offset={self.offset}, start={self.start})"
 
 
-# mlx-lm's load_prompt_cache looks cache classes up by name in its cache module.
-if getattr(_mlx_cache, "TQCache", TQCache) is not TQCache:  # pragma: no cover
-    raise ImportError("mlx_lm.models.cache already defines a different TQCache")
-_mlx_cache.TQCache = TQCache
+# mlx-lm's save_prompt_cache writes each layer's class name (``type(c).__name__``) into the file and its
+# load_prompt_cache looks the names up in its cache module's globals, with no hook for other packages: a
+# file of TQCache layers opened by mlx-lm without tqbridge imported ends in a KeyError naming the class.
+# So the name TQCache saves under says what opens it; importing this module registers both that name
+# and "TQCache" (files written before 2026-12-06) where mlx-lm looks.
+SAVED_NAME = ("TQCache (a tqbridge cache: open it with `tqbridge generate MODEL --prompt-cache-file FILE`, "
+              "or import tqbridge.metal.lm.cache before mlx-lm loads it)")
+TQCache.__name__ = SAVED_NAME      # __qualname__ stays "TQCache" (reprs, pickling)
+for _alias in ("TQCache", SAVED_NAME):
+    if getattr(_mlx_cache, _alias, TQCache) is not TQCache:  # pragma: no cover
+        raise ImportError(f"mlx_lm.models.cache already defines a different {_alias}")
+    setattr(_mlx_cache, _alias, TQCache)
+
+
+def _refusing_tqcache(cls_name: str, merge):
+    """mlx-lm's batch cache ``merge`` that refuses TQCache layers: it copies each cache's ``keys`` /
+    ``values`` as K/V rows, and a TQCache's are quantized blocks (uint8), which it would take silently."""
+    func = merge.__func__
+
+    def guarded(cls, caches):
+        for c in caches:
+            if isinstance(c, TQCache):
+                raise ValueError(f"{cls_name}.merge: {c!r} holds quantized blocks, not K/V rows; TQCache has no "
+                                 "batch protocol yet: generate its sequences one at a time (mlx-lm's server "
+                                 "does so for TQCache layers)")
+        return func(cls, caches)
+
+    guarded.__wrapped__ = func
+    guarded._tqbridge_refuses_tqcache = True
+    return classmethod(guarded)
+
+
+for _name in ("BatchKVCache", "BatchRotatingKVCache"):
+    _cls = getattr(_mlx_cache, _name, None)
+    _merge = vars(_cls).get("merge") if _cls is not None else None
+    if isinstance(_merge, classmethod) and not getattr(_merge.__func__, "_tqbridge_refuses_tqcache", False):
+        _cls.merge = _refusing_tqcache(_name, _merge)
 
 
 def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None" = None,
                *, sliding: str = "quantize", rotation: str = "llama",
-               calibration: "KeyCalibration | str | None" = None) -> list:
+               calibration: "KeyCalibration | str | None" = None, max_kv_size: "int | None" = None) -> list:
     """A prompt cache for ``model`` with K in ``k_format`` and V in ``v_format``.
 
     Layers mlx-lm gives a plain ``KVCache`` get a :class:`TQCache`. Sliding-window layers
@@ -492,6 +667,8 @@ def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None
     ``calibration`` (e.g. ``"mean+scale"``, or written on the K format: ``"q5_1+mean+scale"``)
     turns on per-channel key calibration, fitted per layer from its first keys
     (:mod:`tqbridge.metal.lm.calibration`). Per-layer pairs: :func:`make_layered_cache`.
+    ``max_kv_size``: a bounded cache, every quantized layer windowed to at most that many positions (as
+    mlx-lm's ``max_kv_size`` makes RotatingKVCaches, but keeping no leading tokens: mlx-lm keeps 4).
     """
     k_format, k_cal = split_key_spec(k_format)
     v_format = k_format if v_format is None else v_format
@@ -499,11 +676,11 @@ def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None
     if k_cal and cal and k_cal != cal:
         raise ValueError(f"two different key calibrations: {k_cal.spec!r} and {cal.spec!r}")
     cal = k_cal or cal
-    return _build(model, lambda i: (k_format, v_format, cal), sliding, rotation)
+    return _build(model, lambda i: (k_format, v_format, cal), sliding, rotation, max_kv_size)
 
 
 def make_layered_cache(model: Any, spec: "LayeredKV | str", *, sliding: str = "quantize",
-                       rotation: str = "llama") -> list:
+                       rotation: str = "llama", max_kv_size: "int | None" = None) -> list:
     """A prompt cache whose layer ``i`` stores K/V in the pair ``spec`` gives it: a
     :class:`~tqbridge.metal.lm.kv_spelling.LayeredKV` or its spelling (``q8_0/turbo3[0,1,-2,-1=q8_0/q8_0]``;
     a plain pair spelling gives every layer that pair). Layer indices count the model's cache entries
@@ -513,7 +690,7 @@ def make_layered_cache(model: Any, spec: "LayeredKV | str", *, sliding: str = "q
     if not isinstance(spec, LayeredKV):
         spec = parse_layered_kv_spec(spec)
     pairs = spec.pairs(layer_count(model))
-    return _build(model, pairs.__getitem__, sliding, rotation)
+    return _build(model, pairs.__getitem__, sliding, rotation, max_kv_size)
 
 
 def layer_count(model: Any) -> int:
@@ -521,24 +698,71 @@ def layer_count(model: Any) -> int:
     return len(_mlx_cache.make_prompt_cache(model))
 
 
-def _build(model: Any, pair_of, sliding: str, rotation: str) -> list:
+def _build(model: Any, pair_of, sliding: str, rotation: str, max_kv_size: "int | None" = None) -> list:
     """mlx-lm's prompt cache for ``model`` with each plain / sliding-window layer ``i`` replaced by a
     TQCache of ``pair_of(i)`` = (K format, V format, KeyCalibration)."""
+    return _replace(_mlx_cache.make_prompt_cache(model), pair_of, sliding, rotation, max_kv_size)
+
+
+def _replace(base: list, pair_of, sliding: str, rotation: str, max_kv_size: "int | None" = None) -> list:
+    """``base`` (mlx-lm's caches of a model) with each plain / sliding-window layer ``i`` replaced by a
+    TQCache of ``pair_of(i)`` (windowed to at most ``max_kv_size`` positions when given)."""
     if sliding not in ("quantize", "float"):
         raise ValueError(f"sliding must be 'quantize' or 'float', got {sliding!r}")
+    if max_kv_size is not None and (isinstance(max_kv_size, bool) or int(max_kv_size) < 1):
+        raise ValueError(f"max_kv_size must be a positive number of positions, got {max_kv_size!r}")
     out = []
-    for i, c in enumerate(_mlx_cache.make_prompt_cache(model)):
+    for i, c in enumerate(base):
         if type(c) is _mlx_cache.KVCache:
             k, v, cal = pair_of(i)
-            out.append(TQCache(k, v, rotation=rotation, calibration=cal))
+            out.append(TQCache(k, v, window=max_kv_size, rotation=rotation, calibration=cal))
         elif type(c) is _mlx_cache.RotatingKVCache and sliding == "quantize":
             if c.keep:
                 raise ValueError("rotating caches that keep leading tokens are not supported")
             k, v, cal = pair_of(i)
-            out.append(TQCache(k, v, window=c.max_size, rotation=rotation, calibration=cal))
+            window = c.max_size if max_kv_size is None else min(c.max_size, int(max_kv_size))
+            out.append(TQCache(k, v, window=window, rotation=rotation, calibration=cal))
         else:
             out.append(c)
     ours = [c for c in out if isinstance(c, TQCache)]
     for i, c in enumerate(ours):   # the layers grow in different decode steps (DecodeLane.grow_phase)
         c.grow_phase = i / len(ours)
     return out
+
+
+def install_cache(model: Any, spec: "LayeredKV | str", *, sliding: str = "quantize", rotation: str = "llama") -> None:
+    """Make ``model.make_cache()`` (what mlx-lm's ``make_prompt_cache`` calls, in its generate, server and
+    batch paths) return :func:`make_layered_cache`'s TQCache layers. Each call builds the model's own
+    layout first (its ``make_cache``, or one ``KVCache`` per layer as mlx-lm makes for a model without
+    one) and replaces its plain / sliding-window layers. Bad spellings and layer indices are refused
+    here, once."""
+    if not isinstance(spec, LayeredKV):
+        spec = parse_layered_kv_spec(spec)
+    pairs = spec.pairs(layer_count(model))
+    _replace(_mlx_cache.make_prompt_cache(model), pairs.__getitem__, sliding, rotation)   # refuses now, not later
+    own = getattr(model, "make_cache", None)
+
+    def make_cache() -> list:
+        base = own() if own is not None else [_mlx_cache.KVCache() for _ in model.layers]
+        return _replace(base, pairs.__getitem__, sliding, rotation)
+
+    model.make_cache = make_cache
+
+
+def to_tqcache(prompt_cache: list, spec: "LayeredKV | str", *, start: int = 0, rotation: str = "llama") -> list:
+    """Convert, in place, the layers of ``prompt_cache`` (mlx-lm's caches) that hold more than ``start``
+    positions into TQCaches of the pairs ``spec`` gives them (:meth:`TQCache.from_cache`): what mlx-lm's
+    ``kv_bits`` + ``quantized_kv_start`` do with QuantizedKVCache, so a generation can begin in float
+    and continue quantized. Layers already TQCache, or of kinds that cannot convert (SSM state), stay.
+    Returns the list."""
+    if not isinstance(spec, LayeredKV):
+        spec = parse_layered_kv_spec(spec)
+    pairs = spec.pairs(len(prompt_cache))
+    for i, c in enumerate(prompt_cache):
+        if isinstance(c, TQCache) or c.offset <= start:
+            continue
+        if type(c) in (_mlx_cache.KVCache, _mlx_cache.QuantizedKVCache) or \
+                (type(c) is _mlx_cache.RotatingKVCache and not c.keep):
+            k, v, cal = pairs[i]
+            prompt_cache[i] = TQCache.from_cache(c, k, v, rotation=rotation, calibration=cal)
+    return prompt_cache
