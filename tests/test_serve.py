@@ -53,6 +53,7 @@ def server(tmp_path_factory):
                                  "--log-level", "INFO"], stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         t0 = time.monotonic()
+        last_error = None
         while True:
             if proc.poll() is not None:
                 pytest.fail(f"the server exited with {proc.returncode}: {log.read_text()[-2000:]}")
@@ -61,10 +62,11 @@ def server(tmp_path_factory):
                 c.request("GET", "/health")
                 if c.getresponse().status == 200:
                     break
-            except OSError:
-                pass
+            except OSError as e:     # not listening yet: kept for the message below
+                last_error = e
             if time.monotonic() - t0 > STARTUP_S:
-                pytest.fail(f"the server did not answer /health in {STARTUP_S} s: {log.read_text()[-2000:]}")
+                pytest.fail(f"the server did not answer /health in {STARTUP_S} s (last: {last_error!r}): "
+                            f"{log.read_text()[-2000:]}")
             time.sleep(1)
         yield port, proc, log
     finally:
