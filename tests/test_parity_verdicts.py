@@ -120,14 +120,23 @@ def test_failing_logits_level_alone_fails_the_run(monkeypatch, model_file, capsy
 
 
 def test_verdict_helpers():
-    from tqbridge.tools.cmd_parity import level_verdicts, verdict_line
+    from tqbridge.parity.harness.run_levels import (EXIT_FAILED, EXIT_HOLD, EXIT_UNJUDGED, exit_code,
+                                                    level_verdicts, verdict_line)
 
     v = level_verdicts(["blocks", "attention", "logits", "cache"],
                        {"blocks": {"passed": True}, "attention": {"passed": False}, "cache": {"passed": False}}, True)
     assert [x["passed"] for x in v] == [True, False, True, False]
     assert verdict_line(v) == "a parity claim FAILED: attention, cache (held: blocks, logits)"
-    # a level that ran but left no verdict is not a pass
-    assert level_verdicts(["transplant"], {}, None) == [{"level": "transplant", "passed": False}]
+    assert exit_code(v) == EXIT_FAILED
+    # a level that ran but left no verdict is not a pass: it could not judge, and says so
+    assert level_verdicts(["transplant"], {}, None) == [
+        {"level": "transplant", "passed": None, "why": "the level left no verdict"}]
+    u = level_verdicts(["blocks", "teacher"], {"blocks": {"passed": True},
+                                               "teacher": {"passed": None, "why": "ValueError: no"}})
+    assert exit_code(u) == EXIT_UNJUDGED and exit_code(u[:1]) == EXIT_HOLD
+    assert verdict_line(u) == "no claim failed, but could not judge: teacher (held: blocks)"
+    # a failed claim outranks a level that could not judge
+    assert exit_code(u + v) == EXIT_FAILED
 
 
 @pytest.mark.model
