@@ -237,13 +237,13 @@ def run_levels(path, kv_list: "list[str]", levels: "list[str]", opts: RunOptions
                warn: Callable[[str], None] = lambda m: None) -> LevelRun:
     """Run ``levels`` on the model at ``path`` for the K/V pairs ``kv_list``. ``emit`` gets the human
     lines of each level as it finishes, ``warn`` llama.cpp's warnings and the fork's type changes (once
-    each), ``say`` progress. A level that raises is recorded as could-not-judge with one line."""
+    each; every warning goes to the report), ``say`` progress. A level that raises is recorded as could-not-judge with one line."""
     log = LlamaLog()
     out: dict = {}
 
     def drain(where):
         for e in log.take(where):
-            if e["level"] in ("warn", "error") or e["type_change"]:
+            if e["type_change"]:   # the fork's own notice that it changed the cache types
                 warn(f"llama.cpp ({e['level']}): {e['text']}")
 
     stored: dict = {}
