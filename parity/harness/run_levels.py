@@ -254,8 +254,12 @@ def run_levels(path, kv_list: "list[str]", levels: "list[str]", opts: RunOptions
         except Exception as e:
             stored = {"why": one_line(e)}
         drain("stored types")
-        for line in stored_lines({k: v for k, v in stored.items() if isinstance(v, dict)}):
+        lines = stored_lines({k: v for k, v in stored.items() if isinstance(v, dict)})
+        for line in lines:
             emit(f"stored types: {line}" + (" (compared as stored)" if opts.fork_rules == "honour" else ""))
+        if stored and not lines:
+            emit(f"stored types: every layer as asked, for all {len(stored)} K/V pairs"
+                 + (" (the fork's rules off)" if opts.fork_rules == "off" else ""))
     logits_res = None
     shared: dict = {}
     for name in levels:
