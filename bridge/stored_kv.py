@@ -250,10 +250,13 @@ def model_heads(gguf_path) -> "tuple[int, int, int]":
     return n_head, first("attention.head_count_kv", n_head), first("block_count")
 
 
-def read_stored(state, requested: str, gguf_path, *, swa: "list[bool] | None" = None) -> StoredKV:
-    """What this process's llama.cpp side stored for the K/V pair ``requested`` (``K/V`` or one name),
-    read from its state blob (bytes or a parsed state) after a context of that request evaluated at
-    least one token; the rules of the fork that explain a difference, from the model's head counts."""
+def read_stored(state, requested: str, gguf_path=None, *, heads: "tuple[int, int] | None" = None,
+                swa: "list[bool] | None" = None, variant: "str | None" = None) -> StoredKV:
+    """What a llama.cpp build stored for the K/V pair ``requested`` (``K/V`` or one name), read from
+    its state blob (bytes or a parsed state) after a context of that request evaluated at least one
+    token; the rules of the fork that explain a difference, from the model's ``(n_head, n_head_kv)``
+    (``heads``, else read from ``gguf_path``). ``variant``: the build's turbo variant (default: the
+    selected build's)."""
     from .kv_spec import split_kv
     from .llama_side import selected
     from .llama_state import parse_state
@@ -262,8 +265,9 @@ def read_stored(state, requested: str, gguf_path, *, swa: "list[bool] | None" = 
         state = parse_state(state)
     pairs = stored_pairs(state, swa)
     k, v = split_kv(str(requested))
-    info = selected()
-    variant = info.variant if info is not None else None
-    n_head, n_head_kv, _ = model_heads(gguf_path)
+    if variant is None:
+        info = selected()
+        variant = info.variant if info is not None else None
+    n_head, n_head_kv = heads if heads is not None else model_heads(gguf_path)[:2]
     rules = explain(k, v, pairs, n_head=n_head, n_head_kv=n_head_kv, variant=variant)
     return StoredKV(requested=str(requested), pairs=tuple(pairs), rules=tuple(rules))
