@@ -255,3 +255,52 @@ def test_decode_steps_run_through_the_routing_and_a_decode_bug_fails_them(monkey
     for kv, r in rows.items():
         assert r["pass"] is False, kv
         assert r["decode_kl_mean"] > 10 * r["kl_mean"] / 2   # the damage sits in the decode steps
+
+
+# ----------------------------------------------------------------------------- could not judge
+
+
+def _raising_logits(monkeypatch, exc: Exception):
+    from tqbridge.parity.harness import level_logits
+
+    def boom(path, kv_list, **kw):
+        raise exc
+
+    monkeypatch.setattr(level_logits, "run_logits", boom)
+
+
+def test_a_level_that_cannot_judge_says_why_in_one_line_and_the_run_goes_on(monkeypatch, model_file, tmp_path,
+                                                                             capsys):
+    from tqbridge.parity.harness.run_levels import EXIT_UNJUDGED
+
+    _raising_logits(monkeypatch, ValueError("cannot reshape array of size 17408 into shape (50)"))
+    out = tmp_path / "p.json"
+    rc = main(["parity", str(model_file), "--levels", "blocks,logits", "--kv", "f16", "--quiet",
+               "--json", str(out)])
+    got = capsys.readouterr()
+    assert rc == EXIT_UNJUDGED == 3
+    assert "Traceback" not in got.out + got.err
+    lines = got.out.rstrip().splitlines()
+    assert "logits: could not judge: ValueError: cannot reshape array of size 17408 into shape (50)" in lines
+    assert lines[-1] == "no claim failed, but could not judge: logits (held: blocks)"
+    rep = json.loads(out.read_text())
+    assert rep["verdicts"][1] == {"level": "logits", "passed": None,
+                                  "why": "ValueError: cannot reshape array of size 17408 into shape (50)"}
+    assert rep["exit_code"] == 3 and rep["passed"] is False and "Traceback" in rep["logits"]["traceback"]
+
+
+def test_a_failed_claim_outranks_a_level_that_cannot_judge(monkeypatch, model_file, capsys):
+    _raising_logits(monkeypatch, RuntimeError("no"))
+    plant_q4_0_nibble_flip(monkeypatch)
+    assert main(["parity", str(model_file), "--levels", "blocks,logits", "--kv", "f16", "--quiet"]) == 1
+    assert capsys.readouterr().out.rstrip().splitlines()[-1] == \
+        "a parity claim FAILED: blocks (could not judge: logits)"
+
+
+def test_the_exit_codes_are_in_the_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["parity", "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "exit codes: 0 every level that ran holds; 1 a parity claim failed; 2 bad input (nothing ran); " \
+           "3 no claim failed but a level could not judge" in text
