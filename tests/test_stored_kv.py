@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tqbridge.bridge import llama_side
+from tqbridge.bridge import get_format, llama_side
+from tqbridge.bridge.registry import display_name
 from tqbridge.bridge.stored_kv import (FORK_RULES_OFF, explain, fork_rules_off, layered_spelling, predict,
                                        stored_pairs, switch_off_fork_rules)
 
@@ -226,7 +227,8 @@ def test_live_auto_asymmetric_12_2(tmp_path, fork_rules):
                                     "logits,cache,teacher,transplant", "--fork-rules", fork_rules)
         assert rc == 0, out[-3000:]
         t3 = f"turbo3@{variant}"
-        stored = f"q8_0/{t3}" if variant == V69 and fork_rules == "honour" else t3
+        name = display_name(get_format(t3))    # as reports write it (pr197's turbo types without the variant)
+        stored = f"q8_0/{name}" if variant == V69 and fork_rules == "honour" else name
         for level, named in _named(rep).items():
             if level != "transplant":   # the transplant level takes the first turbo pair only
                 assert (t3, stored) in named, (level, named)
@@ -249,10 +251,11 @@ def test_live_layer_adaptive_16_2(tmp_path, fork_rules):
                                     "--fork-rules", fork_rules)
         assert rc == 0, out[-3000:]
         t2 = f"turbo2@{variant}"
+        name = display_name(get_format(t2))
         changed = variant == V69 and fork_rules == "honour"
-        stored = f"q8_0/q8_0[2-5=q8_0/{t2}]" if changed else f"q8_0/{t2}"
+        stored = f"q8_0/q8_0[2-5=q8_0/{name}]" if changed else f"q8_0/{name}"
         for level in ("cache", "teacher"):
             assert _named(rep)[level] == {(f"q8_0/{t2}", stored)}, level
         layers = rep["teacher"]["kv"][0]["layers"]
-        assert [L["v"] for L in layers] == [("q8_0" if changed and i in (0, 1, 6, 7) else t2) for i in range(8)]
+        assert [L["v"] for L in layers] == [("q8_0" if changed and i in (0, 1, 6, 7) else name) for i in range(8)]
         assert ("Boundary V" in err) == changed
