@@ -304,3 +304,18 @@ def test_the_exit_codes_are_in_the_help(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "exit codes: 0 every level that ran holds; 1 a parity claim failed; 2 bad input (nothing ran); " \
            "3 no claim failed but a level could not judge" in text
+
+
+def test_types_the_build_stores_unread_say_so_and_the_levels_go_on(monkeypatch, tmp_path):
+    from tqbridge.parity.harness import run_levels
+
+    _fake_logits(monkeypatch, passed=True)
+
+    def boom(*a, **k):
+        raise RuntimeError("no context")
+
+    monkeypatch.setattr(run_levels, "probe_stored", boom)
+    lines = []
+    done = run_levels.run_levels(tmp_path / "m.gguf", ["f16"], ["logits"], run_levels.RunOptions(), emit=lines.append)
+    assert lines == ["stored types: not read before the levels (RuntimeError: no context)"]
+    assert done.code == run_levels.EXIT_HOLD and done.report["stored_types"] == {"why": "RuntimeError: no context"}

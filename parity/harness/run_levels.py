@@ -254,11 +254,15 @@ def run_levels(path, kv_list: "list[str]", levels: "list[str]", opts: RunOptions
         except Exception as e:
             stored = {"why": one_line(e)}
         drain("stored types")
-        lines = stored_lines({k: v for k, v in stored.items() if isinstance(v, dict)})
+        read = {k: v for k, v in stored.items() if isinstance(v, dict) and "stored" in v}
+        lines = stored_lines(read)
         for line in lines:
             emit(f"stored types: {line}" + (" (compared as stored)" if opts.fork_rules == "honour" else ""))
-        if stored and not lines:
-            emit(f"stored types: every layer as asked, for all {len(stored)} K/V pairs"
+        unread = [f"{k}: {v['why']}" if isinstance(v, dict) else v for k, v in stored.items() if k not in read]
+        for why in unread:   # the levels read the types themselves
+            emit(f"stored types: not read before the levels ({why})")
+        if read and not lines and not unread:
+            emit(f"stored types: every layer as asked, for all {len(read)} K/V pairs"
                  + (" (the fork's rules off)" if opts.fork_rules == "off" else ""))
     logits_res = None
     shared: dict = {}
