@@ -30,7 +30,32 @@ _SIGS = {
     "tqs_state_set": (_SZ, [_P, _P, _SZ]),
     "tqs_last_error": (ctypes.c_char_p, []),
     "tqs_tokenize": (_I32, [_P, ctypes.c_char_p, _I32, _P, _I32, ctypes.c_int]),
+    "tqs_log_pending": (_SZ, []),
+    "tqs_log_take": (_SZ, [_P, _SZ]),
+    "tqs_log_lost": (_SZ, []),
 }
+
+# ggml_log_level (ggml.h): the level byte the shim writes before each message is '0' + this number
+LOG_LEVELS = {1: "debug", 2: "info", 3: "warn", 4: "error"}
+_LOG_CONT = 5
+
+
+def split_log(raw: bytes) -> "list[tuple[str, str]]":
+    """The shim's kept log (each message: 0x1e, a level byte, its text) as ``(level, line)`` pairs, one
+    per line of text; a continuation message (``GGML_LOG_LEVEL_CONT``) keeps the level before it."""
+    out: "list[tuple[str, str]]" = []
+    level, text = "info", ""
+    for msg in raw.split(b"\x1e"):
+        if not msg:
+            continue
+        code, body = msg[0] - 48, msg[1:].decode("utf-8", "replace")
+        if code != _LOG_CONT:
+            out.extend((level, line) for line in text.splitlines() if line.strip())
+            text, level = "", LOG_LEVELS.get(code, "info")
+        text += body
+    out.extend((level, line) for line in text.splitlines() if line.strip())
+    return out
+
 
 _loaded: dict[Path, "Shim"] = {}
 
@@ -104,6 +129,15 @@ class Shim:
         buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
         if int(self.lib.tqs_state_set(ctx, buf, len(blob))) != len(blob):
             raise LlamaBuildError("llama.cpp refused the state blob")
+
+    def take_log(self) -> "list[tuple[str, str]]":
+        """llama.cpp's log lines (info and above) since the last call, as ``(level, text)``; forgotten here."""
+        n = int(self.lib.tqs_log_pending())
+        if n == 0:
+            return []
+        buf = (ctypes.c_char * n)()
+        got = int(self.lib.tqs_log_take(buf, n))
+        return split_log(bytes(buf[:got]))
 
     def tokenize(self, model: int, text: str, add_special: bool = True) -> list[int]:
         raw = text.encode("utf-8")

@@ -412,9 +412,9 @@ def test_walk_a_new_cli_command(monkeypatch, capsys):
 # ---- the level and variant rows: their mechanics -------------------------------------------------
 
 def test_every_level_module_is_a_level_of_the_command():
-    from tqbridge.tools.cmd_parity import LEVELS
+    from tqbridge.parity.harness.run_levels import LEVELS
 
-    source = (ROOT / "tools" / "cmd_parity.py").read_text()
+    source = (ROOT / "parity" / "harness" / "run_levels.py").read_text()
     modules = [p.stem for p in (ROOT / "parity" / "harness").glob("level_*.py")]
     assert modules
     for m in modules:
@@ -425,13 +425,13 @@ def test_every_level_module_is_a_level_of_the_command():
 
 def test_a_levels_verdict_follows_from_passed(monkeypatch):
     # the table: "the verdict line, the exit code and the JSON report follow from "passed""
-    from tqbridge.tools import cmd_parity
+    from tqbridge.parity.harness import run_levels
 
-    monkeypatch.setattr(cmd_parity, "LEVELS", cmd_parity.LEVELS + ("walk_toy",))
-    assert cmd_parity.parse_levels("walk_toy") == ["walk_toy"]
-    verdicts = cmd_parity.level_verdicts(["walk_toy"], {"walk_toy": {"passed": False}}, None)
+    monkeypatch.setattr(run_levels, "LEVELS", run_levels.LEVELS + ("walk_toy",))
+    assert run_levels.parse_levels("walk_toy") == ["walk_toy"]
+    verdicts = run_levels.level_verdicts(["walk_toy"], {"walk_toy": {"passed": False}}, None)
     assert verdicts == [{"level": "walk_toy", "passed": False}]
-    assert cmd_parity.verdict_line(verdicts) == "a parity claim FAILED: walk_toy"
+    assert run_levels.verdict_line(verdicts) == "a parity claim FAILED: walk_toy"
 
 
 def test_the_builder_sees_the_plan_and_the_planner_the_options():

@@ -63,7 +63,7 @@ def test_the_recipe_refuses_what_is_not_a_llama_cpp_checkout(tmp_path):
 
 
 def test_bare_turbo_names_mean_the_builds_variant():
-    from tqbridge.tools.cmd_parity import qualify_turbo
+    from tqbridge.parity.harness.run_levels import qualify_turbo
 
     assert qualify_turbo("q8_0/turbo3", "fork-69d8e4b") == "q8_0/turbo3@fork-69d8e4b"
     assert qualify_turbo("turbo4", "fork-pr197") == "turbo4@fork-pr197"

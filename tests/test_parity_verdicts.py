@@ -120,14 +120,23 @@ def test_failing_logits_level_alone_fails_the_run(monkeypatch, model_file, capsy
 
 
 def test_verdict_helpers():
-    from tqbridge.tools.cmd_parity import level_verdicts, verdict_line
+    from tqbridge.parity.harness.run_levels import (EXIT_FAILED, EXIT_HOLD, EXIT_UNJUDGED, exit_code,
+                                                    level_verdicts, verdict_line)
 
     v = level_verdicts(["blocks", "attention", "logits", "cache"],
                        {"blocks": {"passed": True}, "attention": {"passed": False}, "cache": {"passed": False}}, True)
     assert [x["passed"] for x in v] == [True, False, True, False]
     assert verdict_line(v) == "a parity claim FAILED: attention, cache (held: blocks, logits)"
-    # a level that ran but left no verdict is not a pass
-    assert level_verdicts(["transplant"], {}, None) == [{"level": "transplant", "passed": False}]
+    assert exit_code(v) == EXIT_FAILED
+    # a level that ran but left no verdict is not a pass: it could not judge, and says so
+    assert level_verdicts(["transplant"], {}, None) == [
+        {"level": "transplant", "passed": None, "why": "the level left no verdict"}]
+    u = level_verdicts(["blocks", "teacher"], {"blocks": {"passed": True},
+                                               "teacher": {"passed": None, "why": "ValueError: no"}})
+    assert exit_code(u) == EXIT_UNJUDGED and exit_code(u[:1]) == EXIT_HOLD
+    assert verdict_line(u) == "no claim failed, but could not judge: teacher (held: blocks)"
+    # a failed claim outranks a level that could not judge
+    assert exit_code(u + v) == EXIT_FAILED
 
 
 @pytest.mark.model
@@ -246,3 +255,67 @@ def test_decode_steps_run_through_the_routing_and_a_decode_bug_fails_them(monkey
     for kv, r in rows.items():
         assert r["pass"] is False, kv
         assert r["decode_kl_mean"] > 10 * r["kl_mean"] / 2   # the damage sits in the decode steps
+
+
+# ----------------------------------------------------------------------------- could not judge
+
+
+def _raising_logits(monkeypatch, exc: Exception):
+    from tqbridge.parity.harness import level_logits
+
+    def boom(path, kv_list, **kw):
+        raise exc
+
+    monkeypatch.setattr(level_logits, "run_logits", boom)
+
+
+def test_a_level_that_cannot_judge_says_why_in_one_line_and_the_run_goes_on(monkeypatch, model_file, tmp_path,
+                                                                             capsys):
+    from tqbridge.parity.harness.run_levels import EXIT_UNJUDGED
+
+    _raising_logits(monkeypatch, ValueError("cannot reshape array of size 17408 into shape (50)"))
+    out = tmp_path / "p.json"
+    rc = main(["parity", str(model_file), "--levels", "blocks,logits", "--kv", "f16", "--quiet",
+               "--json", str(out)])
+    got = capsys.readouterr()
+    assert rc == EXIT_UNJUDGED == 3
+    assert "Traceback" not in got.out + got.err
+    lines = got.out.rstrip().splitlines()
+    assert "logits: could not judge: ValueError: cannot reshape array of size 17408 into shape (50)" in lines
+    assert lines[-1] == "no claim failed, but could not judge: logits (held: blocks)"
+    rep = json.loads(out.read_text())
+    assert rep["verdicts"][1] == {"level": "logits", "passed": None,
+                                  "why": "ValueError: cannot reshape array of size 17408 into shape (50)"}
+    assert rep["exit_code"] == 3 and rep["passed"] is False and "Traceback" in rep["logits"]["traceback"]
+
+
+def test_a_failed_claim_outranks_a_level_that_cannot_judge(monkeypatch, model_file, capsys):
+    _raising_logits(monkeypatch, RuntimeError("no"))
+    plant_q4_0_nibble_flip(monkeypatch)
+    assert main(["parity", str(model_file), "--levels", "blocks,logits", "--kv", "f16", "--quiet"]) == 1
+    assert capsys.readouterr().out.rstrip().splitlines()[-1] == \
+        "a parity claim FAILED: blocks (could not judge: logits)"
+
+
+def test_the_exit_codes_are_in_the_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["parity", "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "exit codes: 0 every level that ran holds; 1 a parity claim failed; 2 bad input (nothing ran); " \
+           "3 no claim failed but a level could not judge" in text
+
+
+def test_types_the_build_stores_unread_say_so_and_the_levels_go_on(monkeypatch, tmp_path):
+    from tqbridge.parity.harness import run_levels
+
+    _fake_logits(monkeypatch, passed=True)
+
+    def boom(*a, **k):
+        raise RuntimeError("no context")
+
+    monkeypatch.setattr(run_levels, "probe_stored", boom)
+    lines = []
+    done = run_levels.run_levels(tmp_path / "m.gguf", ["f16"], ["logits"], run_levels.RunOptions(), emit=lines.append)
+    assert lines == ["stored types: not read before the levels (RuntimeError: no context)"]
+    assert done.code == run_levels.EXIT_HOLD and done.report["stored_types"] == {"why": "RuntimeError: no context"}

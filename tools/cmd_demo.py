@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
+import sys
 
 
 def add_arguments(p) -> None:
+    from tqbridge.parity.harness.run_levels import EXIT_CODES_HELP
+
+    p.epilog = EXIT_CODES_HELP
     p.add_argument("--tokens", type=int, default=256, help="number of text tokens (default 256)")
     p.add_argument("--json", metavar="OUT", help="write the full report as JSON")
     p.add_argument("--markdown", metavar="OUT", help="write the summary as Markdown")
@@ -20,11 +23,35 @@ DEMO_TEACHER_BACKENDS = ("reference",)
 
 
 def run(args) -> int:
-    from tqbridge.tools import cmd_parity
+    from tqbridge.bridge.models import ModelUnavailable, model_path
+    from tqbridge.parity.harness.level_logits import DEFAULT_KV
+    from tqbridge.parity.harness.report import markdown, text_table, versions, write_atomic, write_json
+    from tqbridge.parity.harness.run_levels import RunOptions, run_levels, verdict_line
+    from tqbridge.tools.cli import CliError
+    from tqbridge.tools.cmd_parity import progress_printer
 
-    levels = ",".join(DEMO_LEVELS)
-    parity_args = argparse.Namespace(model="smollm2", kv=None, tokens=args.tokens, decode=16, exact_weights=True,
-                                     no_rotation=False, json=args.json, markdown=args.markdown,
-                                     plot=None, quiet=False, levels=levels, teacher_backends=DEMO_TEACHER_BACKENDS)
-    cmd = f"tqbridge parity smollm2 --exact-weights --tokens {args.tokens} --levels {levels}"
-    return cmd_parity.run(parity_args, command=cmd)
+    if args.tokens < 2:
+        raise CliError(f"--tokens must be at least 2, got {args.tokens}")
+    try:
+        path = model_path("smollm2")
+    except (FileNotFoundError, ModelUnavailable) as e:
+        raise CliError(str(e)) from e
+    levels = list(DEMO_LEVELS)
+    opts = RunOptions(tokens=args.tokens, decode=min(16, args.tokens // 2), exact_weights=True, rotation=True,
+                      teacher_backends=DEMO_TEACHER_BACKENDS)
+    done = run_levels(path, list(DEFAULT_KV), levels, opts, say=progress_printer(False), emit=print,
+                      warn=lambda line: print(line, file=sys.stderr))
+    report = {"tool": "tqbridge parity", "versions": versions(),
+              "command": f"tqbridge parity smollm2 --exact-weights --tokens {args.tokens} --levels {','.join(levels)}"}
+    report.update(done.report)
+    if done.logits is not None:
+        res = done.logits
+        print(f"logits: {res.info['model']} ({res.info['weights']}), {res.tokens} tokens of {res.info['text']}, "
+              f"{res.info['seconds']} s:")
+        print(text_table(res.rows))
+    print(verdict_line(done.verdicts))
+    if args.json:
+        write_json(args.json, report)
+    if args.markdown and done.logits is not None:
+        write_atomic(args.markdown, markdown(report))
+    return done.code

@@ -18,16 +18,66 @@
 static int tqs_quiet = 1;
 static char tqs_error[512];   /* the last error llama.cpp logged, for one-line messages */
 
+/* llama.cpp's log since the last tqs_log_take: each message as a record separator (0x1e), one level
+ * byte ('0' + ggml_log_level) and its text, so the caller can split it into lines and keep the levels it wants. Bounded:
+ * past TQS_LOG_CAP bytes the oldest text is dropped and tqs_log_dropped counts it. */
+#define TQS_LOG_CAP (1u << 20)
+static char * tqs_log_buf = NULL;
+static size_t tqs_log_len = 0;
+static size_t tqs_log_dropped = 0;
+static int tqs_log_min = GGML_LOG_LEVEL_INFO;
+
+static void tqs_log_keep(enum ggml_log_level level, const char * text) {
+    size_t n = strlen(text);
+    if (tqs_log_buf == NULL) {
+        tqs_log_buf = (char *) malloc(TQS_LOG_CAP);
+        if (tqs_log_buf == NULL) {
+            return;
+        }
+    }
+    if (n + 2 > TQS_LOG_CAP) {
+        tqs_log_dropped += n;
+        return;
+    }
+    if (tqs_log_len + n + 2 > TQS_LOG_CAP) {
+        tqs_log_dropped += tqs_log_len;
+        tqs_log_len = 0;
+    }
+    tqs_log_buf[tqs_log_len++] = '\x1e';
+    tqs_log_buf[tqs_log_len++] = (char) ('0' + (int) level);
+    memcpy(tqs_log_buf + tqs_log_len, text, n);
+    tqs_log_len += n;
+}
+
 static void tqs_log(enum ggml_log_level level, const char * text, void * user) {
     (void) user;
     if (level == GGML_LOG_LEVEL_ERROR) {
         strncpy(tqs_error, text, sizeof(tqs_error) - 1);
         tqs_error[sizeof(tqs_error) - 1] = 0;
     }
+    if (level >= tqs_log_min || level == GGML_LOG_LEVEL_CONT) {
+        tqs_log_keep(level, text);
+    }
     if (!tqs_quiet && level >= GGML_LOG_LEVEL_WARN) {
         fputs(text, stderr);
     }
 }
+
+/* Copies at most n bytes of the kept log into out and forgets what was copied; returns the count.
+ * tqs_log_pending: bytes kept now. */
+size_t tqs_log_pending(void) { return tqs_log_len; }
+
+size_t tqs_log_take(char * out, size_t n) {
+    size_t m = n < tqs_log_len ? n : tqs_log_len;
+    if (m > 0) {
+        memcpy(out, tqs_log_buf, m);
+        memmove(tqs_log_buf, tqs_log_buf + m, tqs_log_len - m);
+        tqs_log_len -= m;
+    }
+    return m;
+}
+
+size_t tqs_log_lost(void) { return tqs_log_dropped; }
 
 const char * tqs_last_error(void) { return tqs_error; }
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from tqbridge.bridge import dequantize, get_format
 from tqbridge.bridge.llama_state import LlamaState, parse_state
+from tqbridge.bridge.stored_kv import read_stored
 
 # Formats whose same-inputs check is known to fail, with the measured reason (none at present).
 KNOWN_DIFFERENCES: dict[str, str] = {}
@@ -151,11 +152,15 @@ def run_cache_level(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, ro
         kv = KV.parse(spec)
         lr.logits(tokens, kv, keep_state=True)
         q_state = parse_state(lr.last_state)
+        stored = read_stored(q_state, kv.name, gguf_path, swa=swa)   # the formats the blocks are in
         head_dim = gguf_head_dim(gguf_path)
-        entry: dict[str, Any] = {"kv": kv.name, "same_inputs": same_input_check(
+        entry: dict[str, Any] = {"kv": stored.spelling, "requested": kv.name, "same_inputs": same_input_check(
             f32_state, q_state, head_dim, rotation=rotation, swa=swa)}
+        if stored.changed:
+            entry["stored"] = stored.to_json()
         if kv.name in with_mlx:
-            entry["layers"] = compare_runtime_caches(q_state, _mlx_prefill(mr.model, tokens, kv, rotation), head_dim)
+            entry["layers"] = compare_runtime_caches(
+                q_state, _mlx_prefill(mr.model, tokens, stored.spelling, rotation), head_dim)
         results.append(entry)
     for e in results:
         s = e["same_inputs"]
@@ -167,13 +172,14 @@ def run_cache_level(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, ro
             "passed": all(e["passed"] for e in results)}
 
 
-def _mlx_prefill(model, tokens: "list[int]", kv, rotation: bool) -> list:
-    """tqbridge's cache after one MLX forward pass over ``tokens`` (rotated as llama.cpp's, or not)."""
+def _mlx_prefill(model, tokens: "list[int]", spelling: str, rotation: bool) -> list:
+    """tqbridge's cache after one MLX forward pass over ``tokens`` (rotated as llama.cpp's, or not),
+    with the per-layer pairs of ``spelling`` (what llama.cpp stored)."""
     import mlx.core as mx
 
-    from tqbridge.metal.lm.cache import make_cache
+    from tqbridge.parity.harness.runtimes import stored_cache
 
-    cache = make_cache(model, kv.k, kv.v, rotation="llama" if rotation else "none")
+    cache = stored_cache(model, spelling, rotation=rotation)
     mx.eval(model(mx.array(list(tokens), dtype=mx.int32)[None], cache=cache))
     return cache
 
@@ -200,7 +206,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines = []
     for e in report["kv"]:
         s = e["same_inputs"]
-        lines.append(f"{e['kv']}: same inputs (layer 0) K identical={s['k']['identical']} "
+        asked = f" (asked {e['requested']})" if e.get("stored") else ""
+        lines.append(f"{e['kv']}{asked}: same inputs (layer 0: K {s['k']['format']}, V {s['v']['format']}) "
+                     f"K identical={s['k']['identical']} "
                      f"({s['k']['share_blocks']:.2%} differ), V identical={s['v']['identical']} "
                      f"({s['v']['share_blocks']:.2%} differ)")
         if e.get("reason"):

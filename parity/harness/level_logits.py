@@ -24,7 +24,8 @@ from tqbridge.bridge.evaluation_text import evaluation_text
 from tqbridge.bridge.kv_spec import LOGITS_KV
 
 from .metrics import compare_logits
-from .runtimes import KV, LlamaCppRuntime, MLXRuntime
+from .runtimes import KV, LlamaCppRuntime, MLXRuntime, swa_pattern
+from tqbridge.bridge.stored_kv import StoredKV, read_stored
 
 # The issue's goal for identical weights and an f16 cache.
 FLOAT_KL_GOAL = 1e-5
@@ -113,19 +114,26 @@ def run_logits(model: "str | Path", kv_list: "list[str]", *, n_tokens: int = 256
     L: dict[KV, np.ndarray] = {}
     M: dict[KV, np.ndarray] = {}
     paths: dict[str, dict] = {}
+    stored: dict[KV, StoredKV] = {}
     for kv in plan:
         say(f"[{done + 1}/{steps}] llama.cpp {kv.name}")
-        L[kv] = llama.logits(ids, kv, decode=decode)
+        L[kv] = llama.logits(ids, kv, decode=decode, keep_state=True)
+        stored[kv] = s = stored_types(llama.last_state, kv, path, mlx.model)
+        llama.last_state = None
         done += 1
-        say(f"[{done + 1}/{steps}] mlx {kv.name}")
-        M[kv] = mlx.logits(ids, kv, keep_cache=True, decode=decode)
+        say(f"[{done + 1}/{steps}] mlx {s.spelling}")
+        # the MLX side stores what llama.cpp stored, layer by layer (a fork may change the types it was given)
+        M[kv] = mlx.logits(ids, kv, keep_cache=True, decode=decode, layers=s.spelling if s.changed else None)
         paths[kv.name] = _cache_paths(mlx.last_cache)
         mlx.last_cache = None
         done += 1
     rows = []
     for kv in kvs:
         cross = compare_logits(L[kv], M[kv])
-        row = {"kv": kv.name, "k": kv.k, "v": kv.v}
+        st = stored[kv]
+        row = {"kv": st.spelling, "requested": kv.name, "k": st.pairs[0][0], "v": st.pairs[0][1]}
+        if st.changed:
+            row["stored"] = st.to_json()
         row.update({k: v for k, v in cross.items() if k != "kl_per_position"})
         row["kl_per_position"] = [float(f"{x:.4g}") for x in cross["kl_per_position"]]
         n_dec = max(0, min(decode, len(ids) - 1))
@@ -148,6 +156,16 @@ def run_logits(model: "str | Path", kv_list: "list[str]", *, n_tokens: int = 256
             "decode_steps": max(0, min(decode, len(ids) - 1)),
             "llama_cpp": llama.info(), "mlx": mlx.info(), "seconds": round(time.perf_counter() - t0, 1)}
     return LogitsResult(rows, len(ids), info)
+
+
+def stored_types(blob: bytes, kv: KV, gguf_path, model=None) -> StoredKV:
+    """What llama.cpp stored for ``kv`` per layer (``blob``: its state after the run); ``model``: the
+    mlx-lm model, for the sliding-window pattern of a state with several cache records."""
+    from tqbridge.bridge.llama_state import parse_state
+
+    state = parse_state(blob)
+    swa = swa_pattern(model) if len(state.caches) > 1 and model is not None else None
+    return read_stored(state, kv.name, gguf_path, swa=swa)
 
 
 def _cache_paths(cache) -> dict:

@@ -203,6 +203,18 @@ def _f32_projections(gguf_path: str) -> bool:
     return bool(types) and all(t == 0 for t in types)      # GGML_TYPE_F32
 
 
+def layer_formats(L, kv) -> tuple:
+    """The K and V formats one captured layer's cache holds: the types of the tensors llama.cpp's flash
+    attention read (a build may store other types than asked: :mod:`tqbridge.bridge.stored_kv`); the
+    requested pair ``kv`` only when the capture has no types."""
+    from tqbridge.bridge import get_format
+    from tqbridge.bridge.llama_state import format_for_type
+
+    if L.k_type >= 0 and L.v_type >= 0:
+        return format_for_type(L.k_type), format_for_type(L.v_type)
+    return get_format(kv.k), get_format(kv.v)
+
+
 def model_path_layer(layer_module, L, kv, *, window: int, head_dim: int, q_claimed: bool) -> dict[str, Any]:
     """The model's own attention path on llama.cpp's input of the last decode step (one layer).
 
@@ -220,7 +232,7 @@ def model_path_layer(layer_module, L, kv, *, window: int, head_dim: int, q_claim
     if not L.attn_in or len(L.attn_in[-1]) != 1 or len(L.k_rows) < 2:
         return {"ran": False, "why": "no decode step was captured (the model path judges the last one)",
                 "passed": True}
-    kf, vf = kv.k, kv.v
+    kf, vf = (f.key for f in layer_formats(L, kv))
     hkv = L.k_cache.shape[0]
     cache = TQCache(kf, vf, window=window or None, rotation="llama" if (L.k_rot or L.v_rot) else "none")
     k_src, v_src = _rows_before_rotation(L)
@@ -289,14 +301,14 @@ def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], 
     (:func:`model_path_layer`; not run without it); ``q_claimed``: its q comparison is a claim."""
     import mlx.core as mx
 
-    from tqbridge.bridge import get_format
+    from tqbridge.bridge.registry import display_name
     from tqbridge.metal.attention_problem import visible_range
     from tqbridge.metal.hadamard import hadamard_rotate
     from tqbridge.parity.harness.level_attention import judge_ours
     from tqbridge.parity.harness.llama_arith import reproduces, ulp_error, ulps_limit
     from tqbridge.parity.harness.llama_arith import attention as llama_attention
 
-    kf, vf = get_format(kv.k), get_format(kv.v)
+    kf, vf = layer_formats(L, kv)
     for side, fmt, group in (("K", kf, L.k_rot), ("V", vf, L.v_rot)):
         if group and fmt.kind == "turbo":
             from tqbridge.bridge.llama_side import LlamaBuildError
@@ -313,7 +325,8 @@ def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], 
     dk = k_rows.shape[1] // hkv
     ll_k = L.k_cache[:, cells]                       # llama.cpp's bytes, in the order rows were written
     ll_v = L.v_cache[:, cells]
-    out: dict[str, Any] = {"cells": n, "kv_heads": hkv, "head_dim": dk, "k_rot": L.k_rot, "v_rot": L.v_rot}
+    out: dict[str, Any] = {"k": display_name(kf), "v": display_name(vf), "cells": n, "kv_heads": hkv,
+                           "head_dim": dk, "k_rot": L.k_rot, "v_rot": L.v_rot}
     # 1. cache bytes: llama.cpp's quantizer input through TQCache
     _, kb, vb = _tq_feed(kf.key, vf.key, "none", L.k_rows, L.v_rows, hkv)
     out["bytes"] = {"k": bytes_check(kb, ll_k, k_rows, kf), "v": bytes_check(vb, ll_v, v_rows, vf)}
@@ -404,6 +417,7 @@ def run_teacher(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, decode
     ``windows``: each layer's sliding window in tqbridge's model, overriding the model's;
     ``model_path``: run the model-path claim (it needs the model: with only ``windows`` given it does not run)."""
     from tqbridge.bridge.llama_capture import capture_run
+    from tqbridge.bridge.stored_kv import StoredKV, explain, layered_spelling, model_heads
     from tqbridge.parity.harness.runtimes import KV
 
     if model is None and windows is None:
@@ -431,8 +445,14 @@ def run_teacher(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, decode
                                 q_claimed=q_claimed)
             rec["layer"] = il
             layers.append(rec)
-        results.append({"kv": kv.name, "layers": layers, "seconds": round(time.perf_counter() - t0, 2),
-                        "passed": all(L["passed"] for L in layers)})
+        pairs = [(L["k"], L["v"]) for L in layers]
+        n_head, n_head_kv, _ = model_heads(gguf_path)
+        rules = explain(kv.k, kv.v, pairs, n_head=n_head, n_head_kv=n_head_kv, variant=_variant())
+        entry = {"kv": layered_spelling(pairs), "requested": kv.name, "layers": layers,
+                 "seconds": round(time.perf_counter() - t0, 2), "passed": all(L["passed"] for L in layers)}
+        if rules:
+            entry["stored"] = StoredKV(kv.name, tuple(pairs), tuple(rules)).to_json()
+        results.append(entry)
     claim = ("at every layer: TQCache's bytes == llama.cpp's for llama.cpp's quantizer input; its rotation "
              "within the float32 dot-product bound; our attention on llama.cpp's q and cache within the "
              "float64 oracle's bound; llama.cpp's mask == our window convention")
@@ -443,6 +463,13 @@ def run_teacher(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, decode
     return {"tokens": len(tokens), "decode": decode, "rotation": rotation, "rows": rows, "backends": list(backends),
             "windows": sorted(set(windows)), "kv": results, "model_path": layers_mod is not None,
             "q_claimed": q_claimed, "claim": claim, "passed": all(r["passed"] for r in results)}
+
+
+def _variant() -> "str | None":
+    from tqbridge.bridge.llama_side import selected
+
+    info = selected()
+    return info.variant if info is not None else None
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
@@ -457,7 +484,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         state = ("identical" if not (kb or vb) else
                  f"identical except K {kb} / V {vb} of {nb} blocks, each a q8_0 tie ggml-cpu's own quantizer "
                  f"rounds the other way (one code step, explained)" if not un else f"DIFFER ({un} blocks unexplained)")
-        text = f"{r['kv']}: {len(Ls)} layers, cache bytes {state}"
+        asked = f" (asked {r['requested']})" if r.get("stored") else ""
+        text = f"{r['kv']}{asked}: {len(Ls)} layers, cache bytes {state}"
         rots = [L["rotation"] for L in Ls if "rotation" in L]
         if rots:
             worst = max(max(x["k"]["bound_ratio"], x["v"]["bound_ratio"]) for x in rots)

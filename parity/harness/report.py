@@ -34,7 +34,8 @@ def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
         dec = f"{r['decode_kl_mean']:.3g} / {r['decode_top1']:.0%}" if "decode_kl_mean" in r else "-"
         paths = (r.get("mlx_cache") or {}).get("paths") or {}
         dpath = ",".join(sorted(k[len("decode:"):] for k in paths if k.startswith("decode:"))) or "-"
-        body.append([r["kv"], f"{r['kl_mean']:.3g}", f"{r['top1']:.2%}", f"{r['max_abs']:.3g}", dec, dpath,
+        name = r["kv"] + (f" (asked {r['requested']})" if r.get("stored") else "")
+        body.append([name, f"{r['kl_mean']:.3g}", f"{r['top1']:.2%}", f"{r['max_abs']:.3g}", dec, dpath,
                      f"{base['llama_kl_mean']:.3g}" if base else "(reference)", _verdict(r)])
     return head, body
 

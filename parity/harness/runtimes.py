@@ -218,6 +218,20 @@ def tqbridge_cache_factory(model, k_format: str, v_format: str, rotation: bool =
     return make_cache(model, k_format, v_format, rotation="llama" if rotation else "none")
 
 
+def stored_cache(model, spelling: str, rotation: bool = True) -> list:
+    """tqbridge's cache whose layers hold the per-layer pairs of ``spelling`` (a single pair: every layer)."""
+    from tqbridge.metal.lm.cache import make_layered_cache
+
+    return make_layered_cache(model, spelling, rotation="llama" if rotation else "none")
+
+
+def swa_pattern(model) -> "list[bool]":
+    """Per layer of an mlx-lm model: True for a sliding-window layer (iSWA state blobs need it)."""
+    from tqbridge.metal.lm.cache import make_cache
+
+    return [bool(getattr(c, "window", None)) for c in make_cache(model)]
+
+
 class MLXRuntime:
     """The mlx-lm model built from a GGUF file, float32, one full-prompt forward pass per call."""
 
@@ -231,21 +245,25 @@ class MLXRuntime:
         self.path = Path(gguf_path)
         self.model, self.config = load_gguf_model(self.path, layout=layout, match_llama_cpp=match_llama_cpp)
         self.rotation = rotation
+        self.custom_factory = cache_factory is not None
         self.cache_factory = cache_factory or (
             lambda model, k, v: tqbridge_cache_factory(model, k, v, rotation=rotation))
         self.last_cache: "list | None" = None
 
-    def logits(self, tokens: "list[int]", kv: KV, keep_cache: bool = False, decode: int = 0) -> np.ndarray:
+    def logits(self, tokens: "list[int]", kv: KV, keep_cache: bool = False, decode: int = 0,
+               layers: "str | None" = None) -> np.ndarray:
         """Logits at every position. ``decode``: the last ``decode`` tokens are decode steps (one
         token per forward pass) through tqbridge's attention routing — the fused decode kernel on a
-        GPU, the dispatcher's path on CPU (``cache.paths`` names it)."""
+        GPU, the dispatcher's path on CPU (``cache.paths`` names it). ``layers``: per-layer K/V pairs
+        in the per-layer spelling (what a llama.cpp build stored for ``kv``,
+        :func:`tqbridge.bridge.stored_kv.read_stored`), instead of ``kv`` in every layer."""
         import mlx.core as mx
 
         from tqbridge.metal.lm.routing import route_attention
 
         toks = mx.array([int(t) for t in tokens], dtype=mx.int32)[None]
         split = toks.shape[1] - max(0, min(int(decode), toks.shape[1] - 1))
-        cache = self.cache_factory(self.model, kv.k, kv.v)
+        cache = self.cache_factory(self.model, kv.k, kv.v) if layers is None else self.layered_cache(layers)
         with route_attention():
             outs = [self.model(toks[:, :split], cache=cache)[0].astype(mx.float32)]
             mx.eval(outs[0])
@@ -258,6 +276,12 @@ class MLXRuntime:
         out = np.array(mx.concatenate(outs, axis=0))
         self.last_cache = cache if keep_cache else None
         return out
+
+    def layered_cache(self, spelling: str) -> list:
+        """tqbridge's cache with the per-layer pairs of ``spelling`` (a custom cache factory cannot take them)."""
+        if self.custom_factory:
+            raise LlamaConfigError(f"the cache factory given takes one K/V pair; llama.cpp stored {spelling}")
+        return stored_cache(self.model, spelling, rotation=self.rotation)
 
     def info(self) -> dict[str, Any]:
         from importlib.metadata import version

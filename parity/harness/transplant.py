@@ -247,9 +247,9 @@ def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = DEFAULT_FORMAT
     """
     import mlx.core as mx
 
-    from tqbridge.metal.lm.cache import make_cache
+    from tqbridge.bridge.stored_kv import read_stored
     from tqbridge.parity.harness.level_cache import gguf_head_dim
-    from tqbridge.parity.harness.runtimes import KV, MLXRuntime
+    from tqbridge.parity.harness.runtimes import KV, MLXRuntime, stored_cache, swa_pattern
 
     pair = KV.parse(kv)
     mr = mlx_runtime or MLXRuntime(gguf_path)
@@ -267,17 +267,20 @@ def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = DEFAULT_FORMAT
     finally:
         llm.close()
     state = parse_state(blob)
+    swa = swa_pattern(model) if len(state.caches) > 1 else None
+    stored = read_stored(state, pair.name, gguf_path, swa=swa)   # what the build stored, per layer
     moved = state_to_tqcache(state, model, n_kv_heads, head_dim, rotation=rotation)
     round_trip = tqcache_to_state(moved, header=state.header).to_bytes() == blob
     mlx_from_llama = greedy_mlx(model, moved, first, n_new, decode)
     # MLX on its own (its own prefill), for comparison.
-    own = make_cache(model, pair.k, pair.v, rotation="llama" if rotation else "none")
+    own = stored_cache(model, stored.spelling, rotation=rotation)   # the same per-layer types as llama.cpp's
     mlx_logits = model(mx.array(list(tokens), dtype=mx.int32)[None], cache=own)
     mlx_first = int(mx.argmax(mlx_logits[0, -1]).item())
     own_blob = tqcache_to_state(own, header=state.header).to_bytes() if reverse else None
     mlx_cont = greedy_mlx(model, own, mlx_first, n_new, decode)
     res: dict[str, Any] = {
-        "kv": pair.name, "rotation": rotation, "prompt_tokens": len(tokens), "new_tokens": n_new,
+        "kv": stored.spelling, "requested": pair.name, **({"stored": stored.to_json()} if stored.changed else {}),
+        "rotation": rotation, "prompt_tokens": len(tokens), "new_tokens": n_new,
         "first_token": {"llama.cpp": first, "mlx": mlx_first},
         "llama.cpp": llama_cont, "mlx_from_llama_state": mlx_from_llama, "mlx_own_prefill": mlx_cont,
         "mlx_decode_paths": decode_paths(moved),
