@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fuzz": ("cmd_fuzz", "hypothesis campaign against tqbridge's kernels or your own (module:function)"),
     "llama": ("cmd_llama", "build a llama.cpp checkout (upstream or the TurboQuant fork) for --llama; say what a build holds"),
     "archs": ("cmd_archs", "the GGUF architectures the model loader builds; llama.cpp vs MLX on a tiny model of each"),
+    "evidence": ("cmd_evidence", "the evidence llama.cpp asks of a new KV type: perplexity, KLD, CPU speed, flash_attn_ext cases, one report"),
     "records": ("cmd_records", "the benchmark records: check them against the schema, write their index, file a new one"),
 }
 
