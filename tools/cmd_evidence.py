@@ -107,7 +107,7 @@ def run(args) -> int:
                               progress=say)
     except ev.EvidenceError as e:
         raise CliError(str(e)) from e
-    report = {"tool": "tqbridge evidence", "command": "tqbridge " + " ".join(map(shlex.quote, sys.argv[1:])),
+    report = {"tool": "tqbridge evidence", "command": command_line(args),
               "requested": requested, **res.as_dict(), "environment": environment(info)}
     paths = write_all(Path(args.out), report)
     for name, r in res.quality.items():
@@ -121,6 +121,22 @@ def run(args) -> int:
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     twin_bad = [n for n, r in res.quality.items() if r.get("vs_tqbridge", {}).get("passed") is False]
     return 1 if bad or twin_bad else 0
+
+
+def command_line(args) -> str:
+    """The command with every setting spelled out (what re-runs it)."""
+    words = ["tqbridge", "evidence", args.model]
+    if args.llama or os.environ.get("TQBRIDGE_LLAMA_BUILD"):
+        words += ["--llama", args.llama or os.environ["TQBRIDGE_LLAMA_BUILD"]]
+    for kv in args.kv:
+        words += ["--kv", kv]
+    words += ["--baseline", args.baseline, "--ctx", str(args.ctx), "--chunks", str(args.chunks)]
+    if args.text:
+        words += ["--text", args.text]
+    if args.threads:
+        words += ["--threads", str(args.threads)]
+    words += ["--parts", args.parts, "--out", args.out]
+    return " ".join(map(shlex.quote, words))
 
 
 def environment(info: dict) -> dict:
