@@ -360,7 +360,7 @@ def run_speed(runtime, ids: "list[int]", types: "list[KVType]", *, lengths: "tup
     so a machine's slow minute falls on every type alike. Median and min..max per cell."""
     from tqbridge.parity.harness.runtimes import KV
 
-    key = "speed"
+    key = f"speed-{reps}x{gen}-" + "-".join(map(str, lengths))
     got = cache.get(key, "all")
     if got is not None:
         return got["rows"]
@@ -546,7 +546,7 @@ def run_evidence(runtime, *, requested: "list[str]", text: str, text_source: str
                  parts: "Iterable[str]" = ("quality", "speed", "kernels", "mlx"),
                  speed_lengths: "tuple[int, ...] | None" = None, flash_attn=build_flash_attn,
                  mlx_side: "Callable[..., dict] | None" = None, available: "Iterable[str] | None" = None,
-                 only_case: "str | None" = None, twin=None,
+                 only_case: "str | None" = None, twin=None, speed_reps: int = SPEED_REPS,
                  progress: "Callable[[str], None] | None" = None) -> Evidence:
     say = progress or (lambda msg: None)
     parts = tuple(parts)
@@ -565,7 +565,7 @@ def run_evidence(runtime, *, requested: "list[str]", text: str, text_source: str
                                  twin=twin if "mlx" in parts else None)
     if "speed" in parts:
         lengths = speed_lengths or (max(16, n_ctx // 4), n_ctx)
-        ev.speed = run_speed(runtime, ids, types, lengths=lengths, cache=cache, say=say)
+        ev.speed = run_speed(runtime, ids, types, lengths=lengths, reps=speed_reps, cache=cache, say=say)
     if "kernels" in parts:
         ev.kernels = run_kernels(types, flash_attn=flash_attn, runtime=runtime, cache=cache, say=say, only=only_case)
     if "mlx" in parts and mlx_side is not None:

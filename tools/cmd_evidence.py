@@ -26,6 +26,7 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default="evidence", help="folder for evidence.md/.json/.png and the resume cache")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)} (default all)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
+    p.add_argument("--speed-reps", type=int, default=3, help="interleaved repetitions of the speed runs (default 3)")
     p.add_argument("--case", default=None, help="re-run one flash_attn_ext case by its id and print it")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -50,6 +51,8 @@ def run(args) -> int:
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     if not parts or set(parts) - set(PARTS):
         raise CliError(f"--parts takes a comma list of {', '.join(PARTS)}, got {args.parts!r}")
+    if args.speed_reps < 1:
+        raise CliError(f"--speed-reps must be at least 1, got {args.speed_reps}")
     if not args.kv:
         raise CliError("give the new type with --kv TYPE_OR_PAIR (e.g. --kv turbo3)")
     from .cmd_generate import resolve_model
@@ -101,7 +104,7 @@ def run(args) -> int:
     try:
         res = ev.run_evidence(runtime, requested=requested, text=text, text_source=source, n_ctx=args.ctx,
                               n_chunks=args.chunks, baseline=baseline, out=Path(args.out), settings_extra=settings,
-                              parts=parts, twin=twin, available=set(llama_kv_types()),
+                              parts=parts, twin=twin, speed_reps=args.speed_reps, available=set(llama_kv_types()),
                               mlx_side=lambda types, cache, say: ev.run_mlx_side(types, cache=cache, say=say,
                                                                                   variant=variant),
                               progress=say)
@@ -135,6 +138,8 @@ def command_line(args) -> str:
         words += ["--text", args.text]
     if args.threads:
         words += ["--threads", str(args.threads)]
+    if args.speed_reps != 3:
+        words += ["--speed-reps", str(args.speed_reps)]
     words += ["--parts", args.parts, "--out", args.out]
     return " ".join(map(shlex.quote, words))
 
