@@ -220,7 +220,9 @@ def plan_types(requested: "Iterable[str]", baseline: str = BASELINE,
 # ---- the cache of per-type results (resume) -------------------------------------------------------------
 
 def settings_key(settings: dict) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    """What a cached result depends on: every setting but which parts run."""
+    kept = {k: v for k, v in settings.items() if k != "parts"}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:12]
 
 
 class ResultCache:

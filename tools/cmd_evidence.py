@@ -97,7 +97,7 @@ def run(args) -> int:
         twin = MLXRuntime(path, rotation=rotation)
     info = runtime.info()
     settings = {"model": path.name, "model_bytes": path.stat().st_size,
-                "build": (f"{build.report.get('source')} @ {build.report.get('commit')}" if build is not None
+                "build": (f"{Path(str(build.report.get('source'))).name} @ {build.report.get('commit')}" if build is not None
                           else f"llama-cpp-python {info.get('llama_cpp_python')}"),
                 "kv_rotation": "on (llama.cpp's default)" if rotation else "off in both runtimes (a fork build)",
                 "threads": runtime.n_threads, "parts": parts}
@@ -130,7 +130,7 @@ def command_line(args) -> str:
     """The command with every setting spelled out (what re-runs it)."""
     words = ["tqbridge", "evidence", args.model]
     if args.llama or os.environ.get("TQBRIDGE_LLAMA_BUILD"):
-        words += ["--llama", args.llama or os.environ["TQBRIDGE_LLAMA_BUILD"]]
+        words += ["--llama", "BUILD"]     # the folder is this machine's; the report names the build's source and commit
     for kv in args.kv:
         words += ["--kv", kv]
     words += ["--baseline", args.baseline, "--ctx", str(args.ctx), "--chunks", str(args.chunks)]
@@ -155,6 +155,9 @@ def environment(info: dict) -> dict:
                 break
     except OSError:
         pass
+    info = dict(info)
+    if isinstance(info.get("llama_build"), dict) and info["llama_build"].get("source"):
+        info["llama_build"] = {**info["llama_build"], "source": Path(str(info["llama_build"]["source"])).name}
     return {"versions": versions(), "runtime": info, "cpu": cpu, "cpus": os.cpu_count(),
             "tqbridge_commit": _commit()}
 
