@@ -66,6 +66,14 @@ class EvidenceError(ValueError):
     """Bad settings or input: one line says which."""
 
 
+def _refusals() -> tuple[type, ...]:
+    """The errors by which a llama.cpp build refuses a cache type for a model (a context it cannot make)."""
+    from tqbridge.bridge.llama_side import LlamaBuildError
+    from tqbridge.parity.harness.runtimes import LlamaConfigError
+
+    return (LlamaBuildError, LlamaConfigError)
+
+
 # ---- statistics, as llama-perplexity computes them -------------------------------------------------------
 
 def mean_and_uncertainty(x: np.ndarray) -> tuple[float, float]:
@@ -278,6 +286,7 @@ def run_quality(runtime, chunks: "list[list[int]]", types: "list[KVType]", *, ba
     and their statistics."""
     from tqbridge.parity.harness.runtimes import KV
 
+    REFUSALS = _refusals()
     native = parse_kv(NATIVE)
     refs: dict[KVType, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -308,7 +317,12 @@ def run_quality(runtime, chunks: "list[list[int]]", types: "list[KVType]", *, ba
             if kv in (native, baseline):
                 lp, top = ref(kv, step)
             else:
-                lp, top = logprobs(kv, step)
+                try:
+                    lp, top = logprobs(kv, step)
+                except REFUSALS as e:     # the build cannot run this type on this model: said, not fatal
+                    say(f"{step} {kv.name}: refused by the build: {e}")
+                    raw[kv.name] = {"kv": kv.name, "refused": str(e)}
+                    continue
             f_lp, f_top = ref(native, step)
             b_lp, b_top = ref(baseline, step)
             nll = -lp[np.arange(lp.shape[0]), targets].astype(np.float64)
@@ -333,6 +347,9 @@ def run_quality(runtime, chunks: "list[list[int]]", types: "list[KVType]", *, ba
     b_nll = np.asarray(raw[baseline.name]["nll"])
     for kv in types:
         r = raw[kv.name]
+        if "refused" in r:
+            out[kv.name] = {"kv": kv.name, "bits_per_value": bits_per_value(kv, runtime), "refused": r["refused"]}
+            continue
         nll = np.asarray(r["nll"])
         out[kv.name] = {"kv": kv.name, "bits_per_value": bits_per_value(kv, runtime), **perplexity_stats(nll),
                         "vs_f16": {**ratio_stats(nll, f_nll), "kld": kld_stats(r["kld_f16"], r["top_f16"])},
@@ -470,6 +487,13 @@ def run_case(case: KernelCase, *, flash_attn=build_flash_attn, runtime=None, see
     return row
 
 
+def _kernel_refusals() -> tuple[type, ...]:
+    """ggml refusing a graph (a type or shape its flash_attn_ext does not take)."""
+    from tqbridge.bridge.ggml_graph import GgmlGraphError
+
+    return (GgmlGraphError,)
+
+
 def run_kernels(types: "list[KVType]", *, flash_attn=build_flash_attn, runtime=None, cache: ResultCache,
                 say: Callable[[str], None], only: "str | None" = None) -> list[dict]:
     cases = [parse_case_id(only)] if only else kernel_cases(types)
@@ -480,7 +504,7 @@ def run_kernels(types: "list[KVType]", *, flash_attn=build_flash_attn, runtime=N
             say(f"[kernel {i + 1}/{len(cases)}] {case.id}")
             try:
                 got = run_case(case, flash_attn=flash_attn, runtime=runtime)
-            except EvidenceError as e:
+            except (EvidenceError, *_kernel_refusals()) as e:
                 got = {"id": case.id, "kv": case.kv.name, "skipped": str(e)}
             if not only:
                 cache.put("kernel", hashlib.sha256(case.id.encode()).hexdigest()[:16], got)
@@ -567,7 +591,8 @@ def run_evidence(runtime, *, requested: "list[str]", text: str, text_source: str
                                  twin=twin if "mlx" in parts else None)
     if "speed" in parts:
         lengths = speed_lengths or (max(16, n_ctx // 4), n_ctx)
-        ev.speed = run_speed(runtime, ids, types, lengths=lengths, reps=speed_reps, cache=cache, say=say)
+        runs = [t for t in types if "refused" not in ev.quality.get(t.name, {})]
+        ev.speed = run_speed(runtime, ids, runs, lengths=lengths, reps=speed_reps, cache=cache, say=say)
     if "kernels" in parts:
         ev.kernels = run_kernels(types, flash_attn=flash_attn, runtime=runtime, cache=cache, say=say, only=only_case)
     if "mlx" in parts and mlx_side is not None:

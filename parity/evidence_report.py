@@ -25,9 +25,13 @@ def markdown(report: dict) -> str:
           f"({s.get('text_tokens')} tokens), {s.get('chunks')} chunks of {s.get('ctx')} tokens (the second half "
           f"of each scored, as llama-perplexity does), KV rotation {s.get('kv_rotation')}.", ""]
     L += ["Command:", "", "```", report.get("command", ""), "```", ""]
+    refused = {n: r["refused"] for n, r in q.items() if "refused" in r}
+    q = {n: r for n, r in q.items() if "refused" not in r}
     if q:
-        L += ["## Perplexity", "",
-              "| cache | bits/value | PPL | ln(PPL/PPL(f16)) | ln(PPL/PPL(" + base + ")) |",
+        L += ["## Perplexity", ""]
+        for name, why in refused.items():
+            L += [f"Refused by the build: **{name}**: {why}", ""]
+        L += ["| cache | bits/value | PPL | ln(PPL/PPL(f16)) | ln(PPL/PPL(" + base + ")) |",
               "|---|---:|---:|---:|---:|"]
         for name, r in q.items():
             vb = r.get(f"vs_{base}", {})
@@ -97,7 +101,7 @@ def markdown(report: dict) -> str:
 
 def plot(path, report: dict) -> "Path | None":
     """Perplexity and mean KLD vs f16 against bits per value, one point per cache type."""
-    q = report.get("quality") or {}
+    q = {n: r for n, r in (report.get("quality") or {}).items() if "refused" not in r}
     if not q:
         return None
     import matplotlib

@@ -209,3 +209,23 @@ def test_bad_input_is_one_line(tiny, extra, said, capsys):
     assert main(["evidence", str(tiny), *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert said in err and len(err.splitlines()) == 1
+
+
+class RefusingBuild(FakeBuild):
+    """A build that cannot make a context for turbo3 (as PR #197's port refuses turbo on 64-value heads)."""
+
+    def logits(self, tokens, kv):
+        from tqbridge.bridge.llama_side import LlamaBuildError
+
+        if "turbo3" in (kv.k, kv.v):
+            raise LlamaBuildError("K cache type turbo3 with block size 128 does not divide n_embd_head_k=64")
+        return super().logits(tokens, kv)
+
+
+def test_a_type_the_build_refuses_is_reported_and_the_rest_runs(tmp_path):
+    res = ev.run_evidence(RefusingBuild(), requested=["turbo3", "q8_0/q4_0"], text=TEXT, text_source="t",
+                          n_ctx=64, n_chunks=2, out=None, parts=("quality",))
+    assert "does not divide" in res.quality["turbo3"]["refused"]
+    assert res.quality["q8_0/q4_0"]["vs_f16"]["kld"]["mean"] > 0
+    md = markdown({"settings": res.settings, "quality": res.quality, "requested": ["turbo3"]})
+    assert "Refused by the build: **turbo3**" in md

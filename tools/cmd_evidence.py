@@ -114,6 +114,9 @@ def run(args) -> int:
               "requested": requested, **res.as_dict(), "environment": environment(info)}
     paths = write_all(Path(args.out), report)
     for name, r in res.quality.items():
+        if "refused" in r:
+            print(f"{name:<24} refused by the build: {r['refused']}")
+            continue
         k = r["vs_f16"]["kld"]
         print(f"{name:<24} {r['bits_per_value']:6.3f} bits  PPL {r['ppl']:.4f} ± {r['ppl_err']:.4f}  "
               f"KLD vs f16 {k['mean']:.6f} ± {k['err']:.6f}  same top {100 * k['same_top']:.2f} %")
