@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "archs": ("cmd_archs", "the GGUF architectures the model loader builds; llama.cpp vs MLX on a tiny model of each"),
     "campaign": ("cmd_campaign", "run a matrix of tqbridge commands as Ray tasks, locally or on a cluster; resumable"),
     "serve": ("cmd_serve", "mlx-lm's OpenAI-compatible server with TQCache layers (prompt-cache reuse across requests)"),
+    "evidence": ("cmd_evidence", "the evidence llama.cpp asks of a new KV type: perplexity, KLD, CPU speed, flash_attn_ext cases, one report"),
     "records": ("cmd_records", "the benchmark records: check them against the schema, write their index, file a new one"),
 }
 

@@ -148,12 +148,14 @@ def fork_flash_attn(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, k
     dk, dv = padded_dim(kf, d), padded_dim(vf, d)
     qp = np.zeros((hq, dk), np.float32)
     qp[:, :d] = q
-    if kf.kind == "turbo":
-        qp = turbo_rotation.forward(qp, kf.block_size).astype(np.float32)
+    if kf.kind == "turbo":   # every group of block_size values of a row (head dims above one group: 256)
+        qp = turbo_rotation.forward(qp.reshape(hq, -1, kf.block_size), kf.block_size).reshape(hq, dk)
+        qp = qp.astype(np.float32)
     out = flash_attn_ext(qp[:, None, :], k_blocks, v_blocks, k_type=_type_id(kf), v_type=_type_id(vf),
                          scale=scale, head_dim_v=dv, softcap=softcap)[0]
     if vf.kind == "turbo":
-        out = turbo_rotation.inverse(out, vf.block_size)
+        out = np.ascontiguousarray(out, np.float32)
+        out = turbo_rotation.inverse(out.reshape(hq, -1, vf.block_size), vf.block_size).reshape(hq, dv)
     return np.asarray(out, np.float32)[:, :d]
 
 

@@ -177,6 +177,52 @@ class LlamaCppRuntime:
             shim.free(ctx)
         return np.concatenate(outs, axis=0)
 
+    def time_prompt_decode(self, tokens: "list[int]", kv: KV, n_prompt: int) -> tuple[float, float]:
+        """Seconds to evaluate ``tokens[:n_prompt]`` as one batch into an empty cache, and seconds for the
+        remaining tokens as single-token decode steps after it (logits of the last position only)."""
+        import time
+
+        toks = [int(t) for t in tokens]
+        if not 0 < n_prompt < len(toks):
+            raise ValueError(f"n_prompt must be in 1..{len(toks) - 1}, got {n_prompt}")
+        if not kv.is_float and not self.flash_attn and kv.v not in FLOAT_TYPES:
+            raise LlamaConfigError("llama.cpp needs flash attention for a quantized V cache")
+        n_ctx = self._n_ctx(len(toks))
+        if self.build is not None:
+            shim, model = self._shim_model()
+            n_vocab = shim.n_vocab(model)
+            with scoped_environ({"LLAMA_ATTN_ROT_DISABLE": None if self.rotation else "1"}):
+                ctx = shim.context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
+                                   n_threads=self.n_threads, flash_attn=self.flash_attn,
+                                   type_k=self._type_id(kv.k), type_v=self._type_id(kv.v))
+            try:
+                t0 = time.perf_counter()
+                shim.decode(ctx, toks[:n_prompt], 0, n_vocab, all_logits=False)
+                t1 = time.perf_counter()
+                for i in range(n_prompt, len(toks)):
+                    shim.decode(ctx, [toks[i]], i, n_vocab, all_logits=False)
+                t2 = time.perf_counter()
+            finally:
+                shim.free(ctx)
+            return t1 - t0, t2 - t1
+        from llama_cpp import Llama
+
+        with scoped_environ({"LLAMA_ATTN_ROT_DISABLE": None if self.rotation else "1"}):
+            llm = Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
+                        n_threads=self.n_threads, n_threads_batch=self.n_threads, logits_all=False,
+                        flash_attn=self.flash_attn, type_k=self._type_id(kv.k), type_v=self._type_id(kv.v),
+                        verbose=False)
+        try:
+            t0 = time.perf_counter()
+            llm.eval(toks[:n_prompt])
+            t1 = time.perf_counter()
+            for t in toks[n_prompt:]:
+                llm.eval([t])
+            t2 = time.perf_counter()
+        finally:
+            llm.close()
+        return t1 - t0, t2 - t1
+
     @staticmethod
     def state_blob(llm) -> bytes:
         """The sequence-0 KV state blob of a live context (see tqbridge.bridge.llama_state)."""

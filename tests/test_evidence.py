@@ -1,0 +1,231 @@
+"""tqbridge evidence (issue 51): llama-perplexity's statistics and chunking, the planted decoding bugs in a
+stand-in build (KLD and NMSE show them), resume, the report files, and the command line on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from tqbridge.parity import evidence as ev
+from tqbridge.parity.evidence_report import markdown, write_all
+from tqbridge.parity.harness.evidence_fake import PLANTED, FakeBuild
+from tqbridge.tools.cli import main
+
+CENTROIDS, HALVED = sorted(PLANTED)[0], sorted(PLANTED)[1]
+TEXT = " ".join(f"word{i % 37} and {i * 7 % 101}." for i in range(2000))
+
+
+# ---- statistics and chunking, as llama-perplexity computes them ------------------------------------------
+
+def test_mean_and_uncertainty_is_the_standard_error_of_the_mean():
+    m, u = ev.mean_and_uncertainty(np.array([1.0, 2.0, 3.0, 4.0]))
+    assert m == 2.5
+    assert u == pytest.approx(math.sqrt((7.5 - 6.25) / 3), rel=1e-12)   # E[x^2] = 7.5
+    assert ev.mean_and_uncertainty(np.array([5.0, 5.0])) == (5.0, 0.0)
+
+
+def test_percentile_interpolates_between_ranks():
+    v = np.sort(np.random.default_rng(1).random(101))
+    for f in ev.KLD_PERCENTILES:
+        assert ev.percentile(v, f) == pytest.approx(float(np.percentile(v, 100 * f)), abs=1e-15)
+
+
+def test_perplexity_is_exp_of_the_mean_nll_with_its_error():
+    nll = np.array([1.0, 2.0, 3.0, 4.0])
+    s = ev.perplexity_stats(nll)
+    assert s["ppl"] == pytest.approx(math.exp(2.5))
+    assert s["ppl_err"] == pytest.approx(math.exp(2.5) * math.sqrt(1.25 / 3))
+    r = ev.ratio_stats(nll, nll)
+    assert r["ln_ratio"] == 0.0 and r["ln_ratio_err"] == 0.0      # identical streams: no uncertainty
+
+
+def test_chunks_replace_the_first_token_by_bos_and_score_the_second_half():
+    ids = list(range(100, 200))
+    chunks = ev.chunk_tokens(ids, 32, 0, bos=7)
+    assert [c[0] for c in chunks] == [7, 7, 7]                  # 100 // 32 whole chunks
+    assert chunks[1][1:] == ids[33:64]
+    assert len(ev.chunk_tokens(ids, 32, 2, bos=None)) == 2
+    assert ev.chunk_tokens(ids, 32, 2, bos=None)[0][0] == 100
+    logits = np.zeros((32, 300))
+    logits[np.arange(32), np.arange(32) + 1] = 5.0               # position i predicts i + 1
+    lp, targets = ev.scored(logits, list(range(32)))
+    assert lp.shape == (32 - 16 - 1, 300)                         # positions n_ctx/2 .. n_ctx-2
+    assert list(targets) == list(range(17, 32))
+    assert np.argmax(lp, axis=-1).tolist() == list(range(17, 32))
+    with pytest.raises(ev.EvidenceError, match="at least 64"):
+        ev.chunk_tokens(ids[:60], 32, 1, bos=None)
+
+
+def test_kld_rows_is_zero_on_itself_and_positive_otherwise():
+    lp = ev.log_softmax(np.random.default_rng(0).standard_normal((4, 50)))
+    assert np.all(ev.kld_rows(lp, lp) == 0)
+    assert np.all(ev.kld_rows(lp, lp[::-1]) > 0)
+
+
+# ---- the planted bugs in a stand-in build ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def planted():
+    fake = FakeBuild()
+    ids, bos = ev.text_tokens(fake, TEXT)
+    chunks = ev.chunk_tokens(ids, 96, 3, bos)
+    types = [ev.parse_kv(n) for n in ("f16", "q8_0", "turbo3", CENTROIDS, HALVED)]
+    cache = ev.ResultCache(None, {})
+    q = ev.run_quality(fake, chunks, types, baseline=types[1], cache=cache, say=lambda m: None, twin=FakeBuild())
+    cases = [c for c in ev.kernel_cases(types[2:]) if c.head_dim == 128 or c.softcap]
+    k = [ev.run_case(c, flash_attn=fake.flash_attn, runtime=fake) for c in cases]
+    return q, k
+
+
+def _worst(kernels, name):
+    return max(r["nmse_build_vs_ours"] for r in kernels if r["kv"] == name)
+
+
+def test_a_correct_turbo_type_passes_in_the_stand_in(planted):
+    q, k = planted
+    assert q["turbo3"]["vs_tqbridge"]["kld"]["mean"] == 0.0 and q["turbo3"]["vs_tqbridge"]["passed"]
+    assert all(r["passed"] for r in k if r["kv"] == "turbo3")
+    assert _worst(k, "turbo3") < 1e-9
+
+
+def test_halved_rotation_group_shows_in_kld_and_nmse(planted):
+    q, k = planted
+    assert q[HALVED]["vs_f16"]["kld"]["mean"] > 10 * q["turbo3"]["vs_f16"]["kld"]["mean"]
+    assert q[HALVED]["vs_tqbridge"]["passed"] is False
+    assert _worst(k, HALVED) > 100 * ev.NMSE_BAR
+    assert not any(r["passed"] for r in k if r["kv"] == HALVED)
+
+
+def test_scaled_centroids_show_in_kld_against_tqbridge_and_in_nmse(planted):
+    q, k = planted
+    tw = q[CENTROIDS]["vs_tqbridge"]["kld"]
+    # against tqbridge's decoding of the same bytes the scaled codebook is a clear, nonzero KLD (the correct
+    # type's is exactly 0); against f16 it hides inside the type's own error, which the report shows too
+    assert tw["mean"] > 5 * tw["err"] > 0
+    assert _worst(k, CENTROIDS) > ev.NMSE_BAR
+    assert any(not r["passed"] for r in k if r["kv"] == CENTROIDS)
+
+
+def test_the_report_names_the_planted_types_as_failing(planted, tmp_path):
+    q, k = planted
+    report = {"settings": {"model": "fake", "ctx": 96, "chunks": 3, "baseline": "q8_0"}, "requested": list(PLANTED),
+              "command": "test", "quality": q, "kernels": k, "speed": [], "environment": {}}
+    md = markdown(report)
+    sections = [md.index(s) for s in ("## Perplexity", "## KL divergence", "## flash_attn_ext cases")]
+    assert sections == sorted(sections)                      # CONTRIBUTING's order
+    row = next(line for line in md.splitlines() if line.startswith(f"| {HALVED} |") and "FAIL" in line)
+    assert "FAIL" in row
+    assert "5e-04" in md or "0.0005" in md
+    paths = write_all(tmp_path, report)
+    assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(paths["json"].read_text())["quality"][CENTROIDS]["bits_per_value"] == 3.125
+
+
+def test_case_ids_round_trip():
+    for c in ev.kernel_cases([ev.parse_kv("q8_0/q4_0")]):
+        assert ev.parse_case_id(c.id) == c
+    with pytest.raises(ev.EvidenceError):
+        ev.parse_case_id("q8_0:d128")
+
+
+# ---- resume ---------------------------------------------------------------------------------------------
+
+class Interrupted(RuntimeError):
+    pass
+
+
+class CountingBuild(FakeBuild):
+    def __init__(self, stop_after=None):
+        super().__init__()
+        self.calls, self.stop_after = 0, stop_after
+
+    def logits(self, tokens, kv):
+        self.calls += 1
+        if self.stop_after is not None and self.calls > self.stop_after:
+            raise Interrupted("killed")
+        return super().logits(tokens, kv)
+
+
+def test_an_interrupted_run_resumes_from_its_cache(tmp_path):
+    kw = dict(requested=["turbo3"], text=TEXT, text_source="t", n_ctx=64, n_chunks=2, out=tmp_path,
+              parts=("quality",))
+    first = CountingBuild(stop_after=7)
+    with pytest.raises(Interrupted):
+        ev.run_evidence(first, **kw)
+    again = CountingBuild()
+    res = ev.run_evidence(again, **kw)
+    full = CountingBuild()
+    ref = ev.run_evidence(full, out=None, **{k: v for k, v in kw.items() if k != "out"})
+    assert again.calls < full.calls                     # the finished types came from the cache
+    assert res.quality["turbo3"]["ppl"] == ref.quality["turbo3"]["ppl"]
+    done = CountingBuild()
+    ev.run_evidence(done, **kw)
+    assert done.calls == 0
+
+
+# ---- the command line, on a tiny model through llama-cpp-python's llama.cpp -----------------------------
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tqbridge.bridge.gguf_fixtures import write_fixture
+
+    return write_fixture(tmp_path_factory.mktemp("ev") / "llama.gguf", "llama")
+
+
+def test_command_line_writes_the_report_and_resumes(tiny, tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    args = ["evidence", str(tiny), "--kv", "q4_0", "--text", str(text), "--ctx", "32", "--chunks", "2",
+            "--parts", "quality,speed", "--out", str(tmp_path / "out"), "--threads", "1"]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    assert "q4_0" in out.out and "PPL" in out.out and "chunk" in out.err
+    rep = json.loads((tmp_path / "out" / "evidence.json").read_text())
+    assert set(rep["quality"]) == {"f16", *ev.SURROUNDING}
+    assert rep["quality"]["f16"]["vs_f16"]["kld"]["mean"] == 0.0
+    assert rep["quality"]["q4_0"]["vs_f16"]["kld"]["mean"] > 0.0
+    assert {r["prompt_tokens"] for r in rep["speed"]} == {16, 32}
+    md = (tmp_path / "out" / "evidence.md").read_text()
+    assert "## CPU performance" in md and "--ctx 32" in md
+    assert main(args) == 0                                   # everything from the cache
+    assert "chunk" not in capsys.readouterr().err
+
+
+def test_one_kernel_case_by_id(capsys):
+    assert main(["evidence", "smollm2", "--case", "q8_0/q4_0:d64-h8x2-n64"]) == 0
+    assert "NMSE build vs ours" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--kv", "nope"], "no cache type"),
+    (["--kv", "q4_0", "--parts", "quality,bogus"], "--parts"),
+    (["--case", "q8_0:d12"], "not a kernel case id"),
+    ([], "--kv"),
+])
+def test_bad_input_is_one_line(tiny, extra, said, capsys):
+    assert main(["evidence", str(tiny), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err and len(err.splitlines()) == 1
+
+
+class RefusingBuild(FakeBuild):
+    """A build that cannot make a context for turbo3 (as PR #197's port refuses turbo on 64-value heads)."""
+
+    def logits(self, tokens, kv):
+        from tqbridge.bridge.llama_side import LlamaBuildError
+
+        if "turbo3" in (kv.k, kv.v):
+            raise LlamaBuildError("K cache type turbo3 with block size 128 does not divide n_embd_head_k=64")
+        return super().logits(tokens, kv)
+
+
+def test_a_type_the_build_refuses_is_reported_and_the_rest_runs(tmp_path):
+    res = ev.run_evidence(RefusingBuild(), requested=["turbo3", "q8_0/q4_0"], text=TEXT, text_source="t",
+                          n_ctx=64, n_chunks=2, out=None, parts=("quality",))
+    assert "does not divide" in res.quality["turbo3"]["refused"]
+    assert res.quality["q8_0/q4_0"]["vs_f16"]["kld"]["mean"] > 0
+    md = markdown({"settings": res.settings, "quality": res.quality, "requested": ["turbo3"]})
+    assert "Refused by the build: **turbo3**" in md
