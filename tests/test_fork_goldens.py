@@ -237,8 +237,9 @@ def test_mlx_with_tqcache_picks_the_forks_top_token(variant):
 def test_the_forks_attention_output_is_its_arithmetic_recomputed(variant):
     """parity/harness/llama_arith.py reproduces the fork's flash attention (a turbo K decoded in its
     rotated basis and dotted with the rotated q in order; a turbo V accumulated in its rotated basis) to
-    within its float32 ulp limit at every layer (measured live: 6-14 ulps, both variants)."""
-    from tqbridge.parity.harness.llama_arith import attention, ulp_error, ulps_limit
+    within the bound derived from its operation order at every layer (its ulps, 6-14 live on both
+    variants, are information)."""
+    from tqbridge.parity.harness.llama_arith import attention, bound_ratio
 
     z, prov = _load(variant)
     worst = 0.0
@@ -246,9 +247,9 @@ def test_the_forks_attention_output_is_its_arithmetic_recomputed(variant):
         kf, vf = _formats(pair, variant)
         for il in _layers(z, pair):
             p = f"{pair.replace('/', '-')}/L{il}/"
-            got = attention(z[p + "q_fa"], z[p + "k_cache"], z[p + "v_cache"], k_format=kf, v_format=vf,
-                            scale=float(z[p + "scale"]), mask=z[p + "mask"])
-            u = ulp_error(got, z[p + "out_fa"].astype(np.float64), "f32")
-            assert u <= ulps_limit("f32", z[p + "q_fa"].shape[-1]), (pair, il, u)
-            worst = max(worst, u)
+            got, bnd = attention(z[p + "q_fa"], z[p + "k_cache"], z[p + "v_cache"], k_format=kf, v_format=vf,
+                                 scale=float(z[p + "scale"]), mask=z[p + "mask"], bound=True)
+            want = z[p + "out_fa"].astype(np.float64)
+            assert bound_ratio(got, want, bnd) <= 1.0, (pair, il, bound_ratio(got, want, bnd))
+            worst = max(worst, float(np.abs(got - want).max()))
     assert worst > 0.0   # the fork's own rounding shows: the comparison is not of a value with itself
