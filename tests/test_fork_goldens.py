@@ -100,15 +100,12 @@ def test_our_kernel_on_the_forks_blocks_is_within_the_oracle_bound(variant):
             for b, e in ours.items():
                 assert e["within_bound"], (pair, il, b, e["bound_ratio"])
                 worst = max(worst, e["bound_ratio"])
-            # the fork's own output on the same problem agrees with ours far below the output's scale
-            assert others["fork"]["nmse"] < FORK_OUTPUT_NMSE, (pair, il, others["fork"])
+            # the fork's own output on the same problem vs ours: information (its NMSE, up to 1.3e-3 where it
+            # rounds q to q8_0 for a q8_0 K). What is claimed of the fork's output is that it is its own
+            # arithmetic, within the bound derived from its operation order
+            # (test_the_forks_attention_output_is_its_arithmetic_recomputed)
+            print(pair, il, f"fork vs ours NMSE {others['fork']['nmse']:.2e} (information)")
     assert worst > 0.0
-
-
-# The fork's flash attention rounds q to its K type's dot type (q8_0 for a q8_0 K): measured NMSE of its
-# output vs ours on these goldens at most 1.31e-3 (fork-69d8e4b, SmolLM2 q8_0/turbo3, layer 13; turbo K
-# layers ~1e-6). Skipping the fork's inverse rotation of a turbo V output gives NMSE ~2.
-FORK_OUTPUT_NMSE = 5e-3
 
 
 # --- planted turbo bugs: each must make the golden check fail -------------------------------------------
