@@ -121,18 +121,23 @@ def run_logits(model: "str | Path", kv_list: "list[str]", *, n_tokens: int = 256
     if len(ids) < n_tokens:
         raise ValueError(f"the text has only {len(ids)} tokens, fewer than --tokens {n_tokens}")
     ids = ids[:n_tokens]
-    say("loading the MLX model")
-    mlx = MLXRuntime(path, cache_factory=cache_factory, rotation=rotation)
     f16 = KV.parse("f16")
     plan = [f16] + [kv for kv in kvs if kv != f16]
     steps, done = 2 * len(plan), 0
     L: dict[KV, np.ndarray] = {}
     M: dict[KV, np.ndarray] = {}
     paths: dict[str, dict] = {}
+    # every llama.cpp run first (each loads and frees its model), then MLX's: the two runtimes' copies of
+    # the weights are never resident together (the level's peak memory: one model, not two)
     for kv in plan:
         say(f"[{done + 1}/{steps}] llama.cpp {kv.name}")
         L[kv] = llama.logits(ids, kv, decode=decode)
         done += 1
+    llama_info = llama.info()
+    llama.release()
+    say("loading the MLX model")
+    mlx = MLXRuntime(path, cache_factory=cache_factory, rotation=rotation)
+    for kv in plan:
         say(f"[{done + 1}/{steps}] mlx {kv.name}")
         M[kv] = mlx.logits(ids, kv, keep_cache=True, decode=decode)
         paths[kv.name] = _cache_paths(mlx.last_cache)
@@ -163,7 +168,7 @@ def run_logits(model: "str | Path", kv_list: "list[str]", *, n_tokens: int = 256
     info = {"model": src.name, "weights": "exact (F32 copy of every tensor)" if exact_weights else "as stored",
             "weights_file": path.name, "text": text_source, "tokens": len(ids),
             "decode_steps": max(0, min(decode, len(ids) - 1)),
-            "llama_cpp": llama.info(), "mlx": mlx.info(), "seconds": round(time.perf_counter() - t0, 1)}
+            "llama_cpp": llama_info, "mlx": mlx.info(), "seconds": round(time.perf_counter() - t0, 1)}
     return LogitsResult(rows, len(ids), info)
 
 

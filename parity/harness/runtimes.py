@@ -124,6 +124,15 @@ class LlamaCppRuntime:
             self._model = shim.load_model(self.path)
         return shim, self._model
 
+    def release(self) -> None:
+        """Free the model a --llama build keeps loaded between runs (llama-cpp-python's runs load and
+        free their own); the next run loads it again."""
+        if self._model is not None:
+            from tqbridge.bridge.llama_shim import Shim
+
+            Shim.for_build(self.build).free_model(self._model)
+            self._model = None
+
     def _n_ctx(self, n_tokens: int) -> int:
         return max(256, -(-n_tokens // 256) * 256)
 
