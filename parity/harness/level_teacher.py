@@ -455,6 +455,16 @@ def run_teacher(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, decode
     from tqbridge.bridge.llama_capture import capture_run
     from tqbridge.parity.harness.runtimes import KV
 
+    # llama.cpp's runs first (each loads and frees its model), then tqbridge's model: the two runtimes'
+    # weights are never resident together (the level's peak memory: one model, not two)
+    caps = []
+    for spec in kvs:
+        kv = KV.parse(spec)
+        if progress:
+            progress(f"teacher forcing: llama.cpp {kv.name}")
+        t0 = time.perf_counter()
+        cap, _ = capture_run(gguf_path, tokens, kv.k, kv.v, decode=decode, rotation=rotation)
+        caps.append((kv, cap, time.perf_counter() - t0))
     if model is None and windows is None:
         if progress:
             progress("teacher forcing: tqbridge's model (its attention path and sliding windows)")
@@ -464,12 +474,11 @@ def run_teacher(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, decode
     layers_mod = mlx_model.layers if (model_path and mlx_model is not None) else None
     q_claimed = bool(layers_mod is not None and _f32_projections(gguf_path))
     results = []
-    for spec in kvs:
-        kv = KV.parse(spec)
+    while caps:
+        kv, cap, seconds = caps.pop(0)
         if progress:
             progress(f"teacher forcing: {kv.name}")
         t0 = time.perf_counter()
-        cap, _ = capture_run(gguf_path, tokens, kv.k, kv.v, decode=decode, rotation=rotation)
         layers = []
         for il in sorted(cap.layers):
             if il >= len(windows):
@@ -480,7 +489,8 @@ def run_teacher(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, decode
                                 q_claimed=q_claimed)
             rec["layer"] = il
             layers.append(rec)
-        results.append({"kv": kv.name, "layers": layers, "seconds": round(time.perf_counter() - t0, 2),
+        del cap
+        results.append({"kv": kv.name, "layers": layers, "seconds": round(seconds + time.perf_counter() - t0, 2),
                         "passed": all(L["passed"] for L in layers)})
     claim = ("at every layer: TQCache's bytes == llama.cpp's for llama.cpp's quantizer input; its rotation "
              "within the float32 dot-product bound; our attention on llama.cpp's q and cache within the "
