@@ -38,7 +38,7 @@ from tqbridge.bridge.evaluation_text import evaluation_text
 from tqbridge.bridge.kv_spec import LOGITS_KV
 
 from .metrics import compare_logits
-from .runtimes import KV, LlamaCppRuntime, MLXRuntime
+from .runtimes import KV, LlamaCppRuntime, MLXRuntime, release_memory
 
 # The issue's goal for identical weights and an f16 cache.
 FLOAT_KL_GOAL = 1e-5
@@ -129,6 +129,7 @@ def run_logits(model: "str | Path", kv_list: "list[str]", *, n_tokens: int = 256
     paths: dict[str, dict] = {}
     # every llama.cpp run first (each loads and frees its model), then MLX's: the two runtimes' copies of
     # the weights are never resident together (the level's peak memory: one model, not two)
+    release_memory()      # what an earlier level's MLX model left allocated
     for kv in plan:
         say(f"[{done + 1}/{steps}] llama.cpp {kv.name}")
         L[kv] = llama.logits(ids, kv, decode=decode)

@@ -457,6 +457,9 @@ def run_teacher(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, decode
 
     # llama.cpp's runs first (each loads and frees its model), then tqbridge's model: the two runtimes'
     # weights are never resident together (the level's peak memory: one model, not two)
+    from tqbridge.parity.harness.runtimes import release_memory
+
+    release_memory()      # what an earlier level's MLX model left allocated
     caps = []
     for spec in kvs:
         kv = KV.parse(spec)
