@@ -209,9 +209,14 @@ MODELS = {"fork-69d8e4b": "smollm2", "fork-pr197": "gemma3"}
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_mlx_with_tqcache_picks_the_forks_top_token(variant):
     """Each evaluation's last position (the 8-token prompt, then two decode steps through tqbridge's
-    routing): MLX's greedy token is the fork's. Measured max |logit difference| over the fork's top 64:
+    routing), against the fork's top 64 logits there. Measured max |logit difference| over them:
     8.6e-5 .. 2.2e-3 for turbo4/turbo4 on SmolLM2, 0.55 .. 3.1 where a q8_0 K or Gemma 3's depth flips
-    quantization steps between the runtimes — so the claim is the greedy token, which held 12 of 12."""
+    quantization steps between the runtimes: which steps flip follows the float summation order (the
+    BLAS and its thread count), so the greedy token is claimed only where it cannot flip. With D the
+    largest |MLX - fork| over the fork's top 64 at that position: MLX's greedy token is one of those 64
+    and scores within 2 D of the fork's best in the fork's logits (if MLX prefers b to the fork's a,
+    fork[a] - fork[b] <= (fork[a] - mlx[a]) + (mlx[b] - fork[b]) <= 2 D); and where the fork's best leads
+    its second by more than 2 D, it is the fork's token."""
     from tqbridge.bridge.gguf_f32 import cached_f32_gguf
     from tqbridge.bridge.models import ModelUnavailable, model_path
     from tqbridge.parity.harness.runtimes import KV, MLXRuntime
@@ -224,10 +229,22 @@ def test_mlx_with_tqcache_picks_the_forks_top_token(variant):
     mr = MLXRuntime(cached_f32_gguf(path), rotation=False)
     toks = z["tokens"].tolist()
     ends = [len(toks) - 1 - prov["decode_steps"] + i for i in range(prov["decode_steps"] + 1)]
+    same = 0
     for pair in prov["pairs"]:
         lg = mr.logits(toks, KV(*_formats(pair, variant)), decode=prov["decode_steps"])
-        fork_top1 = z[f"{pair.replace('/', '-')}/logits_top_ids"][:, 0]
-        assert [int(lg[e].argmax()) for e in ends] == fork_top1.tolist(), pair
+        ids = z[f"{pair.replace('/', '-')}/logits_top_ids"]
+        vals = z[f"{pair.replace('/', '-')}/logits_top"].astype(np.float64)
+        for row, e in enumerate(ends):
+            ours = lg[e].astype(np.float64)
+            d = float(np.abs(ours[ids[row]] - vals[row]).max())
+            pick = int(ours.argmax())
+            assert pick in ids[row].tolist(), (pair, e, pick)
+            assert vals[row].max() - vals[row][ids[row].tolist().index(pick)] <= 2 * d, (pair, e, d)
+            top = np.sort(vals[row])[::-1]
+            if top[0] - top[1] > 2 * d:
+                assert pick == int(ids[row][int(vals[row].argmax())]), (pair, e, d)
+            same += pick == int(ids[row][int(vals[row].argmax())])
+    print(f"{variant}: MLX's greedy token is the fork's at {same} of {len(ends) * len(prov['pairs'])} positions")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
