@@ -127,6 +127,7 @@ class Fixture:
     write_head_dims: bool = True          # key_length / value_length in the metadata
     expert_ff_key: bool = True            # expert_feed_forward_length (else the experts are ff wide)
     extra: dict = field(default_factory=dict)
+    layer0_scale: float = 1.0             # layer 0's attn_q/k/v weights times this: a first layer's large activations
 
 
 # GGUF architecture -> its tiny model. Facts from llama.cpp's loader and graph for each (src/models/):
@@ -243,7 +244,8 @@ def write_fixture(path: "str | os.PathLike[str]", arch: str, *, seed: "int | Non
             t(name + ".bias", n, scale=0.1)
 
     def linear(name: str, rows: int, cols: int, bias: bool) -> None:
-        t(name + ".weight", rows, cols)
+        big = f.layer0_scale if name.startswith("blk.0.attn_") and name[6:] in ("attn_q", "attn_k", "attn_v", "attn_qkv") else 1.0
+        t(name + ".weight", rows, cols, scale=big / np.sqrt(cols))
         if bias:
             t(name + ".bias", rows, scale=0.1)
 

@@ -14,7 +14,8 @@ GFLOP/s. Loading an OpenBLAS with ``RTLD_GLOBAL`` *before* ``mlx.core`` is impor
    used (see ``_fortran_runtime``);
 4. MLX's bundled BLAS.
 
-``TQBRIDGE_BLAS=bundled`` keeps MLX's own. ``slow_blas_notice()``, called where model work starts
+OpenBLAS's threads: ``OPENBLAS_NUM_THREADS`` where set, else :func:`blas_threads` (the cores this process
+may use that other work is not already keeping busy). ``TQBRIDGE_BLAS=bundled`` keeps MLX's own. ``slow_blas_notice()``, called where model work starts
 (building a model from a GGUF, ``tqbridge bench decode``), says once per process on stderr when that
 work will run on MLX's CPU device with the bundled BLAS, and how to fix it.
 """
@@ -165,6 +166,25 @@ def _find_openblas() -> "tuple[list[str], str]":
     return [path], f"{WHEEL} wheel"
 
 
+def blas_threads(cores: "int | None" = None, busy: "float | None" = None) -> int:
+    """OpenBLAS threads for this process: the ``cores`` it may run on (its CPU affinity) less those other
+    work keeps busy (``busy``: the 1-minute load average, rounded), at least 1. OpenBLAS's threads spin
+    while they wait for each other, so a thread on a core another process is using slows the matmul
+    instead of sharing it: measured on 2 contended cores, a matmul test ran 12x slower with 2 threads
+    than with 1 (the logits level: 29 s with 1, 175 s with 2)."""
+    if cores is None:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+    if busy is None:
+        try:
+            busy = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            busy = 0.0
+    return max(1, min(int(cores), int(cores - busy + 0.5)))
+
+
 def prefer_fast_blas() -> str:
     """Load OpenBLAS globally before MLX if possible; return a short description of the BLAS in use."""
     global _state
@@ -183,10 +203,13 @@ def prefer_fast_blas() -> str:
         elif "mlx.core" in sys.modules:
             _state = "mlx bundled BLAS (mlx was imported before tqbridge could load OpenBLAS)"
         else:
+            threads = os.environ.get("OPENBLAS_NUM_THREADS")
+            if not threads:      # OpenBLAS reads it once, when it loads
+                threads = os.environ["OPENBLAS_NUM_THREADS"] = str(blas_threads())
             try:
                 for path in paths:
                     ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-                _state = f"openblas ({os.path.basename(paths[-1])}, {source})"
+                _state = f"openblas ({os.path.basename(paths[-1])}, {source}; {threads} thread{'s' * (threads != '1')})"
             except OSError as e:
                 _state = f"mlx bundled BLAS (could not load {path}: {e})"
     return _state

@@ -55,6 +55,9 @@ def machine(monkeypatch):
     monkeypatch.setattr(mlx_blas.sys, "platform", "linux")
     for var in ("TQBRIDGE_BLAS", "TQBRIDGE_OPENBLAS", "LD_PRELOAD"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "")         # restored after the test: the choice sets it
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+    monkeypatch.setattr(mlx_blas, "blas_threads", lambda: 1)
     monkeypatch.delitem(sys.modules, "mlx.core", raising=False)
     monkeypatch.setattr(mlx_blas, "_system_openblas", lambda: m.system)
     monkeypatch.setattr(mlx_blas, "_wheel_openblas", lambda: m.wheel)
@@ -96,6 +99,25 @@ def test_the_first_candidate_present_is_loaded(machine, named, system, wheel, ex
         assert state.startswith("openblas (libopenblas.so.0, "), state
     # the wheel is checked in a child process only when it is the one to be loaded
     assert machine.probed == ([[WHEEL]] if expected == "wheel" else [])
+
+
+def test_blas_threads_leave_busy_cores_alone():
+    assert mlx_blas.blas_threads(2, 1.7) == 1          # two cores, one kept busy elsewhere
+    assert mlx_blas.blas_threads(2, 3.5) == 1          # never fewer than one
+    assert mlx_blas.blas_threads(16, 0.2) == 16
+    assert mlx_blas.blas_threads(16, 6.4) == 10
+    assert mlx_blas.blas_threads(4, 0.0) == 4
+
+
+def test_the_thread_count_is_set_before_openblas_loads_unless_given(machine):
+    import os
+
+    machine.system = SYSTEM
+    state = mlx_blas.prefer_fast_blas()
+    assert machine.loaded == [SYSTEM] and os.environ["OPENBLAS_NUM_THREADS"] == "1" and "1 thread)" in state
+    machine.env.setattr(mlx_blas, "_state", None)
+    machine.env.setenv("OPENBLAS_NUM_THREADS", "3")
+    assert "3 threads)" in mlx_blas.prefer_fast_blas() and os.environ["OPENBLAS_NUM_THREADS"] == "3"
 
 
 def test_the_wheel_that_does_not_run_leaves_the_bundled_blas_and_says_why(machine, capsys):

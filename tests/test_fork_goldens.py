@@ -100,15 +100,12 @@ def test_our_kernel_on_the_forks_blocks_is_within_the_oracle_bound(variant):
             for b, e in ours.items():
                 assert e["within_bound"], (pair, il, b, e["bound_ratio"])
                 worst = max(worst, e["bound_ratio"])
-            # the fork's own output on the same problem agrees with ours far below the output's scale
-            assert others["fork"]["nmse"] < FORK_OUTPUT_NMSE, (pair, il, others["fork"])
+            # the fork's own output on the same problem vs ours: information (its NMSE, up to 1.3e-3 where it
+            # rounds q to q8_0 for a q8_0 K). What is claimed of the fork's output is that it is its own
+            # arithmetic, within the bound derived from its operation order
+            # (test_the_forks_attention_output_is_its_arithmetic_recomputed)
+            print(pair, il, f"fork vs ours NMSE {others['fork']['nmse']:.2e} (information)")
     assert worst > 0.0
-
-
-# The fork's flash attention rounds q to its K type's dot type (q8_0 for a q8_0 K): measured NMSE of its
-# output vs ours on these goldens at most 1.31e-3 (fork-69d8e4b, SmolLM2 q8_0/turbo3, layer 13; turbo K
-# layers ~1e-6). Skipping the fork's inverse rotation of a turbo V output gives NMSE ~2.
-FORK_OUTPUT_NMSE = 5e-3
 
 
 # --- planted turbo bugs: each must make the golden check fail -------------------------------------------
@@ -212,9 +209,14 @@ MODELS = {"fork-69d8e4b": "smollm2", "fork-pr197": "gemma3"}
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_mlx_with_tqcache_picks_the_forks_top_token(variant):
     """Each evaluation's last position (the 8-token prompt, then two decode steps through tqbridge's
-    routing): MLX's greedy token is the fork's. Measured max |logit difference| over the fork's top 64:
+    routing), against the fork's top 64 logits there. Measured max |logit difference| over them:
     8.6e-5 .. 2.2e-3 for turbo4/turbo4 on SmolLM2, 0.55 .. 3.1 where a q8_0 K or Gemma 3's depth flips
-    quantization steps between the runtimes — so the claim is the greedy token, which held 12 of 12."""
+    quantization steps between the runtimes: which steps flip follows the float summation order (the
+    BLAS and its thread count), so the greedy token is claimed only where it cannot flip. With D the
+    largest |MLX - fork| over the fork's top 64 at that position: MLX's greedy token is one of those 64
+    and scores within 2 D of the fork's best in the fork's logits (if MLX prefers b to the fork's a,
+    fork[a] - fork[b] <= (fork[a] - mlx[a]) + (mlx[b] - fork[b]) <= 2 D); and where the fork's best leads
+    its second by more than 2 D, it is the fork's token."""
     from tqbridge.bridge.gguf_f32 import cached_f32_gguf
     from tqbridge.bridge.models import ModelUnavailable, model_path
     from tqbridge.parity.harness.runtimes import KV, MLXRuntime
@@ -227,18 +229,31 @@ def test_mlx_with_tqcache_picks_the_forks_top_token(variant):
     mr = MLXRuntime(cached_f32_gguf(path), rotation=False)
     toks = z["tokens"].tolist()
     ends = [len(toks) - 1 - prov["decode_steps"] + i for i in range(prov["decode_steps"] + 1)]
+    same = 0
     for pair in prov["pairs"]:
         lg = mr.logits(toks, KV(*_formats(pair, variant)), decode=prov["decode_steps"])
-        fork_top1 = z[f"{pair.replace('/', '-')}/logits_top_ids"][:, 0]
-        assert [int(lg[e].argmax()) for e in ends] == fork_top1.tolist(), pair
+        ids = z[f"{pair.replace('/', '-')}/logits_top_ids"]
+        vals = z[f"{pair.replace('/', '-')}/logits_top"].astype(np.float64)
+        for row, e in enumerate(ends):
+            ours = lg[e].astype(np.float64)
+            d = float(np.abs(ours[ids[row]] - vals[row]).max())
+            pick = int(ours.argmax())
+            assert pick in ids[row].tolist(), (pair, e, pick)
+            assert vals[row].max() - vals[row][ids[row].tolist().index(pick)] <= 2 * d, (pair, e, d)
+            top = np.sort(vals[row])[::-1]
+            if top[0] - top[1] > 2 * d:
+                assert pick == int(ids[row][int(vals[row].argmax())]), (pair, e, d)
+            same += pick == int(ids[row][int(vals[row].argmax())])
+    print(f"{variant}: MLX's greedy token is the fork's at {same} of {len(ends) * len(prov['pairs'])} positions")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_forks_attention_output_is_its_arithmetic_recomputed(variant):
     """parity/harness/llama_arith.py reproduces the fork's flash attention (a turbo K decoded in its
     rotated basis and dotted with the rotated q in order; a turbo V accumulated in its rotated basis) to
-    within its float32 ulp limit at every layer (measured live: 6-14 ulps, both variants)."""
-    from tqbridge.parity.harness.llama_arith import attention, ulp_error, ulps_limit
+    within the bound derived from its operation order at every layer (its ulps, 6-14 live on both
+    variants, are information)."""
+    from tqbridge.parity.harness.llama_arith import attention, bound_ratio
 
     z, prov = _load(variant)
     worst = 0.0
@@ -246,9 +261,9 @@ def test_the_forks_attention_output_is_its_arithmetic_recomputed(variant):
         kf, vf = _formats(pair, variant)
         for il in _layers(z, pair):
             p = f"{pair.replace('/', '-')}/L{il}/"
-            got = attention(z[p + "q_fa"], z[p + "k_cache"], z[p + "v_cache"], k_format=kf, v_format=vf,
-                            scale=float(z[p + "scale"]), mask=z[p + "mask"])
-            u = ulp_error(got, z[p + "out_fa"].astype(np.float64), "f32")
-            assert u <= ulps_limit("f32", z[p + "q_fa"].shape[-1]), (pair, il, u)
-            worst = max(worst, u)
+            got, bnd = attention(z[p + "q_fa"], z[p + "k_cache"], z[p + "v_cache"], k_format=kf, v_format=vf,
+                                 scale=float(z[p + "scale"]), mask=z[p + "mask"], bound=True)
+            want = z[p + "out_fa"].astype(np.float64)
+            assert bound_ratio(got, want, bnd) <= 1.0, (pair, il, bound_ratio(got, want, bnd))
+            worst = max(worst, float(np.abs(got - want).max()))
     assert worst > 0.0   # the fork's own rounding shows: the comparison is not of a value with itself

@@ -60,6 +60,10 @@ def run(args) -> int:
     report = json.loads(Path(args.report).read_text())
     cmd = args.command[0] if args.command and len(args.command) == 1 else args.command
     rec = R.envelope(report, hardware=args.hardware, command=cmd, cwd=root)
-    path = R.write(rec, root, args.what)
+    try:
+        path = R.write(rec, root, args.what)
+    except FileExistsError as e:
+        print(f"tqbridge records add: error: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {path} (commit {rec['commit'] or 'not recorded: not one clean commit'})", file=sys.stderr)
     return 0

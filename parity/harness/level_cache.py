@@ -132,8 +132,9 @@ def run_cache_level(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, ro
     same values. ``runtimes``: compare with an MLX forward pass for every pair (True), none
     (False: same-inputs check only) or the pairs listed.
     """
-    from tqbridge.parity.harness.runtimes import KV, LlamaCppRuntime, MLXRuntime
+    from tqbridge.parity.harness.runtimes import KV, LlamaCppRuntime, MLXRuntime, release_memory
 
+    release_memory()      # what an earlier level's MLX model left allocated
     lr = LlamaCppRuntime(gguf_path, rotation=rotation)
     lr.logits(tokens, KV("f32", "f32"), keep_state=True)
     f32_state = parse_state(lr.last_state)
@@ -141,6 +142,13 @@ def run_cache_level(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, ro
         with_mlx = {KV.parse(k).name for k in kvs} if runtimes else set()
     else:
         with_mlx = {KV.parse(k).name for k in runtimes}
+    # every llama.cpp run before MLX's model loads: one runtime's weights resident at a time
+    states = []
+    for spec in kvs:
+        kv = KV.parse(spec)
+        lr.logits(tokens, kv, keep_state=True)
+        states.append((kv, parse_state(lr.last_state)))
+    lr.release()
     mr = mlx_runtime or MLXRuntime(gguf_path) if (with_mlx or len(f32_state.caches) > 1) else None
     swa = None
     if len(f32_state.caches) > 1:
@@ -148,12 +156,9 @@ def run_cache_level(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, ro
 
         swa = [bool(getattr(c, "window", None)) for c in make_cache(mr.model)]
     results = []
-    for spec in kvs:
-        kv = KV.parse(spec)
-        lr.logits(tokens, kv, keep_state=True)
-        q_state = parse_state(lr.last_state)
+    head_dim = gguf_head_dim(gguf_path)
+    for kv, q_state in states:
         stored = read_stored(q_state, kv.name, gguf_path, swa=swa)   # the formats the blocks are in
-        head_dim = gguf_head_dim(gguf_path)
         entry: dict[str, Any] = {"kv": stored.spelling, "requested": kv.name, "same_inputs": same_input_check(
             f32_state, q_state, head_dim, rotation=rotation, swa=swa)}
         if stored.changed:

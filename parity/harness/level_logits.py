@@ -6,9 +6,23 @@ KL(llama.cpp || MLX), top-1 agreement and max |delta logit|. Claims (they set th
 - float caches (f16, f32, bf16) on exact weights: ``kl_mean <= FLOAT_KL_GOAL`` and
   ``top1 >= FLOAT_TOP1_GOAL``. On quantized weights llama.cpp quantizes activations inside its
   matmuls, so the float rows are reported but not judged.
-- quantized caches: the cross-runtime KL is judged against that cache's own KL vs f16 inside
-  llama.cpp (``kl_mean <= BASELINE_RATIO * own``): the two implementations of a quantized cache
-  may differ from each other by at most what the reference's own quantization costs, twice.
+- quantized caches, two claims, each against baselines measured in the same run, so that neither
+  depends on the BLAS either runtime multiplies with:
+
+  1. the cache costs MLX what it costs llama.cpp: MLX's own KL vs its f16 cache is at most
+     ``BASELINE_RATIO`` times llama.cpp's own KL vs its f16 cache (each runtime against itself: the
+     float arithmetic, BLAS included, is the same on both sides of each comparison);
+  2. the two runtimes' quantized runs differ by at most what their quantization noise allows:
+     ``kl_mean <= BASELINE_RATIO * (own_llama + own_mlx)``. Tiny float differences between the runtimes
+     (a BLAS's summation order) flip quantization roundings, and once flipped the two caches carry
+     independent quantization noise; for small independent perturbations of the same distribution the
+     expected KL between the two is the sum of each one's KL to the unperturbed one. So the sum is the
+     ceiling any BLAS can reach, and the floor of 0 is where the runtimes' floats agree bit for bit.
+     (Measured on SmolLM2, turbo3/turbo3: the cross-runtime KL was 0.0075 with OpenBLAS and 0.122 with
+     MLX's bundled BLAS; judged against llama.cpp's own cost alone, it failed on the second.)
+
+  A port bug in the quantized path raises MLX's own cost (claim 1); one shared with the f16 path leaves
+  claim 1 alone and moves the cross-runtime KL (claim 2, and the f16 row).
 """
 
 from __future__ import annotations
@@ -24,7 +38,7 @@ from tqbridge.bridge.evaluation_text import evaluation_text
 from tqbridge.bridge.kv_spec import LOGITS_KV
 
 from .metrics import compare_logits
-from .runtimes import KV, LlamaCppRuntime, MLXRuntime, swa_pattern
+from .runtimes import KV, LlamaCppRuntime, MLXRuntime, release_memory, swa_pattern
 from tqbridge.bridge.stored_kv import StoredKV, read_stored
 
 # The issue's goal for identical weights and an f16 cache.
@@ -68,13 +82,15 @@ def _judge(kv: KV, row: dict, exact: bool) -> None:
             ok = ok and row["decode_kl_mean"] <= FLOAT_KL_GOAL and row["decode_top1"] >= FLOAT_TOP1_GOAL
         row["pass"] = bool(ok)
     else:
-        own = row["baseline"]["llama_kl_mean"]
-        row["claim"] = f"kl_mean <= {BASELINE_RATIO:g} x llama.cpp's own KL vs f16 ({own:.3g})"
-        ok = row["kl_mean"] <= BASELINE_RATIO * own
+        b = row["baseline"]
+        own_l, own_m = b["llama_kl_mean"], b["mlx_kl_mean"]
+        row["claim"] = (f"MLX's own KL vs f16 ({own_m:.3g}) <= {BASELINE_RATIO:g} x llama.cpp's ({own_l:.3g}), and "
+                        f"kl_mean <= {BASELINE_RATIO:g} x their sum")
+        ok = own_m <= BASELINE_RATIO * own_l and row["kl_mean"] <= BASELINE_RATIO * (own_l + own_m)
         if "decode_kl_mean" in row:
-            own_d = row["baseline"]["llama_decode_kl_mean"]
-            row["claim"] += f"; decode steps: <= {BASELINE_RATIO:g} x its own there ({own_d:.3g})"
-            ok = ok and row["decode_kl_mean"] <= BASELINE_RATIO * own_d
+            dl, dm = b["llama_decode_kl_mean"], b["mlx_decode_kl_mean"]
+            row["claim"] += f"; the same over the decode steps ({dm:.3g} vs {dl:.3g})"
+            ok = ok and dm <= BASELINE_RATIO * dl and row["decode_kl_mean"] <= BASELINE_RATIO * (dl + dm)
         row["pass"] = bool(ok)
 
 
@@ -106,8 +122,6 @@ def run_logits(model: "str | Path", kv_list: "list[str]", *, n_tokens: int = 256
     if len(ids) < n_tokens:
         raise ValueError(f"the text has only {len(ids)} tokens, fewer than --tokens {n_tokens}")
     ids = ids[:n_tokens]
-    say("loading the MLX model")
-    mlx = MLXRuntime(path, cache_factory=cache_factory, rotation=rotation)
     f16 = KV.parse("f16")
     plan = [f16] + [kv for kv in kvs if kv != f16]
     steps, done = 2 * len(plan), 0
@@ -115,12 +129,22 @@ def run_logits(model: "str | Path", kv_list: "list[str]", *, n_tokens: int = 256
     M: dict[KV, np.ndarray] = {}
     paths: dict[str, dict] = {}
     stored: dict[KV, StoredKV] = {}
+    blobs: dict[KV, bytes] = {}
+    # every llama.cpp run first (each loads and frees its model), then MLX's: the two runtimes' copies of
+    # the weights are never resident together (the level's peak memory: one model, not two)
+    release_memory()      # what an earlier level's MLX model left allocated
     for kv in plan:
         say(f"[{done + 1}/{steps}] llama.cpp {kv.name}")
         L[kv] = llama.logits(ids, kv, decode=decode, keep_state=True)
-        stored[kv] = s = stored_types(llama.last_state, kv, path, mlx.model)
+        blobs[kv] = llama.last_state      # read once MLX's model (its sliding-window pattern) is loaded
         llama.last_state = None
         done += 1
+    llama_info = llama.info()
+    llama.release()
+    say("loading the MLX model")
+    mlx = MLXRuntime(path, cache_factory=cache_factory, rotation=rotation)
+    for kv in plan:
+        stored[kv] = s = stored_types(blobs.pop(kv), kv, path, mlx.model)
         say(f"[{done + 1}/{steps}] mlx {s.spelling}")
         # the MLX side stores what llama.cpp stored, layer by layer (a fork may change the types it was given)
         M[kv] = mlx.logits(ids, kv, keep_cache=True, decode=decode, layers=s.spelling if s.changed else None)
@@ -148,13 +172,14 @@ def run_logits(model: "str | Path", kv_list: "list[str]", *, n_tokens: int = 256
                                "mlx_kl_mean": own_m["kl_mean"], "mlx_top1": own_m["top1"]}
             if n_dec:
                 row["baseline"]["llama_decode_kl_mean"] = float(own_l["kl_per_position"][-n_dec:].mean())
+                row["baseline"]["mlx_decode_kl_mean"] = float(own_m["kl_per_position"][-n_dec:].mean())
         row["mlx_cache"] = paths[kv.name]
         _judge(kv, row, exact_weights)
         rows.append(row)
     info = {"model": src.name, "weights": "exact (F32 copy of every tensor)" if exact_weights else "as stored",
             "weights_file": path.name, "text": text_source, "tokens": len(ids),
             "decode_steps": max(0, min(decode, len(ids) - 1)),
-            "llama_cpp": llama.info(), "mlx": mlx.info(), "seconds": round(time.perf_counter() - t0, 1)}
+            "llama_cpp": llama_info, "mlx": mlx.info(), "seconds": round(time.perf_counter() - t0, 1)}
     return LogitsResult(rows, len(ids), info)
 
 

@@ -319,9 +319,8 @@ def _attention(path, kv_list, opts, say, shared) -> dict:
     arith = [c["llama_arith_vs_ggml"] for c in rep["cases"] if c.get("llama_arith_vs_ggml")]
     arith_text = ""
     if arith:
-        f32 = [a["ulps"] for a in arith if a["unit"] == "f32"]
-        arith_text = (f"; ggml recomputed with its own arithmetic to {max(f32 or [0]):.2g} f32 ulps"
-                      + ("" if all(a["passed"] for a in arith) else " (OVER the limit)"))
+        arith_text = (f"; ggml recomputed with its own arithmetic, {max(a['bound_ratio'] for a in arith):.2g}x "
+                      "the derived bound" + ("" if all(a["passed"] for a in arith) else " (OVER it)"))
     lines = [f"attention: {'within' if rep['passed'] else 'OUTSIDE'} the float64 oracle's bound on "
              f"{len(rep['cases'])} cases (worst {worst:.2g}x the bound; ggml's own NMSE up to {ggml:.1e}"
              f"{arith_text}; information)"]

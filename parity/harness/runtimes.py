@@ -13,6 +13,7 @@ pairs (``q8_0/turbo3[0,-1=q8_0/q8_0]``) are refused: llama.cpp cannot give layer
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -65,6 +66,25 @@ def llama_kv_types() -> dict[str, int]:
     if selected() is not None:
         return kv_types()
     return {name: int(get_format(name).ggml_id) for name in LLAMA_KV_TYPES}
+
+
+def release_memory() -> None:
+    """Give freed model memory back to the system before the other runtime loads: MLX keeps freed
+    buffers for reuse (its cache), and glibc keeps freed heap memory unless trimmed."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    import mlx.core as mx
+
+    mx.clear_cache()
+    name = ctypes.util.find_library("c")
+    if name and sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(name).malloc_trim(0)
+        except (OSError, AttributeError):     # a C library without it (musl): the memory stays mapped
+            pass
 
 
 class LlamaCppRuntime:
@@ -123,6 +143,15 @@ class LlamaCppRuntime:
         if self._model is None:
             self._model = shim.load_model(self.path)
         return shim, self._model
+
+    def release(self) -> None:
+        """Free the model a --llama build keeps loaded between runs (llama-cpp-python's runs load and
+        free their own); the next run loads it again."""
+        if self._model is not None:
+            from tqbridge.bridge.llama_shim import Shim
+
+            Shim.for_build(self.build).free_model(self._model)
+            self._model = None
 
     def _n_ctx(self, n_tokens: int) -> int:
         return max(256, -(-n_tokens // 256) * 256)

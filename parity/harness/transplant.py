@@ -249,16 +249,15 @@ def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = DEFAULT_FORMAT
 
     from tqbridge.bridge.stored_kv import read_stored
     from tqbridge.parity.harness.level_cache import gguf_head_dim
-    from tqbridge.parity.harness.runtimes import KV, MLXRuntime, stored_cache, swa_pattern
+    from tqbridge.parity.harness.runtimes import KV, MLXRuntime, release_memory, stored_cache, swa_pattern
 
     pair = KV.parse(kv)
-    mr = mlx_runtime or MLXRuntime(gguf_path)
-    model, cfg = mr.model, mr.config
-    n_kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
     head_dim = gguf_head_dim(gguf_path)
     n_ctx = max(256, -(-(len(tokens) + n_new + 1) // 256) * 256)
 
-    # Forward: llama.cpp prefill -> MLX decode.
+    # Forward: llama.cpp prefill -> MLX decode. llama.cpp's session ends before MLX's model loads, and
+    # MLX's goes before the reverse session: one runtime's weights resident at a time
+    release_memory()      # what an earlier level's MLX model left allocated
     llm = LlamaSession(gguf_path, pair.k, pair.v, n_ctx=n_ctx, rotation=rotation)
     try:
         first = int(np.argmax(llm.eval(list(tokens))))
@@ -266,6 +265,9 @@ def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = DEFAULT_FORMAT
         llama_cont = greedy_llama(llm, first, n_new)
     finally:
         llm.close()
+    mr = mlx_runtime or MLXRuntime(gguf_path)
+    model, cfg = mr.model, mr.config
+    n_kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
     state = parse_state(blob)
     swa = swa_pattern(model) if len(state.caches) > 1 else None
     stored = read_stored(state, pair.name, gguf_path, swa=swa)   # what the build stored, per layer
@@ -288,6 +290,8 @@ def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = DEFAULT_FORMAT
         "forward_agree": agreeing_prefix(llama_cont, mlx_from_llama),
         "independent_agree": agreeing_prefix(llama_cont, mlx_cont) if first == mlx_first else 0,
     }
+    del model, cfg, mr, moved, own, mlx_logits
+    release_memory()
     if reverse:
         # Reverse: MLX prefill -> llama.cpp decode from MLX's blocks.
         llm = LlamaSession(gguf_path, pair.k, pair.v, n_ctx=n_ctx, rotation=rotation)
