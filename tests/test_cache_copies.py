@@ -86,13 +86,9 @@ def _decode(m, cache, toks, routed):
     return out
 
 
-@pytest.mark.parametrize("routed", [False, True], ids=["plain", "routed"])
-@pytest.mark.parametrize("kf,vf", PAIRS)
-def test_a_copy_decodes_independently(kf, vf, routed):
-    """A model decodes the original and a trimmed copy with different tokens, step by step in turn: each
-    one's logits equal
-    a fresh cache's over its own sequence, exactly (same chunks, same float math on the CPU)."""
-    m = tiny_llama()
+def _with_trimmed_twin(m, kf, vf, routed):
+    """A cache after a 6-token prompt and 2 decode steps, and a deep copy of it trimmed by one; the
+    tokens (prompt, a, b) the tests go on with."""
     t = tokens(12, seed=3)[0].tolist()
     prompt, a, b = t[:6], t[6:9], t[9:12]
     cache = make_cache(m, kf, vf)
@@ -100,6 +96,17 @@ def test_a_copy_decodes_independently(kf, vf, routed):
     twin = copy.deepcopy(cache)
     for c in twin:
         c.trim(1)
+    return cache, twin, (prompt, a, b)
+
+
+@pytest.mark.parametrize("routed", [False, True], ids=["plain", "routed"])
+@pytest.mark.parametrize("kf,vf", PAIRS)
+def test_a_copy_decodes_independently(kf, vf, routed):
+    """A model decodes the original and a trimmed copy with different tokens, step by step in turn: each
+    one's logits equal a fresh cache's over its own sequence, exactly (same chunks, same float math on the
+    CPU)."""
+    m = tiny_llama()
+    cache, twin, (prompt, a, b) = _with_trimmed_twin(m, kf, vf, routed)
     got_c, got_twin = [], []
     for x, y in ((a[2], b[1]), (b[0], b[2])):   # interleaved: each step of one between steps of the other
         got_c += _decode(m, cache, [x], routed)
@@ -168,13 +175,7 @@ def test_copies_on_the_gpu_decode_lane(kf, vf):
     mx.set_default_device(mx.gpu)   # the module's cpu_device fixture puts the default back after
     assert _gpu_backend() is not None
     m = tiny_llama()
-    t = tokens(12, seed=3)[0].tolist()
-    prompt, a, b = t[:6], t[6:9], t[9:12]
-    cache = make_cache(m, kf, vf)
-    _decode(m, cache, [prompt, a[0], a[1]], True)
-    twin = copy.deepcopy(cache)
-    for c in twin:
-        c.trim(1)
+    cache, twin, (prompt, a, b) = _with_trimmed_twin(m, kf, vf, True)
     for x, y in ((a[2], b[1]), (b[0], b[2])):
         _decode(m, cache, [x], True)
         _decode(m, twin, [y], True)

@@ -25,10 +25,10 @@ DEMO_TEACHER_BACKENDS = ("reference",)
 def run(args) -> int:
     from tqbridge.bridge.models import ModelUnavailable, model_path
     from tqbridge.parity.harness.level_logits import DEFAULT_KV
-    from tqbridge.parity.harness.report import markdown, text_table, versions, write_atomic, write_json
-    from tqbridge.parity.harness.run_levels import RunOptions, run_levels, verdict_line
+    from tqbridge.parity.harness.report import versions
+    from tqbridge.parity.harness.run_levels import RunOptions, run_levels
     from tqbridge.tools.cli import CliError
-    from tqbridge.tools.cmd_parity import progress_printer
+    from tqbridge.tools.cmd_parity import print_and_write, progress_printer
 
     if args.tokens < 2:
         raise CliError(f"--tokens must be at least 2, got {args.tokens}")
@@ -44,14 +44,5 @@ def run(args) -> int:
     report = {"tool": "tqbridge parity", "versions": versions(),
               "command": f"tqbridge parity smollm2 --exact-weights --tokens {args.tokens} --levels {','.join(levels)}"}
     report.update(done.report)
-    if done.logits is not None:
-        res = done.logits
-        print(f"logits: {res.info['model']} ({res.info['weights']}), {res.tokens} tokens of {res.info['text']}, "
-              f"{res.info['seconds']} s:")
-        print(text_table(res.rows))
-    print(verdict_line(done.verdicts))
-    if args.json:
-        write_json(args.json, report)
-    if args.markdown and done.logits is not None:
-        write_atomic(args.markdown, markdown(report))
+    print_and_write(done, report, json_out=args.json, markdown_out=args.markdown)
     return done.code

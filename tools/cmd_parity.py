@@ -86,7 +86,7 @@ def run(args, command: "str | None" = None) -> int:
 
     from tqbridge.bridge.models import ModelUnavailable, model_path
     from tqbridge.parity.harness.level_logits import DEFAULT_KV
-    from tqbridge.parity.harness.report import markdown, text_table, versions, write_atomic, write_json
+    from tqbridge.parity.harness.report import versions
     from tqbridge.parity.harness.run_levels import run_levels
     from tqbridge.parity.harness.runtimes import KV, llama_kv_types
 
@@ -146,25 +146,27 @@ def run(args, command: "str | None" = None) -> int:
         sys.stderr.write("\r\033[K")
     report = {"tool": "tqbridge parity", "command": command, "versions": versions()}
     report.update(done.report)
+    print_and_write(done, report, json_out=args.json, markdown_out=args.markdown)
+    if args.plot:
+        write_plots(args.plot, report)
+    return done.code
+
+
+def print_and_write(done, report: dict, *, json_out: "str | None", markdown_out: "str | None") -> None:
+    """The logits table and the verdict line on stdout; the JSON and Markdown reports where asked."""
+    from tqbridge.parity.harness.report import markdown, text_table, write_atomic, write_json
+    from tqbridge.parity.harness.run_levels import verdict_line
+
     res = done.logits
     if res is not None:
         print(f"logits: {res.info['model']} ({res.info['weights']}), {res.tokens} tokens of {res.info['text']}, "
               f"{res.info['seconds']} s:")
         print(text_table(res.rows))
     print(verdict_line(done.verdicts))
-    if args.json:
-        write_json(args.json, report)
-    if args.markdown and res is not None:
-        write_atomic(args.markdown, markdown(report))
-    if args.plot:
-        write_plots(args.plot, report)
-    return done.code
-
-
-def verdict_line(verdicts: "list[dict]") -> str:
-    from tqbridge.parity.harness.run_levels import verdict_line as line
-
-    return line(verdicts)
+    if json_out:
+        write_json(json_out, report)
+    if markdown_out and res is not None:
+        write_atomic(markdown_out, markdown(report))
 
 
 def write_plots(path: str, report: dict) -> None:

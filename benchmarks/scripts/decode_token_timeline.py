@@ -148,30 +148,18 @@ def token_breakdown(ev: list, tokens: int, stamps: list, plain: list) -> dict:
 
 
 def host_times(mx, model, cache, tokens: int) -> dict:
-    """Median µs per unpipelined decode token of build (the model call) and encode (mx.async_eval)."""
+    """Median µs per unpipelined decode token of build (the model call) and encode (mx.async_eval),
+    under tqbridge's routing; per layer too."""
+    from probe_decode_host import _step_times   # the sibling script's timing loop (scripts run from this folder)
+
     from tqbridge.metal.lm.routing import route_attention
 
-    y = mx.array([[1]])
-    build, encode, wall = [], [], []
     with route_attention():
-        for i in range(tokens + 3):
-            mx.synchronize()
-            t0 = time.perf_counter()
-            logits = model(y, cache=cache)
-            t1 = time.perf_counter()
-            mx.async_eval(logits)
-            t2 = time.perf_counter()
-            mx.synchronize()
-            t3 = time.perf_counter()
-            if i >= 3:
-                build.append(t1 - t0)
-                encode.append(t2 - t1)
-                wall.append(t3 - t0)
+        t = _step_times(mx, model, cache, tokens)
     layers = len(model.layers)
-    med = lambda xs: statistics.median(xs) * 1e6   # noqa: E731
-    return {"build_us": round(med(build), 1), "encode_us": round(med(encode), 1),
-            "unpipelined_wall_us": round(med(wall), 1), "build_us_per_layer": round(med(build) / layers, 2),
-            "encode_us_per_layer": round(med(encode) / layers, 2)}
+    return {"build_us": t["build_us"], "encode_us": t["encode_us"], "unpipelined_wall_us": t["wall_us"],
+            "build_us_per_layer": round(t["build_us"] / layers, 2),
+            "encode_us_per_layer": round(t["encode_us"] / layers, 2)}
 
 
 def copy_bandwidth() -> float:

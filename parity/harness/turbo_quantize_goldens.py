@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tqbridge.parity.harness.turbo_decode_goldens import differences  # bit-for-bit file comparison
+
 TYPES = ("turbo2", "turbo3", "turbo4")
 LENGTHS = (128, 256, 512)
 # rows of each kind, in draw order
@@ -79,17 +81,6 @@ def make(variant: str, rows: "dict[str, np.ndarray] | None" = None) -> "dict[str
             out[f"{t}_n{n}_x"] = x
             out[f"{t}_n{n}_blocks"] = quantize(variant, t, x)
     return out
-
-
-def differences(made: "dict[str, np.ndarray]", path: Path) -> "list[str]":
-    """The arrays of ``made`` that are not bit for bit those of the file at ``path``."""
-    ref = np.load(path)
-    bad = sorted(set(ref.files) ^ set(made))
-    for k in sorted(set(ref.files) & set(made)):
-        a, b = np.asarray(made[k]), ref[k]
-        if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
-            bad.append(k)
-    return bad
 
 
 def main(argv: "list[str] | None" = None) -> int:
