@@ -278,13 +278,7 @@ class DecodeLaunch:
                   *(() if q_scale is None else (q_scale,)))
 
 
-@lru_cache(maxsize=64)
-def decode_launch(prob: Problem, backend: str, qtype: int, opts: DecodeOptions) -> DecodeLaunch:
-    """One :class:`DecodeLaunch` per problem (lengths at capacity), backend, q dtype and resolved options."""
-    return DecodeLaunch(prob, backend, qtype, opts)
-
-
 def clear_caches() -> None:
     """Forget every prepared launch and kernel setup of this module."""
-    for f in (decode_launch, launches, _mlx_setup, _no_dep, _int_buffer):
+    for f in (launches, _mlx_setup, _no_dep, _int_buffer):
         f.cache_clear()

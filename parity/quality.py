@@ -122,7 +122,7 @@ def _decode_q_paths(cache: list, counted: Counter) -> dict:
         for path, n in getattr(c, "paths", {}).items():
             if path.startswith("decode:") and path != "decode:dequant-sdpa":
                 steps[path] += n
-        launch = getattr(c, "decode_launch", None)
+        launch = getattr(getattr(c, "decoder", None), "launch", None)
         if launch is not None and getattr(launch, "plan", None) is not None:
             launch_q.add(launch.plan.q_precision)
     label = next(iter(launch_q)) if len(launch_q) == 1 else ("mixed" if launch_q else "unknown")

@@ -229,7 +229,7 @@ def test_device_consts_leave_no_small_host_buffer(fake_cuda, monkeypatch):
 
 
 def test_append_tables_survive_layers_of_two_capacities(fake_cuda, monkeypatch):
-    """The layers of a model grow in different decode steps (DecodeLane.grow_phase), so a step's layers
+    """The layers of a model grow in different decode steps (LayerDecoder.grow_phase), so a step's layers
     write buffers of two capacities in turn. The append's device parameter tables are kept per geometry:
     alternating between the two builds each table once (a single-table cache rebuilt one per layer and
     step: 50+ us of host time per layer on the H200), and every row still equals the host-made one."""
@@ -270,13 +270,13 @@ def test_spread_layers_build_each_capacity_once(fake_cuda, monkeypatch):
     from mlx_lm.models import base
 
     from tqbridge.metal import selfcheck
-    from tqbridge.metal.lm import codecs, lane, routing
+    from tqbridge.metal.lm import cache as cache_mod, codecs, decoder
     from tqbridge.metal.lm.cache import TQCache
     from tqbridge.metal.lm.routing import route_attention
 
-    for mod in (codecs, lane):
-        monkeypatch.setattr(mod, "_gpu_backend", lambda: "cuda")
-    monkeypatch.setattr(routing, "_decode_backend", lambda mode: "auto")
+    for mod in (codecs, decoder):
+        monkeypatch.setattr(mod, "gpu_backend", lambda: "cuda")
+    monkeypatch.setattr(cache_mod, "_decode_backend", lambda mode: "auto")
     monkeypatch.setattr(selfcheck, "check_decode_lane", lambda *a, **k: None)   # the fake kernels write nothing
     monkeypatch.setattr(TQCache, "step", 16)
     kv_append.prepared.cache_clear()
@@ -317,13 +317,13 @@ def test_spread_layers_build_each_capacity_once(fake_cuda, monkeypatch):
             for c in caches:
                 kk, vv = c.update_and_fetch(k, v)
                 outs.append(base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=d ** -0.5, mask=None))
-            mx.eval(outs + [c._flag for c in caches])
+            mx.eval(outs + [c.decoder.flag for c in caches])
             caps = {c.keys.shape[2] for c in caches}
             seen |= caps
             per_step.append((len(caps), {w: counts[w] - before[w] for w in ("append row", "attention row")}))
     assert all(c.paths["decode:cuda"] == 48 for c in caches)
     assert len(seen) >= 3 and max(m for m, _ in per_step) == 2, (seen, per_step)   # two capacities at once
-    assert attention_launch.decode_launch.cache_info().misses == len(seen)
+    assert len(attention_kernel.prepared_launches()) == len(seen)
     assert counts["append table"] == counts["attention table"] == len(seen), (counts, seen)
     # traced once per capacity (compiled launches run their Python, and so the recorder, at the trace only):
     # the append alone and the attention alone (the growth step), then the two in one call (later steps)
@@ -342,12 +342,12 @@ def _lane_step_kernels(kv: str, monkeypatch, steps: int = 4) -> list:
     from mlx_lm.models import base
 
     from tqbridge.metal import selfcheck
-    from tqbridge.metal.lm import decode_bench, lane, routing
+    from tqbridge.metal.lm import cache as cache_mod, decode_bench, decoder
     from tqbridge.metal.lm.cache import TQCache
     from tqbridge.metal.lm.kv_spelling import parse_kv_spec
 
-    monkeypatch.setattr(lane, "_gpu_backend", lambda: "cuda")           # the cache's in-place append: CUDA's
-    monkeypatch.setattr(routing, "emulated_decode_lane", lambda: True)   # decode steps routed to the lane
+    monkeypatch.setattr(decoder, "gpu_backend", lambda: "cuda")           # the cache's in-place append: CUDA's
+    monkeypatch.setattr(cache_mod, "emulated_decode_lane", lambda: True)   # decode steps routed to the lane
     monkeypatch.setattr(selfcheck, "check_decode_lane", lambda *a, **kw: None)   # (the recorder computes nothing)
     kf, vf, cal = parse_kv_spec(kv)
     c = TQCache(kf, vf, calibration=cal)
@@ -366,9 +366,9 @@ def _lane_step_kernels(kv: str, monkeypatch, steps: int = 4) -> list:
             before = len(CALLS)
             kk, vv = c.update_and_fetch(k, v)
             out = base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=128 ** -0.5, mask=None)
-            ops = [p for p in decode_bench.graph_primitives(out, c._flag) if not decode_bench.is_view(p)]
+            ops = [p for p in decode_bench.graph_primitives(out, c.decoder.flag) if not decode_bench.is_view(p)]
             counts.append(len(CALLS) - before + len(ops))
-            mx.eval(out, c._flag)
+            mx.eval(out, c.decoder.flag)
     assert c.paths["decode:cuda"] == steps and c.codec_paths["k_append"] == "kv-append:cuda", (c.paths, c.codec_paths)
     return counts
 

@@ -83,7 +83,7 @@ def _decode_runs(cache) -> dict:
 
     runs = Counter()
     for c in cache:
-        info = getattr(getattr(c, "decode_launch", None), "run_info", None)
+        info = getattr(getattr(getattr(c, "decoder", None), "launch", None), "run_info", None)
         if info:
             runs[f"{info.get('kernel')}/{info.get('q_precision')}"] += 1
     return dict(runs)
