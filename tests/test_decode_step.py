@@ -525,4 +525,4 @@ def test_layers_grow_in_different_decode_steps(emulated_decode_lane, cpu_device,
     for s, _ in grown:
         per_step[s] = per_step.get(s, 0) + 1
     assert len(grown) >= 2 * len(cache) and max(per_step.values()) == 1, per_step
-    assert all(c.keys.shape[2] - c.grow_lead >= c.offset for c in cache)
+    assert all(c.keys.shape[2] - c.decoder.grow_lead >= c.offset for c in cache)

@@ -3,7 +3,7 @@
 Modules::
 
     cache         TQCache (mlx-lm's cache protocol over K/V blocks of any format pair), make_cache
-    lane          TQCache's GPU decode step (DecodeLane, inherited by TQCache), routed_block
+    decoder       LayerDecoder: a layer's blocks and decode step (append, fused attention), held by TQCache
     codecs        rows <-> blocks: the codec path per format, padded_dim, rotation_group
     kv_spelling   parse_kv, parse_kv_spec, kv_name: K/V format spellings
     report        cache_report, paths_line: what each layer holds and which paths ran

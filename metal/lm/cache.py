@@ -776,7 +776,7 @@ def _replace(base: list, pair_of, sliding: str, rotation: str, max_kv_size: "int
         else:
             out.append(c)
     ours = [c for c in out if isinstance(c, TQCache)]
-    for i, c in enumerate(ours):   # the layers grow in different decode steps (DecodeLane.grow_phase)
+    for i, c in enumerate(ours):   # the layers grow in different decode steps (LayerDecoder.grow_phase)
         c.grow_phase = i / len(ours)
     return out
 
