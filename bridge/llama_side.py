@@ -163,9 +163,8 @@ def kv_type_id(name: str) -> int:
     key = str(name).strip().lower()
     if key not in table:
         info = selected()
-        base = key.partition("@")[0]
-        if info is not None and info.variant and base.startswith("turbo") and "@" not in key:
-            key = f"{base}@{info.variant}"
+        if info is not None and info.variant and key.startswith("turbo") and "@" not in key:
+            key = f"{key}@{info.variant}"
         else:
             try:
                 key = get_format(key).key

@@ -16,7 +16,7 @@ from mlx_lm.models import cache as mlx_cache  # noqa: E402
 from tqbridge.bridge import FormatError, quantize  # noqa: E402
 from tqbridge.metal.lm import routing  # noqa: E402
 from tqbridge.metal.lm.cache import TQCache, hadamard_rotate, make_cache  # noqa: E402
-from tqbridge.metal.lm.kv_spelling import parse_kv_spec  # noqa: E402
+from tqbridge.bridge.kv_spec import parse_kv_spec  # noqa: E402
 from tqbridge.metal.lm.report import cache_report  # noqa: E402
 from tqbridge.metal.lm.calibration import CalibrationError, KeyCalibration, fit  # noqa: E402
 from tqbridge.metal.lm.routing import attend, route_attention  # noqa: E402

@@ -344,7 +344,7 @@ def _lane_step_kernels(kv: str, monkeypatch, steps: int = 4) -> list:
     from tqbridge.metal import selfcheck
     from tqbridge.metal.lm import decode_bench, lane, routing
     from tqbridge.metal.lm.cache import TQCache
-    from tqbridge.metal.lm.kv_spelling import parse_kv_spec
+    from tqbridge.bridge.kv_spec import parse_kv_spec
 
     monkeypatch.setattr(lane, "_gpu_backend", lambda: "cuda")           # the cache's in-place append: CUDA's
     monkeypatch.setattr(routing, "emulated_decode_lane", lambda: True)   # decode steps routed to the lane

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("mlx_lm")
 
 from tqbridge.bridge import FormatError  # noqa: E402
-from tqbridge.metal.lm.kv_spelling import parse_kv, parse_kv_spec  # noqa: E402
+from tqbridge.bridge.kv_spec import parse_kv, parse_kv_spec  # noqa: E402
 from tqbridge.metal.lm.calibration import KeyCalibration  # noqa: E402
 from tqbridge.tools.cli import main  # noqa: E402
 

@@ -19,7 +19,7 @@ from tiny_models import cpu_device, forced_decode, tiny_gemma3, tiny_llama, toke
 from tqbridge.bridge import FormatError  # noqa: E402
 from tqbridge.metal.lm.cache import TQCache, make_cache, make_layered_cache  # noqa: E402
 from tqbridge.metal.lm.calibration import KeyCalibration  # noqa: E402
-from tqbridge.metal.lm.kv_spelling import LayeredKV, layered_kv_name, parse_kv_spec, parse_layered_kv_spec  # noqa: E402
+from tqbridge.bridge.kv_spec import LayeredKV, layered_kv_name, parse_kv_spec, parse_layered_kv_spec  # noqa: E402
 from tqbridge.metal.lm.report import cache_report  # noqa: E402
 from tqbridge.tools.cli import main  # noqa: E402
 

@@ -28,14 +28,14 @@ import mlx.core as mx
 from mlx_lm.models import cache as _mlx_cache
 
 from tqbridge.bridge import FormatError, display_name, get_format
-from tqbridge.bridge.kv_spec import DEFAULT_FORMAT
+from tqbridge.bridge.kv_spec import (DEFAULT_FORMAT, CalibrationError, KeyCalibration, LayeredKV, kv_name,
+                                     parse_layered_kv_spec, split_key_spec)
 from tqbridge.bridge.registry import shown
 
 from ..decode_options import DEFAULT_OPTIONS
 from ..hadamard import hadamard_rotate
-from .calibration import CalibrationError, KeyCalibration, fit as _fit_calibration, split_key_spec
+from .calibration import fit as _fit_calibration
 from .codecs import _any_nonfinite, _dequantizer, _quantizer, padded_dim, rotation_group
-from .kv_spelling import LayeredKV, kv_name, parse_layered_kv_spec
 from .lane import _ROUTED, DecodeLane, DeferredRows, _routing_active
 
 __all__ = ["TQCache", "SAVED_NAME", "make_cache", "make_layered_cache", "install_cache", "to_tqcache", "layer_count", "ROTATIONS"]
