@@ -85,6 +85,8 @@ def split_kv(spec: str, *, example: str = EXAMPLE_KV, noun: str = "K/V format pa
 def _format(side: str) -> str:
     """The registered name of one side (``FORMAT[@VARIANT]``); the former q precision suffix gets its
     own line."""
+    if str(side).rstrip().endswith("@"):
+        raise FormatError(f"{shown(side)}: nothing after '@' (write a format variant, e.g. {TURBO_FORMAT}@g64)")
     try:
         return display_name(get_format(side))
     except FormatError:
