@@ -31,7 +31,7 @@ from .format_types import FormatError
 from .registry import display_name, get_format, shown
 
 __all__ = ["split_kv", "split_key_spec", "parse_kv", "parse_kv_spec", "kv_name", "LayeredKV", "parse_layered_kv_spec",
-           "layered_kv_name", "is_layered", "split_top", "split_label", "label_name", "KeyCalibration",
+           "layered_kv_name", "is_layered", "qualify_variant", "TURBO_PREFIX", "split_top", "split_label", "label_name", "KeyCalibration",
            "CalibrationError", "BASES", "DEFAULT_ALPHA", "DEFAULT_FORMAT", "TURBO_FORMAT", "EXAMPLE_KV",
            "LLAMA_EXAMPLE_KV", "CALIBRATED_KV", "CALIBRATED_EXAMPLE_KV", "GENERATE_KV", "LOGITS_KV", "QUALITY_KV",
            "LAYERED_EXAMPLE_KV", "Q_PRECISION_EXAMPLE"]
@@ -58,6 +58,8 @@ LOGITS_KV = ("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0/q4_0
 # ``tqbridge quality``'s standard table (f16/f16 is always added).
 QUALITY_KV = ("q8_0/q8_0", "q8_0/q4_0", "q4_0/q4_0", "q8_0/turbo4", "q8_0/turbo3", "q8_0/turbo2",
               "turbo4/turbo3", "turbo3/turbo3")
+# The names of the TurboQuant formats begin so (a bare one takes a fork build's variant: qualify_variant).
+TURBO_PREFIX = "turbo"
 # A bench label with its q precision (help texts and the message refusing the former '@int8' suffix).
 Q_PRECISION_EXAMPLE = f"{EXAMPLE_KV}{{q_precision=int8}}"
 # The values of the decode option q_precision (tqbridge.metal.attention_problem.Q_PRECISIONS): after '@'
@@ -95,6 +97,15 @@ def _format(side: str) -> str:
             raise FormatError(f"{shown(side)}: '@' names a format variant; the q precision is the decode option "
                               f"q_precision, e.g. tqbridge bench decode --caches '{Q_PRECISION_EXAMPLE}'") from None
         raise
+
+
+def qualify_variant(name: str, variant: "str | None") -> str:
+    """``turbo3`` -> ``turbo3@VARIANT``: a bare TurboQuant name means a llama.cpp build's own variant; a
+    name with its variant written, another format, or no ``variant``: as written."""
+    n = str(name).strip()
+    if not variant or "@" in n or not n.lower().startswith(TURBO_PREFIX):
+        return n
+    return f"{n}@{variant}"
 
 
 def parse_kv(spec: str) -> tuple[str, str]:
