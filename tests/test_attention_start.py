@@ -141,3 +141,45 @@ def test_bad_starts_get_one_line_errors(start, match):
     assert "\n" not in str(e.value)
     with pytest.raises(AttentionError, match="start 9 of batch row 0 is outside 0..8"):
         check_problem(q, kb, vb, k_format="q8_0", v_format="q8_0", length=[8, L], start=9)
+
+
+ROW_START_CLIP = "if (start < row_lo) start = row_lo;"   # the one line of each pass-1 kernel that applies the start
+
+
+@pytest.mark.parametrize("kf,vf,kernel,qp", [CASES[0], CASES[1], CASES[4]], ids=["lanes", "tiles", "int8-mma"])
+def test_a_start_off_by_one_in_a_kernel_is_caught(monkeypatch, kf, vf, kernel, qp):
+    """Planted: one pass-1 kernel hides its row's first visible key too (``row_lo + 1``); the oracle check
+    above fails on it, and passes again once the source is back."""
+    import functools
+    import pathlib
+
+    from tqbridge.metal import attention, attention_build, attention_kernel, attention_launch, attention_plan, kernel as kmod
+    from tqbridge.metal.attention_build import SPLIT_SOURCES
+
+    def clear():
+        for mod in (attention_kernel, attention_build, attention_launch, attention_plan, kmod):
+            for obj in vars(mod).values():
+                if isinstance(obj, functools._lru_cache_wrapper):
+                    obj.cache_clear()
+        attention.clear_call_caches()
+
+    real_read = pathlib.Path.read_text
+
+    def edited(self, *a, **kw):
+        text = real_read(self, *a, **kw)
+        if self.name == SPLIT_SOURCES[kernel]:
+            assert ROW_START_CLIP in text, f"the planted bug's anchor is gone from {self.name}: update this test"
+            text = text.replace(ROW_START_CLIP, "if (start < row_lo + 1) start = row_lo + 1;")
+        return text
+
+    args = ("cpu-emulator", 3, kf, vf, kernel, qp, 1, None, False)
+    with monkeypatch.context() as m:
+        m.setattr(pathlib.Path, "read_text", edited)
+        clear()
+        try:
+            with pytest.raises(AssertionError, match="error .* > bound"):
+                test_rows_see_keys_from_their_start(*args)
+        finally:
+            m.undo()
+            clear()
+    test_rows_see_keys_from_their_start(*args)
