@@ -183,3 +183,21 @@ def test_a_start_off_by_one_in_a_kernel_is_caught(monkeypatch, kf, vf, kernel, q
             m.undo()
             clear()
     test_rows_see_keys_from_their_start(*args)
+
+
+def test_the_emulated_decode_launch_takes_starts():
+    """The GPU decode lane's stand-in on the emulator (prepare_decode with backend "cpu-emulator") takes
+    ``starts`` as a DecodeLaunch does, and gives decode_attention's answer for the same start."""
+    mx = pytest.importorskip("mlx.core", reason="the decode lane runs on MLX arrays")
+    from tqbridge.metal.attention_kernel import prepare_decode
+
+    q, kb, vb, _ = _problem("q8_0", "turbo3", 3, 1, False, seed_of("start-lane"))
+    qm, kbm, vbm = mx.array(q), mx.array(kb), mx.array(vb)
+    dl = prepare_decode(qm, kbm, vbm, k_format="q8_0", v_format="turbo3", backend="cpu-emulator")
+    starts = (0, 30, L)
+    got = np.array(dl(qm, kbm, vbm, L, starts=starts))
+    want = decode_attention(q, kb, vb, k_format="q8_0", v_format="turbo3", length=L, start=starts,
+                            backend="cpu-emulator", q_precision=dl.options.q_precision)
+    assert np.array_equal(got, want) and not got[2].any()
+    with pytest.raises(AttentionError, match=r"start 71 of batch row 0 is outside 0\.\.70"):
+        dl(qm, kbm, vbm, L, starts=(71, 0, 0))
