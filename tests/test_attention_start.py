@@ -201,3 +201,33 @@ def test_the_emulated_decode_launch_takes_starts():
     assert np.array_equal(got, want) and not got[2].any()
     with pytest.raises(AttentionError, match=r"start 71 of batch row 0 is outside 0\.\.70"):
         dl(qm, kbm, vbm, L, starts=(71, 0, 0))
+
+
+def test_the_fuzz_target_draws_starts():
+    """``tqbridge fuzz decode-attention`` explores starts: its claim says the kernel takes ``start=``, so
+    its cases draw them (valid for each row's length: the oracle takes them); a user's kernel is handed
+    ``start`` only where its claim says so (none drawn otherwise)."""
+    from hypothesis import HealthCheck, given, settings
+
+    from tqbridge.parity.plugin.byok import cases
+    from tqbridge.parity.plugin.fuzz import our_target
+    from tqbridge.parity.plugin.strategies_attention import attention_problems
+
+    assert our_target("decode-attention", "cpu-emulator")[1].starts
+    drawn = {"with": 0, "without": 0}
+
+    @settings(max_examples=40, database=None, derandomize=True, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(p=attention_problems(max_batch=3, max_length=40, starts=True), c=cases("decode-attention"))
+    def body(p, c):
+        assert "start" not in c.params
+        if p.start:
+            drawn["with"] += 1
+            assert p.kwargs()["start"] == p.start
+            p.oracle()   # check_problem accepts it
+        else:
+            drawn["without"] += 1
+            assert "start" not in p.kwargs()
+
+    body()
+    assert drawn["with"] and drawn["without"], drawn
