@@ -20,12 +20,11 @@ ran); :func:`clear_call_caches`. The problem description and the run records liv
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from ..bridge.format_types import Format
 from .attention_problem import (AttentionError, RunRecord, check_problem, check_q_precision, last_run,
-                                last_run_record, record_run, renamed_kernel)
+                                last_run_record, record_run, renamed_kernel, start_key, with_lengths)
 from .decode_options import DecodeOptions, as_options
 
 __all__ = ["decode_attention", "DecodeOptions", "check_problem", "AttentionError", "last_run", "last_run_record",
@@ -81,14 +80,15 @@ def _length_free_launch(key, q, k_blocks, v_blocks, backend, opts, **kw):
 def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_format: Any, length: Any,
                      scale: "float | None" = None, backend: str = "auto", window: "int | None" = None,
                      softcap: "float | None" = None, sinks: Any = None,
-                     rotation: "tuple[int, int] | None" = None, **options: Any) -> Any:
+                     rotation: "tuple[int, int] | None" = None, start: Any = 0, **options: Any) -> Any:
     """Softmax attention of ``q`` over quantized K/V caches, fp32 accumulation, output in q's dtype.
 
     q: ``(B, Hq, D)`` or ``(B, Hq, T, D)`` with T ≤ 4 (the last T positions, causal mask).
     k_blocks / v_blocks: ``(B, Hkv, L_max, row_bytes)`` uint8; ``length``: valid positions (int or
     one per batch row). Options: ``window`` (sliding window, positions), ``softcap`` (logits become
     ``softcap * tanh(logit / softcap)``), ``sinks`` (one logit per query head, an extra key with a
-    zero value), ``rotation`` (``(k_group, v_group)``: the caches hold llama.cpp's Hadamard-rotated
+    zero value), ``start`` (int or one per batch row: the first key each row sees, its left padding in
+    a batch), ``rotation`` (``(k_group, v_group)``: the caches hold llama.cpp's Hadamard-rotated
     rows H.k and H.v; q is rotated and the output rotated back inside the kernel). Option ``q_precision``: ``"exact"`` (q enters the scores in float32: kernels
     ``lanes`` / ``tiles``), ``"int8"`` (q rotated, then quantized per 32 values to q8_0 — q8_1 for q4_1 / q5_1 K — as
     llama.cpp's vec_dot does; integer block dots and binary16 V products: kernel ``int8-mma``, K in q8_0 / q4_0 /
@@ -105,7 +105,8 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
     if backend not in BACKENDS:
         raise AttentionError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     key = None
-    if isinstance(length, int) and isinstance(k_format, (str, Format)) and isinstance(v_format, (str, Format)):
+    starts = start_key(start, q)
+    if starts is not False and isinstance(length, int) and isinstance(k_format, (str, Format)) and isinstance(v_format, (str, Format)):
         # decoding calls repeat the same shapes with a growing length: validate the shapes once per
         # call signature, the length every time
         key = (tuple(q.shape), str(q.dtype), tuple(k_blocks.shape), str(k_blocks.dtype), tuple(v_blocks.shape),
@@ -122,13 +123,13 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
                                   scale=scale, window=window, softcap=softcap, sinks=sinks, rotation=rotation)
         if (hit and type(q) is type(k_blocks) is type(v_blocks) is hit[1] and (sinks is None or type(sinks) is hit[1])
                 and 0 <= length <= hit[0].l_max):
-            out = hit[0](q, k_blocks, v_blocks, length, sinks=sinks)
+            out = hit[0](q, k_blocks, v_blocks, length, sinks=sinks, starts=starts)
             record_run(hit[2])
             return out
     fast_key = None
     if key is not None:
         # a decoding loop repeats the same call on a GPU: one lookup, then the two launches
-        fast_key = (key, length, backend, tuple(sorted(options.items())) if options else ())
+        fast_key = (key, length, starts, backend, tuple(sorted(options.items())) if options else ())
         fast = _prepared_calls.get(fast_key)
         if (fast is not None and type(q) is type(k_blocks) is type(v_blocks) is fast[1]
                 and (sinks is None or type(sinks) is fast[1])):
@@ -136,11 +137,11 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
             record_run(fast[2])
             return out
     base = _checked_problems.get(key) if key is not None else None
-    if base is not None and 0 <= length <= base.l_max:
-        prob = dataclasses.replace(base, lengths=(length,) * base.batch)
-    else:
+    prob = with_lengths(base, length, start) if base is not None else None
+    if prob is None:
         prob = check_problem(q, k_blocks, v_blocks, k_format=k_format, v_format=v_format, length=length,
-                             scale=scale, window=window, softcap=softcap, sinks=sinks, rotation=rotation)
+                             scale=scale, window=window, softcap=softcap, sinks=sinks, rotation=rotation,
+                             start=start)
         if key is not None:
             _checked_problems.put(key, prob)
     if backend == "reference":
