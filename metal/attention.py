@@ -24,7 +24,7 @@ from typing import Any
 
 from ..bridge.format_types import Format
 from .attention_problem import (AttentionError, RunRecord, check_problem, check_q_precision, last_run,
-                                last_run_record, record_run, renamed_kernel)
+                                last_run_record, record_run, renamed_kernel, start_key)
 from .attention_kernel import clear_launch_caches, kernel_attention, prepare_decode
 from .decode_options import DecodeOptions, as_options
 
@@ -42,14 +42,15 @@ def clear_call_caches() -> None:
 def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_format: Any, length: Any,
                      scale: "float | None" = None, backend: str = "auto", window: "int | None" = None,
                      softcap: "float | None" = None, sinks: Any = None,
-                     rotation: "tuple[int, int] | None" = None, **options: Any) -> Any:
+                     rotation: "tuple[int, int] | None" = None, start: Any = 0, **options: Any) -> Any:
     """Softmax attention of ``q`` over quantized K/V caches, fp32 accumulation, output in q's dtype.
 
     q: ``(B, Hq, D)`` or ``(B, Hq, T, D)`` with T ≤ 4 (the last T positions, causal mask).
     k_blocks / v_blocks: ``(B, Hkv, L_max, row_bytes)`` uint8; ``length``: valid positions (int or
     one per batch row). Options: ``window`` (sliding window, positions), ``softcap`` (logits become
     ``softcap * tanh(logit / softcap)``), ``sinks`` (one logit per query head, an extra key with a
-    zero value), ``rotation`` (``(k_group, v_group)``: the caches hold llama.cpp's Hadamard-rotated
+    zero value), ``start`` (int or one per batch row: the first key each row sees, its left padding in
+    a batch), ``rotation`` (``(k_group, v_group)``: the caches hold llama.cpp's Hadamard-rotated
     rows H.k and H.v; q is rotated and the output rotated back inside the kernel). Option ``q_precision``: ``"exact"`` (q enters the scores in float32: kernels
     ``lanes`` / ``tiles``), ``"int8"`` (q rotated, then quantized per 32 values to q8_0 — q8_1 for q4_1 / q5_1 K — as
     llama.cpp's vec_dot does; integer block dots and binary16 V products: kernel ``int8-mma``, K in q8_0 / q4_0 /
@@ -65,12 +66,13 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
     """
     if backend not in BACKENDS:
         raise AttentionError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    starts = start_key(start, q)
     if "kernel" in options:   # a former name: warned here, the new one from here on
         options["kernel"] = renamed_kernel(options["kernel"])
     qp = options.get("q_precision")
     check_q_precision(qp)
     opts = as_options(options.get("options"), qp)
-    if (isinstance(length, int) and backend in ("auto", "kernel", "cuda", "metal")
+    if (starts is not False and isinstance(length, int) and backend in ("auto", "kernel", "cuda", "metal")
             and isinstance(k_format, (str, Format)) and isinstance(v_format, (str, Format))
             and not {k for k, v in options.items() if v is not None} - {"q_precision", "options"}):
         # MLX arrays on a GPU: the prepared launch of this call signature (planned for the buffers'
@@ -79,12 +81,12 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
                                 window=window, softcap=softcap, sinks=sinks, rotation=rotation, backend=backend,
                                 options=opts)
         if launch is not None and 0 <= length <= launch.l_max and type(k_blocks) is type(v_blocks) is type(q) \
-                and (sinks is None or type(sinks) is type(q)):
-            out = launch(q, k_blocks, v_blocks, length, sinks=sinks)
+                and (sinks is None or type(sinks) is type(q)) and (starts is None or all(0 <= x <= length for x in starts)):
+            out = launch(q, k_blocks, v_blocks, length, sinks=sinks, starts=starts)
             record_run(RunRecord(**launch.run_info))
             return out
     prob = check_problem(q, k_blocks, v_blocks, k_format=k_format, v_format=v_format, length=length,
-                         scale=scale, window=window, softcap=softcap, sinks=sinks, rotation=rotation)
+                         scale=scale, window=window, softcap=softcap, sinks=sinks, rotation=rotation, start=start)
     if backend == "reference":
         extra = set(options) - {"q_precision", "options"}
         if extra:

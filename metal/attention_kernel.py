@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .attention_build import LAUNCHES, QTYPES, built, dyn_build, launch, static_params, tables
+from .attention_build import LAUNCHES, QTYPES, built, dyn_build, launch, pass1_params, static_params, tables
 from .attention_launch import DecodeLaunch, clear_caches as _clear_launches, launches, int8_mma_report
 from .attention_plan import COMBINE_THREADS, Plan, plan_cached, resolve_kernel
 from .attention_problem import (AttentionError, Problem, RunRecord, _np, check_problem, last_run, record_run)
@@ -23,7 +23,7 @@ PLAN_OVERRIDES = ("splits", "lanes_per_key", "warps", "tile", "kernel")
 
 
 def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=None, dyn=True, q_scale=None):
-    split_s, comb_s, extra1, extra2 = static_params(prob, plan, qtype, dyn_build(prob, plan, dyn), q_scale is not None)
+    split_s, comb_s, _, extra2 = static_params(prob, plan, qtype, dyn_build(prob, plan, dyn), q_scale is not None)
     if qtype == 2:  # bfloat16 exists only as MLX arrays: take the bits
         import mlx.core as mx
 
@@ -35,8 +35,7 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
     qn = np.ascontiguousarray(qn)
     rows = prob.batch * prob.q_heads * prob.rows
     np_ = plan.partials
-    ip1 = np.array([prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1, *prob.lengths],
-                   np.int32)
+    ip1 = np.array(pass1_params(prob, plan), np.int32)
     fp1 = np.array([prob.scale, prob.softcap], np.float32)
     tabs = tables(prob)
     sk = np.zeros(prob.q_heads, np.float32) if sinks is None else _np(sinks).astype(np.float32).reshape(-1)
@@ -204,26 +203,28 @@ class _EmulatedDecodeLaunch:
         self.fuses_append = self.options.defer_append
         self.run_info = {"backend": self.backend}   # what its latest call ran (a DecodeLaunch's is its plan)
 
-    def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None):
+    def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None,
+                    starts=None):
         """:meth:`DecodeLaunch.with_append`'s contract: the append, then this attention (two calls here)."""
         flag = append(k_rows, v_rows, kb, vb, pos, flag_in)
-        return flag, self(q, kb, vb, length, after=flag, q_scale=q_scale)
+        return flag, self(q, kb, vb, length, after=flag, q_scale=q_scale, starts=starts)
 
-    def __call__(self, q, kb, vb, length: int, after=None, sinks=None, q_scale=None):
+    def __call__(self, q, kb, vb, length: int, after=None, sinks=None, q_scale=None, starts=None):
         """:meth:`DecodeLaunch.__call__`'s contract: q in its own dtype (the kernels of that dtype), the
-        channel scales ``q_scale`` multiplied in by pass 1."""
+        channel scales ``q_scale`` multiplied in by pass 1, ``starts`` each batch row's first visible key."""
         import mlx.core as mx
 
         mx.eval(q, kb, vb, *([] if after is None else [after]), *([] if q_scale is None else [q_scale]))
         out = self._attend(q, np.array(kb), np.array(vb), length, None if sinks is None else np.array(sinks),
-                           q_scale)
+                           q_scale, starts)
         self.run_info = last_run()
         return out
 
-    def _attend(self, q, kb, vb, length: int, sinks, q_scale):
+    def _attend(self, q, kb, vb, length: int, sinks, q_scale, starts=None):
         """``decode_attention(..., backend="cpu-emulator")`` on the MLX q and numpy blocks (the output an
         MLX array of q's dtype): the problem validated, the two kernel passes on the emulator (recorded
         as the thread's last run)."""
-        prob = check_problem(q, kb, vb, length=length, sinks=sinks, **self._kw)
+        prob = check_problem(q, kb, vb, length=length, sinks=sinks, start=0 if starts is None else starts,
+                             **self._kw)
         return kernel_attention(q, kb, vb, prob, sinks, backend="cpu-emulator", options=self.options,
                                 q_scale=q_scale)

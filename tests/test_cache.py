@@ -18,7 +18,7 @@ from tqbridge.metal.lm import cache as tqc  # noqa: E402
 from tqbridge.metal.lm import routing  # noqa: E402
 from tqbridge.metal.lm.cache import TQCache, make_cache  # noqa: E402
 from tqbridge.metal.lm.codecs import padded_dim  # noqa: E402
-from tqbridge.metal.lm.kv_spelling import parse_kv  # noqa: E402
+from tqbridge.bridge.kv_spec import parse_kv  # noqa: E402
 from tqbridge.metal.lm.report import cache_report  # noqa: E402
 from tqbridge.metal.hadamard import hadamard_rotate  # noqa: E402
 from tqbridge.metal.lm.routing import route_attention  # noqa: E402

@@ -14,7 +14,7 @@ pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
 from tqbridge.metal import kv_append  # noqa: E402
 from tqbridge.metal.lm.cache import TQCache, make_cache  # noqa: E402
 from tqbridge.metal.lm.decoder import LayerDecoder  # noqa: E402
-from tqbridge.metal.lm.kv_spelling import parse_kv_spec  # noqa: E402
+from tqbridge.bridge.kv_spec import parse_kv_spec  # noqa: E402
 from tqbridge.metal.lm.report import cache_report  # noqa: E402
 from tiny_models import forced_decode, tiny_llama, tokens  # noqa: E402
 from test_attention_kernel import BACKENDS, _cache  # noqa: E402

@@ -17,7 +17,7 @@ from tqbridge.metal import attention as attention_api
 from tqbridge.bridge import FormatError, quantize  # noqa: E402
 from tqbridge.metal.lm import routing  # noqa: E402
 from tqbridge.metal.lm.cache import TQCache, hadamard_rotate, make_cache  # noqa: E402
-from tqbridge.metal.lm.kv_spelling import parse_kv_spec  # noqa: E402
+from tqbridge.bridge.kv_spec import parse_kv_spec  # noqa: E402
 from tqbridge.metal.lm.report import cache_report  # noqa: E402
 from tqbridge.metal.lm.calibration import CalibrationError, KeyCalibration, fit  # noqa: E402
 from tqbridge.metal.lm.routing import route_attention  # noqa: E402

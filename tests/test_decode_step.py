@@ -17,7 +17,7 @@ from tqbridge.metal import attention as attention_api
 from tqbridge.bridge import FormatError
 from tqbridge.metal.lm import decode_bench
 from tqbridge.metal.lm.cache import TQCache, make_cache
-from tqbridge.metal.lm.kv_spelling import parse_kv_spec
+from tqbridge.bridge.kv_spec import parse_kv_spec
 from tqbridge.metal.lm.routing import route_attention
 from tiny_models import forced_decode, tiny_llama, tokens
 

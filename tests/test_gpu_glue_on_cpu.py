@@ -158,7 +158,7 @@ def test_device_params_are_the_host_params(fake_cuda, monkeypatch):
     # a row is a view of the (evaluated) table: no kernel per step (an int index would be a Gather)
     from tqbridge.metal.lm import decode_bench
 
-    mx.eval(launches["1"]._table)
+    mx.eval(*launches["1"]._tables.values())
     prims = decode_bench.graph_primitives(launches["1"].ip1(5))
     assert prims and all(decode_bench.is_view(p) for p in prims), prims
     out = launches["1"](q, kb, vb, 33)   # the launch takes the view like the host-made buffer
@@ -344,7 +344,7 @@ def _lane_step_kernels(kv: str, monkeypatch, steps: int = 4) -> list:
     from tqbridge.metal import selfcheck
     from tqbridge.metal.lm import cache as cache_mod, decode_bench, decoder
     from tqbridge.metal.lm.cache import TQCache
-    from tqbridge.metal.lm.kv_spelling import parse_kv_spec
+    from tqbridge.bridge.kv_spec import parse_kv_spec
 
     monkeypatch.setattr(decoder, "gpu_backend", lambda: "cuda")           # the cache's in-place append: CUDA's
     monkeypatch.setattr(cache_mod, "emulated_decode_lane", lambda: True)   # decode steps routed to the lane
@@ -385,3 +385,55 @@ def test_calibrated_decode_step_runs_the_kernels_of_an_uncalibrated_one(fake_cud
     scaled = [shapes for name, shapes, _, _ in CALLS if "split" in name and len(shapes) == 8]
     assert scaled and all(s[7] == (1, 8, 1, 128) for s in scaled)   # pass 1's 8th input: the heads' scales
     kv_append.prepared.cache_clear()
+
+
+def test_decode_launch_starts_are_parameters_like_the_length(fake_cuda):
+    """A batched decode launch (B = 3, mlx-lm's left padding): ``starts`` travel after the lengths in
+    pass 1's parameters, host-made and device-table rows alike; a (length, starts) pair is made once and
+    shared (a decode step reuses it: no new host copy), a new starts tuple makes one new table, and a
+    start past the length is refused in one line."""
+    from tqbridge import bridge
+
+    rng = np.random.default_rng(48)
+    q = mx.array(rng.standard_normal((3, 4, 128)).astype(np.float16))
+    kb = mx.array(bridge.quantize("q8_0", rng.standard_normal((3, 2, 32, 128)).astype(np.float32)))
+    vb = mx.array(bridge.quantize("turbo3", rng.standard_normal((3, 2, 32, 128)).astype(np.float32)))
+    dls = {flag: attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3",
+                                                 options=DecodeOptions(device_params=flag))
+           for flag in (False, True)}
+    head = dls[False]._head
+    for n, starts in ((20, None), (20, (0, 7, 20)), (31, (0, 7, 20)), (32, (5, 5, 5))):
+        want = head + [n] * 3 + list(starts or (0, 0, 0))
+        for dl in dls.values():
+            got = np.array(dl.ip1(n, starts))
+            assert got.dtype == np.int32 and got.tolist() == want, (dl.device_params, n, starts, got)
+            assert dl.ip1(n, starts) is dl.ip1(n, starts)
+    assert len(dls[True]._tables) == 3   # zeros, (0, 7, 20), (5, 5, 5)
+    for dl in dls.values():
+        with pytest.raises(attention.AttentionError, match=r"start 21 of batch row 2 is outside 0\.\.20"):
+            dl.ip1(20, (0, 0, 21))
+        with pytest.raises(attention.AttentionError, match="start has 2 entries for a batch of 3"):
+            dl.ip1(20, (0, 0))
+        out = dl(q, kb, vb, 20, starts=(0, 7, 20))
+        assert tuple(out.shape) == (3, 4, 128)
+
+
+def test_decode_attention_passes_starts_to_the_prepared_launch(fake_cuda, monkeypatch):
+    """decode_attention on MLX arrays and a GPU takes the prepared launch with ``start`` as its starts."""
+    from tqbridge import bridge
+
+    rng = np.random.default_rng(49)
+    q = mx.array(rng.standard_normal((2, 4, 128)).astype(np.float16))
+    kb = mx.array(bridge.quantize("q8_0", rng.standard_normal((2, 2, 16, 128)).astype(np.float32)))
+    vb = mx.array(bridge.quantize("q8_0", rng.standard_normal((2, 2, 16, 128)).astype(np.float32)))
+    seen = []
+    real = attention_launch.DecodeLaunch.ip1
+
+    def spy(self, length, starts=None):
+        seen.append((length, starts))
+        return real(self, length, starts)
+
+    monkeypatch.setattr(attention_launch.DecodeLaunch, "ip1", spy)
+    for start in (0, 3, [1, 9]):
+        decode_attention(q, kb, vb, k_format="q8_0", v_format="q8_0", length=12, start=start)
+    assert seen == [(12, None), (12, (3, 3)), (12, (1, 9))]

@@ -16,7 +16,7 @@ This module holds the formats, the key calibration and the mlx-lm protocol. The 
 decode step (append, fused attention) belong to its :class:`~tqbridge.metal.lm.decoder.LayerDecoder`
 (``cache.decoder``); :meth:`TQCache.attend` is the attention of a layer under the routing. The rows <->
 blocks codecs are in :mod:`tqbridge.metal.lm.codecs`, the K/V spellings in
-:mod:`tqbridge.metal.lm.kv_spelling` and the per-layer reports in :mod:`tqbridge.metal.lm.report`.
+:mod:`tqbridge.bridge.kv_spec` and the per-layer reports in :mod:`tqbridge.metal.lm.report`.
 """
 
 from __future__ import annotations
@@ -29,16 +29,16 @@ import mlx.core as mx
 from mlx_lm.models import cache as _mlx_cache
 
 from tqbridge.bridge import FormatError, display_name, get_format
-from tqbridge.bridge.kv_spec import DEFAULT_FORMAT
+from tqbridge.bridge.kv_spec import (DEFAULT_FORMAT, CalibrationError, KeyCalibration, LayeredKV, kv_name,
+                                     parse_layered_kv_spec, split_key_spec)
 from tqbridge.bridge.registry import shown
 
 from ..backend import emulated_decode_lane
 from ..decode_options import DEFAULT_OPTIONS
 from ..hadamard import hadamard_rotate
-from .calibration import CalibrationError, KeyCalibration, fit as _fit_calibration, split_key_spec
+from .calibration import fit as _fit_calibration
 from .codecs import any_nonfinite, dequantizer, padded_dim, quantizer, rotation_group
 from .decoder import LayerDecoder, routing_active
-from .kv_spelling import LayeredKV, kv_name, parse_layered_kv_spec
 
 __all__ = ["TQCache", "SAVED_NAME", "make_cache", "make_layered_cache", "install_cache", "to_tqcache", "layer_count", "ROTATIONS",
            "DECODE_MODES"]
@@ -733,7 +733,7 @@ def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None
 def make_layered_cache(model: Any, spec: "LayeredKV | str", *, sliding: str = "quantize",
                        rotation: str = "llama", max_kv_size: "int | None" = None) -> list:
     """A prompt cache whose layer ``i`` stores K/V in the pair ``spec`` gives it: a
-    :class:`~tqbridge.metal.lm.kv_spelling.LayeredKV` or its spelling (``q8_0/turbo3[0,1,-2,-1=q8_0/q8_0]``;
+    :class:`~tqbridge.bridge.kv_spec.LayeredKV` or its spelling (``q8_0/turbo3[0,1,-2,-1=q8_0/q8_0]``;
     a plain pair spelling gives every layer that pair). Layer indices count the model's cache entries
     (one per layer); an index out of range or a layer named twice raises a one-line FormatError.
     Otherwise as :func:`make_cache` (a layer kept in float by ``sliding="float"`` stays float whatever
