@@ -249,19 +249,6 @@ def start_key(start: Any, q: Any) -> "tuple[int, ...] | None | bool":
         return False
 
 
-def with_lengths(base: Problem, length: int, start: Any) -> "Problem | None":
-    """``base`` (a validated problem of the same call signature) at ``length`` (an int) and ``start``;
-    None where they are not valid for it (the caller then takes :func:`check_problem` and its error)."""
-    if not 0 <= length <= base.l_max:
-        return None
-    lengths = (length,) * base.batch
-    try:
-        starts = check_starts(start, lengths)
-    except AttentionError:
-        return None
-    return dataclasses.replace(base, lengths=lengths, starts=starts)
-
-
 def _check_rotation(rotation, kf: Format, vf: Format, kd: int, vd: int, d: int) -> tuple[int, int]:
     """``(k_rot, v_rot)``: the Hadamard groups llama.cpp rotated the stored K / V rows by."""
     if rotation is None:
