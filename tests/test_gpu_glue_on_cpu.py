@@ -342,7 +342,7 @@ def _lane_step_kernels(kv: str, monkeypatch, steps: int = 4) -> list:
     from mlx_lm.models import base
 
     from tqbridge.metal import selfcheck
-    from tqbridge.metal.lm import cache as cache_mod, decode_bench, decoder
+    from tqbridge.metal.lm import cache as cache_mod, decode_bench, decoder, routing
     from tqbridge.metal.lm.cache import TQCache
     from tqbridge.bridge.kv_spec import parse_kv_spec
 
