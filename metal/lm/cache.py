@@ -902,11 +902,11 @@ class BatchTQCache(_mlx_cache._BaseCache):
         c.k_dim, c.v_dim, c.k_rot, c.v_rot, c.k_mu, c.k_scale = t.k_dim, t.v_dim, t.k_rot, t.v_rot, t.k_mu, t.k_scale
         mx.eval(self.left_padding, self.offset)
         offset = int(self.offset[idx].item())
-        if self.keys is None:
+        pad = max(0, int(self.left_padding[idx].item())) if self.keys is not None else 0
+        n = self._idx - pad
+        if self.keys is None or n <= 0:
             c.offset = c.start = max(offset, 0)
             return c
-        pad = max(0, int(self.left_padding[idx].item()))
-        n = self._idx - pad
         cap = max(n, -(-n // c.step) * c.step)
         B, H, _, krb = self.keys.shape
         vrb = self.values.shape[-1]
