@@ -2,7 +2,7 @@
 
 Modules::
 
-    cache         TQCache (mlx-lm's cache protocol over K/V blocks of any format pair), make_cache
+    cache         TQCache (mlx-lm's cache protocol over K/V blocks of any format pair), BatchTQCache, make_cache
     lane          TQCache's GPU decode step (DecodeLane, inherited by TQCache), routed_block
     codecs        rows <-> blocks: the codec path per format, padded_dim, rotation_group
     kv_spelling   parse_kv, parse_kv_spec, kv_name: K/V format spellings
@@ -12,6 +12,7 @@ Modules::
     prompt_cache  load_prompt_cache(): saved prompt caches (TQCache layers included), checked before loading
     serve         `tqbridge serve`: mlx-lm's OpenAI-compatible server with TQCache layers
     decode_bench  `tqbridge bench decode`: end-to-end decode against mlx-lm's own caches
+    serve_bench   `tqbridge bench serve`: batched decode through mlx-lm's BatchGenerator
 
 The names below are imported on first use, so importing the package (or ``calibration``) does not
 import mlx-lm.
