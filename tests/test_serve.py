@@ -166,7 +166,19 @@ def test_repeated_requests_reuse_their_prompts_and_answer_the_same(server):
 
 
 def test_a_client_killed_mid_stream_harms_no_other_request(server):
+    """A client reset mid-stream while another request streams beside it (in one batch: the server
+    drops the killed one's row from the batch cache): the other one and the requests after it are
+    answered."""
     port, proc, _ = server
+    beside: dict = {}
+
+    def other():
+        try:
+            beside.update(_chat(port, "Tell me about the Rhine.", stream=True, max_tokens=48))
+        except (OSError, http.client.HTTPException, ValueError) as e:   # recorded, asserted below
+            beside["error"] = repr(e)
+    t = threading.Thread(target=other)
+    t.start()
     s = socket.create_connection(("127.0.0.1", port), timeout=REQUEST_S)
     body = _body("Tell me about the Danube.", True, max_tokens=40)
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -178,6 +190,8 @@ def test_a_client_killed_mid_stream_harms_no_other_request(server):
         got += chunk
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")   # RST on close
     s.close()
+    t.join(REQUEST_S)
+    assert beside.get("status") == 200 and beside["text"] and beside["done"], beside
     after = [_chat(port, "Name a river in Asia."), _chat(port, "Tell me about the Danube.", stream=True)]
     for r in after:
         assert r["status"] == 200 and r["text"], r

@@ -12,7 +12,8 @@ instead. The class follows mlx-lm 0.32's cache protocol (``offset``, ``state``, 
 ``load_prompt_cache`` work; importing this module registers the class where mlx-lm's loader looks
 classes up by name.
 
-This module holds the storage, the key calibration hooks and the mlx-lm protocol. The GPU decode step
+This module holds the storage, the key calibration hooks, the mlx-lm protocol and :class:`BatchTQCache`
+(one layer of several sequences: mlx-lm's batch protocol, which ``TQCache.merge`` enters). The GPU decode step
 is :class:`tqbridge.metal.lm.lane.DecodeLane`, which TQCache inherits; the rows <-> blocks codecs are
 in :mod:`tqbridge.metal.lm.codecs`, the K/V spellings in :mod:`tqbridge.metal.lm.kv_spelling` and
 the per-layer reports in :mod:`tqbridge.metal.lm.report`.
