@@ -1,5 +1,5 @@
 """TQCache where mlx-lm's own code meets it: its batch caches refuse TQCache layers in one line (they would
-copy the blocks as K/V rows), mlx-lm's batch generation refuses them, and install_cache makes every cache
+copy the blocks as K/V rows; TQCache.merge batches them: tests/test_batch_cache.py), and install_cache makes every cache
 mlx-lm builds for a model a TQCache."""
 
 from __future__ import annotations
@@ -38,19 +38,6 @@ def test_mlx_lm_batch_merge_refuses_a_tqcache(kf, vf, merge):
 def test_mlx_lm_batch_merge_still_merges_its_own_caches():
     merged = mlx_cache.BatchKVCache.merge([_filled(mlx_cache.KVCache(), 3), _filled(mlx_cache.KVCache(), 5, 1)])
     assert merged.keys.shape[2] == 5 and merged.left_padding.tolist() == [2, 0]
-
-
-def test_mlx_lm_batch_generate_refuses_tqcache_layers():
-    from mlx_lm.generate import BatchGenerator
-
-    m = tiny_llama()
-    install_cache(m, "q8_0/turbo3")
-    gen = BatchGenerator(m, max_tokens=2)
-    gen.insert([tokens(4)[0].tolist(), tokens(6, seed=1)[0].tolist()])
-    with pytest.raises(ValueError, match="does not yet support batching"):
-        while gen.next():
-            pass
-    gen.close()
 
 
 @pytest.mark.parametrize("kf,vf", PAIRS)

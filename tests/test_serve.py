@@ -1,5 +1,5 @@
 """``tqbridge serve``: a real mlx-lm server process with TQCache layers (SmolLM2 on 127.0.0.1), driven by
-a real HTTP client: concurrent chat completions sharing a prefix, streaming and not, all answered;
+a real HTTP client: concurrent chat completions sharing a prefix, streaming and not, batched and all answered;
 cached prompt tokens reused; a client that disconnects mid-stream harms no later request; bad options
 refused at start in one line."""
 
@@ -111,17 +111,23 @@ def _cached(resp: dict) -> int:
     return ((resp.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
 
 
-def test_concurrent_requests_sharing_a_prefix_are_all_answered(server):
+def test_concurrent_requests_sharing_a_prefix_are_batched_and_all_answered(server):
+    """One request first (its system prompt is then stored), then five at once, streaming and not: every
+    one answered, each found the shared prefix cached, and the server's log says several sequences
+    decoded in one batch (tqbridge serve logs each new largest batch)."""
     port, proc, log = server
+    assert _chat(port, "Name a sea in Europe.")["status"] == 200
     jobs = [("Name a river in Africa.", False), ("Name a mountain in Asia.", True),
-            ("Name a city in Europe.", False), ("Name a lake in America.", True)]
+            ("Name a city in Europe.", False), ("Name a lake in America.", True), ("Name a desert.", False)]
     results: dict = {}
+    go_now = threading.Barrier(len(jobs))
 
     def go(i, q, stream):
         try:
-            results[i] = _chat(port, q, stream)
-        except (OSError, http.client.HTTPException, ValueError) as e:   # recorded, asserted below
-            results[i] = {"status": None, "error": repr(e)}
+            go_now.wait()
+            results[i] = _chat(port, q, stream, max_tokens=16)
+        except (OSError, http.client.HTTPException, ValueError, threading.BrokenBarrierError) as e:
+            results[i] = {"status": None, "error": repr(e)}   # recorded, asserted below
     threads = [threading.Thread(target=go, args=(i, q, s)) for i, (q, s) in enumerate(jobs)]
     for t in threads:
         t.start()
@@ -134,8 +140,11 @@ def test_concurrent_requests_sharing_a_prefix_are_all_answered(server):
         assert r["text"], (q, r)
         if stream:
             assert r["done"], r
-    # served one at a time: every request after the first found the shared system prompt cached
-    assert sum(_cached(results[i]) > 0 for i, (_, s) in enumerate(jobs) if not s) >= 1, results
+        else:
+            assert _cached(r) > 0, r     # the system prompt, from the first request's entry
+    batched = [int(line.split("tqbridge serve: ")[1].split()[0]) for line in log.read_text().splitlines()
+               if "sequences decode in one batch" in line]
+    assert batched and max(batched) >= 2, log.read_text()[-3000:]
     assert proc.poll() is None
 
 
@@ -157,7 +166,19 @@ def test_repeated_requests_reuse_their_prompts_and_answer_the_same(server):
 
 
 def test_a_client_killed_mid_stream_harms_no_other_request(server):
+    """A client reset mid-stream while another request streams beside it (in one batch: the server
+    drops the killed one's row from the batch cache): the other one and the requests after it are
+    answered."""
     port, proc, _ = server
+    beside: dict = {}
+
+    def other():
+        try:
+            beside.update(_chat(port, "Tell me about the Rhine.", stream=True, max_tokens=48))
+        except (OSError, http.client.HTTPException, ValueError) as e:   # recorded, asserted below
+            beside["error"] = repr(e)
+    t = threading.Thread(target=other)
+    t.start()
     s = socket.create_connection(("127.0.0.1", port), timeout=REQUEST_S)
     body = _body("Tell me about the Danube.", True, max_tokens=40)
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -169,6 +190,8 @@ def test_a_client_killed_mid_stream_harms_no_other_request(server):
         got += chunk
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")   # RST on close
     s.close()
+    t.join(REQUEST_S)
+    assert beside.get("status") == 200 and beside["text"] and beside["done"], beside
     after = [_chat(port, "Name a river in Asia."), _chat(port, "Tell me about the Danube.", stream=True)]
     for r in after:
         assert r["status"] == 200 and r["text"], r

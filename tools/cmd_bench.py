@@ -1,4 +1,7 @@
-"""``tqbridge bench attention`` and ``tqbridge bench decode``.
+"""``tqbridge bench attention``, ``tqbridge bench decode`` and ``tqbridge bench serve``.
+
+``serve``: batched decode through mlx-lm's BatchGenerator, B sequences per batch, TQCache against mlx-lm's
+fp16 batch cache, and the sequences a KV budget holds (:mod:`tqbridge.metal.lm.serve_bench`).
 
 ``decode``: end-to-end greedy decode through mlx-lm with TQCache against mlx-lm's own fp16 cache (and
 its QuantizedKVCache where MLX's backend runs it), per model geometry and context; see
@@ -20,17 +23,28 @@ from tqbridge.bridge.kv_spec import DEFAULT_FORMAT, Q_PRECISION_EXAMPLE, TURBO_F
 from .cli import CliError
 
 DEFAULT_TUNE = "tiles:4x128,tiles:2x64,tiles:1x32"   # tiles alternatives: fixed threadgroup sizes (warps x keys per tile)
+DEFAULT_CONTEXTS, SERVE_CONTEXTS = "4096,32768,131072", "4096,32768"
+DECODE_MODELS, SERVE_MODELS = "qwen2.5-1.5b,llama-3.1-8b,llama-3.2-1b", "llama-3.1-8b"
+DECODE_CACHES, SERVE_CACHES = "fp16,q8_0/turbo3,q8_0/q4_0,mlx-q8", "fp16,q8_0/turbo3,q8_0/q4_0"
 
 
 def add_arguments(p):
-    p.add_argument("what", choices=["attention", "decode"], help="what to benchmark: the attention kernel alone, "
-                   "or decode end to end through mlx-lm")
-    p.add_argument("--context", default="4096,32768,131072", help="comma-separated context lengths")
-    p.add_argument("--models", default="qwen2.5-1.5b,llama-3.1-8b,llama-3.2-1b",
-                   help="decode: comma-separated model geometries (random fp16 weights: qwen2.5-1.5b, llama-3.1-8b, "
-                        "llama-3.2-1b, llama-3.1-70b-8l, gemma-3-270m, tiny) or real models (smollm2, gemma3, a GGUF path)")
-    p.add_argument("--caches", default="fp16,q8_0/turbo3,q8_0/q4_0,mlx-q8",
-                   help="decode: comma-separated caches: fp16 (mlx-lm KVCache), mlx-q8 / mlx-q4 (mlx-lm "
+    p.add_argument("what", choices=["attention", "decode", "serve"], help="what to benchmark: the attention kernel "
+                   "alone, decode end to end through mlx-lm, or batched decode through mlx-lm's BatchGenerator")
+    p.add_argument("--context", "--contexts", dest="context", default=None, help="comma-separated context lengths "
+                   f"(default {DEFAULT_CONTEXTS}; serve: {SERVE_CONTEXTS})")
+    p.add_argument("--models", default=None,
+                   help="decode, serve: comma-separated model geometries (random fp16 weights: qwen2.5-1.5b, llama-3.1-8b, "
+                        "llama-3.2-1b, llama-3.1-70b-8l, gemma-3-270m, tiny) or real models (smollm2, gemma3, a GGUF "
+                        f"path); default {DECODE_MODELS} (serve: {SERVE_MODELS})")
+    p.add_argument("--batches", default="1,8,32", help="serve: comma-separated numbers of sequences per batch")
+    p.add_argument("--budget-gb", type=float, default=40.0, help="serve: the KV memory budget whose concurrent "
+                   "sequences are counted (GB, 1e9 bytes)")
+    p.add_argument("--memory-gb", type=float, default=None, help="serve: device memory; runs that would not fit are "
+                   "not run (default: what MLX reports for the device; none on a CPU)")
+    p.add_argument("--caches", default=None,
+                   help=f"decode, serve: comma-separated caches (default {DECODE_CACHES}; serve: {SERVE_CACHES}): "
+                        "fp16 (mlx-lm KVCache), mlx-q8 / mlx-q4 (mlx-lm "
                         "QuantizedKVCache), or TQCache K/V spellings; fp16 first (speed-ups are against it); a "
                         "TQCache may carry decode options in braces, e.g. 'q8_0/turbo3{compile=0}' (docs/settings.md), "
                         "to compare them in one process, the q precision among them: "
@@ -90,9 +104,68 @@ def parse_variants(spec: "str | None") -> list:
 
 
 def run(args) -> int:
+    serve = args.what == "serve"
+    args.context = args.context or (SERVE_CONTEXTS if serve else DEFAULT_CONTEXTS)
+    args.models = args.models or (SERVE_MODELS if serve else DECODE_MODELS)
+    args.caches = args.caches or (SERVE_CACHES if serve else DECODE_CACHES)
+    if serve:
+        return _run_serve(args)
     if args.what == "decode":
         return _run_decode(args)
     return _run_attention(args)
+
+
+def _run_serve(args) -> int:
+    try:
+        import mlx.core as mx
+        import mlx_lm  # noqa: F401
+    except ImportError as e:
+        raise CliError(f"needs mlx and mlx-lm: {e}")
+    from ..bridge import FormatError
+    from ..metal.lm import serve_bench
+    from ..metal.lm.kv_spelling import parse_layered_kv_spec
+
+    caches = [c for c in args.caches.split(",") if c]
+    for c in caches:
+        if c != "fp16":
+            try:
+                parse_layered_kv_spec(c)
+            except FormatError as e:
+                raise CliError(f"--caches: {e}") from None
+    if not caches or caches[0] != "fp16":
+        raise CliError("--caches: fp16 first (the ratios are against it), then TQCache pairs")
+    try:
+        contexts = [int(x) for x in args.context.split(",") if x]
+        batches = [int(x) for x in args.batches.split(",") if x]
+    except ValueError:
+        raise CliError("--contexts / --batches: comma-separated lists of integers") from None
+    if not contexts or not batches or min(contexts + batches) < 1:
+        raise CliError("--contexts / --batches: positive integers")
+    if args.tokens < 1 or args.rounds < 1 or args.budget_gb <= 0:
+        raise CliError("--tokens, --rounds: at least 1; --budget-gb: above 0")
+    memory = int(args.memory_gb * 1e9) if args.memory_gb else serve_bench.device_memory()
+    command = "tqbridge bench serve " + " ".join(
+        f"--{k} {v}" for k, v in (("models", args.models), ("contexts", args.context), ("batches", args.batches),
+                                   ("caches", args.caches), ("tokens", args.tokens), ("rounds", args.rounds),
+                                   ("budget-gb", f"{args.budget_gb:g}"), ("dtype", args.dtype)))
+
+    def save(results):
+        if args.json:
+            from ..bridge.atomic import write_atomic
+
+            write_atomic(args.json, json.dumps({"command": command, **results}, indent=2))
+
+    keys = ("model", "cache", "context", "batch", "tokens_per_s", "tokens_per_s_vs_fp16", "decode_peak_bytes",
+            "kv_bytes_per_sequence", "batch_cache", "error")
+    results = serve_bench.run([m for m in args.models.split(",") if m], contexts, batches, caches, args.tokens,
+                              args.rounds, int(args.budget_gb * 1e9), memory_bytes=memory,
+                              dtype=getattr(mx, args.dtype),
+                              log=lambda row: print(json.dumps({k: row[k] for k in keys if k in row}), flush=True),
+                              save=save)
+    save(results)
+    for b in results["budgets"]:
+        print(json.dumps(b), flush=True)
+    return 0
 
 
 def _current_name(option: str, kern: str, told: set) -> str:

@@ -2,7 +2,7 @@
 
 Modules::
 
-    cache         TQCache (mlx-lm's cache protocol over K/V blocks of any format pair), make_cache
+    cache         TQCache (mlx-lm's cache protocol over K/V blocks of any format pair), BatchTQCache, make_cache
     decoder       LayerDecoder: a layer's blocks and decode step (append, fused attention), held by TQCache
     codecs        rows <-> blocks: the codec path per format, padded_dim, rotation_group
     report        cache_report, paths_line: what each layer holds and which paths ran
@@ -11,6 +11,7 @@ Modules::
     prompt_cache  load_prompt_cache(): saved prompt caches (TQCache layers included), checked before loading
     serve         `tqbridge serve`: mlx-lm's OpenAI-compatible server with TQCache layers
     decode_bench  `tqbridge bench decode`: end-to-end decode against mlx-lm's own caches
+    serve_bench   `tqbridge bench serve`: batched decode through mlx-lm's BatchGenerator
 
 The names below are imported on first use, so importing the package (or ``calibration``) does not
 import mlx-lm. The K/V spelling names (``parse_kv``, ``parse_kv_spec``, ``kv_name``, the per-layer

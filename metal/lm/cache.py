@@ -12,8 +12,9 @@ instead. The class follows mlx-lm 0.32's cache protocol (``offset``, ``state``, 
 ``load_prompt_cache`` work; importing this module registers the class where mlx-lm's loader looks
 classes up by name.
 
-This module holds the formats, the key calibration and the mlx-lm protocol. The layer's blocks and its
-decode step (append, fused attention) belong to its :class:`~tqbridge.metal.lm.decoder.LayerDecoder`
+This module holds the formats, the key calibration, the mlx-lm protocol and :class:`BatchTQCache`
+(one layer of several sequences: mlx-lm's batch protocol, which ``TQCache.merge`` enters). The layer's
+blocks and its decode step belong to its :class:`~tqbridge.metal.lm.decoder.LayerDecoder`
 (``cache.decoder``); :meth:`TQCache.attend` is the attention of a layer under the routing. The rows <->
 blocks codecs are in :mod:`tqbridge.metal.lm.codecs`, the K/V spellings in
 :mod:`tqbridge.bridge.kv_spec` and the per-layer reports in :mod:`tqbridge.metal.lm.report`.
@@ -37,11 +38,11 @@ from ..backend import emulated_decode_lane
 from ..decode_options import DEFAULT_OPTIONS
 from ..hadamard import hadamard_rotate
 from .calibration import fit as _fit_calibration
-from .codecs import any_nonfinite, dequantizer, padded_dim, quantizer, rotation_group
+from .codecs import any_nonfinite, dequantizer, gpu_backend, padded_dim, quantizer, rotation_group
 from .decoder import LayerDecoder, routing_active
 
-__all__ = ["TQCache", "SAVED_NAME", "make_cache", "make_layered_cache", "install_cache", "to_tqcache", "layer_count", "ROTATIONS",
-           "DECODE_MODES"]
+__all__ = ["TQCache", "BatchTQCache", "SAVED_NAME", "make_cache", "make_layered_cache", "install_cache", "to_tqcache",
+           "layer_count", "ROTATIONS", "DECODE_MODES"]
 
 ROTATIONS = ("llama", "none")
 # how TQCache.attend runs a decode step (route_attention's mode; see there)
@@ -638,6 +639,12 @@ class TQCache(_mlx_cache._BaseCache):
         return out
 
     # ------------------------------------------------------------ copies
+    @classmethod
+    def merge(cls, caches: list) -> "BatchTQCache":
+        """One batch cache of these single-sequence TQCaches (mlx-lm's batch generation calls this):
+        :class:`BatchTQCache`, which refuses in one line what cannot batch."""
+        return BatchTQCache.merge(caches)
+
     def __copy__(self) -> "TQCache":
         return self._twin()
 
@@ -687,9 +694,8 @@ def _refusing_tqcache(cls_name: str, merge):
     def guarded(cls, caches):
         for c in caches:
             if isinstance(c, TQCache):
-                raise ValueError(f"{cls_name}.merge: {c!r} holds quantized blocks, not K/V rows; TQCache has no "
-                                 "batch protocol yet: generate its sequences one at a time (mlx-lm's server "
-                                 "does so for TQCache layers)")
+                raise ValueError(f"{cls_name}.merge: {c!r} holds quantized blocks, not K/V rows; batch TQCache "
+                                 "layers with TQCache.merge (mlx-lm's batch generation calls it)")
         return func(cls, caches)
 
     guarded.__wrapped__ = func
@@ -817,3 +823,403 @@ def to_tqcache(prompt_cache: list, spec: "LayeredKV | str", *, start: int = 0, r
             k, v, cal = pairs[i]
             prompt_cache[i] = TQCache.from_cache(c, k, v, rotation=rotation, calibration=cal)
     return prompt_cache
+
+
+# ------------------------------------------------------------ batches
+class BatchError(ValueError):
+    """TQCaches that cannot share one batch cache (one line says why)."""
+
+
+def _batch_config(c: TQCache) -> tuple:
+    return (c.k_format, c.v_format, c.window, c.rotation, c.calibration.spec if c.calibration else None)
+
+
+class BatchTQCache(_mlx_cache._BaseCache):
+    """Several sequences' K/V blocks of one TQCache layer, as one cache (mlx-lm's batch protocol, as its
+    ``BatchKVCache`` / ``BatchRotatingKVCache`` define it): ``(B, n_kv_heads, capacity, row_bytes)`` uint8,
+    left-padded: row ``b`` holds its positions in stored rows ``[left_padding[b], _idx)``.
+
+    Blocks are per position and independent of it, so merging, padding, rolling, filtering and
+    extracting copy block rows exactly. ``update_and_fetch`` quantizes the new rows with the layer's
+    codecs (a TQCache of the same configuration, ``template``) and returns the dequantized K/V of the
+    stored rows; mlx-lm's attention with :meth:`make_mask` (causal, left padding, window) computes the
+    result (the routing sends only TQCache layers to its path). ``left_padding`` stays an ``mx.array``
+    and the stored length ``_idx`` an int: a fused decode step takes per-row starts from them.
+
+    A windowed layer stores its rows in temporal order and drops rows no query can see any more at
+    least ``step`` at a time (as TQCache does), before an update; :meth:`make_mask` applies the same rule.
+    """
+
+    step = 256
+
+    def __init__(self, template: TQCache, left_padding: "list[int]"):
+        self.template = template        # configuration, dims, rotation groups, calibration, codecs
+        self.keys = None
+        self.values = None
+        self.left_padding = mx.array(left_padding, dtype=mx.int32)
+        self.offset = mx.array([-p for p in left_padding], dtype=mx.int32)
+        self._idx = 0
+        self._right_padding: "list[int] | None" = None
+        self._ends: "list[int] | None" = None    # stored rows each sequence's prompt ends at (right padding)
+        self.dropped = 0                          # rows a window dropped (then no longer trimmable)
+        self._starts_memo = None                  # (id of left_padding, its values as ints): see _starts
+
+    @property
+    def window(self) -> "int | None":
+        return self.template.window
+
+    @property
+    def k_format(self) -> str:
+        return self.template.k_format
+
+    @property
+    def v_format(self) -> str:
+        return self.template.v_format
+
+    def __repr__(self) -> str:
+        w = f", window={self.window}" if self.window else ""
+        return (f"BatchTQCache({kv_name(self.k_format, self.v_format, self.template.calibration)}{w}, "
+                f"batch={self.offset.shape[0]}, rows={self._idx})")
+
+    # ------------------------------------------------------------ merge / extract
+    @classmethod
+    def merge(cls, caches: list) -> "BatchTQCache":
+        """The batch of these single-sequence TQCaches (left-padded to the longest); refused in one line
+        where they differ in pair, window, rotation, head dims or heads, or hold calibrated keys that are
+        not identical (each sequence fits its own calibration from its own keys)."""
+        caches = list(caches)
+        if not caches:
+            raise BatchError("BatchTQCache.merge: no caches")
+        for c in caches:
+            if not isinstance(c, TQCache):
+                raise BatchError(f"BatchTQCache.merge: {type(c).__name__} is not a TQCache; a batch holds one kind")
+            if c.keys is not None and c.keys.shape[0] != 1:
+                raise BatchError(f"BatchTQCache.merge: {c!r} holds {c.keys.shape[0]} sequences; merge takes one each")
+        first = caches[0]
+        for c in caches[1:]:
+            if _batch_config(c) != _batch_config(first):
+                raise BatchError(f"BatchTQCache.merge: {c!r} and {first!r} differ in pair, window, rotation or "
+                                 "calibration; one batch holds one configuration")
+        full = [c for c in caches if c.keys is not None]
+        dims = {(c.k_dim, c.v_dim, c.k_rot, c.v_rot, c.keys.shape[1]) for c in full}
+        if len(dims) > 1:
+            raise BatchError(f"BatchTQCache.merge: head dims / heads differ between the caches: {sorted(dims)}")
+        template = TQCache(first.k_format, first.v_format, window=first.window, rotation=first.rotation,
+                           calibration=first.calibration)
+        template.grow_phase = first.grow_phase
+        template.decode_options = first.decode_options
+        if first.calibration:
+            ref = None
+            for c in caches:
+                if c._pending is not None or (c.k_mu is None and c.k_scale is None):
+                    raise BatchError(f"BatchTQCache.merge: {c!r} calibrates its keys from its own first keys; "
+                                     "calibrated sequences batch only with an identical fitted calibration")
+                cal = (c.k_mu, c.k_scale)
+                if ref is None:
+                    ref = cal
+                elif not all((a is None and b is None) or (a is not None and b is not None and
+                                                           bool(mx.array_equal(a, b).item())) for a, b in zip(ref, cal)):
+                    raise BatchError(f"BatchTQCache.merge: {c!r} has another key calibration than {first!r} "
+                                     "(each sequence fits its own); calibrated sequences batch only when identical")
+            template.k_mu, template.k_scale = ref
+        if full:
+            c = full[0]
+            template.k_dim, template.v_dim, template.k_rot, template.v_rot = c.k_dim, c.v_dim, c.k_rot, c.v_rot
+        lengths = [c.offset - c.start if c.keys is not None else 0 for c in caches]
+        n = max(lengths)
+        out = cls(template, [n - m for m in lengths])
+        out.offset = mx.array([c.offset if c.keys is not None else 0 for c in caches], dtype=mx.int32)
+        if n == 0:
+            return out
+        H = full[0].keys.shape[1]
+        cap = -(-n // cls.step) * cls.step
+        ks, vs = [], []
+        for c, m in zip(caches, lengths):
+            kb, vb = c.blocks() if c.keys is not None else (None, None)
+            for parts, b in ((ks, kb), (vs, vb)):
+                rb = (full[0].keys if parts is ks else full[0].values).shape[-1]
+                seg = [mx.zeros((1, H, n - m, rb), mx.uint8)]
+                if m:
+                    seg.append(b)
+                seg.append(mx.zeros((1, H, cap - n, rb), mx.uint8))
+                parts.append(mx.concatenate(seg, axis=2))
+        out.keys, out.values = mx.concatenate(ks, axis=0), mx.concatenate(vs, axis=0)
+        out._idx = n
+        return out
+
+    def extract(self, idx: int) -> TQCache:
+        """Sequence ``idx`` as a single-sequence TQCache holding its positions in its own buffers."""
+        t = self.template
+        c = TQCache(t.k_format, t.v_format, window=t.window, rotation=t.rotation, calibration=t.calibration)
+        c.grow_phase, c.decode_options = t.grow_phase, t.decode_options
+        c.k_dim, c.v_dim, c.k_rot, c.v_rot, c.k_mu, c.k_scale = t.k_dim, t.v_dim, t.k_rot, t.v_rot, t.k_mu, t.k_scale
+        mx.eval(self.left_padding, self.offset)
+        offset = int(self.offset[idx].item())
+        pad = max(0, int(self.left_padding[idx].item())) if self.keys is not None else 0
+        n = self._idx - pad
+        if self.keys is None or n <= 0:
+            c.offset = c.start = max(offset, 0)
+            return c
+        cap = max(n, -(-n // c.step) * c.step)
+        B, H, _, krb = self.keys.shape
+        vrb = self.values.shape[-1]
+        # concatenate allocates its output: the TQCache never shares a buffer with the batch
+        kb = mx.concatenate([self.keys[idx:idx + 1, :, pad:self._idx], mx.zeros((1, H, cap - n, krb), mx.uint8)], axis=2)
+        vb = mx.concatenate([self.values[idx:idx + 1, :, pad:self._idx], mx.zeros((1, H, cap - n, vrb), mx.uint8)],
+                            axis=2)
+        mx.eval(kb, vb)
+        c.decoder.load(kb, vb, offset, offset - n)
+        c.decoder.owned = True   # fresh arrays of its own: in-place appends may write them
+        return c
+
+    def __deepcopy__(self, memo: dict) -> "BatchTQCache":
+        twin = object.__new__(type(self))
+        memo[id(self)] = twin
+        twin.__dict__.update(self.__dict__)
+        twin.template = self.template._twin()
+        for name in ("keys", "values", "left_padding", "offset"):
+            a = getattr(self, name)
+            # fresh arrays (slice assignment rebinds an array object in place: never share one)
+            setattr(twin, name, None if a is None else mx.array(a))
+        for name in ("_right_padding", "_ends"):
+            a = getattr(self, name)
+            setattr(twin, name, None if a is None else list(a))
+        return twin
+
+    def __copy__(self) -> "BatchTQCache":
+        return self.__deepcopy__({})   # a shallow copy would share the block arrays (written by slice)
+
+    # ------------------------------------------------------------ rows
+    def _drop_for(self) -> int:
+        """Rows of a windowed layer the next update drops first: those older than any query to come can
+        see (the earliest next query: the stored end, or a right-padded prompt's shortest end), when
+        they are at least ``step``."""
+        if not self.window or self.keys is None:
+            return 0
+        first = min([self._idx] + (self._ends or []))
+        need = first - self.window + 1
+        return need if need >= self.step else 0
+
+    def _setup_dims(self, dk: int, dv: int) -> None:
+        t = self.template
+        if t.k_dim is None:
+            t.k_dim, t.v_dim = dk, dv
+            if t.rotation == "llama":
+                t.k_rot = rotation_group(t.k_format, dk, "k")
+                t.v_rot = rotation_group(t.v_format, dv, "v")
+        elif (dk, dv) != (t.k_dim, t.v_dim):
+            raise ValueError(f"head dims changed from {(t.k_dim, t.v_dim)} to {(dk, dv)}")
+        if t.calibration and t.k_mu is None and t.k_scale is None:
+            raise BatchError("BatchTQCache: a batch cannot fit a key calibration (each sequence fits its own)")
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        t = self.template
+        B, H, S, dk = keys.shape
+        self._setup_dims(int(dk), int(values.shape[-1]))
+        if S > 1:
+            t._refuse_nonfinite(keys, values)
+        kb = t._encode(t._key_rows(keys), t.k_format, t._kq)
+        vb = t._encode(hadamard_rotate(values, t.v_rot), t.v_format, t._vq)
+        drop = self._drop_for()
+        if drop:
+            self.keys = mx.contiguous(self.keys[..., drop:self._idx, :])
+            self.values = mx.contiguous(self.values[..., drop:self._idx, :])
+            self._idx -= drop
+            self.dropped += drop
+            self.left_padding = mx.maximum(self.left_padding - drop, 0)
+            if self._ends is not None:
+                self._ends = [e - drop for e in self._ends]
+        prev = self._idx
+        cap = 0 if self.keys is None else self.keys.shape[2]
+        if prev + S > cap:
+            new = -(-(prev + S) // self.step) * self.step
+            grow = [mx.zeros((B, H, new - prev, b.shape[-1]), mx.uint8) for b in (kb, vb)]
+            if self.keys is None:
+                self.keys, self.values = grow
+            else:
+                self.keys = mx.concatenate([self.keys[..., :prev, :], grow[0]], axis=2)
+                self.values = mx.concatenate([self.values[..., :prev, :], grow[1]], axis=2)
+        self.keys[..., prev:prev + S, :] = kb
+        self.values[..., prev:prev + S, :] = vb
+        self._idx = prev + S
+        self.offset = self.offset + S
+        if routing_active():   # the routed attention (:meth:`attend`) reads the stored rows itself
+            return keys, values
+        return self.fetch(keys.dtype)
+
+    def fetch(self, dtype=mx.float32) -> tuple[mx.array, mx.array]:
+        """Dequantized K and V of the stored rows of every sequence (lazy)."""
+        t = self.template
+        kb, vb = self.keys[..., :self._idx, :], self.values[..., :self._idx, :]
+        k = t._decode(kb, t.k_format, t._kd, t.k_dim, mx.float32)
+        k = t._key_values(k) if t.calibration else hadamard_rotate(k, t.k_rot)
+        v = hadamard_rotate(t._decode(vb, t.v_format, t._vd, t.v_dim, mx.float32), t.v_rot)
+        return k.astype(dtype), v.astype(dtype)
+
+    def blocks(self) -> tuple[mx.array, mx.array]:
+        """The K and V blocks of the stored rows (every sequence, padding rows included)."""
+        return self.keys[..., :self._idx, :], self.values[..., :self._idx, :]
+
+    # ------------------------------------------------------------ attention (the routing's)
+    def _starts(self) -> tuple:
+        """Each sequence's first stored row (its left padding) as ints: the fused attention's per-row starts.
+        Read from the device once per batch composition (left_padding changes only when sequences join,
+        leave, or a prompt is finalized or a window drops rows)."""
+        key = id(self.left_padding)
+        got = self._starts_memo
+        if got is None or got[0] != key:
+            got = self._starts_memo = (key, tuple(max(0, int(x)) for x in self.left_padding.tolist()))
+        return got[1]
+
+    def attend(self, queries: mx.array, *, scale: float, mask=None, sinks=None, mode: str = "auto") -> mx.array:
+        """The attention of ``queries`` over the stored rows of every sequence (what the routing calls after
+        :meth:`update_and_fetch`). A decode step (one query row per sequence) on a GPU, or on the CPU
+        emulator's decode lane: the fused kernel over the blocks, each sequence from its left padding on
+        (per-row starts). Otherwise, and for prompt chunks: the dequantized rows through
+        ``mx.fast.scaled_dot_product_attention`` with the mask mlx-lm made."""
+        t = self.template
+        if (queries.shape[2] == 1 and mode in ("auto", "kernel") and not t.calibration and self.keys is not None
+                and _decode_backend(mode) in ("auto", "kernel") and not t.decode_fallback):
+            from ..attention_kernel import prepare_decode
+
+            try:
+                launch = prepare_decode(queries, self.keys, self.values, k_format=t.k_format, v_format=t.v_format,
+                                        scale=scale, window=t.window, sinks=sinks, rotation=(t.k_rot, t.v_rot),
+                                        backend="cpu-emulator" if gpu_backend() == "cpu-emulator" else "auto",
+                                        options=t.decode_options)
+            except Exception as e:   # a shape the kernel does not take: said once, then the ops path
+                t.decode_fallback, launch = f"{type(e).__name__}: {e}", None
+            if launch is not None:
+                t.paths[f"decode:{launch.backend}"] += 1
+                return launch(queries, self.keys, self.values, self._idx, sinks=sinks, starts=self._starts())
+        keys, values = self.fetch(queries.dtype)
+        t.paths["decode:dequant-sdpa" if queries.shape[2] == 1 else "prefill:dequant-sdpa"] += 1
+        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+
+    # ------------------------------------------------------------ padding, masks
+    def prepare(self, *, left_padding=None, lengths=None, right_padding=None) -> None:
+        if left_padding is not None:
+            if self.keys is not None:
+                raise ValueError("left padding can only be added to an empty BatchTQCache")
+            lp = mx.array(left_padding, dtype=mx.int32)
+            self.left_padding = self.left_padding + lp
+            self.offset = self.offset - lp
+        if right_padding is not None and max(right_padding) > 0:
+            self._right_padding = [int(p) for p in right_padding]
+            self._ends = [self._idx + int(n) for n in lengths]
+
+    def finalize(self) -> None:
+        """After a right-padded prompt: roll each sequence's rows right by its padding, so it ends at the
+        stored end and the padding rows become left padding."""
+        if self._right_padding is None:
+            return
+        pad = mx.array(self._right_padding, dtype=mx.int32)
+        if self.keys is not None:
+            n = self._idx
+            self.keys[..., :n, :] = _mlx_cache.dynamic_roll(self.keys[..., :n, :], pad[:, None], axis=2)
+            self.values[..., :n, :] = _mlx_cache.dynamic_roll(self.values[..., :n, :], pad[:, None], axis=2)
+        self.offset = self.offset - pad
+        self.left_padding = self.left_padding + pad
+        self._right_padding = self._ends = None
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: "int | None" = None, **kwargs):
+        """The mask of the next ``N`` queries over the rows stored after that update (causal, per-row left
+        padding, the window): always an array, as mlx-lm's batch caches give."""
+        drop = self._drop_for()
+        window_size = window_size if window_size is not None else self.window
+        lp = mx.maximum(self.left_padding - drop, 0) if drop else self.left_padding
+        return _mlx_cache.create_causal_mask(N, offset=self._idx - drop, window_size=window_size, left_padding=lp)
+
+    # ------------------------------------------------------------ the batch
+    def filter(self, batch_indices) -> None:
+        """Keep the sequences ``batch_indices`` (in that order); drop the padding columns all of them share."""
+        idx = mx.array([int(i) for i in batch_indices], dtype=mx.int32)
+        if self.keys is not None:
+            self.keys, self.values = self.keys[idx], self.values[idx]
+        self.offset, self.left_padding = self.offset[idx], self.left_padding[idx]
+        if self._right_padding is not None:
+            self._right_padding = [self._right_padding[int(i)] for i in batch_indices]
+            self._ends = [self._ends[int(i)] for i in batch_indices]
+        shift = min(max(0, p) for p in self.left_padding.tolist()) if len(batch_indices) else 0
+        if shift > 0 and self.keys is not None:
+            self.keys = mx.contiguous(self.keys[..., shift:, :])
+            self.values = mx.contiguous(self.values[..., shift:, :])
+            self._idx -= shift
+            self.left_padding = self.left_padding - shift
+            if self._ends is not None:
+                self._ends = [e - shift for e in self._ends]
+
+    def extend(self, other: "BatchTQCache") -> None:
+        """Append ``other``'s sequences (same configuration), right-aligning the stored rows."""
+        if not isinstance(other, BatchTQCache) or _batch_config(other.template) != _batch_config(self.template):
+            raise BatchError(f"BatchTQCache.extend: {other!r} is not a batch of the configuration of {self!r}")
+        a, b = self.template, other.template
+        if a.k_dim is not None and b.k_dim is not None and (a.k_dim, a.v_dim) != (b.k_dim, b.v_dim):
+            raise BatchError(f"BatchTQCache.extend: head dims {(b.k_dim, b.v_dim)} and {(a.k_dim, a.v_dim)} differ")
+        if a.calibration and not all((x is None and y is None) or (x is not None and y is not None and bool(
+                mx.array_equal(x, y).item())) for x, y in ((a.k_mu, b.k_mu), (a.k_scale, b.k_scale))):
+            raise BatchError("BatchTQCache.extend: the two batches hold different key calibrations")
+        if self._right_padding is not None or other._right_padding is not None:
+            raise BatchError("BatchTQCache.extend: a right-padded prompt is not finalized")
+        if a.k_dim is None:
+            self.template = b
+        if self.keys is None and other.keys is None:
+            self.left_padding = mx.concatenate([self.left_padding, other.left_padding])
+            self.offset = mx.concatenate([self.offset, other.offset])
+            return
+        n = max(self._idx, other._idx)
+        cap = -(-n // self.step) * self.step
+        ref = self if self.keys is not None else other
+        H = ref.keys.shape[1]
+
+        def padded(c, arr, rb):
+            Bc = c.offset.shape[0]
+            body = [] if arr is None else [arr[..., :c._idx, :]]
+            return mx.concatenate([mx.zeros((Bc, H, n - c._idx, rb), mx.uint8), *body,
+                                   mx.zeros((Bc, H, cap - n, rb), mx.uint8)], axis=2)
+
+        krb, vrb = ref.keys.shape[-1], ref.values.shape[-1]
+        self.keys = mx.concatenate([padded(self, self.keys, krb), padded(other, other.keys, krb)])
+        self.values = mx.concatenate([padded(self, self.values, vrb), padded(other, other.values, vrb)])
+        self.left_padding = mx.concatenate([self.left_padding + (n - self._idx), other.left_padding + (n - other._idx)])
+        self.offset = mx.concatenate([self.offset, other.offset])
+        self._idx = n
+        self.dropped = max(self.dropped, other.dropped)
+
+    # ------------------------------------------------------------ mlx-lm protocol
+    def size(self) -> int:
+        return min(self._idx, self.window) if self.window else self._idx
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    def is_trimmable(self) -> bool:
+        return not self.window or (self.dropped == 0 and self._idx < self.window)
+
+    def trim(self, n: int) -> int:
+        n = min(self._idx, int(n))
+        self._idx -= n
+        self.offset = self.offset - n
+        return n
+
+    @property
+    def state(self):
+        """The stored blocks, offsets and left padding (what ``mx.eval`` of a batch's state evaluates)."""
+        if self.keys is None:
+            return self.offset, self.left_padding
+        kb, vb = self.blocks()
+        return kb, vb, self.offset, self.left_padding
+
+    @state.setter
+    def state(self, v) -> None:
+        raise BatchError("a BatchTQCache is not restored from a state: extract its sequences (TQCaches) to save them")
+
+    @property
+    def meta_state(self) -> tuple:
+        return (str(self._idx),) + self.template.meta_state[1:]
+
+    @property
+    def nbytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return self.keys.nbytes + self.values.nbytes + self.template.calibration_nbytes

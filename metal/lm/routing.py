@@ -2,8 +2,8 @@
 
 mlx-lm's model modules import ``scaled_dot_product_attention`` from ``mlx_lm.models.base`` by name.
 :func:`route_attention` swaps that name, in every loaded ``mlx_lm.models`` module, for an adapter that
-sends TQCache layers to :meth:`TQCache.attend <tqbridge.metal.lm.cache.TQCache.attend>` (the layer's
-decode step: the fused kernel over its blocks) and everything else to mlx-lm's original; it restores the
+sends TQCache layers (and their batches, BatchTQCache) to their ``attend`` (the layer's decode step: the
+fused kernel over its blocks) and everything else to mlx-lm's original; it restores the
 names on exit. Under the routing a TQCache's ``update_and_fetch`` stores the rows and returns them as
 given; the cache's ``attend`` reads the cache.
 
@@ -27,7 +27,7 @@ import threading
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from .cache import DECODE_MODES, TQCache
+from .cache import DECODE_MODES, BatchTQCache, TQCache
 from .decoder import routed_block
 
 __all__ = ["route_attention", "DECODE_MODES"]
@@ -40,7 +40,7 @@ _MODE: "ContextVar[str]" = ContextVar("tqbridge_decode_mode", default="auto")   
 
 def _routed(original):
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
-        if isinstance(cache, TQCache):
+        if isinstance(cache, (TQCache, BatchTQCache)):
             return cache.attend(queries, scale=scale, mask=mask, sinks=sinks, mode=_MODE.get())
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 

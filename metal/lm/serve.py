@@ -7,10 +7,11 @@ generator from its module's ``ModelProvider`` and ``ResponseGenerator``; :func:`
 two names to subclasses for the duration of the run:
 
 - :class:`TQModelProvider` installs the TQCache layers on every model it loads and recomputes the
-  server's ``is_batchable`` from the caches the model now makes. TQCache has no batch protocol
-  (``merge``): the server serves requests one at a time on its sequential path (``stream_generate``),
-  concurrent requests wait their turn, and prompt-cache reuse (``LRUPromptCache``, which deep-copies
-  caches) works there.
+  server's ``is_batchable`` from the caches the model now makes: concurrent requests share decode
+  steps in mlx-lm's ``BatchGenerator`` (``TQCache.merge`` makes a
+  :class:`~tqbridge.metal.lm.cache.BatchTQCache`), except with key calibration (each sequence fits its
+  own), which serves one request at a time. Prompt-cache reuse (``LRUPromptCache``) works on both
+  paths; the server's ``BatchGenerator`` is bound to a subclass that logs each new largest batch.
 - :class:`RoutedResponseGenerator` runs the server's generation thread inside
   :func:`~tqbridge.metal.lm.routing.route_attention` (decode steps of TQCache layers to the fused
   kernel on a GPU), after loading the default model so that its modules are routed.
@@ -159,9 +160,26 @@ def run_server(directory: "str | os.PathLike[str]", kv, server_args: "list[str]"
         def _load(self, *args, **kwargs):
             super()._load(*args, **kwargs)
             install_cache(self.model, kv, sliding=sliding, rotation=rotation)
-            # the server's own rule (every cache can merge into a batch), on the caches made now
+            # the server's own rule (every cache can merge into a batch), on the caches made now;
+            # calibrated keys do not batch (each sequence fits its own calibration)
             self.is_batchable = self.is_batchable and all(
-                hasattr(c, "merge") for c in server.make_prompt_cache(self.model))
+                hasattr(c, "merge") and not getattr(c, "calibration", None)
+                for c in server.make_prompt_cache(self.model))
+
+    base_batch = server.BatchGenerator
+
+    class LoggedBatchGenerator(base_batch):
+        """mlx-lm's batch generator; logs each new largest number of sequences decoded in one step."""
+
+        largest = 1
+
+        def _next(self):
+            out = super()._next()
+            n = len(self._generation_batch)
+            if n > self.largest:
+                self.largest = n
+                server.logging.info(f"tqbridge serve: {n} sequences decode in one batch")
+            return out
 
     made = []
 
@@ -183,6 +201,7 @@ def run_server(directory: "str | os.PathLike[str]", kv, server_args: "list[str]"
     argv = sys.argv
     sys.argv = [prog, "--model", os.fspath(directory), *server_args]
     server.ModelProvider, server.ResponseGenerator = TQModelProvider, RoutedResponseGenerator
+    server.BatchGenerator = LoggedBatchGenerator
     try:
         server.main()
     except OSError as e:   # its HTTP server could not bind after all (taken since check_address)
@@ -191,4 +210,5 @@ def run_server(directory: "str | os.PathLike[str]", kv, server_args: "list[str]"
         for g in made:     # its generation thread ends with the server, whatever ended it
             g.stop_and_join()
         server.ModelProvider, server.ResponseGenerator = base_provider, base_generator
+        server.BatchGenerator = base_batch
         sys.argv = argv

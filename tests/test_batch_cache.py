@@ -1,0 +1,421 @@
+"""BatchTQCache: TQCache layers in mlx-lm's batch generation (BatchGenerator, batch_generate). Each
+sequence of a batch gets what it gets alone: greedy tokens equal, teacher-forced logits within a named
+tolerance; merge / extend / filter / extract move block rows exactly; an extracted TQCache owns its
+buffers; windowed (Gemma 3 sliding) layers drop rows as a TQCache does; what cannot batch is refused in
+one line. Planted: a left padding off by one, a filter keeping the wrong row, an extract sharing the
+batch's buffer."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core", reason="MLX is not installed")
+pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
+
+from mlx_lm.generate import BatchGenerator, batch_generate, generate_step  # noqa: E402
+from mlx_lm.models import cache as mlx_cache  # noqa: E402
+
+from tqbridge.metal.lm.cache import BatchTQCache, TQCache, install_cache, make_cache  # noqa: E402
+from tqbridge.metal.lm.routing import route_attention  # noqa: E402
+from tiny_models import cpu_device, tiny_gemma3, tiny_llama, tokens  # noqa: E402,F401
+
+PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q8_0", "turbo3"), ("q8_0", "q4_0")]
+# Teacher-forced logits of a sequence in a batch against the same sequence alone: the same blocks, the
+# same float32 math in other shapes (padded rows, B > 1; routed, the sequence alone decodes through
+# decode_attention's reference), so tests/test_cache.py's LOGIT_ATOL. Largest measured on MLX's CPU under
+# pytest: 3.5e-5 (f16/f16, ops), 5.0e-5 (q8_0/q4_0, routed), the others 2e-6 to 1.3e-5.
+LOGIT_ATOL = 1e-4
+# The tiny Gemma 3 under pytest's BLAS (OpenBLAS, tests/conftest.py): its K/V rows, computed in a matmul
+# of another shape, differ in float32's last bits, and where that crosses a rounding boundary of the
+# stored format one stored value moves by a whole f16 ulp: measured 4.3e-4 (f16/f16), 2.3e-5
+# (q8_0/turbo3); with MLX's own BLAS 0. 1e-3: twice the largest, 500x below the planted bug's 0.54.
+STORED_FLIP_ATOL = 1e-3
+PROMPTS = ((5, 0), (12, 1), (3, 2), (9, 3))     # (length, seed): left padding 7, 0, 9, 3 when merged
+
+
+def _routing(routed: bool):
+    return route_attention("auto") if routed else _Nothing()
+
+
+class _Nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+def _forced(m, cache, prompt: list, steps: list) -> np.ndarray:
+    """One sequence alone: prefill ``prompt``, then the forced ``steps`` one at a time; per-step logits."""
+    m(mx.array([prompt]), cache=cache)
+    out = []
+    for t in steps:
+        lg = m(mx.array([[t]]), cache=cache)[0, -1].astype(mx.float32)
+        mx.eval(lg)
+        out.append(np.array(lg))
+    return np.stack(out)
+
+
+def batch_vs_single(m, kv: str, routed: bool, n_steps: int = 6) -> float:
+    """Prefill each prompt of PROMPTS alone, merge the caches (TQCache.merge), decode the same forced
+    tokens for every sequence as one batch; the largest |logit difference| against each sequence
+    decoding alone."""
+    install_cache(m, kv)
+    prompts = [tokens(n, seed=s)[0].tolist() for n, s in PROMPTS]
+    steps = [tokens(n_steps, seed=50 + i)[0].tolist() for i in range(len(prompts))]
+    worst = 0.0
+    with _routing(routed):
+        alone = [_forced(m, mlx_cache.make_prompt_cache(m), p, s) for p, s in zip(prompts, steps)]
+        singles = []
+        for p in prompts:
+            c = mlx_cache.make_prompt_cache(m)
+            mx.eval(m(mx.array([p]), cache=c))
+            singles.append(c)
+        batch = [singles[0][i].merge([c[i] for c in singles]) for i in range(len(singles[0]))]
+        assert all(isinstance(b, BatchTQCache) for b in batch)
+        for j in range(n_steps):
+            lg = m(mx.array([[s[j]] for s in steps]), cache=batch)[:, -1].astype(mx.float32)
+            mx.eval(lg)
+            for b in range(len(prompts)):
+                worst = max(worst, float(np.abs(np.array(lg[b]) - alone[b][j]).max()))
+    return worst
+
+
+@pytest.mark.parametrize("routed", [False, True], ids=["ops", "routed"])
+@pytest.mark.parametrize("kf,vf", PAIRS)
+def test_each_row_of_a_merged_batch_decodes_as_its_sequence_alone(kf, vf, routed):
+    worst = batch_vs_single(tiny_llama(), f"{kf}/{vf}", routed)
+    assert worst <= LOGIT_ATOL, worst
+
+
+@pytest.mark.parametrize("routed", [False, True], ids=["ops", "routed"])
+@pytest.mark.parametrize("kf,vf", [("f16", "f16"), ("q8_0", "turbo3")])
+def test_windowed_rows_merged_after_their_windows_slid_decode_as_alone(kf, vf, routed, monkeypatch):
+    """Gemma 3, sliding layers of 8 positions dropping rows 4 at a time: the 12-token prompt's windowed
+    layers have dropped rows (start > 0) before the merge, the batch drops more while it decodes."""
+    monkeypatch.setattr(TQCache, "step", 4)
+    monkeypatch.setattr(BatchTQCache, "step", 4)
+    worst = batch_vs_single(tiny_gemma3(window=8), f"{kf}/{vf}", routed, n_steps=10)
+    assert worst <= STORED_FLIP_ATOL, worst
+
+
+def test_planted_left_padding_off_by_one_is_caught(monkeypatch):
+    real = BatchTQCache.make_mask
+
+    def off_by_one(self, N, **kw):
+        saved = self.left_padding
+        self.left_padding = mx.maximum(saved - 1, 0)
+        try:
+            return real(self, N, **kw)
+        finally:
+            self.left_padding = saved
+    monkeypatch.setattr(BatchTQCache, "make_mask", off_by_one)
+    assert batch_vs_single(tiny_llama(), "q8_0/turbo3", False) > 50 * LOGIT_ATOL   # measured 0.54
+
+
+# The fused kernel on the emulated decode lane against the sequences alone (which decode through the
+# same kernel, one row each): the accumulation order differs with the splits of a longer stored row, a
+# few float32 ulps of each output (tests/test_attention_start.py: SLICED_EXACT_ULPS); through the tiny
+# model's logits measured 3.6e-5 (q8_0/turbo3), 3.2e-6 (f16/f16): LOGIT_ATOL as above.
+@pytest.mark.parametrize("kf,vf", [("q8_0", "turbo3"), ("f16", "f16")])
+def test_a_batch_decodes_through_the_fused_kernel_with_per_row_starts(kf, vf, cpu_device):
+    """Routed, on the emulated GPU decode lane: a batch's decode steps run the fused kernel (not the
+    dequantize path), each sequence from its left padding on, and give each row its logits alone."""
+    from tqbridge.metal.backend import emulate_decode_lane
+
+    with emulate_decode_lane():
+        m = tiny_llama()
+        worst = batch_vs_single(m, f"{kf}/{vf}", True, n_steps=3)
+    assert worst <= LOGIT_ATOL, worst
+    paths = batch_paths(m, f"{kf}/{vf}")
+    assert paths.get("decode:cpu-emulator", 0) > 0 and not paths.get("decode:dequant-sdpa"), paths
+
+
+def batch_paths(m, kv: str) -> dict:
+    """The attention paths a merged batch's decode steps took (emulated lane, routed)."""
+    from collections import Counter
+
+    from tqbridge.metal.backend import emulate_decode_lane
+
+    install_cache(m, kv)
+    prompts = [tokens(n, seed=s)[0].tolist() for n, s in PROMPTS]
+    with emulate_decode_lane(), route_attention("auto"):
+        singles = []
+        for p in prompts:
+            c = mlx_cache.make_prompt_cache(m)
+            mx.eval(m(mx.array([p]), cache=c))
+            singles.append(c)
+        batch = [singles[0][i].merge([c[i] for c in singles]) for i in range(len(singles[0]))]
+        for b in batch:
+            b.template.paths.clear()
+        mx.eval(m(mx.array([[1]] * len(prompts)), cache=batch))
+    return dict(sum((Counter(b.template.paths) for b in batch), Counter()))
+
+
+def test_planted_fused_start_off_by_one_is_caught(cpu_device, monkeypatch):
+    """Planted: the fused batch step's per-row starts one row late (each sequence loses its first key):
+    measured 1.9."""
+    from tqbridge.metal.backend import emulate_decode_lane
+
+    real = BatchTQCache._starts
+    monkeypatch.setattr(BatchTQCache, "_starts", lambda self: tuple(x + 1 for x in real(self)))
+    with emulate_decode_lane():
+        worst = batch_vs_single(tiny_llama(), "q8_0/turbo3", True, n_steps=2)
+    assert worst > 50 * LOGIT_ATOL, worst
+
+
+def _generate(m, prompts, max_tokens, routed, **kw):
+    """Greedy tokens of each prompt alone (generate_step) and through BatchGenerator (every sequence in
+    one batch, a second half inserted while the first decodes)."""
+    alone = []
+    with _routing(routed):
+        for p in prompts:
+            c = mlx_cache.make_prompt_cache(m)
+            alone.append([int(t) for t, _ in zip((t for t, _ in generate_step(mx.array(p), m, prompt_cache=c,
+                                                                             max_tokens=max_tokens)),
+                                                 range(max_tokens))])
+        gen = BatchGenerator(m, max_tokens=max_tokens, **kw)
+        half = len(prompts) // 2
+        uids = gen.insert(prompts[:half])
+        got: dict = {}
+        seen = []
+        for step in range(10_000):
+            if step == 2:
+                uids += gen.insert(prompts[half:])
+            r = gen.next_generated()
+            seen += [(c.offset.shape[0], c.window, c.dropped, c._idx) for c in gen._generation_batch.prompt_cache]
+            if not r and step > 2:
+                break
+            for x in r:
+                got.setdefault(x.uid, []).append(x.token)
+        gen.close()
+    return alone, [got[u] for u in uids], seen
+
+
+@pytest.mark.parametrize("routed", [False, True], ids=["ops", "routed"])
+@pytest.mark.parametrize("kf,vf", PAIRS)
+def test_batch_generator_gives_each_sequence_its_greedy_tokens(kf, vf, routed):
+    m = tiny_llama()
+    install_cache(m, f"{kf}/{vf}")
+    prompts = [tokens(n, seed=s)[0].tolist() for n, s in PROMPTS]
+    alone, batched, seen = _generate(m, prompts, 10, routed, prefill_batch_size=2, completion_batch_size=4,
+                                     prefill_step_size=4)
+    assert batched == alone
+    assert max(b for b, *_ in seen) >= 3   # several sequences decoded as one batch
+
+
+@pytest.mark.parametrize("kf,vf", PAIRS)
+def test_batch_generate_with_tqcache_layers(kf, vf):
+    m = tiny_llama()
+    install_cache(m, f"{kf}/{vf}")
+    prompts = [tokens(n, seed=s)[0].tolist() for n, s in PROMPTS]
+    out = batch_generate(m, _Tok(), prompts, max_tokens=5, return_prompt_caches=True)
+    theirs = batch_generate(tiny_llama(), _Tok(), prompts, max_tokens=5, return_prompt_caches=True)
+    assert len(out.texts) == len(prompts) and all(len(t.split()) == 5 for t in out.texts)
+    if kf == "f16":
+        assert out.texts == theirs.texts
+    for mine, own in zip(out.caches, theirs.caches):   # what mlx-lm's own batch cache holds (the last token too)
+        assert [(type(c), c.offset) for c in mine] == [(TQCache, o.offset) for o in own]
+
+
+class _Tok:
+    """The least of a tokenizer batch_generate needs: tokens as words."""
+    eos_token_ids: set = set()
+
+    class detokenizer:
+        def __init__(self):
+            self.text = ""
+
+        def reset(self):
+            self.text = ""
+
+        def add_token(self, t):
+            self.text += f"{t} "
+
+        def finalize(self):
+            pass
+
+        @property
+        def last_segment(self):
+            s, self.text = self.text, ""
+            return s
+
+    def __init__(self):
+        self.detokenizer = _Tok.detokenizer()
+
+    def decode(self, toks):
+        return " ".join(map(str, toks))
+
+
+@pytest.mark.parametrize("routed", [False, True], ids=["ops", "routed"])
+@pytest.mark.parametrize("kv", ["f16/f16", "q8_0/turbo3", "q8_0/q4_0"])
+def test_windowed_layers_batch_and_drop_rows_as_a_tqcache(kv, routed, monkeypatch):
+    """Gemma 3 (sliding layers of 8 positions); rows dropped 4 at a time (``step``), prompts long
+    enough that a right-padded prompt spans a drop."""
+    monkeypatch.setattr(TQCache, "step", 4)
+    monkeypatch.setattr(BatchTQCache, "step", 4)
+    m = tiny_gemma3(window=8)
+    install_cache(m, kv)
+    prompts = [tokens(n, seed=s)[0].tolist() for n, s in ((5, 0), (30, 1), (3, 2), (21, 3), (9, 4))]
+    alone, batched, seen = _generate(m, prompts, 16, routed, prefill_batch_size=2, completion_batch_size=3,
+                                     prefill_step_size=7)
+    assert batched == alone
+    windowed = [(dropped, idx) for _, window, dropped, idx in seen if window]
+    assert windowed and max(d for d, _ in windowed) > 0
+    assert max(i for _, i in windowed) <= 8 - 1 + 4 + 7   # window - 1 + step + a chunk
+
+
+# ---- rows moved exactly ------------------------------------------------------------------------------
+
+def _rows(seed, n, d=64, h=2):
+    return mx.array(np.random.default_rng(seed).standard_normal((1, h, n, d)).astype(np.float32))
+
+
+def _cache(kf, vf, n, seed, **kw):
+    c = TQCache(kf, vf, **kw)
+    if n:
+        c.update_and_fetch(_rows(seed, n), _rows(seed + 100, n))
+    return c
+
+
+def _bytes(c):
+    if c.keys is None:
+        return b""
+    kb, vb = c.blocks()
+    return np.array(kb).tobytes() + np.array(vb).tobytes()
+
+
+def round_trip_errors(singles, batch) -> list:
+    """What differs between each single cache and the batch row extracted for it: block bytes, offsets,
+    or a buffer the extract shares with the batch."""
+    bad = []
+    for i, c in enumerate(singles):
+        e = batch.extract(i)
+        if (_bytes(e), e.offset, e.start) != (_bytes(c), c.offset, c.start):
+            bad.append(f"row {i}: blocks or positions differ")
+        for mine, theirs in ((e.keys, batch.keys), (e.values, batch.values)):
+            if mine is None:
+                continue
+            mx.eval(mine, theirs)
+            if np.shares_memory(np.array(mine, copy=False), np.array(theirs, copy=False)):
+                bad.append(f"row {i}: the extracted cache shares the batch's buffer")
+    return bad
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("kf,vf", PAIRS)
+def test_merge_extend_filter_extract_move_block_rows_exactly(kf, vf, window):
+    a = [_cache(kf, vf, n, s, window=window) for n, s in ((5, 1), (0, 2), (9, 3))]
+    b = [_cache(kf, vf, n, s, window=window) for n, s in ((2, 4), (12, 5))]
+    batch = TQCache.merge(a)
+    assert batch.left_padding.tolist() == [4, 9, 0] and batch.offset.tolist() == [5, 0, 9]
+    assert round_trip_errors(a, batch) == []
+    batch.extend(TQCache.merge(b))
+    assert round_trip_errors(a + b, batch) == []
+    keep = [4, 0, 2]
+    batch.filter(keep)
+    assert round_trip_errors([(a + b)[i] for i in keep], batch) == []
+    assert min(batch.left_padding.tolist()) == 0     # padding columns every row shares are dropped
+    twin = copy.deepcopy(batch)
+    twin.update_and_fetch(mx.repeat(_rows(9, 1, h=2), 3, axis=0), mx.repeat(_rows(10, 1), 3, axis=0))
+    assert round_trip_errors([(a + b)[i] for i in keep], batch) == []   # the original is untouched
+
+
+def test_planted_filter_keeping_the_wrong_row_is_caught(monkeypatch):
+    real = BatchTQCache.filter
+    monkeypatch.setattr(BatchTQCache, "filter", lambda self, keep: real(self, [keep[-1]] + list(keep[1:])))
+    a = [_cache("q8_0", "turbo3", n, s) for n, s in ((5, 1), (7, 2), (9, 3))]
+    batch = TQCache.merge(a)
+    batch.filter([0, 2])
+    assert round_trip_errors([a[0], a[2]], batch) != []
+
+
+def test_planted_extract_sharing_the_batch_buffer_is_caught(monkeypatch):
+    def sharing(self, idx):
+        c = TQCache(self.k_format, self.v_format)
+        t = self.template
+        c.k_dim, c.v_dim, c.k_rot, c.v_rot = t.k_dim, t.v_dim, t.k_rot, t.v_rot
+        c.keys = mx.contiguous(self.keys[idx:idx + 1])      # no copy when the row is the whole buffer
+        c.values = mx.contiguous(self.values[idx:idx + 1])
+        c.offset, c.start = self._idx, 0
+        return c
+    monkeypatch.setattr(BatchTQCache, "extract", sharing)
+    a = [_cache("q8_0", "turbo3", 256, 1)]
+    assert any("shares" in e for e in round_trip_errors(a, TQCache.merge(a)))
+
+
+def test_an_extracted_cache_decodes_on_without_touching_the_batch():
+    a = [_cache("q8_0", "q4_0", n, s) for n, s in ((5, 1), (8, 2))]
+    batch = TQCache.merge(a)
+    e = batch.extract(0)
+    before = [np.array(x) for x in batch.blocks()]
+    e.trim(2)
+    e.update_and_fetch(_rows(7, 3), _rows(8, 3))
+    assert all(np.array_equal(x, np.array(y)) for x, y in zip(before, batch.blocks()))
+    batch.trim(1)
+    batch.update_and_fetch(mx.repeat(_rows(3, 1), 2, axis=0), mx.repeat(_rows(4, 1), 2, axis=0))
+    assert e.offset == 6 and _bytes(e)[:10] == _bytes(_cache("q8_0", "q4_0", 5, 1))[:10]
+
+
+# ---- masks and the protocol's small parts ---------------------------------------------------------------
+
+def test_mask_after_a_right_padded_prompt_masks_the_padding_rows():
+    batch = TQCache.merge([TQCache("q8_0", "turbo3") for _ in range(2)])
+    batch.prepare(lengths=[3, 5], right_padding=[2, 0])
+    batch.update_and_fetch(mx.repeat(_rows(1, 5), 2, axis=0), mx.repeat(_rows(2, 5), 2, axis=0))
+    batch.finalize()
+    assert batch.left_padding.tolist() == [2, 0] and batch.offset.tolist() == [3, 5]
+    mask = np.array(batch.make_mask(1))
+    assert mask.shape == (2, 1, 1, 6)
+    assert mask[0, 0, 0].tolist() == [False, False, True, True, True, True] and mask[1].all()
+    rows = np.array(batch.blocks()[0])
+    assert np.array_equal(rows[0, :, 2:], rows[1, :, :3])   # the rolled rows are the first three
+    assert batch.is_trimmable() and batch.trim(1) == 1 and batch.offset.tolist() == [2, 4]
+    mx.eval([c for c in batch.state])
+    assert batch.nbytes == batch.keys.nbytes + batch.values.nbytes and not batch.empty()
+
+
+@pytest.mark.parametrize("why,caches,says", [
+    ("pairs", lambda: [_cache("q8_0", "turbo3", 3, 1), _cache("q8_0", "q4_0", 3, 2)], "differ in pair"),
+    ("windows", lambda: [_cache("f16", "f16", 3, 1, window=4), _cache("f16", "f16", 3, 2)], "differ in pair"),
+    ("rotations", lambda: [_cache("q8_0", "q8_0", 3, 1), _cache("q8_0", "q8_0", 3, 2, rotation="none")],
+     "rotation"),
+    ("dims", lambda: [_cache("f16", "f16", 3, 1), _dims()], "head dims"),
+    ("kinds", lambda: [_cache("f16", "f16", 3, 1), mlx_cache.KVCache()], "is not a TQCache"),
+    ("calibrated", lambda: [_cache("q8_0", "q8_0", 3, 1, calibration="mean"),
+                            _cache("q8_0", "q8_0", 3, 2, calibration="mean")], "another key calibration"),
+    ("unfitted", lambda: [TQCache("q8_0", "q8_0", calibration="mean")], "from its own first keys"),
+])
+def test_what_cannot_batch_is_refused_in_one_line(why, caches, says):
+    with pytest.raises(ValueError, match=says) as e:
+        TQCache.merge(caches())
+    assert "\n" not in str(e.value)
+
+
+def _dims():
+    c = TQCache("f16", "f16")
+    x = mx.zeros((1, 2, 3, 128))
+    c.update_and_fetch(x, x)
+    return c
+
+
+def test_identical_calibrations_batch():
+    c = _cache("q8_0", "q8_0", 6, 1, calibration="mean+scale")
+    twin = copy.deepcopy(c)
+    batch = TQCache.merge([c, twin])
+    assert round_trip_errors([c, twin], batch) == []
+
+
+def test_mlx_lms_own_batch_cache_still_refuses_tqcache_layers():
+    with pytest.raises(ValueError, match=r"holds quantized blocks, not K/V rows; batch TQCache layers with TQCache"):
+        mlx_cache.BatchKVCache.merge([_cache("q8_0", "turbo3", 3, 1)])
+
+
+def test_a_model_cache_batches_through_make_cache():
+    m = tiny_llama()
+    caches = [make_cache(m, "q8_0", "turbo3") for _ in range(2)]
+    batch = [caches[0][i].merge([c[i] for c in caches]) for i in range(2)]
+    assert [type(b) for b in batch] == [BatchTQCache, BatchTQCache] and batch[0].empty()
