@@ -10,7 +10,7 @@ It is not always ggml's reference quantizer (``ggml_quantize_chunk``, the bridge
 q8_0 the CPU backend has its own SIMD ``quantize_row_q8_0`` — on x86 (AVX2/AVX-512) it multiplies by
 ``127 / amax`` instead of ``1 / (amax / 127)`` and rounds half to even instead of C's ``roundf`` (half
 away from zero), so a value whose scaled magnitude sits on (or within an ulp of) a half-integer gets
-the neighbouring code. :func:`reference_disagreement` measures where the two differ on given rows.
+the neighbouring code.
 The other cache types (q4_0, q4_1, q5_0, q5_1, iq4_nl) use the reference quantizer on the CPU.
 """
 
@@ -93,15 +93,6 @@ def c_reference_quantize(fmt, x: np.ndarray) -> np.ndarray:
     if f.kind == "float":
         return reference_quantize(f, x)
     return from_float_by_id(_type_id(f), x, f.type_size, cpu=False, block_size=f.block_size)
-
-
-def reference_disagreement(fmt, x: np.ndarray) -> np.ndarray:
-    """Per block of ``x`` (..., n): True where ggml-cpu's ``from_float`` and the reference quantizer
-    (:func:`reference_quantize`) write different bytes."""
-    f = get_format(fmt)
-    a = cpu_from_float(f, x)
-    b = reference_quantize(f, x)
-    return (a.reshape(-1, f.type_size) != b.reshape(-1, f.type_size)).any(axis=1).reshape(*a.shape[:-1], -1)
 
 
 GGML_TYPE_Q8_1 = 9      # ggml.h; not a cache type (no registry entry): q's dot type for q4_1 / q5_1 K

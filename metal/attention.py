@@ -25,7 +25,7 @@ from typing import Any
 
 from ..bridge.format_types import Format
 from .attention_problem import (AttentionError, RunRecord, check_problem, check_q_precision, last_run,
-                                last_run_record, record_run, renamed_kernel)
+                                kernel_name, last_run_record, record_run)
 from .decode_options import DecodeOptions, as_options
 
 __all__ = ["decode_attention", "DecodeOptions", "check_problem", "AttentionError", "last_run", "last_run_record",
@@ -96,8 +96,8 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
     Option ``options``: a :class:`~tqbridge.metal.decode_options.DecodeOptions` (how the kernel is planned
     and launched; ``q_precision`` merges into it). Plan overrides (``splits``, ``warps``, ``tile``,
     ``kernel``, ``lanes_per_key``, ``generic``, ``seed``) serve tests and sweeps; ``kernel`` is one of
-    ``"lanes"``, ``"tiles"``, ``"int8-mma"`` (``attention_problem.KERNELS``; a former name,
-    ``attention_problem.KERNEL_ALIASES``, is taken with a DeprecationWarning and runs as its new one).
+    ``"lanes"``, ``"tiles"``, ``"int8-mma"`` (``attention_problem.KERNELS``; any other name is an
+    :class:`AttentionError` listing them).
     ``backend``: ``"auto"`` (the fused kernel on the best backend here), ``"kernel"``,
     ``"metal"``, ``"cuda"``, ``"cpu-emulator"`` or ``"reference"`` (MLX ops). numpy in, numpy out;
     MLX arrays in, MLX arrays out. Returns an array shaped like q.
@@ -111,8 +111,8 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
         key = (tuple(q.shape), str(q.dtype), tuple(k_blocks.shape), str(k_blocks.dtype), tuple(v_blocks.shape),
                str(v_blocks.dtype), k_format, v_format, scale, window, softcap,
                None if sinks is None else tuple(sinks.shape), rotation)
-    if "kernel" in options:   # a former name: warned here, the new one from here on
-        options["kernel"] = renamed_kernel(options["kernel"])
+    if "kernel" in options:
+        kernel_name(options["kernel"])
     qp = options.get("q_precision")
     check_q_precision(qp)
     opts = as_options(options.get("options"), qp)

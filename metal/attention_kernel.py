@@ -84,7 +84,7 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
     build for every format pair). Default: yes on the emulator, no on a GPU (one specialised build
     per format pair, the fast one); ``generic=True`` on a GPU serves sweeps over many pairs.
     ``kernel``: the pass-1 kernel, "lanes", "tiles" or "int8-mma" (default: from q's precision; tiles when
-    its threadgroup memory fits; a former name is taken with a DeprecationWarning). ``options``: the
+    its threadgroup memory fits). ``options``: the
     decode options (``q_precision`` merges into them). ``q_scale``: a key-calibrated cache's channel
     scales s (Hq x D values: (Hq, D) or (1, Hq, 1, D)); pass 1 attends with q * s, made in float32 and
     rounded to q's dtype as it loads q (the same bits as q * s cast to q's dtype before the call).

@@ -59,8 +59,6 @@ def _kernel_backend() -> str:
 
     if hasattr(attention, "last_run"):
         return attention.last_run().get("backend") or "kernel"
-    if hasattr(attention, "last_backend"):  # pragma: no cover - older name
-        return attention.last_backend() or "kernel"
     return "kernel"  # pragma: no cover
 
 

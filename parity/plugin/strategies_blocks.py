@@ -303,7 +303,3 @@ def kv_caches(*, k_formats: "Sequence[str] | None" = None, v_formats: "Sequence[
         _check_int(name, v, min_value=1)
     return _kv_caches(kfs=kfs, vfs=vfs, head_dims=head_dims, max_batch=max_batch, max_kv_heads=max_kv_heads,
                       max_steps=max_steps, max_step_rows=max_step_rows)
-
-
-# the name this class had before 2026-12-01 (it clashed with mlx-lm's cache class); kept for existing tests
-KVCache = AppendSequence
