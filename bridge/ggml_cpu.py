@@ -37,18 +37,18 @@ _VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t
 
 @functools.lru_cache(maxsize=1)
 def _cpu():
-    from .ggml_graph import _libs
+    from .ggml_graph import libraries
 
-    cpu = _libs()[1]
+    cpu = libraries()[1]
     cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_TraitsCpu)
     cpu.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
     return cpu
 
 
 def _type_id(fmt) -> int:
-    from .ggml_c import _type_id as ggml_type_id   # upstream's ids, or a selected fork build's turbo ids
+    from .ggml_c import type_id   # upstream's ids, or a selected fork build's turbo ids
 
-    return ggml_type_id(get_format(fmt))
+    return type_id(get_format(fmt))
 
 
 def traits(fmt) -> dict:
@@ -87,8 +87,6 @@ def c_reference_quantize(fmt, x: np.ndarray) -> np.ndarray:
     """ggml's own C reference quantizer of a cache type (its ``from_float_ref``: ``quantize_row_*_ref``,
     iq4_nl without the scale search, the fork's turbo quantizers) on rows (..., n); float types, which
     have nothing to quantize, through :func:`reference_quantize`."""
-    from .ggml_c import _type_id
-
     f = get_format(fmt)
     if f.kind == "float":
         return reference_quantize(f, x)
@@ -104,12 +102,12 @@ def from_float_by_id(type_id: int, x: np.ndarray, type_size: int, *, cpu: bool =
     """ggml-cpu's ``from_float`` (``cpu``) or ggml's ``from_float_ref`` of a ggml type id on float rows
     (..., n), n a multiple of ``block_size`` -> uint8 (..., n // block_size * type_size). For types
     outside the registry (q8_1), and for ggml's own reference quantizer of a registry type."""
-    from .ggml_c import _lib
+    from .ggml_c import load
 
     if cpu:
         fp = _cpu().ggml_get_type_traits_cpu(int(type_id)).contents.from_float
     else:
-        fp = _lib().ggml_get_type_traits(int(type_id)).contents.from_float_ref
+        fp = load().ggml_get_type_traits(int(type_id)).contents.from_float_ref
     if not fp:
         raise ValueError(f"ggml type {type_id}: no {'CPU from_float' if cpu else 'from_float_ref'}")
     fn = _FROM_FLOAT(fp)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..bridge.registry import names as _format_names
-from .attention_formats import _fmt_params
+from .attention_formats import format_params
 from .attention_problem import AttentionError, Problem, kernel_name
 from .decode_options import (DEFAULT_OPTIONS, DEFAULT_Q_PRECISION, FILL_PER_UNIT_TILES, GROUPS_PER_UNIT_INT8_MMA,
                              GROUPS_PER_UNIT_INT8_MMA_LONG, GROUPS_PER_UNIT_LANES, GROUPS_PER_UNIT_TILES,
@@ -125,8 +125,8 @@ def row_bytes(prob: Problem, dyn: bool) -> tuple[int, int]:
     """Bytes of one K row and one V row as a build stages them (``dyn``: room for f32 rows)."""
     if dyn:   # room for the widest format (f32), so one build serves every pair
         return 4 * prob.k_dim, 4 * prob.v_dim
-    ks, *_ = _fmt_params(prob.k_format)
-    vs, *_ = _fmt_params(prob.v_format)
+    ks, *_ = format_params(prob.k_format)
+    vs, *_ = format_params(prob.v_format)
     return prob.k_dim // ks["GRP"] * ks["BB"], prob.v_dim // vs["GRP"] * vs["BB"]
 
 

@@ -252,7 +252,7 @@ def visible_range(length: int, rows: int, t: int, window: int) -> tuple[int, int
     return lo, max(lo, hi)
 
 
-def _np(a: Any) -> np.ndarray:
+def to_numpy(a: Any) -> np.ndarray:
     """A numpy view or copy of ``a`` (numpy or MLX; MLX bfloat16 becomes float32)."""
     if isinstance(a, np.ndarray):
         return a

@@ -22,7 +22,7 @@ from ..bridge.format_types import Format
 from .attention_launch import const_buffer, param_table, table_row
 from .decode_options import DEFAULT_OPTIONS, DecodeOptions
 from .kernel import KERNEL_DIR, BODY_MARKER, Kernel, KernelError
-from .quantize_append import _static_and_table, supported
+from .quantize_append import static_and_table, supported
 
 THREADS = 32
 MAX_DP = 256                 # widest stored row (values) the kernel holds in threadgroup memory
@@ -76,7 +76,7 @@ def calibrate_rows(rows: np.ndarray, kcal: np.ndarray) -> np.ndarray:
 
 
 def _side_static(prefix: str, f: Format, din: int, dp: int, rot: int) -> dict:
-    st, _ = _static_and_table(f, search=False)   # the quantizer of llama.cpp's cache (iq4_nl: the reference one)
+    st, _ = static_and_table(f, search=False)   # the quantizer of llama.cpp's cache (iq4_nl: the reference one)
     return {f"{prefix}_FMT": st["QA_FMT"], f"{prefix}_BLOCK": f.block_size, f"{prefix}_TS": f.type_size,
             f"{prefix}_DIN": din, f"{prefix}_DP": dp, f"{prefix}_ROT": rot, f"{prefix}_BITS": st["QA_BITS"],
             f"{prefix}_QS": st["QA_QS_OFF"], f"{prefix}_SG": st["QA_SIGNS_OFF"], f"{prefix}_RN": st["QA_RNORM"],
@@ -124,7 +124,7 @@ class KVAppend:
         kern = _kernel(src_dtype != "float32", self.calibrated)
         self._kern = build(kern, static, backend)
 
-        ktab, vtab = _static_and_table(kf, False)[1], _static_and_table(vf, False)[1]
+        ktab, vtab = static_and_table(kf, False)[1], static_and_table(vf, False)[1]
         if backend == "cpu-emulator":
             self._ktab, self._vtab = ktab, vtab
         else:

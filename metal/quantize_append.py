@@ -46,7 +46,7 @@ def supported(fmt: "str | Format") -> bool:
 
 
 @lru_cache(maxsize=None)
-def _static_and_table(f: Format, search: bool = True) -> tuple[dict[str, int], np.ndarray]:
+def static_and_table(f: Format, search: bool = True) -> tuple[dict[str, int], np.ndarray]:
     """Static parameters and table of ``f``; ``search=False`` picks the quantizer of llama.cpp's KV cache
     where the format has its own (``cache_kernel_id``; iq4_nl: ``quantize_row_iq4_nl_ref``)."""
     static = {"QA_BLOCK": f.block_size, "QA_TYPE_SIZE": f.type_size, "QA_BITS": 0, "QA_QS_OFF": 0,
@@ -78,7 +78,7 @@ def _static_and_table(f: Format, search: bool = True) -> tuple[dict[str, int], n
 def _mx_table(f: Format) -> Any:
     import mlx.core as mx
 
-    return mx.array(_static_and_table(f)[1])
+    return mx.array(static_and_table(f)[1])
 
 
 @lru_cache(maxsize=256)
@@ -139,7 +139,7 @@ def quantize_append(fmt: "str | Format", rows: Any, *, backend: str = "auto", ch
         record_path("reference")
         return quantize(f, x, **({} if search else f.cache_options))
 
-    static, tab = _static_and_table(f, search)
+    static, tab = static_and_table(f, search)
     static = dict(static)
     src16 = dt in ("float16", "bfloat16")
     static["QA_SRC"] = _SRC.get(dt, 0)

@@ -16,7 +16,8 @@ from tqbridge.metal.lm.cache import TQCache, make_cache  # noqa: E402
 from tqbridge.metal.lm.kv_spelling import parse_kv_spec  # noqa: E402
 from tqbridge.metal.lm.report import cache_report  # noqa: E402
 from tiny_models import forced_decode, tiny_llama, tokens  # noqa: E402
-from test_attention_kernel import BACKENDS, _cache  # noqa: E402
+from helpers_kernels import quantized_cache  # noqa: E402
+from test_attention_kernel import BACKENDS  # noqa: E402
 
 # Float keys: calibration is exact in real arithmetic; in float32 the mean subtracted, the scale divided
 # and the q.mu shift of every score round differently. tests/test_calibration.py measured up to ~4e-6 on
@@ -156,9 +157,9 @@ def test_rotated_basis_calibration_says_why_it_is_off_the_lane(emulated_decode_l
 
 
 def _gpu_backend():
-    from tqbridge.metal.lm.codecs import _gpu_backend as gpu
+    from tqbridge.metal.backend import gpu_is_default, gpu_kind
 
-    return gpu() if mx.default_device() == mx.gpu else None
+    return gpu_kind() if gpu_is_default() else None
 
 
 @pytest.mark.gpu
@@ -274,7 +275,7 @@ def _fold_mismatches(backend: str, kernel: str, dtype, cases=FOLD_CASES) -> list
             continue
         rng = np.random.default_rng(40 + i)
         hkv, n = 2, 70
-        kb, vb = _cache(rng, kf, (1, hkv, n + 6, d)), _cache(rng, vf, (1, hkv, n + 6, d))
+        kb, vb = quantized_cache(rng, kf, (1, hkv, n + 6, d)), quantized_cache(rng, vf, (1, hkv, n + 6, d))
         s = np.exp(rng.standard_normal((hkv, d)) * 0.7).astype(np.float32)
         qs = mx.array(np.repeat(s, g, axis=0).reshape(1, hkv * g, 1, d))   # as TQCache.query_scale shapes it
         q = mx.array(rng.standard_normal((1, hkv * g, t, d)).astype(np.float32) * 2).astype(dtype)

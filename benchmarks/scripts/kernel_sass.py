@@ -52,7 +52,7 @@ def _class(op: str) -> str:
 
 
 def _source(prob, plan):
-    from kernel_device_time import _source as src
+    from kernel_device_time import cuda_unit as src
     from tqbridge.metal.attention_build import kernel_defs, static_params
 
     split_s, _, _, _ = static_params(prob, plan, 0, False)
