@@ -30,7 +30,8 @@ _BUFS_IN = (("tab", "float32"), ("params", "uint32"))
 
 
 @lru_cache(maxsize=None)
-def _kernel(src16: bool) -> Kernel:
+def quantize_kernel(src16: bool) -> Kernel:
+    """The quantize-append kernel over float32 or 16-bit (``src16``) rows."""
     x = ("x", "uint16" if src16 else "float32")
     return Kernel.from_file(KERNEL_DIR / "quantize_append.h", "quantize_append" + ("_u16" if src16 else "_f32"),
                             (x,) + _BUFS_IN, (("out", "uint8"),),
@@ -144,7 +145,7 @@ def quantize_append(fmt: "str | Format", rows: Any, *, backend: str = "auto", ch
     src16 = dt in ("float16", "bfloat16")
     static["QA_SRC"] = _SRC.get(dt, 0)
     n_blocks = int(np.prod(shape, dtype=np.int64)) // f.block_size
-    kern = build(_kernel(src16), static, path)
+    kern = build(quantize_kernel(src16), static, path)
     params = np.array([n_blocks], np.uint32)
     per_group = THREADS // 32 if static["QA_FMT"] == _TURBO else THREADS  # turbo: a simdgroup per block
     grid = (max(1, -(-n_blocks // per_group)), 1, 1)

@@ -134,17 +134,17 @@ def append_cases():
     for fmt in ("q8_0", "q4_0", "iq4_nl", "turbo3", "turbo4@g64"):
         static, _ = quantize_append.static_and_table(bridge.get_format(fmt))
         for src16 in (False, True):
-            cases.append((f"quantize_append-{fmt}-{src16}", quantize_append._kernel(src16), dict(static, QA_SRC=2 if src16 else 0)))
+            cases.append((f"quantize_append-{fmt}-{src16}", quantize_append.quantize_kernel(src16), dict(static, QA_SRC=2 if src16 else 0)))
     for kf, vf, d in (("q8_0", "turbo3", 128), ("q4_0", "q4_0", 64), ("turbo4", "q8_0", 256)):
         k, v = bridge.get_format(kf), bridge.get_format(vf)
         krot = 0 if k.kind == "turbo" else 128 if d % 128 == 0 else 64
         static = {"KV_MAX_DP": kv_append.MAX_DP, "KV_FLAG_MIN": kv_append.FLAG_MIN,
-                  **kv_append._side_static("KA", k, d, d, krot), **kv_append._side_static("VA", v, d, d, 0)}
+                  **kv_append.side_static("KA", k, d, d, krot), **kv_append.side_static("VA", v, d, d, 0)}
         for src16 in (False, True):
-            cases.append((f"kv_append-{kf}-{vf}-d{d}-{src16}", kv_append._kernel(src16),
+            cases.append((f"kv_append-{kf}-{vf}-d{d}-{src16}", kv_append.append_kernel(src16),
                           dict(static, QA_SRC=1 if src16 else 0, KV_CAL=0)))
         # the calibrated append (key means and scales in one more buffer)
-        cases.append((f"kv_append-cal-{kf}-{vf}-d{d}", kv_append._kernel(True, True),
+        cases.append((f"kv_append-cal-{kf}-{vf}-d{d}", kv_append.append_kernel(True, True),
                       dict(static, QA_SRC=1, KV_CAL=1)))
-    cases.append(("kv_grow", kv_append._grow_kernel(), {}))
+    cases.append(("kv_grow", kv_append.grow_kernel(), {}))
     return cases

@@ -288,7 +288,7 @@ def test_metal_source_is_well_formed(tmp_path):
     for fmt in ("q8_0", "iq4_nl", "turbo3", "turbo4@g64"):
         static, _ = qa.static_and_table(get_format(fmt))
         for src16 in (False, True):
-            cases.append((qa._kernel(src16), dict(static, QA_SRC=2 if src16 else 0)))
+            cases.append((qa.quantize_kernel(src16), dict(static, QA_SRC=2 if src16 else 0)))
     def check(kern, static):
         src = tmp_path / f"{kern.name}.cpp"
         src.write_text(metal_as_cpp(kern, static))

@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     for ctx in (int(c) for c in args.context.split(",")):
         rows, caches = [], []
         for kind in args.caches.split(","):
-            row, cache = decode_bench._prepare(model, kind, ctx, mx.float16)
+            row, cache = decode_bench.prepare_cache(model, kind, ctx, mx.float16)
             if cache is None:
                 print(row, flush=True)
                 continue

@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     model, _ = decode_bench.build_model(args.model)
-    hq, hkv, hd = decode_bench._kv_shape(model)
+    hq, hkv, hd = decode_bench.kv_shape(model)
     nl = len(model.layers)
     report = {"command": "python benchmarks/scripts/probe_decode_host.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None and k != "json"),
