@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .format_types import FormatError
+from .kv_spec import qualify_variant
 from .registry import all_formats, display_name, get_format
 
 
@@ -163,9 +164,9 @@ def kv_type_id(name: str) -> int:
     key = str(name).strip().lower()
     if key not in table:
         info = selected()
-        base = key.partition("@")[0]
-        if info is not None and info.variant and base.startswith("turbo") and "@" not in key:
-            key = f"{base}@{info.variant}"
+        qualified = qualify_variant(key, info.variant if info is not None else None)
+        if qualified != key:
+            key = qualified
         else:
             try:
                 key = get_format(key).key

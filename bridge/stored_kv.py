@@ -27,6 +27,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 
+from .kv_spec import LayeredKV, layered_kv_name, split_kv
 from .registry import display_name, get_format
 
 # The fork's switches; "0" turns each rule off. Read by the fork when a context is created (the
@@ -76,31 +77,26 @@ def stored_pairs(state, swa: "list[bool] | None" = None) -> "list[tuple[str, str
 
 
 def layered_spelling(pairs: "list[tuple[str, str]]") -> str:
-    """Per-layer pairs in the per-layer spelling (:mod:`tqbridge.metal.lm.kv_spelling`): the most
-    common pair as the default, every other pair as a ``[LAYERS=K/V]`` group; ``K`` alone when K and V
-    agree. One pair for every layer: that pair's spelling, without brackets."""
+    """Per-layer pairs in the per-layer spelling (:func:`.kv_spec.layered_kv_name`): the most common
+    pair as the default, every other pair as a ``[LAYERS=K/V]`` group. One pair for every layer: that
+    pair's spelling, ``K`` alone when K and V agree."""
     if not pairs:
         raise ValueError("no layers")
-
-    def one(p):
-        return p[0] if p[0] == p[1] else f"{p[0]}/{p[1]}"
-
     counts = Counter(pairs)
     default = max(counts, key=lambda p: (counts[p], -pairs.index(p)))
-    out = one(default) if len(counts) == 1 else f"{default[0]}/{default[1]}"
-    for pair in sorted((p for p in counts if p != default), key=pairs.index):
-        idx = [i for i, p in enumerate(pairs) if p == pair]
-        out += f"[{','.join(_ranges(idx))}={pair[0]}/{pair[1]}]"
-    return out
+    groups = tuple((_ranges([i for i, p in enumerate(pairs) if p == pair]), pair)
+                   for pair in sorted((p for p in counts if p != default), key=pairs.index))
+    return layered_kv_name(LayeredKV(default, groups), short=True)
 
 
-def _ranges(idx: "list[int]") -> "list[str]":
+def _ranges(idx: "list[int]") -> "tuple[tuple[int, int], ...]":
+    """Sorted layer indices as ``(first, last)`` runs."""
     out, start = [], idx[0]
     for a, b in zip(idx, idx[1:] + [None]):
         if b != a + 1:
-            out.append(str(start) if start == a else f"{start}-{a}")
+            out.append((start, a))
             start = b
-    return out
+    return tuple(out)
 
 
 def _turbo(fmt: str) -> bool:
@@ -242,7 +238,6 @@ def read_stored(state, requested: str, gguf_path=None, *, heads: "tuple[int, int
     token; the rules of the fork that explain a difference, from the model's ``(n_head, n_head_kv)``
     (``heads``, else read from ``gguf_path``). ``variant``: the build's turbo variant (default: the
     selected build's)."""
-    from .kv_spec import split_kv
     from .llama_side import selected
     from .llama_state import parse_state
 

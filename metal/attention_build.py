@@ -148,3 +148,9 @@ def param_head(prob: Problem, plan: Plan) -> list:
     """The pass-1 int parameters before the per-row lengths."""
     extra1 = static_params(prob, plan, 0, False)[2]
     return [prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1]
+
+
+def pass1_params(prob: Problem, plan: Plan) -> tuple:
+    """Pass 1's int parameters ``ip``: :func:`param_head`, the length of each batch row, then its start
+    (the first key it sees; attention_kernel.h's ``TQA_SPLIT_PARAMS`` reads them)."""
+    return (*param_head(prob, plan), *prob.lengths, *prob.row_starts)

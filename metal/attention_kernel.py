@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .attention_build import LAUNCHES, QTYPES, built, dyn_build, launch, static_params, tables
-from .attention_launch import clear_caches as _clear_launches, decode_launch, launches, int8_mma_report
+from .attention_build import LAUNCHES, QTYPES, built, dyn_build, launch, pass1_params, static_params, tables
+from .attention_launch import DecodeLaunch, clear_caches as _clear_launches, launches, int8_mma_report
 from .attention_plan import COMBINE_THREADS, Plan, plan_cached, resolve_kernel
 from .attention_problem import (AttentionError, Problem, RunRecord, to_numpy, check_problem, last_run, record_run)
 from .backend import pick_backend
@@ -23,7 +23,7 @@ PLAN_OVERRIDES = ("splits", "lanes_per_key", "warps", "tile", "kernel")
 
 
 def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=None, dyn=True, q_scale=None):
-    split_s, comb_s, extra1, extra2 = static_params(prob, plan, qtype, dyn_build(prob, plan, dyn), q_scale is not None)
+    split_s, comb_s, _, extra2 = static_params(prob, plan, qtype, dyn_build(prob, plan, dyn), q_scale is not None)
     if qtype == 2:  # bfloat16 exists only as MLX arrays: take the bits
         import mlx.core as mx
 
@@ -35,8 +35,7 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
     qn = np.ascontiguousarray(qn)
     rows = prob.batch * prob.q_heads * prob.rows
     np_ = plan.partials
-    ip1 = np.array([prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1, *prob.lengths],
-                   np.int32)
+    ip1 = np.array(pass1_params(prob, plan), np.int32)
     fp1 = np.array([prob.scale, prob.softcap], np.float32)
     tabs = tables(prob)
     sk = np.zeros(prob.q_heads, np.float32) if sinks is None else to_numpy(sinks).astype(np.float32).reshape(-1)
@@ -127,34 +126,42 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
     return out
 
 
-def fast_call(q, prob: Problem, overrides: dict, *, backend: str):
-    """The prepared launches of the call just made on ``backend`` (where its RunRecord says it ran),
-    when it ran on a GPU with MLX arrays and the default build (plan overrides, ``q_precision`` and
-    ``options`` only); else None."""
-    bk = backend
-    if not _is_mlx(q) or bk not in ("cuda", "metal") or set(overrides) - {*PLAN_OVERRIDES, "q_precision", "options"}:
-        return None
-    qtype = QTYPES[str(q.dtype).replace("mlx.core.", "")]
-    opts = as_options(overrides.get("options"), overrides.get("q_precision")).resolve(bk)
-    kernel = resolve_kernel(prob, bk, overrides.get("kernel"), opts.q_precision)
-    plan = plan_cached(prob, bk, overrides.get("splits"), overrides.get("lanes_per_key"), overrides.get("warps"),
-                       overrides.get("tile"), kernel, False, opts)
-    return launches(prob, plan, qtype, bk, prob.has_sinks, False, opts.device_consts)
-
-
 def _is_mlx(a) -> bool:
     mod = type(a).__module__
     return mod[:3] == "mlx"
+
+
+# The process's prepared decode launches, keyed by what a launch depends on: the shapes and dtypes of q
+# and the buffers (the capacity, not the length: the length is a launch parameter), the formats, scale,
+# window, softcap, sinks, rotation, backend and options. Cache layers of one geometry share a launch,
+# and decode_attention's repeated calls with a growing length reuse one. None where no launch applies.
+_PREPARED: dict = {}
+_PREPARED_LIMIT = 1024
 
 
 def prepare_decode(q, k_blocks, v_blocks, *, k_format, v_format, scale=None, window=None, softcap=None,
                    sinks=None, rotation=None, backend: str = "auto", q_precision: "str | None" = None,
                    options: "DecodeOptions | None" = None):
     """The :class:`~tqbridge.metal.attention_launch.DecodeLaunch` for MLX arrays shaped like these on a
-    GPU backend (one per geometry and options, shared); the emulator's stand-in where ``backend`` is
-    "cpu-emulator" and q an MLX array; else None (the caller then takes
+    GPU backend (one per signature, shared in the process); the emulator's stand-in where ``backend``
+    is "cpu-emulator" and q an MLX array; else None (the caller then takes
     :func:`tqbridge.metal.decode_attention`)."""
     opts = as_options(options, q_precision)
+    key = (tuple(q.shape), str(q.dtype), type(q), tuple(k_blocks.shape), tuple(v_blocks.shape), str(k_blocks.dtype),
+           k_format, v_format, scale, window, softcap, None if sinks is None else tuple(sinks.shape), rotation,
+           backend, opts)
+    try:
+        return _PREPARED[key]
+    except KeyError:
+        pass
+    launch = _prepare(q, k_blocks, v_blocks, k_format, v_format, scale, window, softcap, sinks, rotation, backend, opts)
+    if len(_PREPARED) >= _PREPARED_LIMIT:
+        _PREPARED.clear()
+    _PREPARED[key] = launch
+    return launch
+
+
+def _prepare(q, k_blocks, v_blocks, k_format, v_format, scale, window, softcap, sinks, rotation, backend, opts):
     bk = pick_backend("auto" if backend == "kernel" else backend)
     if bk == "cpu-emulator" and backend == "cpu-emulator" and _is_mlx(q):
         return _EmulatedDecodeLaunch(k_blocks, k_format, v_format, scale, window, softcap, rotation, opts)
@@ -166,11 +173,17 @@ def prepare_decode(q, k_blocks, v_blocks, *, k_format, v_format, scale=None, win
     prob = check_problem(q, k_blocks, v_blocks, k_format=k_format, v_format=v_format,
                          length=int(k_blocks.shape[2]), scale=scale, window=window, softcap=softcap,
                          sinks=sinks, rotation=rotation)
-    return decode_launch(prob, bk, QTYPES[qdt], opts.resolve(bk))
+    return DecodeLaunch(prob, bk, QTYPES[qdt], opts.resolve(bk))
+
+
+def prepared_launches() -> list:
+    """The prepared launches in the process (None entries excluded): what :func:`prepare_decode` built."""
+    return [v for v in _PREPARED.values() if v is not None]
 
 
 def clear_launch_caches() -> None:
     """Forget every plan, prepared launch and kernel setup (e.g. after editing a kernel source)."""
+    _PREPARED.clear()
     plan_cached.cache_clear()
     _clear_launches()
 
@@ -190,26 +203,28 @@ class _EmulatedDecodeLaunch:
         self.fuses_append = self.options.defer_append
         self.run_info = {"backend": self.backend}   # what its latest call ran (a DecodeLaunch's is its plan)
 
-    def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None):
+    def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None,
+                    starts=None):
         """:meth:`DecodeLaunch.with_append`'s contract: the append, then this attention (two calls here)."""
         flag = append(k_rows, v_rows, kb, vb, pos, flag_in)
-        return flag, self(q, kb, vb, length, after=flag, q_scale=q_scale)
+        return flag, self(q, kb, vb, length, after=flag, q_scale=q_scale, starts=starts)
 
-    def __call__(self, q, kb, vb, length: int, after=None, sinks=None, q_scale=None):
+    def __call__(self, q, kb, vb, length: int, after=None, sinks=None, q_scale=None, starts=None):
         """:meth:`DecodeLaunch.__call__`'s contract: q in its own dtype (the kernels of that dtype), the
-        channel scales ``q_scale`` multiplied in by pass 1."""
+        channel scales ``q_scale`` multiplied in by pass 1, ``starts`` each batch row's first visible key."""
         import mlx.core as mx
 
         mx.eval(q, kb, vb, *([] if after is None else [after]), *([] if q_scale is None else [q_scale]))
         out = self._attend(q, np.array(kb), np.array(vb), length, None if sinks is None else np.array(sinks),
-                           q_scale)
+                           q_scale, starts)
         self.run_info = last_run()
         return out
 
-    def _attend(self, q, kb, vb, length: int, sinks, q_scale):
+    def _attend(self, q, kb, vb, length: int, sinks, q_scale, starts=None):
         """``decode_attention(..., backend="cpu-emulator")`` on the MLX q and numpy blocks (the output an
         MLX array of q's dtype): the problem validated, the two kernel passes on the emulator (recorded
         as the thread's last run)."""
-        prob = check_problem(q, kb, vb, length=length, sinks=sinks, **self._kw)
+        prob = check_problem(q, kb, vb, length=length, sinks=sinks, start=0 if starts is None else starts,
+                             **self._kw)
         return kernel_attention(q, kb, vb, prob, sinks, backend="cpu-emulator", options=self.options,
                                 q_scale=q_scale)

@@ -17,7 +17,7 @@ import numpy as np
 
 from .attention_build import built, launch, param_head, static_params, tables
 from .attention_plan import COMBINE_THREADS, Plan, plan_cached, resolve_kernel
-from .attention_problem import AttentionError, Problem
+from .attention_problem import AttentionError, Problem, check_starts
 from .decode_options import DecodeOptions
 
 MIN_CONST_BYTES = 16   # > MLX's CUDA allocator's 8-byte small-buffer limit (allocator.cpp, small_block_size)
@@ -148,7 +148,7 @@ def launches(prob: Problem, plan: Plan, qtype: int, backend: str, has_sinks: boo
     """Kernels, constant buffers and launch geometry of one call (lengths included): one lookup.
     ``consts``: constants copied to the device (the options' ``device_consts``); ``qscale``: pass 1
     takes q's channel scales (:class:`Launches`)."""
-    shape_prob = dataclasses.replace(prob, lengths=())
+    shape_prob = dataclasses.replace(prob, lengths=(), starts=())
     shape_plan = dataclasses.replace(plan, splits=0, split_len=0)
     f = Launches()
     f._compiled = None
@@ -157,7 +157,7 @@ def launches(prob: Problem, plan: Plan, qtype: int, backend: str, has_sinks: boo
                                                                          dyn, consts, qscale)
     f.no_dep = _no_dep(consts)
     f.ip1 = _int_buffer((prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1,
-                         *prob.lengths), consts)
+                         *prob.lengths, *prob.row_starts), consts)
     f.ip2 = _int_buffer((plan.partials, prob.q_heads, int(has_sinks), *extra2), consts)
     rows = prob.batch * prob.q_heads * prob.rows
     f.out1 = [(rows, plan.partials, prob.v_dim), (rows, plan.partials, 2)]
@@ -198,7 +198,7 @@ class DecodeLaunch:
         self.batch = prob.batch
         self._ip1: dict = {}
         self.compiled = opts.compile
-        self._table = None
+        self._tables: dict = {}   # starts -> the device table of pass-1 parameters (device_params)
         self.device_params = opts.device_params
         self.run_info = dict(backend=backend, dispatches=plan.dispatches, kernel=plan.kernel, splits=plan.splits,
                              warps=plan.warps, tile=plan.tile, lanes_per_key=plan.lanes_per_key,
@@ -213,22 +213,30 @@ class DecodeLaunch:
         self.fuses_append = opts.defer_append
         self._with_append: dict = {}   # prepared append -> the compiled append + attention
 
-    def ip1(self, length: int):
-        """The pass-1 int parameters for ``length`` (one array per length, shared by the layers)."""
-        buf = self._ip1.get(length)
+    def ip1(self, length: int, starts: "tuple[int, ...] | None" = None):
+        """The pass-1 int parameters for ``length`` and ``starts`` (each batch row's first visible key: its
+        left padding; None: all 0), one array per (length, starts), shared by the layers. The device
+        table (``device_params``) is made once per ``starts``: a new batch composition, not a step."""
+        key = length if starts is None else (length, starts)
+        buf = self._ip1.get(key)
         if buf is None:
             if not 0 <= length <= self.l_max:
                 raise AttentionError(f"length {length} is outside 0..{self.l_max} (the cache's L_max)")
+            st = check_starts(0 if starts is None else starts, (length,) * self.batch)
             import mlx.core as mx
 
             if len(self._ip1) > 64:
                 self._ip1.clear()
             if self.device_params:   # a view of the device table: neither a host allocation nor a kernel
-                if self._table is None:
-                    self._table = param_table(self._head, self.l_max + 1, self.batch, np.int32)
-                buf = self._ip1[length] = table_row(self._table, length)
+                table = self._tables.get(st)
+                if table is None:
+                    if len(self._tables) >= 4:
+                        self._tables.clear()
+                    table = self._tables[st] = param_table(self._head, self.l_max + 1, self.batch, np.int32,
+                                                           after=list(st))
+                buf = self._ip1[key] = table_row(table, length)
             else:
-                buf = self._ip1[length] = mx.array(np.array(self._head + [length] * self.batch, np.int32))
+                buf = self._ip1[key] = mx.array(np.array(self._head + [length] * self.batch + list(st), np.int32))
         return buf
 
     def _launches(self, q_scale) -> Launches:
@@ -245,24 +253,26 @@ class DecodeLaunch:
                                               False, self.options.device_consts, True)
         return run
 
-    def __call__(self, q, kb, vb, length: int, after=None, sinks=None, q_scale=None):
+    def __call__(self, q, kb, vb, length: int, after=None, sinks=None, q_scale=None, starts=None):
         """The attention of q over the buffers at ``length``, after ``after``. ``q_scale``: a key-calibrated
         cache's channel scales (float32, Hq x D values in q's head order, e.g. shaped (1, Hq, 1, D)):
-        the kernel attends with q * s, made in float32 and rounded to q's dtype as it loads q."""
+        the kernel attends with q * s, made in float32 and rounded to q's dtype as it loads q. ``starts``:
+        a tuple, each batch row's first visible key (its left padding; None: 0), a parameter like ``length``."""
         run = self._launches(q_scale)
         dep = run.no_dep if after is None else after
-        ip1 = self.ip1(length)
+        ip1 = self.ip1(length, starts)
         qsc = () if q_scale is None else (q_scale,)
         if self.compiled:
             fn = run.compiled(sinks is not None)
             return fn(q, kb, vb, ip1, dep, *qsc) if sinks is None else fn(q, kb, vb, ip1, dep, sinks, *qsc)
         return run.launch(q, kb, vb, sinks, ip1, dep, *qsc)
 
-    def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None):
+    def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None,
+                    starts=None):
         """The decode step's in-place append of ``k_rows`` / ``v_rows`` at row ``pos`` (``append``: the
         cache's prepared :class:`~tqbridge.metal.kv_append.KVAppend`, ``flag_in`` its flag) and then this
-        attention at ``length``, ordered after it by the append's flag: ``(flag, out)``. ``q_scale`` as in
-        :meth:`__call__` (multiplied in by pass 1). Compiled launches trace it all as one function: one
+        attention at ``length``, ordered after it by the append's flag: ``(flag, out)``. ``q_scale`` and
+        ``starts`` as in :meth:`__call__`. Compiled launches trace it all as one function: one
         replay of three kernels per layer, with or without ``q_scale``."""
         key = (append, q_scale is not None)
         fn = self._with_append.get(key)
@@ -274,17 +284,11 @@ class DecodeLaunch:
                 flag = append.launch(k_rows, v_rows, kb, vb, params, flag_in)
                 return flag, run.launch(q, kb, vb, None, ip1, flag, *qsc)
             fn = self._with_append[key] = mx.compile(both) if self.compiled else both
-        return fn(k_rows, v_rows, q, kb, vb, append.step_params(k_rows, kb, pos, flag_in), flag_in, self.ip1(length),
+        return fn(k_rows, v_rows, q, kb, vb, append.step_params(k_rows, kb, pos, flag_in), flag_in, self.ip1(length, starts),
                   *(() if q_scale is None else (q_scale,)))
-
-
-@lru_cache(maxsize=64)
-def decode_launch(prob: Problem, backend: str, qtype: int, opts: DecodeOptions) -> DecodeLaunch:
-    """One :class:`DecodeLaunch` per problem (lengths at capacity), backend, q dtype and resolved options."""
-    return DecodeLaunch(prob, backend, qtype, opts)
 
 
 def clear_caches() -> None:
     """Forget every prepared launch and kernel setup of this module."""
-    for f in (decode_launch, launches, _mlx_setup, _no_dep, _int_buffer):
+    for f in (launches, _mlx_setup, _no_dep, _int_buffer):
         f.cache_clear()

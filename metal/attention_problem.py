@@ -109,6 +109,12 @@ class Problem:
     squeeze_rows: bool        # q came as (B, Hq, D)
     k_rot: int = 0            # llama.cpp's Hadamard group the K rows were rotated by (0: none)
     v_rot: int = 0            # the same for V (the output is rotated back)
+    starts: tuple[int, ...] = ()   # first visible key of each batch row (left padding; empty: all 0)
+
+    @property
+    def row_starts(self) -> tuple[int, ...]:
+        """One start per batch row (zeros where ``starts`` is empty)."""
+        return self.starts or (0,) * self.batch
 
     @property
     def group(self) -> int:
@@ -133,7 +139,7 @@ def _row_values(fmt: Format, row_bytes: int, what: str) -> int:
 
 def check_problem(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_format: Any, length: Any,
                   scale: "float | None" = None, window: "int | None" = None, softcap: "float | None" = None,
-                  sinks: Any = None, rotation: "tuple[int, int] | None" = None) -> Problem:
+                  sinks: Any = None, rotation: "tuple[int, int] | None" = None, start: Any = 0) -> Problem:
     """Validate every argument of ``decode_attention``; one clear error per problem."""
     try:
         kf, vf = get_format(k_format), get_format(v_format)
@@ -185,6 +191,7 @@ def check_problem(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_form
     for x in lengths:
         if not 0 <= x <= l_max:
             raise AttentionError(f"length {x} is outside 0..{l_max} (the cache's L_max)")
+    starts = check_starts(start, lengths)
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     scale = float(scale)
@@ -202,7 +209,39 @@ def check_problem(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_form
             raise AttentionError(f"sinks must hold one logit per query head, shape ({hq},); got {ss}")
     k_rot, v_rot = _check_rotation(rotation, kf, vf, kd, vd, d)
     return Problem(b, hq, hkv, t, d, l_max, lengths, kf, vf, kd, vd, scale, window, softcap,
-                   sinks is not None, squeeze, k_rot, v_rot)
+                   sinks is not None, squeeze, k_rot, v_rot, starts)
+
+
+def check_starts(start: Any, lengths: "tuple[int, ...]") -> tuple[int, ...]:
+    """``start`` (an int, or one per batch row) as one int per row of ``lengths``, each in
+    ``0..length`` of its row (keys below a row's start are invisible to it: a batch's left padding)."""
+    b = len(lengths)
+    if isinstance(start, (int, np.integer)):
+        starts = (int(start),) * b
+    else:
+        try:
+            starts = tuple(int(x) for x in np.asarray(start).reshape(-1))
+        except (TypeError, ValueError):
+            raise AttentionError(f"start must be an int or one int per batch row; got {start!r}") from None
+        if len(starts) != b:
+            raise AttentionError(f"start has {len(starts)} entries for a batch of {b}")
+    for i, (s, n) in enumerate(zip(starts, lengths)):
+        if not 0 <= s <= n:
+            raise AttentionError(f"start {s} of batch row {i} is outside 0..{n} (its length)")
+    return starts
+
+
+def start_key(start: Any, q: Any) -> "tuple[int, ...] | None | bool":
+    """``start`` as a launch's ``starts`` for ``q``'s batch (None for 0, else one int per batch row; not
+    validated against the lengths), or False where it is no int nor a sequence of ints (:func:`check_starts`
+    then says why)."""
+    if isinstance(start, (int, np.integer)):
+        shape = tuple(getattr(q, "shape", ()))
+        return (int(start),) * int(shape[0]) if start and shape else (None if not start else False)
+    try:
+        return tuple(int(x) for x in np.asarray(start).reshape(-1))
+    except (TypeError, ValueError):
+        return False
 
 
 def _check_rotation(rotation, kf: Format, vf: Format, kd: int, vd: int, d: int) -> tuple[int, int]:
@@ -240,15 +279,16 @@ def kernel_name(kernel: "str | None") -> "str | None":
     return kernel
 
 
-def visible_range(length: int, rows: int, t: int, window: int) -> tuple[int, int]:
+def visible_range(length: int, rows: int, t: int, window: int, start: int = 0) -> tuple[int, int]:
     """Key positions ``[lo, hi)`` that query row ``t`` (of ``rows``) sees in a cache of ``length``.
 
     The ``rows`` query rows are the last positions of the sequence: row ``t`` sits at position
     ``length - rows + t`` and sees itself and everything before it (causal), or only the last
-    ``window`` positions up to itself with a sliding window. An empty range gives a zero output.
+    ``window`` positions up to itself with a sliding window; never a key below ``start`` (the
+    batch row's left padding). An empty range gives a zero output.
     """
     hi = length - rows + t + 1
-    lo = max(0, hi - window) if window else 0
+    lo = max(start, hi - window) if window else start
     return lo, max(lo, hi)
 
 

@@ -207,7 +207,7 @@ def oracle(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = Non
     r_v = _rot_terms(prob.v_format, v_rot_group)
     for b in range(prob.batch):
         for t in range(prob.rows):
-            lo, hi = visible_range(prob.lengths[b], prob.rows, t, prob.window)
+            lo, hi = visible_range(prob.lengths[b], prob.rows, t, prob.window, prob.row_starts[b])
             if hi <= lo:
                 continue  # no visible key: the output is zero by contract
             kh = np.repeat(k[b, :, lo:hi], g, axis=0)          # (Hq, n, D)
@@ -266,11 +266,11 @@ def oracle(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = Non
 
 def attention_oracle(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_format: Any, length: Any,
                      scale: "float | None" = None, window: "int | None" = None, softcap: "float | None" = None,
-                     sinks: Any = None, rotation: "tuple[int, int] | None" = None) -> np.ndarray:
+                     sinks: Any = None, rotation: "tuple[int, int] | None" = None, start: Any = 0) -> np.ndarray:
     """Plain softmax attention in float64 over the bridge's dequantization (rows rotated back where
     ``rotation`` says the cache holds llama.cpp's rotated rows); shaped like q."""
     prob = check_problem(q, k_blocks, v_blocks, k_format=k_format, v_format=v_format, length=length,
-                         scale=scale, window=window, softcap=softcap, sinks=sinks, rotation=rotation)
+                         scale=scale, window=window, softcap=softcap, sinks=sinks, rotation=rotation, start=start)
     out, _ = oracle(q, k_blocks, v_blocks, prob, sinks)
     return out[:, :, 0] if prob.squeeze_rows else out
 
@@ -372,7 +372,7 @@ def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sin
     hi = np.zeros((b, t), np.int64)
     for bi in range(b):
         for ti in range(t):
-            lo[bi, ti], hi[bi, ti] = visible_range(prob.lengths[bi], t, ti, prob.window)
+            lo[bi, ti], hi[bi, ti] = visible_range(prob.lengths[bi], t, ti, prob.window, prob.row_starts[bi])
     pos = mx.arange(l_used).reshape(1, 1, 1, 1, l_used)
     lo_m = mx.array(lo).reshape(b, 1, 1, t, 1)
     hi_m = mx.array(hi).reshape(b, 1, 1, t, 1)

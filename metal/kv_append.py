@@ -31,7 +31,7 @@ MAX_DP = 256                 # widest stored row (values) the kernel holds in th
 # (attention_launch.MIN_CONST_BYTES); one KV head, one row per step gives 2R = 2
 FLAG_MIN = 4
 # device parameter tables kept per append (one per buffer geometry): the layers of a model grow in
-# different decode steps (DecodeLane.grow_phase), so two capacities are in use at once, and a single
+# different decode steps (LayerDecoder.grow_phase), so two capacities are in use at once, and a single
 # table would be rebuilt whenever the layer order alternates between them (tens of µs of host time a layer)
 PARAM_TABLES = 4
 _SRC = {"float32": 0, "float16": 1, "bfloat16": 2}

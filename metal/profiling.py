@@ -4,7 +4,8 @@
 ``device_times`` sums the device time of every kernel an evaluation ran, by kernel name, through
 CUPTI (PyTorch's profiler). CUPTI sees every kernel of the process, MLX's included; where PyTorch
 or its CUDA build is missing the answer is a sentence saying why, never a number.
-``parse_options`` / ``split_options`` read decode options from a bench label (``q8_0/turbo3{chunks=1}``),
+``parse_options`` / ``split_options`` read decode options from a bench label (``q8_0/turbo3{chunks=1}``,
+where they sit: :func:`tqbridge.bridge.kv_spec.split_label`),
 for comparisons within one process, free of the spread between processes.
 Used by ``tqbridge bench attention`` / ``bench decode`` and the scripts under ``benchmarks/``.
 """
@@ -15,6 +16,9 @@ import statistics
 import time
 from collections import defaultdict
 from typing import Any, Callable, Iterable
+
+from tqbridge.bridge.format_types import FormatError
+from tqbridge.bridge.kv_spec import split_label
 
 from .attention_problem import AttentionError
 from .decode_options import DecodeOptions
@@ -156,37 +160,12 @@ def parse_options(text: str) -> DecodeOptions:
         raise SettingsError(str(e)) from None
 
 
-def split_top(text: str, sep: str = ",") -> "list[str]":
-    """``text`` split at ``sep`` outside braces and square brackets: ``"a,b{X=1,Y=2}"`` -> ``["a", "b{X=1,Y=2}"]``,
-    ``"a[0,-1=b],c"`` -> ``["a[0,-1=b]", "c"]`` (per-layer K/V groups)."""
-    parts, depth, cur = [], {"{": 0, "[": 0}, []
-    for ch in text:
-        if ch in "{[":
-            depth[ch] += 1
-        elif ch in "}]":
-            opening = "{" if ch == "}" else "["
-            depth[opening] -= 1
-            if depth[opening] < 0:
-                raise SettingsError(f"{text!r}: {ch!r} without its {opening!r}")
-        if ch == sep and not any(depth.values()):
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    for opening, closing in (("{", "}"), ("[", "]")):
-        if depth[opening]:
-            raise SettingsError(f"{text!r}: {opening!r} without its {closing!r}")
-    parts.append("".join(cur))
-    return [p for p in (x.strip() for x in parts) if p]
-
-
 def split_options(label: str):
     """``"q8_0/turbo3{device_params=0}"`` -> ``("q8_0/turbo3", DecodeOptions(device_params=False))``; a label
-    without braces -> ``(label, DecodeOptions())``."""
-    if "{" not in label and "}" not in label:
-        return label, parse_options("")
-    base, brace, rest = label.partition("{")
-    if not brace or not rest.endswith("}") or "{" in rest or not base:
-        raise SettingsError(f"{label!r}: decode options go in one pair of braces after the name, e.g. "
-                            "q8_0/turbo3{device_params=0}")
-    return base, parse_options(rest[:-1])
+    without braces -> ``(label, DecodeOptions())``. Where the options sit is the K/V grammar's
+    (:func:`tqbridge.bridge.kv_spec.split_label`); errors as :class:`SettingsError`."""
+    try:
+        base, opts = split_label(label)
+    except FormatError as e:
+        raise SettingsError(str(e)) from None
+    return base, parse_options(opts)

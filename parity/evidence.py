@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from tqbridge.bridge.atomic import write_atomic
+from tqbridge.bridge.kv_spec import qualify_variant
 
 # test-backend-ops' tolerance for flash_attn_ext: ``test_flash_attn_ext::max_nmse_err()`` returns 5e-4
 # (llama.cpp tests/test-backend-ops.cpp, the same in both fork checkouts, 69d8e4b and PR #197's port).
@@ -525,10 +526,7 @@ def run_mlx_side(types: "list[KVType]", *, cache: ResultCache, say: Callable[[st
         return got
     from tqbridge.parity.harness.level_blocks import run_blocks_level
 
-    def qual(f: str) -> str:
-        return f"{f}@{variant}" if variant and f.startswith("turbo") and "@" not in f else f
-
-    fmts = sorted({qual(f) for kv in types for f in (kv.k, kv.v)} - {"f16", "f32", "bf16"})
+    fmts = sorted({qualify_variant(f, variant) for kv in types for f in (kv.k, kv.v)} - {"f16", "f32", "bf16"})
     say(f"[mlx] blocks level: {', '.join(fmts)}")
     blocks = run_blocks_level(fmts, kernel_backends=("cpu-emulator",))
     out = {"blocks": {"passed": blocks["passed"],

@@ -31,6 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 from tqbridge.bridge.evaluation_text import evaluation_text
+from tqbridge.bridge.registry import get_format
 # the tokenizer generate and quality share; its home is bridge/tokenizer.py, next to the GGUF code
 from tqbridge.bridge.tokenizer import ChatTokenizer as GGUFTokenizer
 
@@ -122,7 +123,7 @@ def _decode_q_paths(cache: list, counted: Counter) -> dict:
         for path, n in getattr(c, "paths", {}).items():
             if path.startswith("decode:") and path != "decode:dequant-sdpa":
                 steps[path] += n
-        launch = getattr(c, "decode_launch", None)
+        launch = getattr(getattr(c, "decoder", None), "launch", None)
         if launch is not None and getattr(launch, "plan", None) is not None:
             launch_q.add(launch.plan.q_precision)
     label = next(iter(launch_q)) if len(launch_q) == 1 else ("mixed" if launch_q else "unknown")
@@ -141,7 +142,7 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
 
     A configuration may carry key calibration on its K side (``q5_1+mean+scale/q4_0``, see
     :mod:`tqbridge.metal.lm.calibration`); its arrays count in the bytes. It may give layers their own
-    pairs (``q8_0/turbo3[0,1,-2,-1=q8_0/q8_0]``, :func:`~tqbridge.metal.lm.kv_spelling.parse_layered_kv_spec`):
+    pairs (``q8_0/turbo3[0,1,-2,-1=q8_0/q8_0]``, :func:`~tqbridge.bridge.kv_spec.parse_layered_kv_spec`):
     its row's k_format / v_format / k_calibration are the default pair's and ``layer_kv`` maps each
     configuration to the layers holding it (None for one pair everywhere).
     Returns one dict per configuration, the reference (``f16/f16``) first: kv, kl_mean, kl_max,
@@ -150,8 +151,8 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
     ``q_precision``: decode attention's q precision for the configurations under test (see the
     module's docstring); a K format with no int8 path keeps the backend's default, and its row says so.
     """
+    from tqbridge.bridge.kv_spec import parse_layered_kv_spec
     from tqbridge.metal.lm.cache import make_layered_cache
-    from tqbridge.metal.lm.kv_spelling import parse_layered_kv_spec
     from tqbridge.metal.lm.report import cache_report, paths_line
     from tqbridge.metal.lm.routing import route_attention
 
@@ -173,7 +174,7 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
     if q_precision is not None:
         int8_k = _int8_k_formats()
         for n in names[1:]:   # the f16 reference keeps q exact
-            no_int8 = sorted({k for k, _, _ in _pairs_of(specs[n]) if k.split("@")[0] not in int8_k})
+            no_int8 = sorted({k for k, _, _ in _pairs_of(specs[n]) if get_format(k).name not in int8_k})
             if q_precision == "int8" and no_int8:
                 q_note[n] = (f"{', '.join(no_int8)} K has no int8 q path (K types with one: {', '.join(int8_k)}): "
                              "q kept at the backend's default")
@@ -358,7 +359,7 @@ def measure_memory(model: Any, prompt: Sequence[int], kvs: Iterable[str], *, new
     from mlx_lm.models import cache as mlx_cache
 
     from tqbridge.metal.lm.cache import make_cache
-    from tqbridge.metal.lm.kv_spelling import parse_kv
+    from tqbridge.bridge.kv_spec import parse_kv
     from tqbridge.metal.lm.report import cache_report
     from tqbridge.metal.lm.routing import route_attention
 

@@ -447,3 +447,67 @@ def test_the_builder_sees_the_plan_and_the_planner_the_options():
     fields = {f.name: f for f in dataclasses.fields(DecodeOptions)}
     assert all(n in fields for n in BOOL_FIELDS)
     assert DecodeOptions.parse("dynamic_shared=1") == DecodeOptions(dynamic_shared=True)
+
+
+# ---- walk: the decode step ------------------------------------------------------------------------
+
+def _decode_step_picture() -> "list[str]":
+    """The ``Class.method`` / function names of the page's decode-step picture, in order."""
+    block = TEXT.split("## The decode step: one path", 1)[1].split("\n\n", 2)[1]
+    return re.findall(r"\b(?:TQCache|LayerDecoder)\.\w+|\bprepare_decode\b|\bDecodeLaunch\b", block)
+
+
+def test_the_decode_step_runs_the_path_the_page_draws(monkeypatch):
+    """A routed decode on the emulated GPU lane calls what the picture names, in its order: the first
+    step prepares (append_in_place, attend_fused -> prepare_decode), later steps take the prepared
+    append_step and attend_step and nothing else."""
+    mx = pytest.importorskip("mlx.core", reason="MLX is not installed")
+    pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
+    from tiny_models import tiny_llama, tokens
+
+    from tqbridge.metal import attention_kernel
+    from tqbridge.metal.backend import emulate_decode_lane
+    from tqbridge.metal.lm import decoder as decoder_mod
+    from tqbridge.metal.lm.cache import TQCache, make_cache
+    from tqbridge.metal.lm.routing import route_attention
+
+    names = _decode_step_picture()
+    assert names[:2] == ["TQCache.update_and_fetch", "LayerDecoder.append_step"], names
+    calls: list = []
+
+    def spy(owner, name, label):
+        real = getattr(owner, name)
+
+        def wrapped(*a, **k):
+            calls.append(label)
+            return real(*a, **k)
+        monkeypatch.setattr(owner, name, wrapped)
+
+    for n in names:
+        if "." in n:
+            cls, meth = n.split(".")
+            spy(TQCache if cls == "TQCache" else decoder_mod.LayerDecoder, meth, n)
+    spy(attention_kernel, "prepare_decode", "prepare_decode")
+    prev = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    try:
+        m = tiny_llama()
+        cache = make_cache(m, "q8_0", "q8_0")
+        with emulate_decode_lane(), route_attention():
+            mx.eval(m(tokens(8), cache=cache))
+            steps = []
+            for i in range(3):
+                calls.clear()
+                mx.eval(m(tokens(1, seed=i), cache=cache))
+                steps.append([c for c in calls])
+    finally:
+        mx.set_default_device(prev)
+    layer = len(steps[0]) // 2
+    first = steps[0][:layer]
+    assert first == ["TQCache.update_and_fetch", "LayerDecoder.append_step", "LayerDecoder.append_in_place",
+                     "TQCache.attend", "LayerDecoder.attend_step", "LayerDecoder.attend_fused", "prepare_decode"], first
+    for later in steps[1:]:
+        assert later == ["TQCache.update_and_fetch", "LayerDecoder.append_step", "TQCache.attend",
+                         "LayerDecoder.attend_step"] * 2, later
+    # LayerDecoder.write: the MLX-ops append, off the GPU lane (prompt chunks on a CPU)
+    assert set(names) <= {c for s in steps for c in s} | {"DecodeLaunch", "LayerDecoder.write"}, names

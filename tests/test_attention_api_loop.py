@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tqbridge.metal import attention
+from tqbridge.metal import attention, attention_kernel
 from tqbridge.metal.attention import check_problem, decode_attention, last_run
 from tqbridge.metal.attention_ref import oracle
 from tqbridge.metal.decode_options import DecodeOptions
@@ -41,11 +41,9 @@ def test_growing_length_reuses_one_launch(kf, vf, qp):
         want, bound = oracle(q, kb, vb, prob, None, chain=run["chain"], q_precision=run["q_precision"])
         err = np.abs(np.asarray(got, dtype=np.float64) - want[:, :, 0])
         assert (err <= bound[:, :, 0]).all(), f"length {n}: error {err.max():.3g}"
-    built = [v for v in attention._length_free_calls.values() if v]
-    assert len(built) == 1, "one prepared launch for every length"
+    assert len(attention_kernel.prepared_launches()) == 1, "one prepared launch for every length"
     assert len({(r["splits"], r["kernel"], r["backend"]) for r in runs}) == 1   # one plan, made for the buffer
     assert runs[0]["backend"] == GPU and (qp is None or runs[0]["q_precision"] == qp)
-    assert not attention._prepared_calls, "the per-length prepared calls are not used"
 
 
 def test_numpy_inputs_or_no_gpu_keep_the_per_call_path():
@@ -54,7 +52,7 @@ def test_numpy_inputs_or_no_gpu_keep_the_per_call_path():
     kb, vb = quantized_cache(rng, "q8_0", (1, 1, 40, 64)), quantized_cache(rng, "q8_0", (1, 1, 40, 64))
     attention.clear_call_caches()
     decode_attention(q, kb, vb, k_format="q8_0", v_format="q8_0", length=33)
-    assert not any(attention._length_free_calls.values())   # numpy in: per-call planning, numpy out
+    assert not attention_kernel.prepared_launches()   # numpy in: per-call planning, numpy out
     assert last_run()["backend"] in ("cpu-emulator", "cuda", "metal")
 
 
@@ -63,11 +61,11 @@ def test_which_calls_may_take_one_launch_per_signature(monkeypatch):
     a launch option with a value (a kernel, splits, warps ...) or the reference backend does not."""
     asked = []
 
-    def record(key, q, kb, vb, backend, opts, **kw):
-        asked.append((backend, opts.q_precision))
-        return False
+    def record(q, kb, vb, *, backend, options, **kw):
+        asked.append((backend, options.q_precision))
+        return None
 
-    monkeypatch.setattr(attention, "_length_free_launch", record)
+    monkeypatch.setattr(attention, "prepare_decode", record)
     rng = np.random.default_rng(7)
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
     kb, vb = quantized_cache(rng, "q8_0", (1, 1, 40, 64)), quantized_cache(rng, "q8_0", (1, 1, 40, 64))

@@ -33,9 +33,8 @@ def test_phase_build_stamps_every_threadgroup_and_changes_nothing_else(kf, vf, d
     vb = bridge.quantize(vf, rng.standard_normal((1, 2, 320, d)).astype(np.float32))
     prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=300)
     plan = make_plan(prob, "cpu-emulator", kernel="int8-mma", splits=splits)
-    split_s, _, extra1, _ = ab.static_params(prob, plan, 0, False)
-    ip1 = np.array([prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1, *prob.lengths],
-                   np.int32)
+    split_s, _, _, _ = ab.static_params(prob, plan, 0, False)
+    ip1 = np.array(ab.pass1_params(prob, plan), np.int32)
     ins = [q, kb, vb, ip1, np.array([prob.scale, 0.0], np.float32), ab.tables(prob), np.zeros(1, np.uint32)]
     po, pml = _run(split_s, prob, plan, ins, 2)
     po2, pml2, clk = _run({**split_s, "TQA_PHASES": 1}, prob, plan, ins, 3)

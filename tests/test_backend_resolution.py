@@ -130,11 +130,11 @@ def test_decode_lane_switch(machine, emulated, gpu, default):
     """Inside emulate_decode_lane() the GPU decode lane goes to the emulator on MLX's CPU device; on the
     GPU device the GPU's lane runs either way; the setting is gone after the block."""
     from tqbridge.metal import backend
-    from tqbridge.metal.lm import codecs, routing
+    from tqbridge.metal.lm import cache as cache_mod, codecs
 
     machine(gpu, default, True)
     with backend.emulate_decode_lane(emulated):
         assert backend.emulated_decode_lane() is emulated
-        assert codecs._gpu_backend() == ("cuda" if default else "cpu-emulator" if emulated else None)
-        assert routing._decode_backend("auto") == ("auto" if default or emulated else "reference")
+        assert codecs.gpu_backend() == ("cuda" if default else "cpu-emulator" if emulated else None)
+        assert cache_mod._decode_backend("auto") == ("auto" if default or emulated else "reference")
     assert backend.emulated_decode_lane() is False

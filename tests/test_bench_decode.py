@@ -84,15 +84,22 @@ def test_bench_decode_refuses_bad_spellings(capsys):
     assert "--caches" in capsys.readouterr().err
 
 
-def test_q_precision_suffix_reaches_the_caches(capsys):
+def test_q_precision_option_reaches_the_caches(capsys):
+    """The q precision is the decode option of a label (``{q_precision=int8}``); '@' names a format
+    variant only, and the former ``@int8`` gets a line naming the option."""
     from tqbridge.metal.lm import decode_bench
+    from tqbridge.metal.profiling import split_options
 
     model, _ = decode_bench.build_model("tiny")
-    caches = decode_bench.make_caches(model, "q8_0/turbo3@int8")
+    kind, opts = split_options("q8_0/turbo3{q_precision=int8}")
+    caches = decode_bench.make_caches(model, kind, opts)
     assert caches and all(c.q_precision == "int8" for c in caches)
     assert all(c.q_precision is None for c in decode_bench.make_caches(model, "q8_0/turbo3"))
-    assert main(["bench", "decode", "--models", "tiny", "--caches", "q8_0/turbo3@fp8"]) == 2
-    assert "q precision" in capsys.readouterr().err
+    assert main(["bench", "decode", "--models", "tiny", "--caches", "q8_0/turbo3{q_precision=fp8}"]) == 2
+    assert "q_precision must be one of exact, int8" in capsys.readouterr().err
+    assert main(["bench", "decode", "--models", "tiny", "--caches", "q8_0/turbo3@int8"]) == 2
+    err = capsys.readouterr().err
+    assert "'@' names a format variant" in err and "{q_precision=int8}" in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_cache_with_decode_options_is_its_own_row(tmp_path, monkeypatch):

@@ -12,12 +12,13 @@ from hypothesis import example, given, strategies as st  # noqa: E402
 from mlx_lm.models import cache as mlx_cache  # noqa: E402
 from mlx_lm.models import llama  # noqa: E402
 
+from tqbridge.metal import attention as attention_api
 from tqbridge.bridge import FormatError, dequantize, formats, get_format, quantize  # noqa: E402
 from tqbridge.metal.lm import cache as tqc  # noqa: E402
 from tqbridge.metal.lm import routing  # noqa: E402
 from tqbridge.metal.lm.cache import TQCache, make_cache  # noqa: E402
 from tqbridge.metal.lm.codecs import padded_dim  # noqa: E402
-from tqbridge.metal.lm.kv_spelling import parse_kv  # noqa: E402
+from tqbridge.bridge.kv_spec import parse_kv  # noqa: E402
 from tqbridge.metal.lm.report import cache_report  # noqa: E402
 from tqbridge.metal.hadamard import hadamard_rotate  # noqa: E402
 from tqbridge.metal.lm.routing import route_attention  # noqa: E402
@@ -255,8 +256,8 @@ def test_routing_sends_decode_to_the_kernel_and_restores(tiny, monkeypatch):
         o = mx.fast.scaled_dot_product_attention(hadamard_rotate(q, k_rot)[:, :, None], k, v, scale=scale)
         return hadamard_rotate(o[:, :, 0], v_rot)
 
-    monkeypatch.setattr(routing, "decode_kernel", lambda: fake_kernel)
-    monkeypatch.setattr(routing, "_kernel_backend", lambda: "fake")
+    monkeypatch.setattr(attention_api, "decode_attention", fake_kernel)
+    monkeypatch.setattr(attention_api, "last_run", lambda: {"backend": "fake"})
     toks = tokens(20, seed=5)
     original = llama.scaled_dot_product_attention
     c = make_cache(tiny, "q8_0", "q4_0")   # rotated K and V: the routing rotates q and the output
@@ -272,7 +273,10 @@ def test_routing_sends_decode_to_the_kernel_and_restores(tiny, monkeypatch):
 
 
 def test_kernel_mode_without_a_kernel_is_an_error(tiny, monkeypatch):
-    monkeypatch.setattr(routing, "decode_kernel", lambda: None)
+    def refuses(*a, **kw):
+        raise attention_api.AttentionError("planted: this kernel cannot run here")
+
+    monkeypatch.setattr(attention_api, "decode_attention", refuses)
     c = make_cache(tiny, "q8_0", "q8_0")
     _run(tiny, c, tokens(4), 4, mode="kernel")  # prefill is fine
     with pytest.raises(RuntimeError, match="kernel cannot run"):
@@ -286,8 +290,6 @@ def test_real_decode_kernel_matches_the_reference(tiny):
     """The fused kernel (on this machine's backend) through the cache: same logits as the reference."""
     from tqbridge.metal.backend import backends, pick_backend
 
-    if routing.decode_kernel() is None:
-        pytest.skip("tqbridge.metal.attention.decode_attention is not installed")
     if pick_backend("auto") not in backends():    # decided before the kernel runs: no compiler, no GPU
         pytest.skip(f"no kernel backend here: {pick_backend('auto')} is not usable (usable: {backends()})")
     toks = tokens(12, seed=6)
@@ -338,7 +340,7 @@ def test_windowed_decode_passes_only_the_window_to_the_kernel(monkeypatch):
         o = mx.fast.scaled_dot_product_attention(hadamard_rotate(q, k_rot)[:, :, None], k, v, scale=scale)
         return hadamard_rotate(o[:, :, 0], v_rot)
 
-    monkeypatch.setattr(routing, "decode_kernel", lambda: fake_kernel)
+    monkeypatch.setattr(attention_api, "decode_attention", fake_kernel)
     toks = tokens(14, seed=8)
     got = _run(m, make_cache(m, "q8_0", "q8_0"), toks, 1, mode="kernel")
     want = _run(m, make_cache(m, "q8_0", "q8_0"), toks, 1, mode="sdpa")
@@ -355,8 +357,6 @@ def test_mlx_lm_finds_the_class_by_name():
 def test_auto_mode_on_cpu_uses_the_dispatchers_reference(tiny):
     """On a CPU-only machine decode goes to decode_attention's ops reference (measured faster than
     the kernel's emulator); the path is recorded."""
-    if routing.decode_kernel() is None:
-        pytest.skip("tqbridge.metal.attention.decode_attention is not installed")
     c = make_cache(tiny, "q8_0", "turbo3")
     _run(tiny, c, tokens(6), 5, mode="auto")
     assert cache_report(c)["paths"] == {"append": 2 * 2, "prefill:dequant-sdpa": 2, "decode:reference": 2}

@@ -168,12 +168,12 @@ def test_copies_on_the_gpu_decode_lane(kf, vf):
     """On a GPU (in-place append kernels, the fused attention over the buffers): the original and a
     trimmed deep copy decode in turn; each one's layer-0 blocks (rows no attention output feeds) are a
     fresh cache's over its own tokens, byte for byte."""
-    from tqbridge.metal.backend import gpu_is_default, gpu_kind
+    from tqbridge.metal.lm.codecs import gpu_backend
 
     if not mx.is_available(mx.gpu):
         pytest.skip("no MLX GPU backend (Metal or CUDA) here")
     mx.set_default_device(mx.gpu)   # the module's cpu_device fixture puts the default back after
-    assert gpu_is_default() and gpu_kind() is not None
+    assert gpu_backend() is not None
     m = tiny_llama()
     cache, twin, (prompt, a, b) = _with_trimmed_twin(m, kf, vf, True)
     for x, y in ((a[2], b[1]), (b[0], b[2])):

@@ -354,7 +354,7 @@ def test_max_kv_size_bounds_the_cache_as_mlx_lms_rotating_cache():
 
 def _window_mask(c, N):
     """Which stored keys each of the next N queries of windowed ``c`` may see (numpy, bool)."""
-    keys = np.arange(c._keep_from(c.offset), c.offset + N)
+    keys = np.arange(c.decoder.keep_from(c.offset), c.offset + N)
     q = np.arange(c.offset, c.offset + N)[:, None]
     return (keys <= q) & (keys > q - c.window)
 
@@ -372,7 +372,7 @@ def test_windowed_size_trimmability_and_masks_follow_rotating_kv_cache(kf, vf, m
         assert ours.is_trimmable() == theirs.is_trimmable() == (ours.offset < 4)
         for N in (1, 2, 3):
             want, got = theirs.make_mask(N), ours.make_mask(N)
-            stored = ours.offset - ours._keep_from(ours.offset) + N
+            stored = ours.offset - ours.decoder.keep_from(ours.offset) + N
             if stored <= 4:
                 assert (got is None and want is None) or (isinstance(got, str) and got == want), (ours.offset, N)
             else:
@@ -406,7 +406,7 @@ def test_the_float_fields_view_finds_what_dequantization_finds(fmt):
     for every byte of a row set to a NaN/inf pattern, it finds a non-finite value exactly when the
     dequantized row holds one."""
     from tqbridge.metal.lm.cache import _block_floats
-    from tqbridge.metal.lm.codecs import _any_nonfinite
+    from tqbridge.metal.lm.codecs import any_nonfinite
 
     c = TQCache(fmt, fmt, rotation="none")
     c.update_and_fetch(_rows(1, 1), _rows(2, 1))
@@ -419,8 +419,8 @@ def test_the_float_fields_view_finds_what_dequantization_finds(fmt):
             end = min(at + 2, kb.shape[-1])
             edited[0, 0, 0, at:end] = np.frombuffer(pattern[:end - at], np.uint8)
             blocks = mx.array(edited)
-            fast = bool(_any_nonfinite(_block_floats(blocks, fmt)).item())
-            slow = bool(_any_nonfinite(c._decode(blocks, fmt, c._kd, c.k_dim, mx.float32)).item())
+            fast = bool(any_nonfinite(_block_floats(blocks, fmt)).item())
+            slow = bool(any_nonfinite(c._decode(blocks, fmt, c._kd, c.k_dim, mx.float32)).item())
             assert fast == slow, (fmt, at, pattern)
             found += fast
     assert found > 0

@@ -13,7 +13,8 @@ pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
 
 from tqbridge.metal import kv_append  # noqa: E402
 from tqbridge.metal.lm.cache import TQCache, make_cache  # noqa: E402
-from tqbridge.metal.lm.kv_spelling import parse_kv_spec  # noqa: E402
+from tqbridge.metal.lm.decoder import LayerDecoder  # noqa: E402
+from tqbridge.bridge.kv_spec import parse_kv_spec  # noqa: E402
 from tqbridge.metal.lm.report import cache_report  # noqa: E402
 from tiny_models import forced_decode, tiny_llama, tokens  # noqa: E402
 from helpers_kernels import quantized_cache  # noqa: E402
@@ -99,7 +100,7 @@ def test_float_keys_on_the_calibrated_lane_give_the_float_cache_logits(emulated_
     rep = cache_report(cache)
     assert rep["paths"].get("decode:cpu-emulator", 0) >= 20, rep["paths"]
     assert all(layer["codecs"]["k_append"] == "kv-append:cpu-emulator" for layer in rep["layers"]), rep["layers"]
-    assert all(c._hot_attn is not None for c in cache)   # the decode steps took the prepared lane
+    assert all(c.decoder.prepared for c in cache)   # the decode steps took the prepared lane
     np.testing.assert_allclose(got, exact, atol=LOGIT_ATOL, rtol=0)
     assert np.array_equal(got.argmax(-1), exact.argmax(-1))
 
@@ -110,7 +111,7 @@ def test_the_float_verdict_catches_a_lane_without_its_scale(emulated_decode_lane
     stores keys without dividing by s; the float-keys verdict above fails by far more than its tolerance."""
     monkeypatch.setattr(TQCache, "step", 8)
     if bug == "q not scaled":
-        monkeypatch.setattr(TQCache, "query_scale", lambda self, q: None)
+        monkeypatch.setattr(LayerDecoder, "query_scale", lambda self, q: None)
     else:
         real = kv_append.calibration_rows
         monkeypatch.setattr(kv_append, "calibration_rows",
@@ -153,13 +154,13 @@ def test_rotated_basis_calibration_says_why_it_is_off_the_lane(emulated_decode_l
     for layer in cache_report(cache)["layers"]:
         assert layer["codecs"]["k_append"] != "kv-append:cpu-emulator"
         assert "rotated basis" in layer["codecs"]["append_note"]
-    assert all(c._hot_attn is None for c in cache)
+    assert all(not c.decoder.prepared for c in cache)
 
 
 def _gpu_backend():
-    from tqbridge.metal.backend import gpu_is_default, gpu_kind
+    from tqbridge.metal.lm.codecs import gpu_backend as gpu
 
-    return gpu_kind() if gpu_is_default() else None
+    return gpu() if mx.default_device() == mx.gpu else None
 
 
 @pytest.mark.gpu
@@ -343,19 +344,19 @@ def test_the_lane_with_q_scale_folded_gives_the_logits_of_the_scaled_query(emula
     same logits, bit for bit; no MLX op scaled q on the lane. (bfloat16 rows: the emulated append takes
     none, numpy has no bfloat16; the kernel check above covers bfloat16 q.)"""
     from tqbridge.metal import attention_kernel
-    from tqbridge.metal.lm import lane
+    from tqbridge.metal.lm import decoder
 
     monkeypatch.setattr(TQCache, "step", 8)
     m, toks = tiny_llama(head_dim=128), tokens(16, seed=9)
     m.set_dtype(mx.float16)
     scaled_by_ops = []
-    real_scaled = lane._scaled_query
+    real_scaled = decoder.scaled_query
 
     def counted(q, s):
         scaled_by_ops.append(1)
         return real_scaled(q, s)
 
-    monkeypatch.setattr(lane, "_scaled_query", counted)
+    monkeypatch.setattr(decoder, "scaled_query", counted)
     folded, cache = _forced(m, toks, "auto", "q5_1+mean+scale/q5_0")
     assert cache_report(cache)["paths"].get("decode:cpu-emulator", 0) >= 10
     assert not scaled_by_ops

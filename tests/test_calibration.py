@@ -13,13 +13,14 @@ pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
 
 from mlx_lm.models import cache as mlx_cache  # noqa: E402
 
+from tqbridge.metal import attention as attention_api
 from tqbridge.bridge import FormatError, quantize  # noqa: E402
 from tqbridge.metal.lm import routing  # noqa: E402
 from tqbridge.metal.lm.cache import TQCache, hadamard_rotate, make_cache  # noqa: E402
-from tqbridge.metal.lm.kv_spelling import parse_kv_spec  # noqa: E402
+from tqbridge.bridge.kv_spec import parse_kv_spec  # noqa: E402
 from tqbridge.metal.lm.report import cache_report  # noqa: E402
 from tqbridge.metal.lm.calibration import CalibrationError, KeyCalibration, fit  # noqa: E402
-from tqbridge.metal.lm.routing import attend, route_attention  # noqa: E402
+from tqbridge.metal.lm.routing import route_attention  # noqa: E402
 from tiny_models import cpu_device, tiny_gemma3, tiny_llama, tokens  # noqa: E402,F401
 
 CLI = [sys.executable, "-c", "import sys; from tqbridge.tools.cli import main; sys.exit(main())"]
@@ -171,8 +172,8 @@ def test_decode_kernel_path_agrees_with_the_dequantize_path(tiny, kv, monkeypatc
                                          v_format=v_format, length=length, scale=scale,
                                          rotation=rotation).astype(np.float32))
 
-    monkeypatch.setattr(routing, "decode_kernel", lambda: blocks_only_kernel)
-    monkeypatch.setattr(routing, "_kernel_backend", lambda: "stand-in")
+    monkeypatch.setattr(attention_api, "decode_attention", blocks_only_kernel)
+    monkeypatch.setattr(attention_api, "last_run", lambda: {"backend": "stand-in"})
     c = make_cache(tiny, k, v, calibration=cal)
     got = _run(tiny, c, toks, 12, "kernel")
     assert len(seen) == 2 * 8 and cache_report(c)["paths"]["decode:stand-in"] == 16
@@ -199,11 +200,11 @@ def test_sinks_with_a_key_mean_take_the_dequantize_path():
     want = mx.fast.scaled_dot_product_attention(q, kk, vv, scale=0.125, sinks=sinks)
     c = TQCache("f32", "f32", calibration="mean+scale")
     kk, vv = c.update_and_fetch(k, k)
-    got = attend(c, q, kk, vv, scale=0.125, sinks=sinks, mode="reference")
+    got = c.attend(q, scale=0.125, sinks=sinks, mode="reference")
     np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-5)
     assert c.paths == {"append": 1, "decode:dequant-sdpa": 1} and "sinks" in c.decode_fallback
     with pytest.raises(RuntimeError, match="sinks"):
-        attend(c, q, kk, vv, scale=0.125, sinks=sinks, mode="kernel")
+        c.attend(q, scale=0.125, sinks=sinks, mode="kernel")
 
 
 def test_qscale_needs_the_routing_and_says_so(tiny):

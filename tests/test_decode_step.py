@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 from mlx_lm.models import base
 
+from tqbridge.metal import attention as attention_api
 from tqbridge.bridge import FormatError
 from tqbridge.metal.lm import decode_bench
 from tqbridge.metal.lm.cache import TQCache, make_cache
-from tqbridge.metal.lm.kv_spelling import parse_kv_spec
+from tqbridge.bridge.kv_spec import parse_kv_spec
 from tqbridge.metal.lm.routing import route_attention
 from tiny_models import forced_decode, tiny_llama, tokens
 
@@ -45,7 +46,7 @@ def _selfchecked(c, dtype=mx.float32, hkv=2, d=64):
     kernels' self-check, which synchronises once per geometry (the result is kept on disk), as the
     first decode of any earlier run on this machine would have. Sync counts start after it."""
     rows = mx.zeros((1, hkv, 1, d), dtype)
-    c._inplace_append(rows, rows)
+    c.decoder.in_place_append(rows, rows)
     return c
 
 
@@ -113,16 +114,16 @@ def test_generation_unchanged_by_the_cpu_codec_path(cpu_device, monkeypatch):
         return toks, [np.array(c.blocks()[0]) for c in cache]
 
     toks, blocks = run()
-    numpy_path = tqc._quantizer
+    numpy_path = tqc.quantizer
 
     def numpy_quantizer(fmt):
         from tqbridge.bridge import quantize
 
         return (lambda x: mx.array(quantize(fmt, np.array(x.astype(mx.float32))))), "numpy"
 
-    monkeypatch.setattr(tqc, "_quantizer", numpy_quantizer)
+    monkeypatch.setattr(tqc, "quantizer", numpy_quantizer)
     toks2, blocks2 = run()
-    monkeypatch.setattr(tqc, "_quantizer", numpy_path)
+    monkeypatch.setattr(tqc, "quantizer", numpy_path)
     assert toks == toks2
     for a, b in zip(blocks, blocks2):
         assert np.array_equal(a, b)
@@ -146,7 +147,7 @@ def test_gpu_decode_step_three_kernels_no_sync(kv, dtype):
             out, syncs = _step(c, dtype=dtype, seed=i)
             assert syncs == 0, f"{kv}: {syncs} host synchronisations"
             if i:   # the first step also allocates the step's flag and materialises constants
-                kernels = [p for p in decode_bench.graph_primitives(out, c._flag) if not decode_bench.is_view(p)]
+                kernels = [p for p in decode_bench.graph_primitives(out, c.decoder.flag) if not decode_bench.is_view(p)]
                 assert len(kernels) <= 3, f"{kv}: {kernels}"
             mx.eval(out)
         with route_attention("sdpa"):   # the same steps through dequantize + SDPA
@@ -178,7 +179,7 @@ def test_gpu_calibrated_decode_step_runs_the_kernels_of_an_uncalibrated_one(dtyp
             for i in range(4):
                 out, syncs = _step(c, dtype=dtype, seed=i)
                 assert syncs == 0, f"{kv}: {syncs} host synchronisations"
-                got.append([p for p in decode_bench.graph_primitives(out, c._flag) if not decode_bench.is_view(p)])
+                got.append([p for p in decode_bench.graph_primitives(out, c.decoder.flag) if not decode_bench.is_view(p)])
                 mx.eval(out)
         assert c.paths.get("decode:cuda", 0) + c.paths.get("decode:metal", 0) == 4, c.paths
         assert c.codec_paths["k_append"].startswith("kv-append:")
@@ -375,7 +376,7 @@ def test_real_model_generation_unchanged_by_the_cpu_codec_path(name, kv, cpu_dev
         return toks, [np.array(b) for c in cache for b in c.blocks()]
 
     toks, blocks = run()
-    monkeypatch.setattr(tqc, "_quantizer", lambda fmt: (
+    monkeypatch.setattr(tqc, "quantizer", lambda fmt: (
         (lambda x: mx.array(__import__("tqbridge.bridge", fromlist=["quantize"]).quantize(
             fmt, np.array(x.astype(mx.float32))))), "numpy"))
     toks2, blocks2 = run()
@@ -399,7 +400,7 @@ def test_paths_line_names_paths_and_fallbacks(cpu_device, monkeypatch):
     def broken(*a, **kw):
         raise RuntimeError("planted: this kernel cannot run")
 
-    monkeypatch.setattr(routing, "decode_kernel", lambda: broken)
+    monkeypatch.setattr(attention_api, "decode_attention", broken)
     with route_attention():
         mx.eval(m(tokens(1, seed=3), cache=cache))
     line = paths_line(cache)
@@ -495,7 +496,7 @@ def test_cache_report_says_which_decode_kernel_ran(emulated_decode_lane, qp, wan
 
 
 def test_layers_grow_in_different_decode_steps(emulated_decode_lane, cpu_device, monkeypatch):
-    """make_cache spreads the layers over the growth step (DecodeLane.grow_phase): decoding across
+    """make_cache spreads the layers over the growth step (LayerDecoder.grow_phase): decoding across
     several growth steps, no decode step grows more than one layer's buffers, and every layer grows."""
     from tqbridge.metal import kv_append
 
@@ -512,7 +513,7 @@ def test_layers_grow_in_different_decode_steps(emulated_decode_lane, cpu_device,
     m = tiny_llama()
     cache = make_cache(m, "q8_0", "q4_0")
     n = len(cache)
-    assert n > 1 and sorted(c.grow_lead for c in cache) == [i * 16 // n for i in range(n)]
+    assert n > 1 and sorted(c.decoder.grow_lead for c in cache) == [i * 16 // n for i in range(n)]
     step = [0]
     toks = tokens(60, seed=4)
     with route_attention():
@@ -524,4 +525,4 @@ def test_layers_grow_in_different_decode_steps(emulated_decode_lane, cpu_device,
     for s, _ in grown:
         per_step[s] = per_step.get(s, 0) + 1
     assert len(grown) >= 2 * len(cache) and max(per_step.values()) == 1, per_step
-    assert all(c.keys.shape[2] - c.grow_lead >= c.offset for c in cache)
+    assert all(c.keys.shape[2] - c.decoder.grow_lead >= c.offset for c in cache)

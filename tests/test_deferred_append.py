@@ -15,6 +15,7 @@ from mlx_lm.models import base
 from tqbridge.metal import attention_kernel, attention_launch
 from tqbridge.metal.decode_options import DecodeOptions
 from tqbridge.metal.lm.cache import TQCache, make_cache
+from tqbridge.metal.lm.decoder import LayerDecoder
 from tqbridge.metal.lm.routing import route_attention
 from tiny_models import forced_decode, tiny_gemma3, tiny_llama, tokens
 
@@ -67,7 +68,7 @@ def test_deferred_lane_is_bit_identical(model_name, emulated_lane):
     assert len(calls) > 20, len(calls)   # the fused call ran (not a fall back to append-then-attend)
     assert np.array_equal(got, want)
     assert len(got_blocks) == len(want_blocks) and all(np.array_equal(a, b) for a, b in zip(got_blocks, want_blocks))
-    assert all(c._deferred is None for c in cache if isinstance(c, TQCache))
+    assert all(c.decoder.staged is None for c in cache if isinstance(c, TQCache))
 
 
 def _routed_step(c, k, v, q, attend=True):
@@ -95,8 +96,8 @@ def _primed(defer: str, monkeypatch):
 def test_every_reader_sees_the_deferred_rows(reader, emulated_lane):
     ref = _primed("0", emulated_lane)
     c = _primed("1", emulated_lane)
-    assert c._deferred is not None and c._deferred.row == 43   # the second unattended step's row waits
-    assert ref._deferred is None
+    assert c.decoder.staged is not None and c.decoder.staged.row == 43   # the second unattended step's row waits
+    assert ref.decoder.staged is None
     for cache in (ref, c):
         if reader == "state":
             cache.state
@@ -110,7 +111,7 @@ def test_every_reader_sees_the_deferred_rows(reader, emulated_lane):
             cache.check_finite()
         else:
             assert cache.nbytes > 0
-    assert c._deferred is None
+    assert c.decoder.staged is None
     assert c.offset == ref.offset
     for a, b in zip(c.blocks(), ref.blocks()):
         assert np.array_equal(np.array(a), np.array(b))
@@ -119,7 +120,7 @@ def test_every_reader_sees_the_deferred_rows(reader, emulated_lane):
 def test_a_lost_deferred_row_is_caught(emulated_lane):
     """The comparison above with a planted bug: the deferred row dropped instead of written."""
     ref = _primed("0", emulated_lane)
-    emulated_lane.setattr(TQCache, "_write_deferred", lambda self: setattr(self, "_deferred", None))
+    emulated_lane.setattr(LayerDecoder, "write_staged", lambda self: setattr(self, "staged", None))
     c = _primed("1", emulated_lane)
     kb, kr = np.array(c.blocks()[0]), np.array(ref.blocks()[0])
     assert not np.array_equal(kb, kr)
@@ -154,6 +155,6 @@ def test_gpu_fused_step_is_bit_identical(kv, monkeypatch):
     want, want_blocks, _ = _decode("llama", "0", monkeypatch, kv=kv)
     assert not spy
     got, got_blocks, cache = _decode("llama", "1", monkeypatch, kv=kv)
-    assert len(spy) > 20 and all(c.decode_launch.compiled for c in cache)
+    assert len(spy) > 20 and all(c.decoder.launch.compiled for c in cache)
     assert np.array_equal(got, want)
     assert all(np.array_equal(a, b) for a, b in zip(got_blocks, want_blocks))

@@ -158,7 +158,7 @@ def test_device_params_are_the_host_params(fake_cuda, monkeypatch):
     # a row is a view of the (evaluated) table: no kernel per step (an int index would be a Gather)
     from tqbridge.metal.lm import decode_bench
 
-    mx.eval(launches["1"]._table)
+    mx.eval(*launches["1"]._tables.values())
     prims = decode_bench.graph_primitives(launches["1"].ip1(5))
     assert prims and all(decode_bench.is_view(p) for p in prims), prims
     out = launches["1"](q, kb, vb, 33)   # the launch takes the view like the host-made buffer
@@ -229,7 +229,7 @@ def test_device_consts_leave_no_small_host_buffer(fake_cuda, monkeypatch):
 
 
 def test_append_tables_survive_layers_of_two_capacities(fake_cuda, monkeypatch):
-    """The layers of a model grow in different decode steps (DecodeLane.grow_phase), so a step's layers
+    """The layers of a model grow in different decode steps (LayerDecoder.grow_phase), so a step's layers
     write buffers of two capacities in turn. The append's device parameter tables are kept per geometry:
     alternating between the two builds each table once (a single-table cache rebuilt one per layer and
     step: 50+ us of host time per layer on the H200), and every row still equals the host-made one."""
@@ -270,13 +270,13 @@ def test_spread_layers_build_each_capacity_once(fake_cuda, monkeypatch):
     from mlx_lm.models import base
 
     from tqbridge.metal import selfcheck
-    from tqbridge.metal.lm import codecs, lane, routing
+    from tqbridge.metal.lm import cache as cache_mod, codecs, decoder
     from tqbridge.metal.lm.cache import TQCache
     from tqbridge.metal.lm.routing import route_attention
 
-    for mod in (codecs, lane):
-        monkeypatch.setattr(mod, "_gpu_backend", lambda: "cuda")
-    monkeypatch.setattr(routing, "_decode_backend", lambda mode: "auto")
+    for mod in (codecs, decoder):
+        monkeypatch.setattr(mod, "gpu_backend", lambda: "cuda")
+    monkeypatch.setattr(cache_mod, "_decode_backend", lambda mode: "auto")
     monkeypatch.setattr(selfcheck, "check_decode_lane", lambda *a, **k: None)   # the fake kernels write nothing
     monkeypatch.setattr(TQCache, "step", 16)
     kv_append.prepared.cache_clear()
@@ -317,13 +317,13 @@ def test_spread_layers_build_each_capacity_once(fake_cuda, monkeypatch):
             for c in caches:
                 kk, vv = c.update_and_fetch(k, v)
                 outs.append(base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=d ** -0.5, mask=None))
-            mx.eval(outs + [c._flag for c in caches])
+            mx.eval(outs + [c.decoder.flag for c in caches])
             caps = {c.keys.shape[2] for c in caches}
             seen |= caps
             per_step.append((len(caps), {w: counts[w] - before[w] for w in ("append row", "attention row")}))
     assert all(c.paths["decode:cuda"] == 48 for c in caches)
     assert len(seen) >= 3 and max(m for m, _ in per_step) == 2, (seen, per_step)   # two capacities at once
-    assert attention_launch.decode_launch.cache_info().misses == len(seen)
+    assert len(attention_kernel.prepared_launches()) == len(seen)
     assert counts["append table"] == counts["attention table"] == len(seen), (counts, seen)
     # traced once per capacity (compiled launches run their Python, and so the recorder, at the trace only):
     # the append alone and the attention alone (the growth step), then the two in one call (later steps)
@@ -342,12 +342,12 @@ def _lane_step_kernels(kv: str, monkeypatch, steps: int = 4) -> list:
     from mlx_lm.models import base
 
     from tqbridge.metal import selfcheck
-    from tqbridge.metal.lm import decode_bench, lane, routing
+    from tqbridge.metal.lm import cache as cache_mod, decode_bench, decoder, routing
     from tqbridge.metal.lm.cache import TQCache
-    from tqbridge.metal.lm.kv_spelling import parse_kv_spec
+    from tqbridge.bridge.kv_spec import parse_kv_spec
 
-    monkeypatch.setattr(lane, "_gpu_backend", lambda: "cuda")           # the cache's in-place append: CUDA's
-    monkeypatch.setattr(routing, "emulated_decode_lane", lambda: True)   # decode steps routed to the lane
+    monkeypatch.setattr(decoder, "gpu_backend", lambda: "cuda")           # the cache's in-place append: CUDA's
+    monkeypatch.setattr(cache_mod, "emulated_decode_lane", lambda: True)   # decode steps routed to the lane
     monkeypatch.setattr(selfcheck, "check_decode_lane", lambda *a, **kw: None)   # (the recorder computes nothing)
     kf, vf, cal = parse_kv_spec(kv)
     c = TQCache(kf, vf, calibration=cal)
@@ -366,9 +366,9 @@ def _lane_step_kernels(kv: str, monkeypatch, steps: int = 4) -> list:
             before = len(CALLS)
             kk, vv = c.update_and_fetch(k, v)
             out = base.scaled_dot_product_attention(q, kk, vv, cache=c, scale=128 ** -0.5, mask=None)
-            ops = [p for p in decode_bench.graph_primitives(out, c._flag) if not decode_bench.is_view(p)]
+            ops = [p for p in decode_bench.graph_primitives(out, c.decoder.flag) if not decode_bench.is_view(p)]
             counts.append(len(CALLS) - before + len(ops))
-            mx.eval(out, c._flag)
+            mx.eval(out, c.decoder.flag)
     assert c.paths["decode:cuda"] == steps and c.codec_paths["k_append"] == "kv-append:cuda", (c.paths, c.codec_paths)
     return counts
 
@@ -385,3 +385,55 @@ def test_calibrated_decode_step_runs_the_kernels_of_an_uncalibrated_one(fake_cud
     scaled = [shapes for name, shapes, _, _ in CALLS if "split" in name and len(shapes) == 8]
     assert scaled and all(s[7] == (1, 8, 1, 128) for s in scaled)   # pass 1's 8th input: the heads' scales
     kv_append.prepared.cache_clear()
+
+
+def test_decode_launch_starts_are_parameters_like_the_length(fake_cuda):
+    """A batched decode launch (B = 3, mlx-lm's left padding): ``starts`` travel after the lengths in
+    pass 1's parameters, host-made and device-table rows alike; a (length, starts) pair is made once and
+    shared (a decode step reuses it: no new host copy), a new starts tuple makes one new table, and a
+    start past the length is refused in one line."""
+    from tqbridge import bridge
+
+    rng = np.random.default_rng(48)
+    q = mx.array(rng.standard_normal((3, 4, 128)).astype(np.float16))
+    kb = mx.array(bridge.quantize("q8_0", rng.standard_normal((3, 2, 32, 128)).astype(np.float32)))
+    vb = mx.array(bridge.quantize("turbo3", rng.standard_normal((3, 2, 32, 128)).astype(np.float32)))
+    dls = {flag: attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3",
+                                                 options=DecodeOptions(device_params=flag))
+           for flag in (False, True)}
+    head = dls[False]._head
+    for n, starts in ((20, None), (20, (0, 7, 20)), (31, (0, 7, 20)), (32, (5, 5, 5))):
+        want = head + [n] * 3 + list(starts or (0, 0, 0))
+        for dl in dls.values():
+            got = np.array(dl.ip1(n, starts))
+            assert got.dtype == np.int32 and got.tolist() == want, (dl.device_params, n, starts, got)
+            assert dl.ip1(n, starts) is dl.ip1(n, starts)
+    assert len(dls[True]._tables) == 3   # zeros, (0, 7, 20), (5, 5, 5)
+    for dl in dls.values():
+        with pytest.raises(attention.AttentionError, match=r"start 21 of batch row 2 is outside 0\.\.20"):
+            dl.ip1(20, (0, 0, 21))
+        with pytest.raises(attention.AttentionError, match="start has 2 entries for a batch of 3"):
+            dl.ip1(20, (0, 0))
+        out = dl(q, kb, vb, 20, starts=(0, 7, 20))
+        assert tuple(out.shape) == (3, 4, 128)
+
+
+def test_decode_attention_passes_starts_to_the_prepared_launch(fake_cuda, monkeypatch):
+    """decode_attention on MLX arrays and a GPU takes the prepared launch with ``start`` as its starts."""
+    from tqbridge import bridge
+
+    rng = np.random.default_rng(49)
+    q = mx.array(rng.standard_normal((2, 4, 128)).astype(np.float16))
+    kb = mx.array(bridge.quantize("q8_0", rng.standard_normal((2, 2, 16, 128)).astype(np.float32)))
+    vb = mx.array(bridge.quantize("q8_0", rng.standard_normal((2, 2, 16, 128)).astype(np.float32)))
+    seen = []
+    real = attention_launch.DecodeLaunch.ip1
+
+    def spy(self, length, starts=None):
+        seen.append((length, starts))
+        return real(self, length, starts)
+
+    monkeypatch.setattr(attention_launch.DecodeLaunch, "ip1", spy)
+    for start in (0, 3, [1, 9]):
+        decode_attention(q, kb, vb, k_format="q8_0", v_format="q8_0", length=12, start=start)
+    assert seen == [(12, None), (12, (3, 3)), (12, (1, 9))]

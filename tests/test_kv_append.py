@@ -183,3 +183,25 @@ def test_one_head_one_row_flag_is_padded(backend):
                               poison=(0, 0, 0, 5))
     _check("q8_0", "turbo3", 3, 1, inp, before, after, poisoned=True)
     assert after[2].tolist() == [1, 0, 0, 0]
+
+
+@pytest.mark.parametrize("kf,vf", [("q8_0", "turbo3"), ("turbo3", "q4_0"), ("f16", "f16")])
+def test_a_batch_of_three_rows_lands_per_row(kf, vf):
+    """A batched decode step (B = 3, mlx-lm's left-padded batch: every row appends at one buffer row):
+    row (b, h) of the step lands at [b, h, pos] of the buffers and equals what tqbridge.bridge.quantize
+    makes of that row alone (padded and rotated as the cache stores it); nothing else changes."""
+    B, H, S, d, cap, pos = 3, 2, 1, 128, 9, 6
+    inp, (k0, v0), (kc, vc, flag) = _run("cpu-emulator", kf, vf, d, B, H, S, cap, pos, np.float32, seed=48)
+    k, v, k_rot, v_rot, kdp, vdp = inp
+    for fmt, x, rot, dp, old, new in ((kf, k, k_rot, kdp, k0, kc), (vf, v, v_rot, vdp, v0, vc)):
+        f = bridge.get_format(fmt)
+        for b in range(B):
+            for h in range(H):
+                row = np.zeros((1, dp), np.float32)
+                row[0, :d] = x[b, h, 0]
+                want = bridge.quantize(f, hadamard_butterfly(row, rot), **f.cache_options)
+                assert np.array_equal(new[b, h, pos:pos + 1], want), f"{fmt}: row ({b}, {h}) of the step"
+        keep = np.ones(cap, bool)
+        keep[pos] = False
+        assert np.array_equal(new[:, :, keep], old[:, :, keep]), f"{fmt}: rows outside the step changed"
+    assert not flag.any()

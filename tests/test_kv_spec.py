@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("mlx_lm")
 
 from tqbridge.bridge import FormatError  # noqa: E402
-from tqbridge.metal.lm.kv_spelling import parse_kv, parse_kv_spec  # noqa: E402
+from tqbridge.bridge.kv_spec import parse_kv, parse_kv_spec  # noqa: E402
 from tqbridge.metal.lm.calibration import KeyCalibration  # noqa: E402
 from tqbridge.tools.cli import main  # noqa: E402
 
@@ -69,18 +69,28 @@ def test_refused_spellings(spec, kv_message, spec_message):
     assert str(e.value).startswith(spec_message)
 
 
-# `tqbridge bench decode --caches`: K/V spellings with an optional "@<q precision>" suffix. --tokens 1
-# is refused after the caches are checked, so an accepted spelling ends in the --tokens message.
+# `tqbridge bench decode --caches`: K/V spellings with optional decode options in braces, the q precision
+# among them ('@' is a format variant, as everywhere). --tokens 1 is refused after the caches are checked,
+# so an accepted spelling ends in the --tokens message.
+FORMER_Q = ": '@' names a format variant; the q precision is the decode option q_precision, e.g. " \
+           "tqbridge bench decode --caches 'q8_0/turbo3{q_precision=int8}'"
 BENCH = [
-    ("q8_0/turbo3@int8", "--tokens: at least 4"),
-    ("q8_0/turbo3@exact", "--tokens: at least 4"),
-    ("q8_0/turbo3@", "--tokens: at least 4"),
-    ("q5_1+mean/q4_0@int8", "--tokens: at least 4"),
+    ("q8_0/turbo3{q_precision=int8}", "--tokens: at least 4"),
+    ("q8_0/turbo3{q_precision=exact}", "--tokens: at least 4"),
+    ("q5_1+mean/q4_0{q_precision=int8}", "--tokens: at least 4"),
+    ("q8_0/turbo3[-1=f16]{q_precision=int8,compile=0}", "--tokens: at least 4"),
     ("fp16,mlx-q8,mlx-q4,q8_0", "--tokens: at least 4"),
-    ("q8_0/turbo3@g64", "--caches: 'q8_0/turbo3@g64': the suffix after @ is the q precision, exact or int8"),
-    ("turbo3@g64", "--caches: 'turbo3@g64': the suffix after @ is the q precision, exact or int8"),
-    ("q8_0/turbo3@int8@x", "--caches: 'q8_0/turbo3@int8@x': the suffix after @ is the q precision, exact or int8"),
-    ("q9_9@int8", "--caches: unknown format 'q9_9'" + UNKNOWN),
+    ("q8_0/turbo3@g64", "--tokens: at least 4"),
+    ("turbo3@g64{q_precision=int8}", "--tokens: at least 4"),
+    ("q8_0/turbo3@int8", "--caches: 'q8_0/turbo3@int8'" + FORMER_Q),
+    ("q8_0/turbo3@exact", "--caches: 'q8_0/turbo3@exact'" + FORMER_Q),
+    ("q5_1+mean/q4_0@INT8{compile=0}", "--caches: 'q5_1+mean/q4_0@INT8'" + FORMER_Q),
+    ("q8_0/turbo3[-1=f16]@int8", "--caches: 'q8_0/turbo3[-1=f16]@int8'" + FORMER_Q),
+    ("q8_0/turbo3@", "--caches: 'turbo3@': nothing after '@' (write a format variant, e.g. turbo3@g64)"),
+    ("q8_0/turbo3@int8@x", "--caches: unknown variant 'int8@x' of turbo3; known variants: fork-69d8e4b"),
+    ("q8_0/turbo3{q_precision=fp8}", "--caches: q_precision must be one of exact, int8"),
+    ("fp16{q_precision=int8}", "--caches: 'fp16{q_precision=int8}': decode options apply to TQCache spellings"),
+    ("q9_9@int8", "--caches: 'q9_9@int8'" + FORMER_Q),
     ("q8_0//q4_0", "--caches: bad K/V format pair 'q8_0//q4_0': write K/V, e.g. q8_0/turbo3 or q5_1+mean/q4_0"),
 ]
 

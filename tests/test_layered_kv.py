@@ -19,7 +19,7 @@ from tiny_models import cpu_device, forced_decode, tiny_gemma3, tiny_llama, toke
 from tqbridge.bridge import FormatError  # noqa: E402
 from tqbridge.metal.lm.cache import TQCache, make_cache, make_layered_cache  # noqa: E402
 from tqbridge.metal.lm.calibration import KeyCalibration  # noqa: E402
-from tqbridge.metal.lm.kv_spelling import LayeredKV, layered_kv_name, parse_kv_spec, parse_layered_kv_spec  # noqa: E402
+from tqbridge.bridge.kv_spec import LayeredKV, layered_kv_name, parse_kv_spec, parse_layered_kv_spec  # noqa: E402
 from tqbridge.metal.lm.report import cache_report  # noqa: E402
 from tqbridge.tools.cli import main  # noqa: E402
 
@@ -171,13 +171,14 @@ def test_quality_rows_name_each_layers_pair():
 
 
 def test_bench_decode_takes_per_layer_pairs(capsys):
+    from tqbridge.bridge.kv_spec import split_top
+    from tqbridge.metal.decode_options import DecodeOptions
     from tqbridge.metal.lm import decode_bench
-    from tqbridge.metal.profiling import split_top
 
     assert split_top("fp16,q8_0/turbo3[0,-1=q8_0/q8_0]{compile=0},q8_0/q4_0") == [
         "fp16", "q8_0/turbo3[0,-1=q8_0/q8_0]{compile=0}", "q8_0/q4_0"]
     m = tiny_llama()
-    caches = decode_bench.make_caches(m, "q8_0/turbo3[-1=q8_0/q4_0]@int8")
+    caches = decode_bench.make_caches(m, "q8_0/turbo3[-1=q8_0/q4_0]", DecodeOptions(q_precision="int8"))
     assert [(c.k_format, c.v_format, c.q_precision) for c in caches] == [("q8_0", "turbo3", "int8"),
                                                                         ("q8_0", "q4_0", "int8")]
     capsys.readouterr()

@@ -256,14 +256,14 @@ def test_planted_search_quantizer_in_the_cache_fails_the_cache_level(cache_state
     from tqbridge.metal.lm import cache as tqc
     from tqbridge.parity.harness.level_cache import same_input_check
 
-    real = tqc._quantizer
+    real = tqc.quantizer
 
     def search_quantizer(fmt):
         if tqc.get_format(fmt).name == "iq4_nl":
             return (lambda x: mlx_quantize(fmt, x)), "mlx-ops (search: planted)"
         return real(fmt)
 
-    monkeypatch.setattr(tqc, "_quantizer", search_quantizer)
+    monkeypatch.setattr(tqc, "quantizer", search_quantizer)
     s = same_input_check(cache_states["f32"], cache_states["f16/iq4_nl"], HEAD_DIM)
     assert s["k"]["identical"] and not s["v"]["identical"], s
 

@@ -66,7 +66,7 @@ def test_a_planted_kv_bug_fails_the_quantized_rows(tiny, monkeypatch):
 
     clean = run_logits(tiny, ["q4_0"], n_tokens=TOKENS, exact_weights=True, decode=DECODE)
     assert clean.passed
-    real = tqc._quantizer
+    real = tqc.quantizer
 
     def flipped(fmt, *a, **kw):
         fn, name = real(fmt, *a, **kw)
@@ -81,7 +81,7 @@ def test_a_planted_kv_bug_fails_the_quantized_rows(tiny, monkeypatch):
             return mx.bitwise_xor(b, mx.array(mask))
         return bad, name + " (planted)"
 
-    monkeypatch.setattr(tqc, "_quantizer", flipped)
+    monkeypatch.setattr(tqc, "quantizer", flipped)
     res = run_logits(tiny, ["q4_0"], n_tokens=TOKENS, exact_weights=True, decode=DECODE)
     row = res.rows[0]
     assert row["pass"] is False, row["claim"]

@@ -195,11 +195,11 @@ def test_softmax_scale_off_in_the_routing_is_caught_by_the_output(smollm2_model,
     # planted: tqbridge's routing hands the kernel a scale 1% off. The model's q and scale are right;
     # the output, judged with the scale the model passed, is not (most layers: a layer whose scores are
     # nearly flat barely moves)
-    from tqbridge.metal.lm import routing
+    from tqbridge.metal.lm.cache import TQCache
     from tqbridge.parity.harness.level_teacher import run_teacher
 
-    real = routing.attend
-    monkeypatch.setattr(routing, "attend", lambda cache, q, k, v, *, scale, **kw: real(cache, q, k, v, scale=scale * 1.01, **kw))
+    real = TQCache.attend
+    monkeypatch.setattr(TQCache, "attend", lambda cache, q, *, scale, **kw: real(cache, q, scale=scale * 1.01, **kw))
     path, toks, model = smollm2_model
     rep = run_teacher(path, toks, ["q8_0/q4_0"], decode=DECODE, model=model, backends=BACKENDS)
     assert not rep["passed"]

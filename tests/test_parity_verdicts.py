@@ -17,6 +17,7 @@ import json
 import numpy as np
 import pytest
 
+from tqbridge.metal import attention as attention_api
 from tqbridge.tools.cli import main
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
@@ -243,12 +244,12 @@ def test_decode_steps_run_through_the_routing_and_a_decode_bug_fails_them(monkey
     for r in rows.values():
         assert r["decode_steps"] == 8 and r["pass"] is True
         assert any(k.startswith("decode:") for k in r["mlx_cache"]["paths"])
-    real = routing.decode_kernel()
+    real = attention_api.decode_attention
 
     def skips_newest_key(q, kb, vb, *, length, **kw):   # the planted off-by-one
         return real(q, kb, vb, length=length - 1, **kw)
 
-    monkeypatch.setattr(routing, "decode_kernel", lambda: skips_newest_key)
+    monkeypatch.setattr(attention_api, "decode_attention", skips_newest_key)
     bad = tmp_path / "bad.json"
     assert main(args + [str(bad)]) == 1
     rows = {r["kv"]: r for r in json.loads(bad.read_text())["logits"]}

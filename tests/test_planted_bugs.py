@@ -188,7 +188,7 @@ def test_iq4_nl_search_quantizer_in_the_cache_is_caught_by_teacher(monkeypatch):
     except ModelUnavailable as e:
         pytest.skip(str(e))
     toks = LlamaCppRuntime(path).tokenize(parity_text()[0])[:32]
-    real = tqc._quantizer
+    real = tqc.quantizer
 
     def search_quantizer(fmt):
         if tqc.get_format(fmt).name == "iq4_nl":
@@ -197,7 +197,7 @@ def test_iq4_nl_search_quantizer_in_the_cache_is_caught_by_teacher(monkeypatch):
 
     windows = [0] * 30    # SmolLM2 has no sliding window
     assert run_teacher(path, toks, ["f16/iq4_nl"], decode=1, windows=windows, attention=False)["passed"]
-    monkeypatch.setattr(tqc, "_quantizer", search_quantizer)
+    monkeypatch.setattr(tqc, "quantizer", search_quantizer)
     rep = run_teacher(path, toks, ["f16/iq4_nl"], decode=1, windows=windows, attention=False)
     assert not rep["passed"]
     assert all(not L["bytes"]["v"]["ours_is_reference"] for L in rep["kv"][0]["layers"])

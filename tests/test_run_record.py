@@ -1,7 +1,4 @@
-"""What decode_attention records about each call (``last_run()``) and its per-signature caches.
-
-The fast path (a repeated call on a GPU replays prepared launches) cannot run here; its bookkeeping
-is pinned with a stand-in for ``attention_kernel.fast_call``."""
+"""What decode_attention records about each call (``last_run()``), and its one cache of prepared launches."""
 
 from __future__ import annotations
 
@@ -55,54 +52,17 @@ def test_last_run_is_a_copy():
     assert last_run()["backend"] == "cpu-emulator"
 
 
-def test_checked_problem_is_reused_and_the_length_still_checked():
-    q, kb, vb, kw = _args()
-    calls = []
-    real = attention.check_problem
-
-    def counted(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-
-    attention.clear_call_caches()
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(attention, "check_problem", counted)
-        decode_attention(q, kb, vb, backend="reference", **kw)
-        decode_attention(q, kb, vb, backend="reference", **dict(kw, length=7))
-        assert len(calls) == 1
-        with pytest.raises(attention.AttentionError):
-            decode_attention(q, kb, vb, backend="reference", **dict(kw, length=21))
-
-
-def test_fast_path_replays_the_prepared_call_and_its_record(monkeypatch):
+def test_prepared_launches_are_shared_per_signature_and_the_length_still_checked(monkeypatch):
+    """decode_attention's one cache of prepared launches: a call signature on a GPU backend prepares one
+    launch (numpy inputs, and the emulator, prepare none: they plan per call), and a length past the
+    buffers is refused however the call is served."""
     q, kb, vb, kw = _args(seed=1)
     attention.clear_call_caches()
-    replayed = []
-
-    def launches(q_, k_, v_, sinks):
-        replayed.append(1)
-        return "replayed"
-
-    monkeypatch.setattr(attention_kernel, "fast_call", lambda *a, **k: launches)
-    first = decode_attention(q, kb, vb, backend="cpu-emulator", **kw)
-    record = last_run()
-    decode_attention(q, kb, vb, backend="reference", **kw)          # another record in between
-    assert last_run()["backend"] == "reference"
-    assert decode_attention(q, kb, vb, backend="cpu-emulator", **kw) == "replayed"
-    assert replayed == [1] and last_run() == record
-    assert isinstance(first, np.ndarray)
-    # a different length is a different prepared call
-    out = decode_attention(q, kb, vb, backend="cpu-emulator", **dict(kw, length=19))
-    assert isinstance(out, np.ndarray) and replayed == [1]
-    attention.clear_call_caches()
-    assert isinstance(decode_attention(q, kb, vb, backend="cpu-emulator", **kw), np.ndarray)
-
-
-def test_fast_call_declines_numpy_and_the_emulator():
-    q, kb, vb, kw = _args()
     decode_attention(q, kb, vb, backend="cpu-emulator", **kw)
-    prob = attention.check_problem(q, kb, vb, **kw)
-    assert attention_kernel.fast_call(q, prob, {}, backend="cpu-emulator") is None
+    decode_attention(q, kb, vb, backend="auto", **kw)
+    assert attention_kernel.prepared_launches() == []     # numpy in: nothing prepared
+    with pytest.raises(attention.AttentionError):
+        decode_attention(q, kb, vb, backend="reference", **dict(kw, length=kb.shape[2] + 1))
 
 
 def test_record_is_per_thread():

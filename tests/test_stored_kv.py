@@ -95,7 +95,7 @@ def test_explain_names_each_rule_and_a_change_no_rule_makes():
 
 
 def test_layered_spelling_reads_back_as_the_same_pairs():
-    from tqbridge.metal.lm.kv_spelling import parse_layered_kv_spec
+    from tqbridge.bridge.kv_spec import parse_layered_kv_spec
 
     for pairs in ([("q8_0", T3)] * 5, predict("q8_0", T2, n_head=4, n_head_kv=2, n_layer=12, variant=V69, environ={}),
                   [("q8_0", "q8_0"), (T3, T3), ("q8_0", "q8_0"), ("f16", "f16")]):

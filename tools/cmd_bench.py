@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from tqbridge.bridge.kv_spec import DEFAULT_FORMAT, TURBO_FORMAT
+from tqbridge.bridge.kv_spec import DEFAULT_FORMAT, Q_PRECISION_EXAMPLE, TURBO_FORMAT
 
 from .cli import CliError
 
@@ -32,7 +32,9 @@ def add_arguments(p):
                    help="decode: comma-separated caches: fp16 (mlx-lm KVCache), mlx-q8 / mlx-q4 (mlx-lm "
                         "QuantizedKVCache), or TQCache K/V spellings; fp16 first (speed-ups are against it); a "
                         "TQCache may carry decode options in braces, e.g. 'q8_0/turbo3{compile=0}' (docs/settings.md), "
-                        "to compare them in one process; per-layer pairs in brackets: 'q8_0/turbo3[0,-1=q8_0/q8_0]'")
+                        "to compare them in one process, the q precision among them: "
+                        f"'{Q_PRECISION_EXAMPLE}' ('@' only names a format variant); per-layer pairs in brackets: "
+                        "'q8_0/turbo3[0,-1=q8_0/q8_0]'")
     p.add_argument("--tokens", type=int, default=32, help="decode: tokens generated per cache and round")
     p.add_argument("--rounds", type=int, default=3, help="decode: interleaved rounds (every cache decodes in each)")
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
@@ -154,31 +156,25 @@ def _run_decode(args) -> int:
     except ImportError as e:
         raise CliError(f"needs mlx and mlx-lm: {e}")
     from ..bridge import FormatError
-    from ..bridge.kv_spec import split_q_precision
+    from ..bridge.kv_spec import parse_layered_kv_spec, split_top
     from ..metal.lm import decode_bench
-    from ..metal.lm.kv_spelling import parse_layered_kv_spec
-
-    from ..metal.profiling import SettingsError, split_options, split_top
+    from ..metal.profiling import SettingsError, split_options
 
     models = [m for m in args.models.split(",") if m]
     try:
         caches = split_top(args.caches)
         split = [split_options(c) for c in caches]
-    except SettingsError as e:
+    except (FormatError, SettingsError) as e:
         raise CliError(f"--caches: {e}") from None
-    bases = [b for b, _ in split]
     for c, (b, opts) in zip(caches, split):
-        if opts.changed() and b in ("fp16", "mlx-q8", "mlx-q4"):
-            raise CliError(f"--caches: {c!r}: decode options apply to TQCache spellings, not {b}")
-    for c in bases:
-        if c not in ("fp16", "mlx-q8", "mlx-q4"):
-            spec, qp = split_q_precision(c)
-            if qp and qp not in ("exact", "int8"):
-                raise CliError(f"--caches: {c!r}: the suffix after @ is the q precision, exact or int8")
-            try:
-                parse_layered_kv_spec(spec)
-            except FormatError as e:
-                raise CliError(f"--caches: {e}") from None
+        if b in decode_bench.MLX_LM_CACHES:
+            if opts.changed():
+                raise CliError(f"--caches: {c!r}: decode options apply to TQCache spellings, not {b}")
+            continue
+        try:
+            parse_layered_kv_spec(b)
+        except FormatError as e:
+            raise CliError(f"--caches: {e}") from None
     try:
         contexts = [int(x) for x in args.context.split(",") if x]
     except ValueError:

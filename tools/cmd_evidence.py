@@ -8,6 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from tqbridge.bridge.kv_spec import kv_name, qualify_variant
+
 from .cli import CliError
 
 PARTS = ("quality", "speed", "kernels", "mlx")
@@ -76,12 +78,12 @@ def run(args) -> int:
             kv = ev.parse_kv(spec)
         except ev.EvidenceError as e:
             raise CliError(str(e)) from e
-        q = [f"{f}@{variant}" if variant and f.startswith("turbo") and "@" not in f else f for f in (kv.k, kv.v)]
+        q = [qualify_variant(f, variant) for f in (kv.k, kv.v)]
         have = llama_kv_types()
         for f in q:
             if f not in have:
                 raise CliError(f"{spec}: this llama.cpp has no cache type {f!r} (has: {', '.join(have)})")
-        kvs.append(q[0] if q[0] == q[1] else f"{q[0]}/{q[1]}")
+        kvs.append(kv_name(*q, short=True))
     requested, baseline = kvs[:-1], kvs[-1]
     # Against a TurboQuant fork both sides run without llama.cpp's KV rotation (the fork at 69d8e4b keeps it
     # off; PR #197's port stacks it on turbo's own rotation, which tqbridge's cache does not): as tqbridge parity.

@@ -6,10 +6,7 @@ import os
 import sys
 import time
 
-from tqbridge.bridge.kv_spec import CALIBRATED_KV, EXAMPLE_KV, GENERATE_KV
-
-# the per-layer spelling help texts show (tqbridge.metal.lm.kv_spelling.LAYERED_EXAMPLE_KV; no MLX import here)
-LAYERED_KV_HELP = f"{EXAMPLE_KV}[0,1,-2,-1={GENERATE_KV}]"
+from tqbridge.bridge.kv_spec import CALIBRATED_KV, EXAMPLE_KV, GENERATE_KV, LAYERED_EXAMPLE_KV
 
 from .cli import CliError
 
@@ -18,7 +15,7 @@ def add_arguments(p) -> None:
     p.add_argument("model", help="GGUF model file, or a model name: smollm2, gemma3")
     p.add_argument("--kv", default=None,
                    help=f"K/V cache formats, e.g. {EXAMPLE_KV} (default {GENERATE_KV}); keys calibrated per channel: "
-                        f"{CALIBRATED_KV}; per layer: '{LAYERED_KV_HELP}' (layers 0, 1 and the last two "
+                        f"{CALIBRATED_KV}; per layer: '{LAYERED_EXAMPLE_KV}' (layers 0, 1 and the last two "
                         f"{GENERATE_KV}, the rest {EXAMPLE_KV})")
     p.add_argument("--max-kv-size", type=int, metavar="N",
                    help="a bounded cache: every layer keeps at most the last N positions (a sliding window, as "
@@ -79,7 +76,7 @@ def run(args) -> int:
     from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
     from tqbridge.bridge.tokenizer import ChatTokenizer
     from tqbridge.metal.lm.cache import make_layered_cache
-    from tqbridge.metal.lm.kv_spelling import parse_layered_kv_spec
+    from tqbridge.bridge.kv_spec import parse_layered_kv_spec
     from tqbridge.metal.lm.report import cache_report, paths_line
     from tqbridge.metal.lm.routing import route_attention
 

@@ -6,10 +6,10 @@ import json
 import os
 import sys
 
-from tqbridge.bridge.kv_spec import CALIBRATED_KV, QUALITY_KV
+from tqbridge.bridge.kv_spec import CALIBRATED_KV, LAYERED_EXAMPLE_KV, QUALITY_KV
 
 from .cli import CliError
-from .cmd_generate import LAYERED_KV_HELP, resolve_model
+from .cmd_generate import resolve_model
 
 DEFAULT_KVS = list(QUALITY_KV)     # the standard table (named in tqbridge.bridge.kv_spec)
 
@@ -18,7 +18,7 @@ def add_arguments(p) -> None:
     p.add_argument("model", help="GGUF model file, or a model name: smollm2, gemma3")
     p.add_argument("--kv", action="append", default=None,
                    help="a K/V format pair (repeatable), keys optionally calibrated per channel: "
-                        f"{CALIBRATED_KV}, or given per layer: '{LAYERED_KV_HELP}'; default: the standard table. "
+                        f"{CALIBRATED_KV}, or given per layer: '{LAYERED_EXAMPLE_KV}'; default: the standard table. "
                         "f16/f16 is always included")
     p.add_argument("--tokens", type=int, default=2048, help="tokens of text to score (default 2048)")
     p.add_argument("--chunk", type=int, default=256, help="fixed prefill chunk size (default 256)")
@@ -50,7 +50,7 @@ def run(args) -> int:
     from tqbridge.bridge import FormatError
     from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
     from tqbridge.metal.lm.cache import layer_count
-    from tqbridge.metal.lm.kv_spelling import parse_layered_kv_spec
+    from tqbridge.bridge.kv_spec import parse_layered_kv_spec
     from tqbridge.parity import quality as q
 
     kvs = args.kv or DEFAULT_KVS

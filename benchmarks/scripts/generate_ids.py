@@ -43,7 +43,7 @@ def run(args) -> None:
 
     from tqbridge.bridge.gguf_model import load_gguf_model
     from tqbridge.metal.lm.cache import make_cache
-    from tqbridge.metal.lm.kv_spelling import kv_name, parse_kv_spec
+    from tqbridge.bridge.kv_spec import kv_name, parse_kv_spec
     from tqbridge.metal.lm.report import cache_report
     from tqbridge.metal.lm.routing import route_attention
     from tqbridge.tools.cmd_generate import generate_tokens
@@ -83,7 +83,7 @@ def _decode_runs(cache) -> dict:
 
     runs = Counter()
     for c in cache:
-        info = getattr(getattr(c, "decode_launch", None), "run_info", None)
+        info = getattr(getattr(getattr(c, "decoder", None), "launch", None), "run_info", None)
         if info:
             runs[f"{info.get('kernel')}/{info.get('q_precision')}"] += 1
     return dict(runs)

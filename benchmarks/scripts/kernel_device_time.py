@@ -119,7 +119,8 @@ def main(argv=None) -> int:
                 if dsmem:
                     k1.max_dynamic_shared_size_bytes = dsmem
                 k2 = cp.RawKernel(cuda_unit(k2def, comb_s), k2def.name, options=("--std=c++17",))
-                ip1 = cp.asarray(np.array([prob.l_max, plan.split_len, plan.splits, prob.window, hkv, *extra1, ctx],
+                # the one batch row's length and start follow the head
+                ip1 = cp.asarray(np.array([prob.l_max, plan.split_len, plan.splits, prob.window, hkv, *extra1, ctx, 0],
                                           np.int32))
                 fp1 = cp.asarray(np.array([prob.scale, 0.0], np.float32))
                 tabs = cp.asarray(ab.tables(prob))

@@ -27,6 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from tqbridge.bridge.kv_spec import split_kv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -194,7 +195,7 @@ def main(argv=None) -> int:
         return 0
     rows = []
     for pair in a.pairs.split(","):
-        k, v = pair.split("/")
+        k, v = split_kv(pair)
         row = profile(k, v, a.kernel, head_dim=a.head_dim, common_path=a.common_path, chunks=a.chunks,
                       v_decode=a.v_decode)
         rows.append(row)

@@ -87,12 +87,11 @@ def launcher(backend: str, prob, plan, q, kb, vb, copies: int):
     from tqbridge.metal import attention_build as ab
     from tqbridge.metal.attention_launch import const_buffer
 
-    split_s, _, extra1, _ = ab.static_params(prob, plan, 0, False)
+    split_s, _, _, _ = ab.static_params(prob, plan, 0, False)
     k1 = ab.built(backend, 0, 0, {**split_s, "TQA_PHASES": 1}, "int8-mma")
     groups, threads = prob.batch * prob.kv_heads * plan.splits, 32 * plan.warps
     rows = prob.batch * prob.q_heads * prob.rows
-    ip1 = np.array([prob.l_max, plan.split_len, plan.splits, prob.window, prob.kv_heads, *extra1, *prob.lengths],
-                   np.int32)
+    ip1 = np.array(ab.pass1_params(prob, plan), np.int32)
     fixed = [ip1, np.array([prob.scale, 0.0], np.float32), ab.tables(prob), np.zeros(1, np.uint32)]
     shapes = [(rows, plan.partials, prob.v_dim), (rows, plan.partials, 2), (groups * STAMP_WORDS,)]
     if backend == "cpu-emulator":

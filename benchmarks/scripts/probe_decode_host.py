@@ -52,7 +52,8 @@ def main() -> None:
 
     from tqbridge.metal.lm import decode_bench
     from tqbridge.metal.lm.routing import route_attention
-    from tqbridge.metal.profiling import build_encode_wall, split_options, split_top
+    from tqbridge.bridge.kv_spec import split_top
+    from tqbridge.metal.profiling import build_encode_wall, split_options
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama-3.1-8b")

@@ -51,6 +51,7 @@ def main(argv=None) -> int:
     from tqbridge.bridge.evaluation_text import evaluation_text
     from tqbridge.bridge.gguf_f32 import cached_f32_gguf
     from tqbridge.bridge.kv_files import kv_geometry
+    from tqbridge.bridge.kv_spec import split_kv
     from tqbridge.bridge.models import smollm2_path
     from tqbridge.metal.lm.cache import make_cache
     from tqbridge.metal.lm.prompt_cache import load_prompt_cache
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
     n = args.new
 
     def llama_decode(pair, tok, load=None, save=None):
-        llm = LlamaSession(gguf, *pair.split("/"), n_ctx=256, n_threads=2)
+        llm = LlamaSession(gguf, *split_kv(pair), n_ctx=256, n_threads=2)
         try:
             if load is None:
                 tok = int(np.argmax(llm.eval(tokens)))
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
                 "kv_block_bytes": s["kv_bytes"], "round_trip_bytes_equal": back.read_bytes() == sess.read_bytes(),
                 "agree": agreeing_prefix(cont, mcont), "kl_first_step": kl(step, mstep)}
             # MLX -> llama.cpp
-            cache = make_cache(model, *pair.split("/"))
+            cache = make_cache(model, *split_kv(pair))
             logits = model(mx.array(tokens, dtype=mx.int32)[None], cache=cache)
             mfirst = int(mx.argmax(logits[0, -1]).item())
             mpc, msess, mback = d / f"m-{tag}.safetensors", d / f"m-{tag}.bin", d / f"m-{tag}-back.safetensors"

@@ -80,7 +80,7 @@ def _paired(model_name: str, tokens: int, kvs: "tuple[str, ...]" = KVS) -> list[
 
     from tqbridge.bridge.gguf_model import load_gguf_model
     from tqbridge.metal.lm.cache import make_cache
-    from tqbridge.metal.lm.kv_spelling import parse_kv
+    from tqbridge.bridge.kv_spec import parse_kv
     from tqbridge.metal.lm.routing import route_attention
     from tqbridge.parity import quality as q
     from tqbridge.bridge.models import model_path

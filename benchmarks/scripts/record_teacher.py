@@ -84,13 +84,13 @@ def teacher_runs() -> list[dict]:
 
 
 def arith_runs() -> list[dict]:
+    from tqbridge.bridge.kv_spec import split_kv
     from tqbridge.parity.harness.level_attention import probe_problem, random_problem
     from tqbridge.parity.harness.llama_arith import compare_with_ggml
 
     rows = []
     for spec in ARITH_PAIRS:
-        kf, _, vf = spec.partition("/")
-        vf = vf or kf
+        kf, vf = split_kv(spec)
         plain, capped, ratios = [], [], []
         for seed in range(3):
             problems = [random_problem(kf, vf, q_heads=hq, kv_heads=hkv, keys=n, head_dim=d, seed=seed)

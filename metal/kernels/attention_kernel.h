@@ -24,8 +24,9 @@
 
 // The launch parameters every pass-1 body reads (one threadgroup per batch row x KV head x split):
 // ip = {l_max, split_len, splits, window, KV heads, the format constants ip[5..18] (TQA_DYN builds),
-// the length of each batch row from ip[19]}, fp = {scale, softcap}. G (query heads per KV head) is
-// the body's.
+// the length of each batch row from ip[19], then the first visible key of each batch row (its left
+// padding: row_lo, at ip[19 + B] with B = threadgroups / (splits x KV heads))}, fp = {scale, softcap}.
+// G (query heads per KV head) is the body's.
 #define TQA_SPLIT_PARAMS \
     const int l_max = ip[0], split_len = ip[1], n_splits = ip[2], window = ip[3], hkv = ip[4]; \
     const float scale = fp[0], softcap = fp[1]; \
@@ -34,7 +35,8 @@
     const int h = bh % hkv; \
     const int b = bh / hkv; \
     const int hq_all = hkv * G; \
-    const int len = ip[19 + b];
+    const int len = ip[19 + b]; \
+    const int row_lo = ip[19 + (int)(tq_ngx / (uint)n_splits) / hkv + b];
 
 // The tabs buffer: K and V value tables (16 each), then the rotation sign tables s1, s2 of K and of V
 // (TQA_RMAX each: turbo's signs, or ones for llama.cpp's plain Hadamard rotation of legacy types),

@@ -101,6 +101,7 @@ const int lo_all = window > 0 ? (len - T + 1 - window > 0 ? len - T + 1 - window
 int start = split * split_len;
 int end = start + split_len;
 if (start < lo_all) start = lo_all;
+if (start < row_lo) start = row_lo;   // the batch row's left padding is invisible
 if (end > len) end = len;
 const size_t koff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)KRB;
 const size_t voff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)VRB;

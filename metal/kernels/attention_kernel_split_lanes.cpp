@@ -12,7 +12,7 @@
 // KTB VTB (tile bytes: at least TILE rows, a multiple of 4), KROT VROT (rotation groups of q and of the output: turbo's group, llama.cpp's Hadamard group, 0: none),
 // QTYPE (q's element type), QSC (1: q times the keys' channel scales, input qsc; absent: no qsc).
 // Buffers: q (B, Hq, T, D); kb, vb (B, Hkv, L_max, row bytes); with QSC, qsc (Hq, D) last (TQA_QIN);
-// ip = {L_max, split_len, n_splits, window, Hkv, 14 format ints (see TQA_DYN), lengths (B)}; fp = {scale, softcap}; tabs: K table [0, 16),
+// ip = {L_max, split_len, n_splits, window, Hkv, 14 format ints (see TQA_DYN), lengths (B), starts (B)}; fp = {scale, softcap}; tabs: K table [0, 16),
 // V table [16, 32), K s1/s2 at 32/160, V s1/s2 at 288/416, K/V rotation scales at 544/545. Out: po (rows, NP, DV), pml (rows, NP, 2)
 // with rows = B*Hq*T and NP = n_splits * NW. With TQA_DYN = 1 the format constants, G and T come from
 // ip[5..18] instead (the emulator builds once for every format pair).
@@ -63,6 +63,7 @@ const int lo_all = window > 0 ? (len - T + 1 - window > 0 ? len - T + 1 - window
 int start = split * split_len;
 int end = start + split_len;
 if (start < lo_all) start = lo_all;
+if (start < row_lo) start = row_lo;   // the batch row's left padding is invisible
 if (end > hi_all) end = hi_all;
 
 float m[TQA_QA], l[TQA_QA], o[TQA_QA][CV];

@@ -75,6 +75,7 @@ const int lo_all = window > 0 ? (len - T + 1 - window > 0 ? len - T + 1 - window
 int start = split * split_len;
 int end = start + split_len;
 if (start < lo_all) start = lo_all;
+if (start < row_lo) start = row_lo;   // the batch row's left padding is invisible
 if (end > len) end = len;
 
 float o[TQA_QA][NCH * 4];

@@ -12,10 +12,11 @@ instead. The class follows mlx-lm 0.32's cache protocol (``offset``, ``state``, 
 ``load_prompt_cache`` work; importing this module registers the class where mlx-lm's loader looks
 classes up by name.
 
-This module holds the storage, the key calibration hooks and the mlx-lm protocol. The GPU decode step
-is :class:`tqbridge.metal.lm.lane.DecodeLane`, which TQCache inherits; the rows <-> blocks codecs are
-in :mod:`tqbridge.metal.lm.codecs`, the K/V spellings in :mod:`tqbridge.metal.lm.kv_spelling` and
-the per-layer reports in :mod:`tqbridge.metal.lm.report`.
+This module holds the formats, the key calibration and the mlx-lm protocol. The layer's blocks and its
+decode step (append, fused attention) belong to its :class:`~tqbridge.metal.lm.decoder.LayerDecoder`
+(``cache.decoder``); :meth:`TQCache.attend` is the attention of a layer under the routing. The rows <->
+blocks codecs are in :mod:`tqbridge.metal.lm.codecs`, the K/V spellings in
+:mod:`tqbridge.bridge.kv_spec` and the per-layer reports in :mod:`tqbridge.metal.lm.report`.
 """
 
 from __future__ import annotations
@@ -28,19 +29,23 @@ import mlx.core as mx
 from mlx_lm.models import cache as _mlx_cache
 
 from tqbridge.bridge import FormatError, display_name, get_format
-from tqbridge.bridge.kv_spec import DEFAULT_FORMAT
+from tqbridge.bridge.kv_spec import (DEFAULT_FORMAT, CalibrationError, KeyCalibration, LayeredKV, kv_name,
+                                     parse_layered_kv_spec, split_key_spec)
 from tqbridge.bridge.registry import shown
 
+from ..backend import emulated_decode_lane
 from ..decode_options import DEFAULT_OPTIONS
 from ..hadamard import hadamard_rotate
-from .calibration import CalibrationError, KeyCalibration, fit as _fit_calibration, split_key_spec
-from .codecs import _any_nonfinite, _dequantizer, _quantizer, padded_dim, rotation_group
-from .kv_spelling import LayeredKV, kv_name, parse_layered_kv_spec
-from .lane import _ROUTED, DecodeLane, DeferredRows, _routing_active
+from .calibration import fit as _fit_calibration
+from .codecs import any_nonfinite, dequantizer, padded_dim, quantizer, rotation_group
+from .decoder import LayerDecoder, routing_active
 
-__all__ = ["TQCache", "SAVED_NAME", "make_cache", "make_layered_cache", "install_cache", "to_tqcache", "layer_count", "ROTATIONS"]
+__all__ = ["TQCache", "SAVED_NAME", "make_cache", "make_layered_cache", "install_cache", "to_tqcache", "layer_count", "ROTATIONS",
+           "DECODE_MODES"]
 
 ROTATIONS = ("llama", "none")
+# how TQCache.attend runs a decode step (route_attention's mode; see there)
+DECODE_MODES = ("auto", "kernel", "reference", "sdpa")
 _MAX_POSITIONS = (1 << 31) - 1   # MLX masks and RoPE offsets are int32
 _MAX_DIM = 1 << 16
 
@@ -61,6 +66,19 @@ def _block_floats(blocks: mx.array, fmt: str) -> "mx.array | None":
     return None
 
 
+def _decode_backend(mode: str) -> "str | None":
+    """The ``backend`` to pass to decode_attention for decode ``mode``, or None for dequantize + SDPA."""
+    if mode == "sdpa":
+        return None
+    if mode in ("kernel", "reference"):
+        return mode
+    # auto: the fused kernel on a GPU; on CPU the dispatcher's MLX-ops reference, which measured
+    # 2-25x faster than the kernel's CPU emulator (mode "kernel" takes the emulator).
+    if mx.default_device() == mx.gpu or emulated_decode_lane():
+        return "auto"
+    return "reference"
+
+
 class CacheStateError(ValueError):
     """A saved TQCache state this class cannot take (one line says why)."""
 
@@ -74,7 +92,7 @@ def _count(name: str, text, hi: int) -> int:
     return n
 
 
-class TQCache(DecodeLane, _mlx_cache._BaseCache):
+class TQCache(_mlx_cache._BaseCache):
     """K/V cache of quantized blocks (one layer). ``window``: sliding-window size, or None.
 
     A windowed cache stores the positions ``[start, offset)``: rows no future query can see
@@ -100,10 +118,6 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
     def __init__(self, k_format: str = DEFAULT_FORMAT, v_format: str = DEFAULT_FORMAT, window: "int | None" = None,
                  rotation: str = "llama", calibration: "KeyCalibration | str | None" = None):
         self._setup(k_format, v_format, window, rotation, calibration)
-        self.keys = None
-        self.values = None
-        self.offset = 0
-        self.start = 0        # absolute position of stored row 0 (> 0 once a window dropped rows)
         self.k_dim = None
         self.v_dim = None
         self.k_rot = 0        # Hadamard group applied to K rows before quantizing (0: none)
@@ -123,17 +137,62 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
         if window is not None and int(window) <= 0:
             raise ValueError(f"window must be a positive number of positions, got {window}")
         self.window = None if window is None else int(window)
-        self._kq, kq_path = _quantizer(self.k_format)
-        self._vq, vq_path = _quantizer(self.v_format)
-        self._kd, kd_path = _dequantizer(self.k_format)
-        self._vd, vd_path = _dequantizer(self.v_format)
+        self._kq, kq_path = quantizer(self.k_format)
+        self._vq, vq_path = quantizer(self.v_format)
+        self._kd, kd_path = dequantizer(self.k_format)
+        self._vd, vd_path = dequantizer(self.v_format)
         self.codec_paths = {"k_append": kq_path, "v_append": vq_path,
                             "k_fetch": kd_path, "v_fetch": vd_path}
         self.paths: Counter = Counter()      # attention paths taken, filled by the routing
         self.decode_fallback: "str | None" = None
-        self._setup_lane()
+        old = self.__dict__.get("decoder")
+        # the blocks of positions [start, offset) and the decode step
+        self.decoder = LayerDecoder(self, old.grow_phase if old is not None else 0.0)
         self.calibration_note: "str | None" = None
         self._pending = None  # first chunk's float keys waiting for their queries (qscale)
+
+    # the decoder's storage, as mlx-lm's caches name it
+    keys = property(lambda self: self.decoder.keys, doc="K blocks (B, H, capacity, row bytes), uint8, or None")
+    values = property(lambda self: self.decoder.values, doc="V blocks, as ``keys``")
+
+    @property
+    def offset(self) -> int:
+        return self.decoder.offset
+
+    @offset.setter
+    def offset(self, n: int) -> None:
+        self.decoder.offset = n
+
+    @property
+    def start(self) -> int:
+        """Absolute position of stored row 0 (> 0 once a window dropped rows)."""
+        return self.decoder.start
+
+    @start.setter
+    def start(self, n: int) -> None:
+        self.decoder.start = n
+
+    @property
+    def grow_phase(self) -> float:
+        """Where in its growth step this layer grows (:class:`LayerDecoder`)."""
+        return self.decoder.grow_phase
+
+    @grow_phase.setter
+    def grow_phase(self, x: float) -> None:
+        self.decoder.grow_phase = x
+
+    @property
+    def calibration_pending(self) -> bool:
+        """A ``qscale`` calibration waits for the first queries (the first chunk's keys unquantized)."""
+        return self._pending is not None
+
+    def kernels_failed(self, reason: str) -> None:
+        """The GPU decode lane's self-check failed here: the reference paths from now on, said in the reports."""
+        self.decode_fallback = reason
+        self.codec_paths["append_note"] = f"in-place append off: {reason}"
+        self._kq, kq_path = quantizer(self.k_format, use_kernel=False)
+        self._vq, vq_path = quantizer(self.v_format, use_kernel=False)
+        self.codec_paths["k_append"], self.codec_paths["v_append"] = kq_path, vq_path
 
     # ------------------------------------------------------------ storage
     def _encode(self, x: mx.array, fmt: str, quant) -> mx.array:
@@ -148,38 +207,6 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
         if out.shape[-1] != dim:
             out = out[..., :dim]
         return out.astype(dtype)
-
-    def _keep_from(self, pos: int) -> int:
-        """First position to keep when rows for position ``pos`` onwards are appended."""
-        if not self.window:
-            return self.start
-        need = max(0, pos - self.window + 1)
-        return need if need - self.start >= self.step else self.start
-
-    def _compact(self, pos: int) -> None:
-        keep = self._keep_from(pos)
-        if keep == self.start or self.keys is None:
-            return
-        self._reset_hot()
-        a, b = keep - self.start, pos - self.start
-        self.keys = mx.contiguous(self.keys[..., a:b, :])
-        self.values = mx.contiguous(self.values[..., a:b, :])
-        self.start = keep
-
-    def _grow(self, B: int, H: int, need: int, krb: int, vrb: int, force: bool = False) -> None:
-        cap = 0 if self.keys is None else self.keys.shape[2]
-        if need <= cap and not force:
-            return
-        self.check_finite()   # once per `step` positions: the deferred NaN/inf report of decode steps
-        self._reset_hot()
-        new_cap = max(-(-need // self.step) * self.step, cap)
-        k_new = mx.zeros((B, H, new_cap - cap, krb), mx.uint8)
-        v_new = mx.zeros((B, H, new_cap - cap, vrb), mx.uint8)
-        if self.keys is None:
-            self.keys, self.values = k_new, v_new
-        else:
-            self.keys = mx.concatenate([self.keys[..., :cap, :], k_new], axis=2)
-            self.values = mx.concatenate([self.values[..., :cap, :], v_new], axis=2)
 
     # ------------------------------------------------------------ key calibration
     def _bcast(self, a: mx.array) -> mx.array:
@@ -212,38 +239,22 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
     def query_for_blocks(self, q: mx.array) -> mx.array:
         """``q`` (B, Hq, ..., D) such that ``q'.row = q.k - q.mu`` for the stored key rows."""
         rotated = self.calibration.basis == "rotated"
-        s = self.query_scale(q)
+        s = self.decoder.query_scale(q)
         if s is None:
             return hadamard_rotate(q, self.k_rot)
         if rotated:
             return (hadamard_rotate(q, self.k_rot).astype(mx.float32) * s).astype(q.dtype)
-        return hadamard_rotate(self.lane_query(q), self.k_rot)
+        return hadamard_rotate(self.decoder.scaled_query(q), self.k_rot)
 
     # ------------------------------------------------------------ appends, the pending calibration, reads
     def update_and_fetch(self, keys: mx.array, values: mx.array):
-        hot = self._hot
-        if hot is not None and keys.shape == hot.k_shape and values.shape == hot.v_shape and keys.dtype == hot.dtype:
-            # the decode step's lane: one in-place append, nothing else (see _append_in_place)
-            r = self.offset - self.start
-            w = self.window
-            if r < hot.capacity and (not w or self.offset - w + 1 - self.start < self.step):
-                routed = _ROUTED.get() > 0
-                attn = self._hot_attn
-                if routed and attn is not None and attn.launch.fuses_append:
-                    # the routed attention that follows writes these rows in its own call
-                    if self._deferred is not None:   # the last step's rows were never attended
-                        self._write_deferred()
-                    self._deferred = DeferredRows(keys, values, r, hot.append)
-                else:
-                    self._flag = hot.append(keys, values, self.keys, self.values, r, self._flag)
-                    self._unsettled = True
-                self.offset += 1
-                self.paths["append"] += 1
-                if routed:
-                    self.placeholder = True
-                    return keys, values
-                self.placeholder = False
-                return self.fetch(keys.dtype)
+        """Store the rows of the next positions. Returns the dequantized K/V of the stored positions
+        (lazy), or, under :func:`~tqbridge.metal.lm.routing.route_attention`, the rows as given: the
+        routed attention (:meth:`attend`) reads the cache, not what this returns."""
+        d = self.decoder
+        if d.append_step(keys, values):   # the prepared decode step: one in-place append (or staged)
+            self.paths["append"] += 1
+            return (keys, values) if routing_active() else self.fetch(keys.dtype)
         B, H, S, dk = keys.shape
         dv = values.shape[-1]
         if self.k_dim is None:
@@ -252,7 +263,7 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
                 self.k_rot = rotation_group(self.k_format, self.k_dim, "k")
                 self.v_rot = rotation_group(self.v_format, self.v_dim, "v")
             if self.calibration and self.k_mu is None and self.k_scale is None:
-                if self.calibration.queries and _routing_active():
+                if self.calibration.queries and routing_active():
                     self._pending = keys          # fitted when the routing brings the queries
                 else:
                     if self.calibration.queries:
@@ -266,33 +277,95 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
             raise ValueError("TQCache: key calibration is configured but missing (state without it?)")
         if S > 1:   # prompt chunks: NaN/inf refused before anything is stored (a sync; not the hot loop)
             self._refuse_nonfinite(keys, values)
-        append = self._inplace_append(keys, values)
-        if append is not None:
-            return self._append_in_place(append, keys, values)
-        self._settle()
-        if S == 1:  # decode steps: checked without a sync, reported at the next check (see check_finite)
-            self._note_nonfinite(_any_nonfinite(keys) | _any_nonfinite(values))
-        if self._pending is None:
-            kb = self._encode(self._key_rows(keys), self.k_format, self._kq)
-        else:  # placeholder rows of the right width, overwritten by finish_calibration
-            kb = self._encode(mx.zeros(keys.shape, mx.float32), self.k_format, self._kq)
-        vb = self._encode(hadamard_rotate(values, self.v_rot), self.v_format, self._vq)
-        prev = self.offset
-        self._compact(prev)
-        r = prev - self.start
-        self._grow(B, H, r + S, kb.shape[-1], vb.shape[-1])
-        self.keys[..., r:r + S, :] = kb
-        self.values[..., r:r + S, :] = vb
-        self.offset = prev + S
         self.paths["append"] += 1
-        if self._pending is not None:   # the routing quantizes these keys once it has the queries
-            a = self.offset - self.start
-            v = self._decode(self.values[..., :a, :], self.v_format, self._vd, self.v_dim, mx.float32)
-            return keys, hadamard_rotate(v, self.v_rot).astype(values.dtype)
+        append = d.in_place_append(keys, values)
+        if append is not None:
+            d.append_in_place(append, keys, values)
+        else:
+            if S == 1:  # decode steps: checked without a sync, reported at the next check (see check_finite)
+                d.note_nonfinite(any_nonfinite(keys) | any_nonfinite(values))
+            if self._pending is None:
+                kb = self._encode(self._key_rows(keys), self.k_format, self._kq)
+            else:  # placeholder rows of the right width, overwritten by finish_calibration
+                kb = self._encode(mx.zeros(keys.shape, mx.float32), self.k_format, self._kq)
+            d.write(kb, self._encode(hadamard_rotate(values, self.v_rot), self.v_format, self._vq))
+        if routing_active():
+            return keys, values
         return self.fetch(keys.dtype)
 
+    def attend(self, queries: mx.array, *, scale: float, mask=None, sinks=None, mode: str = "auto") -> mx.array:
+        """The attention of ``queries`` over this layer's stored positions (what the routing calls after
+        :meth:`update_and_fetch`); records the path in ``paths``. One query row (a decode step): the
+        fused kernel over the blocks where ``mode`` allows (``auto``: on a GPU, or the CPU emulator's
+        decode lane; else :func:`tqbridge.metal.decode_attention`'s MLX-ops reference); otherwise, and for
+        prompt chunks, the dequantized rows through ``mx.fast.scaled_dot_product_attention``. Prefill
+        attends to the quantized rows of the chunk itself too (as llama.cpp, which writes the cache and
+        then reads it), so results do not depend on how a prompt is chunked."""
+        d = self.decoder
+        if mode == "auto" and sinks is None:
+            out = d.attend_step(queries, scale)   # the prepared decode step
+            if out is not None:
+                return out
+        if mode not in DECODE_MODES:
+            raise ValueError(f"decode mode must be one of {DECODE_MODES}, got {mode!r}")
+        if self._pending is not None:     # qscale: the first chunk's keys wait for these queries
+            self.finish_calibration(queries)
+        decode = queries.shape[2] == 1
+        backend = _decode_backend(mode) if decode else None
+        if backend is not None:
+            out = self._decode_kernel(queries, scale, sinks, backend)
+            if out is not None:
+                return out
+            if mode == "kernel":
+                why = self.decode_fallback or "tqbridge.metal.decode_attention is not installed"
+                raise RuntimeError(f"decode mode 'kernel' asked for, but the kernel cannot run: {why}")
+        keys, values = self.fetch(queries.dtype)
+        self.paths["decode:dequant-sdpa" if decode else "prefill:dequant-sdpa"] += 1
+        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+
+    def _decode_kernel(self, q: mx.array, scale: float, sinks, backend: str) -> "mx.array | None":
+        """A decode step through the fused kernel: the decoder's prepared launch on a GPU (or the
+        emulator's lane), else :func:`tqbridge.metal.decode_attention` on the blocks; None where it
+        cannot run (the reason kept in ``decode_fallback``, said once)."""
+        if self.decode_fallback:
+            return None
+        if sinks is not None and self.k_mu is not None:
+            # Stored keys are k - mu: scores shift by q.mu per row, which softmax ignores, but the sink
+            # logit would need the same shift. The dequantize path adds mu back and stays exact.
+            self.decode_fallback = ("attention sinks with key mean calibration: the kernel's scores are "
+                                    "shifted by q.mu, the sink logit is not")
+            return None
+        from tqbridge.metal.attention import decode_attention, last_run
+
+        try:
+            out = self.decoder.attend_fused(q, scale, sinks) if backend == "auto" else None
+            if out is not None:
+                return out
+            start = max(0, self.offset - self.window) if self.window else 0
+            kb, vb = self.blocks(start)
+            B, Hq, _, D = q.shape
+            kwargs = {"sinks": sinks} if sinks is not None else {}
+            if self.decode_options != DEFAULT_OPTIONS:
+                kwargs["options"] = self.decode_options
+            if self.calibration:
+                q = self.query_for_blocks(q)       # (H(q*s)).(H(k-mu)/s) = q.k - q.mu: same softmax
+                rotation = None
+            else:
+                rotation = (self.k_rot, self.v_rot)   # inside decode_attention
+            out = decode_attention(q.reshape(B, Hq, D), kb, vb, k_format=self.k_format, v_format=self.v_format,
+                                   length=kb.shape[2], scale=scale, backend=backend, rotation=rotation, **kwargs)
+        except Exception as e:  # a format or shape the kernel does not take: say so once, then fall back
+            self.decode_fallback = f"{type(e).__name__}: {e}"
+            return None
+        if out.shape[-1] != self.v_dim:
+            out = out[..., :self.v_dim]
+        if self.calibration:
+            out = hadamard_rotate(out, self.v_rot)  # the cache holds H.v: rotate the output back
+        self.paths[f"decode:{last_run().get('backend') or 'kernel'}"] += 1
+        return out.reshape(B, Hq, 1, self.v_dim).astype(q.dtype)
+
     def _refuse_nonfinite(self, keys: mx.array, values: mx.array) -> None:
-        if bool((_any_nonfinite(keys) | _any_nonfinite(values)).item()):
+        if bool((any_nonfinite(keys) | any_nonfinite(values)).item()):
             raise FormatError(f"TQCache({self.k_format}/{self.v_format}): NaN or infinity in the K/V rows "
                               "to append; nothing was stored")
 
@@ -303,7 +376,7 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
         if queries is not None:
             q = hadamard_rotate(queries, self.k_rot) if rotated else queries
         self.k_mu, self.k_scale = _fit_calibration(k, self.calibration, q)
-        self._kcal = self._qscale = None
+        self.decoder.forget_calibration()
 
     def finish_calibration(self, queries: "mx.array | None") -> None:
         """Fit a pending ``qscale`` calibration from ``queries`` (None: keys only) and quantize
@@ -320,9 +393,7 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
     def blocks(self, start: int = 0) -> tuple[mx.array, mx.array]:
         """The K and V blocks of positions ``max(start, self.start):offset``."""
         self.finish_calibration(None)
-        self._settle()
-        a, b = max(0, start - self.start), self.offset - self.start
-        return self.keys[..., a:b, :], self.values[..., a:b, :]
+        return self.decoder.blocks(start)
 
     def fetch(self, dtype=mx.float32, start: int = 0) -> tuple[mx.array, mx.array]:
         """Dequantized K and V of the stored positions from ``start`` (lazy: free if unused)."""
@@ -349,15 +420,12 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
         return self.start == 0
 
     def trim(self, n: int) -> int:
-        # rows past the new offset get overwritten by later in-place appends: let every kernel that
-        # may still read them finish first
-        self._settle()
-        self.check_finite()
-        mx.synchronize()
-        self._reset_hot()
-        n = min(self.offset - self.start, int(n))
-        self.offset -= n
-        return n
+        return self.decoder.trim(n)
+
+    def check_finite(self) -> None:
+        """Raise :class:`FormatError` if a decode step appended NaN/inf K/V rows (see
+        :meth:`LayerDecoder.check_finite`: one sync)."""
+        self.decoder.check_finite()
 
     def make_mask(self, N: int, return_array: bool = False, window_size: "int | None" = None):
         """The attention mask of the next ``N`` queries. Keys are the stored positions
@@ -368,7 +436,7 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
         rows ``step`` at a time instead of overwriting them, so up to ``step`` rows past the window
         stay stored."""
         window_size = window_size if window_size is not None else self.window
-        o = self.offset - self._keep_from(self.offset)
+        o = self.offset - self.decoder.keep_from(self.offset)
         if window_size and not return_array and o + N <= window_size:
             return "causal" if N > 1 else None
         return _mlx_cache.create_attention_mask(N, offset=o, return_array=return_array, window_size=window_size)
@@ -470,18 +538,14 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
                 raise CacheStateError(f"TQCache state: calibration arrays do not match "
                                       f"{self.calibration.spec or 'no calibration'}")
         for name, a in (("key mean", mu), ("key scale", scale)):
-            if a is not None and bool(_any_nonfinite(a).item()):
+            if a is not None and bool(any_nonfinite(a).item()):
                 raise CacheStateError(f"TQCache state: the {name} holds NaN or infinite values")
         if scale is not None and bool(mx.any(scale == 0).item()):
             raise CacheStateError("TQCache state: the key scale holds zeros (keys are divided by it)")
         if keys is not None:
             self._refuse_nonfinite_blocks(keys, values)
         self.k_mu, self.k_scale = mu, scale
-        self._kcal = self._qscale = None   # the lane's copies of them (made at the next append / step)
-        self._inplace = {}
-        self.keys, self.values = keys, values
-        self._owned = keys is None
-        self._reset_hot()
+        self.decoder.load(keys, values, self.offset, self.start)
 
     _CHECK_ROWS = 4096   # rows dequantized at a time when a loaded state's blocks are checked
 
@@ -501,7 +565,7 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
                 floats = _block_floats(rows, fmt)
                 if floats is None:
                     floats = self._decode(rows, fmt, deq, dim, mx.float32)
-                bad = bad | _any_nonfinite(floats)
+                bad = bad | any_nonfinite(floats)
             if (b // self._CHECK_ROWS) % 8 == 0:
                 mx.eval(bad)   # bounds the graph of a long cache
         if bool(bad.item()):
@@ -513,7 +577,7 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
         """Bytes allocated by the live block arrays (including preallocated rows)."""
         if self.keys is None:
             return 0
-        return self.keys.nbytes + self.values.nbytes + self.calibration_nbytes
+        return self.decoder.nbytes + self.calibration_nbytes
 
     @property
     def used_nbytes(self) -> int:
@@ -583,30 +647,17 @@ class TQCache(DecodeLane, _mlx_cache._BaseCache):
         return twin
 
     def _twin(self) -> "TQCache":
-        """An independent cache holding the same positions: its own block buffers (the valid rows copied
-        into fresh arrays, evaluated now), its own counters, no prepared decode lane. ``copy.copy`` and
-        ``copy.deepcopy`` both give this: TQCache writes its buffers in place (the decode lane's append
-        kernel, and ``keys[...] = rows`` on the ops path), so a copy sharing them would see the other's
-        appends after a trim. What is never written in place is shared: the key calibration arrays, a
-        pending first chunk's float keys, the codecs."""
-        kb = vb = None
-        if self.keys is not None:
-            kb, vb = self.keys, self.values   # writes a deferred decode row first
-            self._settle()
-            n = self.offset - self.start
-            cap = max(n, -(-n // self.step) * self.step)
-            B, H, _, krb = kb.shape
-            vrb = vb.shape[-1]
-            # concatenate allocates its output: the copy never aliases these buffers
-            kb = mx.concatenate([kb[..., :n, :], mx.zeros((B, H, cap - n, krb), mx.uint8)], axis=2)
-            vb = mx.concatenate([vb[..., :n, :], mx.zeros((B, H, cap - n, vrb), mx.uint8)], axis=2)
-            mx.eval(kb, vb)   # read now, before this cache writes its buffers again
+        """An independent cache holding the same positions: its own decoder with its own block buffers
+        (the valid rows copied into fresh arrays, evaluated now), its own counters, nothing prepared.
+        ``copy.copy`` and ``copy.deepcopy`` both give this: the decoder writes its buffers in place (the
+        append kernel, and ``keys[...] = rows`` on the ops path), so a copy sharing them would see the
+        other's appends after a trim. What is never written in place is shared: the key calibration
+        arrays, a pending first chunk's float keys, the codecs."""
         twin = object.__new__(type(self))
         twin.__dict__.update(self.__dict__)
         twin.paths = Counter(self.paths)
         twin.codec_paths = dict(self.codec_paths)
-        twin._setup_lane()
-        twin._kbuf, twin._vbuf = kb, vb
+        twin.decoder = self.decoder.twin(twin)
         return twin
 
     def __repr__(self) -> str:
@@ -682,7 +733,7 @@ def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None
 def make_layered_cache(model: Any, spec: "LayeredKV | str", *, sliding: str = "quantize",
                        rotation: str = "llama", max_kv_size: "int | None" = None) -> list:
     """A prompt cache whose layer ``i`` stores K/V in the pair ``spec`` gives it: a
-    :class:`~tqbridge.metal.lm.kv_spelling.LayeredKV` or its spelling (``q8_0/turbo3[0,1,-2,-1=q8_0/q8_0]``;
+    :class:`~tqbridge.bridge.kv_spec.LayeredKV` or its spelling (``q8_0/turbo3[0,1,-2,-1=q8_0/q8_0]``;
     a plain pair spelling gives every layer that pair). Layer indices count the model's cache entries
     (one per layer); an index out of range or a layer named twice raises a one-line FormatError.
     Otherwise as :func:`make_cache` (a layer kept in float by ``sliding="float"`` stays float whatever
@@ -725,7 +776,7 @@ def _replace(base: list, pair_of, sliding: str, rotation: str, max_kv_size: "int
         else:
             out.append(c)
     ours = [c for c in out if isinstance(c, TQCache)]
-    for i, c in enumerate(ours):   # the layers grow in different decode steps (DecodeLane.grow_phase)
+    for i, c in enumerate(ours):   # the layers grow in different decode steps (LayerDecoder.grow_phase)
         c.grow_phase = i / len(ours)
     return out
 

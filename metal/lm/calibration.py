@@ -23,98 +23,19 @@ already written cannot be re-quantized. ``basis``: the statistics are taken on t
 produced them (``original``, before the llama.cpp-style Hadamard rotation) or after it (``rotated``).
 
 Spelling: tools are appended to the K format with ``+``: ``q5_1+mean+scale``,
-``q5_1+mean+scale=0.75+rotated``.
+``q5_1+mean+scale=0.75+rotated`` (:class:`KeyCalibration` and its parsing live with the rest of the
+K/V grammar in :mod:`tqbridge.bridge.kv_spec`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import mlx.core as mx
-from tqbridge.bridge.registry import shown
+from tqbridge.bridge.kv_spec import BASES, DEFAULT_ALPHA, CalibrationError, KeyCalibration
 
-__all__ = ["KeyCalibration", "split_key_spec", "fit", "BASES", "DEFAULT_ALPHA"]
+__all__ = ["KeyCalibration", "CalibrationError", "fit", "BASES", "DEFAULT_ALPHA"]
 
-BASES = ("original", "rotated")
-DEFAULT_ALPHA = 0.5
 # A channel whose RMS is this far below the largest is treated as this small: keeps s finite.
 _RMS_FLOOR = 1e-6
-
-
-class CalibrationError(ValueError):
-    """A calibration spelling that means nothing (the message names the problem)."""
-
-
-@dataclass(frozen=True)
-class KeyCalibration:
-    mean: bool = False
-    scale: bool = False
-    alpha: float = DEFAULT_ALPHA
-    basis: str = "original"
-    queries: bool = False      # scale from key RMS over query RMS ("qscale")
-
-    def __post_init__(self):
-        if self.basis not in BASES:
-            raise CalibrationError(f"calibration basis must be one of {BASES}, got {self.basis!r}")
-        if not (0.0 < float(self.alpha) <= 1.0):
-            raise CalibrationError(f"scale exponent must be in (0, 1], got {self.alpha}")
-        if self.queries and not self.scale:
-            raise CalibrationError("query statistics only apply to the scale")
-
-    def __bool__(self) -> bool:
-        return self.mean or self.scale
-
-    @property
-    def spec(self) -> str:
-        """Canonical spelling without the leading ``+`` ("" when off)."""
-        if not self:
-            return ""
-        parts = ["mean"] if self.mean else []
-        if self.scale:
-            name = "qscale" if self.queries else "scale"
-            parts.append(name if self.alpha == DEFAULT_ALPHA else f"{name}={self.alpha:g}")
-        if self.basis != "original":
-            parts.append(self.basis)
-        return "+".join(parts)
-
-    @classmethod
-    def parse(cls, text: "str | None") -> "KeyCalibration":
-        """``"mean+scale=0.75"`` (also ``,``-separated), ``""``/``"none"``/None -> off."""
-        if text is None or str(text).strip().lower() in ("", "none"):
-            return cls()
-        mean = scale = queries = False
-        alpha, basis = DEFAULT_ALPHA, "original"
-        for tok in str(text).replace(",", "+").split("+"):
-            tok = tok.strip().lower()
-            name, _, arg = tok.partition("=")
-            if name == "mean" and not arg:
-                mean = True
-            elif name in ("scale", "qscale"):
-                if scale:
-                    raise CalibrationError(f"{shown(text)}: write one of scale, qscale")
-                scale, queries = True, name == "qscale"
-                if arg:
-                    try:
-                        alpha = float(arg)
-                    except ValueError:
-                        raise CalibrationError(f"bad scale exponent {shown(arg)} in {shown(text)}: "
-                                               "write scale=A with 0 < A <= 1") from None
-            elif name in BASES and not arg:
-                basis = name
-            else:
-                raise CalibrationError(f"unknown key calibration {shown(tok)} in {shown(text)}: use mean, scale, "
-                                       f"qscale (=A for an exponent), {' or '.join(BASES)}")
-        if not (mean or scale):
-            raise CalibrationError(f"key calibration {shown(text)} names no tool: add mean and/or scale")
-        return cls(mean, scale, alpha, basis, queries)
-
-
-def split_key_spec(k: str) -> tuple[str, KeyCalibration]:
-    """``q5_1+mean+scale`` -> ``(q5_1, KeyCalibration(mean=True, scale=True))``."""
-    fmt, sep, rest = str(k).strip().partition("+")
-    if sep and not rest.strip():
-        raise CalibrationError(f"{shown(k)}: nothing after '+' (write e.g. q5_1+mean+scale)")
-    return fmt.strip(), KeyCalibration.parse(rest if sep else None)
 
 
 def _rms(x: mx.array) -> mx.array:

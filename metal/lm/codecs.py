@@ -12,14 +12,14 @@ import mlx.core as mx
 from tqbridge.bridge import get_format
 from tqbridge.bridge.padding import padded_dim
 
-__all__ = ["padded_dim", "rotation_group"]
+__all__ = ["padded_dim", "rotation_group", "quantizer", "dequantizer", "gpu_backend", "any_nonfinite"]
 
 # Formats stored directly as MLX float bytes (byte-identical to the numpy reference: IEEE
 # round-to-nearest-even casts, as ggml's F16/F32 rows).
 _FLOAT_VIEW = {"f16": mx.float16, "f32": mx.float32}
 
 
-def _gpu_backend() -> "str | None":
+def gpu_backend() -> "str | None":
     """"cuda" / "metal" when MLX's default device is a GPU with a kernel backend, else None.
 
     Inside :func:`tqbridge.metal.backend.emulate_decode_lane` (tests): on MLX's CPU device, run the GPU decode step's
@@ -32,9 +32,9 @@ def _gpu_backend() -> "str | None":
     return "cpu-emulator" if emulated_decode_lane() else None
 
 
-# _quantizer / _dequantizer return (function, name of the path); the first usable path wins and is remembered.
+# quantizer / dequantizer return (function, name of the path); the first usable path wins and is remembered.
 
-def _quantizer(fmt, use_kernel: bool = True) -> tuple[Callable[[mx.array], mx.array], str]:
+def quantizer(fmt, use_kernel: bool = True) -> tuple[Callable[[mx.array], mx.array], str]:
     """Rows -> blocks (no NaN/inf check: the cache checks rows itself; iq4_nl through ggml's reference
     quantizer, what llama.cpp writes into its KV cache). On a GPU the quantize
     kernel; on the CPU the byte-identical MLX-ops codec (the kernel's CPU emulator exists to test
@@ -43,7 +43,7 @@ def _quantizer(fmt, use_kernel: bool = True) -> tuple[Callable[[mx.array], mx.ar
     if fmt.key in _FLOAT_VIEW:
         dt = _FLOAT_VIEW[fmt.key]
         return (lambda x: x.astype(dt).view(mx.uint8)), "mlx-view"
-    gpu = _gpu_backend() if use_kernel else None
+    gpu = gpu_backend() if use_kernel else None
     if gpu is not None:
         from ..quantize_append import quantize_append, supported
 
@@ -60,12 +60,12 @@ def _quantizer(fmt, use_kernel: bool = True) -> tuple[Callable[[mx.array], mx.ar
     return (lambda x: mx.array(quantize(fmt, np.array(x.astype(mx.float32)), **opts))), "numpy"
 
 
-def _any_nonfinite(x: mx.array) -> mx.array:
+def any_nonfinite(x: mx.array) -> mx.array:
     """A lazy uint32 scalar: 1 when ``x`` holds a NaN or an infinity."""
     return mx.any(mx.logical_not(mx.isfinite(x))).astype(mx.uint32).reshape(1)
 
 
-def _dequantizer(fmt) -> tuple[Callable[[mx.array, int], mx.array], str]:
+def dequantizer(fmt) -> tuple[Callable[[mx.array, int], mx.array], str]:
     fmt = get_format(fmt)
     if fmt.key in _FLOAT_VIEW:
         dt = _FLOAT_VIEW[fmt.key]

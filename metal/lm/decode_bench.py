@@ -60,6 +60,8 @@ GEOMETRIES: dict[str, dict] = {
                  rope_theta=10000.0, tie_word_embeddings=True),
 }
 REAL_MODELS = ("smollm2", "gemma3")
+# the caches of mlx-lm itself a bench compares (every other kind is a TQCache K/V spelling)
+MLX_LM_CACHES = ("fp16", "mlx-q8", "mlx-q4")
 # primitives that make a strided view or relabel a buffer: no kernel launch (unless MLX must copy)
 VIEW_PRIMITIVES = frozenset({"Broadcast", "Slice", "ExpandDims", "Squeeze", "Transpose", "Reshape", "Flatten",
                              "Unflatten", "AsStrided", "Depends", "StopGradient", "View"})
@@ -94,10 +96,9 @@ def build_model(name: str, dtype=mx.float16, seed: int = 0):
 
 def make_caches(model, kind: str, options=None) -> list:
     """A prompt cache: ``fp16`` (mlx-lm's KVCache), ``mlx-q8`` / ``mlx-q4`` (its QuantizedKVCache) or a
-    TQCache K/V spelling such as ``q8_0/turbo3`` or, per layer, ``q8_0/turbo3[0,-1=q8_0/q8_0]``, optionally
-    with ``@int8`` / ``@exact`` (the decode attention's q precision: kernel int8-mma / tiles; default: the backend's);
-    TQCache layers decode with
-    ``options`` (a :class:`~tqbridge.metal.decode_options.DecodeOptions`; None: the defaults)."""
+    TQCache K/V spelling such as ``q8_0/turbo3`` or, per layer, ``q8_0/turbo3[0,-1=q8_0/q8_0]``; TQCache layers
+    decode with ``options`` (a :class:`~tqbridge.metal.decode_options.DecodeOptions`; None: the defaults; its
+    ``q_precision`` picks kernel int8-mma or tiles)."""
     from mlx_lm.models import cache as mc
 
     if kind == "fp16":
@@ -106,14 +107,11 @@ def make_caches(model, kind: str, options=None) -> list:
         bits = 8 if kind == "mlx-q8" else 4
         return [mc.QuantizedKVCache(group_size=64, bits=bits) if type(c) is mc.KVCache else c
                 for c in mc.make_prompt_cache(model)]
-    from tqbridge.bridge.kv_spec import split_q_precision
-
     from ..decode_options import as_options
     from .cache import make_layered_cache
 
-    kind, qp = split_q_precision(kind)
     caches = make_layered_cache(model, kind)
-    opts = as_options(options, qp or None)
+    opts = as_options(options)
     for c in caches:
         if hasattr(type(c), "decode_options"):   # TQCache layers (a model may mix in mlx-lm's own)
             c.decode_options = opts
@@ -204,7 +202,7 @@ def layer_step_profile(cache: list, model, steps: int = 64, dtype=mx.float16) ->
     scale = hd ** -0.5
 
     def deps(out):
-        return [out] + ([c._flag] if getattr(c, "_flag", None) is not None else [])
+        return [out] + ([c.decoder.flag] if c.decoder.flag is not None else [])
 
     with route_attention():
         attn = base.scaled_dot_product_attention      # routed: TQCache layers go to tqbridge
@@ -327,7 +325,7 @@ def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int
     weights = model_bytes(model)
     for kind in kinds:
         base, opts = split_options(kind)   # "q8_0/turbo3{compile=0}": that cache with those decode options
-        if opts.changed() and base in ("fp16", "mlx-q8", "mlx-q4"):
+        if opts.changed() and base in MLX_LM_CACHES:
             raise SettingsError(f"{kind!r}: decode options apply to TQCache kinds, not {base}")
         row, cache = prepare_cache(model, base, context, dtype, opts)
         row["cache"] = kind

@@ -144,7 +144,7 @@ def save_tq_prompt_cache(path: "str | os.PathLike[str]", caches: list, tokens: "
 def _parse_kv(kv: "str | None", default: "tuple[str, str]") -> "tuple[str, str]":
     if kv is None:
         return default
-    from .kv_spelling import parse_kv
+    from tqbridge.bridge.kv_spec import parse_kv
 
     k, v = parse_kv(kv)
     return get_format(k).key, get_format(v).key

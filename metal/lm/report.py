@@ -62,7 +62,7 @@ def cache_report(cache: list) -> dict:
                            "k_calibration": c.calibration.spec or None,
                            "calibration_note": c.calibration_note,
                            "decode_fallback": c.decode_fallback,
-                           "decode_kernel": _kernel_info(c.decode_launch)})
+                           "decode_kernel": _kernel_info(c.decoder.launch)})
             paths.update(c.paths)
         else:
             layers.append({"layer": i, "kind": type(c).__name__, "kv": "float",

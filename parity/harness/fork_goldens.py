@@ -49,14 +49,14 @@ def make_goldens(gguf_path: str, pairs=PAIRS, *, n_tokens: int = PROMPT_TOKENS +
     info = selected()
     if info is None or not info.variant:
         raise SystemExit("fork goldens need a TurboQuant fork build: --llama BUILD")
+    from tqbridge.bridge.kv_spec import qualify_variant, split_kv
     from tqbridge.parity.harness.level_cache import gguf_head_dim
 
     tokens = golden_tokens(gguf_path, n_tokens)
     out: dict[str, np.ndarray] = {"tokens": np.asarray(tokens, np.int32),
                                   "head_dim": np.int32(gguf_head_dim(gguf_path))}
     for pair in pairs:
-        k, _, v = pair.partition("/")
-        k, v = (f"{x}@{info.variant}" if x.startswith("turbo") else x for x in (k, v or k))
+        k, v = (qualify_variant(x, info.variant) for x in split_kv(pair))
         cap, res = capture_run(gguf_path, tokens, k, v, decode=decode, rotation=False, n_threads=2)
         key = pair.replace("/", "-")
         lg = res["last_logits"].astype(np.float32)          # (evaluations, vocab)

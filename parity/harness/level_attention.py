@@ -30,7 +30,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from tqbridge.bridge import get_format, quantize
-from tqbridge.bridge.kv_spec import LLAMA_EXAMPLE_KV, TURBO_FORMAT
+from tqbridge.bridge.kv_spec import LLAMA_EXAMPLE_KV, TURBO_FORMAT, split_kv
 from tqbridge.bridge.registry import names
 
 # KV types ggml's CPU flash attention accepts in llama.cpp's KV cache (the registry's flash_attn).
@@ -317,8 +317,7 @@ def run_attention_level(pairs: "Iterable[str]", *, shapes: "Iterable[tuple[int, 
     (:func:`probe_problem`, 8/2 heads, 64 keys, D = 64); then the :data:`OPTION_CASES`; a JSON-ready dict."""
     cases = []
     for spec in pairs:
-        kf, _, vf = spec.partition("/")
-        vf = vf or kf
+        kf, vf = split_kv(spec)
         for hq, hkv, n, d in shapes:
             q, k, v = random_problem(kf, vf, q_heads=hq, kv_heads=hkv, keys=n, head_dim=d, seed=seed)
             cases.append({"problem": "gaussian",
@@ -328,7 +327,7 @@ def run_attention_level(pairs: "Iterable[str]", *, shapes: "Iterable[tuple[int, 
             cases.append({"problem": f"probe:{kind}",
                           **attention_case(q, k, v, k_format=kf, v_format=vf, backends=backends)})
     for name, spec, opts, (hq, hkv, n, d) in options or ():
-        kf, _, vf = spec.partition("/")
+        kf, vf = split_kv(spec)
         q, k, v = random_problem(kf, vf, q_heads=hq, kv_heads=hkv, keys=n, head_dim=d, seed=seed)
         cases.append({"problem": f"option:{name}",
                       **attention_case(q, k, v, k_format=kf, v_format=vf, backends=backends, **opts)})

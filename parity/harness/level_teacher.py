@@ -325,7 +325,7 @@ def model_path_layer(layer_module, L, kv, *, window: int, head_dim: int, q_claim
     ok = cache.start <= lo and kb.shape[2] == n - lo
     kernel_ran = any(p not in ("decode:reference", "decode:dequant-sdpa") for p in paths)
     # what the kernel ran: the layer's prepared launch (the GPU lane) or the dispatcher's last call
-    run = (getattr(cache.decode_launch, "run_info", None) or seen["run"]) if kernel_ran else {}
+    run = (getattr(cache.decoder.launch, "run_info", None) or seen["run"]) if kernel_ran else {}
     rotation = (cache.k_rot, cache.v_rot) if cache.k_rot or cache.v_rot else None
     # blocks padded past the head dim (turbo's 128) are read with q and the output of the head dim
     ours, _ = judge_ours(q[None], kb, vb, k_format=kf, v_format=vf, length=kb.shape[2], scale=float(seen["scale"]),

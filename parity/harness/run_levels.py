@@ -23,7 +23,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tqbridge.bridge.kv_spec import DEFAULT_FORMAT
+from tqbridge.bridge.kv_spec import DEFAULT_FORMAT, kv_name, qualify_variant
 
 LEVELS = ("blocks", "attention", "logits", "cache", "teacher", "lane", "transplant")
 # teacher belongs in every default: the default levels without it let through 5 of 7 planted MLX-side bugs
@@ -59,8 +59,7 @@ def qualify_turbo(spec: str, variant: str) -> str:
     from tqbridge.parity.harness.runtimes import KV
 
     kv = KV.parse(spec)
-    k, v = (f"{x}@{variant}" if x.startswith("turbo") and "@" not in x else x for x in (kv.k, kv.v))
-    return k if k == v else f"{k}/{v}"
+    return kv_name(qualify_variant(kv.k, variant), qualify_variant(kv.v, variant), short=True)
 
 
 def parse_levels(spec: str) -> "list[str]":

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tqbridge.bridge.environ import scoped_environ
-from tqbridge.bridge.kv_spec import LLAMA_EXAMPLE_KV, split_kv
+from tqbridge.bridge.kv_spec import LLAMA_EXAMPLE_KV, is_layered, kv_name, split_kv
 from tqbridge.bridge.mlx_blas import prefer_fast_blas
 from tqbridge.bridge.registry import get_format, names, shown
 
@@ -43,7 +43,7 @@ class KV:
 
     @classmethod
     def parse(cls, spec: str) -> "KV":
-        if "[" in str(spec) or "]" in str(spec):   # the per-layer spelling (tqbridge.metal.lm.kv_spelling)
+        if is_layered(spec):
             raise ValueError(f"{shown(spec)}: per-layer K/V formats cannot be compared with llama.cpp, which gives "
                              "every layer the same cache types; use tqbridge quality or generate for them")
         k, v = split_kv(str(spec), error=ValueError, noun="K/V pair", example=LLAMA_EXAMPLE_KV)
@@ -51,7 +51,7 @@ class KV:
 
     @property
     def name(self) -> str:
-        return self.k if self.k == self.v else f"{self.k}/{self.v}"
+        return kv_name(self.k, self.v, short=True)
 
     @property
     def is_float(self) -> bool:

@@ -114,6 +114,7 @@ class Claim:
     v_formats: "tuple[str, ...] | None" = None
     chain: "Callable[[], int] | None" = None            # longest serial sum of the last call (attention)
     q_precision: "Callable[[], str] | None" = None      # how the last call's q entered the scores (attention)
+    starts: bool = False                                # attention: the kernel takes start= (rows' left padding)
 
     @property
     def pass_format(self) -> bool:
@@ -131,13 +132,14 @@ def _keys(v) -> "tuple[str, ...] | None":
 
 
 def make_claim(op: str, fmt: Any = None, *, k_format: Any = None, v_format: Any = None,
-               chain: "Callable[[], int] | None" = None, q_precision: "Callable[[], str] | None" = None) -> Claim:
+               chain: "Callable[[], int] | None" = None, q_precision: "Callable[[], str] | None" = None,
+               starts: bool = False) -> Claim:
     if op not in OPS:
         raise KernelClaimError(f"unknown op {op!r}; a kernel can claim one of {', '.join(OPS)}")
     if op == "decode-attention":
         if fmt is not None:
             raise KernelClaimError("decode-attention claims a format pair: use k_format= and v_format=")
-        return Claim(op, None, _keys(k_format), _keys(v_format), chain, q_precision)
+        return Claim(op, None, _keys(k_format), _keys(v_format), chain, q_precision, bool(starts))
     if k_format is not None or v_format is not None:
         raise KernelClaimError(f"{op} claims one format: use fmt=, not k_format/v_format")
     return Claim(op, _keys(fmt), chain=chain)
@@ -158,8 +160,9 @@ def claims(op: str, fmt: Any = None, *, k_format: Any = None, v_format: Any = No
 
 
 def cases(op: str, fmt: Any = None, *, k_format: Any = None, v_format: Any = None, max_rows: int = 3,
-          max_blocks: int = 4, max_length: int = 160) -> st.SearchStrategy[Case]:
-    """:class:`Case` inputs for ``op`` on the claimed format(s) (default: every registered format)."""
+          max_blocks: int = 4, max_length: int = 160, starts: bool = False) -> st.SearchStrategy[Case]:
+    """:class:`Case` inputs for ``op`` on the claimed format(s) (default: every registered format);
+    ``starts`` (decode-attention): draw per-row starts too, for a kernel that takes ``start=``."""
     from .strategies import float_rows
     from .strategies_attention import attention_problems
     from .strategies_blocks import blocks, kv_caches
@@ -169,12 +172,13 @@ def cases(op: str, fmt: Any = None, *, k_format: Any = None, v_format: Any = Non
     fmts = c.formats or every
     if op == "decode-attention":
         return attention_problems(k_formats=c.k_formats, v_formats=c.v_formats, max_length=max_length,
-                                  max_query_rows=4).map(
+                                  max_query_rows=4, starts=starts).map(
             lambda p: Case(op, (p.k_format, p.v_format),
                            {k: v for k, v in (("q", p.q), ("k_blocks", p.k_blocks), ("v_blocks", p.v_blocks),
                                               ("sinks", p.sinks)) if v is not None},
                            {"length": list(p.length) if isinstance(p.length, tuple) else p.length,
-                            "scale": p.scale, "window": p.window, "softcap": p.softcap}))
+                            "scale": p.scale, "window": p.window, "softcap": p.softcap}
+                           | ({"start": list(p.start) if isinstance(p.start, tuple) else p.start} if p.start else {})))
 
     def for_format(key: str) -> st.SearchStrategy[Case]:
         f = bridge.get_format(key)
@@ -201,6 +205,11 @@ def _call(fn: Callable, claim: Claim, fmt: str, *args, **kwargs):
     if claim.pass_format:
         kwargs["fmt"] = fmt
     return fn(*args, **kwargs)
+
+
+def _tuple(x):
+    """A JSON list back as the tuple it was (a per-row length or start)."""
+    return tuple(x) if isinstance(x, list) else x
 
 
 def check_case(fn: Callable, case: Case, claim: "Claim | None" = None) -> float:
@@ -246,7 +255,8 @@ def check_case(fn: Callable, case: Case, claim: "Claim | None" = None) -> float:
         length = case.params["length"]
         p = AttentionProblem(a["q"], a["k_blocks"], a["v_blocks"], case.formats[0], case.formats[1],
                              tuple(length) if isinstance(length, list) else length, case.params.get("scale"),
-                             case.params.get("window"), case.params.get("softcap"), a.get("sinks"))
+                             case.params.get("window"), case.params.get("softcap"), a.get("sinks"),
+                             start=_tuple(case.params.get("start", 0)))
         kw = p.kwargs()
         got = fn(kw.pop("q"), kw.pop("k_blocks"), kw.pop("v_blocks"), **kw)
         want, bound = p.oracle(chain=claim.chain() if claim.chain else None,
@@ -310,6 +320,8 @@ def snippet(fn: Callable, case: Case, claim: Claim) -> str:
             args.append(f"k_format={list(claim.k_formats)!r}")
         if claim.v_formats:
             args.append(f"v_format={list(claim.v_formats)!r}")
+        if claim.starts:
+            args.append("starts=True")
     elif claim.formats:
         args.append(f"fmt={list(claim.formats)!r}")
     text = case.to_text()
@@ -353,9 +365,12 @@ def fuzz_kernel(fn: Callable, op: "str | None" = None, fmt: Any = None, *, k_for
         claim = make_claim(op, fmt, k_format=k_format, v_format=v_format)
     if chain is not None or q_precision is not None:   # (attention) what the last call reports of itself
         claim = Claim(claim.op, claim.formats, claim.k_formats, claim.v_formats, chain or claim.chain,
-                      q_precision or claim.q_precision)
+                      q_precision or claim.q_precision, claim.starts)
+    if getattr(recorded, "starts", False) and not claim.starts:   # the kernel's own word: it takes start=
+        claim = Claim(claim.op, claim.formats, claim.k_formats, claim.v_formats, claim.chain, claim.q_precision, True)
+    extra = {"starts": True} if claim.starts else {}
     strat = cases(claim.op, None if claim.op == "decode-attention" else claim.formats,
-                  k_format=claim.k_formats, v_format=claim.v_formats, **(strategy_options or {}))
+                  k_format=claim.k_formats, v_format=claim.v_formats, **extra, **(strategy_options or {}))
     result = FuzzResult(claim.op)
     last: dict = {}
     t0 = time.monotonic()

@@ -88,7 +88,7 @@ def our_target(name: str, backend: str, q_precision: "str | None" = None):
             return _np(decode_attention(q, k_blocks, v_blocks, backend=backend, **qp, **kw))
 
         claim = make_claim("decode-attention", chain=lambda: last_run().get("chain"),
-                           q_precision=lambda: last_run().get("q_precision", "exact"))
+                           q_precision=lambda: last_run().get("q_precision", "exact"), starts=True)
     else:
         raise FuzzError(f"unknown target {name!r}: use one of {', '.join(OUR_TARGETS + PARSER_TARGETS)} or module:function")
     fn.__tqbridge_claim__ = claim

@@ -51,12 +51,14 @@ class AttentionProblem:
     softcap: "float | None" = None
     sinks: "np.ndarray | None" = None
     values: str = "normal"
+    start: "int | tuple[int, ...]" = 0   # each row's first visible key (drawn with ``starts=True``)
 
     def kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``decode_attention(**p.kwargs())`` (and for a user's kernel)."""
+        """Keyword arguments for ``decode_attention(**p.kwargs())`` (and for a user's kernel); ``start``
+        only where it is not 0."""
         return dict(q=self.q, k_blocks=self.k_blocks, v_blocks=self.v_blocks, k_format=self.k_format,
                     v_format=self.v_format, length=self.length, scale=self.scale, window=self.window,
-                    softcap=self.softcap, sinks=self.sinks)
+                    softcap=self.softcap, sinks=self.sinks, **({"start": self.start} if self.start else {}))
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -91,6 +93,8 @@ class AttentionProblem:
                                                      ("scale", self.scale)) if v is not None)
         if self.sinks is not None:
             opts += ", sinks=..."
+        if self.start:
+            opts += f", start={self.start!r}"
         return (f"AttentionProblem({self.k_format}/{self.v_format}, B={b}, Hq={hq}, Hkv={hkv}, T={t}, D={d}, "
                 f"L_max={lmax}, length={self.length!r}, values={self.values!r}{opts})")
 
@@ -116,7 +120,7 @@ def value_rows(rng, kind: str, shape, scale: float = 1.0) -> np.ndarray:
 @st.composite
 def _problems(draw, *, kfs, vfs, min_batch, max_batch, min_kv_heads, max_kv_heads, min_group, max_group,
               head_dims, min_length, max_length, max_query_rows, windows, softcaps, sinks, per_row_lengths,
-              values, q_dtypes):
+              values, q_dtypes, starts=False):
     kf, vf = as_format(draw(st.sampled_from(kfs))), as_format(draw(st.sampled_from(vfs)))
     b = draw(st.integers(min_batch, max_batch))
     hkv = draw(st.integers(min_kv_heads, max_kv_heads))
@@ -138,8 +142,12 @@ def _problems(draw, *, kfs, vfs, min_batch, max_batch, min_kv_heads, max_kv_head
     window = draw(st.integers(1, lmax + 2)) if windows and draw(st.booleans()) else None
     softcap = float(draw(st.sampled_from([5.0, 30.0, 50.0]))) if softcaps and draw(st.booleans()) else None
     sk = (rng.standard_normal(hkv * g) * 2).astype(np.float32) if sinks and draw(st.booleans()) else None
+    start: "int | tuple[int, ...]" = 0
+    if starts and draw(st.booleans()):   # a left-padded batch: each row's keys from its start
+        rows = length if isinstance(length, tuple) else (length,) * b
+        start = tuple(draw(st.integers(0, n)) for n in rows)
     return AttentionProblem(q, _quantize(kf, pad_rows(kf, k)), _quantize(vf, pad_rows(vf, v)), kf.key, vf.key,
-                            length, None, window, softcap, sk, kind)
+                            length, None, window, softcap, sk, kind, start)
 
 
 def attention_problems(
@@ -162,6 +170,7 @@ def attention_problems(
     per_row_lengths: bool = True,
     values: "Sequence[str] | None" = None,
     q_dtypes: Sequence[str] = ("float32",),
+    starts: bool = False,
 ) -> st.SearchStrategy[AttentionProblem]:
     """Decode-attention problems (:class:`AttentionProblem`).
 
@@ -169,7 +178,8 @@ def attention_problems(
     (non-multiples of a format's block are zero-padded as the fork pads them); cache lengths
     ``min_length..max_length`` (0 allowed: a row that sees no key returns zeros); up to
     ``max_query_rows`` query rows (at most 4). ``windows`` / ``softcaps`` / ``sinks`` allow drawing
-    those options; ``values`` limits the value families of K and V (:data:`VALUE_KINDS`).
+    those options; ``values`` limits the value families of K and V (:data:`VALUE_KINDS`); ``starts``
+    draws per-row starts (``start=``, a left-padded batch) for a kernel that takes them.
     """
     every = [f.key for f in all_formats()]
     kfs = every if k_formats is None else [as_format(x).key for x in k_formats]
@@ -201,4 +211,5 @@ def attention_problems(
                      max_kv_heads=max_kv_heads, min_group=min_group, max_group=max_group, head_dims=head_dims,
                      min_length=min_length, max_length=max_length, max_query_rows=max_query_rows,
                      windows=bool(windows), softcaps=bool(softcaps), sinks=bool(sinks),
-                     per_row_lengths=bool(per_row_lengths), values=vals, q_dtypes=tuple(q_dtypes))
+                     per_row_lengths=bool(per_row_lengths), values=vals, q_dtypes=tuple(q_dtypes),
+                     starts=bool(starts))

@@ -99,14 +99,14 @@ class KVSpellingTarget(ParserTarget):
 
         spec = data.decode("utf-8", "surrogateescape")
         if consumer == "parse_kv_spec":
-            from tqbridge.metal.lm.kv_spelling import kv_name, parse_kv_spec
+            from tqbridge.bridge.kv_spec import kv_name, parse_kv_spec
 
             k, v, cal = parse_kv_spec(spec)
             if parse_kv_spec(kv_name(k, v, cal)) != (k, v, cal):
                 return f"canonical name {kv_name(k, v, cal)!r} parses to something else"
             return None
         if consumer == "parse_layered_kv_spec":
-            from tqbridge.metal.lm.kv_spelling import layered_kv_name, parse_layered_kv_spec
+            from tqbridge.bridge.kv_spec import layered_kv_name, parse_layered_kv_spec
 
             kv = parse_layered_kv_spec(spec)
             if parse_layered_kv_spec(layered_kv_name(kv)) != kv:

@@ -173,7 +173,7 @@ class PromptCacheTarget(ParserTarget):
         import mlx.core as mx
         from mlx_lm.models.cache import save_prompt_cache
 
-        from tqbridge.bridge.kv_spec import CALIBRATED_KV, EXAMPLE_KV, LLAMA_EXAMPLE_KV, split_kv
+        from tqbridge.bridge.kv_spec import CALIBRATED_KV, EXAMPLE_KV, LLAMA_EXAMPLE_KV, split_key_spec, split_kv
         from tqbridge.bridge.registry import names
         from tqbridge.metal.lm.cache import TQCache
 
@@ -182,7 +182,7 @@ class PromptCacheTarget(ParserTarget):
         ek, ev = split_kv(EXAMPLE_KV)
         mk = names(lambda f: f.layout is not None and f.layout.has_m)[0]
         ck_side, cv = split_kv(CALIBRATED_KV)
-        ck, _, cal = ck_side.partition("+")
+        ck, kcal = split_key_spec(ck_side)
         lv = split_kv(LLAMA_EXAMPLE_KV)[1]
         tv = names(lambda f: f.kind == "turbo")[0]
         mx.random.seed(0)
@@ -190,7 +190,7 @@ class PromptCacheTarget(ParserTarget):
         for name, (kf, vf, window, cal, d, steps) in {
             f"{ek}-{ev}": (ek, ev, None, None, 64, (5, 1)),
             f"{mk}-f16-window": (mk, "f16", 8, None, 32, (6, 1, 1)),
-            f"{ck}+{cal}-{cv}": (ck, cv, None, cal, 64, (4,)),
+            f"{ck}+{kcal.spec}-{cv}": (ck, cv, None, kcal, 64, (4,)),
             f"empty-{lv}-{tv}": (lv, tv, 16, None, 64, ()),
         }.items():
             layers = []
