@@ -202,7 +202,8 @@ def layer_step_profile(cache: list, model, steps: int = 64, dtype=mx.float16) ->
     scale = hd ** -0.5
 
     def deps(out):
-        return [out] + ([c.decoder.flag] if c.decoder.flag is not None else [])
+        flag = c.decoder.flag if hasattr(c, "decoder") else None
+        return [out] + ([flag] if flag is not None else [])
 
     with route_attention():
         attn = base.scaled_dot_product_attention      # routed: TQCache layers go to tqbridge
