@@ -78,7 +78,7 @@ def _code_offset(lay: Layout) -> int:
     return 128 if lay.signed else lay.offset
 
 
-def _pack(u: np.ndarray, bits: int) -> np.ndarray:
+def pack_codes(u: np.ndarray, bits: int) -> np.ndarray:
     """(N, 32) codes -> (N, bits) uint32 words, MLX's little-endian bit stream."""
     u = u.astype(np.uint8)
     if bits == 8:
@@ -91,8 +91,8 @@ def _pack(u: np.ndarray, bits: int) -> np.ndarray:
     return np.ascontiguousarray(packed).view("<u4")
 
 
-def _unpack(words: np.ndarray, bits: int, count: int) -> np.ndarray:
-    """(N, words) uint32 -> (N, count) codes (inverse of :func:`_pack`)."""
+def unpack_codes(words: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """(N, words) uint32 -> (N, count) codes (inverse of :func:`pack_codes`)."""
     b = np.ascontiguousarray(words, dtype="<u4").view(np.uint8)
     if bits == 8:
         return b.copy()
@@ -150,7 +150,7 @@ def to_mlx_affine(fmt, blocks, n: int, *, dtype: Any = None):
                 )
     q = fields["q"]
     u = (q.view(np.uint8) ^ 0x80) if lay.signed else q
-    w = _pack(u, lay.bits)
+    w = pack_codes(u, lay.bits)
     nb = n // BLOCK
     w = w.reshape(*lead, nb * lay.bits)
     shape = (*lead, nb)
@@ -243,7 +243,7 @@ def from_mlx_affine(fmt, w, scales, biases, group_size: int, bits: int) -> np.nd
     rep = group_size // BLOCK
     d = np.repeat(s16.reshape(-1), rep)
     m = np.repeat(b16.reshape(-1), rep) if lay.has_m else None
-    u = _unpack(w.reshape(-1, bits), bits, BLOCK)
+    u = unpack_codes(w.reshape(-1, bits), bits, BLOCK)
     q = (u ^ 0x80).view(np.int8) if lay.signed else u
     out = join_blocks(f, d, q, m)
     return out.reshape(*lead, n // BLOCK * f.type_size)

@@ -23,7 +23,8 @@ from .registry import get_format
 
 
 @functools.lru_cache(maxsize=1)
-def _lib() -> ctypes.CDLL:
+def load() -> ctypes.CDLL:
+    """The loaded library (cached); GgmlUnavailable with the reason when it cannot be loaded."""
     path = library_path()
     ensure_compatible()  # version, symbols and layouts, before any call; LlamaCppIncompatible if not
     try:
@@ -42,21 +43,18 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
-def load() -> ctypes.CDLL:
-    """The loaded library (cached); GgmlUnavailable with the reason when it cannot be loaded."""
-    return _lib()
-
-
 def available() -> bool:
     """True when ggml's C library can be loaded."""
     try:
-        _lib()
+        load()
     except GgmlUnavailable:
         return False
     return True
 
 
-def _type_id(fmt: Format) -> int:
+def type_id(fmt: Format) -> int:
+    """``fmt``'s ggml type id in this process's ggml (a selected fork build's own ids for its turbo
+    types); FormatError for a format this ggml does not have."""
     tid = fmt.type_ids.get("ggml")
     if tid is None:
         if selected() is not None:   # a fork build chosen with --llama: its turbo types
@@ -70,7 +68,7 @@ def _type_id(fmt: Format) -> int:
 def type_traits(fmt: "str | Format") -> dict:
     """ggml's own view of a type: name, block size, type size, is_quantized."""
     fmt = get_format(fmt)
-    t = _lib().ggml_get_type_traits(_type_id(fmt)).contents
+    t = load().ggml_get_type_traits(type_id(fmt)).contents
     info = {"name": t.type_name.decode(), "block_size": int(t.blck_size), "type_size": int(t.type_size),
             "is_quantized": bool(t.is_quantized), "to_float": t.to_float}
     if (info["block_size"], info["type_size"]) != (fmt.block_size, fmt.type_size):
@@ -84,20 +82,20 @@ def c_row_size(fmt: "str | Format", n: int) -> int:
     """``ggml_row_size``: bytes of a row of ``n`` values."""
     fmt = get_format(fmt)
     fmt.check_length(n)
-    return int(_lib().ggml_row_size(_type_id(fmt), n))
+    return int(load().ggml_row_size(type_id(fmt), n))
 
 
 def c_quantize(fmt: "str | Format", x: np.ndarray) -> np.ndarray:
     """ggml's ``ggml_quantize_chunk`` on float rows ``x`` (..., n) -> uint8 (..., row bytes)."""
     fmt = get_format(fmt)
-    tid = _type_id(fmt)
+    tid = type_id(fmt)
     x = np.asarray(x)
     if x.ndim == 0:
         raise FormatError(f"{fmt.key}: cannot quantize a 0-d array; give at least one row")
     n = int(x.shape[-1])
     fmt.check_length(n)
     type_traits(fmt)
-    lib = _lib()
+    lib = load()
     if lib.ggml_quantize_requires_imatrix(tid):
         raise FormatError(f"{fmt.key}: ggml requires an importance matrix for this type")
     src = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, n)

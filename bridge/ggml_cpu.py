@@ -10,7 +10,7 @@ It is not always ggml's reference quantizer (``ggml_quantize_chunk``, the bridge
 q8_0 the CPU backend has its own SIMD ``quantize_row_q8_0`` — on x86 (AVX2/AVX-512) it multiplies by
 ``127 / amax`` instead of ``1 / (amax / 127)`` and rounds half to even instead of C's ``roundf`` (half
 away from zero), so a value whose scaled magnitude sits on (or within an ulp of) a half-integer gets
-the neighbouring code. :func:`reference_disagreement` measures where the two differ on given rows.
+the neighbouring code.
 The other cache types (q4_0, q4_1, q5_0, q5_1, iq4_nl) use the reference quantizer on the CPU.
 """
 
@@ -37,18 +37,18 @@ _VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t
 
 @functools.lru_cache(maxsize=1)
 def _cpu():
-    from .ggml_graph import _libs
+    from .ggml_graph import libraries
 
-    cpu = _libs()[1]
+    cpu = libraries()[1]
     cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_TraitsCpu)
     cpu.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
     return cpu
 
 
 def _type_id(fmt) -> int:
-    from .ggml_c import _type_id as ggml_type_id   # upstream's ids, or a selected fork build's turbo ids
+    from .ggml_c import type_id   # upstream's ids, or a selected fork build's turbo ids
 
-    return ggml_type_id(get_format(fmt))
+    return type_id(get_format(fmt))
 
 
 def traits(fmt) -> dict:
@@ -87,21 +87,10 @@ def c_reference_quantize(fmt, x: np.ndarray) -> np.ndarray:
     """ggml's own C reference quantizer of a cache type (its ``from_float_ref``: ``quantize_row_*_ref``,
     iq4_nl without the scale search, the fork's turbo quantizers) on rows (..., n); float types, which
     have nothing to quantize, through :func:`reference_quantize`."""
-    from .ggml_c import _type_id
-
     f = get_format(fmt)
     if f.kind == "float":
         return reference_quantize(f, x)
     return from_float_by_id(_type_id(f), x, f.type_size, cpu=False, block_size=f.block_size)
-
-
-def reference_disagreement(fmt, x: np.ndarray) -> np.ndarray:
-    """Per block of ``x`` (..., n): True where ggml-cpu's ``from_float`` and the reference quantizer
-    (:func:`reference_quantize`) write different bytes."""
-    f = get_format(fmt)
-    a = cpu_from_float(f, x)
-    b = reference_quantize(f, x)
-    return (a.reshape(-1, f.type_size) != b.reshape(-1, f.type_size)).any(axis=1).reshape(*a.shape[:-1], -1)
 
 
 GGML_TYPE_Q8_1 = 9      # ggml.h; not a cache type (no registry entry): q's dot type for q4_1 / q5_1 K
@@ -113,12 +102,12 @@ def from_float_by_id(type_id: int, x: np.ndarray, type_size: int, *, cpu: bool =
     """ggml-cpu's ``from_float`` (``cpu``) or ggml's ``from_float_ref`` of a ggml type id on float rows
     (..., n), n a multiple of ``block_size`` -> uint8 (..., n // block_size * type_size). For types
     outside the registry (q8_1), and for ggml's own reference quantizer of a registry type."""
-    from .ggml_c import _lib
+    from .ggml_c import load
 
     if cpu:
         fp = _cpu().ggml_get_type_traits_cpu(int(type_id)).contents.from_float
     else:
-        fp = _lib().ggml_get_type_traits(int(type_id)).contents.from_float_ref
+        fp = load().ggml_get_type_traits(int(type_id)).contents.from_float_ref
     if not fp:
         raise ValueError(f"ggml type {type_id}: no {'CPU from_float' if cpu else 'from_float_ref'}")
     fn = _FROM_FLOAT(fp)

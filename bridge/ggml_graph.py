@@ -30,7 +30,9 @@ class GgmlGraphError(RuntimeError):
 
 
 @functools.lru_cache(maxsize=1)
-def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+def libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    """ggml's base and CPU-backend libraries of this process's llama.cpp side, loaded once with the
+    signatures this module calls; GgmlUnavailable when there is no CPU library."""
     base = load()
     path = library_path().parent / cpu_library_name()
     if not path.exists():
@@ -63,14 +65,14 @@ def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
 def available() -> "str | None":
     """None when ggml's CPU backend can be used here, else the reason it cannot."""
     try:
-        _libs()
+        libraries()
     except (ImportError, OSError) as e:
         return str(e)
     return None
 
 
 def _row_bytes(type_id: int, n: int) -> int:
-    return int(_libs()[0].ggml_row_size(type_id, n))
+    return int(libraries()[0].ggml_row_size(type_id, n))
 
 
 def _compute(base, cpu, ctx, out, n_threads: int, use_ref: bool = False) -> None:
@@ -104,7 +106,7 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, k_type: int, 
     ``k_type`` / ``v_type`` (``head_dim_v`` values per V row, default D).
     Returns (T, Hq, Dv) float32.
     """
-    base, cpu = _libs()
+    base, cpu = libraries()
     q = np.ascontiguousarray(q, dtype=np.float32)
     if q.ndim != 3:
         raise GgmlGraphError(f"q must be (Hq, T, D); got shape {q.shape}")
@@ -148,7 +150,7 @@ def turbo_wht(x: np.ndarray, direction: int, group: int = 128) -> np.ndarray:
     """The TurboQuant fork's ``ggml_turbo_wht(ctx, a, direction, group, NULL)`` (0: forward rotation,
     1: inverse; no InnerQ scale) on float32 rows ``x`` (rows, n), one thread; only in a fork build's
     ggml (:func:`tqbridge.bridge.llama_build.select`)."""
-    base, cpu = _libs()
+    base, cpu = libraries()
     fn = getattr(base, "ggml_turbo_wht", None)
     if fn is None:
         raise GgmlGraphError("this ggml has no ggml_turbo_wht (not a TurboQuant fork build)")

@@ -96,7 +96,10 @@ class GGUFFile:
         return raw
 
 
-class _Cursor:
+class Cursor:
+    """A read position in GGUF bytes: each read checks the bytes are there, GGUFError naming what is
+    read, where and in which file when they are not."""
+
     def __init__(self, buf, size: int, order: str, path: str):
         self.buf, self.size, self.order, self.path, self.pos = buf, size, order, path, 0
 
@@ -199,7 +202,7 @@ def _walk(buf, size: int, path: str) -> GGUFFile:
         version = struct.unpack_from(">I", buf, 4)[0]
     if version not in VERSIONS:
         raise GGUFError(f"{path}: unsupported GGUF version {version} (readable: {', '.join(map(str, VERSIONS))})")
-    c = _Cursor(buf, size, order, path)
+    c = Cursor(buf, size, order, path)
     c.pos = 8
     n_tensors, n_kv = c.unpack("QQ", "tensor and metadata counts")
     rest = size - c.pos
@@ -362,7 +365,7 @@ def read_values(path: "str | os.PathLike[str]", keys) -> dict[str, Any]:
             if size < 24 or bytes(buf[:4]) != MAGIC:
                 raise GGUFError(f"{path}: not a GGUF file")
             order = ">" if struct.unpack_from("<I", buf, 4)[0] & 0xFFFF == 0 else "<"
-            c = _Cursor(buf, size, order, path)
+            c = Cursor(buf, size, order, path)
             c.pos = 8
             _, n_kv = c.unpack("QQ", "tensor and metadata counts")
             for i in range(n_kv):
@@ -377,14 +380,14 @@ def read_values(path: "str | os.PathLike[str]", keys) -> dict[str, Any]:
     return out
 
 
-def _text(raw: bytes, c: _Cursor, key: str) -> str:
+def _text(raw: bytes, c: Cursor, key: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise GGUFError(f"{c.path}: metadata {_shown(key)} holds a string that is not UTF-8") from None
 
 
-def _read_value(c: _Cursor, vtype: int, key: str) -> Any:
+def _read_value(c: Cursor, vtype: int, key: str) -> Any:
     what = f"metadata {_shown(key)}"
     if vtype in _SCALAR_CODES:
         v = c.unpack(_SCALAR_CODES[vtype], what)

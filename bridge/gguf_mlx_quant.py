@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .affine import _pack, to_mlx_affine
+from .affine import pack_codes, to_mlx_affine
 from .format_types import FormatError
 
 QK_K = 256          # values in a K-quant super-block
@@ -171,7 +171,7 @@ def kquant_to_mlx_affine(type_name: str, blocks, n: int):
     scales = d[:, None] * sc.astype(np.float32)             # exact: 11 x 6 significant bits
     biases = -(dmin[:, None] * m.astype(np.float32))        # exact, negated
     groups = n // SUB
-    w = _pack(codes.reshape(-1, SUB), bits).reshape(*lead, groups * bits)
+    w = pack_codes(codes.reshape(-1, SUB), bits).reshape(*lead, groups * bits)
     return w, scales.reshape(*lead, groups), biases.reshape(*lead, groups), SUB, bits
 
 

@@ -412,6 +412,8 @@ def build_model(c: GGUFContents, layout: str = "ggml", match_llama_cpp: bool = T
     """
     prefer_fast_blas()
     import mlx.core as mx
+    # private, and kept: mlx-lm has no public way from a config to its model classes with its model-type
+    # remapping (load_model wants a directory of weights; this builds from a GGUF in memory)
     from mlx_lm.utils import _get_classes
 
     slow_blas_notice()  # model work on MLX's CPU with the bundled reference BLAS: say so, once

@@ -351,7 +351,7 @@ def select(build: "str | os.PathLike[str]") -> BuildInfo:
     current = selected()
     if current is not None and current.path == info.path:
         return info
-    if ggml_c._lib.cache_info().currsize or "llama_cpp" in sys.modules:
+    if ggml_c.load.cache_info().currsize or "llama_cpp" in sys.modules:
         raise LlamaBuildError("a llama.cpp library is already loaded in this process; choose the build "
                               "(--llama) before anything runs llama.cpp")
     set_selected(info)

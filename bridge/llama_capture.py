@@ -79,9 +79,9 @@ class GgmlTensor(ctypes.Structure):
 
 
 def _base():
-    from .ggml_graph import _libs
+    from .ggml_graph import libraries
 
-    base = _libs()[0]
+    base = libraries()[0]
     P = ctypes.c_void_p
     for name, res, args in (("ggml_op_name", ctypes.c_char_p, [ctypes.c_int]),
                             ("ggml_get_name", ctypes.c_char_p, [P]),
@@ -378,6 +378,8 @@ def _python_run(cap, gguf_path, toks, split, n_ctx, threads, k_type, v_type, rot
     """capture_run on llama-cpp-python's own build."""
     import gguf
     from llama_cpp import llama_cpp as C
+    # private, and kept: llama-cpp-python quiets llama.cpp's log only through Llama(verbose=...), which this
+    # loader does not make; llama_compat checks the function is there
     from llama_cpp._logger import set_verbose
 
     from .llama_compat import ensure_compatible

@@ -49,7 +49,7 @@ def sign_tables(group: int = 128) -> tuple[np.ndarray, np.ndarray]:
     return S1[:group], S2[:group]
 
 
-def _butterfly_np(u: np.ndarray, group: int) -> np.ndarray:
+def butterfly_np(u: np.ndarray, group: int) -> np.ndarray:
     lead = u.shape[:-1]
     h = 1
     while h < group:
@@ -70,7 +70,7 @@ def _apply_np(x: np.ndarray, first: np.ndarray, last: np.ndarray, group: int) ->
     post = (SCALES[group] * last).astype(np.float32)  # C: x[i] *= inv_sqrt * s[i]
     with np.errstate(over="ignore", invalid="ignore"):
         u = x * first
-        u = _butterfly_np(u, group)
+        u = butterfly_np(u, group)
         return u * post
 
 

@@ -76,21 +76,6 @@ def stored_pairs(state, swa: "list[bool] | None" = None) -> "list[tuple[str, str
     return [(_name(L.k_format), _name(L.v_format)) for _, L in sorted(layers.items())]
 
 
-def pairs_from_type_ids(ids: "list[tuple[int, int]]", variant: "str | None" = None) -> "list[tuple[str, str]]":
-    """``(K, V)`` format names from ggml type ids per layer (e.g. a capture's flash-attention sources)."""
-    from .llama_side import type_table
-
-    table = type_table(variant)
-    out = []
-    for k, v in ids:
-        if k not in table or v not in table:
-            from .llama_state import StateError
-
-            raise StateError(f"ggml type {k if k not in table else v} is not a format tqbridge knows")
-        out.append((display_name(table[k]), display_name(table[v])))
-    return out
-
-
 def layered_spelling(pairs: "list[tuple[str, str]]") -> str:
     """Per-layer pairs in the per-layer spelling (:func:`.kv_spec.layered_kv_name`): the most common
     pair as the default, every other pair as a ``[LAYERS=K/V]`` group. One pair for every layer: that

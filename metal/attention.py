@@ -24,7 +24,7 @@ from typing import Any
 
 from ..bridge.format_types import Format
 from .attention_problem import (AttentionError, RunRecord, check_problem, check_q_precision, last_run,
-                                last_run_record, record_run, renamed_kernel, start_key)
+                                kernel_name, last_run_record, record_run, start_key)
 from .attention_kernel import clear_launch_caches, kernel_attention, prepare_decode
 from .decode_options import DecodeOptions, as_options
 
@@ -58,8 +58,8 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
     Option ``options``: a :class:`~tqbridge.metal.decode_options.DecodeOptions` (how the kernel is planned
     and launched; ``q_precision`` merges into it). Plan overrides (``splits``, ``warps``, ``tile``,
     ``kernel``, ``lanes_per_key``, ``generic``, ``seed``) serve tests and sweeps; ``kernel`` is one of
-    ``"lanes"``, ``"tiles"``, ``"int8-mma"`` (``attention_problem.KERNELS``; a former name,
-    ``attention_problem.KERNEL_ALIASES``, is taken with a DeprecationWarning and runs as its new one).
+    ``"lanes"``, ``"tiles"``, ``"int8-mma"`` (``attention_problem.KERNELS``; any other name is an
+    :class:`AttentionError` listing them).
     ``backend``: ``"auto"`` (the fused kernel on the best backend here), ``"kernel"``,
     ``"metal"``, ``"cuda"``, ``"cpu-emulator"`` or ``"reference"`` (MLX ops). numpy in, numpy out;
     MLX arrays in, MLX arrays out. Returns an array shaped like q.
@@ -67,8 +67,8 @@ def decode_attention(q: Any, k_blocks: Any, v_blocks: Any, *, k_format: Any, v_f
     if backend not in BACKENDS:
         raise AttentionError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     starts = start_key(start, q)
-    if "kernel" in options:   # a former name: warned here, the new one from here on
-        options["kernel"] = renamed_kernel(options["kernel"])
+    if "kernel" in options:
+        kernel_name(options["kernel"])
     qp = options.get("q_precision")
     check_q_precision(qp)
     opts = as_options(options.get("options"), qp)

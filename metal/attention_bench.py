@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 from ..bridge.format_types import Format
+from .attention_problem import KERNELS, AttentionError
 from .decode_options import DecodeOptions
 
 # fp16 q and output: the kernel and the reference path each round the output to fp16 (2^-11
@@ -52,6 +53,36 @@ class AttentionBench:
     device_time: bool = True
     variant_list: "tuple[DecodeOptions, ...]" = ()
     variant_rounds: int = 2
+
+
+def kernel_configs(kernel: str, tune: str) -> list:
+    """The ``configs`` of an :class:`AttentionBench` from ``bench attention``'s ``--kernel`` (comma-separated
+    names: ``auto`` or one of :data:`~.attention_problem.KERNELS`) and ``--tune`` (comma-separated
+    ``KERNEL:SHAPE``); the first is the headline. A name or shape it does not know is an
+    :class:`~.attention_problem.AttentionError` naming the option and what it takes."""
+    configs = []
+    for k in filter(None, kernel.split(",")):
+        if k != "auto" and k not in KERNELS:
+            raise AttentionError(f"--kernel: unknown kernel {k!r}; choose from auto, {', '.join(KERNELS)}")
+        configs.append(("fused" if not configs else f"fused_{k}", None if k == "auto" else k, None, None, None, None))
+    if not configs:
+        raise AttentionError("--kernel: name at least one kernel")
+    shapes = "tiles:WARPSxTILE, int8-mma:WARPSxTILE[xCHUNKS] or lanes:LPKxWARPS[xTILE]"
+    for c in filter(None, tune.split(",")):
+        kern, _, spec = c.rpartition(":")
+        kern = kern or "lanes"
+        try:
+            parts = [int(x) for x in spec.split("x")]
+        except ValueError:
+            raise AttentionError(f"--tune: {c!r} is not {shapes}") from None
+        if kern in ("tiles", "int8-mma") and len(parts) == 2 or kern == "int8-mma" and len(parts) == 3:
+            configs.append((f"fused_{kern}_{spec}", kern, None, parts[0], parts[1], parts[2] if len(parts) == 3 else None))
+        elif kern == "lanes" and len(parts) in (2, 3):
+            parts += [None] * (3 - len(parts))
+            configs.append((f"fused_lanes_{spec}", "lanes", *parts, None))
+        else:
+            raise AttentionError(f"--tune: {c!r} is not {shapes}")
+    return configs
 
 
 def run_attention_bench(bench: AttentionBench, emit=print) -> dict:

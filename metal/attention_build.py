@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .attention_formats import _fmt_params, _side_rotation
+from .attention_formats import format_params, side_rotation
 from .attention_plan import (COMBINE_THREADS, MAX_PARTIALS, TILE_BYTES, Plan, row_bytes, rows_room, turbo_index_bits,
                              tiles_key_slots, int8_mma_stage_bytes)
 from .attention_problem import Problem
@@ -34,16 +34,16 @@ def launch(kernel, *args, **kw):
 
 def tables(prob: Problem) -> np.ndarray:
     """The ``tabs`` buffer: K/V value tables, K/V sign tables (RMAX each), K/V rotation scales."""
-    _, kt, *_ = _fmt_params(prob.k_format)
-    _, vt, *_ = _fmt_params(prob.v_format)
-    _, ks1, ks2, kscale = _side_rotation(prob.k_format, prob.k_rot)
-    _, vs1, vs2, vscale = _side_rotation(prob.v_format, prob.v_rot)
+    _, kt, *_ = format_params(prob.k_format)
+    _, vt, *_ = format_params(prob.v_format)
+    _, ks1, ks2, kscale = side_rotation(prob.k_format, prob.k_rot)
+    _, vs1, vs2, vscale = side_rotation(prob.v_format, prob.v_rot)
     return np.concatenate([kt, vt, ks1, ks2, vs1, vs2, [kscale, vscale]]).astype(np.float32)
 
 
 def _fmt_consts(prob: Problem) -> dict:
-    ks, *_ = _fmt_params(prob.k_format)
-    vs, *_ = _fmt_params(prob.v_format)
+    ks, *_ = format_params(prob.k_format)
+    vs, *_ = format_params(prob.v_format)
     return dict(TQA_KF=ks["ID"], TQA_VF=vs["ID"], TQA_KBB=ks["BB"], TQA_VBB=vs["BB"], TQA_KGRP=ks["GRP"],
                 TQA_VGRP=vs["GRP"], TQA_KQS=ks["QS"], TQA_VQS=vs["QS"], TQA_KSG=ks["SG"], TQA_VSG=vs["SG"],
                 TQA_KROT=ks["ROT"] or prob.k_rot, TQA_VROT=vs["ROT"] or prob.v_rot, TQA_G=prob.group,

@@ -17,7 +17,7 @@ RMAX = 256                   # entries of each rotation sign table in ``tabs`` (
 FORMAT_IDS = kernel_ids()
 
 
-def _fmt_params(fmt) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, float]:
+def format_params(fmt) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, float]:
     """Static parameters, 16-entry value table, sign tables (s1, s2) and rotation scale of a format
     (turbo formats rotate by their own group; ROT is that group, 0 for the others)."""
     fid = FORMAT_IDS.get(fmt.name)
@@ -39,10 +39,10 @@ def _fmt_params(fmt) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, float]:
     return static, tab, s1, s2, rot_scale
 
 
-def _side_rotation(fmt, group: int) -> tuple[int, np.ndarray, np.ndarray, float]:
+def side_rotation(fmt, group: int) -> tuple[int, np.ndarray, np.ndarray, float]:
     """(rotation group, s1, s2, scale) of one side: the format's own (turbo) or llama.cpp's plain
     Hadamard of ``group`` values (signs 1, scale 1/sqrt(group) in float32)."""
-    st, _, s1, s2, scale = _fmt_params(fmt)
+    st, _, s1, s2, scale = format_params(fmt)
     if st["ROT"] or not group:
         return st["ROT"], s1, s2, scale
     ones = np.ones(RMAX, np.float32)

@@ -15,7 +15,7 @@ import numpy as np
 from .attention_build import LAUNCHES, QTYPES, built, dyn_build, launch, pass1_params, static_params, tables
 from .attention_launch import DecodeLaunch, clear_caches as _clear_launches, launches, int8_mma_report
 from .attention_plan import COMBINE_THREADS, Plan, plan_cached, resolve_kernel
-from .attention_problem import (AttentionError, Problem, RunRecord, _np, check_problem, last_run, record_run)
+from .attention_problem import (AttentionError, Problem, RunRecord, to_numpy, check_problem, last_run, record_run)
 from .backend import pick_backend
 from .decode_options import DecodeOptions, as_options
 
@@ -29,7 +29,7 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
 
         qn = np.array(mx.view(q, mx.uint16))
     else:
-        qn = _np(q)
+        qn = to_numpy(q)
         if qtype == 1:
             qn = np.ascontiguousarray(qn).view(np.uint16)
     qn = np.ascontiguousarray(qn)
@@ -38,9 +38,9 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
     ip1 = np.array(pass1_params(prob, plan), np.int32)
     fp1 = np.array([prob.scale, prob.softcap], np.float32)
     tabs = tables(prob)
-    sk = np.zeros(prob.q_heads, np.float32) if sinks is None else _np(sinks).astype(np.float32).reshape(-1)
+    sk = np.zeros(prob.q_heads, np.float32) if sinks is None else to_numpy(sinks).astype(np.float32).reshape(-1)
     k1 = built("cpu-emulator", 0, qtype, split_s, plan.kernel)
-    ins = [qn, np.ascontiguousarray(_np(kb)), np.ascontiguousarray(_np(vb)), ip1, fp1, tabs, np.zeros(1, np.uint32)]
+    ins = [qn, np.ascontiguousarray(to_numpy(kb)), np.ascontiguousarray(to_numpy(vb)), ip1, fp1, tabs, np.zeros(1, np.uint32)]
     if q_scale is not None:
         ins.append(q_scale)
     grid1 = (prob.batch * prob.kv_heads * plan.splits, 1, 1)
@@ -56,7 +56,7 @@ def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: s
     import mlx.core as mx
 
     def as_mx(a):
-        return a if isinstance(a, mx.array) else mx.array(np.ascontiguousarray(_np(a)))
+        return a if isinstance(a, mx.array) else mx.array(np.ascontiguousarray(to_numpy(a)))
 
     run = launches(prob, plan, qtype, backend, sinks is not None, dyn, consts, q_scale is not None)
     return run(as_mx(q), as_mx(kb), as_mx(vb), None if sinks is None else as_mx(sinks),
@@ -65,7 +65,7 @@ def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: s
 
 def _query_scale(q_scale, prob: Problem) -> np.ndarray:
     """``q_scale`` as pass 1's input ``qsc``: float32, the query heads x head dim values in order."""
-    a = np.ascontiguousarray(_np(q_scale), np.float32).reshape(-1)
+    a = np.ascontiguousarray(to_numpy(q_scale), np.float32).reshape(-1)
     if a.size != prob.q_heads * prob.head_dim:
         raise AttentionError(f"q_scale has {a.size} values; q's heads x head dim are {prob.q_heads * prob.head_dim} "
                              f"(shape (Hq, D) or (1, Hq, 1, D))")
@@ -83,7 +83,7 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
     build for every format pair). Default: yes on the emulator, no on a GPU (one specialised build
     per format pair, the fast one); ``generic=True`` on a GPU serves sweeps over many pairs.
     ``kernel``: the pass-1 kernel, "lanes", "tiles" or "int8-mma" (default: from q's precision; tiles when
-    its threadgroup memory fits; a former name is taken with a DeprecationWarning). ``options``: the
+    its threadgroup memory fits). ``options``: the
     decode options (``q_precision`` merges into them). ``q_scale``: a key-calibrated cache's channel
     scales s (Hq x D values: (Hq, D) or (1, Hq, 1, D)); pass 1 attends with q * s, made in float32 and
     rounded to q's dtype as it loads q (the same bits as q * s cast to q's dtype before the call).
@@ -118,7 +118,7 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
             import mlx.core as mx
 
             mx.eval(out)
-            out = _np(out)
+            out = to_numpy(out)
     record_run(RunRecord(
         backend=bk, dispatches=LAUNCHES[0] - launches0, kernel=plan.kernel, splits=plan.splits,
         lanes_per_key=plan.lanes_per_key, warps=plan.warps, tile=plan.tile,

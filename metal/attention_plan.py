@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..bridge.registry import names as _format_names
-from .attention_formats import _fmt_params
-from .attention_problem import AttentionError, Problem, kernel_name, renamed_kernel
+from .attention_formats import format_params
+from .attention_problem import AttentionError, Problem, kernel_name
 from .decode_options import (DEFAULT_OPTIONS, DEFAULT_Q_PRECISION, FILL_PER_UNIT_TILES, GROUPS_PER_UNIT_INT8_MMA,
                              GROUPS_PER_UNIT_INT8_MMA_LONG, GROUPS_PER_UNIT_LANES, GROUPS_PER_UNIT_TILES,
                              INT8_DEFAULT_MAX_V_BITS, INT8_MMA_CHUNKS, INT8_MMA_DEFAULT_CHUNKS, INT8_MMA_LONG_SPLIT_KEYS,
@@ -125,8 +125,8 @@ def row_bytes(prob: Problem, dyn: bool) -> tuple[int, int]:
     """Bytes of one K row and one V row as a build stages them (``dyn``: room for f32 rows)."""
     if dyn:   # room for the widest format (f32), so one build serves every pair
         return 4 * prob.k_dim, 4 * prob.v_dim
-    ks, *_ = _fmt_params(prob.k_format)
-    vs, *_ = _fmt_params(prob.v_format)
+    ks, *_ = format_params(prob.k_format)
+    vs, *_ = format_params(prob.v_format)
     return prob.k_dim // ks["GRP"] * ks["BB"], prob.v_dim // vs["GRP"] * vs["BB"]
 
 
@@ -167,8 +167,7 @@ def make_plan(prob: Problem, backend: str, *, splits: "int | None" = None, lanes
               warps: "int | None" = None, tile: "int | None" = None, kernel: "str | None" = None,
               dyn: bool = False, chunks: "int | None" = None, options: "DecodeOptions | None" = None) -> Plan:
     """Launch plan. ``kernel``: None (tiles when it fits, else lanes) or one of
-    :data:`~.attention_problem.KERNELS` (a former name is taken with a DeprecationWarning,
-    :func:`~.attention_problem.kernel_name`); ``dyn``: the build is format-generic (the emulator's default), which sizes threadgroup memory for f32 rows; ``chunks``:
+    :data:`~.attention_problem.KERNELS` (:func:`~.attention_problem.kernel_name`); ``dyn``: the build is format-generic (the emulator's default), which sizes threadgroup memory for f32 rows; ``chunks``:
     int8-mma's chunks per step (else ``options.chunks``); ``options``: resolved for ``backend`` here."""
     opts = (DEFAULT_OPTIONS if options is None else options).resolve(backend)
     if max(prob.k_dim, prob.v_dim) > COMBINE_THREADS:
@@ -444,9 +443,8 @@ def resolve_kernel(prob: Problem, backend: str, kernel: "str | None", q_precisio
     """The pass-1 kernel for a call (None: the planner's choice of tiles or lanes): ``q_precision``
     "int8" is kernel int8-mma, "exact" kernels lanes / tiles; None takes the backend's default precision
     (:data:`~.decode_options.DEFAULT_Q_PRECISION`), int8 only where int8-mma serves the problem and V has
-    fewer than 8 bits per value. ``kernel``: one of :data:`~.attention_problem.KERNELS` or None (a former
-    name is taken with a DeprecationWarning)."""
-    kernel = renamed_kernel(kernel)
+    fewer than 8 bits per value. ``kernel``: one of :data:`~.attention_problem.KERNELS` or None."""
+    kernel = kernel_name(kernel)
     if q_precision is None:
         if kernel is not None:
             return kernel

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,10 +32,6 @@ Q_PRECISIONS = ("exact", "int8")   # how q enters the scores (see decode_attenti
 #   tile and query row (exact q);
 # - "int8-mma": int8 q in matrix multiply-accumulate fragments (tensor cores on CUDA).
 KERNELS = ("lanes", "tiles", "int8-mma")
-# Their former names (v1, v2, v3: the order they were written in; docs/kernel-history.md), still taken
-# as input with a DeprecationWarning (:func:`renamed_kernel`); nothing outputs them. The only place the
-# library spells them.
-KERNEL_ALIASES = {"v1": "lanes", "v2": "tiles", "v3": "int8-mma"}
 
 
 class AttentionError(ValueError):
@@ -276,26 +271,9 @@ def check_q_precision(q_precision: "str | None") -> None:
                              f"default); got {q_precision!r}")
 
 
-def renamed_kernel_note(old: str) -> str:
-    """What a caller is told when it names a kernel by its former name ``old`` (a key of
-    :data:`KERNEL_ALIASES`)."""
-    return f"kernel {old!r} is now called {KERNEL_ALIASES[old]!r}; the old name is deprecated"
-
-
-def renamed_kernel(kernel: Any, stacklevel: int = 1) -> Any:
-    """``kernel`` with a former name (:data:`KERNEL_ALIASES`) replaced by its new one, with a
-    DeprecationWarning naming it, ``stacklevel`` frames above the caller; anything else as it is."""
-    if isinstance(kernel, str) and kernel in KERNEL_ALIASES:
-        warnings.warn(renamed_kernel_note(kernel), DeprecationWarning, stacklevel=stacklevel + 2)
-        return KERNEL_ALIASES[kernel]
-    return kernel
-
-
-def kernel_name(kernel: "str | None", stacklevel: int = 1) -> "str | None":
-    """The ``kernel`` option as one of :data:`KERNELS` (None, the planner's choice, stays None): a
-    former name as :func:`renamed_kernel` maps it; anything else raises :class:`AttentionError`
-    listing the valid names."""
-    kernel = renamed_kernel(kernel, stacklevel + 1)
+def kernel_name(kernel: "str | None") -> "str | None":
+    """The ``kernel`` option as one of :data:`KERNELS` (None, the planner's choice, stays None); anything
+    else raises :class:`AttentionError` listing the valid names."""
     if kernel is not None and kernel not in KERNELS:
         raise AttentionError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
     return kernel
@@ -314,7 +292,7 @@ def visible_range(length: int, rows: int, t: int, window: int, start: int = 0) -
     return lo, max(lo, hi)
 
 
-def _np(a: Any) -> np.ndarray:
+def to_numpy(a: Any) -> np.ndarray:
     """A numpy view or copy of ``a`` (numpy or MLX; MLX bfloat16 becomes float32)."""
     if isinstance(a, np.ndarray):
         return a

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from .. import bridge
-from .attention_problem import Problem, RunRecord, _np, check_problem, record_run, visible_range
+from .attention_problem import Problem, RunRecord, to_numpy, check_problem, record_run, visible_range
 
 U32 = 2.0 ** -24                     # float32 unit roundoff
 U16 = 2.0 ** -11                     # binary16 unit roundoff (kernel int8-mma rounds V values and weights to it)
@@ -80,7 +80,7 @@ def _unrotate64(x: np.ndarray, n: int) -> np.ndarray:
 
 def dequantized_cache(fmt, blocks: np.ndarray, n: int, l_used: int, head_dim: int, *, rotated: bool = False) -> np.ndarray:
     """Float32 (B, H, l_used, head_dim) values of a cache, in the original basis (or stored, rotated)."""
-    blocks = np.ascontiguousarray(_np(blocks)[:, :, :l_used])
+    blocks = np.ascontiguousarray(to_numpy(blocks)[:, :, :l_used])
     if l_used == 0:
         return np.zeros(blocks.shape[:3] + (head_dim,), np.float32)
     kw = {"rotated": True} if rotated and _is_turbo(fmt) else {}
@@ -92,11 +92,11 @@ def _kernel_rotate32(x: np.ndarray, group: int, s1: np.ndarray, s2: np.ndarray, 
     """The kernels' float32 rotation of q (``tqa_rotate``), operation for operation: x * s1, the
     butterfly stages h = 1, 2, 4 ... (the bridge's), then x * (scale * s2); ``x`` (..., n), n a
     multiple of group."""
-    from ..bridge.rotation import _butterfly_np
+    from ..bridge.rotation import butterfly_np
 
     f32 = np.float32
     y = x.astype(f32).reshape(-1, x.shape[-1] // group, group) * s1[:group].astype(f32)
-    return (_butterfly_np(y, group) * (f32(scale) * s2[:group].astype(f32))).reshape(x.shape)
+    return (butterfly_np(y, group) * (f32(scale) * s2[:group].astype(f32))).reshape(x.shape)
 
 
 def quantize_q8(x: np.ndarray, with_sum: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -138,19 +138,19 @@ def int8_scores(q: Any, k_blocks: Any, prob: Problem) -> tuple[np.ndarray, np.nd
     an offset m); score = sum over blocks of d_k * d_q * sum(k_code * q_code) (+ m_k * s_q).
     Returns (scores, magnitudes), both (B, Hq, T, L): magnitudes = sum over blocks of
     |d_k d_q isum| + |m_k s_q| (what float32 rounding of the block sums is proportional to)."""
-    from .attention_formats import _side_rotation
+    from .attention_formats import side_rotation
 
-    qn = _q4(_np(q).astype(np.float32), prob)
+    qn = _q4(to_numpy(q).astype(np.float32), prob)
     l_used = max(prob.lengths) if prob.lengths else 0
     n = prob.k_dim
     x = np.zeros(qn.shape[:-1] + (n,), np.float32)
     x[..., :prob.head_dim] = qn
-    group, s1, s2, rscale = _side_rotation(prob.k_format, prob.k_rot)
+    group, s1, s2, rscale = side_rotation(prob.k_format, prob.k_rot)
     if group:
         x = _kernel_rotate32(x, group, s1, s2, rscale)
     has_m = prob.k_format.layout is not None and prob.k_format.layout.has_m
     codes, dq, sq = quantize_q8(x, has_m)                       # (B, Hq, T, n), (B, Hq, T, nb)
-    kc, dk, mk = _k_codes(prob.k_format, _np(k_blocks)[:, :, :l_used])   # (B, Hkv, L, n), (B, Hkv, L, nb)
+    kc, dk, mk = _k_codes(prob.k_format, to_numpy(k_blocks)[:, :, :l_used])   # (B, Hkv, L, n), (B, Hkv, L, nb)
     g = prob.group
     b_, hq, t_ = qn.shape[:3]
     nb = n // 32
@@ -182,7 +182,7 @@ def oracle(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = Non
     """
     if q_precision not in ("exact", "int8"):
         raise ValueError(f"q_precision must be 'exact' or 'int8', got {q_precision!r}")
-    qn = _q4(_np(q).astype(np.float64), prob)
+    qn = _q4(to_numpy(q).astype(np.float64), prob)
     s8 = s8_mag = None
     if q_precision == "int8":
         s8, s8_mag = int8_scores(q, k_blocks, prob)
@@ -196,7 +196,7 @@ def oracle(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sinks: Any = Non
         v_rot = dequantized_cache(prob.v_format, v_blocks, prob.v_dim, l_used, prob.head_dim, rotated=True).astype(np.float64)
     else:
         v_rot = v_stored.astype(np.float64) if v_rot_group else None
-    sk = None if sinks is None else _np(sinks).astype(np.float64).reshape(-1)
+    sk = None if sinks is None else to_numpy(sinks).astype(np.float64).reshape(-1)
     out = np.zeros(qn.shape, np.float64)
     bound = np.zeros(qn.shape, np.float64)
     g = prob.group
@@ -349,7 +349,7 @@ def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sin
     if l_used == 0:  # no visible key anywhere: zeros, as the kernel returns (the sinks alone get all weight)
         o = mx.zeros(tuple(qm.shape), out_dtype)
         record_run(RunRecord(backend="reference", dispatches=0))
-        return _np(o).astype(np.asarray(q).dtype, copy=False) if was_numpy else o
+        return to_numpy(o).astype(np.asarray(q).dtype, copy=False) if was_numpy else o
     # turbo caches stay in their rotated basis: q goes in once, the output comes back once
     k_turbo, v_turbo = _is_turbo(prob.k_format), _is_turbo(prob.v_format)
     k = _mlx_cache(prob.k_format, k_blocks, prob.k_dim, l_used, d, rotated=k_turbo)   # (B, Hkv, L, D or Dk)
@@ -404,5 +404,5 @@ def reference_attention(q: Any, k_blocks: Any, v_blocks: Any, prob: Problem, sin
     record_run(RunRecord(backend="reference", dispatches=0))
     if was_numpy:
         mx.eval(o)
-        return _np(o).astype(np.asarray(q).dtype, copy=False)
+        return to_numpy(o).astype(np.asarray(q).dtype, copy=False)
     return o

@@ -67,7 +67,7 @@ FALLBACK_UNITS = 132
 # capability 9.0)
 FALLBACK_SHARED_PER_UNIT = (233472, 1024)
 
-_FIELDS_BOOL = ("compile", "device_params", "device_consts", "defer_append", "dynamic_shared")
+BOOL_FIELDS = ("compile", "device_params", "device_consts", "defer_append", "dynamic_shared")
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class DecodeOptions:
         if self.q_precision is not None and self.q_precision not in Q_PRECISIONS:
             raise AttentionError(f"q_precision must be one of {', '.join(Q_PRECISIONS)} (or None: the backend's "
                                  f"default); got {self.q_precision!r}")
-        for name in _FIELDS_BOOL:
+        for name in BOOL_FIELDS:
             v = getattr(self, name)
             if v is not None and not isinstance(v, bool):
                 raise AttentionError(f"DecodeOptions.{name} must be True, False or None; got {v!r}")
@@ -142,7 +142,7 @@ class DecodeOptions:
                                      f"{', '.join(kinds)}")
             if name in values:
                 raise AttentionError(f"decode option {name!r} given twice in {text!r}")
-            if name in _FIELDS_BOOL:
+            if name in BOOL_FIELDS:
                 if raw not in ("0", "1"):
                     raise AttentionError(f"decode option {name}={raw!r}: 0 or 1")
                 values[name] = raw == "1"

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .backend import _mlx, resolve
+from .backend import resolve
 from .kernel import Kernel, KernelError
 
 _cache: dict[tuple, Any] = {}
@@ -37,7 +37,8 @@ class MLXKernel:
     that prepares its buffers once and repeats the call (the decode step)."""
 
     def __init__(self, kernel: Kernel, static: Mapping[str, int], backend: str):
-        mx = _mlx()
+        import mlx.core as mx
+
         self.kernel, self.static, self.path = kernel, dict(static), backend
         prefix = "" if kernel.name.startswith("tq_") else "tq_"
         name = f"{prefix}{kernel.name}_{kernel.digest(backend, static)}"
@@ -60,7 +61,8 @@ class MLXKernel:
 
     def __call__(self, inputs: Sequence[Any], output_shapes: Sequence[tuple[int, ...]], grid, threads: int,
                  *, init: "float | None" = None, **_ignored) -> list[Any]:
-        mx = _mlx()
+        import mlx.core as mx
+
         k = self.kernel
         gx, gy, gz = (tuple(grid) + (1, 1, 1))[:3]
         if threads < 1 or threads % 32:

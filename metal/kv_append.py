@@ -22,7 +22,7 @@ from ..bridge.format_types import Format
 from .attention_launch import const_buffer, param_table, table_row
 from .decode_options import DEFAULT_OPTIONS, DecodeOptions
 from .kernel import KERNEL_DIR, BODY_MARKER, Kernel, KernelError
-from .quantize_append import _static_and_table, supported
+from .quantize_append import static_and_table, supported
 
 THREADS = 32
 MAX_DP = 256                 # widest stored row (values) the kernel holds in threadgroup memory
@@ -43,7 +43,8 @@ def flag_slots(rows: int, flag_min: int = FLAG_MIN) -> int:
 
 
 @lru_cache(maxsize=None)
-def _kernel(src16: bool, calibrated: bool = False) -> Kernel:
+def append_kernel(src16: bool, calibrated: bool = False) -> Kernel:
+    """The K/V append kernel: float32 or 16-bit (``src16``) rows, with key calibration or without."""
     qa = (KERNEL_DIR / "quantize_append.h").read_text().split(BODY_MARKER, 1)[0]
     x = "uint16" if src16 else "float32"
     return Kernel("kv_append" + ("_u16" if src16 else "_f32") + ("_cal" if calibrated else ""),
@@ -75,8 +76,9 @@ def calibrate_rows(rows: np.ndarray, kcal: np.ndarray) -> np.ndarray:
     return ((x - mu[None, :, None, :]) / s[None, :, None, :]).astype(np.float32)
 
 
-def _side_static(prefix: str, f: Format, din: int, dp: int, rot: int) -> dict:
-    st, _ = _static_and_table(f, search=False)   # the quantizer of llama.cpp's cache (iq4_nl: the reference one)
+def side_static(prefix: str, f: Format, din: int, dp: int, rot: int) -> dict:
+    """The static parameters of one side (``prefix`` KA or VA) of the append kernel."""
+    st, _ = static_and_table(f, search=False)   # the quantizer of llama.cpp's cache (iq4_nl: the reference one)
     return {f"{prefix}_FMT": st["QA_FMT"], f"{prefix}_BLOCK": f.block_size, f"{prefix}_TS": f.type_size,
             f"{prefix}_DIN": din, f"{prefix}_DP": dp, f"{prefix}_ROT": rot, f"{prefix}_BITS": st["QA_BITS"],
             f"{prefix}_QS": st["QA_QS_OFF"], f"{prefix}_SG": st["QA_SIGNS_OFF"], f"{prefix}_RN": st["QA_RNORM"],
@@ -120,11 +122,11 @@ class KVAppend:
         self.calibrated = bool(calibrated)
         static = {"QA_SRC": _SRC[src_dtype], "KV_MAX_DP": MAX_DP, "KV_FLAG_MIN": self.flag_min,
                   "KV_CAL": int(self.calibrated),
-                  **_side_static("KA", kf, k_dim, k_dp, k_rot), **_side_static("VA", vf, v_dim, v_dp, v_rot)}
-        kern = _kernel(src_dtype != "float32", self.calibrated)
+                  **side_static("KA", kf, k_dim, k_dp, k_rot), **side_static("VA", vf, v_dim, v_dp, v_rot)}
+        kern = append_kernel(src_dtype != "float32", self.calibrated)
         self._kern = build(kern, static, backend)
 
-        ktab, vtab = _static_and_table(kf, False)[1], _static_and_table(vf, False)[1]
+        ktab, vtab = static_and_table(kf, False)[1], static_and_table(vf, False)[1]
         if backend == "cpu-emulator":
             self._ktab, self._vtab = ktab, vtab
         else:
@@ -257,7 +259,8 @@ class CalibratedAppend:
 
 
 @lru_cache(maxsize=None)
-def _grow_kernel() -> Kernel:
+def grow_kernel() -> Kernel:
+    """The kernel that copies K/V blocks into larger device buffers."""
     return Kernel("kv_grow", (("ko", "uint8"), ("vo", "uint8"), ("flag", "uint32"), ("params", "uint32")),
                   (("kn", "uint8"), ("vn", "uint8")), (KERNEL_DIR / "kv_grow.cpp").read_text())
 
@@ -274,7 +277,7 @@ def relocate(kc, vc, row0: int, n: int, new_cap: int, after, backend: str):
     if not (0 <= row0 and row0 + n <= cap and n <= new_cap) or krb % 2 or vrb % 2:
         raise KernelError(f"cannot move rows {row0}..{row0 + n} of a {cap}-row cache ({krb} / {vrb} bytes) "
                           f"into {new_cap} rows")
-    kern = build(_grow_kernel(), {}, backend)
+    kern = build(grow_kernel(), {}, backend)
     units = B * H * n * (krb + vrb) // 2
     params = [B * H, n, cap, new_cap, krb // 2, vrb // 2, row0]
     shapes = [(B, H, new_cap, krb), (B, H, new_cap, vrb)]

@@ -30,7 +30,8 @@ _BUFS_IN = (("tab", "float32"), ("params", "uint32"))
 
 
 @lru_cache(maxsize=None)
-def _kernel(src16: bool) -> Kernel:
+def quantize_kernel(src16: bool) -> Kernel:
+    """The quantize-append kernel over float32 or 16-bit (``src16``) rows."""
     x = ("x", "uint16" if src16 else "float32")
     return Kernel.from_file(KERNEL_DIR / "quantize_append.h", "quantize_append" + ("_u16" if src16 else "_f32"),
                             (x,) + _BUFS_IN, (("out", "uint8"),),
@@ -46,7 +47,7 @@ def supported(fmt: "str | Format") -> bool:
 
 
 @lru_cache(maxsize=None)
-def _static_and_table(f: Format, search: bool = True) -> tuple[dict[str, int], np.ndarray]:
+def static_and_table(f: Format, search: bool = True) -> tuple[dict[str, int], np.ndarray]:
     """Static parameters and table of ``f``; ``search=False`` picks the quantizer of llama.cpp's KV cache
     where the format has its own (``cache_kernel_id``; iq4_nl: ``quantize_row_iq4_nl_ref``)."""
     static = {"QA_BLOCK": f.block_size, "QA_TYPE_SIZE": f.type_size, "QA_BITS": 0, "QA_QS_OFF": 0,
@@ -78,7 +79,7 @@ def _static_and_table(f: Format, search: bool = True) -> tuple[dict[str, int], n
 def _mx_table(f: Format) -> Any:
     import mlx.core as mx
 
-    return mx.array(_static_and_table(f)[1])
+    return mx.array(static_and_table(f)[1])
 
 
 @lru_cache(maxsize=256)
@@ -139,12 +140,12 @@ def quantize_append(fmt: "str | Format", rows: Any, *, backend: str = "auto", ch
         record_path("reference")
         return quantize(f, x, **({} if search else f.cache_options))
 
-    static, tab = _static_and_table(f, search)
+    static, tab = static_and_table(f, search)
     static = dict(static)
     src16 = dt in ("float16", "bfloat16")
     static["QA_SRC"] = _SRC.get(dt, 0)
     n_blocks = int(np.prod(shape, dtype=np.int64)) // f.block_size
-    kern = build(_kernel(src16), static, path)
+    kern = build(quantize_kernel(src16), static, path)
     params = np.array([n_blocks], np.uint32)
     per_group = THREADS // 32 if static["QA_FMT"] == _TURBO else THREADS  # turbo: a simdgroup per block
     grid = (max(1, -(-n_blocks // per_group)), 1, 1)

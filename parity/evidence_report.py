@@ -12,10 +12,6 @@ from tqbridge.bridge.atomic import atomic_output, write_atomic
 from .evidence import BASELINE, NMSE_BAR, TWIN_RATIO
 
 
-def _f(x, digits: int = 4) -> str:
-    return "n/a" if x is None else f"{x:.{digits}g}"
-
-
 def markdown(report: dict) -> str:
     s = report["settings"]
     q = report.get("quality") or {}

@@ -19,7 +19,7 @@ from .plugin.assertions import (assert_attention_close, assert_blocks_equal, ass
 from .plugin.byok import OPS, Case, Claim, FuzzResult, KernelClaimError, cases, check_case, claims, fuzz_kernel, snippet
 from .plugin.strategies import FAMILIES, adversarial_rows, float_matrices, float_rows
 from .plugin.strategies_attention import HEAD_DIMS, VALUE_KINDS, AttentionProblem, attention_problems
-from .plugin.strategies_blocks import (AppendSequence, KVCache, Malformed, blocks, format_blocks, format_names, kv_caches,
+from .plugin.strategies_blocks import (AppendSequence, Malformed, blocks, format_blocks, format_names, kv_caches,
                                 malformed_blocks, scale_offsets)
 
 __all__ = [
@@ -28,5 +28,5 @@ __all__ = [
     "OPS", "Case", "Claim", "FuzzResult", "KernelClaimError", "cases", "check_case", "claims", "fuzz_kernel", "snippet",
     "FAMILIES", "float_rows", "float_matrices", "adversarial_rows",
     "HEAD_DIMS", "VALUE_KINDS", "AttentionProblem", "attention_problems",
-    "AppendSequence", "KVCache", "Malformed", "blocks", "format_blocks", "format_names", "kv_caches", "malformed_blocks", "scale_offsets",
+    "AppendSequence", "Malformed", "blocks", "format_blocks", "format_names", "kv_caches", "malformed_blocks", "scale_offsets",
 ]

@@ -95,15 +95,15 @@ def test_shapes_and_leading_axes(fmt):
 @pytest.mark.parametrize("bits", [4, 5, 8])
 def test_packing_is_mlx_packing(bits):
     """mx.dequantize with scale 1 and bias 0 reads our packed words back as the codes we packed."""
-    from tqbridge.bridge.affine import _pack, _unpack
+    from tqbridge.bridge.affine import pack_codes, unpack_codes
 
     codes = np.random.default_rng(2).integers(0, 2**bits, size=(6, 32)).astype(np.uint8)
     codes[0], codes[1] = 0, 2**bits - 1
-    w = _pack(codes, bits)
+    w = pack_codes(codes, bits)
     assert w.shape == (6, bits) and w.dtype == np.uint32
     got = _mlx_dequant(mx.array(w), mx.ones((6, 1)), mx.zeros((6, 1)), 32, bits)
     assert np.array_equal(got, codes.astype(np.float32))
-    assert np.array_equal(_unpack(w, bits, 32), codes)
+    assert np.array_equal(unpack_codes(w, bits, 32), codes)
 
 
 def test_group_size_64_and_128():
@@ -113,9 +113,9 @@ def test_group_size_64_and_128():
         codes = rng.integers(0, 16, size=(3, 256))
         s = rng.standard_normal((3, 256 // g)).astype(np.float16).astype(np.float32)
         b = rng.standard_normal((3, 256 // g)).astype(np.float16).astype(np.float32)
-        from tqbridge.bridge.affine import _pack
+        from tqbridge.bridge.affine import pack_codes
 
-        w = _pack(codes.reshape(-1, 32), 4).reshape(3, -1)
+        w = pack_codes(codes.reshape(-1, 32), 4).reshape(3, -1)
         blocks = from_mlx_affine("q4_1", mx.array(w), mx.array(s), mx.array(b), g, 4)
         ref = _mlx_dequant(mx.array(w), mx.array(s), mx.array(b), g, 4)
         assert np.array_equal(dequantize("q4_1", blocks, 256), ref)

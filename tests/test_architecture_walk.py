@@ -344,7 +344,7 @@ def test_walk_a_new_format(toy_format, capsys):
     from tqbridge.metal.quantize_append import supported
     from tqbridge.parity.plugin.strategies_blocks import format_names
     from tqbridge.tools.cli import main
-    from test_registry import _c_ids
+    from helpers_kernels import c_ids
 
     # adding-a-format.md, "what then follows": the name resolves, the codec runs, `tqbridge formats` lists it
     assert bridge.get_format("WALK_TOY") is toy_format and "walk_toy" in bridge.formats()
@@ -357,7 +357,7 @@ def test_walk_a_new_format(toy_format, capsys):
     assert find(format_names(), lambda k: k == "walk_toy") == "walk_toy"
     # and the checks the table names fail until the places it names are edited: the headers lack its
     # TQA_ / QA_ ids (tests/test_registry.py), docs/formats-ggml.md's format table lacks its row (test_doc_claims)
-    tqa, qa = _c_ids("attention_kernel.h", "TQA_"), _c_ids("quantize_append.h", "QA_")
+    tqa, qa = c_ids("attention_kernel.h", "TQA_"), c_ids("quantize_append.h", "QA_")
     assert "WALK_TOY" not in tqa and "WALK_TOY" not in qa
     import test_doc_claims
 
@@ -439,13 +439,13 @@ def test_the_builder_sees_the_plan_and_the_planner_the_options():
     import inspect
 
     from tqbridge.metal import attention_build, attention_plan
-    from tqbridge.metal.decode_options import _FIELDS_BOOL, DecodeOptions
+    from tqbridge.metal.decode_options import BOOL_FIELDS, DecodeOptions
 
     assert "options" in inspect.signature(attention_plan.make_plan).parameters
     assert list(inspect.signature(attention_build.static_params).parameters)[:2] == ["prob", "plan"]
     assert dataclasses.is_dataclass(attention_plan.Plan)
     fields = {f.name: f for f in dataclasses.fields(DecodeOptions)}
-    assert all(n in fields for n in _FIELDS_BOOL)
+    assert all(n in fields for n in BOOL_FIELDS)
     assert DecodeOptions.parse("dynamic_shared=1") == DecodeOptions(dynamic_shared=True)
 
 

@@ -13,7 +13,8 @@ from tqbridge.metal import attention, attention_kernel
 from tqbridge.metal.attention import check_problem, decode_attention, last_run
 from tqbridge.metal.attention_ref import oracle
 from tqbridge.metal.decode_options import DecodeOptions
-from test_attention_kernel import GPU, _cache
+from helpers_kernels import quantized_cache
+from test_attention_kernel import GPU
 
 LENGTHS = (1, 17, 300, 513, 599, 600)
 
@@ -26,7 +27,7 @@ def test_growing_length_reuses_one_launch(kf, vf, qp):
 
     rng = np.random.default_rng(5)
     q = rng.standard_normal((1, 8, 128)).astype(np.float32)
-    kb, vb = _cache(rng, kf, (1, 2, 600, 128)), _cache(rng, vf, (1, 2, 600, 128))
+    kb, vb = quantized_cache(rng, kf, (1, 2, 600, 128)), quantized_cache(rng, vf, (1, 2, 600, 128))
     qm, kbm, vbm = mx.array(q), mx.array(kb), mx.array(vb)
     attention.clear_call_caches()
     opts = {} if qp is None else {"q_precision": qp}
@@ -48,7 +49,7 @@ def test_growing_length_reuses_one_launch(kf, vf, qp):
 def test_numpy_inputs_or_no_gpu_keep_the_per_call_path():
     rng = np.random.default_rng(6)
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
-    kb, vb = _cache(rng, "q8_0", (1, 1, 40, 64)), _cache(rng, "q8_0", (1, 1, 40, 64))
+    kb, vb = quantized_cache(rng, "q8_0", (1, 1, 40, 64)), quantized_cache(rng, "q8_0", (1, 1, 40, 64))
     attention.clear_call_caches()
     decode_attention(q, kb, vb, k_format="q8_0", v_format="q8_0", length=33)
     assert not attention_kernel.prepared_launches()   # numpy in: per-call planning, numpy out
@@ -67,7 +68,7 @@ def test_which_calls_may_take_one_launch_per_signature(monkeypatch):
     monkeypatch.setattr(attention, "prepare_decode", record)
     rng = np.random.default_rng(7)
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
-    kb, vb = _cache(rng, "q8_0", (1, 1, 40, 64)), _cache(rng, "q8_0", (1, 1, 40, 64))
+    kb, vb = quantized_cache(rng, "q8_0", (1, 1, 40, 64)), quantized_cache(rng, "q8_0", (1, 1, 40, 64))
     kw = dict(k_format="q8_0", v_format="q8_0", length=33)
     decode_attention(q, kb, vb, **kw, kernel=None, warps=None, splits=None, q_precision="exact")
     decode_attention(q, kb, vb, **kw, backend="kernel")
@@ -93,8 +94,8 @@ def test_device_params_give_the_same_outputs(monkeypatch):
 
     rng = np.random.default_rng(8)
     q = mx.array(rng.standard_normal((1, 8, 128)).astype(np.float16))
-    kb = mx.array(_cache(rng, "q8_0", (1, 2, 600, 128)))
-    vb = mx.array(_cache(rng, "turbo3", (1, 2, 600, 128)))
+    kb = mx.array(quantized_cache(rng, "q8_0", (1, 2, 600, 128)))
+    vb = mx.array(quantized_cache(rng, "turbo3", (1, 2, 600, 128)))
     outs = {}
     for flag in ("0", "1"):
         dl = attention_kernel.prepare_decode(q, kb, vb, k_format="q8_0", v_format="turbo3",

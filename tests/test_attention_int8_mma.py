@@ -15,7 +15,8 @@ from tqbridge.metal.attention import AttentionError, check_problem, decode_atten
 from tqbridge.metal.attention_ref import oracle, quantize_q8
 from tqbridge.metal.emulator import EmulatedKernel
 from tqbridge.metal.kernel import KERNEL_DIR, Kernel
-from test_attention_kernel import BACKENDS, GPU, _cache, seed_of   # the same backends and caches as kernels lanes / tiles
+from helpers_kernels import check_int8_mma, quantized_cache
+from test_attention_kernel import BACKENDS, GPU, seed_of   # the same backends as kernels lanes / tiles
 
 
 # ----------------------------------------------------------------------------- the primitives
@@ -244,24 +245,6 @@ def test_int8_q_is_ggml_q8_0(seed):
 # ----------------------------------------------------------------------------- the kernel
 
 
-def _check_int8_mma(backend, q, kb, vb, **kw):
-    opts = {k: kw.pop(k) for k in ("splits", "warps", "tile", "seed", "options") if k in kw}
-    got = decode_attention(q, kb, vb, backend=backend, q_precision="int8", **kw, **opts)
-    run = last_run()
-    assert run["backend"] == backend and run["kernel"] == "int8-mma" and run["q_precision"] == "int8"
-    assert run["dispatches"] == 2
-    prob = check_problem(q, kb, vb, **kw)
-    want, bound = oracle(q, kb, vb, prob, kw.get("sinks"), chain=run["chain"], q_precision="int8")
-    if prob.squeeze_rows:
-        want, bound = want[:, :, 0], bound[:, :, 0]
-    got = np.asarray(got, dtype=np.float64)
-    assert np.isfinite(got).all()
-    err = np.abs(got - want)
-    worst = np.unravel_index(np.argmax(err - bound), err.shape)
-    assert (err <= bound).all(), f"error {err[worst]:.3g} > bound {bound[worst]:.3g} at {worst}"
-    return got, want, bound
-
-
 V_FORMATS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "turbo2", "turbo3", "turbo4", "turbo4@g64", "f16"]
 
 
@@ -272,8 +255,8 @@ def test_every_k_format(backend, kf):
     for vf in (V_FORMATS if backend != "cpu-emulator" else ["q8_0", "turbo3"]):
         d = 128
         q = rng.standard_normal((1, 8, d)).astype(np.float32)
-        kb, vb = _cache(rng, kf, (1, 2, 150, d)), _cache(rng, vf, (1, 2, 150, d))
-        _check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=143)
+        kb, vb = quantized_cache(rng, kf, (1, 2, 150, d)), quantized_cache(rng, vf, (1, 2, 150, d))
+        check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=143)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -281,8 +264,8 @@ def test_every_k_format(backend, kf):
 def test_every_v_format(backend, vf):
     rng = np.random.default_rng(seed_of(vf))
     q = rng.standard_normal((2, 4, 64)).astype(np.float32)
-    kb, vb = _cache(rng, "q8_0", (2, 1, 90, 64)), _cache(rng, vf, (2, 1, 90, 64))
-    _check_int8_mma(backend, q, kb, vb, k_format="q8_0", v_format=vf, length=[90, 37])
+    kb, vb = quantized_cache(rng, "q8_0", (2, 1, 90, 64)), quantized_cache(rng, vf, (2, 1, 90, 64))
+    check_int8_mma(backend, q, kb, vb, k_format="q8_0", v_format=vf, length=[90, 37])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -298,22 +281,22 @@ def test_shapes_and_options(backend, case):
     kind = c.pop("kind", "normal")
     hkv, d = 2, 128 if "rotation" not in c else 64
     q = (rng.standard_normal((1, hkv * g, t, d)) * 2).astype(np.float32)
-    kb, vb = _cache(rng, "q4_0", (1, hkv, max(n, 1) + 7, d), kind), _cache(rng, "turbo3", (1, hkv, max(n, 1) + 7, d))
+    kb, vb = quantized_cache(rng, "q4_0", (1, hkv, max(n, 1) + 7, d), kind), quantized_cache(rng, "turbo3", (1, hkv, max(n, 1) + 7, d))
     if c.pop("sinks", False):
         c["sinks"] = rng.standard_normal(hkv * g).astype(np.float32)
     opts = {k: c.pop(k) for k in ("splits",) if k in c}
-    _check_int8_mma(backend, q, kb, vb, k_format="q4_0", v_format="turbo3", length=n, **c, **opts)
+    check_int8_mma(backend, q, kb, vb, k_format="q4_0", v_format="turbo3", length=n, **c, **opts)
 
 
 def test_refusals_name_the_reason():
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
-    f16 = _cache(rng, "f16", (1, 1, 8, 64))
-    q8 = _cache(rng, "q8_0", (1, 1, 8, 64))
+    f16 = quantized_cache(rng, "f16", (1, 1, 8, 64))
+    q8 = quantized_cache(rng, "q8_0", (1, 1, 8, 64))
     with pytest.raises(AttentionError, match="int8 codes"):
         decode_attention(q, f16, q8, k_format="f16", v_format="q8_0", length=8, q_precision="int8")
     with pytest.raises(AttentionError, match="binary16"):
-        decode_attention(q, q8, _cache(rng, "f32", (1, 1, 8, 64)), k_format="q8_0", v_format="f32", length=8,
+        decode_attention(q, q8, quantized_cache(rng, "f32", (1, 1, 8, 64)), k_format="q8_0", v_format="f32", length=8,
                          q_precision="int8")
     q16 = rng.standard_normal((1, 16, 64)).astype(np.float32)
     with pytest.raises(AttentionError, match="at most 8 query rows"):
@@ -329,7 +312,7 @@ def test_the_int8_verdict_can_fail():
     it on plain data, so the bound is tight enough to see the quantization of q."""
     rng = np.random.default_rng(11)
     q = (rng.standard_normal((1, 8, 128)) * 3).astype(np.float32)
-    kb, vb = _cache(rng, "q8_0", (1, 2, 64, 128)), _cache(rng, "q8_0", (1, 2, 64, 128))
+    kb, vb = quantized_cache(rng, "q8_0", (1, 2, 64, 128)), quantized_cache(rng, "q8_0", (1, 2, 64, 128))
     got = decode_attention(q, kb, vb, k_format="q8_0", v_format="q8_0", length=64, backend="cpu-emulator",
                            q_precision="exact")
     prob = check_problem(q, kb, vb, k_format="q8_0", v_format="q8_0", length=64)
@@ -342,7 +325,7 @@ def test_reference_path_takes_int8_q():
     pytest.importorskip("mlx.core")
     rng = np.random.default_rng(5)
     q = rng.standard_normal((1, 4, 128)).astype(np.float32)
-    kb, vb = _cache(rng, "q4_0", (1, 1, 100, 128)), _cache(rng, "q8_0", (1, 1, 100, 128))
+    kb, vb = quantized_cache(rng, "q4_0", (1, 1, 100, 128)), quantized_cache(rng, "q8_0", (1, 1, 100, 128))
     ref = decode_attention(q, kb, vb, k_format="q4_0", v_format="q8_0", length=100, backend="reference",
                            q_precision="int8")
     prob = check_problem(q, kb, vb, k_format="q4_0", v_format="q8_0", length=100)
@@ -360,12 +343,12 @@ def test_head_dims(backend, d, kf, vf):
     groups where the merge area would not fit), V rows padded to the turbo group."""
     rng = np.random.default_rng(d)
     q = rng.standard_normal((1, 6, d)).astype(np.float32)
-    kb, vb = _cache(rng, kf, (1, 2, 70, d)), _cache(rng, vf, (1, 2, 70, d))
+    kb, vb = quantized_cache(rng, kf, (1, 2, 70, d)), quantized_cache(rng, vf, (1, 2, 70, d))
     if vb.shape[-1] // bridge.get_format(vf).type_size * bridge.get_format(vf).block_size % 64:
         with pytest.raises(AttentionError, match="V rows of 64k values"):   # tiles serves these rows
-            _check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=67)
+            check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=67)
         return
-    _check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=67)
+    check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=67)
 
 
 def test_default_q_precision_per_backend():
@@ -375,7 +358,7 @@ def test_default_q_precision_per_backend():
 
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 8, 128)).astype(np.float32)
-    q8, t3, f16 = (_cache(rng, f, (1, 2, 8, 128)) for f in ("q8_0", "turbo3", "f16"))
+    q8, t3, f16 = (quantized_cache(rng, f, (1, 2, 8, 128)) for f in ("q8_0", "turbo3", "f16"))
     good = check_problem(q, q8, t3, k_format="q8_0", v_format="turbo3", length=8)
     f16k = check_problem(q, f16, t3, k_format="f16", v_format="turbo3", length=8)
     assert resolve_kernel(good, "cuda", None, None) == "int8-mma"
@@ -406,7 +389,7 @@ def test_fuzz_claim_judges_int8_runs_with_the_int8_oracle(monkeypatch):
     attention_kernel.clear_launch_caches()
     rng = np.random.default_rng(3)
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
-    kb, vb = _cache(rng, "q8_0", (1, 1, 50, 64)), _cache(rng, "turbo3", (1, 1, 50, 64))
+    kb, vb = quantized_cache(rng, "q8_0", (1, 1, 50, 64)), quantized_cache(rng, "turbo3", (1, 1, 50, 64))
     fn(q, kb, vb, k_format="q8_0", v_format="turbo3", length=50)
     assert claim.q_precision() == "int8" and last_run()["kernel"] == "int8-mma"
     r = fuzz_kernel(fn, "decode-attention", k_format="q8_0", v_format="turbo3", max_examples=12, derandomize=True,
@@ -934,6 +917,6 @@ def test_int8_mma_runs_across_v_blocks_regression(backend, vf, d, window):
     where runs cross blocks."""
     rng = np.random.default_rng(d + (window or 0))
     q = rng.standard_normal((2, 3, d)).astype(np.float32)
-    kb, vb = _cache(rng, "iq4_nl", (2, 3, 89, d)), _cache(rng, vf, (2, 3, 89, d))
-    _check_int8_mma(backend, q, kb, vb, k_format="iq4_nl", v_format=vf, length=36, window=window,
+    kb, vb = quantized_cache(rng, "iq4_nl", (2, 3, 89, d)), quantized_cache(rng, vf, (2, 3, 89, d))
+    check_int8_mma(backend, q, kb, vb, k_format="iq4_nl", v_format=vf, length=36, window=window,
               sinks=rng.standard_normal(3).astype(np.float32))

@@ -14,8 +14,8 @@ import pytest
 from tqbridge.metal import attention_build, attention_kernel, attention_plan
 from tqbridge.metal.decode_options import DecodeOptions
 from tqbridge.metal.attention import AttentionError, check_problem, last_run
-from test_attention_kernel import BACKENDS, GPU, _cache
-from test_attention_int8_mma import _check_int8_mma
+from helpers_kernels import check_int8_mma, plant_in_sources, quantized_cache
+from test_attention_kernel import BACKENDS, GPU
 
 # (K format, V format, head dim, GQA group, rows per query, length, options): the V decode paths of int8-mma
 # (turbo byte permutes, generic turbo across 64-value blocks, code permutes, generic f16) and the K
@@ -49,13 +49,13 @@ def test_two_chunks_hold_the_oracle_bound(backend, case, monkeypatch, clean_plan
     rng = np.random.default_rng(d * 7 + g * 3 + n)
     hkv = 2
     q = (rng.standard_normal((1, hkv * g, t, d)) * 2).astype(np.float32)
-    kb, vb = _cache(rng, kf, (1, hkv, n + 5, d)), _cache(rng, vf, (1, hkv, n + 5, d))
+    kb, vb = quantized_cache(rng, kf, (1, hkv, n + 5, d)), quantized_cache(rng, vf, (1, hkv, n + 5, d))
     if opts.pop("sinks", False):
         opts["sinks"] = rng.standard_normal(hkv * g).astype(np.float32)
-    got2, want, bound = _check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=n, options=_chunks(2), **opts)
+    got2, want, bound = check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=n, options=_chunks(2), **opts)
     run = last_run()
     assert run["chunks"] == 2 and run["tile"] % 32 == 0 and 32 * run["warps"] <= run["tile"]
-    got1, _, _ = _check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=n, options=_chunks(1), **opts)
+    got1, _, _ = check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=n, options=_chunks(1), **opts)
     assert last_run()["chunks"] == 1
     # the two variants differ only by roundings: both within the bound of the same oracle
     assert (np.abs(got2 - got1) <= 2 * bound).all()
@@ -68,8 +68,8 @@ def test_two_chunks_across_many_tiles_and_splits(monkeypatch, clean_plans):
     test_dropping_the_second_chunk_fails)."""
     rng = np.random.default_rng(41)
     q = rng.standard_normal((2, 8, 128)).astype(np.float32)
-    kb, vb = _cache(rng, "q8_0", (2, 2, 700, 128)), _cache(rng, "turbo3", (2, 2, 700, 128))
-    _check_int8_mma("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=[700, 289], splits=2,
+    kb, vb = quantized_cache(rng, "q8_0", (2, 2, 700, 128)), quantized_cache(rng, "turbo3", (2, 2, 700, 128))
+    check_int8_mma("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=[700, 289], splits=2,
               options=_chunks(2))
     assert last_run()["chunks"] == 2
 
@@ -77,18 +77,17 @@ def test_two_chunks_across_many_tiles_and_splits(monkeypatch, clean_plans):
 def test_dropping_the_second_chunk_fails(monkeypatch, tmp_path, clean_plans):
     """Plant the bug this file guards against (the second chunk's V products skipped) in a copy of
     the kernel sources the emulator builds: the oracle check must fail."""
-    from test_attention_int8_mma_staging import _planted
 
     marker = "        TQ_UNROLL\n        for (int hc = 0; hc < TQA_KC; ++hc) {\n            const int kc = k0 + 16 * hc;\n            // P^T"
-    _planted(tmp_path, monkeypatch, "attention_kernel_split_int8_mma.cpp", marker, marker.replace("hc < TQA_KC", "hc < 1"))
+    plant_in_sources(tmp_path, monkeypatch, "attention_kernel_split_int8_mma.cpp", marker, marker.replace("hc < TQA_KC", "hc < 1"))
     try:
         rng = np.random.default_rng(3)
         q = rng.standard_normal((1, 8, 128)).astype(np.float32)
-        kb, vb = _cache(rng, "q8_0", (1, 2, 150, 128)), _cache(rng, "turbo3", (1, 2, 150, 128))
+        kb, vb = quantized_cache(rng, "q8_0", (1, 2, 150, 128)), quantized_cache(rng, "turbo3", (1, 2, 150, 128))
         with pytest.raises(AssertionError, match="bound"):
-            _check_int8_mma("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=143, options=_chunks(2))
+            check_int8_mma("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=143, options=_chunks(2))
         # the same call with one chunk per step does not run the planted loop's second pass: it holds
-        _check_int8_mma("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=143, options=_chunks(1))
+        check_int8_mma("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=143, options=_chunks(1))
     finally:
         monkeypatch.undo()
         attention_build.kernel_defs.cache_clear()
@@ -97,7 +96,7 @@ def test_dropping_the_second_chunk_fails(monkeypatch, tmp_path, clean_plans):
 def test_chunk_plans_and_refusals(monkeypatch, clean_plans):
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 32, 128)).astype(np.float32)
-    kb, vb = _cache(rng, "q8_0", (1, 8, 64, 128)), _cache(rng, "turbo3", (1, 8, 64, 128))
+    kb, vb = quantized_cache(rng, "q8_0", (1, 8, 64, 128)), quantized_cache(rng, "turbo3", (1, 8, 64, 128))
     prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
     # the defaults: two chunks in 2 SIMD groups x 64-key tiles on CUDA (measured), one elsewhere
     auto = attention_plan.make_plan(prob, "cuda", kernel="int8-mma")
@@ -135,7 +134,7 @@ def test_dynamic_shared_memory_plans(monkeypatch, clean_plans):
     faster); Metal and the emulator never ask for dynamic memory on their own."""
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 32, 128)).astype(np.float32)
-    kb, vb = _cache(rng, "q8_0", (1, 8, 64, 128)), _cache(rng, "turbo3", (1, 8, 64, 128))
+    kb, vb = quantized_cache(rng, "q8_0", (1, 8, 64, 128)), quantized_cache(rng, "turbo3", (1, 8, 64, 128))
     prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
     big = attention_plan.make_plan(prob, "cuda", kernel="int8-mma", chunks=2, tile=128)
     assert (big.warps, big.tile, big.stages) == (4, 128, 3)
@@ -168,10 +167,10 @@ def test_dynamic_declaration_is_bit_identical(backend, chunks, monkeypatch, clea
     same plan otherwise; the same operations on the same bytes: identical outputs, bit for bit."""
     rng = np.random.default_rng(9 + chunks)
     q = rng.standard_normal((1, 8, 128)).astype(np.float32)
-    kb, vb = _cache(rng, "q8_0", (1, 2, 300, 128)), _cache(rng, "turbo3", (1, 2, 300, 128))
+    kb, vb = quantized_cache(rng, "q8_0", (1, 2, 300, 128)), quantized_cache(rng, "turbo3", (1, 2, 300, 128))
     outs = []
     for dyn in (False, True):
-        got, _, _ = _check_int8_mma(backend, q, kb, vb, k_format="q8_0", v_format="turbo3", length=287,
+        got, _, _ = check_int8_mma(backend, q, kb, vb, k_format="q8_0", v_format="turbo3", length=287,
                               options=DecodeOptions(chunks=chunks, dynamic_shared=dyn))
         run = last_run()
         assert (run["dyn_smem"] > 0) is dyn and run["chunks"] == chunks
@@ -184,8 +183,8 @@ def test_four_groups_of_two_chunks_on_the_emulator(monkeypatch, clean_plans):
     emulator's 32 KB hold it (64-value rows): the bound holds through full tiles, a tail and 3 splits."""
     rng = np.random.default_rng(12)
     q = rng.standard_normal((1, 8, 64)).astype(np.float32)
-    kb, vb = _cache(rng, "q4_0", (1, 2, 600, 64)), _cache(rng, "q4_0", (1, 2, 600, 64))
-    _check_int8_mma("cpu-emulator", q, kb, vb, k_format="q4_0", v_format="q4_0", length=557, splits=3, warps=4, tile=128,
+    kb, vb = quantized_cache(rng, "q4_0", (1, 2, 600, 64)), quantized_cache(rng, "q4_0", (1, 2, 600, 64))
+    check_int8_mma("cpu-emulator", q, kb, vb, k_format="q4_0", v_format="q4_0", length=557, splits=3, warps=4, tile=128,
               options=_chunks(2))
     run = last_run()
     assert (run["warps"], run["tile"], run["chunks"]) == (4, 128, 2)
@@ -199,9 +198,9 @@ def test_dynamic_shared_memory_on_cuda(monkeypatch, clean_plans, chunks):
     memory, against the oracle, at lengths that fill many tiles and splits."""
     rng = np.random.default_rng(77)
     q = rng.standard_normal((1, 32, 128)).astype(np.float32)
-    kb, vb = _cache(rng, "q8_0", (1, 8, 5000, 128)), _cache(rng, "turbo3", (1, 8, 5000, 128))
+    kb, vb = quantized_cache(rng, "q8_0", (1, 8, 5000, 128)), quantized_cache(rng, "turbo3", (1, 8, 5000, 128))
     for n in (4999, 1200, 129):
-        _check_int8_mma("cuda", q, kb, vb, k_format="q8_0", v_format="turbo3", length=n, tile=128, options=_chunks(chunks))
+        check_int8_mma("cuda", q, kb, vb, k_format="q8_0", v_format="turbo3", length=n, tile=128, options=_chunks(chunks))
         run = last_run()
         assert run["dyn_smem"] > 48000 and (run["warps"], run["tile"], run["chunks"]) == (4, 128, chunks)
 
@@ -216,7 +215,7 @@ def test_cuda_plans_take_six_threadgroups_per_sm_only_for_long_splits(length, sp
     monkeypatch.setattr(attention_plan, "compute_units", lambda backend: 132)
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 32, 128)).astype(np.float32)
-    kb, vb = _cache(rng, "q8_0", (1, 8, 64, 128)), _cache(rng, "turbo3", (1, 8, 64, 128))
+    kb, vb = quantized_cache(rng, "q8_0", (1, 8, 64, 128)), quantized_cache(rng, "turbo3", (1, 8, 64, 128))
     prob = dataclasses.replace(check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64),
                                lengths=(length,))
     assert attention_plan.make_plan(prob, "cuda", kernel="int8-mma").splits == splits
@@ -283,7 +282,7 @@ def test_wide_rows_plan_on_cuda(clean_plans):
     rng = np.random.default_rng(1)
     for d, hq, hkv in ((256, 16, 8), (256, 4, 1)):
         q = rng.standard_normal((1, hq, d)).astype(np.float32)
-        kb, vb = _cache(rng, "q8_0", (1, hkv, 64, d)), _cache(rng, "turbo3", (1, hkv, 64, d))
+        kb, vb = quantized_cache(rng, "q8_0", (1, hkv, 64, d)), quantized_cache(rng, "turbo3", (1, hkv, 64, d))
         prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
         wide = attention_plan.make_plan(prob, "cuda", kernel="int8-mma")
         assert (wide.warps, wide.tile, wide.stages, wide.chunks) == (4, 64, 3, 1)
@@ -295,13 +294,13 @@ def test_wide_rows_plan_on_cuda(clean_plans):
             assert attention_plan.make_plan(prob, be, kernel="int8-mma").dyn_smem == 0
     # f16 values of 256: not even a 2-tile ring of 64-key tiles fits CUDA's dynamic memory: the former plan
     q = rng.standard_normal((1, 16, 256)).astype(np.float32)
-    kb, vb = _cache(rng, "q8_0", (1, 8, 64, 256)), _cache(rng, "f16", (1, 8, 64, 256))
+    kb, vb = quantized_cache(rng, "q8_0", (1, 8, 64, 256)), quantized_cache(rng, "f16", (1, 8, 64, 256))
     prob = check_problem(q, kb, vb, k_format="q8_0", v_format="f16", length=64)
     f16 = attention_plan.make_plan(prob, "cuda", kernel="int8-mma")
     assert f16 == attention_plan.make_plan(prob, "cuda", kernel="int8-mma", options=_chunks(2))
     assert f16.chunks == 2 and f16.tile < attention_plan.INT8_MMA_MAX_TILE
     q = rng.standard_normal((1, 32, 128)).astype(np.float32)
-    kb, vb = _cache(rng, "q8_0", (1, 8, 64, 128)), _cache(rng, "turbo3", (1, 8, 64, 128))
+    kb, vb = quantized_cache(rng, "q8_0", (1, 8, 64, 128)), quantized_cache(rng, "turbo3", (1, 8, 64, 128))
     prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
     narrow = attention_plan.make_plan(prob, "cuda", kernel="int8-mma")
     assert (narrow.warps, narrow.tile, narrow.chunks, narrow.dyn_smem) == (2, 64, 2, 0)

@@ -22,9 +22,9 @@ import pytest
 from tqbridge.metal import attention_plan
 from tqbridge.metal.attention import decode_attention, last_run
 from tqbridge.metal.decode_options import DecodeOptions
-from test_attention_kernel import BACKENDS, _cache
-from test_attention_int8_mma import _check_int8_mma
-from test_attention_int8_mma_staging import _planted, fresh  # noqa: F401 - the fixture: plans and sources made anew
+from helpers_kernels import check_int8_mma, plant_in_sources, quantized_cache
+from test_attention_kernel import BACKENDS
+from test_attention_int8_mma_staging import fresh  # noqa: F401 - the fixture: plans and sources made anew
 
 SRC = "attention_kernel_split_int8_mma.cpp"
 HDR = "attention_kernel.h"
@@ -46,7 +46,7 @@ def _case(kf, vf, d, rows, seed, l_max=203, hkv=2):
     rng = np.random.default_rng(seed)
     shape = (1, 4 * hkv, rows, d) if rows > 1 else (1, 4 * hkv, d)
     q = (rng.standard_normal(shape) * 3).astype(np.float32)
-    return q, _cache(rng, kf, (1, hkv, l_max, d)), _cache(rng, vf, (1, hkv, l_max, d))
+    return q, quantized_cache(rng, kf, (1, hkv, l_max, d)), quantized_cache(rng, vf, (1, hkv, l_max, d))
 
 
 def _run(q, kb, vb, kf, vf, length=181, splits=2, **kw):
@@ -63,14 +63,14 @@ def test_every_case_holds_the_int8_oracle_bound(backend, case, fresh):
     q, kb, vb = _case(kf, vf, d, rows, seed=len(name))
     if opts.get("sinks"):   # one logit per query head
         opts = dict(opts, sinks=np.linspace(-1.0, 2.0, q.shape[1]).astype(np.float32))
-    _check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=181, splits=2, **opts)
+    check_int8_mma(backend, q, kb, vb, k_format=kf, v_format=vf, length=181, splits=2, **opts)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_many_tiles_and_splits_hold_the_oracle_bound(backend, fresh):
     """Over many tiles and splits, the tiles short of a split's end, a partial last tile."""
     q, kb, vb = _case("q8_0", "turbo3", 128, 1, seed=4, l_max=400)
-    _check_int8_mma(backend, q, kb, vb, k_format="q8_0", v_format="turbo3", length=389, splits=3)
+    check_int8_mma(backend, q, kb, vb, k_format="q8_0", v_format="turbo3", length=389, splits=3)
 
 
 def test_the_staging_area_holds_q_after_the_ring_head():
@@ -120,8 +120,8 @@ def test_planted_prologue_and_merge_bugs_are_caught(plant, tmp_path, monkeypatch
     name, source, kf, vf, old, new = plant
     q, kb, vb = _case(kf, vf, 128, 1, seed=9)
     want = _run(q, kb, vb, kf, vf)
-    _planted(tmp_path, monkeypatch, source, old, new)
+    plant_in_sources(tmp_path, monkeypatch, source, old, new)
     got = _run(q, kb, vb, kf, vf)
     assert not np.array_equal(got, want), f"{name}: the planted bug did not change the output"
     with pytest.raises(AssertionError, match="bound|isfinite"):   # (the emulator poisons threadgroup memory)
-        _check_int8_mma("cpu-emulator", q, kb, vb, k_format=kf, v_format=vf, length=181, splits=2)
+        check_int8_mma("cpu-emulator", q, kb, vb, k_format=kf, v_format=vf, length=181, splits=2)

@@ -8,7 +8,6 @@ it. Planted bugs (in a copy of the sources) show that the tests see each part.""
 
 from __future__ import annotations
 
-import shutil
 
 import numpy as np
 import pytest
@@ -16,8 +15,8 @@ import pytest
 from tqbridge.metal import attention_build, attention_kernel, attention_plan
 from tqbridge.metal.decode_options import DecodeOptions
 from tqbridge.metal.attention import decode_attention, last_run
-from test_attention_kernel import BACKENDS, _cache
-from test_attention_int8_mma import _check_int8_mma
+from helpers_kernels import check_int8_mma, plant_in_sources, quantized_cache
+from test_attention_kernel import BACKENDS
 
 SRC = "attention_kernel_split_int8_mma.cpp"
 MMA = "attention_mma.h"
@@ -26,7 +25,7 @@ MMA = "attention_mma.h"
 def _rows(kf, vf, l_max, hkv=2, d=128, seed=5):
     """Caches of l_max rows cut from the same random 256: any two share their first rows, head by head."""
     rng = np.random.default_rng(seed)
-    kb, vb = _cache(rng, kf, (1, hkv, 256, d)), _cache(rng, vf, (1, hkv, 256, d))
+    kb, vb = quantized_cache(rng, kf, (1, hkv, 256, d)), quantized_cache(rng, vf, (1, hkv, 256, d))
     return np.ascontiguousarray(kb[:, :, :l_max]), np.ascontiguousarray(vb[:, :, :l_max])
 
 
@@ -63,18 +62,6 @@ def test_whole_tile_copies_match_the_generic_loop(backend, chunks, kf, vf, monke
         assert np.array_equal(outs[201, splits], outs[200, splits]), f"splits={splits}: l_max 201 differs from 200"
 
 
-def _planted(tmp_path, monkeypatch, name, old, new):
-    """The kernel sources from a copy in ``tmp_path`` whose ``name`` has ``old`` replaced by ``new``."""
-    src = (attention_build.KERNEL_DIR / name).read_text()
-    assert src.count(old) == 1, f"{name} changed: the text this test plants its bug in is gone"
-    for f in attention_build.KERNEL_DIR.iterdir():
-        shutil.copy(f, tmp_path / f.name)
-    (tmp_path / name).write_text(src.replace(old, new))
-    monkeypatch.setattr(attention_build, "KERNEL_DIR", tmp_path)
-    attention_build.kernel_defs.cache_clear()
-    attention_kernel.clear_launch_caches()
-
-
 def _fails_the_oracle(n, l_max, seed):
     """A q8_0 / turbo3 call of n keys in caches of l_max rows, one split, on the emulator: the int8
     oracle's check must fail (a planted bug is in the sources)."""
@@ -82,7 +69,7 @@ def _fails_the_oracle(n, l_max, seed):
     q = rng.standard_normal((1, 8, 128)).astype(np.float32)
     kb, vb = _rows("q8_0", "turbo3", l_max)
     with pytest.raises(AssertionError, match="bound"):
-        _check_int8_mma("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=n, splits=1)
+        check_int8_mma("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=n, splits=1)
 
 
 @pytest.fixture
@@ -95,7 +82,7 @@ def restore_kernels():
 def test_dropping_the_last_round_of_whole_tile_copies_fails(tmp_path, monkeypatch, restore_kernels):
     """The 16-byte path without its last, partial round of copies leaves the end of every staged K tile
     stale: the oracle check fails, so the aligned layout above did run that path."""
-    _planted(tmp_path, monkeypatch, MMA, "if ((j + 1) * NT <= N16 || (int)tid + j * NT < N16)",
+    plant_in_sources(tmp_path, monkeypatch, MMA, "if ((j + 1) * NT <= N16 || (int)tid + j * NT < N16)",
              "if ((j + 1) * NT <= N16)")
     _fails_the_oracle(150, 200, seed=12)
 
@@ -103,7 +90,7 @@ def test_dropping_the_last_round_of_whole_tile_copies_fails(tmp_path, monkeypatc
 def test_dropping_the_generic_loop_fails(tmp_path, monkeypatch, restore_kernels):
     """The generic loop staging nothing: with l_max = 201 the heads >= 1 (and every split's partial last
     tile) go through it, and the oracle check fails, so the odd layout above did run it."""
-    _planted(tmp_path, monkeypatch, MMA, "for (int i = done + (int)tid; i < nw; i += (int)nt) tq_cp_async4",
+    plant_in_sources(tmp_path, monkeypatch, MMA, "for (int i = done + (int)tid; i < nw; i += (int)nt) tq_cp_async4",
              "for (int i = done + (int)tid; i < 0; i += (int)nt) tq_cp_async4")
     _fails_the_oracle(150, 201, seed=13)
 
@@ -112,7 +99,7 @@ def test_refilling_a_buffer_before_the_barrier_fails(tmp_path, monkeypatch, rest
     """The tile loop without its one barrier: the copy into tile i - 1's buffer is then issued while other
     SIMD groups may still be computing tile i - 1 (they read tile i + NS - 1's rows), and the oracle
     check fails (the emulator switches threads at every barrier and SIMD operation)."""
-    _planted(tmp_path, monkeypatch, SRC, "    tq_cp_wait_n(TQA_NS - 2);\n    tq_barrier();\n",
+    plant_in_sources(tmp_path, monkeypatch, SRC, "    tq_cp_wait_n(TQA_NS - 2);\n    tq_barrier();\n",
              "    tq_cp_wait_n(TQA_NS - 2);\n")
     _fails_the_oracle(250, 256, seed=14)
 
@@ -124,10 +111,10 @@ def test_a_two_stage_ring_holds_the_bound_across_tiles_and_splits(monkeypatch, f
     monkeypatch.setattr(attention_plan, "_int8_mma_limits", lambda backend: (attention_plan.SHARED_BYTES, 2))
     rng = np.random.default_rng(15)
     q = rng.standard_normal((2, 8, 128)).astype(np.float32)
-    kb, vb = _cache(rng, "q8_0", (2, 2, 600, 128)), _cache(rng, "turbo3", (2, 2, 600, 128))
+    kb, vb = quantized_cache(rng, "q8_0", (2, 2, 600, 128)), quantized_cache(rng, "turbo3", (2, 2, 600, 128))
     for chunks in (1, 2):
         attention_kernel.clear_launch_caches()
-        _check_int8_mma("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=[600, 333], splits=2,
+        check_int8_mma("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=[600, 333], splits=2,
                   options=DecodeOptions(chunks=chunks))
         assert (last_run()["chunks"], last_run()["stages"]) == (chunks, 2)
 

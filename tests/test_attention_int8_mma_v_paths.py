@@ -16,7 +16,8 @@ import pytest
 from tqbridge.metal import attention_build, attention_plan
 from tqbridge.metal.decode_options import DEFAULT_OPTIONS, DecodeOptions
 from tqbridge.metal.attention import check_problem, decode_attention, last_run
-from test_attention_kernel import BACKENDS, _cache
+from helpers_kernels import quantized_cache
+from test_attention_kernel import BACKENDS
 
 # (K, V, query heads per KV head, rows per head, length, options); lengths that leave partial
 # sub-tiles and splits, a sliding window and attention sinks (masked keys read stale tile bytes)
@@ -37,7 +38,7 @@ def _run(backend, generic: bool, kf, vf, g, t, n, opts, kind="normal"):
     rng = np.random.default_rng(g + 7 * t + n)
     hkv, d = 2, opts.get("d", 128)
     q = rng.standard_normal((1, hkv * g, t, d) if t > 1 else (1, hkv * g, d)).astype(np.float32)
-    kb, vb = _cache(rng, kf, (1, hkv, n, d)), _cache(rng, vf, (1, hkv, n, d), kind=kind)
+    kb, vb = quantized_cache(rng, kf, (1, hkv, n, d)), quantized_cache(rng, vf, (1, hkv, n, d), kind=kind)
     kw = dict(k_format=kf, v_format=vf, length=n)
     if opts.get("window"):
         kw["window"] = opts["window"]
@@ -79,8 +80,8 @@ def test_other_v_rows_take_the_generic_path():
     for vf, d in (("turbo4", 128), ("turbo4", 256), ("q4_1", 128), ("q5_1", 128), ("iq4_nl", 128),
                   ("f16", 128), ("q4_0", 192)):
         q = rng.standard_normal((1, 4, d)).astype(np.float32)
-        kb = _cache(rng, "q8_0", (1, 1, 40, d))
-        vb = _cache(rng, vf, (1, 1, 40, d))
+        kb = quantized_cache(rng, "q8_0", (1, 1, 40, d))
+        vb = quantized_cache(rng, vf, (1, 1, 40, d))
         prob = check_problem(q, kb, vb, k_format="q8_0", v_format=vf, length=40)
         assert attention_plan.int8_mma_v_decode(prob, DEFAULT_OPTIONS) == "generic", (vf, d)
         plan = attention_plan.make_plan(prob, "cuda", kernel="int8-mma")

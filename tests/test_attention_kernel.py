@@ -23,6 +23,7 @@ from tqbridge.metal.decode_options import FILL_PER_UNIT_TILES, compute_units
 from tqbridge.metal.attention import AttentionError, check_problem, decode_attention, last_run
 from tqbridge.metal.attention_problem import KERNELS
 from tqbridge.metal.attention_ref import oracle
+from helpers_kernels import METAL_STUB, metal_as_cpp, quantized_cache
 
 
 def seed_of(name: str) -> int:
@@ -48,11 +49,6 @@ BACKENDS = [
 ]
 ALL = [f for f in bridge.formats()]
 HEAD_DIMS = [64, 80, 96, 128, 192, 256]
-
-
-def _cache(rng, fmt, shape, kind="normal", scale=1.0):
-    x = value_rows(rng, kind, shape, scale)
-    return bridge.quantize(fmt, pad_rows(fmt, x))
 
 
 def _check(backend, q, kb, vb, **kw):
@@ -83,9 +79,9 @@ def test_every_format_pair(backend, kf):
     rng = np.random.default_rng(seed_of(kf))
     b, hq, hkv, d, n = 1, 2, 1, 64, 40
     q = rng.standard_normal((b, hq, d)).astype(np.float32)
-    kb = _cache(rng, kf, (b, hkv, n, d))
+    kb = quantized_cache(rng, kf, (b, hkv, n, d))
     for vf in ALL:
-        vb = _cache(rng, vf, (b, hkv, n, d))
+        vb = quantized_cache(rng, vf, (b, hkv, n, d))
         # on a GPU the format-generic build (one NVRTC build for all 324 pairs); the specialised
         # per-pair builds are what the property test below draws at random
         _check(backend, q, kb, vb, k_format=kf, v_format=vf, length=n - 3, splits=2,
@@ -118,8 +114,8 @@ def _run_problem(backend, p):
     rng = np.random.default_rng(p["seed"])
     b, hkv, hq, t, d = p["b"], p["hkv"], p["hkv"] * p["g"], p["t"], p["d"]
     q = rng.standard_normal((b, hq, t, d)).astype(np.float32) * (3.0 if p["kind"] == "huge" else 1.0)
-    kb = _cache(rng, p["kf"], (b, hkv, p["l_max"], d), p["kind"])
-    vb = _cache(rng, p["vf"], (b, hkv, p["l_max"], d), p["kind"])
+    kb = quantized_cache(rng, p["kf"], (b, hkv, p["l_max"], d), p["kind"])
+    vb = quantized_cache(rng, p["vf"], (b, hkv, p["l_max"], d), p["kind"])
     sinks = rng.standard_normal(hq).astype(np.float32) if p["sinks"] else None
     _check(backend, q if t > 1 else q[:, :, 0], kb, vb, k_format=p["kf"], v_format=p["vf"], length=p["lengths"],
            window=p["window"], softcap=p["softcap"], sinks=sinks, splits=p["splits"], kernel=p.get("kernel"))
@@ -142,8 +138,8 @@ def test_long_context_and_dtypes(backend):
     mx = pytest.importorskip("mlx.core", reason="MLX is not installed")
     rng = np.random.default_rng(7)
     b, hq, hkv, d, n = 1, 8, 2, 128, 3001
-    kb = _cache(rng, "q8_0", (b, hkv, n, d))
-    vb = _cache(rng, "turbo3", (b, hkv, n, d))
+    kb = quantized_cache(rng, "q8_0", (b, hkv, n, d))
+    vb = quantized_cache(rng, "turbo3", (b, hkv, n, d))
     q = rng.standard_normal((b, hq, d)).astype(np.float32)
     _check(backend, q, kb, vb, k_format="q8_0", v_format="turbo3", length=n)
     for dt in (mx.float16, mx.bfloat16):
@@ -165,8 +161,8 @@ def test_two_dispatches_whatever_the_split(monkeypatch):
     orig = emulator.EmulatedKernel.__call__
     monkeypatch.setattr(emulator.EmulatedKernel, "__call__", lambda self, *a, **k: calls.append(1) or orig(self, *a, **k))
     rng = np.random.default_rng(8)
-    kb = _cache(rng, "q4_0", (1, 1, 700, 64))
-    vb = _cache(rng, "q4_0", (1, 1, 700, 64))
+    kb = quantized_cache(rng, "q4_0", (1, 1, 700, 64))
+    vb = quantized_cache(rng, "q4_0", (1, 1, 700, 64))
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
     for kernel in ("lanes", "tiles"):
         for splits in (1, 5, 64):
@@ -180,8 +176,8 @@ def test_two_dispatches_whatever_the_split(monkeypatch):
 def test_format_specialised_build_on_the_emulator():
     # GPUs build one specialisation per format pair (constants compiled in); run that build here too
     rng = np.random.default_rng(9)
-    kb = _cache(rng, "q8_0", (1, 2, 300, 128))
-    vb = _cache(rng, "turbo3", (1, 2, 300, 128))
+    kb = quantized_cache(rng, "q8_0", (1, 2, 300, 128))
+    vb = quantized_cache(rng, "turbo3", (1, 2, 300, 128))
     q = rng.standard_normal((1, 8, 128)).astype(np.float32)
     for kernel in ("lanes", "tiles"):
         _check("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="turbo3", length=290, splits=3, generic=False,
@@ -209,8 +205,8 @@ def test_tiles_two_keys_per_thread(kf, vf, d):
 def test_tiles_falls_back_to_lanes_when_threadgroup_memory_is_short():
     # 8 query heads x 4 rows of 256 values: q alone fills the 32 KiB of threadgroup memory
     rng = np.random.default_rng(10)
-    kb = _cache(rng, "q8_0", (1, 1, 20, 256))
-    vb = _cache(rng, "q4_0", (1, 1, 20, 256))
+    kb = quantized_cache(rng, "q8_0", (1, 1, 20, 256))
+    vb = quantized_cache(rng, "q4_0", (1, 1, 20, 256))
     q = rng.standard_normal((1, 8, 4, 256)).astype(np.float32)
     _check("cpu-emulator", q, kb, vb, k_format="q8_0", v_format="q4_0", length=20)
     assert last_run()["kernel"] == "lanes"
@@ -249,11 +245,9 @@ def test_metal_source_is_well_formed(tmp_path):
     # Metal names that the emulator tests keep (no Apple toolchain here)
     import subprocess
 
-    import test_emulator as te
-
     from tqbridge.metal.emulator import find_compiler
 
-    (tmp_path / "metal_stdlib").write_text(te._METAL_STUB)
+    (tmp_path / "metal_stdlib").write_text(METAL_STUB)
     for kf, vf, qtype in [("q8_0", "turbo3", 0), ("turbo4@g64", "q5_1", 1), ("f16", "bf16", 2)]:
         q = np.zeros((1, 4, 128), np.float32)
         kb = bridge.quantize(kf, np.zeros((1, 1, 8, 128)))
@@ -269,7 +263,7 @@ def test_metal_source_is_well_formed(tmp_path):
                 statics = attention_build.static_params(prob, plan, qtype, dyn)[:2]
                 for kern, static in zip(attention_build.kernel_defs(qtype, plan.kernel), statics):
                     src = tmp_path / f"{kern.name}.cpp"
-                    src.write_text(te._metal_as_cpp(kern, static))
+                    src.write_text(metal_as_cpp(kern, static))
                     proc = subprocess.run([find_compiler(), "-std=c++17", "-fsyntax-only", "-w", "-I", str(tmp_path),
                                            str(src)], capture_output=True, text=True)
                     assert proc.returncode == 0, f"{kern.name} ({kf}, {vf}, dyn={dyn}):\n{proc.stderr[:2000]}"
@@ -316,8 +310,8 @@ def test_combine_merges_any_number_of_partials(splits, length, v_format, sinks):
     x 64 for 128-value rows; 300 > 256 pairs; every split holds keys) the merged rows stay within the
     oracle's bound."""
     rng = np.random.default_rng(splits)
-    kb = _cache(rng, "q8_0", (1, 1, length, 128))
-    vb = _cache(rng, v_format, (1, 1, length, 128))
+    kb = quantized_cache(rng, "q8_0", (1, 1, length, 128))
+    vb = quantized_cache(rng, v_format, (1, 1, length, 128))
     q = rng.standard_normal((1, 2, 128)).astype(np.float32)
     kw = dict(k_format="q8_0", v_format=v_format, length=length, kernel="tiles", splits=splits)
     if sinks:

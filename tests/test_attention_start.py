@@ -12,7 +12,8 @@ from tqbridge import bridge
 from tqbridge.metal.attention import AttentionError, check_problem, decode_attention, last_run
 from tqbridge.metal.attention_problem import visible_range
 from tqbridge.metal.attention_ref import oracle
-from test_attention_kernel import BACKENDS, _cache, seed_of
+from helpers_kernels import quantized_cache
+from test_attention_kernel import BACKENDS, seed_of
 
 L = 70            # stored length of every row (mlx-lm's batch: one buffer index for all rows)
 SPLITS = 4        # forced, so a start can fall inside a split and whole splits lie below it
@@ -40,8 +41,8 @@ def _problem(kf, vf, b, t, sinks, seed):
     rng = np.random.default_rng(seed)
     hkv, g = 2, 2
     q = rng.standard_normal((b, hkv * g, t, D) if t > 1 else (b, hkv * g, D)).astype(np.float32)
-    kb = _cache(rng, kf, (b, hkv, L, D))
-    vb = _cache(rng, vf, (b, hkv, L, D))
+    kb = quantized_cache(rng, kf, (b, hkv, L, D))
+    vb = quantized_cache(rng, vf, (b, hkv, L, D))
     sk = (rng.standard_normal(hkv * g) * 2).astype(np.float32) if sinks else None
     return q, kb, vb, sk
 

@@ -62,7 +62,7 @@ def test_decode_transient_sees_a_full_cache_copy(monkeypatch):
     from tqbridge.metal.lm import decode_bench
 
     model, _ = decode_bench.build_model("tiny")
-    real = decode_bench._decode_tokens
+    real = decode_bench.decode_tokens
     held = []
 
     def copying(model, cache, tokens):
@@ -73,7 +73,7 @@ def test_decode_transient_sees_a_full_cache_copy(monkeypatch):
         return out
 
     rows = decode_bench.decode_group(model, ["q8_0/turbo3"], 1024, 4, 1)
-    monkeypatch.setattr(decode_bench, "_decode_tokens", copying)
+    monkeypatch.setattr(decode_bench, "decode_tokens", copying)
     planted = decode_bench.decode_group(model, ["q8_0/turbo3"], 1024, 4, 1)
     assert planted[0]["decode_transient_bytes"] >= held[0] > 0
     assert planted[0]["decode_transient_bytes"] > rows[0]["decode_transient_bytes"]
@@ -110,13 +110,13 @@ def test_a_cache_with_decode_options_is_its_own_row(tmp_path, monkeypatch):
     from tqbridge.metal.lm import decode_bench
 
     seen = []
-    real = decode_bench._decode_tokens
+    real = decode_bench.decode_tokens
 
     def spy(model, cache, tokens):
         seen.append(getattr(cache[-1], "decode_options", None))
         return real(model, cache, tokens)
 
-    monkeypatch.setattr(decode_bench, "_decode_tokens", spy)
+    monkeypatch.setattr(decode_bench, "decode_tokens", spy)
     out = tmp_path / "decode.json"
     switched = "q8_0/turbo3{compile=0,chunks=1}"
     assert main(["bench", "decode", "--models", "tiny", "--context", "80", "--caches", f"fp16,q8_0/turbo3,{switched}",
@@ -254,7 +254,7 @@ def test_device_time_per_token_is_the_difference_of_two_decodes(monkeypatch):
             out["late"] = {"count": 1, "us": 160.0}   # a kernel only the long decode ran
         return out
 
-    monkeypatch.setattr(decode_bench, "_decode_tokens", fake_decode)
+    monkeypatch.setattr(decode_bench, "decode_tokens", fake_decode)
     monkeypatch.setattr(profiling, "device_time_unavailable", lambda: None)
     monkeypatch.setattr(profiling, "device_times", fake_times)
     got = decode_bench.device_profile(None, [], (8, 24))

@@ -17,7 +17,8 @@ from tqbridge.metal.lm.decoder import LayerDecoder  # noqa: E402
 from tqbridge.bridge.kv_spec import parse_kv_spec  # noqa: E402
 from tqbridge.metal.lm.report import cache_report  # noqa: E402
 from tiny_models import forced_decode, tiny_llama, tokens  # noqa: E402
-from test_attention_kernel import BACKENDS, _cache  # noqa: E402
+from helpers_kernels import quantized_cache  # noqa: E402
+from test_attention_kernel import BACKENDS  # noqa: E402
 
 # Float keys: calibration is exact in real arithmetic; in float32 the mean subtracted, the scale divided
 # and the q.mu shift of every score round differently. tests/test_calibration.py measured up to ~4e-6 on
@@ -275,7 +276,7 @@ def _fold_mismatches(backend: str, kernel: str, dtype, cases=FOLD_CASES) -> list
             continue
         rng = np.random.default_rng(40 + i)
         hkv, n = 2, 70
-        kb, vb = _cache(rng, kf, (1, hkv, n + 6, d)), _cache(rng, vf, (1, hkv, n + 6, d))
+        kb, vb = quantized_cache(rng, kf, (1, hkv, n + 6, d)), quantized_cache(rng, vf, (1, hkv, n + 6, d))
         s = np.exp(rng.standard_normal((hkv, d)) * 0.7).astype(np.float32)
         qs = mx.array(np.repeat(s, g, axis=0).reshape(1, hkv * g, 1, d))   # as TQCache.query_scale shapes it
         q = mx.array(rng.standard_normal((1, hkv * g, t, d)).astype(np.float32) * 2).astype(dtype)

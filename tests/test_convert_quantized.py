@@ -88,13 +88,13 @@ def test_quantized_rows_dequantize_to_gguf_py_values(type_name):
 def test_the_bit_order_is_mlx_s():
     """Codes packed by the K-quant path's packer (the one tqbridge.bridge.affine uses) come back out of
     mx.dequantize in order, for every bits value MLX accepts; under scale 1, bias 0 a group is its codes."""
-    from tqbridge.bridge.affine import _pack
+    from tqbridge.bridge.affine import pack_codes
 
     rng = np.random.default_rng(0)
     for bits in (2, 3, 4, 5, 6, 8):
         codes = rng.integers(0, 2 ** bits, size=(8, 32), dtype=np.uint8)
         ones, zeros = mx.ones((8, 1)), mx.zeros((8, 1))
-        got = mx.dequantize(mx.array(_pack(codes, bits)), ones, zeros, group_size=32, bits=bits)
+        got = mx.dequantize(mx.array(pack_codes(codes, bits)), ones, zeros, group_size=32, bits=bits)
         assert np.array_equal(np.array(got), codes.astype(np.float32)), bits
 
 

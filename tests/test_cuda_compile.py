@@ -84,7 +84,7 @@ def _attention_cases():
 
 
 def _append_cases():
-    from test_metal_compile import _append_cases as cases   # the same builds Metal's check takes
+    from helpers_kernels import append_cases as cases   # the same builds Metal's check takes
 
     return cases()
 

@@ -9,6 +9,7 @@ import pytest
 from tqbridge.metal import dispatch
 from tqbridge.metal.emulator import EmulatedKernel, EmulatorError
 from tqbridge.metal.kernel import Kernel, KernelError
+from helpers_kernels import METAL_STUB, metal_as_cpp
 
 X = (("x", "float32"),)
 Y = (("y", "float32"),)
@@ -273,59 +274,6 @@ def test_thousands_of_threads_with_barriers_run():
 # Not a Metal compile (no Apple toolchain here): it catches typos and undefined dialect names in
 # prelude_metal.h and in kernels as MLX would assemble them (header, then the generated signature).
 
-_METAL_STUB = r"""
-#pragma once
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#define device
-#define threadgroup
-#define constant
-#define thread
-typedef unsigned int uint;
-typedef unsigned short ushort;
-typedef unsigned char uchar;
-struct uint3 { uint x, y, z; };
-struct half { ushort bits; half() = default; half(float) : bits(0) {} operator float() const { return 0.0f; } };  // Metal's half, for syntax only
-struct half2 { half x, y; half2 operator*(half2 o) const { return o; } half2 operator+(half2 o) const { return o; } };
-namespace metal {
-struct atomic_uint { uint v; };
-enum memory_order { memory_order_relaxed };
-inline uint atomic_fetch_add_explicit(atomic_uint*, uint, memory_order) { return 0u; }
-template <typename T, typename U> T as_type(U u) { static_assert(sizeof(T) == sizeof(U), "size"); T t; std::memcpy(&t, &u, sizeof t); return t; }
-namespace precise {
-inline float divide(float a, float b) { return a / b; }
-inline float sqrt(float a) { return std::sqrt(a); }
-inline float exp(float a) { return std::exp(a); }
-inline float exp2(float a) { return std::exp2(a); }
-}
-template <typename T> T simd_shuffle(T v, ushort) { return v; }
-template <typename T> T simd_shuffle_xor(T v, ushort) { return v; }
-template <typename T> T simd_broadcast(T v, ushort) { return v; }
-enum class mem_flags { mem_threadgroup };
-inline void threadgroup_barrier(mem_flags) {}
-using std::fma; using std::trunc; using std::floor;
-}
-"""
-
-_METAL_ATTRS = ["thread_index_in_threadgroup", "threads_per_threadgroup", "thread_index_in_simdgroup",
-                "simdgroup_index_in_threadgroup", "threadgroup_position_in_grid", "threadgroups_per_grid"]
-
-
-def _metal_as_cpp(kern: Kernel, static: dict) -> str:
-    from tqbridge.metal.kernel import CTYPES
-
-    params = [f"const device {CTYPES[d]}* {n} [[buffer({i})]]" for i, (n, d) in enumerate(kern.inputs)]
-    params += [f"device {CTYPES[d]}* {n} [[buffer({len(kern.inputs) + i})]]" for i, (n, d) in enumerate(kern.outputs)]
-    body = kern.body_source("metal")
-    for a in _METAL_ATTRS:
-        if a in body:
-            t = "uint3" if a.endswith(("per_threadgroup", "in_grid", "per_grid")) else "uint"
-            params.append(f"{t} {a} [[{a}]]")
-    return (kern.header_source("metal", static) + f"\n[[kernel]] void {kern.name}(\n  "
-            + ",\n  ".join(params) + ") {\n" + body + "\n}\n")
-
-
 def test_metal_source_is_well_formed(tmp_path):
     import importlib
     import subprocess
@@ -335,15 +283,15 @@ def test_metal_source_is_well_formed(tmp_path):
 
     qa = importlib.import_module("tqbridge.metal.quantize_append")
 
-    (tmp_path / "metal_stdlib").write_text(_METAL_STUB)
+    (tmp_path / "metal_stdlib").write_text(METAL_STUB)
     cases = [(Kernel("reverse_sum", X, Y, REVERSE_SUM), {})]
     for fmt in ("q8_0", "iq4_nl", "turbo3", "turbo4@g64"):
-        static, _ = qa._static_and_table(get_format(fmt))
+        static, _ = qa.static_and_table(get_format(fmt))
         for src16 in (False, True):
-            cases.append((qa._kernel(src16), dict(static, QA_SRC=2 if src16 else 0)))
+            cases.append((qa.quantize_kernel(src16), dict(static, QA_SRC=2 if src16 else 0)))
     def check(kern, static):
         src = tmp_path / f"{kern.name}.cpp"
-        src.write_text(_metal_as_cpp(kern, static))
+        src.write_text(metal_as_cpp(kern, static))
         return subprocess.run([find_compiler(), "-std=c++17", "-fsyntax-only", "-w", "-I", str(tmp_path), str(src)],
                               capture_output=True, text=True)
 

@@ -43,12 +43,12 @@ def _formats(pair: str, variant: str) -> tuple[str, str]:
 
 
 def _feed(z, pair: str, variant: str, il: int):
-    from tqbridge.parity.harness.level_teacher import _tq_feed
+    from tqbridge.parity.harness.level_teacher import tq_feed
 
     key = f"{pair.replace('/', '-')}/L{il}/"
     kf, vf = _formats(pair, variant)
     hkv = z[key + "k_cache"].shape[0]
-    _, kb, vb = _tq_feed(kf, vf, "none", [z[key + "k_rows"]], [z[key + "v_rows"]], hkv)
+    _, kb, vb = tq_feed(kf, vf, "none", [z[key + "k_rows"]], [z[key + "v_rows"]], hkv)
     return kb, vb, z[key + "k_cache"], z[key + "v_cache"]
 
 

@@ -29,9 +29,9 @@ def fresh(monkeypatch):
     """Forget every cached verdict and library handle before and after: the check runs again."""
     def clear():
         llama_compat.reset()
-        ggml_c._lib.cache_clear()
+        ggml_c.load.cache_clear()
         ggml_c.type_traits.cache_clear()
-        ggml_graph._libs.cache_clear()
+        ggml_graph.libraries.cache_clear()
 
     clear()
     yield monkeypatch

@@ -298,7 +298,7 @@ def test_iq4_nl_cache_uses_ggml_reference_quantizer(cache_states):
 
     v32 = cache_states["f32"].layers()[0].v.view("<f4").reshape(-1, HEAD_DIM).copy()
     cache_v = cache_states["f16/iq4_nl"].layers()[0].v.reshape(-1, 36)
-    traits = ggml_c._lib().ggml_get_type_traits(20).contents
+    traits = ggml_c.load().ggml_get_type_traits(20).contents
     ref = np.zeros_like(cache_v)
     ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(traits.from_float_ref)(
         v32.ctypes.data, ref.ctypes.data, v32.size)

@@ -36,6 +36,7 @@ import numpy as np  # noqa: E402
 
 from tqbridge import bridge  # noqa: E402
 from tqbridge.metal.kernel import Kernel  # noqa: E402
+from helpers_kernels import append_cases  # noqa: E402
 
 METAL_STDLIB = r"""
 #pragma once
@@ -79,9 +80,9 @@ SHARED_SPELLING = "#define TQ_SHARED_ARRAY(T, name, n) threadgroup T name[n]"
 
 
 def _source(kern: Kernel, static: dict) -> str:
-    from test_emulator import _metal_as_cpp
+    from helpers_kernels import metal_as_cpp
 
-    src = _metal_as_cpp(kern, static)
+    src = metal_as_cpp(kern, static)
     assert src.count(SHARED_SPELLING) == 1, "the Metal prelude's threadgroup-array spelling changed"
     return src.replace(SHARED_SPELLING, "#define TQ_SHARED_ARRAY(T, name, n) extern threadgroup T name[n]")
 
@@ -127,33 +128,7 @@ def _attention_cases():
     return cases
 
 
-def _append_cases():
-    import importlib
-
-    from tqbridge.metal import kv_append
-
-    quantize_append = importlib.import_module("tqbridge.metal.quantize_append")   # (the package exports a function of that name)
-    cases = []
-    for fmt in ("q8_0", "q4_0", "iq4_nl", "turbo3", "turbo4@g64"):
-        static, _ = quantize_append._static_and_table(bridge.get_format(fmt))
-        for src16 in (False, True):
-            cases.append((f"quantize_append-{fmt}-{src16}", quantize_append._kernel(src16), dict(static, QA_SRC=2 if src16 else 0)))
-    for kf, vf, d in (("q8_0", "turbo3", 128), ("q4_0", "q4_0", 64), ("turbo4", "q8_0", 256)):
-        k, v = bridge.get_format(kf), bridge.get_format(vf)
-        krot = 0 if k.kind == "turbo" else 128 if d % 128 == 0 else 64
-        static = {"KV_MAX_DP": kv_append.MAX_DP, "KV_FLAG_MIN": kv_append.FLAG_MIN,
-                  **kv_append._side_static("KA", k, d, d, krot), **kv_append._side_static("VA", v, d, d, 0)}
-        for src16 in (False, True):
-            cases.append((f"kv_append-{kf}-{vf}-d{d}-{src16}", kv_append._kernel(src16),
-                          dict(static, QA_SRC=1 if src16 else 0, KV_CAL=0)))
-        # the calibrated append (key means and scales in one more buffer)
-        cases.append((f"kv_append-cal-{kf}-{vf}-d{d}", kv_append._kernel(True, True),
-                      dict(static, QA_SRC=1, KV_CAL=1)))
-    cases.append(("kv_grow", kv_append._grow_kernel(), {}))
-    return cases
-
-
-CASES = _attention_cases() + _append_cases() if _CLANG is None else []
+CASES = _attention_cases() + append_cases() if _CLANG is None else []
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tqbridge.parity.plugin.parsers.gguf_target import (
-    _gguf_parse, _gguf_write, add_tiny_spm_vocab, write_tiny_gguf_model,
+    parse_gguf_parts, write_gguf_parts, add_tiny_spm_vocab, write_tiny_gguf_model,
 )
 from tqbridge.parity.plugin.parsers.outcome import check_input
 
@@ -68,7 +68,7 @@ def tiny(tmp_path_factory) -> bytes:
 
 
 def _edit(data: bytes, key=None, vtype=None, raw=None, tensor=None, dims=None, drop_tensor=None) -> bytes:
-    p = _gguf_parse(data)
+    p = parse_gguf_parts(data)
     for e in p.kvs:
         if e[0] == key:
             e[1], e[2] = vtype, raw
@@ -78,7 +78,7 @@ def _edit(data: bytes, key=None, vtype=None, raw=None, tensor=None, dims=None, d
             n = 4 * int(np.prod(dims, dtype=np.int64))
             t[3] = (t[3] * (n // max(1, len(t[3])) + 1))[:n]
     p.tensors = [t for t in p.tensors if t[0] != drop_tensor]
-    return _gguf_write(p)
+    return write_gguf_parts(p)
 
 
 def _string(s: bytes) -> bytes:
@@ -93,7 +93,7 @@ def _write(tmp_path: Path, data: bytes) -> Path:
 
 def _tokens(data: bytes, edit) -> bytes:
     """The tiny model's vocabulary with ``edit(list_of_token_bytes)`` applied."""
-    p = _gguf_parse(data)
+    p = parse_gguf_parts(data)
     for e in p.kvs:
         if e[0] == "tokenizer.ggml.tokens":
             n = struct.unpack_from("<Q", e[2], 4)[0]
@@ -104,7 +104,7 @@ def _tokens(data: bytes, edit) -> bytes:
                 pos += 8 + k
             edit(toks)
             e[2] = struct.pack("<IQ", 8, len(toks)) + b"".join(_string(t) for t in toks)
-    return _gguf_write(p)
+    return write_gguf_parts(p)
 
 
 @pytest.mark.parametrize("dup", [b"a", b"a\x00x"], ids=["same bytes", "same C string"])
@@ -200,9 +200,9 @@ def test_empty_tensor_is_read_and_converted(tiny, tmp_path):
     from tqbridge.bridge.gguf_f32 import write_f32_gguf
     from tqbridge.bridge.gguf_model import read_gguf
 
-    p = _gguf_parse(tiny)
+    p = parse_gguf_parts(tiny)
     p.tensors.append(["extra.weight", [0], 0, b""])
-    path = _write(tmp_path, _gguf_write(p))
+    path = _write(tmp_path, write_gguf_parts(p))
     assert read_gguf(path).tensors["extra.weight"].shape == (0,)
     assert read_gguf(write_f32_gguf(path, tmp_path / "f32.gguf")).tensors["extra.weight"].shape == (0,)
 

@@ -1,14 +1,10 @@
-import re
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from tqbridge import bridge
 from tqbridge.bridge import FormatError
 from tqbridge.bridge.registry import kernel_ids
-
-METAL = Path(__file__).resolve().parents[1] / "metal" / "kernels"
+from helpers_kernels import c_ids
 
 
 def test_formats_listed_with_sizes():
@@ -42,12 +38,6 @@ def test_bad_lengths_are_clear_errors():
         bridge.dequantize("q8_0", np.zeros(34, np.int8), 32)
 
 
-def _c_ids(header: str, prefix: str) -> dict[str, int]:
-    """``#define <prefix><NAME> <number>`` lines of a kernel header: NAME -> number."""
-    text = (METAL / header).read_text()
-    return {m[1]: int(m[2]) for m in re.finditer(rf"^#define {prefix}(\w+)[ \t]+(\d+)\b", text, re.M)}
-
-
 def test_kernel_format_ids_are_the_c_constants():
     """The kernels switch on numeric format ids baked into their sources; the registry's kernel_id
     must be those numbers: TQA_<NAME> (decode, attention_kernel.h), QA_<NAME> (encode, one block at
@@ -61,9 +51,9 @@ def test_kernel_format_ids_are_the_c_constants():
     ids = kernel_ids()
     assert len(set(ids.values())) == len(ids)
     assert attention_formats.FORMAT_IDS == ids
-    tqa = _c_ids("attention_kernel.h", "TQA_")
+    tqa = c_ids("attention_kernel.h", "TQA_")
     assert {k: v for k, v in tqa.items() if k in upper} == {n.upper(): i for n, i in ids.items()}
-    qa = _c_ids("quantize_append.h", "QA_")
+    qa = c_ids("quantize_append.h", "QA_")
     encoders = {f.name.upper(): f.kernel_id for f in fmts if f.kernel_id is not None and f.kind != "turbo"}
     assert {k: v for k, v in qa.items() if k in upper} == encoders
     refs = {f.name.upper() + "_REF": f.cache_kernel_id for f in fmts if f.cache_kernel_id is not None}

@@ -16,7 +16,6 @@ smoke test.
 from __future__ import annotations
 
 import json
-import sys
 
 from tqbridge.bridge.kv_spec import DEFAULT_FORMAT, Q_PRECISION_EXAMPLE, TURBO_FORMAT
 
@@ -123,7 +122,7 @@ def _run_serve(args) -> int:
         raise CliError(f"needs mlx and mlx-lm: {e}")
     from ..bridge import FormatError
     from ..metal.lm import serve_bench
-    from ..metal.lm.kv_spelling import parse_layered_kv_spec
+    from ..bridge.kv_spec import parse_layered_kv_spec
 
     caches = [c for c in args.caches.split(",") if c]
     for c in caches:
@@ -168,49 +167,6 @@ def _run_serve(args) -> int:
     return 0
 
 
-def _current_name(option: str, kern: str, told: set) -> str:
-    """``kern`` under its current name: a former one (``attention_problem.KERNEL_ALIASES``) is mapped, with
-    one line on stderr per option and name."""
-    from ..metal.attention_problem import KERNEL_ALIASES, renamed_kernel_note
-
-    if kern not in KERNEL_ALIASES:
-        return kern
-    if (option, kern) not in told:
-        told.add((option, kern))
-        print(f"tqbridge bench: {option}: {renamed_kernel_note(kern)}", file=sys.stderr)
-    return KERNEL_ALIASES[kern]
-
-
-def _kernel_configs(args, kernels) -> list:
-    """(tag, kernel, lanes_per_key, warps, tile, chunks) per timed configuration; the first is the headline. Tags
-    and kernels carry the current names; a former name is taken with a note on stderr."""
-    configs = []
-    told: set = set()
-    for k in filter(None, args.kernel.split(",")):
-        k = _current_name("--kernel", k, told)
-        if k != "auto" and k not in kernels:
-            raise CliError(f"--kernel: unknown kernel {k!r}; choose from auto, {', '.join(kernels)}")
-        configs.append(("fused" if not configs else f"fused_{k}", None if k == "auto" else k, None, None, None, None))
-    if not configs:
-        raise CliError("--kernel: name at least one kernel")
-    shapes = "tiles:WARPSxTILE, int8-mma:WARPSxTILE[xCHUNKS] or lanes:LPKxWARPS[xTILE]"
-    for c in filter(None, args.tune.split(",")):
-        kern, _, spec = c.rpartition(":")
-        kern = _current_name("--tune", kern or "lanes", told)
-        try:
-            parts = [int(x) for x in spec.split("x")]
-        except ValueError:
-            raise CliError(f"--tune: {c!r} is not {shapes}") from None
-        if kern in ("tiles", "int8-mma") and len(parts) == 2 or kern == "int8-mma" and len(parts) == 3:
-            configs.append((f"fused_{kern}_{spec}", kern, None, parts[0], parts[1], parts[2] if len(parts) == 3 else None))
-        elif kern == "lanes" and len(parts) in (2, 3):
-            parts += [None] * (3 - len(parts))
-            configs.append((f"fused_lanes_{spec}", "lanes", *parts, None))
-        else:
-            raise CliError(f"--tune: {c!r} is not {shapes}")
-    return configs
-
-
 def _run_attention(args) -> int:
     try:
         import mlx.core  # noqa: F401
@@ -219,8 +175,8 @@ def _run_attention(args) -> int:
         raise CliError(f"needs mlx and mlx-lm: {e}")
     from ..bridge import FormatError, get_format
     from ..bridge.padding import padded_dim
-    from ..metal.attention_bench import AttentionBench, run_attention_bench
-    from ..metal.attention_problem import KERNELS
+    from ..metal.attention_bench import AttentionBench, kernel_configs, run_attention_bench
+    from ..metal.attention_problem import AttentionError
     from ..metal.backend import pick_backend
 
     regimes = [r for r in args.regime.split(",") if r]
@@ -245,12 +201,16 @@ def _run_attention(args) -> int:
         vf.check_length(padded_dim(vf, args.head_dim))
     except FormatError as e:
         raise CliError(f"--k-format / --v-format / --head-dim: {e}") from None
+    try:
+        configs = tuple(kernel_configs(args.kernel, args.tune))
+    except AttentionError as e:
+        raise CliError(str(e)) from None
     backend = pick_backend(args.backend)
     if backend not in ("cuda", "metal") and args.backend == "auto":
         raise CliError("bench attention needs MLX on a GPU (CUDA or Metal); this machine has none "
                        "(--backend cpu-emulator runs the same steps on the emulator: a smoke test, not a timing)")
     bench = AttentionBench(k_format=kf, v_format=vf, contexts=tuple(contexts), regimes=tuple(regimes),
-                           configs=tuple(_kernel_configs(args, KERNELS)), backend=backend, batch=args.batch,
+                           configs=configs, backend=backend, batch=args.batch,
                            q_heads=args.q_heads, kv_heads=args.kv_heads, head_dim=args.head_dim, layers=args.layers,
                            repeats=args.repeats, splits=args.splits, device_time=not args.no_device_time,
                            variant_list=tuple(variants), variant_rounds=args.variant_rounds)

@@ -43,20 +43,20 @@ def main(argv=None) -> int:
 
     def build(kind: str, ctx: int, kernels: Path):
         kv_append.KERNEL_DIR = kernels
-        kv_append._kernel.cache_clear()
+        kv_append.append_kernel.cache_clear()
         kv_append.prepared.cache_clear()
         try:
-            return decode_bench._prepare(model, kind, ctx, mx.float16)
+            return decode_bench.prepare_cache(model, kind, ctx, mx.float16)
         finally:
             kv_append.KERNEL_DIR = new_dir
-            kv_append._kernel.cache_clear()
+            kv_append.append_kernel.cache_clear()
             kv_append.prepared.cache_clear()
 
     model, _ = decode_bench.build_model(args.model)
     out = {"model": args.model, "old": str(old_dir), "runs": []}
     for ctx in (int(c) for c in args.context.split(",")):
         names, caches = [], []
-        row, c = decode_bench._prepare(model, "fp16", ctx, mx.float16)
+        row, c = decode_bench.prepare_cache(model, "fp16", ctx, mx.float16)
         names.append("fp16"), caches.append(c)
         for kind in args.caches.split(","):
             for label, kdir in (("new", new_dir), ("old", old_dir)):
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
         for _ in range(args.rounds):
             for i, c in enumerate(caches):
                 mx.synchronize()
-                deltas, _ = decode_bench._decode_tokens(model, c, args.tokens)
+                deltas, _ = decode_bench.decode_tokens(model, c, args.tokens)
                 rounds[i].append(statistics.median(deltas) * 1e3)
         for i, (name, c) in enumerate(zip(names, caches)):
             r = {"context": ctx, "cache": name, "ms_per_token": statistics.median(rounds[i]),

@@ -67,7 +67,7 @@ SUBS["v23nosign"] = [   # turbo3's sign bytes and their table: not read
 SUBS["v23noidx"] = SUBS["v23nosign"] + [   # the indices from registers, not threadgroup memory
     ("                            const uint qx = tqa_u16(bp, vqs + 2 * e8);",
      "                            const uint qx = (uint)(kk[x] * 0x9e37 + e8) & 0xffffu;")]
-PLAIN_SOURCE = kdt._source   # the unedited builder (each ablation starts from it)
+PLAIN_SOURCE = kdt.cuda_unit   # the unedited builder (each ablation starts from it)
 
 
 def ablated_source(names: "list[str]"):
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmpdir:
         for name in names:
             print(f"ablation {name}", flush=True)
-            kdt._source = ablated_source([name])
+            kdt.cuda_unit = ablated_source([name])
             tmp = Path(tmpdir) / f"{name}.json"
             rc = kdt.main(argv + ["--json", str(tmp)])
             if rc:

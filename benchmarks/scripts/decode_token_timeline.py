@@ -150,12 +150,12 @@ def token_breakdown(ev: list, tokens: int, stamps: list, plain: list) -> dict:
 def host_times(mx, model, cache, tokens: int) -> dict:
     """Median µs per unpipelined decode token of build (the model call) and encode (mx.async_eval),
     under tqbridge's routing; per layer too."""
-    from probe_decode_host import _step_times   # the sibling script's timing loop (scripts run from this folder)
+    from probe_decode_host import step_times   # the sibling script's timing loop (scripts run from this folder)
 
     from tqbridge.metal.lm.routing import route_attention
 
     with route_attention():
-        t = _step_times(mx, model, cache, tokens)
+        t = step_times(mx, model, cache, tokens)
     layers = len(model.layers)
     return {"build_us": t["build_us"], "encode_us": t["encode_us"], "unpipelined_wall_us": t["wall_us"],
             "build_us_per_layer": round(t["build_us"] / layers, 2),
@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     for ctx in (int(c) for c in args.context.split(",")):
         rows, caches = [], []
         for kind in args.caches.split(","):
-            row, cache = decode_bench._prepare(model, kind, ctx, mx.float16)
+            row, cache = decode_bench.prepare_cache(model, kind, ctx, mx.float16)
             if cache is None:
                 print(row, flush=True)
                 continue

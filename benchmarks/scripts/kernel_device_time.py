@@ -27,7 +27,7 @@ import numpy as np
 COLD_BYTES = 160 << 20   # > 2x the H200's L2 (60 MB): with --cold, a launch's K/V were evicted since their last use
 
 
-def _source(kdef, static: dict) -> str:
+def cuda_unit(kdef, static: dict) -> str:
     """The CUDA translation unit of a build (benchmarks/scripts/ablate_pass1.py edits it through this name)."""
     return kdef.cuda_source(static)
 
@@ -114,11 +114,11 @@ def main(argv=None) -> int:
                     plan = dataclasses.replace(plan, stages=st)   # a smaller ring fits where the plan's did
                 split_s, comb_s, extra1, extra2 = ab.static_params(prob, plan, 0, False)
                 k1def, k2def = ab.kernel_defs(0, plan.kernel)
-                k1 = cp.RawKernel(_source(k1def, split_s), k1def.name, options=("--std=c++17",))
+                k1 = cp.RawKernel(cuda_unit(k1def, split_s), k1def.name, options=("--std=c++17",))
                 dsmem = int(split_s.get("TQ_DSMEM", 0))   # dynamic shared memory (>= attention_plan.DSMEM_MIN on CUDA), as MLX requests it
                 if dsmem:
                     k1.max_dynamic_shared_size_bytes = dsmem
-                k2 = cp.RawKernel(_source(k2def, comb_s), k2def.name, options=("--std=c++17",))
+                k2 = cp.RawKernel(cuda_unit(k2def, comb_s), k2def.name, options=("--std=c++17",))
                 # the one batch row's length and start follow the head
                 ip1 = cp.asarray(np.array([prob.l_max, plan.split_len, plan.splits, prob.window, hkv, *extra1, ctx, 0],
                                           np.int32))

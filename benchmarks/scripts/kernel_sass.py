@@ -53,7 +53,7 @@ def _class(op: str) -> str:
 
 
 def _source(prob, plan):
-    from kernel_device_time import _source as src
+    from kernel_device_time import cuda_unit as src
     from tqbridge.metal.attention_build import kernel_defs, static_params
 
     split_s, _, _, _ = static_params(prob, plan, 0, False)
@@ -139,7 +139,7 @@ def profile(k_format: str, v_format: str, kernel: str = "int8-mma", q_heads: int
     vb = bridge.quantize(vf, rng.standard_normal((1, kv_heads, 256, head_dim)).astype(np.float32))
     prob = check_problem(q, kb, vb, k_format=kf, v_format=vf, length=256)
     prob = dataclasses.replace(prob, l_max=context, lengths=(context,))
-    kernel = kernel_name(kernel)   # a former name: its current one, with a DeprecationWarning
+    kernel = kernel_name(kernel)   # an unknown name: an AttentionError listing the kernels
     plan = make_plan(prob, "cuda", kernel=kernel, chunks=chunks if kernel == "int8-mma" else None,
                      options=DecodeOptions(v_decode=v_decode))
     name, text = _source(prob, plan)

@@ -25,7 +25,7 @@ import statistics
 import time
 
 
-def _step_times(mx, model, cache, tokens: int) -> dict:
+def step_times(mx, model, cache, tokens: int) -> dict:
     """Median µs per decode token: build, encode, wall (after 3 warm-up tokens)."""
     y = mx.array([[1]])
     build, encode, wall = [], [], []
@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     model, _ = decode_bench.build_model(args.model)
-    hq, hkv, hd = decode_bench._kv_shape(model)
+    hq, hkv, hd = decode_bench.kv_shape(model)
     nl = len(model.layers)
     report = {"command": "python benchmarks/scripts/probe_decode_host.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None and k != "json"),
@@ -79,7 +79,7 @@ def main() -> None:
                 mx.eval([c.state for c in cache])
                 res = {"context": ctx, "round": rnd, "cache": label}
                 with route_attention():
-                    res["step"] = _step_times(mx, model, cache, args.tokens)
+                    res["step"] = step_times(mx, model, cache, args.tokens)
                     res["step"]["build_us_per_layer"] = round(res["step"]["build_us"] / nl, 2)
                     res["step"]["encode_us_per_layer"] = round(res["step"]["encode_us"] / nl, 2)
                     c = cache[-1]

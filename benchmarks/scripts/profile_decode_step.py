@@ -28,7 +28,7 @@ def main() -> None:
     model, _ = decode_bench.build_model(args.model)
     cache = decode_bench.make_caches(model, args.kv)
     decode_bench.prefill(cache, model, args.context, mx.float16)
-    hq, hkv, hd = decode_bench._kv_shape(model)
+    hq, hkv, hd = decode_bench.kv_shape(model)
     c = cache[-1]
     q = mx.random.normal((1, hq, 1, hd)).astype(mx.float16)
     k = mx.random.normal((1, hkv, 1, hd)).astype(mx.float16)

@@ -118,7 +118,8 @@ def make_caches(model, kind: str, options=None) -> list:
     return caches
 
 
-def _kv_shape(model) -> tuple[int, int, int]:
+def kv_shape(model) -> tuple[int, int, int]:
+    """(query heads, K/V heads, head dim) of an mlx-lm model's first attention layer."""
     layer = model.layers[0].self_attn
     hkv = getattr(layer, "n_kv_heads", None) or getattr(layer, "num_key_value_heads")
     hd = getattr(layer, "head_dim", None) or model.args.hidden_size // model.args.num_attention_heads
@@ -128,7 +129,7 @@ def _kv_shape(model) -> tuple[int, int, int]:
 
 def prefill(cache: list, model, context: int, dtype, seed: int = 1, chunk: int = 16384) -> None:
     """Fill every layer with ``context`` random rows (chunks of ``chunk`` rows)."""
-    _, hkv, hd = _kv_shape(model)
+    _, hkv, hd = kv_shape(model)
     key = mx.random.key(seed)
     for c in cache:
         done = 0
@@ -192,7 +193,7 @@ def layer_step_profile(cache: list, model, steps: int = 64, dtype=mx.float16) ->
 
     from .routing import route_attention
 
-    hq, hkv, hd = _kv_shape(model)
+    hq, hkv, hd = kv_shape(model)
     c = cache[-1]
     q = mx.random.normal((1, hq, 1, hd)).astype(dtype)
     k = mx.random.normal((1, hkv, 1, hd)).astype(dtype)
@@ -230,7 +231,9 @@ def layer_step_profile(cache: list, model, steps: int = 64, dtype=mx.float16) ->
             "paths": dict(getattr(c, "paths", {}) or {})}
 
 
-def _prepare(model, kind: str, context: int, dtype, options=None) -> tuple[dict, "list | None"]:
+def prepare_cache(model, kind: str, context: int, dtype, options=None) -> tuple[dict, "list | None"]:
+    """A prompt cache of ``kind`` filled to ``context`` tokens, and its row of the report (the row says why
+    when the cache is None)."""
     row: dict[str, Any] = {"cache": kind, "context": context}
     mx.clear_cache()
     before = mx.get_active_memory()
@@ -252,7 +255,7 @@ def model_bytes(model) -> int:
     return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
 
 
-def _decode_tokens(model, cache: list, tokens: int) -> tuple[list[float], float]:
+def decode_tokens(model, cache: list, tokens: int) -> tuple[list[float], float]:
     """Greedy decode of ``tokens`` tokens through mlx-lm: seconds between tokens, syncs per token."""
     from mlx_lm.generate import generate_step
 
@@ -289,7 +292,7 @@ def device_profile(model, cache: list, tokens: "tuple[int, int]" = DEVICE_PROFIL
         raise ValueError(f"device profile tokens must be 0 < short < long, got {tokens}")
     got = []
     for n in (short, long):
-        times = device_times(mx, lambda n=n: (_decode_tokens(model, cache, n), mx.array(0))[1])
+        times = device_times(mx, lambda n=n: (decode_tokens(model, cache, n), mx.array(0))[1])
         if isinstance(times, str):
             return times
         got.append(times)
@@ -325,7 +328,7 @@ def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int
         base, opts = split_options(kind)   # "q8_0/turbo3{compile=0}": that cache with those decode options
         if opts.changed() and base in MLX_LM_CACHES:
             raise SettingsError(f"{kind!r}: decode options apply to TQCache kinds, not {base}")
-        row, cache = _prepare(model, base, context, dtype, opts)
+        row, cache = prepare_cache(model, base, context, dtype, opts)
         row["cache"] = kind
         if opts.changed():
             row["options"] = opts.label()
@@ -341,7 +344,7 @@ def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int
             start = mx.get_active_memory()
             mx.reset_peak_memory()
             try:
-                deltas, syncs = _decode_tokens(model, cache, tokens)
+                deltas, syncs = decode_tokens(model, cache, tokens)
             except Exception as e:
                 rows[i]["error"] = f"{type(e).__name__}: {e}"[:300]
                 caches[i] = None

@@ -159,19 +159,3 @@ def supported() -> list[dict]:
     whether a tiny fixture checks it."""
     return [{"arch": name, "model_type": a.model_type, "note": a.note, "fixture": name in FIXTURES}
             for name, a in ARCHS.items()]
-
-
-def doc_table(results: dict) -> tuple[list[str], list[list[str]]]:
-    """The table of docs/architectures.md from a ``tqbridge archs --parity`` report (a record's results):
-    each architecture, the mlx-lm model_type it becomes, what is particular to it, its KL in the three
-    configurations and the variants the loader refuses."""
-    head = ["GGUF arch", "mlx-lm model_type", "what is particular", "f32, no FA: KL max",
-            "f16, no FA: KL mean (max)", "f16, FA: KL mean (max)", "refused"]
-    body = []
-    for r in results["archs"]:
-        a = ARCHS[r["arch"]]
-        body.append([f"`{r['arch']}`", f"`{r['model_type']}`", a.note, f"{r['exact']['kl_max']:.2g}",
-                     f"{r['f16']['kl_mean']:.2g} ({r['f16']['kl_max']:.2g})",
-                     f"{r['f16-fa']['kl_mean']:.2g} ({r['f16-fa']['kl_max']:.2g})",
-                     "; ".join(a.refuses) or "-"])
-    return head, body

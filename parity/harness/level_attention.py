@@ -140,7 +140,7 @@ def fork_flash_attn(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, k
     the K rows' width and rotated (TURBO_WHT forward) when K is turbo, the output rotated back (inverse)
     when V is turbo, then cut to the head dim. q: (Hq, D); returns (Hq, D)."""
     from tqbridge.bridge import rotation as turbo_rotation
-    from tqbridge.bridge.ggml_c import _type_id
+    from tqbridge.bridge.ggml_c import type_id
     from tqbridge.bridge.ggml_graph import flash_attn_ext
     from tqbridge.bridge.padding import padded_dim
 
@@ -151,7 +151,7 @@ def fork_flash_attn(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, k
     if kf.kind == "turbo":   # every group of block_size values of a row (head dims above one group: 256)
         qp = turbo_rotation.forward(qp.reshape(hq, -1, kf.block_size), kf.block_size).reshape(hq, dk)
         qp = qp.astype(np.float32)
-    out = flash_attn_ext(qp[:, None, :], k_blocks, v_blocks, k_type=_type_id(kf), v_type=_type_id(vf),
+    out = flash_attn_ext(qp[:, None, :], k_blocks, v_blocks, k_type=type_id(kf), v_type=type_id(vf),
                          scale=scale, head_dim_v=dv, softcap=softcap)[0]
     if vf.kind == "turbo":
         out = np.ascontiguousarray(out, np.float32)

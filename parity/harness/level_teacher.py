@@ -182,7 +182,7 @@ def _heads(rows: np.ndarray, heads: int) -> np.ndarray:
     return np.ascontiguousarray(rows.reshape(t, heads, -1).transpose(1, 0, 2))[None]
 
 
-def _tq_feed(k_fmt: str, v_fmt: str, rotation: str, k_chunks, v_chunks, hkv: int):
+def tq_feed(k_fmt: str, v_fmt: str, rotation: str, k_chunks, v_chunks, hkv: int):
     """A TQCache fed chunk by chunk; returns (cache, K blocks, V blocks) as (Hkv, n, row_bytes)."""
     import mlx.core as mx
 
@@ -375,13 +375,13 @@ def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], 
     out: dict[str, Any] = {"k": display_name(kf), "v": display_name(vf), "cells": n, "kv_heads": hkv,
                            "head_dim": dk, "k_rot": L.k_rot, "v_rot": L.v_rot}
     # 1. cache bytes: llama.cpp's quantizer input through TQCache
-    _, kb, vb = _tq_feed(kf.key, vf.key, "none", L.k_rows, L.v_rows, hkv)
+    _, kb, vb = tq_feed(kf.key, vf.key, "none", L.k_rows, L.v_rows, hkv)
     out["bytes"] = {"k": bytes_check(kb, ll_k, k_rows, kf), "v": bytes_check(vb, ll_v, v_rows, vf)}
     ok = out["bytes"]["k"]["passed"] and out["bytes"]["v"]["passed"]
     # 2. rotation: llama.cpp's rows before its rotation through TQCache(rotation="llama")
     if rotation and (L.k_rot or L.v_rot):
         k_in, v_in = _rows_before_rotation(L)
-        cache, kb2, vb2 = _tq_feed(kf.key, vf.key, "llama", k_in, v_in, hkv)
+        cache, kb2, vb2 = tq_feed(kf.key, vf.key, "llama", k_in, v_in, hkv)
         rot = {"k_group_llama": L.k_rot, "v_group_llama": L.v_rot,
                "k_group_ours": int(cache.k_rot), "v_group_ours": int(cache.v_rot)}
         for side, xin, want, group, ours_fn, blocks, ll, fmt in (

@@ -20,21 +20,7 @@ import numpy as np
 
 from ...bridge import dequantize, get_format
 from ...bridge.format_types import Format
-
-
-def _np(a: Any) -> np.ndarray:
-    if isinstance(a, np.ndarray):
-        return a
-    try:
-        import mlx.core as mx
-
-        if isinstance(a, mx.array):
-            if a.dtype == mx.bfloat16:
-                a = a.astype(mx.float32)
-            return np.array(a)
-    except ImportError:  # pragma: no cover
-        pass
-    return np.asarray(a)
+from ...metal.attention_problem import to_numpy
 
 
 def _hex(b: np.ndarray) -> str:
@@ -74,7 +60,7 @@ def describe_block(fmt: "str | Format", block: np.ndarray) -> str:
 def assert_blocks_equal(actual: Any, expected: Any, fmt: "str | Format", *, context: str = "") -> dict:
     """``actual`` and ``expected`` hold the same bytes; else name the first differing block and decode both."""
     f = get_format(fmt)
-    a, e = _np(actual), _np(expected)
+    a, e = to_numpy(actual), to_numpy(expected)
     where = f" ({context})" if context else ""
     if a.dtype != np.uint8:
         raise AssertionError(f"{f.key} blocks{where}: expected uint8, got dtype {a.dtype}")
@@ -110,7 +96,7 @@ def assert_values_close(actual: Any, expected: Any, *, atol: float = 0.0, rtol: 
                         tolerance_name: str = "exact", context: str = "") -> dict:
     """Float arrays agree: NaN exactly where ``expected`` is NaN, equal infinities, and elsewhere
     ``|a - e| <= atol + rtol * |e|`` (the default, 0 and 0, is exact equality)."""
-    a, e = _np(actual).astype(np.float64), _np(expected).astype(np.float64)
+    a, e = to_numpy(actual).astype(np.float64), to_numpy(expected).astype(np.float64)
     where = f" ({context})" if context else ""
     if a.shape != e.shape:
         raise AssertionError(f"values{where}: shape {a.shape} != expected {e.shape}")
@@ -142,7 +128,7 @@ def assert_attention_close(actual: Any, expected: Any, bound: Any = None, *, rto
     output row. The message gives the worst position (b, head, [t,] d), its error, the error relative
     to the row's largest value, and the tolerance by name. Returns the worst ratio error / allowed.
     """
-    a, e = _np(actual).astype(np.float64), _np(expected).astype(np.float64)
+    a, e = to_numpy(actual).astype(np.float64), to_numpy(expected).astype(np.float64)
     where = f" ({context})" if context else ""
     if a.shape != e.shape:
         raise AssertionError(f"attention{where}: output shape {a.shape} != expected {e.shape}")
@@ -150,7 +136,7 @@ def assert_attention_close(actual: Any, expected: Any, bound: Any = None, *, rto
         raise ValueError("give exactly one of bound= (per component) or rtol= (relative to each row's max)")
     rowmax = np.abs(e).max(axis=-1, keepdims=True) if e.size else e
     if bound is not None:
-        allowed = _np(bound).astype(np.float64)
+        allowed = to_numpy(bound).astype(np.float64)
         name = tolerance_name or "oracle bound (tqbridge.metal.attention_ref)"
     else:
         allowed = float(rtol) * np.broadcast_to(rowmax, e.shape)
@@ -181,7 +167,7 @@ def assert_logits_parity(reference: Any, candidate: Any, *, max_kl_mean: float, 
     position where the top-1 token differs."""
     from ..harness.metrics import compare_logits
 
-    p, q = _np(reference), _np(candidate)
+    p, q = to_numpy(reference), to_numpy(candidate)
     where = f" ({context})" if context else ""
     if p.shape != q.shape or p.ndim != 2:
         raise AssertionError(f"logits{where}: shapes {p.shape} and {q.shape} are not one (positions, vocab) shape")

@@ -45,7 +45,8 @@ from hypothesis import strategies as st
 
 from ... import bridge
 from ...bridge.padding import pad_rows
-from .assertions import _np, assert_attention_close, assert_blocks_equal, assert_values_close
+from ...metal.attention_problem import to_numpy
+from .assertions import assert_attention_close, assert_blocks_equal, assert_values_close
 
 OPS = ("quantize", "dequantize", "append", "decode-attention")
 U32 = 2.0 ** -24
@@ -234,7 +235,7 @@ def check_case(fn: Callable, case: Case, claim: "Claim | None" = None) -> float:
         fmt = bridge.get_format(case.formats[0])
         n = int(case.params["n"])
         want = bridge.dequantize(fmt, a["blocks"], n)
-        got = _np(_call(fn, claim, fmt.key, a["blocks"], n))
+        got = to_numpy(_call(fn, claim, fmt.key, a["blocks"], n))
         if fmt.kind == "turbo":
             groups = want.reshape(want.shape[0], -1, fmt.block_size).astype(np.float64)
             norm = np.sqrt((groups ** 2).sum(axis=-1, keepdims=True))
@@ -243,7 +244,7 @@ def check_case(fn: Callable, case: Case, claim: "Claim | None" = None) -> float:
             r = assert_values_close(got, want, atol=atol, tolerance_name="TURBO_DEQUANT_ULPS x rotation stages x row norm",
                                     context=f"dequantize {fmt.key}")
             with np.errstate(invalid="ignore", divide="ignore"):
-                err = np.abs(_np(got).astype(np.float64) - want)
+                err = np.abs(to_numpy(got).astype(np.float64) - want)
                 ratio = np.where(atol > 0, err / np.where(atol > 0, atol, 1), 0.0)
             return float(np.nanmax(ratio)) if ratio.size else 0.0
         assert_values_close(got, want, context=f"dequantize {fmt.key}")

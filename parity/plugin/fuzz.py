@@ -48,7 +48,7 @@ class FuzzError(ValueError):
 
 
 def _np(a):
-    from .assertions import _np as to_numpy
+    from ...metal.attention_problem import to_numpy
 
     return to_numpy(a)
 

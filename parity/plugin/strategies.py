@@ -49,7 +49,8 @@ F32_SUB = np.float32(np.finfo(np.float32).smallest_subnormal)
 _TIE_PEAKS = (1, 7, 8, 15, 16, 31, 113, 127)
 
 
-def _check_int(name: str, value: int, *, min_value: int) -> int:
+def check_int(name: str, value: int, *, min_value: int) -> int:
+    """``value``, a strategy's integer argument ``name``: TypeError unless an int, ValueError below ``min_value``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < min_value:
@@ -195,18 +196,18 @@ def float_rows(
     ``max_scale_exp`` bound the power-of-two scale of families with a free scale. ``patches`` is
     the most point values overwritten by values drawn directly (0 disables).
     """
-    block_size = _check_int("block_size", block_size, min_value=1)
-    min_blocks = _check_int("min_blocks", min_blocks, min_value=1)
-    max_blocks = _check_int("max_blocks", max_blocks, min_value=1)
+    block_size = check_int("block_size", block_size, min_value=1)
+    min_blocks = check_int("min_blocks", min_blocks, min_value=1)
+    max_blocks = check_int("max_blocks", max_blocks, min_value=1)
     if max_blocks < min_blocks:
         raise ValueError(f"max_blocks={max_blocks} is smaller than min_blocks={min_blocks}")
-    min_scale_exp = _check_int("min_scale_exp", min_scale_exp, min_value=-149)
-    max_scale_exp = _check_int("max_scale_exp", max_scale_exp, min_value=-149)
+    min_scale_exp = check_int("min_scale_exp", min_scale_exp, min_value=-149)
+    max_scale_exp = check_int("max_scale_exp", max_scale_exp, min_value=-149)
     if max_scale_exp < min_scale_exp:
         raise ValueError(f"max_scale_exp={max_scale_exp} is smaller than min_scale_exp={min_scale_exp}")
     if max_scale_exp > 127:
         raise ValueError(f"max_scale_exp={max_scale_exp} overflows float32 (at most 127)")
-    patches = _check_int("patches", patches, min_value=0)
+    patches = check_int("patches", patches, min_value=0)
     fams = _check_families(families, allow_nan=bool(allow_nan), allow_infinity=bool(allow_infinity))
     return _rows(block_size=block_size, min_blocks=min_blocks, max_blocks=max_blocks, families=fams,
                  min_scale_exp=min_scale_exp, max_scale_exp=max_scale_exp, patches=patches)
@@ -224,11 +225,11 @@ def float_matrices(
     allow_infinity: bool = False,
 ) -> st.SearchStrategy[np.ndarray]:
     """2-D float32 arrays (rows, block_size * k): each row drawn by :func:`float_rows`, same length."""
-    min_rows = _check_int("min_rows", min_rows, min_value=1)
-    max_rows = _check_int("max_rows", max_rows, min_value=1)
+    min_rows = check_int("min_rows", min_rows, min_value=1)
+    max_rows = check_int("max_rows", max_rows, min_value=1)
     if max_rows < min_rows:
         raise ValueError(f"max_rows={max_rows} is smaller than min_rows={min_rows}")
-    _check_int("min_blocks", min_blocks, min_value=1)
+    check_int("min_blocks", min_blocks, min_value=1)
     if max_blocks < min_blocks:
         raise ValueError(f"max_blocks={max_blocks} is smaller than min_blocks={min_blocks}")
 
@@ -248,9 +249,9 @@ def adversarial_rows(*, block_size: int = 32, n_blocks: int = 4, per_family: int
     """A fixed (len(families) * per_family, block_size * n_blocks) float32 array covering every
     family with varied scales and tie peaks; the same arguments always give the same rows.
     The defaults give 9 * 80 = 720 rows."""
-    block_size = _check_int("block_size", block_size, min_value=1)
-    n_blocks = _check_int("n_blocks", n_blocks, min_value=1)
-    per_family = _check_int("per_family", per_family, min_value=1)
+    block_size = check_int("block_size", block_size, min_value=1)
+    n_blocks = check_int("n_blocks", n_blocks, min_value=1)
+    per_family = check_int("per_family", per_family, min_value=1)
     fams = _check_families(families, allow_nan="nan" in (families or ()),
                            allow_infinity="inf" in (families or ()))
     n = block_size * n_blocks

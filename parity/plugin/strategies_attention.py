@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 from ...bridge import quantize as _quantize
 from ...bridge.padding import pad_rows
 from ...bridge.registry import all_formats
-from .strategies import _check_int
-from .strategies_blocks import _check_range, _fmt
+from .strategies import check_int
+from .strategies_blocks import check_range, as_format
 
 HEAD_DIMS = (64, 80, 96, 128, 192, 256)   # the head dims of the models the fork and mlx-lm serve
 VALUE_KINDS = ("normal", "zeros", "tiny", "huge", "constant", "spike")
@@ -121,7 +121,7 @@ def value_rows(rng, kind: str, shape, scale: float = 1.0) -> np.ndarray:
 def _problems(draw, *, kfs, vfs, min_batch, max_batch, min_kv_heads, max_kv_heads, min_group, max_group,
               head_dims, min_length, max_length, max_query_rows, windows, softcaps, sinks, per_row_lengths,
               values, q_dtypes, starts=False):
-    kf, vf = _fmt(draw(st.sampled_from(kfs))), _fmt(draw(st.sampled_from(vfs)))
+    kf, vf = as_format(draw(st.sampled_from(kfs))), as_format(draw(st.sampled_from(vfs)))
     b = draw(st.integers(min_batch, max_batch))
     hkv = draw(st.integers(min_kv_heads, max_kv_heads))
     g = draw(st.integers(min_group, max_group))
@@ -182,20 +182,20 @@ def attention_problems(
     draws per-row starts (``start=``, a left-padded batch) for a kernel that takes them.
     """
     every = [f.key for f in all_formats()]
-    kfs = every if k_formats is None else [_fmt(x).key for x in k_formats]
-    vfs = every if v_formats is None else [_fmt(x).key for x in v_formats]
+    kfs = every if k_formats is None else [as_format(x).key for x in k_formats]
+    vfs = every if v_formats is None else [as_format(x).key for x in v_formats]
     if not kfs or not vfs:
         raise ValueError("k_formats and v_formats must not be empty")
-    min_batch, max_batch = _check_range("min_batch", min_batch, "max_batch", max_batch)
-    min_kv_heads, max_kv_heads = _check_range("min_kv_heads", min_kv_heads, "max_kv_heads", max_kv_heads)
-    min_group, max_group = _check_range("min_group", min_group, "max_group", max_group)
-    min_length, max_length = _check_range("min_length", min_length, "max_length", max_length, min_value=0)
+    min_batch, max_batch = check_range("min_batch", min_batch, "max_batch", max_batch)
+    min_kv_heads, max_kv_heads = check_range("min_kv_heads", min_kv_heads, "max_kv_heads", max_kv_heads)
+    min_group, max_group = check_range("min_group", min_group, "max_group", max_group)
+    min_length, max_length = check_range("min_length", min_length, "max_length", max_length, min_value=0)
     if isinstance(head_dims, int):
         raise TypeError("head_dims must be a sequence of ints, e.g. (64, 128)")
-    head_dims = tuple(_check_int("head_dims entry", d, min_value=1) for d in head_dims)
+    head_dims = tuple(check_int("head_dims entry", d, min_value=1) for d in head_dims)
     if not head_dims:
         raise ValueError("head_dims must not be empty")
-    max_query_rows = _check_int("max_query_rows", max_query_rows, min_value=1)
+    max_query_rows = check_int("max_query_rows", max_query_rows, min_value=1)
     if max_query_rows > 4:
         raise ValueError(f"max_query_rows={max_query_rows}: decode attention takes at most 4 query rows")
     vals = tuple(VALUE_KINDS if values is None else values)

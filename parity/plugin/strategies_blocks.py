@@ -24,13 +24,14 @@ from ...bridge import quantize as _quantize
 from ...bridge.format_types import Format
 from ...bridge.padding import pad_rows
 from ...bridge.registry import all_formats
-from .strategies import _check_int, float_rows
+from .strategies import check_int, float_rows
 
 KINDS = ("float", "ggml", "turbo")
 MALFORMED_KINDS = ("wrong_length", "nan_scale", "inf_scale", "wrong_dtype")
 
 
-def _fmt(fmt) -> Format:
+def as_format(fmt) -> Format:
+    """The registry format a strategy's argument names; ValueError (not FormatError) for an unknown one."""
     try:
         return get_format(fmt)
     except FormatError as e:
@@ -50,7 +51,7 @@ def format_names(*, kinds: "Sequence[str] | None" = None, extensions: bool = Tru
     for k in kinds:
         if k not in KINDS:
             raise ValueError(f"unknown format kind {k!r}; known: {', '.join(KINDS)}")
-    skip = {_fmt(e).key for e in exclude}
+    skip = {as_format(e).key for e in exclude}
     keys = [f.key for f in all_formats() if f.kind in kinds and (extensions or not f.extension) and f.key not in skip]
     if not keys:
         raise ValueError("no registered format matches these arguments")
@@ -59,7 +60,7 @@ def format_names(*, kinds: "Sequence[str] | None" = None, extensions: bool = Tru
 
 def scale_offsets(fmt) -> tuple[int, ...]:
     """Byte offsets of the fp16 scale fields of one block (d, m, turbo norm); empty for float formats."""
-    f = _fmt(fmt)
+    f = as_format(fmt)
     if f.kind == "float":
         return ()
     if f.kind == "turbo":
@@ -105,7 +106,7 @@ def _raw_blocks(draw, f: Format, rows: int, nblk: int) -> np.ndarray:
 
 @st.composite
 def _blocks(draw, *, fmt, min_rows, max_rows, min_blocks, max_blocks, source):
-    f = _fmt(draw(st.sampled_from(fmt)) if isinstance(fmt, list) else fmt)
+    f = as_format(draw(st.sampled_from(fmt)) if isinstance(fmt, list) else fmt)
     rows = draw(st.integers(min_rows, max_rows))
     nblk = draw(st.integers(min_blocks, max_blocks))
     how = draw(st.sampled_from(source))
@@ -119,9 +120,11 @@ def _blocks(draw, *, fmt, min_rows, max_rows, min_blocks, max_blocks, source):
     return draw(_raw_blocks(f, rows, nblk))
 
 
-def _check_range(lo_name, lo, hi_name, hi, *, min_value=1):
-    lo = _check_int(lo_name, lo, min_value=min_value)
-    hi = _check_int(hi_name, hi, min_value=min_value)
+def check_range(lo_name, lo, hi_name, hi, *, min_value=1):
+    """``(lo, hi)``, two integer arguments of a strategy, each checked by :func:`~.strategies.check_int`;
+    ValueError when ``hi < lo``."""
+    lo = check_int(lo_name, lo, min_value=min_value)
+    hi = check_int(hi_name, hi, min_value=min_value)
     if hi < lo:
         raise ValueError(f"{hi_name}={hi} is smaller than {lo_name}={lo}")
     return lo, hi
@@ -140,13 +143,13 @@ def blocks(*, fmt: "str | Sequence[str]", min_rows: int = 1, max_rows: int = 4, 
     if not fmts:
         raise ValueError("fmt must name at least one format")
     for f in fmts:
-        _fmt(f)
-    min_rows, max_rows = _check_range("min_rows", min_rows, "max_rows", max_rows)
-    min_blocks, max_blocks = _check_range("min_blocks", min_blocks, "max_blocks", max_blocks)
+        as_format(f)
+    min_rows, max_rows = check_range("min_rows", min_rows, "max_rows", max_rows)
+    min_blocks, max_blocks = check_range("min_blocks", min_blocks, "max_blocks", max_blocks)
     if source not in (None, "quantized", "raw"):
         raise ValueError(f"source must be 'quantized', 'raw' or None, got {source!r}")
     src = ("quantized", "raw") if source is None else (source,)
-    one = fmts[0] if len(fmts) == 1 else [_fmt(f).key for f in fmts]
+    one = fmts[0] if len(fmts) == 1 else [as_format(f).key for f in fmts]
     return _blocks(fmt=one, min_rows=min_rows, max_rows=max_rows, min_blocks=min_blocks,
                    max_blocks=max_blocks, source=src)
 
@@ -184,7 +187,7 @@ class Malformed:
 
 @st.composite
 def _malformed(draw, *, fmts, kinds, max_rows, max_blocks):
-    f = _fmt(draw(st.sampled_from(fmts)))
+    f = as_format(draw(st.sampled_from(fmts)))
     allowed = [k for k in kinds if not (k in ("nan_scale", "inf_scale") and f.kind == "float")]
     if not allowed:
         allowed = ["wrong_length"]
@@ -233,9 +236,9 @@ def malformed_blocks(*, fmt: "str | Sequence[str] | None" = None, kinds: "Sequen
     if fmt is None:
         fmts = [f.key for f in all_formats()]
     else:
-        fmts = [_fmt(x).key for x in ([fmt] if isinstance(fmt, (str, Format)) else fmt)]
-    _check_int("max_rows", max_rows, min_value=1)
-    _check_int("max_blocks", max_blocks, min_value=1)
+        fmts = [as_format(x).key for x in ([fmt] if isinstance(fmt, (str, Format)) else fmt)]
+    check_int("max_rows", max_rows, min_value=1)
+    check_int("max_blocks", max_blocks, min_value=1)
     return _malformed(fmts=fmts, kinds=kinds, max_rows=max_rows, max_blocks=max_blocks)
 
 
@@ -269,8 +272,8 @@ class AppendSequence:
 
 @st.composite
 def _kv_caches(draw, *, kfs, vfs, head_dims, max_batch, max_kv_heads, max_steps, max_step_rows):
-    kf = _fmt(draw(st.sampled_from(kfs)))
-    vf = _fmt(draw(st.sampled_from(vfs)))
+    kf = as_format(draw(st.sampled_from(kfs)))
+    vf = as_format(draw(st.sampled_from(vfs)))
     d = draw(st.sampled_from(head_dims))
     b = draw(st.integers(1, max_batch))
     h = draw(st.integers(1, max_kv_heads))
@@ -291,19 +294,15 @@ def kv_caches(*, k_formats: "Sequence[str] | None" = None, v_formats: "Sequence[
               max_steps: int = 4, max_step_rows: int = 8) -> st.SearchStrategy[AppendSequence]:
     """An :class:`AppendSequence`: 1..``max_steps`` appends of 1..``max_step_rows`` rows each."""
     every = [f.key for f in all_formats()]
-    kfs = every if k_formats is None else [_fmt(x).key for x in k_formats]
-    vfs = every if v_formats is None else [_fmt(x).key for x in v_formats]
+    kfs = every if k_formats is None else [as_format(x).key for x in k_formats]
+    vfs = every if v_formats is None else [as_format(x).key for x in v_formats]
     if not kfs or not vfs:
         raise ValueError("k_formats and v_formats must not be empty")
-    head_dims = tuple(_check_int("head_dims entry", d, min_value=1) for d in head_dims)
+    head_dims = tuple(check_int("head_dims entry", d, min_value=1) for d in head_dims)
     if not head_dims:
         raise ValueError("head_dims must not be empty")
     for name, v in (("max_batch", max_batch), ("max_kv_heads", max_kv_heads), ("max_steps", max_steps),
                     ("max_step_rows", max_step_rows)):
-        _check_int(name, v, min_value=1)
+        check_int(name, v, min_value=1)
     return _kv_caches(kfs=kfs, vfs=vfs, head_dims=head_dims, max_batch=max_batch, max_kv_heads=max_kv_heads,
                       max_steps=max_steps, max_step_rows=max_step_rows)
-
-
-# the name this class had before 2026-12-01 (it clashed with mlx-lm's cache class); kept for existing tests
-KVCache = AppendSequence

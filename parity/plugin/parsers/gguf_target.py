@@ -169,7 +169,7 @@ _SCALAR_FMT = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 1
 
 
 @dataclass
-class _GGUFParts:
+class GGUFParts:
     """A valid little-endian GGUF split into raw metadata entries, tensor infos and data."""
 
     version: int
@@ -178,11 +178,12 @@ class _GGUFParts:
     alignment: int
 
 
-def _gguf_parse(data: bytes) -> "_GGUFParts | None":
+def parse_gguf_parts(data: bytes) -> "GGUFParts | None":
+    """A little-endian GGUF split into its parts (raw bytes each), or None where it does not parse."""
     try:
-        from tqbridge.bridge.gguf_io import _Cursor
+        from tqbridge.bridge.gguf_io import Cursor
 
-        c = _Cursor(data, len(data), "<", "seed")
+        c = Cursor(data, len(data), "<", "seed")
         c.pos = 4
         version = c.unpack("I", "version")
         n_t, n_kv = c.unpack("QQ", "counts")
@@ -205,7 +206,7 @@ def _gguf_parse(data: bytes) -> "_GGUFParts | None":
         tensors = []
         for name, dims, tid, off in infos:
             tensors.append([name, dims, tid, data[start + off:start + off + _gguf_nbytes(dims, tid)]])
-        return _GGUFParts(version, kvs, tensors, alignment)
+        return GGUFParts(version, kvs, tensors, alignment)
     except Exception:  # noqa: BLE001 - not a seed we can take apart: no structured edit
         return None
 
@@ -223,7 +224,8 @@ def _gguf_nbytes(dims, tid) -> int:
     return n // bs * ts
 
 
-def _gguf_write(p: _GGUFParts) -> bytes:
+def write_gguf_parts(p: GGUFParts) -> bytes:
+    """The GGUF bytes of ``p`` (the inverse of :func:`parse_gguf_parts`)."""
     def s(text: str) -> bytes:
         b = text.encode("utf-8", "surrogateescape")
         return struct.pack("<Q", len(b)) + b
@@ -282,7 +284,7 @@ _ARCH_KEYS = ("block_count", "embedding_length", "feed_forward_length", "attenti
 def _gguf_mutation(rng: random.Random, data: bytes, seed: Seed) -> tuple[bytes, str]:
     """A structure-preserving edit of a GGUF: the file stays well formed (counts, lengths and offsets
     consistent) while a metadata value, a tensor's type or shape, or the set of tensors changes."""
-    p = _gguf_parse(data)
+    p = parse_gguf_parts(data)
     if p is None or not p.tensors:
         return data, "structured edit of an unparsable file (skipped)"
     r = rng.random()
@@ -337,7 +339,7 @@ def _gguf_mutation(rng: random.Random, data: bytes, seed: Seed) -> tuple[bytes, 
         name = t[0].replace("blk.0.", f"blk.{rng.choice((1, 2, 7, 4095))}.") if "blk.0." in t[0] else t[0] + ".x"
         p.tensors.append([name, list(t[1]), t[2], t[3]])
         op = f"tensor {name} added (copy of {t[0]})"
-    return _gguf_write(p), op
+    return write_gguf_parts(p), op
 
 
 class GGUFTarget(ParserTarget):
