@@ -392,13 +392,13 @@ def test_the_float_fields_view_finds_what_dequantization_finds(fmt):
     """The load check reads float formats' values and legacy blocks' d/m fields instead of dequantizing:
     for every byte of a row set to a NaN/inf pattern, it finds a non-finite value exactly when the
     dequantized row holds one."""
-    from tqbridge.metal.lm.cache import _block_floats
+    from tqbridge.metal.lm.cache import block_floats
     from tqbridge.metal.lm.codecs import any_nonfinite
 
     c = TQCache(fmt, fmt, rotation="none")
     c.update_and_fetch(_rows(1, 1), _rows(2, 1))
     kb = np.array(c.blocks()[0])
-    assert _block_floats(c.blocks()[0], fmt) is not None
+    assert block_floats(c.blocks()[0], fmt) is not None
     found = 0
     for at in range(kb.shape[-1]):
         for pattern in (b"\x00\x7c", b"\x00\x7e", b"\x80\xff", b"\x80\x7f\x00\x00\xc0\x7f"[-2:]):
@@ -406,7 +406,7 @@ def test_the_float_fields_view_finds_what_dequantization_finds(fmt):
             end = min(at + 2, kb.shape[-1])
             edited[0, 0, 0, at:end] = np.frombuffer(pattern[:end - at], np.uint8)
             blocks = mx.array(edited)
-            fast = bool(any_nonfinite(_block_floats(blocks, fmt)).item())
+            fast = bool(any_nonfinite(block_floats(blocks, fmt)).item())
             slow = bool(any_nonfinite(c._decode(blocks, fmt, c._kd, c.k_dim, mx.float32)).item())
             assert fast == slow, (fmt, at, pattern)
             found += fast

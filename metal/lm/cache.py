@@ -54,7 +54,7 @@ _MAX_DIM = 1 << 16
 _FLOAT_DTYPES = {"f16": mx.float16, "bf16": mx.bfloat16, "f32": mx.float32}
 
 
-def _block_floats(blocks: mx.array, fmt: str) -> "mx.array | None":
+def block_floats(blocks: mx.array, fmt: str) -> "mx.array | None":
     """The float fields of ``fmt`` blocks (uint8, last axis a row's bytes) as floats: every value of a
     float format; the fp16 ``d`` (and ``m``) leading each of ggml's legacy blocks (bridge/format_types.py's
     Layout); None for formats without such a view."""
@@ -563,7 +563,7 @@ class TQCache(_mlx_cache._BaseCache):
             for blocks, fmt, deq, dim in ((keys, self.k_format, self._kd, self.k_dim),
                                           (values, self.v_format, self._vd, self.v_dim)):
                 rows = blocks[..., a:b, :]
-                floats = _block_floats(rows, fmt)
+                floats = block_floats(rows, fmt)
                 if floats is None:
                     floats = self._decode(rows, fmt, deq, dim, mx.float32)
                 bad = bad | any_nonfinite(floats)
