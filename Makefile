@@ -26,13 +26,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	@# a llama-cpp-python wheel from pip's cache may have been built for another CPU: drop it from the
 	@# cache (the next setup builds and caches a portable one) and build one here, bypassing the cache
-	@rc=0; $(BIN)/python -m tqbridge.bridge.llama_compat || rc=$$?; \
+	@rc=0; $(BIN)/python -m tqbridge.bridge.llama.compat || rc=$$?; \
 	if [ $$rc = 1 ]; then \
 	  echo "rebuilding llama-cpp-python from source for this CPU (~5 min)"; \
 	  $(BIN)/python -m pip cache remove llama_cpp_python >/dev/null 2>&1 || true; \
 	  $(BIN)/python -m pip install -q --no-cache-dir --force-reinstall --no-deps \
-	    "llama-cpp-python==$$($(BIN)/python -m tqbridge.bridge.llama_compat --version)" && \
-	  $(BIN)/python -m tqbridge.bridge.llama_compat; \
+	    "llama-cpp-python==$$($(BIN)/python -m tqbridge.bridge.llama.compat --version)" && \
+	  $(BIN)/python -m tqbridge.bridge.llama.compat; \
 	fi
 	@touch $(STAMP)
 

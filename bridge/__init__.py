@@ -11,11 +11,11 @@ Public API::
                                                 lossless ggml <-> MLX affine (q8_0, q4_0, q4_1, q5_0, q5_1)
 """
 
-from .affine import from_mlx_affine, to_mlx_affine
-from .api import dequantize, mlx_dequantize, mlx_quantize, quantize
-from .format_types import Format, FormatError
-from .padding import pad_rows, padded_dim, unpad_rows
-from .registry import all_formats, display_name, formats, get_format
+from .blocks.affine import from_mlx_affine, to_mlx_affine
+from .blocks.api import dequantize, mlx_dequantize, mlx_quantize, quantize
+from .blocks.format_types import Format, FormatError
+from .blocks.padding import pad_rows, padded_dim, unpad_rows
+from .blocks.registry import all_formats, display_name, formats, get_format
 
 __all__ = [
     "Format", "FormatError", "all_formats", "display_name", "formats", "get_format",

@@ -19,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .attention_problem import AttentionError, Q_PRECISIONS
+from .attention.problem import AttentionError, Q_PRECISIONS
 
 # q's precision where the caller does not choose. CUDA: int8 (kernel int8-mma, 1.4-1.85x less device time than
 # the exact kernel on the H200) for caches whose V has fewer than 8 bits per value, where int8 q's own KL
@@ -115,8 +115,8 @@ class DecodeOptions:
 
     def resolve(self, backend: str) -> "DecodeOptions":
         """These options with every backend choice filled in for ``backend`` (q_precision and chunks stay:
-        their defaults depend on the problem, :func:`tqbridge.metal.attention_plan.resolve_kernel` and
-        :func:`tqbridge.metal.attention_plan.make_plan`)."""
+        their defaults depend on the problem, :func:`tqbridge.metal.attention.plan.resolve_kernel` and
+        :func:`tqbridge.metal.attention.plan.make_plan`)."""
         fill = dict(compile=backend in COMPILE_BACKENDS, device_params=backend in DEVICE_PARAMS_BACKENDS,
                     device_consts=backend in DEVICE_CONSTS_BACKENDS, defer_append=backend in DEFER_APPEND_BACKENDS)
         changes = {k: v for k, v in fill.items() if getattr(self, k) is None}

@@ -1,7 +1,7 @@
 """llama.cpp's KV rotation: the orthonormal Sylvester Hadamard matrix, applied block-diagonally.
 
 llama.cpp (src/llama-kv-cache.cpp, PR #21038) multiplies K and V rows of ggml quantized types by
-H_n / sqrt(n) before they enter the cache (see :func:`tqbridge.metal.lm.codecs.rotation_group` for n).
+H_n / sqrt(n) before they enter the cache (see :func:`tqbridge.metal.codecs.rotation_group` for n).
 H is symmetric and orthonormal, so it is its own inverse: (H q).(H k) = q.k, and H (sum p H v) =
 sum p v. Here as MLX ops (a float32 matmul); the decode kernels rotate inside (a butterfly).
 """

@@ -18,8 +18,8 @@ from functools import lru_cache
 import numpy as np
 
 from ..bridge import FormatError, get_format, quantize
-from ..bridge.format_types import Format
-from .attention_launch import const_buffer, param_table, table_row
+from ..bridge.blocks.format_types import Format
+from .attention.launch import const_buffer, param_table, table_row
 from .decode_options import DEFAULT_OPTIONS, DecodeOptions
 from .kernel import KERNEL_DIR, BODY_MARKER, Kernel, KernelError
 from .quantize_append import static_and_table, supported

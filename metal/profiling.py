@@ -5,7 +5,7 @@
 CUPTI (PyTorch's profiler). CUPTI sees every kernel of the process, MLX's included; where PyTorch
 or its CUDA build is missing the answer is a sentence saying why, never a number.
 ``parse_options`` / ``split_options`` read decode options from a bench label (``q8_0/turbo3{chunks=1}``,
-where they sit: :func:`tqbridge.bridge.kv_spec.split_label`),
+where they sit: :func:`tqbridge.bridge.blocks.kv_spec.split_label`),
 for comparisons within one process, free of the spread between processes.
 Used by ``tqbridge bench attention`` / ``bench decode`` and the scripts under ``benchmarks/``.
 """
@@ -17,10 +17,10 @@ import time
 from collections import defaultdict
 from typing import Any, Callable, Iterable
 
-from tqbridge.bridge.format_types import FormatError
-from tqbridge.bridge.kv_spec import split_label
+from tqbridge.bridge.blocks.format_types import FormatError
+from tqbridge.bridge.blocks.kv_spec import split_label
 
-from .attention_problem import AttentionError
+from .attention.problem import AttentionError
 from .decode_options import DecodeOptions
 
 
@@ -163,7 +163,7 @@ def parse_options(text: str) -> DecodeOptions:
 def split_options(label: str):
     """``"q8_0/turbo3{device_params=0}"`` -> ``("q8_0/turbo3", DecodeOptions(device_params=False))``; a label
     without braces -> ``(label, DecodeOptions())``. Where the options sit is the K/V grammar's
-    (:func:`tqbridge.bridge.kv_spec.split_label`); errors as :class:`SettingsError`."""
+    (:func:`tqbridge.bridge.blocks.kv_spec.split_label`); errors as :class:`SettingsError`."""
     try:
         base, opts = split_label(label)
     except FormatError as e:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..bridge import FormatError, get_format, quantize
-from ..bridge.format_types import Format
+from ..bridge.blocks.format_types import Format
 from .dispatch import build, record_path, resolve
 from .kernel import KERNEL_DIR, Kernel, KernelError
 

@@ -106,7 +106,7 @@ def _run(k_format, v_format, k_dim, v_dim, k_dp, v_dp, k_rot, v_rot, dtype, back
 
     from . import kv_append
     from .attention import decode_attention
-    from .attention_kernel import prepare_decode
+    from .attention.kernel import prepare_decode
 
     rng = np.random.default_rng(7)
     B, H, S, G, cap = 1, 2, 5, 2, 8

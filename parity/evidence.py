@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from tqbridge.bridge.atomic import write_atomic
-from tqbridge.bridge.kv_spec import qualify_variant
+from tqbridge.bridge.blocks.kv_spec import qualify_variant
 
 # test-backend-ops' tolerance for flash_attn_ext: ``test_flash_attn_ext::max_nmse_err()`` returns 5e-4
 # (llama.cpp tests/test-backend-ops.cpp, the same in both fork checkouts, 69d8e4b and PR #197's port).
@@ -69,7 +69,7 @@ class EvidenceError(ValueError):
 
 def _refusals() -> tuple[type, ...]:
     """The errors by which a llama.cpp build refuses a cache type for a model (a context it cannot make)."""
-    from tqbridge.bridge.llama_side import LlamaBuildError
+    from tqbridge.bridge.llama.side import LlamaBuildError
     from tqbridge.parity.harness.runtimes import LlamaConfigError
 
     return (LlamaBuildError, LlamaConfigError)
@@ -195,7 +195,7 @@ def parse_kv(spec: str) -> KVType:
 def bits_per_value(kv: KVType, runtime=None) -> float:
     """Mean stored bits per K and V value (the registry's block size and bytes; a turbo type's own), or
     the runtime's own ``bits_per_value(name)`` where it has one."""
-    from tqbridge.bridge.registry import get_format
+    from tqbridge.bridge.blocks.registry import get_format
 
     own = getattr(runtime, "bits_per_value", None)
     one = own if own is not None else (lambda name: get_format(name).bits_per_value)
@@ -205,7 +205,7 @@ def bits_per_value(kv: KVType, runtime=None) -> float:
 def format_of(runtime, name: str):
     """The registry format a type name of the runtime stands for (the runtime's ``format_of`` where it
     has one: a stand-in build's planted types claim to be a registry format)."""
-    from tqbridge.bridge.registry import get_format
+    from tqbridge.bridge.blocks.registry import get_format
 
     own = getattr(runtime, "format_of", None)
     return get_format(own(name) if own is not None else name)
@@ -412,7 +412,7 @@ def build_flash_attn(q: np.ndarray, kb: np.ndarray, vb: np.ndarray, kf, vf, *, s
                      softcap: float, kv: "KVType | None" = None) -> np.ndarray:
     """The build's ``flash_attn_ext`` (this process's llama.cpp side, its ggml CPU backend) on one problem:
     q (Hq, D); blocks (Hkv, n, row_bytes); returns (Hq, D)."""
-    from tqbridge.bridge.ggml_graph import flash_attn_ext
+    from tqbridge.bridge.llama.ggml_graph import flash_attn_ext
     from tqbridge.parity.harness.level_attention import fork_flash_attn, fork_has
 
     if "ggml" in kf.type_ids and "ggml" in vf.type_ids:
@@ -490,7 +490,7 @@ def run_case(case: KernelCase, *, flash_attn=build_flash_attn, runtime=None, see
 
 def _kernel_refusals() -> tuple[type, ...]:
     """ggml refusing a graph (a type or shape its flash_attn_ext does not take)."""
-    from tqbridge.bridge.ggml_graph import GgmlGraphError
+    from tqbridge.bridge.llama.ggml_graph import GgmlGraphError
 
     return (GgmlGraphError,)
 

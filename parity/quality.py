@@ -31,9 +31,9 @@ import mlx.core as mx
 import numpy as np
 
 from tqbridge.bridge.evaluation_text import evaluation_text
-from tqbridge.bridge.registry import get_format
-# the tokenizer generate and quality share; its home is bridge/tokenizer.py, next to the GGUF code
-from tqbridge.bridge.tokenizer import ChatTokenizer as GGUFTokenizer
+from tqbridge.bridge.blocks.registry import get_format
+# the tokenizer generate and quality share; its home is bridge/gguf/tokenizer.py, next to the GGUF code
+from tqbridge.bridge.gguf.tokenizer import ChatTokenizer as GGUFTokenizer
 
 __all__ = ["REFERENCE_KV", "default_text", "evaluate", "to_markdown", "plot", "GGUFTokenizer"]
 
@@ -77,7 +77,7 @@ def _cache_bytes(cache: list) -> tuple[int, int]:
 def _int8_k_formats() -> tuple:
     """K formats whose decode attention can take q as int8 (kernel int8-mma's, as llama.cpp's vec_dot)."""
     try:
-        from tqbridge.metal.attention_plan import INT8_MMA_K_FORMATS
+        from tqbridge.metal.attention.plan import INT8_MMA_K_FORMATS
     except ImportError:  # pragma: no cover - an install without the kernel
         return ()
     return tuple(INT8_MMA_K_FORMATS)
@@ -142,7 +142,7 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
 
     A configuration may carry key calibration on its K side (``q5_1+mean+scale/q4_0``, see
     :mod:`tqbridge.metal.lm.calibration`); its arrays count in the bytes. It may give layers their own
-    pairs (``q8_0/turbo3[0,1,-2,-1=q8_0/q8_0]``, :func:`~tqbridge.bridge.kv_spec.parse_layered_kv_spec`):
+    pairs (``q8_0/turbo3[0,1,-2,-1=q8_0/q8_0]``, :func:`~tqbridge.bridge.blocks.kv_spec.parse_layered_kv_spec`):
     its row's k_format / v_format / k_calibration are the default pair's and ``layer_kv`` maps each
     configuration to the layers holding it (None for one pair everywhere).
     Returns one dict per configuration, the reference (``f16/f16``) first: kv, kl_mean, kl_max,
@@ -151,7 +151,7 @@ def evaluate(model: Any, tokens: Sequence[int], kvs: Iterable[str], *, chunk: in
     ``q_precision``: decode attention's q precision for the configurations under test (see the
     module's docstring); a K format with no int8 path keeps the backend's default, and its row says so.
     """
-    from tqbridge.bridge.kv_spec import parse_layered_kv_spec
+    from tqbridge.bridge.blocks.kv_spec import parse_layered_kv_spec
     from tqbridge.metal.lm.cache import make_layered_cache
     from tqbridge.metal.lm.report import cache_report, paths_line
     from tqbridge.metal.lm.routing import route_attention
@@ -359,7 +359,7 @@ def measure_memory(model: Any, prompt: Sequence[int], kvs: Iterable[str], *, new
     from mlx_lm.models import cache as mlx_cache
 
     from tqbridge.metal.lm.cache import make_cache
-    from tqbridge.bridge.kv_spec import parse_kv
+    from tqbridge.bridge.blocks.kv_spec import parse_kv
     from tqbridge.metal.lm.report import cache_report
     from tqbridge.metal.lm.routing import route_attention
 

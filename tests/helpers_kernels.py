@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from tqbridge import bridge
-from tqbridge.bridge.padding import pad_rows
-from tqbridge.metal import attention_build, attention_kernel
+from tqbridge.bridge.blocks.padding import pad_rows
+from tqbridge.metal.attention import build as attention_build
+from tqbridge.metal.attention import kernel as attention_kernel
 from tqbridge.metal.attention import check_problem, decode_attention, last_run
-from tqbridge.metal.attention_ref import oracle
+from tqbridge.metal.attention.ref import oracle
 from tqbridge.metal.kernel import Kernel
 from tqbridge.parity.plugin.strategies_attention import value_rows
 

@@ -27,8 +27,8 @@ def ablate():
 def _int8_mma_defs(v_format: str, chunks=None):
     from tqbridge import bridge
     from tqbridge.metal.attention import check_problem
-    from tqbridge.metal.attention_build import kernel_defs, static_params
-    from tqbridge.metal.attention_plan import make_plan
+    from tqbridge.metal.attention.build import kernel_defs, static_params
+    from tqbridge.metal.attention.plan import make_plan
 
     rng = np.random.default_rng(0)
     kf, vf = bridge.get_format("q8_0"), bridge.get_format(v_format)

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 mx = pytest.importorskip("mlx.core", reason="MLX is not installed (pip install 'tqbridge[mlx]')")
 
 from tqbridge.bridge import FormatError, dequantize, from_mlx_affine, get_format, quantize, to_mlx_affine  # noqa: E402
-from tqbridge.bridge.affine import affine_formats  # noqa: E402
-from tqbridge.bridge.legacy_fields import split_blocks  # noqa: E402
+from tqbridge.bridge.blocks.affine import affine_formats  # noqa: E402
+from tqbridge.bridge.blocks.legacy_fields import split_blocks  # noqa: E402
 from tqbridge.parity.plugin.strategies import adversarial_rows, float_matrices  # noqa: E402
 
 AFFINE_FORMATS = affine_formats()
@@ -95,7 +95,7 @@ def test_shapes_and_leading_axes(fmt):
 @pytest.mark.parametrize("bits", [4, 5, 8])
 def test_packing_is_mlx_packing(bits):
     """mx.dequantize with scale 1 and bias 0 reads our packed words back as the codes we packed."""
-    from tqbridge.bridge.affine import pack_codes, unpack_codes
+    from tqbridge.bridge.blocks.affine import pack_codes, unpack_codes
 
     codes = np.random.default_rng(2).integers(0, 2**bits, size=(6, 32)).astype(np.uint8)
     codes[0], codes[1] = 0, 2**bits - 1
@@ -113,7 +113,7 @@ def test_group_size_64_and_128():
         codes = rng.integers(0, 16, size=(3, 256))
         s = rng.standard_normal((3, 256 // g)).astype(np.float16).astype(np.float32)
         b = rng.standard_normal((3, 256 // g)).astype(np.float16).astype(np.float32)
-        from tqbridge.bridge.affine import pack_codes
+        from tqbridge.bridge.blocks.affine import pack_codes
 
         w = pack_codes(codes.reshape(-1, 32), 4).reshape(3, -1)
         blocks = from_mlx_affine("q4_1", mx.array(w), mx.array(s), mx.array(b), g, 4)

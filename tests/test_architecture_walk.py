@@ -6,7 +6,7 @@ stand for any part of a file name), every name in backticks must be defined in o
 row names (a Python definition, class attribute or module-level name; a ``#define`` or function of a
 kernel source; ``TQA_<NAME>`` as a pattern), and every ``tqbridge ...`` command must parse with the
 subcommand's own arguments. The rows of a new format and a new command are also walked in-process: a
-toy format registered the way ``bridge/registry.py`` registers a codec module's entries, a toy command
+toy format registered the way ``bridge/blocks/registry.py`` registers a codec module's entries, a toy command
 added to ``tools/cli.py``'s table, and the consequences the docs promise checked. The picture's modules
 and commands must exist, every module of the mapped folders must be named on the page, and README's
 layout block must name real folders and the packages of ``pyproject.toml``. Each checker of the page is
@@ -191,7 +191,7 @@ def picture_problems(text: str) -> list[str]:
 
 
 # the folders whose modules the page names one by one (parity/plugin/ has its own page, docs/plugin.md)
-MAPPED = ("bridge", "metal", "metal/lm", "parity", "parity/harness", "tools")
+MAPPED = ("bridge", "bridge/blocks", "bridge/gguf", "bridge/llama", "metal", "metal/attention", "metal/lm", "parity", "parity/harness", "tools")
 
 
 def unnamed_modules(text: str) -> list[str]:
@@ -258,11 +258,11 @@ def test_readme_layout_folders_are_the_packages():
 
 @pytest.mark.parametrize("old, new, expect", [
     # a module split or renamed: the path is gone
-    ("`metal/attention_plan.py`", "`metal/attention_kernel_plan.py`", "no such path"),
+    ("`metal/attention/plan.py`", "`metal/attention_kernel_plan.py`", "no such path"),
     # a function renamed: the row's files no longer define it
     ("`make_plan`", "`make_v1_plan`", "defined in none of the files"),
     # a name left behind in a file the row no longer names
-    ("`_ensure_loaded` in `bridge/registry.py`", "`_ensure_loaded` in `bridge/turbo.py`", "defined in none of the files"),
+    ("`_ensure_loaded` in `bridge/blocks/registry.py`", "`_ensure_loaded` in `bridge/blocks/turbo.py`", "defined in none of the files"),
     # a kernel-source pattern that no header has
     ("`TQA_<NAME>` and its branch", "`TQAV1_<NAME>` and its branch", "defined in none of the files"),
     # a subcommand or an action that the parser does not take
@@ -281,14 +281,14 @@ def test_a_planted_stale_picture_and_an_unnamed_module_are_caught():
     assert "metal/quantize_append" in TEXT
     assert any("metal/quantize_blocks" in m for m in picture_problems(TEXT.replace("metal/quantize_append", "metal/quantize_blocks", 1)))
     assert any("tqbridge bench2" in m for m in picture_problems(TEXT.replace("tqbridge demo", "tqbridge bench2", 1)))
-    assert "bridge/padding.py" in unnamed_modules(TEXT.replace("`padding.py`", "padding"))
+    assert "bridge/blocks/padding.py" in unnamed_modules(TEXT.replace("`padding.py`", "padding"))
 
 
 # ---- walk: a new block format ----------------------------------------------------------------------
 
 def _format_modules() -> set[str]:
     """The bridge modules that list registry entries (a module-level ``FORMATS``)."""
-    return {p.stem for p in (ROOT / "bridge").glob("*.py") if "FORMATS" in _py_defines(p)}
+    return {p.stem for p in (ROOT / "bridge" / "blocks").glob("*.py") if "FORMATS" in _py_defines(p)}
 
 
 def _registered_modules(registry_source: str) -> set[str]:
@@ -299,7 +299,7 @@ def _registered_modules(registry_source: str) -> set[str]:
 
 def test_every_module_with_formats_is_registered_where_the_table_says():
     # the table: "a new family is its own module in bridge/, imported and registered by _ensure_loaded"
-    source = (ROOT / "bridge" / "registry.py").read_text()
+    source = (ROOT / "bridge" / "blocks" / "registry.py").read_text()
     assert _format_modules() == _registered_modules(source)
     # planted: a loader that imports one family only misses the others
     stale = "def _ensure_loaded():\n    from . import formats_ggml\n"
@@ -324,8 +324,8 @@ class _ToyCodec:
 def toy_format(monkeypatch):
     """A toy entry registered as ``_ensure_loaded`` registers a codec module's ``FORMATS``, in copies of
     the registry's tables (restored after the test)."""
-    from tqbridge.bridge import registry
-    from tqbridge.bridge.format_types import Format
+    from tqbridge.bridge.blocks import registry
+    from tqbridge.bridge.blocks.format_types import Format
 
     registry.all_formats()
     for table in ("_FORMATS", "_DEFAULT_VARIANT", "_ORDER"):
@@ -340,7 +340,7 @@ def test_walk_a_new_format(toy_format, capsys):
     from hypothesis import find
 
     from tqbridge import bridge
-    from tqbridge.bridge.registry import kernel_ids
+    from tqbridge.bridge.blocks.registry import kernel_ids
     from tqbridge.metal.quantize_append import supported
     from tqbridge.parity.plugin.strategies_blocks import format_names
     from tqbridge.tools.cli import main
@@ -438,7 +438,8 @@ def test_the_builder_sees_the_plan_and_the_planner_the_options():
     # the table: a variant is read by make_plan and carried on the Plan to static_params
     import inspect
 
-    from tqbridge.metal import attention_build, attention_plan
+    from tqbridge.metal.attention import build as attention_build
+    from tqbridge.metal.attention import plan as attention_plan
     from tqbridge.metal.decode_options import BOOL_FIELDS, DecodeOptions
 
     assert "options" in inspect.signature(attention_plan.make_plan).parameters
@@ -465,9 +466,9 @@ def test_the_decode_step_runs_the_path_the_page_draws(monkeypatch):
     pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
     from tiny_models import tiny_llama, tokens
 
-    from tqbridge.metal import attention_kernel
+    from tqbridge.metal.attention import kernel as attention_kernel
     from tqbridge.metal.backend import emulate_decode_lane
-    from tqbridge.metal.lm import decoder as decoder_mod
+    from tqbridge.metal.attention import decoder as decoder_mod
     from tqbridge.metal.lm.cache import TQCache, make_cache
     from tqbridge.metal.lm.routing import route_attention
 

@@ -1,4 +1,4 @@
-"""Every GGUF architecture the loader builds, on a tiny random-weight model of it (bridge/gguf_fixtures.py):
+"""Every GGUF architecture the loader builds, on a tiny random-weight model of it (bridge/gguf/fixtures.py):
 llama.cpp and the mlx-lm model tqbridge builds agree (parity/harness/archs.py's three configurations and
 claims), planted mapping bugs break that agreement, the ``"hf"`` layout that ``convert --to mlx`` writes
 loads in mlx-lm to the same model, and what the loader cannot hold is refused in one line.
@@ -17,9 +17,9 @@ from tqbridge.bridge.mlx_blas import prefer_fast_blas
 prefer_fast_blas()
 
 from tiny_models import cpu_device  # noqa: E402,F401 - float32 claims: MLX's CPU device everywhere
-from tqbridge.bridge import gguf_archs  # noqa: E402
-from tqbridge.bridge.gguf_fixtures import FIXTURES, Fixture, variant, write_fixture  # noqa: E402
-from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model, read_gguf  # noqa: E402
+from tqbridge.bridge.gguf import archs as gguf_archs  # noqa: E402
+from tqbridge.bridge.gguf.fixtures import FIXTURES, Fixture, variant, write_fixture  # noqa: E402
+from tqbridge.bridge.gguf.model import GGUFModelError, load_gguf_model, read_gguf  # noqa: E402
 from tqbridge.parity.harness import archs as A  # noqa: E402
 
 # The two Q/K layouts run different RoPE kernels on permuted rows: float32 reassociation only (the
@@ -82,7 +82,7 @@ def _config_also(monkeypatch, arch: str, **entries) -> None:
 
 def _swap_halves(monkeypatch, kind: str) -> None:
     """The rows of every ``kind`` tensor with their two halves exchanged on the way to mlx-lm."""
-    import tqbridge.bridge.gguf_model as gm
+    import tqbridge.bridge.gguf.model as gm
 
     real = gm.mlx_float
 
@@ -97,7 +97,7 @@ def _half_split_rope(monkeypatch, arch: str) -> None:
     """Every RoPE module of the built model rotating pairs half a head apart."""
     import mlx.nn as nn
 
-    import tqbridge.bridge.gguf_model as gm
+    import tqbridge.bridge.gguf.model as gm
 
     def half_split(model, cfg):
         for _, m in model.named_modules():
@@ -122,7 +122,7 @@ PLANTED = {   # a bug in the mapping of one architecture -> how it is planted
     "olmoe: top-k weights renormalized": ("olmoe", lambda mp: _config_also(mp, "olmoe", norm_topk_prob=True)),
     "ernie4_5: RoPE on pairs half a head apart": ("ernie4_5", lambda mp: _half_split_rope(mp, "ernie4_5")),
     "phi2: every dim of a head rotated": ("phi2", lambda mp: _config_also(mp, "phi2", partial_rotary_factor=1.0)),
-    # a loader that ignores a hyper-parameter key (bridge/gguf_fixtures.py writes non-default values):
+    # a loader that ignores a hyper-parameter key (bridge/gguf/fixtures.py writes non-default values):
     # the value mlx-lm or the loader would fall back to
     "llama: rope.freq_base ignored (10000)": ("llama", lambda mp: _config_also(mp, "llama", rope_theta=10000.0)),
     "qwen3: rope.freq_base ignored (1e6)": ("qwen3", lambda mp: _config_also(mp, "qwen3", rope_theta=1e6)),
@@ -168,7 +168,7 @@ def test_hf_layout_loads_in_mlx_lm_as_the_same_model(files, tmp_path, arch):
     import mlx.core as mx
     from mlx_lm.utils import load_model
 
-    from tqbridge.bridge.mlx_export import write_mlx_dir
+    from tqbridge.bridge.gguf.mlx_export import write_mlx_dir
 
     out = write_mlx_dir(files[arch], tmp_path / arch)
     model, cfg = load_model(out)
@@ -188,7 +188,7 @@ def test_quantized_conversion_loads_in_mlx_lm_as_the_same_model(tmp_path, arch):
     import mlx.core as mx
     from mlx_lm.utils import load_model
 
-    from tqbridge.bridge.mlx_export import write_mlx_dir
+    from tqbridge.bridge.gguf.mlx_export import write_mlx_dir
 
     src = write_fixture(tmp_path / f"{arch}.gguf", arch, qtype=gguf.GGMLQuantizationType.Q8_0)
     out = write_mlx_dir(src, tmp_path / "mlx", quantize=True)
@@ -214,7 +214,7 @@ def test_hf_layout_undoes_the_permutation_only_where_the_converter_made_one(file
         "llama", "granite", "smollm3", "command-r", "ernie4_5"}
     for arch in FIXTURES:
         c = read_gguf(files[arch])
-        from tqbridge.bridge.gguf_model import mlx_weights, model_config
+        from tqbridge.bridge.gguf.model import mlx_weights, model_config
 
         ggml = mlx_weights(c, model_config(c, "ggml"), "ggml")
         hf = mlx_weights(c, model_config(c, "hf"), "hf")

@@ -23,7 +23,7 @@ LAYER0_SCALE = 30.0
 
 @pytest.fixture(scope="module", params=[12, 16], ids=["12q-2kv", "16q-2kv"])
 def geometry(request, tmp_path_factory):
-    from tqbridge.bridge.gguf_fixtures import variant, write_fixture
+    from tqbridge.bridge.gguf.fixtures import variant, write_fixture
 
     h = request.param
     path = tmp_path_factory.mktemp("geom") / f"qwen2-{h}x2.gguf"

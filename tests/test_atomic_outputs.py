@@ -181,7 +181,7 @@ def _check_complete(tmp: Path, kind: str) -> None:
 
 
 def test_selfcheck_json(tmp_path):
-    pytest.importorskip("tqbridge.bridge.ggml_c").load()
+    pytest.importorskip("tqbridge.bridge.llama.ggml_c").load()
     _run_held(tmp_path, ["selfcheck", "--formats", "q8_0", "--rows-per-family", "1", "--blocks", "1",
                          "--json", "{s_json}"], {"s.json": "json"})
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tqbridge.metal import attention, attention_kernel
+from tqbridge.metal import attention
+from tqbridge.metal.attention import kernel as attention_kernel
 from tqbridge.metal.attention import check_problem, decode_attention, last_run
-from tqbridge.metal.attention_ref import oracle
+from tqbridge.metal.attention.ref import oracle
 from tqbridge.metal.decode_options import DecodeOptions
 from helpers_kernels import quantized_cache
 from test_attention_kernel import GPU
@@ -90,7 +91,7 @@ def test_device_params_give_the_same_outputs(monkeypatch):
     length."""
     import mlx.core as mx
 
-    from tqbridge.metal import attention_kernel
+    from tqbridge.metal.attention import kernel as attention_kernel
 
     rng = np.random.default_rng(8)
     q = mx.array(rng.standard_normal((1, 8, 128)).astype(np.float16))

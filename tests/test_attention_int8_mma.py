@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from tqbridge import bridge
-from tqbridge.bridge import legacy_fields
-from tqbridge.metal import attention_kernel, attention_plan, decode_options
+from tqbridge.bridge.blocks import legacy_fields
+from tqbridge.metal import decode_options
+from tqbridge.metal.attention import kernel as attention_kernel
+from tqbridge.metal.attention import plan as attention_plan
 from tqbridge.metal.attention import AttentionError, check_problem, decode_attention, last_run
-from tqbridge.metal.attention_ref import oracle, quantize_q8
+from tqbridge.metal.attention.ref import oracle, quantize_q8
 from tqbridge.metal.emulator import EmulatedKernel
 from tqbridge.metal.kernel import KERNEL_DIR, Kernel
 from helpers_kernels import check_int8_mma, quantized_cache
@@ -354,7 +356,7 @@ def test_head_dims(backend, d, kf, vf):
 def test_default_q_precision_per_backend():
     """CUDA decodes with int8 q (kernel int8-mma) where int8-mma serves the problem and V has fewer than 8 bits,
     tiles elsewhere; the emulator and Metal keep q exact; an explicit q precision wins everywhere."""
-    from tqbridge.metal.attention_plan import resolve_kernel
+    from tqbridge.metal.attention.plan import resolve_kernel
 
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 8, 128)).astype(np.float32)
@@ -894,7 +896,7 @@ TINY_V_NORM_CASE = (
 
 
 def test_int8_mma_tiny_v_norms_regression(monkeypatch):
-    from tqbridge.metal import attention_ref
+    from tqbridge.metal.attention import ref as attention_ref
     from tqbridge.metal.attention import last_run
     from tqbridge.parity import testing as tqt
     from tqbridge.parity.plugin.fuzz import our_target

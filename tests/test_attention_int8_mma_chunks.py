@@ -11,7 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tqbridge.metal import attention_build, attention_kernel, attention_plan
+from tqbridge.metal.attention import build as attention_build
+from tqbridge.metal.attention import kernel as attention_kernel
+from tqbridge.metal.attention import plan as attention_plan
 from tqbridge.metal.decode_options import DecodeOptions
 from tqbridge.metal.attention import AttentionError, check_problem, last_run
 from helpers_kernels import check_int8_mma, plant_in_sources, quantized_cache
@@ -238,8 +240,9 @@ def test_cuda_grid_stays_within_one_wave_of_resident_threadgroups(monkeypatch):
     the static plan of two chunks, not the long target's 6; head dim 128 (8 resident) keeps 6. Planted: a
     device with half the memory per unit."""
     from tqbridge.bridge import get_format
-    from tqbridge.metal import attention_plan, decode_options
-    from tqbridge.metal.attention_problem import Problem
+    from tqbridge.metal import decode_options
+    from tqbridge.metal.attention import plan as attention_plan
+    from tqbridge.metal.attention.problem import Problem
 
     monkeypatch.setattr(decode_options, "_cuda_attribute", lambda attribute: None)   # the H200's figures
     decode_options.compute_units.cache_clear()

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tqbridge import bridge
-from tqbridge.metal import attention_build as ab
+from tqbridge.metal.attention import build as ab
 from tqbridge.metal.attention import check_problem
-from tqbridge.metal.attention_plan import make_plan
+from tqbridge.metal.attention.plan import make_plan
 
 PHASES = 5   # entry, q ready, first tile landed, key loop done, partial written
 

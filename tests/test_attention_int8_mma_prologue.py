@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tqbridge.metal import attention_plan
+from tqbridge.metal.attention import plan as attention_plan
 from tqbridge.metal.attention import decode_attention, last_run
 from tqbridge.metal.decode_options import DecodeOptions
 from helpers_kernels import check_int8_mma, plant_in_sources, quantized_cache

@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tqbridge.metal import attention_build, attention_kernel, attention_plan
+from tqbridge.metal.attention import build as attention_build
+from tqbridge.metal.attention import kernel as attention_kernel
+from tqbridge.metal.attention import plan as attention_plan
 from tqbridge.metal.decode_options import DecodeOptions
 from tqbridge.metal.attention import decode_attention, last_run
 from helpers_kernels import check_int8_mma, plant_in_sources, quantized_cache

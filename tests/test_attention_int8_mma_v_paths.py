@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tqbridge.metal import attention_build, attention_plan
+from tqbridge.metal.attention import build as attention_build
+from tqbridge.metal.attention import plan as attention_plan
 from tqbridge.metal.decode_options import DEFAULT_OPTIONS, DecodeOptions
 from tqbridge.metal.attention import check_problem, decode_attention, last_run
 from helpers_kernels import quantized_cache

@@ -1,6 +1,6 @@
 """The fused attention kernel vs the float64 oracle, on the CPU emulator (CI) and on a GPU (gpu marker).
 
-Every comparison uses the oracle's error bound (metal/attention_ref.py) with the kernel's own
+Every comparison uses the oracle's error bound (metal/attention/ref.py) with the kernel's own
 serial-accumulation depth.
 """
 
@@ -15,14 +15,15 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tqbridge import bridge
-from tqbridge.bridge.padding import pad_rows
+from tqbridge.bridge.blocks.padding import pad_rows
 from tqbridge.parity.plugin.strategies_attention import value_rows
-from tqbridge.metal import attention_build, attention_plan
+from tqbridge.metal.attention import build as attention_build
+from tqbridge.metal.attention import plan as attention_plan
 from tqbridge.metal.backend import pick_backend
 from tqbridge.metal.decode_options import FILL_PER_UNIT_TILES, compute_units
 from tqbridge.metal.attention import AttentionError, check_problem, decode_attention, last_run
-from tqbridge.metal.attention_problem import KERNELS
-from tqbridge.metal.attention_ref import oracle
+from tqbridge.metal.attention.problem import KERNELS
+from tqbridge.metal.attention.ref import oracle
 from helpers_kernels import METAL_STUB, metal_as_cpp, quantized_cache
 
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from tqbridge import bridge
-from tqbridge.bridge.padding import pad_rows
+from tqbridge.bridge.blocks.padding import pad_rows
 from tqbridge.metal.attention import AttentionError, check_problem, decode_attention, last_run
-from tqbridge.metal.attention_problem import visible_range
-from tqbridge.metal.attention_ref import attention_oracle, oracle
+from tqbridge.metal.attention.problem import visible_range
+from tqbridge.metal.attention.ref import attention_oracle, oracle
 
 mx = pytest.importorskip("mlx.core", reason="MLX is not installed")
 

@@ -10,8 +10,8 @@ import pytest
 
 from tqbridge import bridge
 from tqbridge.metal.attention import AttentionError, check_problem, decode_attention, last_run
-from tqbridge.metal.attention_problem import visible_range
-from tqbridge.metal.attention_ref import oracle
+from tqbridge.metal.attention.problem import visible_range
+from tqbridge.metal.attention.ref import oracle
 from helpers_kernels import quantized_cache
 from test_attention_kernel import BACKENDS, seed_of
 
@@ -162,8 +162,12 @@ def test_a_start_off_by_one_in_a_kernel_is_caught(monkeypatch, kf, vf, kernel, q
     import functools
     import pathlib
 
-    from tqbridge.metal import attention, attention_build, attention_kernel, attention_launch, attention_plan, kernel as kmod
-    from tqbridge.metal.attention_build import SPLIT_SOURCES
+    from tqbridge.metal import attention, kernel as kmod
+    from tqbridge.metal.attention import build as attention_build
+    from tqbridge.metal.attention import kernel as attention_kernel
+    from tqbridge.metal.attention import launch as attention_launch
+    from tqbridge.metal.attention import plan as attention_plan
+    from tqbridge.metal.attention.build import SPLIT_SOURCES
 
     def clear():
         for mod in (attention_kernel, attention_build, attention_launch, attention_plan, kmod):
@@ -198,7 +202,7 @@ def test_the_emulated_decode_launch_takes_starts():
     """The GPU decode lane's stand-in on the emulator (prepare_decode with backend "cpu-emulator") takes
     ``starts`` as a DecodeLaunch does, and gives decode_attention's answer for the same start."""
     mx = pytest.importorskip("mlx.core", reason="the decode lane runs on MLX arrays")
-    from tqbridge.metal.attention_kernel import prepare_decode
+    from tqbridge.metal.attention.kernel import prepare_decode
 
     q, kb, vb, _ = _problem("q8_0", "turbo3", 3, 1, False, seed_of("start-lane"))
     qm, kbm, vbm = mx.array(q), mx.array(kb), mx.array(vb)

@@ -22,7 +22,8 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-from tqbridge.metal import attention_kernel, backends, emulator, resolve  # noqa: E402
+from tqbridge.metal import backends, emulator, resolve  # noqa: E402
+from tqbridge.metal.attention import kernel as attention_kernel
 from tqbridge.metal.emulator import EmulatorError  # noqa: E402
 from tqbridge.metal.kernel import KernelError  # noqa: E402
 
@@ -130,7 +131,8 @@ def test_decode_lane_switch(machine, emulated, gpu, default):
     """Inside emulate_decode_lane() the GPU decode lane goes to the emulator on MLX's CPU device; on the
     GPU device the GPU's lane runs either way; the setting is gone after the block."""
     from tqbridge.metal import backend
-    from tqbridge.metal.lm import cache as cache_mod, codecs
+    from tqbridge.metal.lm import cache as cache_mod
+    from tqbridge.metal import codecs
 
     machine(gpu, default, True)
     with backend.emulate_decode_lane(emulated):

@@ -158,7 +158,7 @@ def test_gemma_geometry_is_the_real_models_attention_shape():
     from tqbridge.metal.lm.decode_bench import GEOMETRIES
 
     gguf = pytest.importorskip("gguf")
-    from tqbridge.bridge.models import ModelUnavailable, model_path
+    from tqbridge.bridge.gguf.models import ModelUnavailable, model_path
 
     try:
         path = model_path("gemma3")

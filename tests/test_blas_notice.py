@@ -40,7 +40,7 @@ def synth(tmp_path_factory):
 
 
 def test_notice_once_when_openblas_is_missing(fresh, synth, capsys):
-    from tqbridge.bridge.gguf_model import load_gguf_model
+    from tqbridge.bridge.gguf.model import load_gguf_model
 
     fresh.setattr(mlx_blas, "_find_openblas", lambda: ([], NONE))
     load_gguf_model(synth)
@@ -53,7 +53,7 @@ def test_notice_once_when_openblas_is_missing(fresh, synth, capsys):
 
 
 def test_no_notice_with_openblas(fresh, synth, capsys):
-    from tqbridge.bridge.gguf_model import load_gguf_model
+    from tqbridge.bridge.gguf.model import load_gguf_model
 
     fresh.setattr(mlx_blas, "_state", "openblas (libopenblas.so.0, system)")  # what prefer_fast_blas says once loaded
     load_gguf_model(synth)

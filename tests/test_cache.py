@@ -17,8 +17,8 @@ from tqbridge.bridge import FormatError, dequantize, formats, get_format, quanti
 from tqbridge.metal.lm import cache as tqc  # noqa: E402
 from tqbridge.metal.lm import routing  # noqa: E402
 from tqbridge.metal.lm.cache import TQCache, make_cache  # noqa: E402
-from tqbridge.metal.lm.codecs import padded_dim  # noqa: E402
-from tqbridge.bridge.kv_spec import parse_kv  # noqa: E402
+from tqbridge.metal.codecs import padded_dim  # noqa: E402
+from tqbridge.bridge.blocks.kv_spec import parse_kv  # noqa: E402
 from tqbridge.metal.lm.report import cache_report  # noqa: E402
 from tqbridge.metal.hadamard import hadamard_rotate  # noqa: E402
 from tqbridge.metal.lm.routing import route_attention  # noqa: E402
@@ -118,7 +118,7 @@ def test_rotation_follows_llama_cpp():
     """K/V rows of ggml quantized formats are rotated by a Hadamard matrix before quantizing, with
     llama.cpp's group sizes; float and turbo formats are not; fetch rotates back."""
     from tqbridge.metal.lm.cache import hadamard_rotate
-    from tqbridge.metal.lm.codecs import rotation_group
+    from tqbridge.metal.codecs import rotation_group
 
     assert [rotation_group("q8_0", d, "k") for d in (64, 128, 192, 256, 80)] == [64, 128, 64, 256, 0]
     assert [rotation_group("q4_0", d, "v") for d in (64, 128, 256)] == [64, 64, 64]
@@ -404,7 +404,7 @@ def test_windowed_cache_drops_rows_nobody_can_see(tmp_path, monkeypatch):
 @pytest.mark.parametrize("rotation", ["llama", "none"])
 def test_iq4_nl_cache_writes_the_reference_quantizers_blocks(rotation):
     # llama.cpp writes iq4_nl KV rows with quantize_row_iq4_nl_ref (no scale search); so does TQCache
-    from tqbridge.metal.lm.codecs import rotation_group
+    from tqbridge.metal.codecs import rotation_group
 
     rng = np.random.default_rng(3)
     k = mx.array((rng.standard_normal((1, 2, 9, 64)) * 2).astype(np.float32))

@@ -168,7 +168,7 @@ def test_copies_on_the_gpu_decode_lane(kf, vf):
     """On a GPU (in-place append kernels, the fused attention over the buffers): the original and a
     trimmed deep copy decode in turn; each one's layer-0 blocks (rows no attention output feeds) are a
     fresh cache's over its own tokens, byte for byte."""
-    from tqbridge.metal.lm.codecs import gpu_backend
+    from tqbridge.metal.codecs import gpu_backend
 
     if not mx.is_available(mx.gpu):
         pytest.skip("no MLX GPU backend (Metal or CUDA) here")

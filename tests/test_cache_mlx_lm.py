@@ -131,7 +131,7 @@ def test_a_saved_cache_with_non_finite_floats_is_refused_on_load(tmp_path, case,
 # ---- prompt-cache files: tqbridge generate writes and continues them; mlx-lm's tools name the way in ---
 
 def _smollm2():
-    from tqbridge.bridge.models import ModelUnavailable, model_path
+    from tqbridge.bridge.gguf.models import ModelUnavailable, model_path
 
     try:
         return str(model_path("smollm2"))
@@ -146,7 +146,7 @@ def test_generate_saves_a_prompt_cache_and_continues_from_it(tmp_path, capsys):
 
     from mlx_lm.models.cache import load_prompt_cache as mlx_load
 
-    from tqbridge.bridge.tokenizer import ChatTokenizer
+    from tqbridge.bridge.gguf.tokenizer import ChatTokenizer
     from tqbridge.tools.cli import main
 
     path = _smollm2()
@@ -393,7 +393,7 @@ def test_the_float_fields_view_finds_what_dequantization_finds(fmt):
     for every byte of a row set to a NaN/inf pattern, it finds a non-finite value exactly when the
     dequantized row holds one."""
     from tqbridge.metal.lm.cache import block_floats
-    from tqbridge.metal.lm.codecs import any_nonfinite
+    from tqbridge.metal.codecs import any_nonfinite
 
     c = TQCache(fmt, fmt, rotation="none")
     c.update_and_fetch(_rows(1, 1), _rows(2, 1))

@@ -13,8 +13,8 @@ pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
 
 from tqbridge.metal import kv_append  # noqa: E402
 from tqbridge.metal.lm.cache import TQCache, make_cache  # noqa: E402
-from tqbridge.metal.lm.decoder import LayerDecoder  # noqa: E402
-from tqbridge.bridge.kv_spec import parse_kv_spec  # noqa: E402
+from tqbridge.metal.attention.decoder import LayerDecoder  # noqa: E402
+from tqbridge.bridge.blocks.kv_spec import parse_kv_spec  # noqa: E402
 from tqbridge.metal.lm.report import cache_report  # noqa: E402
 from tiny_models import forced_decode, tiny_llama, tokens  # noqa: E402
 from helpers_kernels import quantized_cache  # noqa: E402
@@ -158,7 +158,7 @@ def test_rotated_basis_calibration_says_why_it_is_off_the_lane(emulated_decode_l
 
 
 def _gpu_backend():
-    from tqbridge.metal.lm.codecs import gpu_backend as gpu
+    from tqbridge.metal.codecs import gpu_backend as gpu
 
     return gpu() if mx.default_device() == mx.gpu else None
 
@@ -201,7 +201,7 @@ def test_calibrated_lane_with_the_append_in_the_attention_call_is_bit_identical(
                                                                                 monkeypatch):
     """The deferred append (the step's append and attention in one call, q scaled inside it: CUDA's
     default) against append-then-attend: the same logits and blocks, bit for bit."""
-    from tqbridge.metal import attention_kernel
+    from tqbridge.metal.attention import kernel as attention_kernel
     from tqbridge.metal.decode_options import DecodeOptions
 
     monkeypatch.setattr(TQCache, "step", 8)
@@ -228,7 +228,7 @@ def test_calibrated_lane_with_the_append_in_the_attention_call_is_bit_identical(
 
 
 def _registry_pairs():
-    from tqbridge.bridge.registry import names
+    from tqbridge.bridge.blocks.registry import names
 
     fmts = names(lambda f: True)
     return sorted({(k, "q4_0") for k in fmts} | {("q8_0", v) for v in fmts})
@@ -268,7 +268,7 @@ def _fold_mismatches(backend: str, kernel: str, dtype, cases=FOLD_CASES) -> list
     (``q_scale``) and pass 1 taking q * s made beforehand by MLX ops (float32, cast to q's dtype: the lane's
     query before the fold)."""
     from tqbridge.metal.attention import check_problem
-    from tqbridge.metal.attention_kernel import kernel_attention
+    from tqbridge.metal.attention.kernel import kernel_attention
 
     bad = []
     for i, (kf, vf, d, g, t, window, sinks, rot) in enumerate(cases):
@@ -307,7 +307,8 @@ def planted_kernels(tmp_path, monkeypatch):
     definitions are made anew before and after."""
     import shutil
 
-    from tqbridge.metal import attention_build, attention_kernel
+    from tqbridge.metal.attention import build as attention_build
+    from tqbridge.metal.attention import kernel as attention_kernel
 
     def plant(old: str, new: str) -> None:
         src = (attention_build.KERNEL_DIR / "attention_kernel.h").read_text()
@@ -343,8 +344,8 @@ def test_the_lane_with_q_scale_folded_gives_the_logits_of_the_scaled_query(emula
     made by its pass 1 against the same lane given q * s made by MLX ops (the lane before the fold): the
     same logits, bit for bit; no MLX op scaled q on the lane. (bfloat16 rows: the emulated append takes
     none, numpy has no bfloat16; the kernel check above covers bfloat16 q.)"""
-    from tqbridge.metal import attention_kernel
-    from tqbridge.metal.lm import decoder
+    from tqbridge.metal.attention import kernel as attention_kernel
+    from tqbridge.metal.attention import decoder
 
     monkeypatch.setattr(TQCache, "step", 8)
     m, toks = tiny_llama(head_dim=128), tokens(16, seed=9)
@@ -376,7 +377,8 @@ def test_the_lane_with_q_scale_folded_gives_the_logits_of_the_scaled_query(emula
 def test_the_self_check_attends_with_the_scaled_pass_1(monkeypatch):
     """A calibrated lane's self-check runs the attention with the key scales (pass 1 multiplying q by them)
     against the reference over q * s; planted: a launch that drops the scales fails it."""
-    from tqbridge.metal import attention_kernel, selfcheck
+    from tqbridge.metal import selfcheck
+    from tqbridge.metal.attention import kernel as attention_kernel
     from tqbridge.metal.decode_options import DEFAULT_OPTIONS
 
     args = ("q5_1", "q5_0", 128, 128, 128, 128, 128, 128, "float16", "cpu-emulator",

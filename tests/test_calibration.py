@@ -17,7 +17,7 @@ from tqbridge.metal import attention as attention_api
 from tqbridge.bridge import FormatError, quantize  # noqa: E402
 from tqbridge.metal.lm import routing  # noqa: E402
 from tqbridge.metal.lm.cache import TQCache, hadamard_rotate, make_cache  # noqa: E402
-from tqbridge.bridge.kv_spec import parse_kv_spec  # noqa: E402
+from tqbridge.bridge.blocks.kv_spec import parse_kv_spec  # noqa: E402
 from tqbridge.metal.lm.report import cache_report  # noqa: E402
 from tqbridge.metal.lm.calibration import CalibrationError, KeyCalibration, fit  # noqa: E402
 from tqbridge.metal.lm.routing import route_attention  # noqa: E402
@@ -161,7 +161,7 @@ def test_decode_kernel_path_agrees_with_the_dequantize_path(tiny, kv, monkeypatc
     want = _run(tiny, make_cache(tiny, k, v, calibration=cal), toks, 12, "sdpa")
     got = _run(tiny, make_cache(tiny, k, v, calibration=cal), toks, 12, "reference")
     np.testing.assert_allclose(got, want, atol=LOGIT_ATOL, rtol=0)
-    from tqbridge.metal.attention_ref import attention_oracle   # float64 attention over the blocks
+    from tqbridge.metal.attention.ref import attention_oracle   # float64 attention over the blocks
 
     seen = []
 

@@ -20,11 +20,11 @@ prefer_fast_blas()
 mx = pytest.importorskip("mlx.core", reason="MLX is not installed (pip install 'tqbridge[mlx]')")
 gguf = pytest.importorskip("gguf")
 
-from tqbridge.bridge.format_types import FormatError  # noqa: E402
-from tqbridge.bridge.gguf_mlx_quant import (  # noqa: E402
+from tqbridge.bridge.blocks.format_types import FormatError  # noqa: E402
+from tqbridge.bridge.gguf.mlx_quant import (  # noqa: E402
     PLACEMENTS, dequantize_mlx, placement, placement_table, same_bits, same_values, to_mlx_quantized,
 )
-from tqbridge.bridge.models import ModelUnavailable, gemma3_path, smollm2_path  # noqa: E402
+from tqbridge.bridge.gguf.models import ModelUnavailable, gemma3_path, smollm2_path  # noqa: E402
 
 QT = gguf.GGMLQuantizationType
 AFFINE = [t for t, p in PLACEMENTS.items() if p.to == "affine"]
@@ -86,9 +86,9 @@ def test_quantized_rows_dequantize_to_gguf_py_values(type_name):
 
 
 def test_the_bit_order_is_mlx_s():
-    """Codes packed by the K-quant path's packer (the one tqbridge.bridge.affine uses) come back out of
+    """Codes packed by the K-quant path's packer (the one tqbridge.bridge.blocks.affine uses) come back out of
     mx.dequantize in order, for every bits value MLX accepts; under scale 1, bias 0 a group is its codes."""
-    from tqbridge.bridge.affine import pack_codes
+    from tqbridge.bridge.blocks.affine import pack_codes
 
     rng = np.random.default_rng(0)
     for bits in (2, 3, 4, 5, 6, 8):
@@ -175,7 +175,7 @@ def _model(fn):
 def _gguf_tensors(path):
     """name -> (type name, raw blocks (rows, row bytes), row length), read through tqbridge's validator
     (fast: gguf-py's reader parses every vocabulary string first)."""
-    from tqbridge.bridge.gguf_io import validate
+    from tqbridge.bridge.gguf.io import validate
 
     info = validate(path)
     mm = np.memmap(path, dtype=np.uint8, mode="r")
@@ -189,7 +189,7 @@ def _gguf_tensors(path):
 def _check_directory(gguf_path, out, arch: str) -> dict:
     """Every tensor the directory holds as MLX blocks dequantizes to gguf-py's values; returns the
     count per ggml type."""
-    from tqbridge.bridge.gguf_model import GGUFContents, mlx_name, mlx_rows
+    from tqbridge.bridge.gguf.model import GGUFContents, mlx_name, mlx_rows
 
     cfg = json.loads((out / "config.json").read_text())
     weights = mx.load(str(out / "model.safetensors"))
@@ -256,9 +256,9 @@ def test_gemma3_quantized_directory(tmp_path):
     from mlx_lm.models.cache import make_prompt_cache
 
     from tqbridge.bridge.evaluation_text import evaluation_text
-    from tqbridge.bridge.gguf_model import load_gguf_model
-    from tqbridge.bridge.mlx_export import write_mlx_dir
-    from tqbridge.bridge.tokenizer import ChatTokenizer
+    from tqbridge.bridge.gguf.model import load_gguf_model
+    from tqbridge.bridge.gguf.mlx_export import write_mlx_dir
+    from tqbridge.bridge.gguf.tokenizer import ChatTokenizer
     from tqbridge.tools.cmd_generate import generate_tokens
 
     src = _model(gemma3_path)
@@ -303,7 +303,7 @@ def _small_blocks(type_name: str, rows: int, n: int, seed: int) -> np.ndarray:
 
 
 def _write_mixed_llama(path, poison: bool = False):
-    from tqbridge.bridge.gguf_fixtures import add_tiny_vocab
+    from tqbridge.bridge.gguf.fixtures import add_tiny_vocab
 
     d, n_head, n_kv, hd, ff, n_vocab = 256, 4, 2, 64, 512, 512
     rng = np.random.default_rng(0)
@@ -340,8 +340,8 @@ def test_mixed_synthetic_model(tmp_path):
     one stays float32, and mlx-lm's model of the directory computes the float model's logits."""
     from mlx_lm.utils import load_model
 
-    from tqbridge.bridge.gguf_model import load_gguf_model
-    from tqbridge.bridge.mlx_export import write_mlx_dir
+    from tqbridge.bridge.gguf.model import load_gguf_model
+    from tqbridge.bridge.gguf.mlx_export import write_mlx_dir
     from tqbridge.parity.harness.metrics import compare_logits
 
     src = _write_mixed_llama(tmp_path / "mixed.gguf")
@@ -362,7 +362,7 @@ def test_mixed_synthetic_model(tmp_path):
 def test_a_tensor_no_triplet_reproduces_stays_float32(tmp_path):
     """An infinite d in a Q4_0 block: ggml decodes +-inf, MLX's scale*code + bias would give NaN. The
     tensor stays float32 and config.json says why, by name; the other tensors are unaffected."""
-    from tqbridge.bridge.mlx_export import write_mlx_dir
+    from tqbridge.bridge.gguf.mlx_export import write_mlx_dir
 
     src = _write_mixed_llama(tmp_path / "poisoned.gguf", poison=True)
     with np.errstate(invalid="ignore"):

@@ -38,9 +38,9 @@ def nvcc_errors(src: str, tmp: Path, name: str) -> str:
 def _attention_cases():
     from tqbridge import bridge
     from tqbridge.metal.attention import check_problem
-    from tqbridge.metal.attention_build import kernel_defs, static_params
-    from tqbridge.metal.attention_plan import make_plan
-    from tqbridge.metal.attention_problem import KERNELS, AttentionError
+    from tqbridge.metal.attention.build import kernel_defs, static_params
+    from tqbridge.metal.attention.plan import make_plan
+    from tqbridge.metal.attention.problem import KERNELS, AttentionError
     from tqbridge.metal.decode_options import DecodeOptions
 
     cases = []

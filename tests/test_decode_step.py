@@ -17,7 +17,7 @@ from tqbridge.metal import attention as attention_api
 from tqbridge.bridge import FormatError
 from tqbridge.metal.lm import decode_bench
 from tqbridge.metal.lm.cache import TQCache, make_cache
-from tqbridge.bridge.kv_spec import parse_kv_spec
+from tqbridge.bridge.blocks.kv_spec import parse_kv_spec
 from tqbridge.metal.lm.routing import route_attention
 from tiny_models import forced_decode, tiny_llama, tokens
 
@@ -314,7 +314,8 @@ def test_emulated_lane_verdict_catches_a_wrong_window(emulated_decode_lane, bug,
     # the float32 verdict above with a planted bug: the lane's device relocation at a window slide
     # keeps the window from one row early ("window start": every stored position shifted by one), or
     # its prepared attention gets the window one position long
-    from tqbridge.metal import attention_kernel, kv_append
+    from tqbridge.metal import kv_append
+    from tqbridge.metal.attention import kernel as attention_kernel
 
     monkeypatch.setattr(TQCache, "step", 8)
     planted = []
@@ -358,9 +359,9 @@ def test_real_model_generation_unchanged_by_the_cpu_codec_path(name, kv, cpu_dev
     # path (MLX-ops codecs) as through the numpy reference, which the old path (the append kernel on
     # the emulator) was byte-identical to
     from mlx_lm.generate import generate_step
-    from tqbridge.bridge.gguf_model import load_gguf_model
+    from tqbridge.bridge.gguf.model import load_gguf_model
     from tqbridge.metal.lm import cache as tqc
-    from tqbridge.bridge.models import ModelUnavailable, model_path
+    from tqbridge.bridge.gguf.models import ModelUnavailable, model_path
 
     try:
         path = model_path(name)
@@ -442,8 +443,8 @@ def test_self_check_passes_on_the_emulated_lane(cpu_device, monkeypatch):
 
     monkeypatch.setattr(selfcheck, "_RESULTS", {})
     for kf, vf, d in (("q8_0", "turbo3", 128), ("q4_0", "iq4_nl", 64), ("f16", "q5_1", 96)):
-        from tqbridge.bridge.padding import padded_dim
-        from tqbridge.metal.lm.codecs import rotation_group
+        from tqbridge.bridge.blocks.padding import padded_dim
+        from tqbridge.metal.codecs import rotation_group
 
         assert selfcheck.check_decode_lane(kf, vf, d, d, padded_dim(kf, d), padded_dim(vf, d),
                                            rotation_group(kf, d, "k"), rotation_group(vf, d, "v"),

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from mlx_lm.models import base
 
-from tqbridge.metal import attention_kernel, attention_launch
+from tqbridge.metal.attention import kernel as attention_kernel
+from tqbridge.metal.attention import launch as attention_launch
 from tqbridge.metal.decode_options import DecodeOptions
 from tqbridge.metal.lm.cache import TQCache, make_cache
-from tqbridge.metal.lm.decoder import LayerDecoder
+from tqbridge.metal.attention.decoder import LayerDecoder
 from tqbridge.metal.lm.routing import route_attention
 from tiny_models import forced_decode, tiny_gemma3, tiny_llama, tokens
 

@@ -170,7 +170,7 @@ def test_an_interrupted_run_resumes_from_its_cache(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from tqbridge.bridge.gguf_fixtures import write_fixture
+    from tqbridge.bridge.gguf.fixtures import write_fixture
 
     return write_fixture(tmp_path_factory.mktemp("ev") / "llama.gguf", "llama")
 
@@ -215,7 +215,7 @@ class RefusingBuild(FakeBuild):
     """A build that cannot make a context for turbo3 (as PR #197's port refuses turbo on 64-value heads)."""
 
     def logits(self, tokens, kv):
-        from tqbridge.bridge.llama_side import LlamaBuildError
+        from tqbridge.bridge.llama.side import LlamaBuildError
 
         if "turbo3" in (kv.k, kv.v):
             raise LlamaBuildError("K cache type turbo3 with block size 128 does not divide n_embd_head_k=64")
@@ -268,7 +268,7 @@ def test_perplexity_through_llama_cpp_python_is_within_llama_perplexitys_uncerta
     builds share ggml's f16 CPU path; measured 12.136193 against its 12.1362). Scoring from a quarter of
     each chunk instead of its half gives 12.50 and 764 tokens: both claims below fail on it."""
     from tqbridge.bridge.evaluation_text import evaluation_text
-    from tqbridge.bridge.models import ModelUnavailable, model_path
+    from tqbridge.bridge.gguf.models import ModelUnavailable, model_path
     from tqbridge.parity.harness.runtimes import KV, LlamaCppRuntime
 
     try:

@@ -116,8 +116,9 @@ def _plant(monkeypatch, bug: str) -> None:
 
     import mlx.core as mx
 
-    from tqbridge.bridge import rotation, turbo
-    from tqbridge.bridge.registry import get_format
+    from tqbridge.bridge.blocks import rotation
+    from tqbridge.bridge.blocks import turbo
+    from tqbridge.bridge.blocks.registry import get_format
 
     real_pack = turbo.TurboCodec._mlx_pack
 
@@ -170,8 +171,8 @@ def test_q_rotated_with_the_wrong_group_is_caught_on_the_forks_blocks(monkeypatc
     # of the format's 128 (the K rows were rotated in 128s by the fork): every turbo-K layer fails
     import mlx.core as mx
 
-    from tqbridge.bridge import rotation
-    from tqbridge.metal import attention_ref
+    from tqbridge.bridge.blocks import rotation
+    from tqbridge.metal.attention import ref as attention_ref
     from tqbridge.parity.harness.level_attention import judge_ours
 
     def wrong_group(x, fmt, n, inverse=False):
@@ -217,8 +218,8 @@ def test_mlx_with_tqcache_picks_the_forks_top_token(variant):
     and scores within 2 D of the fork's best in the fork's logits (if MLX prefers b to the fork's a,
     fork[a] - fork[b] <= (fork[a] - mlx[a]) + (mlx[b] - fork[b]) <= 2 D); and where the fork's best leads
     its second by more than 2 D, it is the fork's token."""
-    from tqbridge.bridge.gguf_f32 import cached_f32_gguf
-    from tqbridge.bridge.models import ModelUnavailable, model_path
+    from tqbridge.bridge.gguf.f32 import cached_f32_gguf
+    from tqbridge.bridge.gguf.models import ModelUnavailable, model_path
     from tqbridge.parity.harness.runtimes import KV, MLXRuntime
 
     z, prov = _load(variant)

@@ -1,6 +1,6 @@
 """Byte parity of our float and legacy ggml formats with ggml's own C code (numpy and MLX paths).
 
-The oracle is ``tqbridge.bridge.ggml_c``: ``ggml_quantize_chunk`` and the type traits' ``to_float``
+The oracle is ``tqbridge.bridge.llama.ggml_c``: ``ggml_quantize_chunk`` and the type traits' ``to_float``
 in the libggml-base that llama-cpp-python ships. Every comparison is exact: bytes with
 ``np.array_equal``, decoded floats as their uint32 bit patterns (so NaN payloads and signed zeros
 count too).
@@ -14,7 +14,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tqbridge import bridge
-from tqbridge.bridge import FormatError, ggml_c
+from tqbridge.bridge import FormatError
+from tqbridge.bridge.llama import ggml_c
 from tqbridge.parity.plugin.strategies import adversarial_rows, float_matrices
 
 if not ggml_c.available():  # pragma: no cover - depends on the install
@@ -24,7 +25,7 @@ if not ggml_c.available():  # pragma: no cover - depends on the install
 mx = pytest.importorskip("mlx.core", reason="MLX is not installed: the MLX path cannot be checked")
 
 # every registered format with an upstream ggml type id (a new one is checked without editing this file)
-LEGACY = list(bridge.registry.names(lambda f: f.ggml_id is not None))
+LEGACY = list(bridge.blocks.registry.names(lambda f: f.ggml_id is not None))
 QUANTIZED = [f for f in LEGACY if bridge.get_format(f).kind != "float"]
 assert len(LEGACY) >= 9 and len(QUANTIZED) >= 6
 BACKENDS = ["numpy", "mlx"]

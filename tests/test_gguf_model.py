@@ -15,10 +15,10 @@ from tqbridge.bridge.mlx_blas import prefer_fast_blas
 
 prefer_fast_blas()
 
-from tqbridge.bridge.gguf_f32 import write_f32_gguf  # noqa: E402
-from tqbridge.bridge.gguf_model import (  # noqa: E402
+from tqbridge.bridge.gguf.f32 import write_f32_gguf  # noqa: E402
+from tqbridge.bridge.gguf.model import (  # noqa: E402
     GGUFModelError, load_gguf_model, model_config, qk_rows, read_gguf)
-from tqbridge.bridge.mlx_export import write_mlx_dir  # noqa: E402
+from tqbridge.bridge.gguf.mlx_export import write_mlx_dir  # noqa: E402
 
 # llama.cpp (F32 KV, flash attention off) vs MLX (F32 cache) on identical F32 weights, logits with a
 # standard deviation of ~12: measured max |delta logit| <= 5.4e-5 for llama/qwen2/qwen3 (float32
@@ -33,7 +33,7 @@ LAYOUT_MAX_ABS = 1e-3
 N_VOCAB = 512
 
 
-from tqbridge.bridge.gguf_fixtures import add_tiny_vocab  # noqa: E402
+from tqbridge.bridge.gguf.fixtures import add_tiny_vocab  # noqa: E402
 
 
 def write_synthetic(path, arch: str, *, n_layer=2, d=128, n_head=4, n_kv=2, head_dim=32, ff=192,

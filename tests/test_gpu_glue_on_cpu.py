@@ -13,10 +13,12 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-from tqbridge.metal import attention, attention_kernel, attention_launch, dispatch, kv_append   # noqa: E402
+from tqbridge.metal import attention, dispatch, kv_append   # noqa: E402
+from tqbridge.metal.attention import kernel as attention_kernel
+from tqbridge.metal.attention import launch as attention_launch
 from tqbridge.metal.decode_options import DecodeOptions   # noqa: E402
 from tqbridge.metal.attention import check_problem, decode_attention, last_run   # noqa: E402
-from tqbridge.metal.lm.codecs import rotation_group   # noqa: E402
+from tqbridge.metal.codecs import rotation_group   # noqa: E402
 
 CALLS: list = []
 
@@ -270,7 +272,9 @@ def test_spread_layers_build_each_capacity_once(fake_cuda, monkeypatch):
     from mlx_lm.models import base
 
     from tqbridge.metal import selfcheck
-    from tqbridge.metal.lm import cache as cache_mod, codecs, decoder
+    from tqbridge.metal.lm import cache as cache_mod
+    from tqbridge.metal import codecs
+    from tqbridge.metal.attention import decoder
     from tqbridge.metal.lm.cache import TQCache
     from tqbridge.metal.lm.routing import route_attention
 
@@ -342,9 +346,10 @@ def _lane_step_kernels(kv: str, monkeypatch, steps: int = 4) -> list:
     from mlx_lm.models import base
 
     from tqbridge.metal import selfcheck
-    from tqbridge.metal.lm import cache as cache_mod, decode_bench, decoder, routing
+    from tqbridge.metal.lm import cache as cache_mod, decode_bench, routing
+    from tqbridge.metal.attention import decoder
     from tqbridge.metal.lm.cache import TQCache
-    from tqbridge.bridge.kv_spec import parse_kv_spec
+    from tqbridge.bridge.blocks.kv_spec import parse_kv_spec
 
     monkeypatch.setattr(decoder, "gpu_backend", lambda: "cuda")           # the cache's in-place append: CUDA's
     monkeypatch.setattr(cache_mod, "emulated_decode_lane", lambda: True)   # decode steps routed to the lane

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 gguf = pytest.importorskip("gguf")
 
 from tqbridge.bridge import dequantize, quantize  # noqa: E402
-from tqbridge.bridge.gguf_io import GGUFError, open_gguf, validate  # noqa: E402
+from tqbridge.bridge.gguf.io import GGUFError, open_gguf, validate  # noqa: E402
 from tqbridge.tools.cli import main  # noqa: E402
 
 T = gguf.GGMLQuantizationType

@@ -15,7 +15,7 @@ from hypothesis import given
 from tqbridge.bridge import quantize
 from tqbridge.parity.plugin.strategies import adversarial_rows, float_rows
 
-ggml_c = pytest.importorskip("tqbridge.bridge.ggml_c")
+ggml_c = pytest.importorskip("tqbridge.bridge.llama.ggml_c")
 
 
 def _c_ref(row: np.ndarray) -> np.ndarray:

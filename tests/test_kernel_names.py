@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from tqbridge import bridge
-from tqbridge.metal import attention_plan
+from tqbridge.metal.attention import plan as attention_plan
 from tqbridge.metal.attention import check_problem, decode_attention
-from tqbridge.metal.attention_bench import kernel_configs
-from tqbridge.metal.attention_problem import KERNELS, AttentionError, kernel_name
+from tqbridge.metal.attention.bench import kernel_configs
+from tqbridge.metal.attention.problem import KERNELS, AttentionError, kernel_name
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ("bridge", "metal", "parity", "tools")

@@ -11,8 +11,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tqbridge import bridge, metal
-from tqbridge.bridge.padding import padded_dim
-from tqbridge.metal.lm.codecs import rotation_group
+from tqbridge.bridge.blocks.padding import padded_dim
+from tqbridge.metal.codecs import rotation_group
 from tqbridge.metal import kv_append
 from tqbridge.metal.kv_append import hadamard_butterfly, prepared, reference_append
 

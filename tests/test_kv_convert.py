@@ -23,9 +23,9 @@ prefer_fast_blas()
 mx = pytest.importorskip("mlx.core", reason="MLX is not installed (pip install 'tqbridge[mlx]')")
 
 from tqbridge.bridge import dequantize, get_format, quantize  # noqa: E402
-from tqbridge.bridge.kv_files import (KVGeometry, check_against_model, parse_session_file,  # noqa: E402
+from tqbridge.bridge.llama.kv_files import (KVGeometry, check_against_model, parse_session_file,  # noqa: E402
                                       session_from_layers)
-from tqbridge.bridge.llama_state import StateError  # noqa: E402
+from tqbridge.bridge.llama.state import StateError  # noqa: E402
 from tqbridge.metal.lm.prompt_cache_convert import caches_to_rows, layers_to_caches  # noqa: E402
 
 PROMPT = ("The quick brown fox jumps over the lazy dog. Parity between llama.cpp and MLX is checked "
@@ -111,8 +111,8 @@ def smol(tmp_path_factory):
         import mlx_lm  # noqa: F401
     except ImportError as e:  # pragma: no cover
         pytest.skip(f"needs llama-cpp-python and mlx-lm: {e}")
-    from tqbridge.bridge.gguf_f32 import cached_f32_gguf
-    from tqbridge.bridge.models import ModelUnavailable, smollm2_path
+    from tqbridge.bridge.gguf.f32 import cached_f32_gguf
+    from tqbridge.bridge.gguf.models import ModelUnavailable, smollm2_path
     from tqbridge.parity.harness.runtimes import LlamaCppRuntime, MLXRuntime
 
     try:
@@ -202,7 +202,7 @@ def kl(p_logits, q_logits) -> float:
 def mlx_prompt_cache(smol, pair, path, n_new=N_NEW):
     """MLX prefills the prompt into TQCache layers of ``pair`` and saves the prompt cache with its
     tokens: (first token, MLX's continuation, the logits of its first decode step)."""
-    from tqbridge.bridge.kv_files import kv_geometry
+    from tqbridge.bridge.llama.kv_files import kv_geometry
     from tqbridge.metal.lm.cache import make_cache
     from tqbridge.metal.lm.prompt_cache_convert import save_tq_prompt_cache
 

@@ -1,4 +1,4 @@
-"""One K/V grammar (bridge/kv_spec.py): every former entry point answers as the grammar does on one
+"""One K/V grammar (bridge/blocks/kv_spec.py): every former entry point answers as the grammar does on one
 table of spellings (bad ones with their one-line errors), '@' is never read as the q precision, and no
 other module splits a K/V spelling itself."""
 
@@ -12,11 +12,11 @@ import pytest
 pytest.importorskip("mlx_lm")
 
 from tqbridge.bridge import FormatError  # noqa: E402
-from tqbridge.bridge import kv_spec as g  # noqa: E402
-from tqbridge.bridge.registry import all_formats  # noqa: E402
-from tqbridge.bridge.stored_kv import layered_spelling  # noqa: E402
+from tqbridge.bridge.blocks import kv_spec as g  # noqa: E402
+from tqbridge.bridge.blocks.registry import all_formats  # noqa: E402
+from tqbridge.bridge.llama.stored_kv import layered_spelling  # noqa: E402
 from tqbridge.metal import lm, profiling  # noqa: E402
-from tqbridge.metal.attention_problem import Q_PRECISIONS  # noqa: E402
+from tqbridge.metal.attention.problem import Q_PRECISIONS  # noqa: E402
 from tqbridge.metal.decode_options import DecodeOptions  # noqa: E402
 from tqbridge.metal.lm import calibration  # noqa: E402
 from tqbridge.parity.harness.runtimes import KV  # noqa: E402
@@ -133,13 +133,13 @@ def test_writers_parse_back():
 
 # ---- no second parser: a module other than the grammar that splits at a spelling's separators
 
-GRAMMAR = "bridge/kv_spec.py"
+GRAMMAR = "bridge/blocks/kv_spec.py"
 SEPARATORS = ("/", "@", "+", "[", "]", "{", "}")
 SPLITTERS = ("split", "rsplit", "partition", "rpartition")
 # (file, separator): why that split is not of a K/V spelling
 NOT_SPELLINGS = {
-    ("bridge/registry.py", "@"): "the registry's own format key name@variant, which the grammar resolves through",
-    ("bridge/llama_compat.py", "+"): "a package version's local part (0.3.16+cu124)",
+    ("bridge/blocks/registry.py", "@"): "the registry's own format key name@variant, which the grammar resolves through",
+    ("bridge/llama/compat.py", "+"): "a package version's local part (0.3.16+cu124)",
 }
 
 
@@ -163,7 +163,7 @@ def test_only_the_grammar_splits_spellings():
                 continue
             found += [f"{rel}:{line} splits at {sep!r}" for line, sep in splits(p.read_text())
                       if (rel, sep) not in NOT_SPELLINGS]
-    assert not found, ("K/V spellings are parsed by bridge/kv_spec.py only (split_kv, split_key_spec, "
+    assert not found, ("K/V spellings are parsed by bridge/blocks/kv_spec.py only (split_kv, split_key_spec, "
                        "parse_layered_kv_spec, split_label, split_top); call it: " + "; ".join(found))
     for (rel, sep) in NOT_SPELLINGS:   # each exception still exists (a stale one would hide a new split)
         assert any(s == sep for _, s in splits((ROOT / rel).read_text())), rel

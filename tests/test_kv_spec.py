@@ -1,5 +1,5 @@
 """K/V spellings: what every reader accepts and the message it gives otherwise (pinned on the code
-before the readers shared one splitter, tqbridge.bridge.kv_spec)."""
+before the readers shared one splitter, tqbridge.bridge.blocks.kv_spec)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("mlx_lm")
 
 from tqbridge.bridge import FormatError  # noqa: E402
-from tqbridge.bridge.kv_spec import parse_kv, parse_kv_spec  # noqa: E402
+from tqbridge.bridge.blocks.kv_spec import parse_kv, parse_kv_spec  # noqa: E402
 from tqbridge.metal.lm.calibration import KeyCalibration  # noqa: E402
 from tqbridge.tools.cli import main  # noqa: E402
 

@@ -19,7 +19,7 @@ from tiny_models import cpu_device, forced_decode, tiny_gemma3, tiny_llama, toke
 from tqbridge.bridge import FormatError  # noqa: E402
 from tqbridge.metal.lm.cache import TQCache, make_cache, make_layered_cache  # noqa: E402
 from tqbridge.metal.lm.calibration import KeyCalibration  # noqa: E402
-from tqbridge.bridge.kv_spec import LayeredKV, layered_kv_name, parse_kv_spec, parse_layered_kv_spec  # noqa: E402
+from tqbridge.bridge.blocks.kv_spec import LayeredKV, layered_kv_name, parse_kv_spec, parse_layered_kv_spec  # noqa: E402
 from tqbridge.metal.lm.report import cache_report  # noqa: E402
 from tqbridge.tools.cli import main  # noqa: E402
 
@@ -171,7 +171,7 @@ def test_quality_rows_name_each_layers_pair():
 
 
 def test_bench_decode_takes_per_layer_pairs(capsys):
-    from tqbridge.bridge.kv_spec import split_top
+    from tqbridge.bridge.blocks.kv_spec import split_top
     from tqbridge.metal.decode_options import DecodeOptions
     from tqbridge.metal.lm import decode_bench
 
@@ -213,7 +213,7 @@ def test_cli_refuses_bad_spellings_in_one_line(capsys, tmp_path):
 
 @pytest.mark.model
 def test_generate_and_quality_on_smollm2(capsys, tmp_path):
-    from tqbridge.bridge.models import ModelUnavailable, model_path
+    from tqbridge.bridge.gguf.models import ModelUnavailable, model_path
 
     try:
         path = str(model_path("smollm2"))

@@ -126,7 +126,7 @@ def test_each_folder_imports_only_the_folders_below_it():
 def test_the_checker_sees_a_planted_cycle_and_a_planted_upward_import():
     # the two verdicts above must be able to fail: a graph with a cycle and an upward edge added
     graph = import_graph()
-    a, b = "tqbridge.bridge.registry", "tqbridge.metal.attention"
+    a, b = "tqbridge.bridge.blocks.registry", "tqbridge.metal.attention"
     graph[a] = {**graph[a], b: 1}
     graph[b] = {**graph[b], a: 1}
     assert any(a in c and b in c for c in cycles(graph))
@@ -138,4 +138,4 @@ def test_relative_imports_resolve_to_our_modules():
     # `from .cache import X` in metal/lm/routing.py is the edge routing -> cache
     graph = import_graph()
     assert "tqbridge.metal.lm.cache" in graph["tqbridge.metal.lm.routing"]
-    assert "tqbridge.bridge.format_types" in graph["tqbridge.bridge.turbo"]
+    assert "tqbridge.bridge.blocks.format_types" in graph["tqbridge.bridge.blocks.turbo"]

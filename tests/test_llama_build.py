@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tqbridge.bridge import llama_build, llama_side
-from tqbridge.bridge.llama_state import SEQ_MAGIC, parse_state, seq_state, write_state
+from tqbridge.bridge.llama import build as llama_build
+from tqbridge.bridge.llama import side as llama_side
+from tqbridge.bridge.llama.state import SEQ_MAGIC, parse_state, seq_state, write_state
 
 
 def test_type_tables_of_both_variants():
@@ -103,7 +104,7 @@ def test_live_build_is_named_by_its_variant():
         assert r.returncode == 0 and rep["problems"] == [], rep.get("problems")
         variant = rep["turbo"]["variant"]
         assert variant in ("fork-69d8e4b", "fork-pr197")
-        from tqbridge.bridge.turbo import SPECS
+        from tqbridge.bridge.blocks.turbo import SPECS
 
         for name in ("turbo3", "turbo4"):   # the centroid tables read back from the build's own decoder
             want = SPECS[f"{name}@{variant}"].centroids

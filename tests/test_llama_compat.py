@@ -1,4 +1,4 @@
-"""The llama-cpp-python compatibility check (bridge/llama_compat.py): it passes on the installed
+"""The llama-cpp-python compatibility check (bridge/llama/compat.py): it passes on the installed
 version, and a version outside the range, a missing symbol or Python name, or a layout fact that
 differs each give one clear refusal (LlamaCppIncompatible naming the version, the range and the
 mismatch) before any ctypes call, never an AttributeError or a silent wrong layout."""
@@ -12,16 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from tqbridge.bridge import ggml_c
-from tqbridge.bridge.llama_side import GgmlUnavailable
+from tqbridge.bridge.llama import ggml_c
+from tqbridge.bridge.llama.side import GgmlUnavailable
 
 try:
     ggml_c.load()
 except GgmlUnavailable as _e:  # pragma: no cover - depends on the install
     pytest.skip(f"llama-cpp-python's ggml cannot be used here: {_e}", allow_module_level=True)
 
-from tqbridge.bridge import ggml_abi, ggml_graph, llama_compat  # noqa: E402
-from tqbridge.bridge.llama_compat import LlamaCppIncompatible  # noqa: E402
+from tqbridge.bridge.llama import ggml_abi  # noqa: E402
+from tqbridge.bridge.llama import ggml_graph  # noqa: E402
+from tqbridge.bridge.llama import compat as llama_compat  # noqa: E402
+from tqbridge.bridge.llama.compat import LlamaCppIncompatible  # noqa: E402
 
 
 @pytest.fixture
@@ -241,7 +243,7 @@ def test_cli_catches_a_refusal_raised_mid_run(fresh, capsys, monkeypatch):
 
 
 def test_tokenizer_refuses_before_llama_cpp_is_used(fresh, tmp_path):
-    from tqbridge.bridge.tokenizer import GGUFTokenizer
+    from tqbridge.bridge.gguf.tokenizer import GGUFTokenizer
 
     fresh.setattr(llama_compat, "installed_version", lambda: "0.3.30")
     with pytest.raises(LlamaCppIncompatible, match="0.3.30"):

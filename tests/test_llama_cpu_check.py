@@ -1,4 +1,4 @@
-"""The llama.cpp build's instruction sets against the CPU's (bridge/llama_compat.py check_cpu): a build
+"""The llama.cpp build's instruction sets against the CPU's (bridge/llama/compat.py check_cpu): a build
 for another machine is refused in one line naming what is missing, instead of an illegal instruction in
 the middle of a model run (what a cached -march=native wheel did to a CI run)."""
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tqbridge.bridge import llama_compat
+from tqbridge.bridge.llama import compat as llama_compat
 
 BASELINE = {"pni", "ssse3", "avx", "avx2", "fma", "f16c", "bmi2"}   # x86-64-v3, what GGML_NATIVE=OFF builds
 
@@ -45,7 +45,7 @@ def test_assumed_flags_stand_in_for_the_cpu(monkeypatch):
 def test_the_setup_probe_says_whether_the_build_runs_here():
     # the Makefile's question: exit 0 (runs here), 1 (rebuild it: a CPU this build was not made for)
     def probe(env):
-        return subprocess.run([sys.executable, "-m", "tqbridge.bridge.llama_compat"], capture_output=True,
+        return subprocess.run([sys.executable, "-m", "tqbridge.bridge.llama.compat"], capture_output=True,
                               text=True, env={**os.environ, **env}, timeout=600)
 
     libs = llama_compat.load_libraries()

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tqbridge.bridge import get_format
-from tqbridge.bridge.llama_state import (
+from tqbridge.bridge.llama.state import (
     SEQ_MAGIC, StateError, parse_state, parse_state_file, seq_state, write_state,
 )
 
@@ -39,7 +39,7 @@ def _llama(**kw):
 @pytest.fixture(scope="module")
 def blobs():
     """Sequence blobs for three cache configurations of the same prompt (and the full blob of one)."""
-    from tqbridge.bridge.llama_state import read_seq_state
+    from tqbridge.bridge.llama.state import read_seq_state
     import ctypes
     import llama_cpp
 
@@ -109,7 +109,7 @@ def test_transposed_v_reads_as_rows(blobs):
 @pytest.mark.model
 def test_written_blob_is_accepted_by_llama_cpp(blobs):
     """Rebuild a blob from parsed arrays; llama.cpp restores it and continues exactly as before."""
-    from tqbridge.bridge.llama_state import load_seq_state, read_seq_state
+    from tqbridge.bridge.llama.state import load_seq_state, read_seq_state
 
     s = parse_state(blobs["q8_0/q4_0"])
     st_ = s.caches[0].stream()
@@ -214,7 +214,7 @@ def f32_model():
         import llama_cpp  # noqa: F401
     except ImportError:
         pytest.skip("llama-cpp-python is not installed (pip install 'tqbridge[llama]')")
-    from tqbridge.bridge.gguf_f32 import cached_f32_gguf
+    from tqbridge.bridge.gguf.f32 import cached_f32_gguf
 
     return str(cached_f32_gguf(path))
 
@@ -222,7 +222,7 @@ def f32_model():
 @pytest.fixture(scope="module")
 def cache_states(f32_model):
     """Parsed llama.cpp states of one prompt: an F32 cache and quantized pairs covering every type."""
-    from tqbridge.bridge.llama_state import parse_state
+    from tqbridge.bridge.llama.state import parse_state
     from tqbridge.parity.harness.runtimes import KV, LlamaCppRuntime
 
     lr = LlamaCppRuntime(f32_model, n_threads=2, rotation=False)   # plain rows: quantizer input = F32 cache
@@ -273,7 +273,7 @@ def test_cache_same_inputs_with_llama_rotation(cache_states, f32_model):
     """llama.cpp's default Hadamard rotation on: tqbridge rotates llama.cpp's float rows, then
     quantizes. The rotation's float32 summation order differs from ggml's matmul, so a rounding
     boundary can flip in a few blocks (measured 0.1-0.3% at 35-140 tokens); everything else matches."""
-    from tqbridge.bridge.llama_state import parse_state
+    from tqbridge.bridge.llama.state import parse_state
     from tqbridge.parity.harness.level_cache import same_input_check
     from tqbridge.parity.harness.runtimes import KV, LlamaCppRuntime
 
@@ -294,7 +294,8 @@ def test_iq4_nl_cache_uses_ggml_reference_quantizer(cache_states):
     (``quantize("iq4_nl", x, search=False)`` is the cache's)."""
     import ctypes
 
-    from tqbridge.bridge import ggml_c, quantize
+    from tqbridge.bridge import quantize
+    from tqbridge.bridge.llama import ggml_c
 
     v32 = cache_states["f32"].layers()[0].v.view("<f4").reshape(-1, HEAD_DIM).copy()
     cache_v = cache_states["f16/iq4_nl"].layers()[0].v.reshape(-1, 36)
@@ -332,13 +333,13 @@ def test_cache_across_runtimes(f32_model):
 @pytest.mark.model
 def test_gemma3_iswa_blob():
     """Gemma 3 (iSWA): two cache records, global layers first; mapped back to model layer indices."""
-    from tqbridge.bridge.models import ModelUnavailable, model_path
+    from tqbridge.bridge.gguf.models import ModelUnavailable, model_path
 
     try:
         from llama_cpp import Llama
     except ImportError as e:
         pytest.skip(f"needs llama-cpp-python: {e}")
-    from tqbridge.bridge.llama_state import read_seq_state
+    from tqbridge.bridge.llama.state import read_seq_state
 
     try:
         path = model_path("gemma3")

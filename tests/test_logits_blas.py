@@ -35,7 +35,7 @@ print(json.dumps({"blas": blas, "rows": [{k: r.get(k) for k in ("kv", "pass", "k
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from tqbridge.bridge.gguf_fixtures import write_fixture
+    from tqbridge.bridge.gguf.fixtures import write_fixture
 
     return str(write_fixture(tmp_path_factory.mktemp("blas") / "llama.gguf", "llama"))
 

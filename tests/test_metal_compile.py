@@ -103,9 +103,9 @@ def clang_errors(src: str) -> "list[str]":
 
 def _attention_cases():
     from tqbridge.metal.attention import check_problem
-    from tqbridge.metal.attention_build import kernel_defs, static_params
-    from tqbridge.metal.attention_plan import make_plan
-    from tqbridge.metal.attention_problem import KERNELS, AttentionError
+    from tqbridge.metal.attention.build import kernel_defs, static_params
+    from tqbridge.metal.attention.plan import make_plan
+    from tqbridge.metal.attention.problem import KERNELS, AttentionError
 
     cases = []
     for kf, vf, d, qtype in [("q8_0", "turbo3", 128, 0), ("q4_1", "q5_0", 128, 1), ("turbo4@g64", "q5_1", 128, 2),

@@ -14,7 +14,7 @@ from tqbridge.bridge.mlx_blas import prefer_fast_blas
 prefer_fast_blas()
 
 from tqbridge.parity.harness.level_logits import FLOAT_KL_GOAL, FLOAT_TOP1_GOAL, parity_text, run_logits  # noqa: E402
-from tqbridge.bridge.models import ModelUnavailable, gemma3_path, smollm2_path  # noqa: E402
+from tqbridge.bridge.gguf.models import ModelUnavailable, gemma3_path, smollm2_path  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -32,8 +32,8 @@ def smollm2():
 
 
 def test_f32_copy_keeps_the_tokenizer(smollm2):
-    from tqbridge.bridge.gguf_f32 import cached_f32_gguf
-    from tqbridge.bridge.tokenizer import GGUFTokenizer
+    from tqbridge.bridge.gguf.f32 import cached_f32_gguf
+    from tqbridge.bridge.gguf.tokenizer import GGUFTokenizer
 
     text = parity_text()[0][:4000]
     a = GGUFTokenizer(smollm2)
@@ -101,8 +101,8 @@ def test_convert_smollm2_to_mlx_lm_directory(smollm2, tmp_path):
     import mlx_lm
     import numpy as np
 
-    from tqbridge.bridge.gguf_model import load_gguf_model
-    from tqbridge.bridge.tokenizer import GGUFTokenizer
+    from tqbridge.bridge.gguf.model import load_gguf_model
+    from tqbridge.bridge.gguf.tokenizer import GGUFTokenizer
     from tqbridge.tools.cli import main
 
     out = tmp_path / "smollm2-mlx"

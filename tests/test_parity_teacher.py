@@ -1,6 +1,6 @@
 """Teacher forcing (issue 14, item 2): llama.cpp's own per-layer rows through tqbridge, every layer.
 
-The capture (tqbridge.bridge.llama_capture) reads llama.cpp's graph through its eval callback; the
+The capture (tqbridge.bridge.llama.capture) reads llama.cpp's graph through its eval callback; the
 level (tqbridge.parity.harness.level_teacher) feeds every layer's rows to TQCache and our attention. Real
 models, F32 weights, short prompts (48 tokens, 2 decode steps; 600 for Gemma 3's sliding window).
 Time on 2 cores: ~15 s for SmolLM2 (7 cache types, three planted bugs) and ~40 s for Gemma 3 (model
@@ -27,8 +27,8 @@ BACKENDS = ("reference",)
 
 
 def _f32(name: str) -> str:
-    from tqbridge.bridge.gguf_f32 import cached_f32_gguf
-    from tqbridge.bridge.models import ModelUnavailable, model_path
+    from tqbridge.bridge.gguf.f32 import cached_f32_gguf
+    from tqbridge.bridge.gguf.models import ModelUnavailable, model_path
 
     try:
         return str(cached_f32_gguf(model_path(name)))
@@ -58,8 +58,8 @@ def smollm2(smollm2_model):
 
 
 def test_capture_reads_llama_cpp_graph(smollm2):
-    from tqbridge.bridge.ggml_cpu import cpu_from_float
-    from tqbridge.bridge.llama_capture import capture_run
+    from tqbridge.bridge.llama.ggml_cpu import cpu_from_float
+    from tqbridge.bridge.llama.capture import capture_run
 
     path, toks, _ = smollm2
     cap, res = capture_run(path, toks, "q8_0", "q4_0", decode=DECODE)
@@ -127,7 +127,7 @@ def test_bf16_scales_in_the_cache_codec_are_caught_at_every_layer(smollm2, monke
     # planted: the MLX codec TQCache appends with stores its f16 scales through bfloat16
     import mlx.core as mx
 
-    from tqbridge.bridge import mlx_ggml
+    from tqbridge.bridge.blocks import mlx_ggml
     from tqbridge.parity.harness.level_teacher import run_teacher
 
     real = mlx_ggml._f16_bytes
@@ -246,8 +246,8 @@ def test_round_half_even_in_the_cache_codec_is_caught(smollm2, monkeypatch):
     # llama.cpp's own rows first, and the claim is that the teacher level fails exactly there.
     import mlx.core as mx
 
-    from tqbridge.bridge import mlx_ggml
-    from tqbridge.bridge.llama_capture import capture_run
+    from tqbridge.bridge.blocks import mlx_ggml
+    from tqbridge.bridge.llama.capture import capture_run
     from tqbridge.parity.harness.level_teacher import run_teacher
 
     path, toks, windows = smollm2

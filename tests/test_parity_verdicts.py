@@ -24,7 +24,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
 
 def _ggml():
-    from tqbridge.bridge import ggml_graph
+    from tqbridge.bridge.llama import ggml_graph
 
     why = ggml_graph.available()
     if why:
@@ -143,7 +143,7 @@ def test_verdict_helpers():
 @pytest.mark.model
 def test_real_logits_level_with_a_failing_blocks_level(monkeypatch, tmp_path, capsys):
     """The same conjunction with the real logits level (SmolLM2, f16 cache, 16 tokens)."""
-    from tqbridge.bridge.models import ModelUnavailable, smollm2_path
+    from tqbridge.bridge.gguf.models import ModelUnavailable, smollm2_path
 
     try:
         smollm2_path()
@@ -230,7 +230,7 @@ def test_decode_steps_run_through_the_routing_and_a_decode_bug_fails_them(monkey
     routing). A port bug only decode has — the kernel skipping the newest key — must fail the level
     even though the prompt's positions are untouched."""
     from tqbridge.metal.lm import routing
-    from tqbridge.bridge.models import ModelUnavailable, smollm2_path
+    from tqbridge.bridge.gguf.models import ModelUnavailable, smollm2_path
 
     try:
         smollm2_path()

@@ -32,7 +32,7 @@ def _clean(target: str, data: bytes, *consumers: str) -> None:
 
 
 def _blob() -> bytes:
-    from tqbridge.bridge.llama_state import seq_state, write_state
+    from tqbridge.bridge.llama.state import seq_state, write_state
 
     rng = np.random.default_rng(0)
     k = rng.integers(0, 256, (3, 34), dtype=np.uint8)
@@ -44,7 +44,7 @@ def _blob() -> bytes:
     (20, 4000, "4000 sequence ids"),                  # a cell's n_seq_id, within the 4096 bound
 ])
 def test_state_blob_hostile_count_is_refused_before_allocating(offset, value, message):
-    from tqbridge.bridge.llama_state import StateError, parse_state
+    from tqbridge.bridge.llama.state import StateError, parse_state
 
     blob = bytearray(_blob())
     struct.pack_into("<I", blob, offset, value)
@@ -111,8 +111,8 @@ def _tokens(data: bytes, edit) -> bytes:
 def test_duplicate_tokens_are_refused_before_llama_cpp_aborts(tiny, tmp_path, dup):
     """llama.cpp's vocabulary loader GGML_ASSERTs (SIGABRT) on duplicate tokens; it reads tokens as C
     strings, so "a\\0x" duplicates "a". convert --to mlx died with signal 6."""
-    from tqbridge.bridge.mlx_export import write_mlx_dir
-    from tqbridge.bridge.tokenizer import VocabularyError, check_vocabulary
+    from tqbridge.bridge.gguf.mlx_export import write_mlx_dir
+    from tqbridge.bridge.gguf.tokenizer import VocabularyError, check_vocabulary
 
     def edit(toks):
         toks[toks.index(b"<x0>")] = dup
@@ -120,7 +120,7 @@ def test_duplicate_tokens_are_refused_before_llama_cpp_aborts(tiny, tmp_path, du
     path = _write(tmp_path, _tokens(tiny, edit))
     with pytest.raises(VocabularyError, match="appears twice"):
         check_vocabulary(path)
-    code = ("import sys\nfrom tqbridge.bridge.tokenizer import GGUFTokenizer, VocabularyError\n"
+    code = ("import sys\nfrom tqbridge.bridge.gguf.tokenizer import GGUFTokenizer, VocabularyError\n"
             "try:\n    GGUFTokenizer(sys.argv[1])\nexcept VocabularyError as e:\n    print('refused', e)\n")
     r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("refused"), (r.returncode, r.stderr[-500:])
@@ -135,14 +135,14 @@ def test_sentencepiece_vocabulary_without_a_byte_token_is_refused(tmp_path):
     vocabularies were exported, `convert --to mlx` of such a file (the fuzz target's tiny-llama-spm
     seed, one byte token's text changed) died with signal 6 checking the ids. Now check_vocabulary
     refuses it before llama.cpp tokenizes anything, and the directory says why."""
-    from tqbridge.bridge.tokenizer import VocabularyError, check_vocabulary
+    from tqbridge.bridge.gguf.tokenizer import VocabularyError, check_vocabulary
 
     spm = write_tiny_gguf_model(tmp_path / "spm.gguf", vocab=add_tiny_spm_vocab).read_bytes()
     assert spm.count(b"<0x22>") == 1
     path = _write(tmp_path, spm.replace(b"<0x22>", b"<0y22>"))   # '"' is no token of this vocabulary
     with pytest.raises(VocabularyError, match="no token <0x22> for byte 0x22"):
         check_vocabulary(path)
-    code = ("import sys\nfrom tqbridge.bridge.mlx_export import write_mlx_dir\n"
+    code = ("import sys\nfrom tqbridge.bridge.gguf.mlx_export import write_mlx_dir\n"
             "print((write_mlx_dir(sys.argv[1], sys.argv[2]) / 'config.json').read_text())\n")
     r = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "mlx")], capture_output=True,
                        text=True, timeout=300)
@@ -153,9 +153,9 @@ def test_sentencepiece_vocabulary_without_a_byte_token_is_refused(tmp_path):
 def test_non_utf8_strings(tiny, tmp_path):
     """gguf-py decodes strings strictly: convert --to gguf-f32 raised UnicodeDecodeError (on any
     metadata string, general.architecture included), the tokenizer export too."""
-    from tqbridge.bridge.gguf_f32 import write_f32_gguf
-    from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
-    from tqbridge.bridge.mlx_export import write_mlx_dir
+    from tqbridge.bridge.gguf.f32 import write_f32_gguf
+    from tqbridge.bridge.gguf.model import GGUFModelError, load_gguf_model
+    from tqbridge.bridge.gguf.mlx_export import write_mlx_dir
 
     bad = _write(tmp_path, _edit(tiny, key="tokenizer.ggml.pre", vtype=8, raw=_string(b"\xffdefault")))
     with pytest.raises(GGUFModelError, match="not UTF-8"):
@@ -185,7 +185,7 @@ def test_hostile_hyper_parameters_are_refused_before_a_model_is_built(tiny, tmp_
     (ValueError), n_embd // 0 (ZeroDivisionError), MLX's RMSNorm refusing eps (ValueError),
     'list' not hashable (TypeError), mlx-lm's ``assert vocab_size > 0`` (AssertionError), and
     mlx-lm's list of missing parameters spread over several lines."""
-    from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
+    from tqbridge.bridge.gguf.model import GGUFModelError, load_gguf_model
 
     path = _write(tmp_path, _edit(tiny, **edit))
     t0 = time.perf_counter()
@@ -197,8 +197,8 @@ def test_hostile_hyper_parameters_are_refused_before_a_model_is_built(tiny, tmp_
 
 def test_empty_tensor_is_read_and_converted(tiny, tmp_path):
     """gguf-py cannot dequantize a tensor with a zero dimension (reshape error in read and convert)."""
-    from tqbridge.bridge.gguf_f32 import write_f32_gguf
-    from tqbridge.bridge.gguf_model import read_gguf
+    from tqbridge.bridge.gguf.f32 import write_f32_gguf
+    from tqbridge.bridge.gguf.model import read_gguf
 
     p = parse_gguf_parts(tiny)
     p.tensors.append(["extra.weight", [0], 0, b""])
@@ -209,8 +209,8 @@ def test_empty_tensor_is_read_and_converted(tiny, tmp_path):
 
 def test_empty_metadata_array_is_a_clear_refusal_of_convert_f32(tiny, tmp_path):
     """gguf-py's writer raises ValueError('Invalid GGUF metadata array') on an empty array."""
-    from tqbridge.bridge.gguf_f32 import write_f32_gguf
-    from tqbridge.bridge.gguf_model import GGUFModelError
+    from tqbridge.bridge.gguf.f32 import write_f32_gguf
+    from tqbridge.bridge.gguf.model import GGUFModelError
 
     path = _write(tmp_path, _edit(tiny, key="tokenizer.ggml.merges", vtype=9, raw=struct.pack("<IQ", 8, 0)))
     with pytest.raises(GGUFModelError, match="empty or nested array"):
@@ -223,8 +223,8 @@ def test_token_id_of_another_type_is_a_tokenizer_export_error(tiny, tmp_path, vt
     """tokenizer.ggml.bos_token_id as an array or a string: int() of it raised TypeError / ValueError
     in convert --to mlx; past that, llama.cpp refuses the file and llama-cpp-python's ValueError
     ('Failed to load model from file') escaped too. Now: no tokenizer files, the reason in config.json."""
-    from tqbridge.bridge.mlx_export import write_mlx_dir
-    from tqbridge.bridge.tokenizer import TokenizerExportError, hf_tokenizer_files
+    from tqbridge.bridge.gguf.mlx_export import write_mlx_dir
+    from tqbridge.bridge.gguf.tokenizer import TokenizerExportError, hf_tokenizer_files
 
     path = _write(tmp_path, _edit(tiny, key="tokenizer.ggml.bos_token_id", vtype=vtype, raw=raw))
     with pytest.raises(TokenizerExportError, match="llama.cpp cannot load the vocabulary"):

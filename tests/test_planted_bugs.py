@@ -32,7 +32,7 @@ def _attention(pairs=("q8_0/q4_0", "q4_0/q8_0")):
 
 @pytest.fixture(scope="module")
 def ggml():
-    from tqbridge.bridge import ggml_c
+    from tqbridge.bridge.llama import ggml_c
 
     if not ggml_c.available():   # decided before anything runs: no llama-cpp-python here
         pytest.skip("ggml's C library is not loadable (llama-cpp-python is not installed)")
@@ -45,7 +45,7 @@ def test_clean_build_passes_the_fast_levels(ggml):
 
 def test_round_half_to_even_in_one_format_is_caught_by_blocks(ggml, monkeypatch):
     # C's roundf rounds half away from zero; MLX's round is half-to-even
-    from tqbridge.bridge import mlx_ggml
+    from tqbridge.bridge.blocks import mlx_ggml
 
     monkeypatch.setattr(mlx_ggml, "_roundf", mx.round)
     rep = _blocks(["q8_0"])
@@ -53,7 +53,7 @@ def test_round_half_to_even_in_one_format_is_caught_by_blocks(ggml, monkeypatch)
 
 
 def test_bf16_stored_scales_are_caught_by_blocks(ggml, monkeypatch):
-    from tqbridge.bridge import mlx_ggml
+    from tqbridge.bridge.blocks import mlx_ggml
 
     real = mlx_ggml._f16_bytes
 
@@ -129,7 +129,11 @@ def _clear_kernel_caches():
     """Forget every built kernel and prepared call, so a source edit (or its undo) takes effect."""
     import functools
 
-    from tqbridge.metal import attention, attention_build, attention_kernel, attention_launch, attention_plan, kernel
+    from tqbridge.metal import attention, kernel
+    from tqbridge.metal.attention import build as attention_build
+    from tqbridge.metal.attention import kernel as attention_kernel
+    from tqbridge.metal.attention import launch as attention_launch
+    from tqbridge.metal.attention import plan as attention_plan
 
     for mod in (attention_kernel, attention_build, attention_launch, attention_plan, kernel, attention):
         for obj in vars(mod).values():
@@ -176,11 +180,11 @@ def test_iq4_nl_search_quantizer_in_the_cache_is_caught_by_teacher(monkeypatch):
     # scale search instead of quantize_row_iq4_nl_ref, which llama.cpp's cache uses
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     from tqbridge.bridge import mlx_quantize
-    from tqbridge.bridge.gguf_f32 import cached_f32_gguf
+    from tqbridge.bridge.gguf.f32 import cached_f32_gguf
     from tqbridge.metal.lm import cache as tqc
     from tqbridge.parity.harness.level_logits import parity_text
     from tqbridge.parity.harness.level_teacher import run_teacher
-    from tqbridge.bridge.models import ModelUnavailable, model_path
+    from tqbridge.bridge.gguf.models import ModelUnavailable, model_path
     from tqbridge.parity.harness.runtimes import LlamaCppRuntime
 
     try:
@@ -209,12 +213,12 @@ def test_iq4_nl_search_quantizer_in_the_cache_is_caught_by_teacher(monkeypatch):
 def lane_model():
     """SmolLM2 (F32 copy), the lane level's tokens and its mlx-lm model, shared by the lane tests."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    from tqbridge.bridge.gguf_f32 import cached_f32_gguf
-    from tqbridge.bridge.gguf_model import load_gguf_model
+    from tqbridge.bridge.gguf.f32 import cached_f32_gguf
+    from tqbridge.bridge.gguf.model import load_gguf_model
     from tqbridge.metal import backends
     from tqbridge.parity.harness.level_lane import LANE_TOKENS
     from tqbridge.parity.harness.level_logits import parity_text
-    from tqbridge.bridge.models import ModelUnavailable, model_path
+    from tqbridge.bridge.gguf.models import ModelUnavailable, model_path
     from tqbridge.parity.harness.runtimes import LlamaCppRuntime
 
     if "cpu-emulator" not in backends():
@@ -260,7 +264,8 @@ def test_wrong_window_start_or_length_in_the_lane_is_caught_by_lane(lane_model, 
     # slide keeps the window from one row early ("window start": every stored position shifted by one)
     # or one row short ("kept length": the newest kept row not copied), or its prepared attention gets
     # the window one position long
-    from tqbridge.metal import attention_kernel, kv_append
+    from tqbridge.metal import kv_append
+    from tqbridge.metal.attention import kernel as attention_kernel
 
     planted = []
     if bug == "attention window":

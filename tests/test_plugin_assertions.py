@@ -25,7 +25,7 @@ def test_blocks_equal_passes_and_names_the_first_differing_block():
     msg = str(e.value)
     assert "q4_1 blocks differ (my kernel): 2 of 6 blocks; first is block 3 (row (1,), block 1 of the row)" in msg
     assert "first differing byte 5" in msg
-    fields = bridge.legacy_fields.split_blocks("q4_1", want.reshape(-1, 20)[3:4])
+    fields = bridge.blocks.legacy_fields.split_blocks("q4_1", want.reshape(-1, 20)[3:4])
     assert f"d={float(fields['d'][0]):.6g}" in msg and "m=" in msg and "q=[" in msg
     assert msg.count("fields:") == 2
 

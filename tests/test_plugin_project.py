@@ -138,7 +138,7 @@ def test_shifted_logits_are_caught(llama_cpp_runtime, mlx_runtime):
 
 @pytest.mark.model
 def test_runtime_fixtures_in_a_separate_project(tmp_path):
-    from tqbridge.bridge.models import ModelUnavailable, smollm2_path
+    from tqbridge.bridge.gguf.models import ModelUnavailable, smollm2_path
 
     try:
         gguf = smollm2_path()

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tqbridge import bridge
-from tqbridge.bridge.padding import pad_rows
+from tqbridge.bridge.blocks.padding import pad_rows
 from tqbridge.parity import testing as tqt
 
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SKIPPED_DIRS = {"tqbridge.egg-info", "__pycache__", "build", "dist", "node_modules"}   # and every hidden folder
 # What remains, one per imported name, 2 of third-party packages where they have no public way (a comment
 # at each says why):
-#   mlx_lm.utils._get_classes (bridge/gguf_model.py), llama_cpp._logger.set_verbose (bridge/llama_capture.py).
+#   mlx_lm.utils._get_classes (bridge/gguf/model.py), llama_cpp._logger.set_verbose (bridge/llama/capture.py).
 MAX_PRIVATE_IMPORTS = 2
 
 

@@ -3,7 +3,7 @@ import pytest
 
 from tqbridge import bridge
 from tqbridge.bridge import FormatError
-from tqbridge.bridge.registry import kernel_ids
+from tqbridge.bridge.blocks.registry import kernel_ids
 from helpers_kernels import c_ids
 
 
@@ -44,7 +44,7 @@ def test_kernel_format_ids_are_the_c_constants():
     a time, quantize_append.h; turbo formats share QA_TURBO), QA_<NAME>_REF (llama.cpp's cache encoder)."""
     import importlib
 
-    attention_formats = importlib.import_module("tqbridge.metal.attention_formats")
+    attention_formats = importlib.import_module("tqbridge.metal.attention.formats")
     quantize_append = importlib.import_module("tqbridge.metal.quantize_append")  # the package exports a function of that name
     fmts = bridge.all_formats()
     upper = {f.name.upper() for f in fmts}
@@ -64,7 +64,7 @@ def test_kernel_format_ids_are_the_c_constants():
 
 def test_tables_derived_from_the_registry():
     """The per-format tables other modules use are views of the registry entries (values pinned)."""
-    from tqbridge.bridge.affine import affine_formats
+    from tqbridge.bridge.blocks.affine import affine_formats
     from tqbridge.parity.harness.level_attention import GGML_FA_FORMATS
     from tqbridge.parity.harness.level_blocks import GGML_FORMATS
     from tqbridge.parity.harness.runtimes import LLAMA_KV_TYPES

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tqbridge.bridge import rotation
+from tqbridge.bridge.blocks import rotation
 
 GROUPS = [128, 64]
 # float32 round trip: 7 butterfly stages each way plus two scalings; each value picks up a few ulps

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from tqbridge import bridge
-from tqbridge.bridge.padding import pad_rows
-from tqbridge.metal import attention, attention_kernel
+from tqbridge.bridge.blocks.padding import pad_rows
+from tqbridge.metal import attention
+from tqbridge.metal.attention import kernel as attention_kernel
 from tqbridge.metal.attention import decode_attention, last_run
 
 pytest.importorskip("mlx.core", reason="MLX is not installed")

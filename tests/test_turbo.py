@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from tqbridge import bridge
-from tqbridge.bridge import FormatError, rotation
-from tqbridge.bridge.turbo import SPECS, TurboSpec
+from tqbridge.bridge import FormatError
+from tqbridge.bridge.blocks import rotation
+from tqbridge.bridge.blocks.turbo import SPECS, TurboSpec
 
 # (name, variant) -> (block bytes, ggml type ids by where they apply); specs/turbo-formats.md and
 # the reference-vector README (type ids the vectors were produced with).

@@ -8,8 +8,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tqbridge import bridge
-from tqbridge.bridge.lloyd_max import lloyd_max_normal, lloyd_step
-from tqbridge.bridge.turbo import SPECS
+from tqbridge.bridge.blocks.lloyd_max import lloyd_max_normal, lloyd_step
+from tqbridge.bridge.blocks.turbo import SPECS
 from tqbridge.parity.plugin.strategies import FAMILIES, float_rows
 
 ALL = list(SPECS)

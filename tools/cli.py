@@ -44,8 +44,8 @@ def select_llama_build(args) -> None:
     build = getattr(args, "llama", None) or os.environ.get("TQBRIDGE_LLAMA_BUILD")
     if not build or args.command == "llama":
         return
-    from tqbridge.bridge.llama_build import select
-    from tqbridge.bridge.llama_side import LlamaBuildError
+    from tqbridge.bridge.llama.build import select
+    from tqbridge.bridge.llama.side import LlamaBuildError
 
     try:
         info = select(build)
@@ -96,14 +96,14 @@ def main(argv: "list[str] | None" = None) -> int:
         print(f"tqbridge {args.command}: error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:
-        from tqbridge.bridge.llama_side import LlamaBuildError
+        from tqbridge.bridge.llama.side import LlamaBuildError
 
         if not isinstance(e, LlamaBuildError):
             raise
         print(f"tqbridge {args.command}: error: {e}", file=sys.stderr)   # e.g. the build refuses a K/V pair
         return 2
     except ImportError as e:
-        from tqbridge.bridge.llama_compat import LlamaCppIncompatible
+        from tqbridge.bridge.llama.compat import LlamaCppIncompatible
 
         if not isinstance(e, LlamaCppIncompatible):
             raise

@@ -2,7 +2,7 @@
 
 Without ``--parity``: the GGUF architectures the model loader builds, the mlx-lm model_type each
 becomes and what is particular to it. With ``--parity``: each architecture's tiny random-weight GGUF
-(``tqbridge.bridge.gguf_fixtures``) through llama.cpp and MLX, KL per position in three
+(``tqbridge.bridge.gguf.fixtures``) through llama.cpp and MLX, KL per position in three
 configurations (``tqbridge.parity.harness.archs``); exit code 1 when a claim fails.
 """
 

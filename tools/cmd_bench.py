@@ -8,7 +8,7 @@ its QuantizedKVCache where MLX's backend runs it), per model geometry and contex
 :mod:`tqbridge.metal.lm.decode_bench` for what is measured and how.
 
 ``attention``: the fused decode-attention kernel against MLX's paths, side by side, per context length
-(:mod:`tqbridge.metal.attention_bench` measures; this module parses and checks the arguments).
+(:mod:`tqbridge.metal.attention.bench` measures; this module parses and checks the arguments).
 Needs MLX on a GPU (CUDA or Metal); ``--backend cpu-emulator`` runs the same steps on the CPU as a
 smoke test.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from tqbridge.bridge.kv_spec import DEFAULT_FORMAT, Q_PRECISION_EXAMPLE, TURBO_FORMAT
+from tqbridge.bridge.blocks.kv_spec import DEFAULT_FORMAT, Q_PRECISION_EXAMPLE, TURBO_FORMAT
 
 from .cli import CliError
 
@@ -122,7 +122,7 @@ def _run_serve(args) -> int:
         raise CliError(f"needs mlx and mlx-lm: {e}")
     from ..bridge import FormatError
     from ..metal.lm import serve_bench
-    from ..bridge.kv_spec import parse_layered_kv_spec
+    from ..bridge.blocks.kv_spec import parse_layered_kv_spec
 
     caches = [c for c in args.caches.split(",") if c]
     for c in caches:
@@ -174,9 +174,9 @@ def _run_attention(args) -> int:
     except ImportError as e:
         raise CliError(f"needs mlx and mlx-lm: {e}")
     from ..bridge import FormatError, get_format
-    from ..bridge.padding import padded_dim
-    from ..metal.attention_bench import AttentionBench, kernel_configs, run_attention_bench
-    from ..metal.attention_problem import AttentionError
+    from ..bridge.blocks.padding import padded_dim
+    from ..metal.attention.bench import AttentionBench, kernel_configs, run_attention_bench
+    from ..metal.attention.problem import AttentionError
     from ..metal.backend import pick_backend
 
     regimes = [r for r in args.regime.split(",") if r]
@@ -229,7 +229,7 @@ def _run_decode(args) -> int:
     except ImportError as e:
         raise CliError(f"needs mlx and mlx-lm: {e}")
     from ..bridge import FormatError
-    from ..bridge.kv_spec import parse_layered_kv_spec, split_top
+    from ..bridge.blocks.kv_spec import parse_layered_kv_spec, split_top
     from ..metal.lm import decode_bench
     from ..metal.profiling import SettingsError, split_options
 

@@ -43,10 +43,10 @@ def run(args) -> int:
         return _run_cache(args)
     if args.cache_model or args.kv:
         raise CliError("--model and --kv apply to KV caches (--to prompt-cache, session, sequence-state)")
-    from tqbridge.bridge.gguf_f32 import write_f32_gguf
-    from tqbridge.bridge.gguf_model import GGUFModelError
-    from tqbridge.bridge.mlx_export import write_mlx_dir
-    from tqbridge.bridge.models import ModelUnavailable, model_path
+    from tqbridge.bridge.gguf.f32 import write_f32_gguf
+    from tqbridge.bridge.gguf.model import GGUFModelError
+    from tqbridge.bridge.gguf.mlx_export import write_mlx_dir
+    from tqbridge.bridge.gguf.models import ModelUnavailable, model_path
 
     if args.dequantize and args.to != "mlx":
         raise CliError("--dequantize applies to --to mlx only (gguf-f32 is always dequantized)")
@@ -92,10 +92,10 @@ def _print_placed(out: Path) -> None:
 
 
 def _run_cache(args) -> int:
-    from tqbridge.bridge.format_types import FormatError
-    from tqbridge.bridge.gguf_model import GGUFModelError
-    from tqbridge.bridge.llama_state import StateError
-    from tqbridge.bridge.models import ModelUnavailable, model_path
+    from tqbridge.bridge.blocks.format_types import FormatError
+    from tqbridge.bridge.gguf.model import GGUFModelError
+    from tqbridge.bridge.llama.state import StateError
+    from tqbridge.bridge.gguf.models import ModelUnavailable, model_path
 
     if args.dequantize:
         raise CliError("--dequantize applies to --to mlx only")

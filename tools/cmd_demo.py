@@ -23,7 +23,7 @@ DEMO_TEACHER_BACKENDS = ("reference",)
 
 
 def run(args) -> int:
-    from tqbridge.bridge.models import ModelUnavailable, model_path
+    from tqbridge.bridge.gguf.models import ModelUnavailable, model_path
     from tqbridge.parity.harness.level_logits import DEFAULT_KV
     from tqbridge.parity.harness.report import versions
     from tqbridge.parity.harness.run_levels import RunOptions, run_levels

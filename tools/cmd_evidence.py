@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from tqbridge.bridge.kv_spec import kv_name, qualify_variant
+from tqbridge.bridge.blocks.kv_spec import kv_name, qualify_variant
 
 from .cli import CliError
 
@@ -34,7 +34,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from tqbridge.bridge.llama_side import selected
+    from tqbridge.bridge.llama.side import selected
     from tqbridge.parity import evidence as ev
     from tqbridge.parity.evidence_report import write_all
     from tqbridge.parity.harness.runtimes import LlamaCppRuntime, llama_kv_types

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from tqbridge.bridge.kv_spec import CALIBRATED_KV, EXAMPLE_KV, GENERATE_KV, LAYERED_EXAMPLE_KV
+from tqbridge.bridge.blocks.kv_spec import CALIBRATED_KV, EXAMPLE_KV, GENERATE_KV, LAYERED_EXAMPLE_KV
 
 from .cli import CliError
 
@@ -41,8 +41,8 @@ def add_arguments(p) -> None:
 
 
 def resolve_model(name: str) -> str:
-    """A GGUF path from a path or a model name (``tqbridge.bridge.models``); a CliError otherwise."""
-    from tqbridge.bridge.models import ModelUnavailable, model_path
+    """A GGUF path from a path or a model name (``tqbridge.bridge.gguf.models``); a CliError otherwise."""
+    from tqbridge.bridge.gguf.models import ModelUnavailable, model_path
 
     try:
         return str(model_path(name))
@@ -52,7 +52,7 @@ def resolve_model(name: str) -> str:
 
 def chat_prompt(path: str, text: str) -> str:
     """The GGUF's chat template applied to one user message (llama-cpp-python's formatter)."""
-    from tqbridge.bridge.llama_compat import ensure_compatible
+    from tqbridge.bridge.llama.compat import ensure_compatible
 
     ensure_compatible()
     from llama_cpp import Llama
@@ -73,10 +73,10 @@ def run(args) -> int:
     import mlx.core as mx
 
     from tqbridge.bridge import FormatError
-    from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
-    from tqbridge.bridge.tokenizer import ChatTokenizer
+    from tqbridge.bridge.gguf.model import GGUFModelError, load_gguf_model
+    from tqbridge.bridge.gguf.tokenizer import ChatTokenizer
     from tqbridge.metal.lm.cache import make_layered_cache
-    from tqbridge.bridge.kv_spec import parse_layered_kv_spec
+    from tqbridge.bridge.blocks.kv_spec import parse_layered_kv_spec
     from tqbridge.metal.lm.report import cache_report, paths_line
     from tqbridge.metal.lm.routing import route_attention
 

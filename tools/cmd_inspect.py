@@ -28,10 +28,10 @@ def parse_block_spec(spec: str) -> tuple[str, int]:
 
 
 def run(args) -> int:
-    from tqbridge.bridge.blockdump import describe_block
-    from tqbridge.bridge.gguf_io import GGUFError, open_gguf
-    from tqbridge.bridge.gguf_report import tensor_row, text_report
-    from tqbridge.bridge.format_types import FormatError
+    from tqbridge.bridge.blocks.blockdump import describe_block
+    from tqbridge.bridge.gguf.io import GGUFError, open_gguf
+    from tqbridge.bridge.gguf.report import tensor_row, text_report
+    from tqbridge.bridge.blocks.format_types import FormatError
 
     try:
         g = open_gguf(args.file)

@@ -27,8 +27,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from tqbridge.bridge.llama_build import build_from_source, describe
-    from tqbridge.bridge.llama_side import LlamaBuildError
+    from tqbridge.bridge.llama.build import build_from_source, describe
+    from tqbridge.bridge.llama.side import LlamaBuildError
 
     try:
         if args.llama_command == "build":

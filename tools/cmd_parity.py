@@ -84,7 +84,7 @@ def progress_printer(quiet: bool):
 def run(args, command: "str | None" = None) -> int:
     import os
 
-    from tqbridge.bridge.models import ModelUnavailable, model_path
+    from tqbridge.bridge.gguf.models import ModelUnavailable, model_path
     from tqbridge.parity.harness.level_logits import DEFAULT_KV
     from tqbridge.parity.harness.report import versions
     from tqbridge.parity.harness.run_levels import run_levels
@@ -102,12 +102,12 @@ def run(args, command: "str | None" = None) -> int:
         raise CliError(f"--decode must be in 0..{args.tokens - 1} (fewer than --tokens), got {args.decode}")
     fork_rules = getattr(args, "fork_rules", "honour")
     if fork_rules == "off":
-        from tqbridge.bridge.stored_kv import switch_off_fork_rules
+        from tqbridge.bridge.llama.stored_kv import switch_off_fork_rules
 
         switch_off_fork_rules(os.environ)   # before any context: the fork reads them when it makes a cache
         print("note: the fork's automatic cache-type rules are off for this run (TURBO_AUTO_ASYMMETRIC=0, "
               "TURBO_LAYER_ADAPTIVE=0)", file=sys.stderr)
-    from tqbridge.bridge.llama_side import selected
+    from tqbridge.bridge.llama.side import selected
 
     fork = selected().variant if selected() is not None else None
     kv_list = args.kv or list(FORK_KV if fork else DEFAULT_KV)

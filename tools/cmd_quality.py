@@ -6,12 +6,12 @@ import json
 import os
 import sys
 
-from tqbridge.bridge.kv_spec import CALIBRATED_KV, LAYERED_EXAMPLE_KV, QUALITY_KV
+from tqbridge.bridge.blocks.kv_spec import CALIBRATED_KV, LAYERED_EXAMPLE_KV, QUALITY_KV
 
 from .cli import CliError
 from .cmd_generate import resolve_model
 
-DEFAULT_KVS = list(QUALITY_KV)     # the standard table (named in tqbridge.bridge.kv_spec)
+DEFAULT_KVS = list(QUALITY_KV)     # the standard table (named in tqbridge.bridge.blocks.kv_spec)
 
 
 def add_arguments(p) -> None:
@@ -48,9 +48,9 @@ def run(args) -> int:
 
     prefer_fast_blas()  # before MLX is imported: OpenBLAS for float32 matmuls on Linux CPUs
     from tqbridge.bridge import FormatError
-    from tqbridge.bridge.gguf_model import GGUFModelError, load_gguf_model
+    from tqbridge.bridge.gguf.model import GGUFModelError, load_gguf_model
     from tqbridge.metal.lm.cache import layer_count
-    from tqbridge.bridge.kv_spec import parse_layered_kv_spec
+    from tqbridge.bridge.blocks.kv_spec import parse_layered_kv_spec
     from tqbridge.parity import quality as q
 
     kvs = args.kv or DEFAULT_KVS

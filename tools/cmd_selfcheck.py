@@ -16,7 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 import numpy as np
 
 from tqbridge import bridge
-from tqbridge.bridge import registry
+from tqbridge.bridge.blocks import registry
 from tqbridge.parity.plugin.strategies import FAMILIES, adversarial_rows
 
 from .cli import CliError
@@ -41,7 +41,7 @@ def _ver(pkg: str) -> "str | None":
 
 def _gaussian_error(fmt, n: int) -> float:
     """Largest |x - dequantize(quantize(x))| over 256 fixed N(0, 1) rows, ggml's own bytes."""
-    from tqbridge.bridge import ggml_c
+    from tqbridge.bridge.llama import ggml_c
 
     x = np.random.default_rng(20260).standard_normal((256, n)).astype(np.float32)
     y = ggml_c.c_dequantize(fmt, ggml_c.c_quantize(fmt, x), n)
@@ -49,7 +49,7 @@ def _gaussian_error(fmt, n: int) -> float:
 
 
 def check_format(name: str, x: np.ndarray, mx) -> dict:
-    from tqbridge.bridge import ggml_c
+    from tqbridge.bridge.llama import ggml_c
 
     fmt = bridge.get_format(name)
     n = x.shape[-1]
@@ -72,8 +72,8 @@ def check_format(name: str, x: np.ndarray, mx) -> dict:
 
 
 def run(args) -> int:
-    from tqbridge.bridge import ggml_c
-    from tqbridge.bridge.llama_side import GgmlUnavailable, library_path
+    from tqbridge.bridge.llama import ggml_c
+    from tqbridge.bridge.llama.side import GgmlUnavailable, library_path
 
     try:
         lib = library_path()

@@ -3,7 +3,7 @@ TQCache layers (the logic is :mod:`tqbridge.metal.lm.serve`)."""
 
 from __future__ import annotations
 
-from tqbridge.bridge.kv_spec import EXAMPLE_KV, GENERATE_KV
+from tqbridge.bridge.blocks.kv_spec import EXAMPLE_KV, GENERATE_KV
 
 from .cli import CliError
 
@@ -31,7 +31,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from tqbridge.bridge import FormatError
-    from tqbridge.bridge.kv_spec import parse_layered_kv_spec
+    from tqbridge.bridge.blocks.kv_spec import parse_layered_kv_spec
     from tqbridge.metal.lm.serve import ServeError, check_address, check_layers, check_server_args, model_dir, run_server
 
     extra = list(getattr(args, "passthrough", []))

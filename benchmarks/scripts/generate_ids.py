@@ -26,7 +26,7 @@ from tqbridge.bridge.atomic import write_atomic  # noqa: E402
 
 
 def prepare(args) -> None:
-    from tqbridge.bridge.tokenizer import ChatTokenizer
+    from tqbridge.bridge.gguf.tokenizer import ChatTokenizer
     from tqbridge.tools.cmd_generate import chat_prompt, resolve_model
 
     path = resolve_model(args.model)
@@ -41,9 +41,9 @@ def prepare(args) -> None:
 def run(args) -> None:
     import mlx.core as mx
 
-    from tqbridge.bridge.gguf_model import load_gguf_model
+    from tqbridge.bridge.gguf.model import load_gguf_model
     from tqbridge.metal.lm.cache import make_cache
-    from tqbridge.bridge.kv_spec import kv_name, parse_kv_spec
+    from tqbridge.bridge.blocks.kv_spec import kv_name, parse_kv_spec
     from tqbridge.metal.lm.report import cache_report
     from tqbridge.metal.lm.routing import route_attention
     from tqbridge.tools.cmd_generate import generate_tokens
@@ -90,7 +90,7 @@ def _decode_runs(cache) -> dict:
 
 
 def show(args) -> None:
-    from tqbridge.bridge.tokenizer import ChatTokenizer
+    from tqbridge.bridge.gguf.tokenizer import ChatTokenizer
     from tqbridge.tools.cmd_generate import resolve_model
 
     res = json.loads(Path(args.gen).read_text())

@@ -48,7 +48,8 @@ def main(argv=None) -> int:
     import cupy as cp
 
     from tqbridge import bridge
-    from tqbridge.metal import attention_build as ab, attention_plan as ap_
+    from tqbridge.metal.attention import build as ab
+    from tqbridge.metal.attention import plan as ap_
 
     p = argparse.ArgumentParser()
     p.add_argument("--context", default="4096,32768,131072")

@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from tqbridge.bridge.kv_spec import split_kv
+from tqbridge.bridge.blocks.kv_spec import split_kv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -54,7 +54,7 @@ def _class(op: str) -> str:
 
 def _source(prob, plan):
     from kernel_device_time import cuda_unit as src
-    from tqbridge.metal.attention_build import kernel_defs, static_params
+    from tqbridge.metal.attention.build import kernel_defs, static_params
 
     split_s, _, _, _ = static_params(prob, plan, 0, False)
     k1def, _ = kernel_defs(0, plan.kernel)
@@ -128,8 +128,8 @@ def profile(k_format: str, v_format: str, kernel: str = "int8-mma", q_heads: int
             chunks: "int | None" = None, v_decode: str = "fast") -> dict:
     from tqbridge import bridge
     from tqbridge.metal.attention import check_problem
-    from tqbridge.metal.attention_plan import make_plan
-    from tqbridge.metal.attention_problem import kernel_name
+    from tqbridge.metal.attention.plan import make_plan
+    from tqbridge.metal.attention.problem import kernel_name
     from tqbridge.metal.decode_options import DecodeOptions
 
     kf, vf = bridge.get_format(k_format), bridge.get_format(v_format)

@@ -84,8 +84,8 @@ def launcher(backend: str, prob, plan, q, kb, vb, copies: int):
 
     import mlx.core as mx
 
-    from tqbridge.metal import attention_build as ab
-    from tqbridge.metal.attention_launch import const_buffer
+    from tqbridge.metal.attention import build as ab
+    from tqbridge.metal.attention.launch import const_buffer
 
     split_s, _, _, _ = ab.static_params(prob, plan, 0, False)
     k1 = ab.built(backend, 0, 0, {**split_s, "TQA_PHASES": 1}, "int8-mma")
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
 
     from kernel_device_time import COLD_BYTES, random_problem
     from tqbridge import bridge
-    from tqbridge.metal import attention_plan as ap_
+    from tqbridge.metal.attention import plan as ap_
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--context", default="4096,32768,131072")

@@ -52,7 +52,7 @@ def main() -> None:
 
     from tqbridge.metal.lm import decode_bench
     from tqbridge.metal.lm.routing import route_attention
-    from tqbridge.bridge.kv_spec import split_top
+    from tqbridge.bridge.blocks.kv_spec import split_top
     from tqbridge.metal.profiling import build_encode_wall, split_options
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

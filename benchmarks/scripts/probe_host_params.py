@@ -42,7 +42,7 @@ def main() -> None:
     import mlx.core as mx
 
     from tqbridge.bridge import get_format, mlx_quantize
-    from tqbridge.metal import attention_kernel as ak
+    from tqbridge.metal.attention import kernel as ak
     from tqbridge.metal.decode_options import DecodeOptions
 
     src = "if (threadIdx.x == 0 && blockIdx.x == 0) { y[0] = x[0] + (float)p[0]; }"

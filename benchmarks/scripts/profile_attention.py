@@ -20,7 +20,7 @@ def main() -> None:
     import mlx.core as mx
 
     from tqbridge.bridge import get_format, mlx_quantize
-    from tqbridge.metal import attention_kernel
+    from tqbridge.metal.attention import kernel as attention_kernel
     from tqbridge.metal.attention import decode_attention
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     import mlx.core as mx
 
     from tqbridge.bridge import get_format
-    from tqbridge.metal import attention_kernel as ak
+    from tqbridge.metal.attention import kernel as ak
     from tqbridge.metal.profiling import build_and_wall, device_times, layer_buffers
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

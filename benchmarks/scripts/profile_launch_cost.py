@@ -26,7 +26,7 @@ def main() -> None:
     import mlx.core as mx
 
     from tqbridge.bridge import get_format
-    from tqbridge.metal import attention_kernel as ak
+    from tqbridge.metal.attention import kernel as ak
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", default="4096,131072")

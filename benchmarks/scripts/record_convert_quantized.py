@@ -78,7 +78,7 @@ def _mlx_logits(path: Path, ids: "list[int]", arch: str):
     import numpy as np
     from mlx_lm.utils import load_model
 
-    from tqbridge.bridge import gguf_model
+    from tqbridge.bridge.gguf import model as gguf_model
 
     model, cfg = load_model(path)
     if arch == "gemma3":
@@ -96,7 +96,7 @@ def _metrics(p, q) -> dict:
 
 
 def run_model(model: str, tokens: int, tmp: Path) -> dict:
-    from tqbridge.bridge.models import model_path
+    from tqbridge.bridge.gguf.models import model_path
     from tqbridge.parity.harness.level_logits import parity_text
     from tqbridge.parity.harness.runtimes import KV, LlamaCppRuntime
 

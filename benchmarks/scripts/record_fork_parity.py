@@ -81,7 +81,7 @@ def summarize(report: dict, build: str = "") -> dict:
 
 
 def main(argv: "list[str]") -> int:
-    from tqbridge.bridge.llama_build import describe
+    from tqbridge.bridge.llama.build import describe
     from tqbridge.parity.harness.report import versions
 
     out_path, runs = Path(argv[0]), {}

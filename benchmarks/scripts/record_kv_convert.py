@@ -49,10 +49,10 @@ def main(argv=None) -> int:
     import mlx.core as mx
 
     from tqbridge.bridge.evaluation_text import evaluation_text
-    from tqbridge.bridge.gguf_f32 import cached_f32_gguf
-    from tqbridge.bridge.kv_files import kv_geometry
-    from tqbridge.bridge.kv_spec import split_kv
-    from tqbridge.bridge.models import smollm2_path
+    from tqbridge.bridge.gguf.f32 import cached_f32_gguf
+    from tqbridge.bridge.llama.kv_files import kv_geometry
+    from tqbridge.bridge.blocks.kv_spec import split_kv
+    from tqbridge.bridge.gguf.models import smollm2_path
     from tqbridge.metal.lm.cache import make_cache
     from tqbridge.metal.lm.prompt_cache import load_prompt_cache
     from tqbridge.metal.lm.prompt_cache_convert import (prompt_cache_to_session, save_tq_prompt_cache,

@@ -78,12 +78,12 @@ def _paired(model_name: str, tokens: int, kvs: "tuple[str, ...]" = KVS) -> list[
     prefer_fast_blas()
     import mlx.core as mx
 
-    from tqbridge.bridge.gguf_model import load_gguf_model
+    from tqbridge.bridge.gguf.model import load_gguf_model
     from tqbridge.metal.lm.cache import make_cache
-    from tqbridge.bridge.kv_spec import parse_kv
+    from tqbridge.bridge.blocks.kv_spec import parse_kv
     from tqbridge.metal.lm.routing import route_attention
     from tqbridge.parity import quality as q
-    from tqbridge.bridge.models import model_path
+    from tqbridge.bridge.gguf.models import model_path
 
     path = str(model_path(model_name))
     model, _ = load_gguf_model(path)

@@ -66,10 +66,10 @@ def summarize(rep: dict) -> list[dict]:
 
 
 def teacher_runs() -> list[dict]:
-    from tqbridge.bridge.gguf_f32 import cached_f32_gguf
+    from tqbridge.bridge.gguf.f32 import cached_f32_gguf
     from tqbridge.parity.harness.level_logits import parity_text
     from tqbridge.parity.harness.level_teacher import model_windows, run_teacher
-    from tqbridge.bridge.models import model_path
+    from tqbridge.bridge.gguf.models import model_path
     from tqbridge.parity.harness.runtimes import LlamaCppRuntime
 
     runs = []
@@ -84,7 +84,7 @@ def teacher_runs() -> list[dict]:
 
 
 def arith_runs() -> list[dict]:
-    from tqbridge.bridge.kv_spec import split_kv
+    from tqbridge.bridge.blocks.kv_spec import split_kv
     from tqbridge.parity.harness.level_attention import probe_problem, random_problem
     from tqbridge.parity.harness.llama_arith import compare_with_ggml
 

@@ -17,8 +17,8 @@ import numpy as np
 
 from tqbridge import bridge
 from tqbridge.bridge.atomic import write_atomic
-from tqbridge.bridge.lloyd_max import expected_mse
-from tqbridge.bridge.turbo import SPECS
+from tqbridge.bridge.blocks.lloyd_max import expected_mse
+from tqbridge.bridge.blocks.turbo import SPECS
 
 VECTORS = 20_000
 SEED = 0

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tqbridge.bridge import get_format, rotation
+from tqbridge.bridge import get_format
+from tqbridge.bridge.blocks import rotation
 from tqbridge.parity.testing import claims
 
 _PR197 = "turbo4@fork-pr197"
@@ -51,7 +52,7 @@ def attention_missing_gqa_index(q, k_blocks, v_blocks, *, k_format, v_format, le
                                 softcap=None, sinks=None):
     """float32 decode attention for one query row per head, with a wrong GQA head mapping. Planted bug."""
     from tqbridge.bridge import dequantize
-    from tqbridge.bridge.padding import padded_dim
+    from tqbridge.bridge.blocks.padding import padded_dim
 
     q = np.asarray(q, np.float32)
     rows4 = q.ndim == 4

@@ -16,14 +16,14 @@ Modules::
 The names below are imported on first use, so importing the package (or ``calibration``) does not
 import mlx-lm. The K/V spelling names (``parse_kv``, ``parse_kv_spec``, ``kv_name``, the per-layer
 ``LayeredKV``, ``parse_layered_kv_spec``, ``layered_kv_name``) are the grammar's,
-:mod:`tqbridge.bridge.kv_spec`.
+:mod:`tqbridge.bridge.blocks.kv_spec`.
 """
 
 from __future__ import annotations
 
 import importlib
 
-_GRAMMAR = "tqbridge.bridge.kv_spec"
+_GRAMMAR = "tqbridge.bridge.blocks.kv_spec"
 _EXPORTS = {
     "TQCache": ".cache", "make_cache": ".cache", "cache_report": ".report", "route_attention": ".routing",
     "KeyCalibration": ".calibration", "CalibrationError": ".calibration",

@@ -14,10 +14,10 @@ classes up by name.
 
 This module holds the formats, the key calibration, the mlx-lm protocol and :class:`BatchTQCache`
 (one layer of several sequences: mlx-lm's batch protocol, which ``TQCache.merge`` enters). The layer's
-blocks and its decode step belong to its :class:`~tqbridge.metal.lm.decoder.LayerDecoder`
+blocks and its decode step belong to its :class:`~tqbridge.metal.attention.decoder.LayerDecoder`
 (``cache.decoder``); :meth:`TQCache.attend` is the attention of a layer under the routing. The rows <->
-blocks codecs are in :mod:`tqbridge.metal.lm.codecs`, the K/V spellings in
-:mod:`tqbridge.bridge.kv_spec` and the per-layer reports in :mod:`tqbridge.metal.lm.report`.
+blocks codecs are in :mod:`tqbridge.metal.codecs`, the K/V spellings in
+:mod:`tqbridge.bridge.blocks.kv_spec` and the per-layer reports in :mod:`tqbridge.metal.lm.report`.
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ import mlx.core as mx
 from mlx_lm.models import cache as _mlx_cache
 
 from tqbridge.bridge import FormatError, display_name, get_format
-from tqbridge.bridge.kv_spec import (DEFAULT_FORMAT, CalibrationError, KeyCalibration, LayeredKV, kv_name,
+from tqbridge.bridge.blocks.kv_spec import (DEFAULT_FORMAT, CalibrationError, KeyCalibration, LayeredKV, kv_name,
                                      parse_layered_kv_spec, split_key_spec)
-from tqbridge.bridge.registry import shown
+from tqbridge.bridge.blocks.registry import shown
 
 from ..backend import emulated_decode_lane
 from ..decode_options import DEFAULT_OPTIONS
 from ..hadamard import hadamard_rotate
 from .calibration import fit as _fit_calibration
-from .codecs import any_nonfinite, dequantizer, gpu_backend, padded_dim, quantizer, rotation_group
-from .decoder import LayerDecoder, routing_active
+from ..codecs import any_nonfinite, dequantizer, gpu_backend, padded_dim, quantizer, rotation_group
+from ..attention.decoder import LayerDecoder, routing_active
 
 __all__ = ["TQCache", "BatchTQCache", "SAVED_NAME", "make_cache", "make_layered_cache", "install_cache", "to_tqcache",
            "layer_count", "ROTATIONS", "DECODE_MODES"]
@@ -56,7 +56,7 @@ _FLOAT_DTYPES = {"f16": mx.float16, "bf16": mx.bfloat16, "f32": mx.float32}
 
 def block_floats(blocks: mx.array, fmt: str) -> "mx.array | None":
     """The float fields of ``fmt`` blocks (uint8, last axis a row's bytes) as floats: every value of a
-    float format; the fp16 ``d`` (and ``m``) leading each of ggml's legacy blocks (bridge/format_types.py's
+    float format; the fp16 ``d`` (and ``m``) leading each of ggml's legacy blocks (bridge/blocks/format_types.py's
     Layout); None for formats without such a view."""
     f = get_format(fmt)
     if f.kind == "float" and f.name in _FLOAT_DTYPES:
@@ -739,7 +739,7 @@ def make_cache(model: Any, k_format: str = DEFAULT_FORMAT, v_format: "str | None
 def make_layered_cache(model: Any, spec: "LayeredKV | str", *, sliding: str = "quantize",
                        rotation: str = "llama", max_kv_size: "int | None" = None) -> list:
     """A prompt cache whose layer ``i`` stores K/V in the pair ``spec`` gives it: a
-    :class:`~tqbridge.bridge.kv_spec.LayeredKV` or its spelling (``q8_0/turbo3[0,1,-2,-1=q8_0/q8_0]``;
+    :class:`~tqbridge.bridge.blocks.kv_spec.LayeredKV` or its spelling (``q8_0/turbo3[0,1,-2,-1=q8_0/q8_0]``;
     a plain pair spelling gives every layer that pair). Layer indices count the model's cache entries
     (one per layer); an index out of range or a layer named twice raises a one-line FormatError.
     Otherwise as :func:`make_cache` (a layer kept in float by ``sliding="float"`` stays float whatever
@@ -1080,7 +1080,7 @@ class BatchTQCache(_mlx_cache._BaseCache):
         t = self.template
         if (queries.shape[2] == 1 and mode in ("auto", "kernel") and not t.calibration and self.keys is not None
                 and _decode_backend(mode) in ("auto", "kernel") and not t.decode_fallback):
-            from ..attention_kernel import prepare_decode
+            from ..attention.kernel import prepare_decode
 
             try:
                 launch = prepare_decode(queries, self.keys, self.values, k_format=t.k_format, v_format=t.v_format,

@@ -24,13 +24,13 @@ produced them (``original``, before the llama.cpp-style Hadamard rotation) or af
 
 Spelling: tools are appended to the K format with ``+``: ``q5_1+mean+scale``,
 ``q5_1+mean+scale=0.75+rotated`` (:class:`KeyCalibration` and its parsing live with the rest of the
-K/V grammar in :mod:`tqbridge.bridge.kv_spec`).
+K/V grammar in :mod:`tqbridge.bridge.blocks.kv_spec`).
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
-from tqbridge.bridge.kv_spec import BASES, DEFAULT_ALPHA, CalibrationError, KeyCalibration
+from tqbridge.bridge.blocks.kv_spec import BASES, DEFAULT_ALPHA, CalibrationError, KeyCalibration
 
 __all__ = ["KeyCalibration", "CalibrationError", "fit", "BASES", "DEFAULT_ALPHA"]
 

@@ -84,8 +84,8 @@ def build_model(name: str, dtype=mx.float16, seed: int = 0):
         model.set_dtype(dtype)
         mx.eval(model.parameters())
         return model, {"model": name, "weights": f"random {dtype}", **cfg}
-    from tqbridge.bridge.gguf_model import load_gguf_model
-    from tqbridge.bridge.models import model_path
+    from tqbridge.bridge.gguf.model import load_gguf_model
+    from tqbridge.bridge.gguf.models import model_path
 
     path = model_path(name) if name in REAL_MODELS else name
     model, _ = load_gguf_model(path)

@@ -1,7 +1,7 @@
 """KV caches across the runtimes: llama.cpp session files <-> mlx-lm prompt-cache files of TQCache layers.
 
 :func:`session_to_prompt_cache` reads a llama.cpp session file (or sequence-state file), checks it
-against the model's GGUF (:func:`tqbridge.bridge.kv_files.check_against_model`) and writes one
+against the model's GGUF (:func:`tqbridge.bridge.llama.kv_files.check_against_model`) and writes one
 :class:`~tqbridge.metal.lm.cache.TQCache` per layer into an mlx-lm prompt-cache file
 (``mlx_lm.models.cache.save_prompt_cache``'s layout). :func:`prompt_cache_to_session` goes back.
 
@@ -31,12 +31,12 @@ import numpy as np
 
 from tqbridge.bridge import get_format
 from tqbridge.bridge.atomic import atomic_output, write_atomic
-from tqbridge.bridge.kv_files import (KVGeometry, check_against_model, kv_geometry, read_session_file,
+from tqbridge.bridge.llama.kv_files import (KVGeometry, check_against_model, kv_geometry, read_session_file,
                                       session_from_layers)
-from tqbridge.bridge.llama_state import LayerKV
+from tqbridge.bridge.llama.state import LayerKV
 
 from .cache import TQCache
-from .codecs import rotation_group
+from ..codecs import rotation_group
 from .prompt_cache import load_prompt_cache
 
 __all__ = ["ConvertError", "layers_to_caches", "caches_to_rows", "requantize", "save_tq_prompt_cache",
@@ -144,7 +144,7 @@ def save_tq_prompt_cache(path: "str | os.PathLike[str]", caches: list, tokens: "
 def _parse_kv(kv: "str | None", default: "tuple[str, str]") -> "tuple[str, str]":
     if kv is None:
         return default
-    from tqbridge.bridge.kv_spec import parse_kv
+    from tqbridge.bridge.blocks.kv_spec import parse_kv
 
     k, v = parse_kv(kv)
     return get_format(k).key, get_format(v).key

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 from .cache import DECODE_MODES, BatchTQCache, TQCache
-from .decoder import routed_block
+from ..attention.decoder import routed_block
 
 __all__ = ["route_attention", "DECODE_MODES"]
 

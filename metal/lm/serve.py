@@ -83,12 +83,12 @@ def check_address(server_args: "list[str]") -> "tuple[str, int]":
 def model_dir(model: str) -> Path:
     """The mlx-lm model directory to serve for ``model``: a directory as it is (it must hold mlx-lm's
     config.json and tokenizer files), or a GGUF path / bundled model name converted once by
-    :func:`tqbridge.bridge.mlx_export.write_mlx_dir` into ``<tqbridge cache>/mlx-models/`` (keyed by
+    :func:`tqbridge.bridge.gguf.mlx_export.write_mlx_dir` into ``<tqbridge cache>/mlx-models/`` (keyed by
     the GGUF's path, size and modification time)."""
     from tqbridge.bridge.environ import cache_dir
-    from tqbridge.bridge.gguf_model import GGUFModelError
-    from tqbridge.bridge.mlx_export import write_mlx_dir
-    from tqbridge.bridge.models import ModelUnavailable, model_path
+    from tqbridge.bridge.gguf.model import GGUFModelError
+    from tqbridge.bridge.gguf.mlx_export import write_mlx_dir
+    from tqbridge.bridge.gguf.models import ModelUnavailable, model_path
 
     p = Path(model)
     if p.is_dir():

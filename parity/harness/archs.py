@@ -1,6 +1,6 @@
 """Logits parity on the tiny random-weight model of every architecture the loader builds.
 
-For each architecture of :data:`tqbridge.bridge.gguf_fixtures.FIXTURES` a tiny float32 GGUF is written
+For each architecture of :data:`tqbridge.bridge.gguf.fixtures.FIXTURES` a tiny float32 GGUF is written
 (llama.cpp's names and keys), then llama.cpp (llama-cpp-python) and the mlx-lm model tqbridge builds
 from the same file (tqbridge's block cache) read the same random token ids; the last ``decode`` of them
 are decode steps in both runtimes (one token per evaluation). Three configurations (:data:`CONFIGS`),
@@ -28,8 +28,8 @@ from typing import Callable
 
 import numpy as np
 
-from tqbridge.bridge.gguf_archs import ARCHS
-from tqbridge.bridge.gguf_fixtures import FIXTURES, N_VOCAB, write_fixture
+from tqbridge.bridge.gguf.archs import ARCHS
+from tqbridge.bridge.gguf.fixtures import FIXTURES, N_VOCAB, write_fixture
 
 from .metrics import compare_logits
 from .runtimes import KV, LlamaCppRuntime, MLXRuntime
@@ -149,7 +149,7 @@ def run_archs(workdir: "str | Path", archs: "list[str] | None" = None, *, n_toke
 
 
 def _arch_of(path: "str | Path") -> str:
-    from tqbridge.bridge.gguf_model import read_gguf
+    from tqbridge.bridge.gguf.model import read_gguf
 
     return read_gguf(path, dequantize=False).arch
 

@@ -24,7 +24,7 @@ import dataclasses
 import numpy as np
 
 from tqbridge.bridge import dequantize, get_format, quantize
-from tqbridge.bridge import rotation as turbo_rotation
+from tqbridge.bridge.blocks import rotation as turbo_rotation
 
 VOCAB = 96
 HEAD_DIM = 128
@@ -40,7 +40,7 @@ def planted_decode(name: str, blocks: np.ndarray) -> np.ndarray:
     fmt = get_format(PLANTED.get(name, name))
     if name not in PLANTED:
         return dequantize(fmt, blocks, blocks.shape[-1] // fmt.type_size * fmt.block_size)
-    from tqbridge.bridge.turbo import SPECS, TurboCodec
+    from tqbridge.bridge.blocks.turbo import SPECS, TurboCodec
 
     spec = SPECS[fmt.key]
     b = np.ascontiguousarray(blocks, np.uint8).reshape(-1, spec.block_bytes)

@@ -1,9 +1,9 @@
 """Golden files made by the TurboQuant fork, so CI checks TQCache and our kernel against it without a build.
 
 ``python -m tqbridge.parity.harness.fork_goldens --llama BUILD --out DIR`` runs the fork (a build
-directory, see :mod:`tqbridge.bridge.llama_build`) on a short SmolLM2 prompt with F32 weights and
+directory, see :mod:`tqbridge.bridge.llama.build`) on a short SmolLM2 prompt with F32 weights and
 writes ``DIR/<variant>.npz`` holding, per K/V pair and per layer, what the fork's eval callback saw
-(:func:`tqbridge.bridge.llama_capture.capture_run`):
+(:func:`tqbridge.bridge.llama.capture.capture_run`):
 
 - ``{pair}/L{il}/k_rows``, ``v_rows``: the float32 rows the fork quantized into its cache (after RoPE,
   zero-padded to 128 per head for turbo types), in the order written;
@@ -43,13 +43,13 @@ def golden_tokens(gguf_path: str, n: int) -> "list[int]":
 def make_goldens(gguf_path: str, pairs=PAIRS, *, n_tokens: int = PROMPT_TOKENS + DECODE_STEPS,
                  decode: int = DECODE_STEPS) -> dict[str, np.ndarray]:
     """The arrays of one variant's file; the build must be selected already."""
-    from tqbridge.bridge.llama_side import selected
-    from tqbridge.bridge.llama_capture import capture_run
+    from tqbridge.bridge.llama.side import selected
+    from tqbridge.bridge.llama.capture import capture_run
 
     info = selected()
     if info is None or not info.variant:
         raise SystemExit("fork goldens need a TurboQuant fork build: --llama BUILD")
-    from tqbridge.bridge.kv_spec import qualify_variant, split_kv
+    from tqbridge.bridge.blocks.kv_spec import qualify_variant, split_kv
     from tqbridge.parity.harness.level_cache import gguf_head_dim
 
     tokens = golden_tokens(gguf_path, n_tokens)
@@ -85,9 +85,9 @@ def make_goldens(gguf_path: str, pairs=PAIRS, *, n_tokens: int = PROMPT_TOKENS +
 
 
 def main(argv: "list[str] | None" = None) -> int:
-    from tqbridge.bridge.gguf_f32 import cached_f32_gguf
-    from tqbridge.bridge.llama_build import select
-    from tqbridge.bridge.models import model_path
+    from tqbridge.bridge.gguf.f32 import cached_f32_gguf
+    from tqbridge.bridge.llama.build import select
+    from tqbridge.bridge.gguf.models import model_path
 
     ap = argparse.ArgumentParser(prog="python -m tqbridge.parity.harness.fork_goldens")
     ap.add_argument("--llama", required=True, metavar="BUILD", help="a TurboQuant fork build directory")

@@ -3,12 +3,12 @@
 For one decode step (one query row per head, every key visible), the same q and the same raw K/V
 blocks go to
 
-- ggml's CPU ``flash_attn_ext`` (:mod:`tqbridge.bridge.ggml_graph`): the kernel llama.cpp runs;
+- ggml's CPU ``flash_attn_ext`` (:mod:`tqbridge.bridge.llama.ggml_graph`): the kernel llama.cpp runs;
 - tqbridge's ``decode_attention`` on each requested backend (``reference``: MLX ops,
   ``cpu-emulator``: the fused kernel's own source on the CPU SIMT emulator, ``cuda``/``metal``
   where present);
 - the float64 oracle over the bridge's dequantization and its error bound for a float32
-  implementation (:func:`tqbridge.metal.attention_ref.oracle`).
+  implementation (:func:`tqbridge.metal.attention.ref.oracle`).
 
 The claim (it sets ``passed``): **every component of ours is within the oracle's bound**,
 ``|ours - oracle| <= bound``, with the bound computed for the serial accumulation chain the path
@@ -30,8 +30,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from tqbridge.bridge import get_format, quantize
-from tqbridge.bridge.kv_spec import LLAMA_EXAMPLE_KV, TURBO_FORMAT, split_kv
-from tqbridge.bridge.registry import names
+from tqbridge.bridge.blocks.kv_spec import LLAMA_EXAMPLE_KV, TURBO_FORMAT, split_kv
+from tqbridge.bridge.blocks.registry import names
 
 # KV types ggml's CPU flash attention accepts in llama.cpp's KV cache (the registry's flash_attn).
 GGML_FA_FORMATS = names(lambda f: f.flash_attn)
@@ -73,7 +73,7 @@ def judge_ours(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray, *, k_format, v_fo
     (name -> (output, the ``last_run()`` of the call that made it)), judged as the backends are.
     Returns ({backend or given name: record}, {name: errors})."""
     from tqbridge.metal import attention
-    from tqbridge.metal.attention_ref import oracle
+    from tqbridge.metal.attention.ref import oracle
 
     kf, vf = get_format(k_format), get_format(v_format)
     kw = dict(k_format=kf, v_format=vf, length=int(length), scale=float(scale), window=window,
@@ -128,7 +128,7 @@ def judge_ours(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray, *, k_format, v_fo
 def fork_has(fmt) -> bool:
     """Whether this process's llama.cpp side is a TurboQuant fork build that has ``fmt`` (its own turbo
     variant, or an upstream ggml type)."""
-    from tqbridge.bridge.llama_side import selected, type_table
+    from tqbridge.bridge.llama.side import selected, type_table
 
     info = selected()
     return info is not None and bool(info.variant) and any(f.key == fmt.key for f in type_table().values())
@@ -139,10 +139,10 @@ def fork_flash_attn(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, k
     """The fork's ``flash_attn_ext`` over its own turbo blocks, as its graph calls it: q zero-padded to
     the K rows' width and rotated (TURBO_WHT forward) when K is turbo, the output rotated back (inverse)
     when V is turbo, then cut to the head dim. q: (Hq, D); returns (Hq, D)."""
-    from tqbridge.bridge import rotation as turbo_rotation
-    from tqbridge.bridge.ggml_c import type_id
-    from tqbridge.bridge.ggml_graph import flash_attn_ext
-    from tqbridge.bridge.padding import padded_dim
+    from tqbridge.bridge.blocks import rotation as turbo_rotation
+    from tqbridge.bridge.llama.ggml_c import type_id
+    from tqbridge.bridge.llama.ggml_graph import flash_attn_ext
+    from tqbridge.bridge.blocks.padding import padded_dim
 
     hq, d = q.shape
     dk, dv = padded_dim(kf, d), padded_dim(vf, d)
@@ -168,7 +168,7 @@ def attention_case(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, *,
     ggml's ``flash_attn_ext`` runs beside ours when it can (ggml formats, no window, no rotation);
     the other options (``window``, ``softcap``, ``rotation``: llama.cpp's Hadamard groups of the
     stored rows) are judged against the oracle alone."""
-    from tqbridge.bridge.ggml_graph import flash_attn_ext
+    from tqbridge.bridge.llama.ggml_graph import flash_attn_ext
     from tqbridge.parity.harness.llama_arith import VEC_DOT_TYPE, bound_ratio, ulp_error
     from tqbridge.parity.harness.llama_arith import attention as llama_attention
 
@@ -228,7 +228,7 @@ def random_problem(k_format: str, v_format: str, *, q_heads: int = 8, kv_heads: 
 
 def quantize_padded(fmt, x: np.ndarray) -> np.ndarray:
     """Rows zero-padded to the format's block (turbo: 64 -> 128, as the fork pads heads), quantized."""
-    from tqbridge.bridge.padding import pad_rows
+    from tqbridge.bridge.blocks.padding import pad_rows
 
     return quantize(fmt, pad_rows(fmt, x))
 

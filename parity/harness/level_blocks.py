@@ -12,7 +12,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from tqbridge import bridge
-from tqbridge.bridge.registry import names
+from tqbridge.bridge.blocks.registry import names
 
 # The formats ggml's C library quantizes: those with an upstream ggml type id. The turbo types exist
 # only in the TurboQuant forks: with a fork build chosen (--llama) they join (:func:`level_formats`);
@@ -23,7 +23,7 @@ GGML_FORMATS = names(lambda f: f.ggml_id is not None)
 def level_formats() -> "list[str]":
     """The formats this process's llama.cpp side quantizes in C: upstream's, plus a fork build's turbo
     types (its variant)."""
-    from tqbridge.bridge.llama_side import selected, turbo_variants
+    from tqbridge.bridge.llama.side import selected, turbo_variants
 
     out = list(GGML_FORMATS)
     info = selected()
@@ -35,7 +35,7 @@ def level_formats() -> "list[str]":
 def turbo_rows() -> np.ndarray:
     """Rows for the turbo types (128-value groups): the adversarial families over two groups, and
     64-value heads zero-padded to one group as the fork pads them (values, then 64 zeros)."""
-    from tqbridge.bridge.padding import pad_rows
+    from tqbridge.bridge.blocks.padding import pad_rows
     from tqbridge.parity.plugin.strategies import adversarial_rows
 
     wide = adversarial_rows(block_size=128, n_blocks=2, per_family=24)
@@ -69,7 +69,7 @@ def run_blocks_level(formats: "Iterable[str] | None" = None, *, rows: "np.ndarra
 def _entry(fmt, x: np.ndarray, kb: "list[str]", mx) -> dict[str, Any]:
     """One format: ggml's C bytes vs every path of ours; a turbo format (a fork build) is also decoded by
     the build's ``to_float`` and compared with our rotated-basis decoder bit for bit."""
-    from tqbridge.bridge import ggml_c
+    from tqbridge.bridge.llama import ggml_c
     from tqbridge.metal import quantize_append
 
     x = np.ascontiguousarray(x, dtype=np.float32)

@@ -1,6 +1,6 @@
 """Level 2, cache: llama.cpp's KV cache bytes against tqbridge's after the same prompt.
 
-Two comparisons per K/V pair, both on llama.cpp's state blob (:mod:`tqbridge.bridge.llama_state`):
+Two comparisons per K/V pair, both on llama.cpp's state blob (:mod:`tqbridge.bridge.llama.state`):
 
 - **same inputs** — llama.cpp's own float K/V of a layer (from an F32 cache of the same prompt)
   quantized by tqbridge, against the blocks llama.cpp wrote for that layer. At layer 0 the K/V
@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from tqbridge.bridge import dequantize, get_format
-from tqbridge.bridge.llama_state import LlamaState, parse_state
-from tqbridge.bridge.stored_kv import read_stored
+from tqbridge.bridge.llama.state import LlamaState, parse_state
+from tqbridge.bridge.llama.stored_kv import read_stored
 
 # Formats whose same-inputs check is known to fail, with the measured reason (none at present).
 KNOWN_DIFFERENCES: dict[str, str] = {}
@@ -39,7 +39,7 @@ KNOWN_DIFFERENCES: dict[str, str] = {}
 
 def block_diff(a: np.ndarray, b: np.ndarray, fmt: Any, values_per_row: int) -> dict[str, Any]:
     """Share of differing blocks and values between two (rows, row_bytes) arrays of ``fmt``."""
-    from tqbridge.bridge.padding import padded_dim
+    from tqbridge.bridge.blocks.padding import padded_dim
 
     fmt = get_format(fmt)
     values_per_row = padded_dim(fmt, values_per_row)   # turbo heads of 64 are stored padded to 128

@@ -34,7 +34,7 @@ nothing cascades between layers, and the only allowance is the oracle's derived 
    statement, byte for byte) gives for the K/V rows the layer appended, and they include every key the
    step's query sees (``start`` at most the first visible position);
 3. **attention**: the lane's output is within the float64 oracle's error bound
-   (:func:`tqbridge.metal.attention_ref.oracle`, the attention level's claim) computed over those
+   (:func:`tqbridge.metal.attention.ref.oracle`, the attention level's claim) computed over those
    reference blocks with the layer's window and the accumulation chain the kernel reports.
 
 And the setup must have exercised the bookkeeping: at least one slide on every windowed layer and one
@@ -155,7 +155,7 @@ class _Layer:
         self.cache.update_and_fetch = update_and_fetch   # this instance only
 
     def _reference_blocks(self) -> tuple[np.ndarray, np.ndarray]:
-        from tqbridge.metal.lm.codecs import padded_dim
+        from tqbridge.metal.codecs import padded_dim
         from tqbridge.metal.kv_append import reference_append
 
         c = self.cache
@@ -209,8 +209,8 @@ class _Layer:
     def _judge(self, queries, out, scale: float, run: dict) -> None:
         import mlx.core as mx
 
-        from tqbridge.metal.attention_problem import check_problem, visible_range
-        from tqbridge.metal.attention_ref import UNIT_ROUNDOFF, oracle
+        from tqbridge.metal.attention.problem import check_problem, visible_range
+        from tqbridge.metal.attention.ref import UNIT_ROUNDOFF, oracle
         from tqbridge.parity.harness.level_attention import bound_ratio
 
         c = self.cache
@@ -251,11 +251,11 @@ class _Layer:
 def run_lane(gguf_path: str, tokens: "list[int]", kv: str, *, rotation: bool = True, window: int = LANE_WINDOW,
              step: int = LANE_STEP, decode: int = LANE_DECODE, progress=None, model=None) -> dict[str, Any]:
     """The lane level on ``tokens`` (the last ``decode`` are decode steps) for one K/V pair; a JSON-ready
-    dict. ``gguf_path``: the model (any GGUF :func:`tqbridge.bridge.gguf_model.load_gguf_model` builds);
+    dict. ``gguf_path``: the model (any GGUF :func:`tqbridge.bridge.gguf.model.load_gguf_model` builds);
     ``model``: that mlx-lm model already built (runs share it; it holds no state between runs)."""
     import mlx.core as mx
 
-    from tqbridge.bridge.gguf_model import load_gguf_model
+    from tqbridge.bridge.gguf.model import load_gguf_model
     from tqbridge.metal.lm.cache import TQCache, make_cache
     from tqbridge.metal.lm.routing import route_attention
     from tqbridge.parity.harness.runtimes import KV

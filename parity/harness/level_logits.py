@@ -35,11 +35,11 @@ from typing import Callable
 import numpy as np
 
 from tqbridge.bridge.evaluation_text import evaluation_text
-from tqbridge.bridge.kv_spec import LOGITS_KV
+from tqbridge.bridge.blocks.kv_spec import LOGITS_KV
 
 from .metrics import compare_logits
 from .runtimes import KV, LlamaCppRuntime, MLXRuntime, release_memory, swa_pattern
-from tqbridge.bridge.stored_kv import StoredKV, read_stored
+from tqbridge.bridge.llama.stored_kv import StoredKV, read_stored
 
 # The issue's goal for identical weights and an f16 cache.
 FLOAT_KL_GOAL = 1e-5
@@ -49,7 +49,7 @@ FLOAT_TOP1_GOAL = 0.999
 # is the quantized cache inside llama.cpp, measured against llama.cpp's f16 cache.
 BASELINE_RATIO = 2.0
 
-DEFAULT_KV = LOGITS_KV     # the default pairs (named in tqbridge.bridge.kv_spec)
+DEFAULT_KV = LOGITS_KV     # the default pairs (named in tqbridge.bridge.blocks.kv_spec)
 
 
 def parity_text() -> tuple[str, str]:
@@ -103,7 +103,7 @@ def run_logits(model: "str | Path", kv_list: "list[str]", *, n_tokens: int = 256
     """Run the matrix. ``model`` is a .gguf path (already resolved). The last ``decode`` of the
     ``n_tokens`` positions are decode steps in both runtimes (one token per evaluation; on the MLX
     side through tqbridge's decode routing), reported apart as ``decode_*``."""
-    from tqbridge.bridge.gguf_f32 import cached_f32_gguf
+    from tqbridge.bridge.gguf.f32 import cached_f32_gguf
 
     say = progress or (lambda msg: None)
     kvs = [KV.parse(s) for s in kv_list]
@@ -186,7 +186,7 @@ def run_logits(model: "str | Path", kv_list: "list[str]", *, n_tokens: int = 256
 def stored_types(blob: bytes, kv: KV, gguf_path, model=None) -> StoredKV:
     """What llama.cpp stored for ``kv`` per layer (``blob``: its state after the run); ``model``: the
     mlx-lm model, for the sliding-window pattern of a state with several cache records."""
-    from tqbridge.bridge.llama_state import parse_state
+    from tqbridge.bridge.llama.state import parse_state
 
     state = parse_state(blob)
     swa = swa_pattern(model) if len(state.caches) > 1 and model is not None else None

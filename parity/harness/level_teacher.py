@@ -2,7 +2,7 @@
 
 With a quantized cache the two runtimes part after layer 0 (quantization steps flip and feed the next
 layer), so end-to-end comparisons sit on a noise floor. Here nothing cascades: llama.cpp runs once
-with the cache type under test (:func:`tqbridge.bridge.llama_capture.capture_run`, its eval callback),
+with the cache type under test (:func:`tqbridge.bridge.llama.capture.capture_run`, its eval callback),
 and every layer of tqbridge is given exactly what that layer of llama.cpp was given:
 
 - **cache bytes (claim, exact)**: the float rows llama.cpp quantized into its cache (after RoPE and
@@ -38,7 +38,7 @@ and every layer of tqbridge is given exactly what that layer of llama.cpp was gi
   routing error anywhere in the model's path (its config, mlx-lm's module, tqbridge's routing and
   cache) fails one of the two, while the attention claim above (fed llama.cpp's parameters) holds.
 - **mask (claim)**: the key positions llama.cpp's mask lets each of those query rows see are the
-  ones tqbridge's causal/window convention (:func:`tqbridge.metal.attention_problem.visible_range`) gives
+  ones tqbridge's causal/window convention (:func:`tqbridge.metal.attention.problem.visible_range`) gives
   with the layer's window in tqbridge's model (:func:`model_windows`; Gemma 3's local layers: 512,
   so a prompt longer than that is needed to exercise it).
 """
@@ -108,7 +108,7 @@ def q_bound(module, x: np.ndarray, q: np.ndarray, position: int) -> "np.ndarray 
 
 
 # llama.cpp's attention output recomputed with its own arithmetic is a claim where that arithmetic was
-# validated against ggml (x86-64: the SIMD q8_0/q8_1 rounding of tqbridge.bridge.q8_act); elsewhere
+# validated against ggml (x86-64: the SIMD q8_0/q8_1 rounding of tqbridge.bridge.blocks.q8_act); elsewhere
 # the record is kept as information.
 ARITH_CLAIMED = platform.machine().lower() in ("x86_64", "amd64")
 
@@ -142,9 +142,9 @@ def bytes_check(ours: np.ndarray, llama: np.ndarray, rows: np.ndarray, fmt) -> d
     llama.cpp's bytes are ggml-cpu's ``from_float`` of the rows (what SET_ROWS calls), and every block
     where ours differs from llama.cpp's is one where ``from_float`` and the reference quantizer
     disagree (q8_0 on x86: ``127/amax`` and round-half-even vs ``1/d`` and ``roundf``,
-    :mod:`tqbridge.bridge.ggml_cpu`); there ours must equal the reference. The reference is ggml's own C
+    :mod:`tqbridge.bridge.llama.ggml_cpu`); there ours must equal the reference. The reference is ggml's own C
     (``from_float_ref``), never our quantizer: a bug shared by our numpy and MLX codecs is not explained."""
-    from tqbridge.bridge.ggml_cpu import c_reference_quantize, cpu_from_float
+    from tqbridge.bridge.llama.ggml_cpu import c_reference_quantize, cpu_from_float
 
     hkv, n = ours.shape[:2]
     x = np.ascontiguousarray(rows.reshape(n, hkv, -1).transpose(1, 0, 2))
@@ -215,9 +215,9 @@ def _unrotate(x: np.ndarray, group: int) -> np.ndarray:
 
 def teacher_model(gguf_path: str) -> "tuple[Any, list[int], int]":
     """tqbridge's model of the GGUF as the teacher level judges it: ``(model, windows, head_dim)`` —
-    the mlx-lm model (:func:`tqbridge.bridge.gguf_model.load_gguf_model`), the sliding window of each
+    the mlx-lm model (:func:`tqbridge.bridge.gguf.model.load_gguf_model`), the sliding window of each
     layer as its TQCaches get it (:func:`tqbridge.metal.lm.cache.make_cache`; 0 for none) and its head dim."""
-    from tqbridge.bridge.gguf_model import load_gguf_model
+    from tqbridge.bridge.gguf.model import load_gguf_model
     from tqbridge.metal.lm.cache import make_cache
 
     model, cfg = load_gguf_model(gguf_path)
@@ -235,7 +235,7 @@ def model_windows(gguf_path: str, with_head_dim: bool = False):
 def _f32_projections(gguf_path: str) -> bool:
     """Whether every attention projection (``attn_q/k/v``) of the GGUF is stored as F32 (llama.cpp then
     multiplies in float32; quantized weights make it round activations to q8_1 first)."""
-    from tqbridge.bridge.gguf_io import validate
+    from tqbridge.bridge.gguf.io import validate
 
     types = [t.type_id for t in validate(gguf_path).tensors
              if t.name.startswith("blk.") and t.name.rsplit(".", 2)[-2] in ("attn_q", "attn_k", "attn_v")]
@@ -244,10 +244,10 @@ def _f32_projections(gguf_path: str) -> bool:
 
 def layer_formats(L, kv) -> tuple:
     """The K and V formats one captured layer's cache holds: the types of the tensors llama.cpp's flash
-    attention read (a build may store other types than asked: :mod:`tqbridge.bridge.stored_kv`); the
+    attention read (a build may store other types than asked: :mod:`tqbridge.bridge.llama.stored_kv`); the
     requested pair ``kv`` only when the capture has no types."""
     from tqbridge.bridge import get_format
-    from tqbridge.bridge.llama_state import format_for_type
+    from tqbridge.bridge.llama.state import format_for_type
 
     if L.k_type >= 0 and L.v_type >= 0:
         return format_for_type(L.k_type), format_for_type(L.v_type)
@@ -341,15 +341,15 @@ def model_path_layer(layer_module, L, kv, *, window: int, head_dim: int, q_claim
 def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], window: int = 0,
                   attention: bool = True, head_dim: "int | None" = None, layer_module=None,
                   q_claimed: bool = False) -> dict[str, Any]:
-    """Every check on one captured layer (:class:`tqbridge.bridge.llama_capture.LayerCapture`).
+    """Every check on one captured layer (:class:`tqbridge.bridge.llama.capture.LayerCapture`).
     ``window``: the layer's sliding window in tqbridge's model (0: none). ``head_dim``: the model's
     (the TurboQuant fork zero-pads turbo heads to 128: its q and output are cut back to it).
     ``layer_module``: the layer's attention module in tqbridge's model, for the model-path claim
     (:func:`model_path_layer`; not run without it); ``q_claimed``: its q comparison is a claim."""
     import mlx.core as mx
 
-    from tqbridge.bridge.registry import display_name
-    from tqbridge.metal.attention_problem import visible_range
+    from tqbridge.bridge.blocks.registry import display_name
+    from tqbridge.metal.attention.problem import visible_range
     from tqbridge.metal.hadamard import hadamard_rotate
     from tqbridge.parity.harness.level_attention import judge_ours
     from tqbridge.parity.harness.llama_arith import bound_ratio, reproduces, ulp_error
@@ -358,7 +358,7 @@ def teacher_layer(L, kv, *, rotation: bool, rows: int, backends: Iterable[str], 
     kf, vf = layer_formats(L, kv)
     for side, fmt, group in (("K", kf, L.k_rot), ("V", vf, L.v_rot)):
         if group and fmt.kind == "turbo":
-            from tqbridge.bridge.llama_side import LlamaBuildError
+            from tqbridge.bridge.llama.side import LlamaBuildError
 
             raise LlamaBuildError(f"llama.cpp rotated its {fmt.key} {side} cache with upstream's Hadamard "
                                   "rotation on top of turbo's own (this build applies LLAMA_ATTN_ROT to every "
@@ -465,8 +465,8 @@ def run_teacher(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, decode
     ``model``: :func:`teacher_model`'s triple, when the caller has it (else it is built from the GGUF);
     ``windows``: each layer's sliding window in tqbridge's model, overriding the model's;
     ``model_path``: run the model-path claim (it needs the model: with only ``windows`` given it does not run)."""
-    from tqbridge.bridge.llama_capture import capture_run
-    from tqbridge.bridge.stored_kv import StoredKV, explain, layered_spelling, model_heads
+    from tqbridge.bridge.llama.capture import capture_run
+    from tqbridge.bridge.llama.stored_kv import StoredKV, explain, layered_spelling, model_heads
     from tqbridge.parity.harness.runtimes import KV
 
     # llama.cpp's runs first (each loads and frees its model), then tqbridge's model: the two runtimes'
@@ -528,7 +528,7 @@ def run_teacher(gguf_path: str, tokens: "list[int]", kvs: "list[str]", *, decode
 
 
 def _variant() -> "str | None":
-    from tqbridge.bridge.llama_side import selected
+    from tqbridge.bridge.llama.side import selected
 
     info = selected()
     return info.variant if info is not None else None

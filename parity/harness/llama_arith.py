@@ -6,7 +6,7 @@ The steps (ggml-cpu ``ops.cpp``, the one-chunk path that decode with a quantized
 written here independently):
 
 1. q is converted to the K type's ``vec_dot_type`` (ggml-cpu's ``from_float``): q8_0 for q8_0, q4_0,
-   q5_0 and iq4_nl K; q8_1 for q4_1 and q5_1 (:mod:`tqbridge.bridge.q8_act`, the x86 SIMD arithmetic
+   q5_0 and iq4_nl K; q8_1 for q4_1 and q5_1 (:mod:`tqbridge.bridge.blocks.q8_act`, the x86 SIMD arithmetic
    by default); f16 for an f16 K.
 2. Each score is the K type's ``vec_dot`` with that: per 32-value block an integer dot of the codes
    times ``d_k * d_q`` (f16 scales, their product exact in float32), plus ``m_k * s_q`` for q4_1 / q5_1
@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from tqbridge.bridge import all_formats, dequantize, get_format
-from tqbridge.bridge import q8_act
-from tqbridge.bridge.legacy_fields import layout, split_blocks
+from tqbridge.bridge.blocks import q8_act
+from tqbridge.bridge.blocks.legacy_fields import layout, split_blocks
 
 # The K type's vec_dot_type in ggml-cpu (the registry's, checked against ggml_get_type_traits_cpu in the
 # tests), for the K/V types whose llama.cpp cache runs flash_attn_ext: the ones this module reproduces.
@@ -349,7 +349,7 @@ def compare_with_ggml(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray,
     """This reference and ggml's ``flash_attn_ext`` (ctypes) on one problem: |ours - ggml| against the
     derived bound (``bound_ratio`` <= 1 passes), the ulps as information. ``ours``: judge this output in
     place of the reference's (the bound stays the reference's: a planted difference)."""
-    from tqbridge.bridge.ggml_graph import flash_attn_ext
+    from tqbridge.bridge.llama.ggml_graph import flash_attn_ext
 
     kf, vf = get_format(k_format), get_format(v_format)
     d = q.shape[1]

@@ -11,7 +11,7 @@ never a traceback). The run's exit code follows from them (:func:`exit_code`):
 - ``EXIT_UNJUDGED`` (3): no claim failed, but at least one level could not judge.
 
 Against a llama.cpp build that stores other cache types than asked (the TurboQuant fork's rules,
-:mod:`tqbridge.bridge.stored_kv`), the types are first read from the build (:func:`probe_stored`):
+:mod:`tqbridge.bridge.llama.stored_kv`), the types are first read from the build (:func:`probe_stored`):
 by default tqbridge's caches store what the build stored, layer by layer, and the reports name the
 stored types beside the request; ``fork_rules="off"`` switches the fork's rules off for the run
 instead (its environment variables, set before the first context).
@@ -23,7 +23,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tqbridge.bridge.kv_spec import DEFAULT_FORMAT, kv_name, qualify_variant
+from tqbridge.bridge.blocks.kv_spec import DEFAULT_FORMAT, kv_name, qualify_variant
 
 LEVELS = ("blocks", "attention", "logits", "cache", "teacher", "lane", "transplant")
 # teacher belongs in every default: the default levels without it let through 5 of 7 planted MLX-side bugs
@@ -149,9 +149,9 @@ class LlamaLog:
 
     def take(self, where: str) -> "list[dict]":
         """Drain the shim's log; returns the entries first seen now (for printing)."""
-        from tqbridge.bridge.llama_side import selected
-        from tqbridge.bridge.llama_shim import Shim
-        from tqbridge.bridge.stored_kv import RULE_LOG_MARKERS
+        from tqbridge.bridge.llama.side import selected
+        from tqbridge.bridge.llama.shim import Shim
+        from tqbridge.bridge.llama.stored_kv import RULE_LOG_MARKERS
 
         info = selected()
         if info is None:
@@ -182,9 +182,9 @@ class LlamaLog:
 
 def probe_stored(path, kv_list: "list[str]", rotation: bool) -> "dict[str, dict]":
     """What the selected build stores for each K/V pair, per layer: one context per pair on two tokens,
-    its state blob read back (:func:`tqbridge.bridge.stored_kv.read_stored`). Empty without a build."""
-    from tqbridge.bridge.llama_side import selected
-    from tqbridge.bridge.stored_kv import read_stored
+    its state blob read back (:func:`tqbridge.bridge.llama.stored_kv.read_stored`). Empty without a build."""
+    from tqbridge.bridge.llama.side import selected
+    from tqbridge.bridge.llama.stored_kv import read_stored
     from tqbridge.parity.harness.runtimes import KV, LlamaCppRuntime
 
     if selected() is None:
@@ -332,7 +332,7 @@ def _attention(path, kv_list, opts, say, shared) -> dict:
 def _inputs(path, opts, say, shared) -> dict:
     """The exact-weights copy and the tokens the cache-reading levels share (made once)."""
     if "f32" not in shared:
-        from tqbridge.bridge.gguf_f32 import cached_f32_gguf
+        from tqbridge.bridge.gguf.f32 import cached_f32_gguf
         from tqbridge.parity.harness.level_logits import parity_text
         from tqbridge.parity.harness.runtimes import LlamaCppRuntime
 

@@ -2,7 +2,7 @@
 
 - :class:`LlamaCppRuntime`: llama.cpp through llama-cpp-python (``type_k``/``type_v``, flash
   attention, logits for every position, the KV state blob, its automatic KV rotation on or off).
-- :class:`MLXRuntime`: the mlx-lm model built from the same GGUF (:mod:`tqbridge.bridge.gguf_model`)
+- :class:`MLXRuntime`: the mlx-lm model built from the same GGUF (:mod:`tqbridge.bridge.gguf.model`)
   with a pluggable cache factory ``(model, k_format, v_format) -> list of per-layer caches``;
   the default is tqbridge's block cache (:func:`tqbridge.metal.lm.cache.make_cache`).
 
@@ -21,9 +21,9 @@ from typing import Any, Callable
 import numpy as np
 
 from tqbridge.bridge.environ import scoped_environ
-from tqbridge.bridge.kv_spec import LLAMA_EXAMPLE_KV, is_layered, kv_name, split_kv
+from tqbridge.bridge.blocks.kv_spec import LLAMA_EXAMPLE_KV, is_layered, kv_name, split_kv
 from tqbridge.bridge.mlx_blas import prefer_fast_blas
-from tqbridge.bridge.registry import get_format, names, shown
+from tqbridge.bridge.blocks.registry import get_format, names, shown
 
 # KV types llama.cpp's CPU backend accepts for its cache (ggml names; the registry's llama_kv).
 LLAMA_KV_TYPES = names(lambda f: f.llama_kv)
@@ -61,7 +61,7 @@ class KV:
 def llama_kv_types() -> dict[str, int]:
     """KV cache types of this process's llama.cpp side, name -> ggml type id: llama-cpp-python's
     build takes :data:`LLAMA_KV_TYPES`; a build chosen with ``--llama`` also its turbo types."""
-    from tqbridge.bridge.llama_side import kv_types, selected
+    from tqbridge.bridge.llama.side import kv_types, selected
 
     if selected() is not None:
         return kv_types()
@@ -89,7 +89,7 @@ def release_memory() -> None:
 
 class LlamaCppRuntime:
     """llama.cpp (CPU), one context per call: llama-cpp-python's build, or the build chosen with
-    :func:`tqbridge.bridge.llama_build.select` (any llama.cpp, the TurboQuant fork included, through
+    :func:`tqbridge.bridge.llama.build.select` (any llama.cpp, the TurboQuant fork included, through
     tqbridge's shim compiled against that build's headers).
 
     ``rotation``: llama.cpp's automatic Hadamard rotation of quantized KV caches (read from
@@ -101,8 +101,8 @@ class LlamaCppRuntime:
 
     def __init__(self, gguf_path: "str | os.PathLike[str]", *, flash_attn: bool = True,
                  rotation: bool = True, n_threads: "int | None" = None):
-        from tqbridge.bridge.llama_compat import ensure_compatible
-        from tqbridge.bridge.llama_side import selected
+        from tqbridge.bridge.llama.compat import ensure_compatible
+        from tqbridge.bridge.llama.side import selected
 
         ensure_compatible()  # version, names and layouts of llama-cpp-python before any use
         self.build = selected()
@@ -115,7 +115,7 @@ class LlamaCppRuntime:
         self.last_state: "bytes | None" = None
 
     def _type_id(self, fmt: str) -> int:
-        from tqbridge.bridge.llama_side import LlamaBuildError, kv_type_id
+        from tqbridge.bridge.llama.side import LlamaBuildError, kv_type_id
 
         if self.build is not None:
             try:
@@ -130,14 +130,14 @@ class LlamaCppRuntime:
         if self.build is not None:
             shim, model = self._shim_model()
             return shim.tokenize(model, text, add_special=add_bos)
-        from tqbridge.bridge.tokenizer import GGUFTokenizer
+        from tqbridge.bridge.gguf.tokenizer import GGUFTokenizer
 
         if self._vocab is None:
             self._vocab = GGUFTokenizer(self.path)
         return self._vocab.encode(text, add_bos=add_bos)
 
     def _shim_model(self):
-        from tqbridge.bridge.llama_shim import Shim
+        from tqbridge.bridge.llama.shim import Shim
 
         shim = Shim.for_build(self.build)
         if self._model is None:
@@ -148,7 +148,7 @@ class LlamaCppRuntime:
         """Free the model a --llama build keeps loaded between runs (llama-cpp-python's runs load and
         free their own); the next run loads it again."""
         if self._model is not None:
-            from tqbridge.bridge.llama_shim import Shim
+            from tqbridge.bridge.llama.shim import Shim
 
             Shim.for_build(self.build).free_model(self._model)
             self._model = None
@@ -254,7 +254,7 @@ class LlamaCppRuntime:
 
     @staticmethod
     def state_blob(llm) -> bytes:
-        """The sequence-0 KV state blob of a live context (see tqbridge.bridge.llama_state)."""
+        """The sequence-0 KV state blob of a live context (see tqbridge.bridge.llama.state)."""
         import ctypes
 
         import llama_cpp
@@ -315,7 +315,7 @@ class MLXRuntime:
     def __init__(self, gguf_path: "str | os.PathLike[str]", *, cache_factory: "CacheFactory | None" = None,
                  layout: str = "ggml", match_llama_cpp: bool = True, rotation: bool = True):
         self.blas = prefer_fast_blas()
-        from tqbridge.bridge.gguf_model import load_gguf_model
+        from tqbridge.bridge.gguf.model import load_gguf_model
 
         self.path = Path(gguf_path)
         self.model, self.config = load_gguf_model(self.path, layout=layout, match_llama_cpp=match_llama_cpp)
@@ -331,7 +331,7 @@ class MLXRuntime:
         token per forward pass) through tqbridge's attention routing — the fused decode kernel on a
         GPU, the dispatcher's path on CPU (``cache.paths`` names it). ``layers``: per-layer K/V pairs
         in the per-layer spelling (what a llama.cpp build stored for ``kv``,
-        :func:`tqbridge.bridge.stored_kv.read_stored`), instead of ``kv`` in every layer."""
+        :func:`tqbridge.bridge.llama.stored_kv.read_stored`), instead of ``kv`` in every layer."""
         import mlx.core as mx
 
         from tqbridge.metal.lm.routing import route_attention

@@ -1,8 +1,8 @@
 """Goldens of what a TurboQuant fork build stores per layer, so CI checks the per-layer type reading
-(:mod:`tqbridge.bridge.stored_kv`) against the fork's own state blobs without a build.
+(:mod:`tqbridge.bridge.llama.stored_kv`) against the fork's own state blobs without a build.
 
 ``python -m tqbridge.parity.harness.stored_kv_goldens --llama BUILD --out DIR`` writes two random-weight
-llama fixtures (:mod:`tqbridge.bridge.gguf_fixtures`; :data:`GEOMETRIES`: 12 and 16 query heads over 2 KV
+llama fixtures (:mod:`tqbridge.bridge.gguf.fixtures`; :data:`GEOMETRIES`: 12 and 16 query heads over 2 KV
 heads, head dim 128, 8 layers) to a temporary directory and, for every scenario of :data:`SCENARIOS`
 (a geometry, a K/V request, the fork's switches), runs the build in a fresh child process (the fork
 decides its layer-adaptive mode once per process) on one token, and keeps its sequence state blob (one
@@ -43,7 +43,7 @@ SWITCHES = ("TURBO_AUTO_ASYMMETRIC", "TURBO_LAYER_ADAPTIVE")
 
 
 def write_geometry(path: Path, geometry: str) -> Path:
-    from tqbridge.bridge.gguf_fixtures import variant, write_fixture
+    from tqbridge.bridge.gguf.fixtures import variant, write_fixture
 
     n_head, n_kv = GEOMETRIES[geometry]
     fx = variant("llama", n_layer=N_LAYER, d=D, n_head=n_head, n_kv=n_kv, head_dim=HEAD_DIM, ff=FF)
@@ -52,9 +52,9 @@ def write_geometry(path: Path, geometry: str) -> Path:
 
 def child(build: str, gguf: str, request: str) -> dict:
     """In this (fresh) process: the build's state blob after one token of ``request``, and its log."""
-    from tqbridge.bridge.llama_build import select
-    from tqbridge.bridge.llama_shim import Shim
-    from tqbridge.bridge.stored_kv import RULE_LOG_MARKERS
+    from tqbridge.bridge.llama.build import select
+    from tqbridge.bridge.llama.shim import Shim
+    from tqbridge.bridge.llama.stored_kv import RULE_LOG_MARKERS
     from tqbridge.parity.harness.run_levels import qualify_turbo
     from tqbridge.parity.harness.runtimes import KV, LlamaCppRuntime
 
@@ -75,7 +75,7 @@ def main(argv: "list[str] | None" = None) -> int:
     if args.child:
         print(json.dumps(child(args.llama, *args.child)))
         return 0
-    from tqbridge.bridge.llama_build import describe
+    from tqbridge.bridge.llama.build import describe
 
     info = describe(args.llama)
     arrays: dict = {}

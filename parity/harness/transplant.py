@@ -1,7 +1,7 @@
 """KV transplant: move a prompt's KV cache between llama.cpp and tqbridge's MLX cache, keep decoding.
 
 Forward: llama.cpp prefills the prompt; its sequence state blob is parsed
-(:mod:`tqbridge.bridge.llama_state`) and its raw blocks become the rows of one
+(:mod:`tqbridge.bridge.llama.state`) and its raw blocks become the rows of one
 :class:`tqbridge.metal.lm.cache.TQCache` per layer — no re-quantization, the bytes are llama.cpp's.
 MLX then decodes greedily from that cache. Reverse: MLX prefills into TQCache; its blocks are written
 as a sequence blob and restored into a llama.cpp context, which decodes on.
@@ -21,8 +21,8 @@ import numpy as np
 
 from tqbridge.bridge import get_format
 from tqbridge.bridge.environ import scoped_environ
-from tqbridge.bridge.kv_spec import DEFAULT_FORMAT
-from tqbridge.bridge.llama_state import LlamaState, load_seq_state, parse_state, read_seq_state, seq_state
+from tqbridge.bridge.blocks.kv_spec import DEFAULT_FORMAT
+from tqbridge.bridge.llama.state import LlamaState, load_seq_state, parse_state, read_seq_state, seq_state
 
 
 class TransplantError(ValueError):
@@ -35,8 +35,8 @@ class LlamaSession:
 
     def __init__(self, gguf_path: str, k_format: str, v_format: str, n_ctx: int = 512,
                  n_threads: "int | None" = None, rotation: bool = True):
-        from tqbridge.bridge.llama_compat import ensure_compatible
-        from tqbridge.bridge.llama_side import selected
+        from tqbridge.bridge.llama.compat import ensure_compatible
+        from tqbridge.bridge.llama.side import selected
 
         ensure_compatible()
         self.build = selected()
@@ -50,7 +50,7 @@ class LlamaSession:
                 self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True,
                                  verbose=False, flash_attn=True, n_threads=threads, type_k=type_k, type_v=type_v)
             else:
-                from tqbridge.bridge.llama_shim import Shim
+                from tqbridge.bridge.llama.shim import Shim
 
                 self.shim = Shim.for_build(self.build)
                 self.model = self.shim.load_model(gguf_path)
@@ -89,7 +89,7 @@ class LlamaSession:
 
 
 def _type_id(fmt: str) -> int:
-    from tqbridge.bridge.llama_side import LlamaBuildError, kv_type_id, selected
+    from tqbridge.bridge.llama.side import LlamaBuildError, kv_type_id, selected
 
     f = get_format(fmt)
     if selected() is not None:
@@ -109,9 +109,9 @@ def state_to_tqcache(state: LlamaState, model, n_kv_heads: int, head_dim: int, r
     """
     import mlx.core as mx
 
-    from tqbridge.bridge.padding import padded_dim
+    from tqbridge.bridge.blocks.padding import padded_dim
     from tqbridge.metal.lm.cache import TQCache, make_cache
-    from tqbridge.metal.lm.codecs import rotation_group
+    from tqbridge.metal.codecs import rotation_group
 
     probe = make_cache(model, "f16", "f16")
     if len(state.caches) > 1:   # iSWA models (Gemma 3): the non-SWA record first, then the SWA one
@@ -247,7 +247,7 @@ def run_transplant(gguf_path: str, tokens: "list[int]", kv: str = DEFAULT_FORMAT
     """
     import mlx.core as mx
 
-    from tqbridge.bridge.stored_kv import read_stored
+    from tqbridge.bridge.llama.stored_kv import read_stored
     from tqbridge.parity.harness.level_cache import gguf_head_dim
     from tqbridge.parity.harness.runtimes import KV, MLXRuntime, release_memory, stored_cache, swa_pattern
 

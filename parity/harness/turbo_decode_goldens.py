@@ -49,10 +49,10 @@ def random_blocks(type_sizes: "dict[str, int]") -> "dict[str, np.ndarray]":
 
 def decode(variant: str, typ: str, blocks: np.ndarray, n: int) -> "tuple[np.ndarray, np.ndarray]":
     """(rotated, original) float32 decodes of ``blocks`` (rows of n / 128 blocks) by the selected build."""
-    from tqbridge.bridge import ggml_c
-    from tqbridge.bridge.ggml_abi import TO_FLOAT
-    from tqbridge.bridge.ggml_graph import turbo_wht
-    from tqbridge.bridge.llama_side import kv_type_id
+    from tqbridge.bridge.llama import ggml_c
+    from tqbridge.bridge.llama.ggml_abi import TO_FLOAT
+    from tqbridge.bridge.llama.ggml_graph import turbo_wht
+    from tqbridge.bridge.llama.side import kv_type_id
 
     base = ggml_c.load()
     traits = base.ggml_get_type_traits(kv_type_id(f"{typ}@{variant}")).contents
@@ -93,7 +93,7 @@ def differences(made: "dict[str, np.ndarray]", path: Path) -> "list[str]":
 
 
 def main(argv: "list[str] | None" = None) -> int:
-    from tqbridge.bridge.llama_build import select
+    from tqbridge.bridge.llama.build import select
 
     ap = argparse.ArgumentParser(prog="python -m tqbridge.parity.harness.turbo_decode_goldens")
     ap.add_argument("--llama", required=True, metavar="BUILD", help="a TurboQuant fork build directory")

@@ -67,7 +67,7 @@ def draw(typ: str, n: int) -> np.ndarray:
 
 def quantize(variant: str, typ: str, x: np.ndarray) -> np.ndarray:
     """The selected build's ``ggml_quantize_chunk`` of rows ``x`` as ``typ`` of ``variant``."""
-    from tqbridge.bridge.ggml_c import c_quantize
+    from tqbridge.bridge.llama.ggml_c import c_quantize
 
     return c_quantize(f"{typ}@{variant}", x)
 
@@ -84,7 +84,7 @@ def make(variant: str, rows: "dict[str, np.ndarray] | None" = None) -> "dict[str
 
 
 def main(argv: "list[str] | None" = None) -> int:
-    from tqbridge.bridge.llama_build import select
+    from tqbridge.bridge.llama.build import select
 
     ap = argparse.ArgumentParser(prog="python -m tqbridge.parity.harness.turbo_quantize_goldens")
     ap.add_argument("--llama", required=True, metavar="BUILD", help="a TurboQuant fork build directory")

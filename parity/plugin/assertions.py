@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from ...bridge import dequantize, get_format
-from ...bridge.format_types import Format
-from ...metal.attention_problem import to_numpy
+from ...bridge.blocks.format_types import Format
+from ...metal.attention.problem import to_numpy
 
 
 def _hex(b: np.ndarray) -> str:
@@ -43,7 +43,7 @@ def describe_block(fmt: "str | Format", block: np.ndarray) -> str:
         norm, idx = f.codec.unpack(b)
         bits = int(b[0, 0]) | (int(b[0, 1]) << 8)
         return f"norm={float(norm[0]):.6g} (0x{bits:04x}) idx={idx[0].tolist()}"
-    from ...bridge.legacy_fields import split_blocks
+    from ...bridge.blocks.legacy_fields import split_blocks
 
     fields = split_blocks(f, b)
     parts = []
@@ -137,7 +137,7 @@ def assert_attention_close(actual: Any, expected: Any, bound: Any = None, *, rto
     rowmax = np.abs(e).max(axis=-1, keepdims=True) if e.size else e
     if bound is not None:
         allowed = to_numpy(bound).astype(np.float64)
-        name = tolerance_name or "oracle bound (tqbridge.metal.attention_ref)"
+        name = tolerance_name or "oracle bound (tqbridge.metal.attention.ref)"
     else:
         allowed = float(rtol) * np.broadcast_to(rowmax, e.shape)
         name = tolerance_name or f"rtol={rtol:.3g} of the row max"

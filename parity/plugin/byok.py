@@ -44,15 +44,15 @@ from hypothesis import seed as hyp_seed
 from hypothesis import strategies as st
 
 from ... import bridge
-from ...bridge.padding import pad_rows
-from ...metal.attention_problem import to_numpy
+from ...bridge.blocks.padding import pad_rows
+from ...metal.attention.problem import to_numpy
 from .assertions import assert_attention_close, assert_blocks_equal, assert_values_close
 
 OPS = ("quantize", "dequantize", "append", "decode-attention")
 U32 = 2.0 ** -24
 #: Turbo dequantization: allowed |error| per value = this many float32 roundings per butterfly stage
 #: (log2(group) stages + 2 scalings) times the row's 2-norm: the inverse rotation is orthonormal, so
-#: each stage's rounding moves the vector by at most u * its norm (derivation: metal/attention_ref.py).
+#: each stage's rounding moves the vector by at most u * its norm (derivation: metal/attention/ref.py).
 TURBO_DEQUANT_ULPS = 2.0
 
 

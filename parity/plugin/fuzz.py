@@ -48,7 +48,7 @@ class FuzzError(ValueError):
 
 
 def _np(a):
-    from ...metal.attention_problem import to_numpy
+    from ...metal.attention.problem import to_numpy
 
     return to_numpy(a)
 
@@ -56,7 +56,7 @@ def _np(a):
 def _int8_mma_refuses(q, k_blocks, v_blocks, kw) -> bool:
     """Whether kernel int8-mma (int8 q) cannot serve this call (a malformed call: False, and the call raises)."""
     from ...metal.attention import check_problem
-    from ...metal.attention_plan import int8_mma_refusal
+    from ...metal.attention.plan import int8_mma_refusal
 
     try:
         return int8_mma_refusal(check_problem(q, k_blocks, v_blocks, **kw)) is not None

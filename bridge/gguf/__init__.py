@@ -1,0 +1,1 @@
+"""GGUF files and the models built from them."""

@@ -1,0 +1,1 @@
+"""llama.cpp builds, seen through ctypes and tqbridge's shim."""
