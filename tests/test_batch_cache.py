@@ -338,9 +338,8 @@ def test_planted_extract_sharing_the_batch_buffer_is_caught(monkeypatch):
         c = TQCache(self.k_format, self.v_format)
         t = self.template
         c.k_dim, c.v_dim, c.k_rot, c.v_rot = t.k_dim, t.v_dim, t.k_rot, t.v_rot
-        c.keys = mx.contiguous(self.keys[idx:idx + 1])      # no copy when the row is the whole buffer
-        c.values = mx.contiguous(self.values[idx:idx + 1])
-        c.offset, c.start = self._idx, 0
+        # no copy when the row is the whole buffer
+        c.decoder.load(mx.contiguous(self.keys[idx:idx + 1]), mx.contiguous(self.values[idx:idx + 1]), self._idx, 0)
         return c
     monkeypatch.setattr(BatchTQCache, "extract", sharing)
     a = [_cache("q8_0", "turbo3", 256, 1)]

@@ -92,8 +92,8 @@ def run_attention_bench(bench: AttentionBench, emit=print) -> dict:
     from mlx_lm.models.base import quantized_scaled_dot_product_attention
 
     from ...bridge import mlx_quantize
-    from . import profiling
-    from .attention import decode_attention, last_run
+    from .. import profiling
+    from . import decode_attention, last_run
 
     backend, kf, vf = bench.backend, bench.k_format, bench.v_format
     gpu = backend in ("cuda", "metal")
