@@ -264,7 +264,7 @@ def test_append_tables_survive_layers_of_two_capacities(fake_cuda, monkeypatch):
 
 def test_spread_layers_build_each_capacity_once(fake_cuda, monkeypatch):
     """CUDA's decode lane (compiled launches, device params and consts, the append deferred into the
-    attention's call) with the layers' growth spread (DecodeLane.grow_phase, as make_cache sets it): two
+    attention's call) with the layers' growth spread (LayerDecoder.grow_phase, as make_cache sets it): two
     capacities are in use at once and the layers of a step alternate between them. Each capacity's
     DecodeLaunch, parameter tables (the attention's lengths, the append's row positions) and traced
     launches are made once, whichever layer reaches it first; a step adds one row view per capacity in use
