@@ -28,25 +28,26 @@ from tqbridge.bridge import FormatError
 
 from ..codecs import gpu_backend, padded_dim, quantizer
 
-__all__ = ["LayerDecoder", "StagedRows", "routed_block", "routing_active"]
+__all__ = ["LayerDecoder", "StagedRows", "routed_block", "routing_active", "ROUTING_DEPTH"]
 
-_ROUTED: "ContextVar[int]" = ContextVar("tqbridge_routing_depth", default=0)
+# how many route_attention blocks are open in this thread (routed_block); > 0: the routed attention follows
+ROUTING_DEPTH: "ContextVar[int]" = ContextVar("tqbridge_routing_depth", default=0)
 
 
 @contextmanager
 def routed_block() -> Iterator[None]:
     """Marks the block as routed (:func:`tqbridge.metal.lm.routing.route_attention` enters it, nesting
     allowed): in this thread the routed attention follows every cache update and brings queries."""
-    token = _ROUTED.set(_ROUTED.get() + 1)
+    token = ROUTING_DEPTH.set(ROUTING_DEPTH.get() + 1)
     try:
         yield
     finally:
-        _ROUTED.reset(token)
+        ROUTING_DEPTH.reset(token)
 
 
 def routing_active() -> bool:
     """Whether :func:`tqbridge.metal.lm.routing.route_attention` is in effect here (it brings queries)."""
-    return _ROUTED.get() > 0
+    return ROUTING_DEPTH.get() > 0
 
 
 @mx.compile
@@ -307,7 +308,7 @@ class LayerDecoder:
         if r >= hot.capacity or (w and self.offset - w + 1 - self.start >= self.step):
             return False
         attn = self._step_attend
-        if attn is not None and attn.launch.fuses_append and _ROUTED.get() > 0:
+        if attn is not None and attn.launch.fuses_append and ROUTING_DEPTH.get() > 0:
             if self.staged is not None:   # the last step's rows were never attended
                 self.write_staged()
             self.staged = StagedRows(keys, values, r, hot.append)
@@ -443,8 +444,17 @@ class LayerDecoder:
         hot = self._step_attend
         if hot is None or q.shape != hot.q_shape or scale != hot.scale:
             return None
-        self.layer.paths[hot.path] += 1
-        return self._run(hot.launch, q)
+        layer = self.layer
+        layer.paths[hot.path] += 1
+        d = self.staged
+        if d is None or layer.k_scale is not None:
+            return self._run(hot.launch, q)
+        # the common step, inline: the staged rows appended and attended in one call
+        self.staged = None
+        self._flagbuf, out = hot.launch.with_append(d.append, d.keys, d.values, q, self._kbuf, self._vbuf, d.row,
+                                                    self._flagbuf, self.offset - self.start)
+        self.unsettled = True
+        return out
 
     def _run(self, launch, q):
         d = self.staged

@@ -39,7 +39,7 @@ from ..decode_options import DEFAULT_OPTIONS
 from ..hadamard import hadamard_rotate
 from .calibration import fit as _fit_calibration
 from ..codecs import any_nonfinite, dequantizer, gpu_backend, padded_dim, quantizer, rotation_group
-from ..attention.decoder import LayerDecoder, routing_active
+from ..attention.decoder import ROUTING_DEPTH, LayerDecoder, routing_active
 
 __all__ = ["TQCache", "BatchTQCache", "SAVED_NAME", "make_cache", "make_layered_cache", "install_cache", "to_tqcache",
            "layer_count", "ROTATIONS", "DECODE_MODES"]
@@ -255,7 +255,7 @@ class TQCache(_mlx_cache._BaseCache):
         d = self.decoder
         if d.append_step(keys, values):   # the prepared decode step: one in-place append (or staged)
             self.paths["append"] += 1
-            return (keys, values) if routing_active() else self.fetch(keys.dtype)
+            return (keys, values) if ROUTING_DEPTH.get() else self.fetch(keys.dtype)
         B, H, S, dk = keys.shape
         dv = values.shape[-1]
         if self.k_dim is None:
