@@ -388,22 +388,23 @@ def decode_group(model, kinds: list[str], context: int, tokens: int, rounds: int
     return rows
 
 
+def report_head(**what) -> dict:
+    """The head of a bench report: date, machine, device and versions, then ``what``."""
+    import platform
+
+    import mlx_lm
+
+    return {"date": time.strftime("%Y-%m-%d"), "hardware": platform.node(), "device": str(mx.default_device()),
+            "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, **what}
+
+
 def run(models: list[str], contexts: list[int], caches: list[str], tokens: int, rounds: int = 3, log=print,
         save=None, dtype=mx.float16) -> dict:
     """The whole benchmark: every model x context, its caches interleaved (:func:`decode_group`);
     speed-ups are against the first cache (fp16). ``save(results)`` is called after every group."""
-    import platform
-
-    out = {"date": time.strftime("%Y-%m-%d"), "hardware": platform.node(), "device": str(mx.default_device()),
-           "mlx": mx.__version__, "prefill": "model-shaped random K/V rows (N(0,1), model dtype), one "
-           "update_and_fetch per layer", "decode": f"mlx_lm.generate.generate_step, greedy, {rounds} interleaved "
-           f"rounds of {tokens} tokens per cache, median ms/token (2 warm-up tokens dropped per round)", "runs": []}
-    try:
-        import mlx_lm
-
-        out["mlx_lm"] = mlx_lm.__version__
-    except Exception:   # pragma: no cover
-        pass
+    out = report_head(prefill="model-shaped random K/V rows (N(0,1), model dtype), one update_and_fetch per layer",
+                      decode=f"mlx_lm.generate.generate_step, greedy, {rounds} interleaved rounds of {tokens} tokens "
+                             "per cache, median ms/token (2 warm-up tokens dropped per round)", runs=[])
     for name in models:
         model, desc = build_model(name, dtype)
         out.setdefault("models", {})[name] = desc

@@ -23,7 +23,7 @@ import time
 
 import mlx.core as mx
 
-from .decode_bench import build_model, make_caches, model_bytes, prefill
+from .decode_bench import build_model, make_caches, model_bytes, prefill, report_head
 
 __all__ = ["serve_group", "run", "fits", "device_memory"]
 
@@ -149,20 +149,11 @@ def run(models: list[str], contexts: list[int], batches: list[int], caches: list
         rounds: int, budget_bytes: int, *, memory_bytes: "int | None" = None, dtype=mx.float16, log=print,
         save=None) -> dict:
     """The whole benchmark: every model x context (:func:`serve_group`); ratios against the first cache."""
-    import platform
-
-    out = {"date": time.strftime("%Y-%m-%d"), "hardware": platform.node(), "device": str(mx.default_device()),
-           "mlx": mx.__version__, "prefill": "model-shaped random K/V rows (N(0,1), model dtype) per sequence",
-           "decode": f"mlx_lm.generate.BatchGenerator under route_attention(), {rounds} interleaved rounds of "
-                     f"{tokens} steps per cache and batch size, median step time ({WARMUP_STEPS} warm-up steps "
-                     "dropped); tokens/s = batch / step time",
-           "budget": "KV bytes only (the model's weights not counted)", "runs": [], "budgets": []}
-    try:
-        import mlx_lm
-
-        out["mlx_lm"] = mlx_lm.__version__
-    except Exception:   # pragma: no cover
-        pass
+    out = report_head(prefill="model-shaped random K/V rows (N(0,1), model dtype) per sequence",
+                      decode=f"mlx_lm.generate.BatchGenerator under route_attention(), {rounds} interleaved rounds "
+                             f"of {tokens} steps per cache and batch size, median step time ({WARMUP_STEPS} warm-up "
+                             "steps dropped); tokens/s = batch / step time",
+                      budget="KV bytes only (the model's weights not counted)", runs=[], budgets=[])
     for name in models:
         model, desc = build_model(name, dtype)
         out.setdefault("models", {})[name] = {**desc, "model_bytes": model_bytes(model)}
