@@ -51,11 +51,15 @@ NATIVE = "f16"
 KLD_PERCENTILES = (0.999, 0.99, 0.95, 0.90, 0.5, 0.10, 0.05, 0.01)
 # Kernel cases: head dims, (q heads, kv heads) for GQA ratios 1 and 4, cache lengths; plus one soft-capped
 # case per type (cap 2.0, the parity attention level's value: logits of magnitude ~1-10 are compressed, so
-# a kernel that skips the cap is far off).
+# a kernel that skips the cap is far off) and two masked ones, the masks a decoding model gives
+# flash_attn_ext: a sliding window (Gemma 3's local layers, Mistral) and a left padding (a sequence in a
+# batch), each hiding most of 512 keys.
 KERNEL_HEAD_DIMS = (64, 128, 256)
 KERNEL_HEADS = ((8, 8), (8, 2))
 KERNEL_LENGTHS = (64, 512)
 KERNEL_SOFTCAP = 2.0
+KERNEL_WINDOW = 128
+KERNEL_START = 300
 # The parity logits level's rule for a quantized cache (tqbridge.parity.harness.level_logits.BASELINE_RATIO):
 # two implementations of one cache type may differ by at most twice what the type itself costs vs f16.
 TWIN_RATIO = 2.0
@@ -409,17 +413,18 @@ def run_speed(runtime, ids: "list[int]", types: "list[KVType]", *, lengths: "tup
 # ---- 3. kernel cases ------------------------------------------------------------------------------------
 
 def build_flash_attn(q: np.ndarray, kb: np.ndarray, vb: np.ndarray, kf, vf, *, scale: float,
-                     softcap: float, kv: "KVType | None" = None) -> np.ndarray:
+                     softcap: float, kv: "KVType | None" = None, visible: "np.ndarray | None" = None) -> np.ndarray:
     """The build's ``flash_attn_ext`` (this process's llama.cpp side, its ggml CPU backend) on one problem:
-    q (Hq, D); blocks (Hkv, n, row_bytes); returns (Hq, D)."""
+    q (Hq, D); blocks (Hkv, n, row_bytes); ``visible``: None or the keys q sees, (n,) booleans (ggml's
+    mask); returns (Hq, D)."""
     from tqbridge.bridge.llama.ggml_graph import flash_attn_ext
     from tqbridge.parity.harness.level_attention import fork_flash_attn, fork_has
 
     if "ggml" in kf.type_ids and "ggml" in vf.type_ids:
         return flash_attn_ext(q[:, None, :], kb, vb, k_type=kf.type_ids["ggml"], v_type=vf.type_ids["ggml"],
-                              scale=scale, softcap=softcap)[0]
+                              scale=scale, softcap=softcap, visible=None if visible is None else visible[None, :])[0]
     if fork_has(kf) and fork_has(vf):
-        return fork_flash_attn(q, kb, vb, kf, vf, scale=scale, softcap=softcap)
+        return fork_flash_attn(q, kb, vb, kf, vf, scale=scale, softcap=softcap, visible=visible)
     raise EvidenceError(f"{kf.key}/{vf.key}: this llama.cpp build has no flash_attn_ext for these types")
 
 
@@ -431,11 +436,23 @@ class KernelCase:
     kv_heads: int
     keys: int
     softcap: float = 0.0
+    window: int = 0       # the last ``window`` keys visible (0: all)
+    start: int = 0        # keys before ``start`` hidden (a left padding)
 
     @property
     def id(self) -> str:
         cap = f"-softcap{self.softcap:g}" if self.softcap else ""
-        return f"{self.kv.name}:d{self.head_dim}-h{self.q_heads}x{self.kv_heads}-n{self.keys}{cap}"
+        win = f"-win{self.window}" if self.window else ""
+        start = f"-start{self.start}" if self.start else ""
+        return f"{self.kv.name}:d{self.head_dim}-h{self.q_heads}x{self.kv_heads}-n{self.keys}{cap}{win}{start}"
+
+    def visible(self) -> "np.ndarray | None":
+        """The keys the query sees, (keys,) booleans, or None where it sees all (no mask)."""
+        if not (self.window or self.start):
+            return None
+        pos = np.arange(self.keys)
+        lo = max(self.start, self.keys - self.window) if self.window else self.start
+        return pos >= lo
 
 
 def kernel_cases(types: "Iterable[KVType]") -> list[KernelCase]:
@@ -446,6 +463,8 @@ def kernel_cases(types: "Iterable[KVType]") -> list[KernelCase]:
                 for n in KERNEL_LENGTHS:
                     out.append(KernelCase(kv, d, hq, hkv, n))
         out.append(KernelCase(kv, 128, 8, 2, 256, KERNEL_SOFTCAP))
+        out.append(KernelCase(kv, 128, 8, 2, 512, window=KERNEL_WINDOW))
+        out.append(KernelCase(kv, 128, 8, 2, 512, start=KERNEL_START))
     return out
 
 
@@ -453,14 +472,18 @@ def parse_case_id(case_id: str) -> KernelCase:
     """The case a :attr:`KernelCase.id` names (``--case ID``)."""
     import re
 
-    m = re.fullmatch(r"(.+):d(\d+)-h(\d+)x(\d+)-n(\d+)(?:-softcap([0-9.]+))?", case_id.strip())
+    m = re.fullmatch(r"(.+):d(\d+)-h(\d+)x(\d+)-n(\d+)(?:-softcap([0-9.]+))?(?:-win(\d+))?(?:-start(\d+))?",
+                     case_id.strip())
     if not m:
         raise EvidenceError(f"{case_id!r} is not a kernel case id (like q8_0:d128-h8x2-n512)")
     kv = parse_kv(m.group(1))
     d, hq, hkv, n = (int(m.group(i)) for i in range(2, 6))
+    window, start = int(m.group(7) or 0), int(m.group(8) or 0)
     if hq % hkv or d <= 0 or n <= 0:
         raise EvidenceError(f"{case_id!r}: q heads must be a multiple of kv heads, sizes positive")
-    return KernelCase(kv, d, hq, hkv, n, float(m.group(6) or 0.0))
+    if start >= n:
+        raise EvidenceError(f"{case_id!r}: the start hides every key (start {start} of {n})")
+    return KernelCase(kv, d, hq, hkv, n, float(m.group(6) or 0.0), window, start)
 
 
 def run_case(case: KernelCase, *, flash_attn=build_flash_attn, runtime=None, seed: int = 0) -> dict[str, Any]:
@@ -472,14 +495,16 @@ def run_case(case: KernelCase, *, flash_attn=build_flash_attn, runtime=None, see
     q, kb, vb = random_problem(kf.key, vf.key, q_heads=case.q_heads, kv_heads=case.kv_heads,
                                keys=case.keys, head_dim=case.head_dim, seed=seed)
     scale = 1.0 / np.sqrt(case.head_dim)
-    build = np.asarray(flash_attn(q, kb, vb, kf, vf, scale=scale, softcap=case.softcap, kv=case.kv), np.float64)
+    build = np.asarray(flash_attn(q, kb, vb, kf, vf, scale=scale, softcap=case.softcap, kv=case.kv,
+                                  visible=case.visible()), np.float64)
     ours, others = judge_ours(q[None], kb[None], vb[None], k_format=kf, v_format=vf, length=case.keys,
-                              scale=scale, softcap=case.softcap or None, backends=("cpu-emulator",),
-                              compare={"build": build})
+                              scale=scale, softcap=case.softcap or None, window=case.window or None,
+                              start=case.start, backends=("cpu-emulator",), compare={"build": build})
     o = ours["cpu-emulator"]
     b = others["build"]
     row = {"id": case.id, "kv": case.kv.name, "head_dim": case.head_dim, "q_heads": case.q_heads,
-           "kv_heads": case.kv_heads, "keys": case.keys, "softcap": case.softcap,
+           "kv_heads": case.kv_heads, "keys": case.keys, "softcap": case.softcap, "window": case.window,
+           "start": case.start,
            "nmse_build_vs_ours": o["vs_build"]["nmse"], "nmse_build_vs_oracle": b["nmse"],
            "nmse_ours_vs_oracle": o["nmse"], "ours_within_oracle_bound": o["within_bound"],
            "build_oracle_bound_ratio": b["bound_ratio"], "bar": NMSE_BAR}

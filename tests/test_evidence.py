@@ -199,6 +199,37 @@ def test_one_kernel_case_by_id(capsys):
     assert "NMSE build vs ours" in capsys.readouterr().out
 
 
+MASKED = ("q8_0/q4_0:d128-h8x2-n512-win128", "q8_0/q4_0:d128-h8x2-n512-start300")
+
+
+@pytest.mark.parametrize("case_id", MASKED)
+def test_masked_cases_run_the_builds_mask(case_id):
+    """The masked cases through a real ggml CPU flash_attn_ext (llama-cpp-python's llama.cpp): the mask
+    reaches the build (its output agrees with the oracle under the bar, as the unmasked cases do), and a
+    build that ignores the mask, or hides one key too many, fails the case (measured NMSE 2.3 and 7.6e-4)."""
+    case = ev.parse_case_id(case_id)
+    assert case.visible() is not None and 0 < case.visible().sum() < case.keys
+    assert ev.run_case(case)["passed"]
+
+    def ignoring(*a, visible=None, **k):
+        return ev.build_flash_attn(*a, **k)
+
+    def one_late(*a, visible=None, **k):
+        v = visible.copy()
+        v[np.argmax(v)] = False
+        return ev.build_flash_attn(*a, visible=v, **k)
+    for planted in (ignoring, one_late):
+        assert not ev.run_case(case, flash_attn=planted)["passed"], planted.__name__
+
+
+def test_case_ids_with_masks_round_trip_and_bad_ones_are_refused():
+    case = ev.parse_case_id("q4_0:d64-h8x8-n64-softcap2-win16-start8")
+    assert (case.window, case.start, case.softcap) == (16, 8, 2.0) and ev.parse_case_id(case.id) == case
+    assert case.visible().tolist() == [i >= 48 for i in range(64)]
+    with pytest.raises(ev.EvidenceError, match="hides every key"):
+        ev.parse_case_id("q4_0:d64-h8x8-n64-start64")
+
+
 @pytest.mark.parametrize("extra, said", [
     (["--kv", "nope"], "no cache type"),
     (["--kv", "q4_0", "--parts", "quality,bogus"], "--parts"),

@@ -20,7 +20,7 @@ import functools
 
 import numpy as np
 
-from .ggml_abi import GGML_STATUS_SUCCESS, GGML_TYPE_F32, CPlan, InitParams, set_f32_precision
+from .ggml_abi import GGML_STATUS_SUCCESS, GGML_TYPE_F16, GGML_TYPE_F32, CPlan, InitParams, set_f32_precision
 from .ggml_c import load
 from .side import GgmlUnavailable, cpu_library_name, library_path
 
@@ -99,11 +99,13 @@ def _context(base, data_bytes: int):
 
 def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, k_type: int, v_type: int,
                    scale: float, head_dim_v: "int | None" = None, softcap: float = 0.0,
-                   n_threads: int = 1, use_ref: bool = False) -> np.ndarray:
-    """ggml's ``flash_attn_ext`` on the CPU backend, every query row seeing every key.
+                   visible: "np.ndarray | None" = None, n_threads: int = 1, use_ref: bool = False) -> np.ndarray:
+    """ggml's ``flash_attn_ext`` on the CPU backend.
 
     q: (Hq, T, D) float32.  k / v: (Hkv, n_kv, row_bytes) uint8 blocks of ggml types
-    ``k_type`` / ``v_type`` (``head_dim_v`` values per V row, default D).
+    ``k_type`` / ``v_type`` (``head_dim_v`` values per V row, default D). ``visible``: None (every query
+    row sees every key) or booleans (T, n_kv), given to ggml as its mask (an F16 tensor of n_kv x T,
+    0 where visible, -inf where not, as llama.cpp's graph builds the KQ mask).
     Returns (T, Hq, Dv) float32.
     """
     base, cpu = libraries()
@@ -123,16 +125,27 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, k_type: int, 
         want = _row_bytes(typ, n)
         if arr.shape[2] != want:
             raise GgmlGraphError(f"{name}: a row of {n} values of ggml type {typ} takes {want} bytes, got {arr.shape[2]}")
-    ctx = _context(base, q.nbytes + k.nbytes + v.nbytes + t * hq * dv * 4)
+    mask = None
+    if visible is not None:
+        visible = np.asarray(visible, bool)
+        if visible.shape != (t, n_kv):
+            raise GgmlGraphError(f"visible must be (T, n_kv) = {(t, n_kv)}; got {visible.shape}")
+        mask = np.where(visible, np.float16(0.0), np.float16(-np.inf)).astype(np.float16)
+    ctx = _context(base, q.nbytes + k.nbytes + v.nbytes + t * hq * dv * 4 + (0 if mask is None else mask.nbytes))
     try:
         tq = base.ggml_new_tensor_4d(ctx, GGML_TYPE_F32, d, t, hq, 1)
         tk = base.ggml_new_tensor_4d(ctx, k_type, d, n_kv, hkv, 1)
         tv = base.ggml_new_tensor_4d(ctx, v_type, dv, n_kv, hkv, 1)
-        for tensor, arr in ((tq, q), (tk, k), (tv, v)):
+        fill = [(tq, q), (tk, k), (tv, v)]
+        tm = None
+        if mask is not None:
+            tm = base.ggml_new_tensor_4d(ctx, GGML_TYPE_F16, n_kv, t, 1, 1)
+            fill.append((tm, mask))
+        for tensor, arr in fill:
             if base.ggml_nbytes(tensor) != arr.nbytes:
                 raise GgmlGraphError(f"ggml tensor holds {base.ggml_nbytes(tensor)} bytes, numpy {arr.nbytes}")
             ctypes.memmove(base.ggml_get_data(tensor), arr.ctypes.data, arr.nbytes)
-        out = base.ggml_flash_attn_ext(ctx, tq, tk, tv, None, float(scale), 0.0, float(softcap))
+        out = base.ggml_flash_attn_ext(ctx, tq, tk, tv, tm, float(scale), 0.0, float(softcap))
         if not out or not set_f32_precision(base, out):
             raise GgmlGraphError("ggml refused flash_attn_ext with f32 accumulation for these K/V types")
         _compute(base, cpu, ctx, out, n_threads, use_ref)

@@ -111,7 +111,7 @@ class FakeBuild:
         self.logits(tokens, kv)
         return t1 - t0, max(time.perf_counter() - t1, 1e-9)
 
-    def flash_attn(self, q, kb, vb, kf, vf, *, scale: float, softcap: float, kv=None) -> np.ndarray:
+    def flash_attn(self, q, kb, vb, kf, vf, *, scale: float, softcap: float, kv=None, visible=None) -> np.ndarray:
         """Attention over the blocks decoded as the case's types decode them, float64."""
         kname, vname = (kv.k, kv.v) if kv is not None else (kf.key, vf.key)
         d = q.shape[-1]
@@ -122,6 +122,8 @@ class FakeBuild:
         s = np.einsum("hd,hnd->hn", q.astype(np.float64), kr) * scale
         if softcap:
             s = softcap * np.tanh(s / softcap)
+        if visible is not None:
+            s = np.where(np.asarray(visible, bool)[None, :], s, -np.inf)
         w = np.exp(s - s.max(axis=-1, keepdims=True))
         w /= w.sum(axis=-1, keepdims=True)
         return np.einsum("hn,hnd->hd", w, vr)

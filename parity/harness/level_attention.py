@@ -61,7 +61,7 @@ def bound_ratio(x: np.ndarray, ref: np.ndarray, bound: np.ndarray) -> float:
 
 
 def judge_ours(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray, *, k_format, v_format, length: int,
-               scale: float, window: "int | None" = None, softcap: "float | None" = None,
+               scale: float, window: "int | None" = None, softcap: "float | None" = None, start: int = 0,
                rotation: "tuple[int, int] | None" = None, backends: Iterable[str] = ("reference", "cpu-emulator"),
                compare: "dict[str, np.ndarray] | None" = None,
                given: "dict[str, tuple[np.ndarray, dict]] | None" = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -77,7 +77,7 @@ def judge_ours(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray, *, k_format, v_fo
 
     kf, vf = get_format(k_format), get_format(v_format)
     kw = dict(k_format=kf, v_format=vf, length=int(length), scale=float(scale), window=window,
-              softcap=softcap, rotation=rotation)
+              softcap=softcap, rotation=rotation, start=int(start))
     prob = attention.check_problem(qb, kb, vb, **kw)
 
     def oracle_for(chain: "int | None", q_precision: str = "exact") -> tuple[np.ndarray, np.ndarray]:
@@ -135,10 +135,11 @@ def fork_has(fmt) -> bool:
 
 
 def fork_flash_attn(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, kf, vf, *, scale: float,
-                    softcap: float = 0.0) -> np.ndarray:
+                    softcap: float = 0.0, visible: "np.ndarray | None" = None) -> np.ndarray:
     """The fork's ``flash_attn_ext`` over its own turbo blocks, as its graph calls it: q zero-padded to
     the K rows' width and rotated (TURBO_WHT forward) when K is turbo, the output rotated back (inverse)
-    when V is turbo, then cut to the head dim. q: (Hq, D); returns (Hq, D)."""
+    when V is turbo, then cut to the head dim. q: (Hq, D); ``visible``: None or the keys q sees (n,)
+    booleans, ggml's mask; returns (Hq, D)."""
     from tqbridge.bridge.blocks import rotation as turbo_rotation
     from tqbridge.bridge.llama.ggml_c import type_id
     from tqbridge.bridge.llama.ggml_graph import flash_attn_ext
@@ -152,7 +153,8 @@ def fork_flash_attn(q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, k
         qp = turbo_rotation.forward(qp.reshape(hq, -1, kf.block_size), kf.block_size).reshape(hq, dk)
         qp = qp.astype(np.float32)
     out = flash_attn_ext(qp[:, None, :], k_blocks, v_blocks, k_type=type_id(kf), v_type=type_id(vf),
-                         scale=scale, head_dim_v=dv, softcap=softcap)[0]
+                         scale=scale, head_dim_v=dv, softcap=softcap,
+                         visible=None if visible is None else np.asarray(visible, bool)[None, :])[0]
     if vf.kind == "turbo":
         out = np.ascontiguousarray(out, np.float32)
         out = turbo_rotation.inverse(out.reshape(hq, -1, vf.block_size), vf.block_size).reshape(hq, dv)
