@@ -230,6 +230,23 @@ def plan_types(requested: "Iterable[str]", baseline: str = BASELINE,
     return out
 
 
+def kv_rotation(kv: KVType, runtime=None, *, fork: bool) -> bool:
+    """Whether ``kv`` runs with llama.cpp's Hadamard rotation of quantized KV caches (PR #21038): a type
+    with a ggml quantized half (float caches are never rotated). Against upstream, each such type (its
+    default). Against a TurboQuant fork, those without a turbo half (the rotated neighbours upstream now
+    compares with, rotated as upstream rotates them); a type with a turbo half runs unrotated in both
+    runtimes: turbo rotates inside its format, and tqbridge's cache stacks no second rotation on it (the
+    PR #197 port would)."""
+    kinds = {format_of(runtime, f).kind for f in (kv.k, kv.v)}
+    return "ggml" in kinds and not (fork and "turbo" in kinds)
+
+
+def _rotate(on: bool, *runtimes) -> None:
+    for r in runtimes:
+        if r is not None and hasattr(r, "rotation"):
+            r.rotation = on
+
+
 # ---- the cache of per-type results (resume) -------------------------------------------------------------
 
 def settings_key(settings: dict) -> str:
@@ -286,9 +303,11 @@ class ResultCache:
 # ---- 1. perplexity and KLD ------------------------------------------------------------------------------
 
 def run_quality(runtime, chunks: "list[list[int]]", types: "list[KVType]", *, baseline: KVType,
-                cache: ResultCache, say: Callable[[str], None], twin=None) -> dict[str, dict]:
+                cache: ResultCache, say: Callable[[str], None], twin=None,
+                rotation: "Callable[[KVType], bool] | None" = None) -> dict[str, dict]:
     """Per type: per-token NLL, KLD from f16 and from the baseline, same-top flags (cached per type),
-    and their statistics."""
+    and their statistics. ``rotation``: whether a type runs with llama.cpp's KV rotation (both runtimes;
+    :func:`kv_rotation`), else the runtimes' own setting."""
     from tqbridge.parity.harness.runtimes import KV
 
     REFUSALS = _refusals()
@@ -296,6 +315,8 @@ def run_quality(runtime, chunks: "list[list[int]]", types: "list[KVType]", *, ba
     refs: dict[KVType, tuple[np.ndarray, np.ndarray]] = {}
 
     def logprobs(kv: KVType, step: str) -> tuple[np.ndarray, np.ndarray]:
+        if rotation is not None:
+            _rotate(rotation(kv), runtime, twin)
         lps, tops = [], []
         for i, c in enumerate(chunks):
             say(f"{step} {kv.name}: chunk {i + 1}/{len(chunks)}")
@@ -332,6 +353,8 @@ def run_quality(runtime, chunks: "list[list[int]]", types: "list[KVType]", *, ba
             b_lp, b_top = ref(baseline, step)
             nll = -lp[np.arange(lp.shape[0]), targets].astype(np.float64)
             if twin is not None and kv != native:
+                if rotation is not None:
+                    _rotate(rotation(kv), twin)
                 # the same cache type in tqbridge's own implementation (the MLX side), same chunks
                 t_lp = np.concatenate([scored(twin.logits(c, KV(*_twin_names(twin, kv))), c)[0]
                                        for i, c in enumerate(chunks) if say(f"{step} {kv.name}: twin chunk "
@@ -357,6 +380,7 @@ def run_quality(runtime, chunks: "list[list[int]]", types: "list[KVType]", *, ba
             continue
         nll = np.asarray(r["nll"])
         out[kv.name] = {"kv": kv.name, "bits_per_value": bits_per_value(kv, runtime), **perplexity_stats(nll),
+                        **({"kv_rotation": rotation(kv)} if rotation is not None else {}),
                         "vs_f16": {**ratio_stats(nll, f_nll), "kld": kld_stats(r["kld_f16"], r["top_f16"])},
                         f"vs_{baseline.name}": {**ratio_stats(nll, b_nll),
                                                 "kld": kld_stats(r["kld_base"], r["top_base"])}}
@@ -378,7 +402,7 @@ def _twin_names(twin, kv: KVType) -> tuple[str, str]:
 
 def run_speed(runtime, ids: "list[int]", types: "list[KVType]", *, lengths: "tuple[int, ...]",
               gen: int = SPEED_GEN, reps: int = SPEED_REPS, cache: ResultCache,
-              say: Callable[[str], None]) -> list[dict]:
+              say: Callable[[str], None], rotation: "Callable[[KVType], bool] | None" = None) -> list[dict]:
     """Prompt tokens/s (one batch of ``length`` tokens into an empty cache) and decode tokens/s (``gen``
     single-token steps after it), per type and length; the repetitions run type after type, then again,
     so a machine's slow minute falls on every type alike. Median and min..max per cell."""
@@ -396,6 +420,8 @@ def run_speed(runtime, ids: "list[int]", types: "list[KVType]", *, lengths: "tup
         for length in lengths:
             for kv in types:
                 say(f"[speed rep {rep + 1}/{reps}] {kv.name} at {length} tokens")
+                if rotation is not None:
+                    _rotate(rotation(kv), runtime)
                 pp_s, tg_s = runtime.time_prompt_decode(ids[:length + gen], KV(kv.k, kv.v), length)
                 s = samples.setdefault((kv.name, length), {"pp": [], "tg": []})
                 s["pp"].append(length / pp_s)
@@ -596,6 +622,7 @@ def run_evidence(runtime, *, requested: "list[str]", text: str, text_source: str
                  speed_lengths: "tuple[int, ...] | None" = None, flash_attn=build_flash_attn,
                  mlx_side: "Callable[..., dict] | None" = None, available: "Iterable[str] | None" = None,
                  only_case: "str | None" = None, twin=None, speed_reps: int = SPEED_REPS,
+                 rotation: "Callable[[KVType], bool] | None" = None,
                  progress: "Callable[[str], None] | None" = None) -> Evidence:
     say = progress or (lambda msg: None)
     parts = tuple(parts)
@@ -611,11 +638,12 @@ def run_evidence(runtime, *, requested: "list[str]", text: str, text_source: str
     t0 = time.perf_counter()
     if "quality" in parts:
         ev.quality = run_quality(runtime, chunks, types, baseline=base, cache=cache, say=say,
-                                 twin=twin if "mlx" in parts else None)
+                                 twin=twin if "mlx" in parts else None, rotation=rotation)
     if "speed" in parts:
         lengths = speed_lengths or (max(16, n_ctx // 4), n_ctx)
         runs = [t for t in types if "refused" not in ev.quality.get(t.name, {})]
-        ev.speed = run_speed(runtime, ids, runs, lengths=lengths, reps=speed_reps, cache=cache, say=say)
+        ev.speed = run_speed(runtime, ids, runs, lengths=lengths, reps=speed_reps, cache=cache, say=say,
+                             rotation=rotation)
     if "kernels" in parts:
         ev.kernels = run_kernels(types, flash_attn=flash_attn, runtime=runtime, cache=cache, say=say, only=only_case)
     if "mlx" in parts and mlx_side is not None:

@@ -27,13 +27,15 @@ def markdown(report: dict) -> str:
         L += ["## Perplexity", ""]
         for name, why in refused.items():
             L += [f"Refused by the build: **{name}**: {why}", ""]
-        L += ["| cache | bits/value | PPL | ln(PPL/PPL(f16)) | ln(PPL/PPL(" + base + ")) |",
-              "|---|---:|---:|---:|---:|"]
+        rot = any("kv_rotation" in r for r in q.values())
+        L += ["| cache | bits/value | PPL | ln(PPL/PPL(f16)) | ln(PPL/PPL(" + base + ")) |" + (" KV rotation |" if rot else ""),
+              "|---|---:|---:|---:|---:|" + ("---|" if rot else "")]
         for name, r in q.items():
             vb = r.get(f"vs_{base}", {})
             L.append(f"| {name} | {r['bits_per_value']:.3f} | {r['ppl']:.4f} ± {r['ppl_err']:.4f} | "
                      f"{r['vs_f16']['ln_ratio']:+.5f} ± {r['vs_f16']['ln_ratio_err']:.5f} | "
-                     f"{vb.get('ln_ratio', 0):+.5f} ± {vb.get('ln_ratio_err', 0):.5f} |")
+                     f"{vb.get('ln_ratio', 0):+.5f} ± {vb.get('ln_ratio_err', 0):.5f} |"
+                     + ((" on |" if r.get("kv_rotation") else " off |") if rot else ""))
         L += ["", "## KL divergence", "",
               f"From the f16 cache's logits and from the {base} cache's (per scored token, nats).", "",
               "| cache | KLD vs f16 | median | 99% | 99.9% | max | same top vs f16 | KLD vs " + base

@@ -262,6 +262,47 @@ def test_a_type_the_build_refuses_is_reported_and_the_rest_runs(tmp_path):
     assert "Refused by the build: **turbo3**" in md
 
 
+# ---- which types run rotated ----------------------------------------------------------------------------
+
+def test_against_a_fork_ggml_types_run_rotated_and_turbo_types_do_not():
+    rot = {n: ev.kv_rotation(ev.parse_kv(n), fork=True) for n in ("f16", "q8_0", "q4_0", "q8_0/q4_0", "turbo3",
+                                                                   "q8_0/turbo3", "turbo3/q8_0")}
+    assert rot == {"f16": False, "q8_0": True, "q4_0": True, "q8_0/q4_0": True, "turbo3": False,
+                   "q8_0/turbo3": False, "turbo3/q8_0": False}
+    assert ev.kv_rotation(ev.parse_kv("q4_0"), fork=False) and not ev.kv_rotation(ev.parse_kv("f16"), fork=False)
+
+
+class RotationRecordingBuild(FakeBuild):
+    """A stand-in whose logits note the KV rotation each type ran with."""
+
+    rotation = None
+
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+
+    def logits(self, tokens, kv):
+        self.seen.append((kv.k, kv.v, self.rotation))
+        return super().logits(tokens, kv)
+
+
+def test_each_type_runs_with_its_own_rotation_in_both_runtimes():
+    build_seen, twin_seen = [], []
+    res = ev.run_evidence(RotationRecordingBuild(build_seen), requested=["turbo3", "q8_0/turbo3"], text=TEXT,
+                          text_source="t", n_ctx=64, n_chunks=2, out=None, parts=("quality", "mlx"),
+                          twin=RotationRecordingBuild(twin_seen), rotation=lambda kv: ev.kv_rotation(kv, fork=True))
+    want = {("f16", "f16"): False, ("q8_0", "q8_0"): True, ("q4_0", "q4_0"): True, ("turbo3", "turbo3"): False,
+            ("q8_0", "turbo3"): False}
+    for seen in (build_seen, twin_seen):
+        got = {(k, v): r for k, v, r in seen}
+        assert all(got[kv] is want[kv] for kv in want if kv in got), got
+        assert len({(k, v, r) for k, v, r in seen}) == len(got)      # one rotation per type, every call
+    assert ("f16", "f16") not in {(k, v) for k, v, _ in twin_seen}    # the twin runs the quantized types
+    assert res.quality["q4_0"]["kv_rotation"] is True and res.quality["turbo3"]["kv_rotation"] is False
+    md = markdown({"settings": res.settings, "quality": res.quality, "requested": ["turbo3"]})
+    assert "| KV rotation |" in md and next(ln for ln in md.splitlines() if ln.startswith("| q4_0 |")).endswith(" on |")
+
+
 # ---- agreement with llama-perplexity ------------------------------------------------------------------
 
 PPL_RECORD = "benchmarks/records/cpu/2026-12-06-llama-perplexity-smollm2-fork-69d8e4b.json"

@@ -85,28 +85,29 @@ def run(args) -> int:
                 raise CliError(f"{spec}: this llama.cpp has no cache type {f!r} (has: {', '.join(have)})")
         kvs.append(kv_name(*q, short=True))
     requested, baseline = kvs[:-1], kvs[-1]
-    # Against a TurboQuant fork both sides run without llama.cpp's KV rotation (the fork at 69d8e4b keeps it
-    # off; PR #197's port stacks it on turbo's own rotation, which tqbridge's cache does not): as tqbridge parity.
-    rotation = variant is None
-    if not rotation:
-        say("note: against a TurboQuant fork build the KV rotation of quantized caches is off in both runtimes")
-    runtime = LlamaCppRuntime(path, rotation=rotation, n_threads=args.threads)
+    fork = variant is not None
+    if fork:
+        say("note: against a TurboQuant fork build, ggml types run rotated as upstream llama.cpp rotates them, "
+            "types with a turbo half unrotated (in both runtimes)")
+    runtime = LlamaCppRuntime(path, n_threads=args.threads)
     twin = None
     if "mlx" in parts:
         from tqbridge.parity.harness.runtimes import MLXRuntime
 
         say("loading the MLX model (tqbridge's side)")
-        twin = MLXRuntime(path, rotation=rotation)
+        twin = MLXRuntime(path)
     info = runtime.info()
     settings = {"model": path.name, "model_bytes": path.stat().st_size,
                 "build": (f"{Path(str(build.report.get('source'))).name} @ {build.report.get('commit')}" if build is not None
                           else f"llama-cpp-python {info.get('llama_cpp_python')}"),
-                "kv_rotation": "on (llama.cpp's default)" if rotation else "off in both runtimes (a fork build)",
+                "kv_rotation": ("on for ggml types (as upstream), off for types with a turbo half" if fork
+                                else "on (llama.cpp's default)"),
                 "threads": runtime.n_threads, "parts": parts}
     try:
         res = ev.run_evidence(runtime, requested=requested, text=text, text_source=source, n_ctx=args.ctx,
                               n_chunks=args.chunks, baseline=baseline, out=Path(args.out), settings_extra=settings,
                               parts=parts, twin=twin, speed_reps=args.speed_reps, available=set(llama_kv_types()),
+                              rotation=lambda kv: ev.kv_rotation(kv, fork=fork),
                               mlx_side=lambda types, cache, say: ev.run_mlx_side(types, cache=cache, say=say,
                                                                                   variant=variant),
                               progress=say)

@@ -113,13 +113,13 @@ def run(args, command: "str | None" = None) -> int:
     kv_list = args.kv or list(FORK_KV if fork else DEFAULT_KV)
     if fork:   # a bare turbo name means the fork build's variant, on both sides
         kv_list = [qualify_turbo(spec, fork) for spec in kv_list]
-        if not args.no_rotation:
-            # The fork at 69d8e4b keeps upstream's KV rotation off by default; the PR #197 port applies it
-            # to every quantized type, turbo included (a Hadamard on top of turbo's own rotation), which
-            # tqbridge's caches do not stack. Both runtimes run without it against a fork.
+        if not args.no_rotation and _has_turbo(kv_list):
+            # The PR #197 port applies upstream's KV rotation to every quantized type, turbo included (a
+            # Hadamard on top of turbo's own rotation), which tqbridge's caches do not stack: with a turbo
+            # type both runtimes run without it. ggml types alone keep it, in both forks as upstream rotates.
             args.no_rotation = True
-            print("note: against a TurboQuant fork build the KV rotation of quantized caches is off in both "
-                  "runtimes (as --no-rotation)", file=sys.stderr)
+            print("note: with a turbo cache type the KV rotation of quantized caches is off in both runtimes "
+                  "(as --no-rotation)", file=sys.stderr)
     for spec in kv_list:
         try:
             kv = KV.parse(spec)
@@ -186,3 +186,19 @@ def write_plots(path: str, report: dict) -> None:
     cache_png = p.with_name(p.stem + "-cache" + p.suffix)
     if "cache" in report and report["cache"].get("kv") and plot_cache_layers(cache_png, report):
         print(f"wrote {cache_png}")
+
+
+def _has_turbo(specs) -> bool:
+    """Whether a K/V spelling of ``specs`` has a turbo half (a bad spelling is refused later, with its reason)."""
+    from tqbridge.bridge.blocks.format_types import FormatError
+    from tqbridge.bridge.blocks.registry import get_format
+    from tqbridge.parity.harness.runtimes import KV
+
+    for spec in specs:
+        try:
+            kv = KV.parse(spec)
+            if any(get_format(f).kind == "turbo" for f in (kv.k, kv.v)):
+                return True
+        except (ValueError, FormatError):
+            continue
+    return False

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from ..environ import scoped_environ
+from .side import rotation_environ
 from .ggml_abi import GGML_TYPE_F16, GGML_TYPE_F32
 
 GGML_MAX_DIMS = 4
@@ -313,10 +313,6 @@ class GraphCapture:
             L.scale, L.max_bias, L.softcap = (float(x) for x in params)
 
 
-def _env_rotation(rotation: bool):
-    return scoped_environ({"LLAMA_ATTN_ROT_DISABLE": None if rotation else "1"})
-
-
 def capture_run(gguf_path: "str | os.PathLike[str]", tokens: "list[int]", k_type: str, v_type: str, *,
                 decode: int = 0, rotation: bool = True, n_threads: "int | None" = None, keep_state: bool = False) -> "tuple[GraphCapture, dict]":
     """Run llama.cpp (CPU, flash attention, cache types ``k_type``/``v_type``) over ``tokens`` — all
@@ -350,7 +346,7 @@ def _shim_run(cap, gguf_path, toks, split, n_ctx, threads, k_type, v_type, rotat
     ctx = None
     try:
         type_k, type_v = kv_type_id(k_type), kv_type_id(v_type)
-        with _env_rotation(rotation):
+        with rotation_environ(rotation):
             ctx = shim.context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=threads, flash_attn=True,
                                type_k=type_k, type_v=type_v, callback=cap.callback)
         n_vocab = shim.n_vocab(model)
@@ -402,7 +398,7 @@ def _python_run(cap, gguf_path, toks, split, n_ctx, threads, k_type, v_type, rot
         cp.type_v = int(gguf.GGMLQuantizationType[v_type.upper()])
         cp.cb_eval = cap.callback
         cp.cb_eval_user_data = None
-        with _env_rotation(rotation):
+        with rotation_environ(rotation):
             ctx = C.llama_init_from_model(model, cp)
         if not ctx:
             raise CaptureError("llama.cpp could not create a context")

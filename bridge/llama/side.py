@@ -60,6 +60,25 @@ class BuildInfo:
 _selected: "BuildInfo | None" = None
 
 
+# The environment llama.cpp reads, when it creates a context, for its Hadamard rotation of quantized KV
+# caches (PR #21038): upstream rotates unless LLAMA_ATTN_ROT_DISABLE is set; the TurboQuant fork at 69d8e4b
+# rotates only when asked per side (LLAMA_ATTN_ROT_K_OVERRIDE / _V_OVERRIDE), K in groups of 64 unless
+# LLAMA_ATTN_ROT_K_NROT=0 asks for upstream's group (the largest power of two dividing the head dim);
+# other builds ignore the names they do not read (src/llama-kv-cache.cpp of each tree).
+ROTATION_ON = {"LLAMA_ATTN_ROT_DISABLE": None, "LLAMA_ATTN_ROT_K_OVERRIDE": "1",
+               "LLAMA_ATTN_ROT_V_OVERRIDE": "1", "LLAMA_ATTN_ROT_K_NROT": "0"}
+ROTATION_OFF = {"LLAMA_ATTN_ROT_DISABLE": "1", "LLAMA_ATTN_ROT_K_OVERRIDE": None,
+                "LLAMA_ATTN_ROT_V_OVERRIDE": None, "LLAMA_ATTN_ROT_K_NROT": None}
+
+
+def rotation_environ(rotation: bool):
+    """``with rotation_environ(True):`` contexts created inside rotate quantized K/V rows as upstream
+    llama.cpp does, in every build (the fork at 69d8e4b included); ``False``: no build rotates."""
+    from ..environ import scoped_environ
+
+    return scoped_environ(ROTATION_ON if rotation else ROTATION_OFF)
+
+
 def selected() -> "BuildInfo | None":
     """The build this process uses as its llama.cpp side (None: llama-cpp-python's own)."""
     return _selected

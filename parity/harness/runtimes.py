@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tqbridge.bridge.environ import scoped_environ
+from tqbridge.bridge.llama.side import rotation_environ
 from tqbridge.bridge.blocks.kv_spec import LLAMA_EXAMPLE_KV, is_layered, kv_name, split_kv
 from tqbridge.bridge.mlx_blas import prefer_fast_blas
 from tqbridge.bridge.blocks.registry import get_format, names, shown
@@ -162,7 +162,7 @@ class LlamaCppRuntime:
         if not kv.is_float and not self.flash_attn and kv.v not in FLOAT_TYPES:
             raise LlamaConfigError("llama.cpp needs flash attention for a quantized V cache")
         n_ctx = self._n_ctx(n_tokens)
-        with scoped_environ({"LLAMA_ATTN_ROT_DISABLE": None if self.rotation else "1"}):
+        with rotation_environ(self.rotation):
             return Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
                          n_threads=self.n_threads, n_threads_batch=self.n_threads, logits_all=True,
                          flash_attn=self.flash_attn, type_k=self._type_id(kv.k), type_v=self._type_id(kv.v),
@@ -193,7 +193,7 @@ class LlamaCppRuntime:
         shim, model = self._shim_model()
         n_ctx = self._n_ctx(len(toks))
         n_vocab = shim.n_vocab(model)
-        with scoped_environ({"LLAMA_ATTN_ROT_DISABLE": None if self.rotation else "1"}):
+        with rotation_environ(self.rotation):
             ctx = shim.context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512), n_threads=self.n_threads,
                                flash_attn=self.flash_attn, type_k=self._type_id(kv.k), type_v=self._type_id(kv.v))
         try:
@@ -220,7 +220,7 @@ class LlamaCppRuntime:
         if self.build is not None:
             shim, model = self._shim_model()
             n_vocab = shim.n_vocab(model)
-            with scoped_environ({"LLAMA_ATTN_ROT_DISABLE": None if self.rotation else "1"}):
+            with rotation_environ(self.rotation):
                 ctx = shim.context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
                                    n_threads=self.n_threads, flash_attn=self.flash_attn,
                                    type_k=self._type_id(kv.k), type_v=self._type_id(kv.v))
@@ -236,7 +236,7 @@ class LlamaCppRuntime:
             return t1 - t0, t2 - t1
         from llama_cpp import Llama
 
-        with scoped_environ({"LLAMA_ATTN_ROT_DISABLE": None if self.rotation else "1"}):
+        with rotation_environ(self.rotation):
             llm = Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
                         n_threads=self.n_threads, n_threads_batch=self.n_threads, logits_all=False,
                         flash_attn=self.flash_attn, type_k=self._type_id(kv.k), type_v=self._type_id(kv.v),
@@ -322,7 +322,7 @@ class MLXRuntime:
         self.rotation = rotation
         self.custom_factory = cache_factory is not None
         self.cache_factory = cache_factory or (
-            lambda model, k, v: tqbridge_cache_factory(model, k, v, rotation=rotation))
+            lambda model, k, v: tqbridge_cache_factory(model, k, v, rotation=self.rotation))
         self.last_cache: "list | None" = None
 
     def logits(self, tokens: "list[int]", kv: KV, keep_cache: bool = False, decode: int = 0,

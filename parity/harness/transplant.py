@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tqbridge.bridge import get_format
-from tqbridge.bridge.environ import scoped_environ
+from tqbridge.bridge.llama.side import rotation_environ
 from tqbridge.bridge.blocks.kv_spec import DEFAULT_FORMAT
 from tqbridge.bridge.llama.state import LlamaState, load_seq_state, parse_state, read_seq_state, seq_state
 
@@ -43,7 +43,7 @@ class LlamaSession:
         self.n_past = 0
         threads = n_threads or os.cpu_count() or 1
         type_k, type_v = _type_id(k_format), _type_id(v_format)
-        with scoped_environ({"LLAMA_ATTN_ROT_DISABLE": None if rotation else "1"}):
+        with rotation_environ(rotation):
             if self.build is None:
                 from llama_cpp import Llama
 
