@@ -125,6 +125,24 @@ def test_live_blocks_and_teacher_against_the_fork():
 
 
 @live
+def test_live_ggml_types_are_rotated_as_upstream_rotates_them():
+    """rotation_environ(True) makes each fork rotate a q4_0 cache (the fork at 69d8e4b only when asked):
+    teacher finds llama.cpp's captured rows rotated and judges the rotation; with --no-rotation it finds
+    none to judge."""
+    for build in _fork_builds():
+        model = "smollm2" if llama_build.describe(build).variant == "fork-69d8e4b" else "gemma3"
+        said = {}
+        for extra in ((), ("--no-rotation",)):
+            r = subprocess.run([sys.executable, "-m", "tqbridge.tools.cli", "parity", model, "--llama", str(build),
+                                "--levels", "teacher", "--kv", "q4_0", "--tokens", "16", "--quiet", *extra],
+                               capture_output=True, text=True, timeout=1800)
+            assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+            said[extra] = r.stdout
+        assert "rotation" in said[()].split("q4_0:", 1)[1].split("\n")[0]
+        assert "rotation" not in said[("--no-rotation",)].split("q4_0:", 1)[1].split("\n")[0]
+
+
+@live
 def test_live_turbo_decode_goldens_are_remade_bit_for_bit():
     # the committed recipe of tests/data/turbo/*-decoded.npz, run on each build, against the committed file
     data = Path(__file__).parent / "data" / "turbo"
