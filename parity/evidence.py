@@ -398,6 +398,74 @@ def _twin_names(twin, kv: KVType) -> tuple[str, str]:
     return (own(kv.k), own(kv.v)) if own is not None else (kv.k, kv.v)
 
 
+# ---- 1b. the build's own llama-perplexity ---------------------------------------------------------------
+
+# llama-perplexity's last line: "Final estimate: PPL = %.4f +/- %.5f"
+_FINAL = r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)"
+PRINTED_PPL = 0.5e-4     # half the last printed digit of its PPL ...
+PRINTED_ERR = 0.5e-5     # ... and of its standard error
+
+
+def perplexity_tool(build: "Path | None") -> "Path | None":
+    """The build's ``llama-perplexity`` (configured with -DLLAMA_BUILD_TOOLS=ON), or None."""
+    if build is None:
+        return None
+    for sub in ("bin", ""):
+        p = Path(build) / sub / "llama-perplexity"
+        if p.is_file():
+            return p
+    return None
+
+
+def run_llama_perplexity(tool: Path, model: Path, text: str, types: "list[KVType]", *, n_ctx: int, n_chunks: int,
+                         threads: int, rotation: "Callable[[KVType], bool] | None", cache: ResultCache,
+                         say: Callable[[str], None], quality: dict) -> dict[str, dict]:
+    """Each type through the build's own ``llama-perplexity`` on the same text and settings (one chunk per
+    batch, flash attention, the type's KV rotation through the environment llama.cpp reads), its final
+    estimate beside ours: the same to its printed digits is ``agrees``; within its printed uncertainty is
+    the weaker claim a different arithmetic would still meet."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    from tqbridge.bridge.llama.side import ROTATION_OFF, ROTATION_ON
+
+    out: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        text_file = Path(tmp) / "text.txt"
+        text_file.write_text(text, encoding="utf-8")
+        for n, kv in enumerate(types):
+            ours = quality.get(kv.name)
+            if ours is None or "refused" in ours:
+                continue
+            got = cache.get("llama-perplexity", kv.file_key)
+            if got is None:
+                say(f"[llama-perplexity {n + 1}/{len(types)}] {kv.name}")
+                rotated = rotation(kv) if rotation is not None else True
+                env = {k: v for k, v in os.environ.items() if k not in ROTATION_ON}
+                env.update({k: v for k, v in (ROTATION_ON if rotated else ROTATION_OFF).items() if v is not None})
+                k, v = (f.split("@")[0] for f in (kv.k, kv.v))
+                args = ["-c", str(n_ctx), "--chunks", str(n_chunks), "-b", str(n_ctx), "-fa", "on", "-ctk", k,
+                        "-ctv", v, "-t", str(threads)]
+                r = subprocess.run([str(tool), "-m", str(model), "-f", str(text_file), *args], capture_output=True,
+                                   text=True, env=env, timeout=6 * 3600)
+                m = re.search(_FINAL, r.stdout + r.stderr)
+                if r.returncode != 0 or not m:
+                    tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+                    got = {"failed": f"exit {r.returncode}: {tail[0][:300]}"}
+                else:
+                    got = {"ppl": float(m.group(1)), "ppl_err": float(m.group(2)), "kv_rotation": rotated,
+                           "command": " ".join(["llama-perplexity", "-m", model.name, "-f", "TEXT", *args])}
+                cache.put("llama-perplexity", kv.file_key, got)
+            if "ppl" in got:
+                d, de = abs(ours["ppl"] - got["ppl"]), abs(ours["ppl_err"] - got["ppl_err"])
+                got = {**got, "ours": ours["ppl"], "ours_err": ours["ppl_err"], "delta": d,
+                       "agrees": bool(d <= PRINTED_PPL and de <= PRINTED_ERR), "within_uncertainty": bool(d <= got["ppl_err"])}
+            out[kv.name] = got
+    return out
+
+
 # ---- 2. CPU speed ---------------------------------------------------------------------------------------
 
 def run_speed(runtime, ids: "list[int]", types: "list[KVType]", *, lengths: "tuple[int, ...]",
@@ -601,11 +669,12 @@ class Evidence:
     speed: list = field(default_factory=list)
     kernels: list = field(default_factory=list)
     mlx: "dict | None" = None
+    llama_perplexity: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"settings": self.settings, "types": self.types, "quality": self.quality, "speed": self.speed,
-                "kernels": self.kernels, "mlx": self.mlx, "info": self.info}
+                "kernels": self.kernels, "mlx": self.mlx, "llama_perplexity": self.llama_perplexity, "info": self.info}
 
 
 def text_tokens(runtime, text: str) -> tuple[list[int], "int | None"]:
@@ -622,7 +691,7 @@ def run_evidence(runtime, *, requested: "list[str]", text: str, text_source: str
                  speed_lengths: "tuple[int, ...] | None" = None, flash_attn=build_flash_attn,
                  mlx_side: "Callable[..., dict] | None" = None, available: "Iterable[str] | None" = None,
                  only_case: "str | None" = None, twin=None, speed_reps: int = SPEED_REPS,
-                 rotation: "Callable[[KVType], bool] | None" = None,
+                 rotation: "Callable[[KVType], bool] | None" = None, perplexity: "tuple[Path, Path] | None" = None,
                  progress: "Callable[[str], None] | None" = None) -> Evidence:
     say = progress or (lambda msg: None)
     parts = tuple(parts)
@@ -639,6 +708,10 @@ def run_evidence(runtime, *, requested: "list[str]", text: str, text_source: str
     if "quality" in parts:
         ev.quality = run_quality(runtime, chunks, types, baseline=base, cache=cache, say=say,
                                  twin=twin if "mlx" in parts else None, rotation=rotation)
+        if perplexity is not None:     # (the build's llama-perplexity, the model file)
+            ev.llama_perplexity = run_llama_perplexity(
+                perplexity[0], perplexity[1], text, types, n_ctx=n_ctx, n_chunks=len(chunks),
+                threads=getattr(runtime, "n_threads", 1), rotation=rotation, cache=cache, say=say, quality=ev.quality)
     if "speed" in parts:
         lengths = speed_lengths or (max(16, n_ctx // 4), n_ctx)
         runs = [t for t in types if "refused" not in ev.quality.get(t.name, {})]

@@ -56,6 +56,19 @@ def markdown(report: dict) -> str:
             for n, t in twin:
                 L.append(f"| {n} | {t['kld']['mean']:.3g} ± {t['kld']['err']:.2g} | {100 * t['kld']['same_top']:.2f} % "
                          f"| {t['claim']} | {'pass' if t['passed'] else 'FAIL'} |")
+    lp = report.get("llama_perplexity") or {}
+    if lp:
+        L += ["", "### Against the build's own llama-perplexity", "",
+              "Same text, chunks and KV rotation. Agrees: the same to the digits it prints; the claim: within its "
+              "printed uncertainty.", "",
+              "| cache | llama-perplexity | tqbridge evidence | difference | agrees | claim |", "|---|---:|---:|---:|---|---|"]
+        for n, r in lp.items():
+            if "failed" in r:
+                L.append(f"| {n} | failed: {r['failed']} | | | | FAIL |")
+                continue
+            L.append(f"| {n} | {r['ppl']:.4f} ± {r['ppl_err']:.5f} | {r['ours']:.4f} ± {r['ours_err']:.5f} | "
+                     f"{r['delta']:.2g} | {'yes' if r['agrees'] else 'no'} | "
+                     f"{'pass' if r['within_uncertainty'] else 'FAIL'} |")
     sp = report.get("speed") or []
     if sp:
         L += ["", "## CPU performance", "",

@@ -305,6 +305,50 @@ def test_each_type_runs_with_its_own_rotation_in_both_runtimes():
 
 # ---- agreement with llama-perplexity ------------------------------------------------------------------
 
+FAKE_TOOL = """#!{python}
+import json, os, sys
+args = sys.argv[1:]
+k = args[args.index("-ctk") + 1]
+said = json.load(open({answers!r}))
+with open({seen!r}, "a") as f:
+    f.write(json.dumps([k, os.environ.get("LLAMA_ATTN_ROT_DISABLE"), os.environ.get("LLAMA_ATTN_ROT_K_OVERRIDE")]) + "\\n")
+ppl, err = said[k]
+print("[1]12.3,[2]12.4")
+print("Final estimate: PPL = %.4f +/- %.5f" % (ppl, err))
+"""
+
+
+def test_each_type_is_compared_with_the_builds_llama_perplexity(tmp_path):
+    """A stand-in llama-perplexity (prints the final estimate it is told to): one printing tqbridge's own
+    perplexities agrees to the digits; one off by three of its standard errors for q4_0 fails the claim
+    there, in the report and the verdict. Each type runs with its KV rotation in the tool's environment."""
+    import sys
+
+    fake = FakeBuild()
+    types = ["q8_0/turbo3"]
+    first = ev.run_evidence(fake, requested=types, text=TEXT, text_source="t", n_ctx=64, n_chunks=2, out=None,
+                            parts=("quality",))
+    answers, seen = tmp_path / "answers.json", tmp_path / "seen.txt"
+    tool = tmp_path / "llama-perplexity"
+    tool.write_text(FAKE_TOOL.format(python=sys.executable, answers=str(answers), seen=str(seen)))
+    tool.chmod(0o755)
+    by_k = {n.split("/")[0]: (r["ppl"], r["ppl_err"]) for n, r in first.quality.items() if n.count("/") == 0}
+    for shift, want in ((0.0, True), (3.0, False)):
+        told = {k: (p + (shift * e if k == "q4_0" else 0.0), e) for k, (p, e) in by_k.items()}
+        answers.write_text(json.dumps(told))
+        res = ev.run_evidence(fake, requested=["q4_0"], text=TEXT, text_source="t", n_ctx=64, n_chunks=2, out=None,
+                              parts=("quality",), perplexity=(tool, tmp_path / "model.gguf"),
+                              rotation=lambda kv: ev.kv_rotation(kv, fork=True))
+        lp = res.llama_perplexity
+        assert lp["q4_0"]["within_uncertainty"] is want and lp["q4_0"]["agrees"] is want
+        assert lp["q8_0"]["agrees"] and lp["f16"]["agrees"]
+        md = markdown({"settings": res.settings, "quality": res.quality, "llama_perplexity": lp, "requested": []})
+        section = md.split("### Against the build's own llama-perplexity", 1)[1]
+        row = next(ln for ln in section.splitlines() if ln.startswith("| q4_0 |"))
+        assert row.endswith("| FAIL |" if not want else "| pass |"), row
+    runs = [json.loads(ln) for ln in seen.read_text().splitlines()]
+    assert ["f16", "1", None] in runs and ["q4_0", None, "1"] in runs     # float unrotated, ggml rotated
+
 PPL_RECORD = "benchmarks/records/cpu/2026-12-06-llama-perplexity-smollm2-fork-69d8e4b.json"
 EVIDENCE_RECORD = "benchmarks/records/cpu/2026-12-06-evidence-smollm2-fork-69d8e4b.json"
 # llama-perplexity prints "PPL = %.4f +/- %.5f": its digits are the resolution of an agreement claim

@@ -90,6 +90,9 @@ def run(args) -> int:
         say("note: against a TurboQuant fork build, ggml types run rotated as upstream llama.cpp rotates them, "
             "types with a turbo half unrotated (in both runtimes)")
     runtime = LlamaCppRuntime(path, n_threads=args.threads)
+    tool = ev.perplexity_tool(build.path) if build is not None else None
+    if tool is not None:
+        say(f"the build has {tool.name}: each type's perplexity is compared with it")
     twin = None
     if "mlx" in parts:
         from tqbridge.parity.harness.runtimes import MLXRuntime
@@ -108,6 +111,7 @@ def run(args) -> int:
                               n_chunks=args.chunks, baseline=baseline, out=Path(args.out), settings_extra=settings,
                               parts=parts, twin=twin, speed_reps=args.speed_reps, available=set(llama_kv_types()),
                               rotation=lambda kv: ev.kv_rotation(kv, fork=fork),
+                              perplexity=(tool, path) if tool is not None else None,
                               mlx_side=lambda types, cache, say: ev.run_mlx_side(types, cache=cache, say=say,
                                                                                   variant=variant),
                               progress=say)
@@ -129,7 +133,15 @@ def run(args) -> int:
               f"oracle's bound" + (f" (first: {bad[0]})" if bad else ""))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     twin_bad = [n for n, r in res.quality.items() if r.get("vs_tqbridge", {}).get("passed") is False]
-    return 1 if bad or twin_bad else 0
+    lp = res.llama_perplexity
+    if lp:
+        agree = sum(1 for r in lp.values() if r.get("agrees"))
+        lp_bad = [n for n, r in lp.items() if not r.get("within_uncertainty")]
+        print(f"llama-perplexity: {len(lp)} types, {agree} the same to its printed digits, "
+              f"{len(lp) - len(lp_bad)} within its printed uncertainty" + (f" (not: {', '.join(lp_bad)})" if lp_bad else ""))
+    else:
+        lp_bad = []
+    return 1 if bad or twin_bad or lp_bad else 0
 
 
 def command_line(args) -> str:
