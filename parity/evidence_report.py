@@ -59,7 +59,7 @@ def markdown(report: dict) -> str:
     lp = report.get("llama_perplexity") or {}
     if lp:
         L += ["", "### Against the build's own llama-perplexity", "",
-              "Same text, chunks and KV rotation. Agrees: the same to the digits it prints; the claim: within its "
+              "Same text, chunks and KV rotation. Agrees: within a unit of its last printed digits; the claim: within its "
               "printed uncertainty.", "",
               "| cache | llama-perplexity | tqbridge evidence | difference | agrees | claim |", "|---|---:|---:|---:|---|---|"]
         for n, r in lp.items():

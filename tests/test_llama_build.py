@@ -143,6 +143,30 @@ def test_live_ggml_types_are_rotated_as_upstream_rotates_them():
 
 
 @live
+def test_live_evidence_perplexity_equals_the_builds_llama_perplexity(tmp_path):
+    """Where a fork build has llama-perplexity, tqbridge evidence's perplexity of each type (f16, rotated
+    q4_0, a turbo pair) is its within a unit of the last printed digit."""
+    import re
+
+    from tqbridge.parity.evidence import perplexity_tool
+
+    ran = 0
+    for build in _fork_builds():
+        if perplexity_tool(build) is None:
+            continue
+        model = "smollm2" if llama_build.describe(build).variant == "fork-69d8e4b" else "gemma3"
+        r = subprocess.run([sys.executable, "-m", "tqbridge.tools.cli", "evidence", model, "--llama", str(build),
+                            "--kv", "q8_0/turbo3", "--ctx", "64", "--chunks", "2", "--parts", "quality",
+                            "--out", str(tmp_path / build.name), "--quiet"], capture_output=True, text=True, timeout=3600)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        m = re.search(r"llama-perplexity: (\d+) types, (\d+) within a unit of its last printed digit", r.stdout)
+        assert m and m.group(1) == m.group(2) and int(m.group(1)) >= 8, r.stdout[-1500:]
+        ran += 1
+    if not ran:
+        pytest.skip("no fork build with bin/llama-perplexity (configure with -DLLAMA_BUILD_TOOLS=ON)")
+
+
+@live
 def test_live_turbo_decode_goldens_are_remade_bit_for_bit():
     # the committed recipe of tests/data/turbo/*-decoded.npz, run on each build, against the committed file
     data = Path(__file__).parent / "data" / "turbo"

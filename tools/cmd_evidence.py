@@ -137,7 +137,7 @@ def run(args) -> int:
     if lp:
         agree = sum(1 for r in lp.values() if r.get("agrees"))
         lp_bad = [n for n, r in lp.items() if not r.get("within_uncertainty")]
-        print(f"llama-perplexity: {len(lp)} types, {agree} the same to its printed digits, "
+        print(f"llama-perplexity: {len(lp)} types, {agree} within a unit of its last printed digit, "
               f"{len(lp) - len(lp_bad)} within its printed uncertainty" + (f" (not: {', '.join(lp_bad)})" if lp_bad else ""))
     else:
         lp_bad = []
