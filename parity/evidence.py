@@ -16,7 +16,7 @@ run on at least two ggml backends. This module measures each, for one model and 
 3. :func:`run_kernels` -- the build's ``flash_attn_ext`` (ggml's CPU backend of that build) against
    tqbridge's float64 oracle and against tqbridge's own fused kernel on the CPU emulator as the second
    backend, NMSE per case beside test-backend-ops' bar for flash_attn_ext (:data:`NMSE_BAR`).
-4. :func:`run_mlx_side` -- the parity levels (blocks, logits) for the same types.
+4. :func:`run_mlx_side` -- the parity levels (blocks, attention, teacher; logits in 1) for the same types.
 
 :func:`run_evidence` runs them, caching each type's result under ``OUT/cache/<settings>/`` so an
 interrupted run resumes; :mod:`tqbridge.parity.evidence_report` writes the Markdown, JSON and plot.
@@ -637,25 +637,53 @@ def run_kernels(types: "list[KVType]", *, flash_attn=build_flash_attn, runtime=N
 
 # ---- 4. the MLX side ------------------------------------------------------------------------------------
 
-def run_mlx_side(types: "list[KVType]", *, cache: ResultCache, say: Callable[[str], None],
-                 variant: "str | None" = None) -> dict:
-    """The parity blocks level (tqbridge's quantizers and kernels' decoders byte for byte against the build's
-    ggml, turbo types against the fork build's own decode) for every format of the types. The logits level
-    for the same types is the ``vs_tqbridge`` KLD of :func:`run_quality` (the build's logits against
-    tqbridge's MLX cache on the same chunks)."""
-    got = cache.get("mlx", "blocks")
-    if got is not None:
-        return got
-    from tqbridge.parity.harness.level_blocks import run_blocks_level
+MLX_LEVELS = ("attention", "teacher")
+MLX_LEVEL_TOKENS = 32     # teacher's prompt: as `tqbridge parity --tokens 32`
 
-    fmts = sorted({qualify_variant(f, variant) for kv in types for f in (kv.k, kv.v)} - {"f16", "f32", "bf16"})
-    say(f"[mlx] blocks level: {', '.join(fmts)}")
-    blocks = run_blocks_level(fmts, kernel_backends=("cpu-emulator",))
-    out = {"blocks": {"passed": blocks["passed"],
-                      "formats": [{"format": e.get("format"), "passed": e.get("passed"), "summary": _brief(e)}
-                                  for e in blocks["formats"]]}}
-    cache.put("mlx", "blocks", out)
-    return out
+
+def run_mlx_side(types: "list[KVType]", *, cache: ResultCache, say: Callable[[str], None],
+                 variant: "str | None" = None, model: "Path | None" = None,
+                 rotation: "Callable[[KVType], bool] | None" = None) -> dict:
+    """The parity levels for the same types against the same build. Blocks: tqbridge's quantizers and
+    kernels' decoders byte for byte against the build's ggml (turbo types against the fork build's own
+    decode), every format of the types. With ``model``: attention (our kernels and the build's arithmetic on
+    random problems of each pair, against the float64 oracle) and teacher (the build's own per-layer K/V/q
+    rows of ``model`` through tqbridge's kernels), each type with its KV rotation. The logits level is
+    the ``vs_tqbridge`` KLD of :func:`run_quality`."""
+    out = cache.get("mlx", "blocks")
+    if out is None:
+        from tqbridge.parity.harness.level_blocks import run_blocks_level
+
+        fmts = sorted({qualify_variant(f, variant) for kv in types for f in (kv.k, kv.v)} - {"f16", "f32", "bf16"})
+        say(f"[mlx] blocks level: {', '.join(fmts)}")
+        blocks = run_blocks_level(fmts, kernel_backends=("cpu-emulator",))
+        out = {"blocks": {"passed": blocks["passed"],
+                          "formats": [{"format": e.get("format"), "passed": e.get("passed"), "summary": _brief(e)}
+                                      for e in blocks["formats"]]}}
+        cache.put("mlx", "blocks", out)
+    if model is None:
+        return out
+    from tqbridge.parity.harness.run_levels import RunOptions, run_levels
+
+    quantized = [kv for kv in types if kv.name != NATIVE]
+    groups: dict[bool, list[KVType]] = {}
+    for kv in quantized:
+        groups.setdefault(rotation(kv) if rotation is not None else True, []).append(kv)
+    levels = []
+    for rotated, kvs in groups.items():
+        key = hashlib.sha256(json.dumps([rotated, [k.name for k in kvs]]).encode()).hexdigest()[:16]
+        got = cache.get("mlx-levels", key)
+        if got is None:
+            lines: list[str] = []
+            say(f"[mlx] {', '.join(MLX_LEVELS)} levels, KV rotation {'on' if rotated else 'off'}: "
+                f"{', '.join(k.name for k in kvs)}")
+            run = run_levels(model, [k.name for k in kvs], list(MLX_LEVELS),
+                             RunOptions(tokens=MLX_LEVEL_TOKENS, decode=4, rotation=rotated), say=say,
+                             emit=lines.append, warn=lines.append)
+            got = {"kv": [k.name for k in kvs], "kv_rotation": rotated, "verdicts": run.verdicts, "lines": lines}
+            cache.put("mlx-levels", key, got)
+        levels.append(got)
+    return {**out, "levels": levels}
 
 
 def _brief(entry: dict) -> str:

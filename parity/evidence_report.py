@@ -106,6 +106,11 @@ def markdown(report: dict) -> str:
               "| format | byte-exact vs the build |", "|---|---|"]
         for e in m["blocks"]["formats"]:
             L.append(f"| {e['format']} | {'pass' if e['passed'] else 'FAIL'} |")
+        for g in m.get("levels", []):
+            held = ", ".join(f"{v['level']}: {'holds' if v['passed'] else 'FAILED' if v['passed'] is False else 'not judged'}"
+                             for v in g["verdicts"])
+            L += ["", f"### Parity levels, KV rotation {'on' if g['kv_rotation'] else 'off'}: {held}", "", "```",
+                  *g["lines"], "```"]
     L += ["", "## Versions and machine", "", "```", json.dumps(report.get("environment", {}), indent=1), "```", ""]
     return "\n".join(L)
 

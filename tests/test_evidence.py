@@ -194,6 +194,23 @@ def test_command_line_writes_the_report_and_resumes(tiny, tmp_path, capsys):
     assert "chunk" not in capsys.readouterr().err
 
 
+def test_the_mlx_side_runs_attention_and_teacher_per_rotation(tiny):
+    """The parity levels on the model for the same types (llama-cpp-python's llama.cpp here), grouped by
+    their KV rotation, every level judged; the report prints each group's lines."""
+    types = [ev.parse_kv(n) for n in ("f16", "q4_0", "q8_0/q4_0")]
+    got = ev.run_mlx_side(types, cache=ev.ResultCache(None, {}), say=lambda m: None, model=tiny,
+                          rotation=lambda kv: kv.name == "q4_0")
+    assert got["blocks"]["passed"]
+    groups = {g["kv_rotation"]: g for g in got["levels"]}
+    assert groups[True]["kv"] == ["q4_0"] and groups[False]["kv"] == ["q8_0/q4_0"]
+    for g in groups.values():
+        assert [v["level"] for v in g["verdicts"]] == list(ev.MLX_LEVELS)
+        assert all(v["passed"] is True for v in g["verdicts"]), g
+        assert any(line.startswith("teacher: every layer holds") for line in g["lines"])
+    md = markdown({"settings": {}, "mlx": got, "requested": []})
+    assert "### Parity levels, KV rotation on: attention: holds, teacher: holds" in md
+
+
 def test_one_kernel_case_by_id(capsys):
     assert main(["evidence", "smollm2", "--case", "q8_0/q4_0:d64-h8x2-n64"]) == 0
     assert "NMSE build vs ours" in capsys.readouterr().out

@@ -112,8 +112,9 @@ def run(args) -> int:
                               parts=parts, twin=twin, speed_reps=args.speed_reps, available=set(llama_kv_types()),
                               rotation=lambda kv: ev.kv_rotation(kv, fork=fork),
                               perplexity=(tool, path) if tool is not None else None,
-                              mlx_side=lambda types, cache, say: ev.run_mlx_side(types, cache=cache, say=say,
-                                                                                  variant=variant),
+                              mlx_side=lambda types, cache, say: ev.run_mlx_side(
+                                  types, cache=cache, say=say, variant=variant, model=path,
+                                  rotation=lambda kv: ev.kv_rotation(kv, fork=fork)),
                               progress=say)
     except ev.EvidenceError as e:
         raise CliError(str(e)) from e
@@ -141,7 +142,11 @@ def run(args) -> int:
               f"{len(lp) - len(lp_bad)} within its printed uncertainty" + (f" (not: {', '.join(lp_bad)})" if lp_bad else ""))
     else:
         lp_bad = []
-    return 1 if bad or twin_bad or lp_bad else 0
+    unheld = [f"{v['level']} ({', '.join(g['kv'])})" for g in (res.mlx or {}).get("levels", [])
+              for v in g["verdicts"] if v["passed"] is not True]
+    if res.mlx and "levels" in res.mlx:
+        print("MLX side: " + ("every level holds" if not unheld else "not held: " + "; ".join(unheld)))
+    return 1 if bad or twin_bad or lp_bad or unheld else 0
 
 
 def command_line(args) -> str:
