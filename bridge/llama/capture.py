@@ -346,23 +346,25 @@ def _shim_run(cap, gguf_path, toks, split, n_ctx, threads, k_type, v_type, rotat
     ctx = None
     try:
         type_k, type_v = kv_type_id(k_type), kv_type_id(v_type)
+        # the rotation's environment for the context's whole life: a build may read it when it builds a
+        # graph (the fork at 69d8e4b: LLAMA_ATTN_ROT_K_NROT), not only when it makes the context
         with rotation_environ(rotation):
             ctx = shim.context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=threads, flash_attn=True,
                                type_k=type_k, type_v=type_v, callback=cap.callback)
-        n_vocab = shim.n_vocab(model)
-        logits, pos = [], 0
-        for chunk in [toks[:split]] + [[x] for x in toks[split:]]:
-            try:
-                row = shim.decode(ctx, chunk, pos, n_vocab, all_logits=False)
-            except Exception as e:
+            n_vocab = shim.n_vocab(model)
+            logits, pos = [], 0
+            for chunk in [toks[:split]] + [[x] for x in toks[split:]]:
+                try:
+                    row = shim.decode(ctx, chunk, pos, n_vocab, all_logits=False)
+                except Exception as e:
+                    if cap.error is not None:
+                        raise CaptureError(f"capture failed: {cap.error}") from cap.error
+                    raise CaptureError(str(e)) from e
                 if cap.error is not None:
                     raise CaptureError(f"capture failed: {cap.error}") from cap.error
-                raise CaptureError(str(e)) from e
-            if cap.error is not None:
-                raise CaptureError(f"capture failed: {cap.error}") from cap.error
-            pos += len(chunk)
-            logits.append(row[0])
-        state = shim.state(ctx) if keep_state else None
+                pos += len(chunk)
+                logits.append(row[0])
+            state = shim.state(ctx) if keep_state else None
     finally:
         if ctx:
             shim.free(ctx)
@@ -398,22 +400,22 @@ def _python_run(cap, gguf_path, toks, split, n_ctx, threads, k_type, v_type, rot
         cp.type_v = int(gguf.GGMLQuantizationType[v_type.upper()])
         cp.cb_eval = cap.callback
         cp.cb_eval_user_data = None
-        with rotation_environ(rotation):
+        with rotation_environ(rotation):    # the context's whole life (see _shim_run)
             ctx = C.llama_init_from_model(model, cp)
-        if not ctx:
-            raise CaptureError("llama.cpp could not create a context")
-        n_vocab = C.llama_vocab_n_tokens(C.llama_model_get_vocab(model))
-        logits = []
-        for chunk in [toks[:split]] + [[x] for x in toks[split:]]:
-            arr = (C.llama_token * len(chunk))(*chunk)
-            batch = C.llama_batch_get_one(arr, len(chunk))
-            rc = C.llama_decode(ctx, batch)
-            if cap.error is not None:
-                raise CaptureError(f"capture failed: {cap.error}") from cap.error
-            if rc != 0:
-                raise CaptureError(f"llama_decode returned {rc}")
-            ptr = C.llama_get_logits_ith(ctx, -1)
-            logits.append(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy())
+            if not ctx:
+                raise CaptureError("llama.cpp could not create a context")
+            n_vocab = C.llama_vocab_n_tokens(C.llama_model_get_vocab(model))
+            logits = []
+            for chunk in [toks[:split]] + [[x] for x in toks[split:]]:
+                arr = (C.llama_token * len(chunk))(*chunk)
+                batch = C.llama_batch_get_one(arr, len(chunk))
+                rc = C.llama_decode(ctx, batch)
+                if cap.error is not None:
+                    raise CaptureError(f"capture failed: {cap.error}") from cap.error
+                if rc != 0:
+                    raise CaptureError(f"llama_decode returned {rc}")
+                ptr = C.llama_get_logits_ith(ctx, -1)
+                logits.append(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy())
         state = None
         if keep_state:
             size = C.llama_state_seq_get_size(ctx, 0)

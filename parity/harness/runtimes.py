@@ -175,16 +175,19 @@ class LlamaCppRuntime:
         split = len(toks) - max(0, min(int(decode), len(toks) - 1))
         if self.build is not None:
             return self._shim_logits(toks, split, kv, keep_state)
-        llm = self._context(len(tokens), kv)
-        try:
-            llm.eval(toks[:split])
-            for t in toks[split:]:
-                llm.eval([t])
-            out = np.array(llm.scores[: len(tokens)], dtype=np.float32, copy=True)
-            if keep_state:
-                self.last_state = self.state_blob(llm)
-        finally:
-            llm.close()
+        # the rotation's environment for the context's whole life: a build may read it when it builds a
+        # graph, not only when it makes the context (the fork at 69d8e4b: LLAMA_ATTN_ROT_K_NROT)
+        with rotation_environ(self.rotation):
+            llm = self._context(len(tokens), kv)
+            try:
+                llm.eval(toks[:split])
+                for t in toks[split:]:
+                    llm.eval([t])
+                out = np.array(llm.scores[: len(tokens)], dtype=np.float32, copy=True)
+                if keep_state:
+                    self.last_state = self.state_blob(llm)
+            finally:
+                llm.close()
         return out
 
     def _shim_logits(self, toks: "list[int]", split: int, kv: KV, keep_state: bool) -> np.ndarray:
@@ -193,17 +196,17 @@ class LlamaCppRuntime:
         shim, model = self._shim_model()
         n_ctx = self._n_ctx(len(toks))
         n_vocab = shim.n_vocab(model)
-        with rotation_environ(self.rotation):
+        with rotation_environ(self.rotation):    # the context's whole life (see logits)
             ctx = shim.context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512), n_threads=self.n_threads,
                                flash_attn=self.flash_attn, type_k=self._type_id(kv.k), type_v=self._type_id(kv.v))
-        try:
-            outs = [shim.decode(ctx, toks[:split], 0, n_vocab, all_logits=True)]
-            for i in range(split, len(toks)):
-                outs.append(shim.decode(ctx, [toks[i]], i, n_vocab, all_logits=True))
-            if keep_state:
-                self.last_state = shim.state(ctx)
-        finally:
-            shim.free(ctx)
+            try:
+                outs = [shim.decode(ctx, toks[:split], 0, n_vocab, all_logits=True)]
+                for i in range(split, len(toks)):
+                    outs.append(shim.decode(ctx, [toks[i]], i, n_vocab, all_logits=True))
+                if keep_state:
+                    self.last_state = shim.state(ctx)
+            finally:
+                shim.free(ctx)
         return np.concatenate(outs, axis=0)
 
     def time_prompt_decode(self, tokens: "list[int]", kv: KV, n_prompt: int) -> tuple[float, float]:
@@ -220,36 +223,36 @@ class LlamaCppRuntime:
         if self.build is not None:
             shim, model = self._shim_model()
             n_vocab = shim.n_vocab(model)
-            with rotation_environ(self.rotation):
+            with rotation_environ(self.rotation):    # the context's whole life (see logits)
                 ctx = shim.context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
                                    n_threads=self.n_threads, flash_attn=self.flash_attn,
                                    type_k=self._type_id(kv.k), type_v=self._type_id(kv.v))
-            try:
-                t0 = time.perf_counter()
-                shim.decode(ctx, toks[:n_prompt], 0, n_vocab, all_logits=False)
-                t1 = time.perf_counter()
-                for i in range(n_prompt, len(toks)):
-                    shim.decode(ctx, [toks[i]], i, n_vocab, all_logits=False)
-                t2 = time.perf_counter()
-            finally:
-                shim.free(ctx)
+                try:
+                    t0 = time.perf_counter()
+                    shim.decode(ctx, toks[:n_prompt], 0, n_vocab, all_logits=False)
+                    t1 = time.perf_counter()
+                    for i in range(n_prompt, len(toks)):
+                        shim.decode(ctx, [toks[i]], i, n_vocab, all_logits=False)
+                    t2 = time.perf_counter()
+                finally:
+                    shim.free(ctx)
             return t1 - t0, t2 - t1
         from llama_cpp import Llama
 
-        with rotation_environ(self.rotation):
+        with rotation_environ(self.rotation):    # the context's whole life (see logits)
             llm = Llama(model_path=str(self.path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
                         n_threads=self.n_threads, n_threads_batch=self.n_threads, logits_all=False,
                         flash_attn=self.flash_attn, type_k=self._type_id(kv.k), type_v=self._type_id(kv.v),
                         verbose=False)
-        try:
-            t0 = time.perf_counter()
-            llm.eval(toks[:n_prompt])
-            t1 = time.perf_counter()
-            for t in toks[n_prompt:]:
-                llm.eval([t])
-            t2 = time.perf_counter()
-        finally:
-            llm.close()
+            try:
+                t0 = time.perf_counter()
+                llm.eval(toks[:n_prompt])
+                t1 = time.perf_counter()
+                for t in toks[n_prompt:]:
+                    llm.eval([t])
+                t2 = time.perf_counter()
+            finally:
+                llm.close()
         return t1 - t0, t2 - t1
 
     @staticmethod

@@ -41,6 +41,7 @@ class LlamaSession:
         ensure_compatible()
         self.build = selected()
         self.n_past = 0
+        self.rotation = rotation
         threads = n_threads or os.cpu_count() or 1
         type_k, type_v = _type_id(k_format), _type_id(v_format)
         with rotation_environ(rotation):
@@ -60,11 +61,13 @@ class LlamaSession:
 
     def eval(self, tokens: "list[int]") -> np.ndarray:
         toks = [int(t) for t in tokens]
-        if self.build is None:
-            self.llm.eval(toks)
-            self.n_past = self.llm.n_tokens
-            return np.asarray(self.llm.scores[self.llm.n_tokens - 1], np.float32)
-        row = self.shim.decode(self.ctx, toks, self.n_past, self.n_vocab, all_logits=False)[0]
+        # the rotation's environment again: a build may read it when it builds a graph (the fork at 69d8e4b)
+        with rotation_environ(self.rotation):
+            if self.build is None:
+                self.llm.eval(toks)
+                self.n_past = self.llm.n_tokens
+                return np.asarray(self.llm.scores[self.llm.n_tokens - 1], np.float32)
+            row = self.shim.decode(self.ctx, toks, self.n_past, self.n_vocab, all_logits=False)[0]
         self.n_past += len(toks)
         return row
 
