@@ -750,7 +750,7 @@ def run_evidence(runtime, *, requested: "list[str]", text: str, text_source: str
                              rotation=rotation)
     if "kernels" in parts:
         ev.kernels = run_kernels(types, flash_attn=flash_attn, runtime=runtime, cache=cache, say=say, only=only_case)
-    if "mlx" in parts and mlx_side is not None:
-        ev.mlx = mlx_side(types, cache=cache, say=say)
+    if "mlx" in parts and mlx_side is not None:   # the types the build runs (those it refused: in quality)
+        ev.mlx = mlx_side([t for t in types if "refused" not in ev.quality.get(t.name, {})], cache=cache, say=say)
     ev.info["seconds"] = round(time.perf_counter() - t0, 1)
     return ev

@@ -271,9 +271,12 @@ class RefusingBuild(FakeBuild):
 
 
 def test_a_type_the_build_refuses_is_reported_and_the_rest_runs(tmp_path):
+    given = []
     res = ev.run_evidence(RefusingBuild(), requested=["turbo3", "q8_0/q4_0"], text=TEXT, text_source="t",
-                          n_ctx=64, n_chunks=2, out=None, parts=("quality",))
+                          n_ctx=64, n_chunks=2, out=None, parts=("quality", "mlx"),
+                          mlx_side=lambda types, cache, say: given.extend(t.name for t in types) or {})
     assert "does not divide" in res.quality["turbo3"]["refused"]
+    assert "q8_0/q4_0" in given and "turbo3" not in given      # the MLX side compares what the build ran
     assert res.quality["q8_0/q4_0"]["vs_f16"]["kld"]["mean"] > 0
     md = markdown({"settings": res.settings, "quality": res.quality, "requested": ["turbo3"]})
     assert "Refused by the build: **turbo3**" in md
