@@ -448,7 +448,7 @@ def run_llama_perplexity(tool: Path, model: Path, text: str, types: "list[KVType
                 rotated = rotation(kv) if rotation is not None else True
                 env = {k: v for k, v in os.environ.items() if k not in ROTATION_ON}
                 env.update({k: v for k, v in (ROTATION_ON if rotated else ROTATION_OFF).items() if v is not None})
-                k, v = (f.split("@")[0] for f in (kv.k, kv.v))
+                k, v = (format_of(None, f).name for f in (kv.k, kv.v))    # the build's own type names
                 args = ["-c", str(n_ctx), "--chunks", str(n_chunks), "-b", str(n_ctx), "-fa", "on", "-ctk", k,
                         "-ctv", v, "-t", str(threads)]
                 r = subprocess.run([str(tool), "-m", str(model), "-f", str(text_file), *args], capture_output=True,
