@@ -397,6 +397,24 @@ def test_recorded_evidence_equals_the_forks_llama_perplexity_to_its_printed_digi
         assert abs(o["ppl_err"] - t["ppl_err"]) <= PRINTED_ERR, (name, o["ppl_err"], t["ppl_err"])
 
 
+def test_every_recorded_evidence_run_agrees_with_its_builds_llama_perplexity():
+    """The committed evidence records made on builds with llama-perplexity: each type's perplexity and error
+    within a unit of the digits llama-perplexity printed (the run's own comparison, re-checked here from
+    the numbers), both fork variants among them."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    checked = set()
+    for path in sorted((root / "benchmarks" / "records" / "cpu").glob("*-evidence-*.json")):
+        lp = _record(path.relative_to(root)).get("llama_perplexity") or {}
+        for name, r in lp.items():
+            assert abs(r["ppl"] - r["ours"]) <= ev.PPL_DIGIT, (path.name, name, r)
+            assert r["agrees"] and r["within_uncertainty"], (path.name, name)
+        if lp:
+            checked.add(path.name)
+    assert {n for n in checked if "69d8e4b" in n} and {n for n in checked if "pr197" in n}, checked
+
+
 @pytest.mark.model
 def test_perplexity_through_llama_cpp_python_is_within_llama_perplexitys_uncertainty():
     """tqbridge's chunking and statistics on llama-cpp-python's llama.cpp (f16 cache) against the fork's

@@ -150,7 +150,8 @@ def run(args) -> int:
 
 
 def command_line(args) -> str:
-    """The command with every setting spelled out (what re-runs it)."""
+    """The command with every setting spelled out (what re-runs it); an absolute ``--out`` by its folder's
+    name (the path is this machine's)."""
     words = ["tqbridge", "evidence", args.model]
     if args.llama or os.environ.get("TQBRIDGE_LLAMA_BUILD"):
         words += ["--llama", "BUILD"]     # the folder is this machine's; the report names the build's source and commit
@@ -163,7 +164,7 @@ def command_line(args) -> str:
         words += ["--threads", str(args.threads)]
     if args.speed_reps != 3:
         words += ["--speed-reps", str(args.speed_reps)]
-    words += ["--parts", args.parts, "--out", args.out]
+    words += ["--parts", args.parts, "--out", Path(args.out).name if Path(args.out).is_absolute() else args.out]
     return " ".join(map(shlex.quote, words))
 
 
