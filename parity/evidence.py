@@ -451,16 +451,21 @@ def run_llama_perplexity(tool: Path, model: Path, text: str, types: "list[KVType
                 k, v = (format_of(None, f).name for f in (kv.k, kv.v))    # the build's own type names
                 args = ["-c", str(n_ctx), "--chunks", str(n_chunks), "-b", str(n_ctx), "-fa", "on", "-ctk", k,
                         "-ctv", v, "-t", str(threads)]
-                r = subprocess.run([str(tool), "-m", str(model), "-f", str(text_file), *args], capture_output=True,
-                                   text=True, env=env, timeout=6 * 3600)
-                m = re.search(_FINAL, r.stdout + r.stderr)
-                if r.returncode != 0 or not m:
+                try:
+                    r = subprocess.run([str(tool), "-m", str(model), "-f", str(text_file), *args],
+                                       capture_output=True, text=True, env=env, timeout=6 * 3600)
+                except (OSError, subprocess.SubprocessError) as e:
+                    r, m = None, None
+                    got = {"failed": f"{tool.name} did not run: {e}"}
+                else:
+                    m = re.search(_FINAL, r.stdout + r.stderr)
+                if r is not None and (r.returncode != 0 or not m):
                     tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
                     got = {"failed": f"exit {r.returncode}: {tail[0][:300]}"}
-                else:
+                elif m:
                     got = {"ppl": float(m.group(1)), "ppl_err": float(m.group(2)), "kv_rotation": rotated,
                            "command": " ".join(["llama-perplexity", "-m", model.name, "-f", "TEXT", *args])}
-                cache.put("llama-perplexity", kv.file_key, got)
+                    cache.put("llama-perplexity", kv.file_key, got)    # a failed run is tried again on resume
             if "ppl" in got:
                 d, de = abs(ours["ppl"] - got["ppl"]), abs(ours["ppl_err"] - got["ppl_err"])
                 got = {**got, "ours": ours["ppl"], "ours_err": ours["ppl_err"], "delta": d,

@@ -368,6 +368,12 @@ def test_each_type_is_compared_with_the_builds_llama_perplexity(tmp_path):
         assert row.endswith("| FAIL |" if not want else "| pass |"), row
     runs = [json.loads(ln) for ln in seen.read_text().splitlines()]
     assert ["f16", "1", None] in runs and ["q4_0", None, "1"] in runs     # float unrotated, ggml rotated
+    tool.write_text("#!/bin/sh\necho 'failed to load model' >&2\nexit 1\n")
+    res = ev.run_evidence(fake, requested=["q4_0"], text=TEXT, text_source="t", n_ctx=64, n_chunks=2, out=None,
+                          parts=("quality",), perplexity=(tool, tmp_path / "model.gguf"))
+    assert res.llama_perplexity["q4_0"]["failed"] == "exit 1: failed to load model"
+    md = markdown({"settings": res.settings, "quality": res.quality, "llama_perplexity": res.llama_perplexity})
+    assert "| q4_0 | failed: exit 1: failed to load model | | | | FAIL |" in md
 
 PPL_RECORD = "benchmarks/records/cpu/2026-12-06-llama-perplexity-smollm2-fork-69d8e4b.json"
 EVIDENCE_RECORD = "benchmarks/records/cpu/2026-12-06-evidence-smollm2-fork-69d8e4b.json"
