@@ -138,8 +138,9 @@ def test_live_ggml_types_are_rotated_as_upstream_rotates_them():
                                capture_output=True, text=True, timeout=1800)
             assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
             said[extra] = r.stdout
-        assert "rotation" in said[()].split("q4_0:", 1)[1].split("\n")[0]
-        assert "rotation" not in said[("--no-rotation",)].split("q4_0:", 1)[1].split("\n")[0]
+        pair = {k: next(ln for ln in out.splitlines() if ln.startswith("  q4_0:")) for k, out in said.items()}
+        assert "rotation" in pair[()], pair       # teacher's line for the pair
+        assert "rotation" not in pair[("--no-rotation",)], pair
 
 
 @live
