@@ -50,6 +50,10 @@ FLOAT_TOP1_GOAL = 0.999
 BASELINE_RATIO = 2.0
 
 DEFAULT_KV = LOGITS_KV     # the default pairs (named in tqbridge.bridge.blocks.kv_spec)
+# Why the decode steps' claim 1 (_judge) may take llama.cpp's cost over every position: measured on SmolLM2 (exact
+# weights, 256 tokens, 16 decode steps, OpenBLAS), q5_1: llama.cpp's own KL vs f16 0.0061 over the 16 steps
+# and 0.0105 over all positions, MLX's 0.0142 over the steps and 0.0106 over all: the same cost, sampled on
+# 16 positions. Judged against 0.0061 alone the demo failed on one machine's BLAS and not on another's.
 
 
 def parity_text() -> tuple[str, str]:
@@ -89,8 +93,13 @@ def _judge(kv: KV, row: dict, exact: bool) -> None:
         ok = own_m <= BASELINE_RATIO * own_l and row["kl_mean"] <= BASELINE_RATIO * (own_l + own_m)
         if "decode_kl_mean" in row:
             dl, dm = b["llama_decode_kl_mean"], b["mlx_decode_kl_mean"]
-            row["claim"] += f"; the same over the decode steps ({dm:.3g} vs {dl:.3g})"
-            ok = ok and dm <= BASELINE_RATIO * dl and row["decode_kl_mean"] <= BASELINE_RATIO * (dl + dm)
+            # MLX's decode steps against llama.cpp's own cost over the same steps, or over every position
+            # where that is larger: a mean over a few steps is a small, noisy sample of the type's cost
+            # (measured: the comment at DEFAULT_KV); a decode-path bug raises MLX's far above either
+            ref = max(dl, own_l)
+            row["claim"] += f"; over the decode steps MLX's {dm:.3g} <= {BASELINE_RATIO:g} x {ref:.3g} (llama.cpp's: " \
+                            f"{dl:.3g} on these steps, {own_l:.3g} on all)"
+            ok = ok and dm <= BASELINE_RATIO * ref and row["decode_kl_mean"] <= BASELINE_RATIO * (dl + dm)
         row["pass"] = bool(ok)
 
 
