@@ -229,7 +229,7 @@ def test_the_decode_steps_claim_takes_llama_cpps_cost_over_all_positions_where_l
     """Measured on SmolLM2 q5_1 (level_logits, the comment at DEFAULT_KV): llama.cpp's own KL 0.0061 on the
     16 decode steps, 0.0105 on all positions; MLX's 0.0142 on the steps: the same type's cost, a small
     sample, and it holds. MLX's decode steps at ten times that (a decode-path bug) fail."""
-    from tqbridge.parity.harness.level_logits import _judge
+    from tqbridge.parity.harness.level_logits import judge_row
     from tqbridge.parity.harness.runtimes import KV
 
     def row(dm):
@@ -237,8 +237,8 @@ def test_the_decode_steps_claim_takes_llama_cpps_cost_over_all_positions_where_l
                 "baseline": {"llama_kl_mean": 0.0105, "mlx_kl_mean": 0.0106, "llama_decode_kl_mean": 0.0061,
                              "mlx_decode_kl_mean": dm}}
     held, broken = row(0.0142), row(0.142)
-    _judge(KV.parse("q5_1"), held, True)
-    _judge(KV.parse("q5_1"), broken, True)
+    judge_row(KV.parse("q5_1"), held, True)
+    judge_row(KV.parse("q5_1"), broken, True)
     assert held["pass"] is True and broken["pass"] is False, (held["claim"], broken["claim"])
 
 

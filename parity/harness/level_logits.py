@@ -50,8 +50,8 @@ FLOAT_TOP1_GOAL = 0.999
 BASELINE_RATIO = 2.0
 
 DEFAULT_KV = LOGITS_KV     # the default pairs (named in tqbridge.bridge.blocks.kv_spec)
-# Why the decode steps' claim 1 (_judge) may take llama.cpp's cost over every position: measured on SmolLM2 (exact
-# weights, 256 tokens, 16 decode steps, OpenBLAS), q5_1: llama.cpp's own KL vs f16 0.0061 over the 16 steps
+# Why the decode steps' claim 1 (judge_row) may take llama.cpp's cost over every position: measured on
+# SmolLM2 (exact weights, 256 tokens, 16 decode steps, OpenBLAS), q5_1: llama.cpp's own KL vs f16 0.0061 over the 16 steps
 # and 0.0105 over all positions, MLX's 0.0142 over the steps and 0.0106 over all: the same cost, sampled on
 # 16 positions. Judged against 0.0061 alone the demo failed on one machine's BLAS and not on another's.
 
@@ -72,7 +72,7 @@ class LogitsResult:
         return all(r["pass"] is not False for r in self.rows)
 
 
-def _judge(kv: KV, row: dict, exact: bool) -> None:
+def judge_row(kv: KV, row: dict, exact: bool) -> None:
     """The claims of one row; the decode steps (when any) are judged apart by the same rule, so a
     bug in the decode path alone cannot hide in the prompt's positions."""
     if kv.is_float:
@@ -183,7 +183,7 @@ def run_logits(model: "str | Path", kv_list: "list[str]", *, n_tokens: int = 256
                 row["baseline"]["llama_decode_kl_mean"] = float(own_l["kl_per_position"][-n_dec:].mean())
                 row["baseline"]["mlx_decode_kl_mean"] = float(own_m["kl_per_position"][-n_dec:].mean())
         row["mlx_cache"] = paths[kv.name]
-        _judge(kv, row, exact_weights)
+        judge_row(kv, row, exact_weights)
         rows.append(row)
     info = {"model": src.name, "weights": "exact (F32 copy of every tensor)" if exact_weights else "as stored",
             "weights_file": path.name, "text": text_source, "tokens": len(ids),
