@@ -58,6 +58,17 @@ def _forced(m, cache, prompt: list, steps: list) -> np.ndarray:
     return np.stack(out)
 
 
+def prefill_and_merge(m, prompts: list) -> "tuple[list, list]":
+    """Each prompt prefilled into a cache of its own, then the caches merged layer by layer
+    (TQCache.merge): (the caches alone, the batch's layers)."""
+    singles = []
+    for p in prompts:
+        c = mlx_cache.make_prompt_cache(m)
+        mx.eval(m(mx.array([p]), cache=c))
+        singles.append(c)
+    return singles, [singles[0][i].merge([c[i] for c in singles]) for i in range(len(singles[0]))]
+
+
 def batch_vs_single(m, kv: str, routed: bool, n_steps: int = 6) -> float:
     """Prefill each prompt of PROMPTS alone, merge the caches (TQCache.merge), decode the same forced
     tokens for every sequence as one batch; the largest |logit difference| against each sequence
@@ -68,12 +79,7 @@ def batch_vs_single(m, kv: str, routed: bool, n_steps: int = 6) -> float:
     worst = 0.0
     with _routing(routed):
         alone = [_forced(m, mlx_cache.make_prompt_cache(m), p, s) for p, s in zip(prompts, steps)]
-        singles = []
-        for p in prompts:
-            c = mlx_cache.make_prompt_cache(m)
-            mx.eval(m(mx.array([p]), cache=c))
-            singles.append(c)
-        batch = [singles[0][i].merge([c[i] for c in singles]) for i in range(len(singles[0]))]
+        _, batch = prefill_and_merge(m, prompts)
         assert all(isinstance(b, BatchTQCache) for b in batch)
         for j in range(n_steps):
             lg = m(mx.array([[s[j]] for s in steps]), cache=batch)[:, -1].astype(mx.float32)
@@ -107,12 +113,7 @@ def test_a_merged_batch_stores_what_each_sequence_stores_alone(kf, vf, monkeypat
         return real(self, keys, values)
     prompts = [tokens(n, seed=s)[0].tolist() for n, s in PROMPTS]
     steps = [tokens(3, seed=50 + i)[0].tolist() for i in range(len(prompts))]
-    alone = []
-    for p in prompts:
-        c = mlx_cache.make_prompt_cache(m)
-        mx.eval(m(mx.array([p]), cache=c))
-        alone.append(c)
-    batch = [alone[0][i].merge([c[i] for c in alone]) for i in range(len(alone[0]))]
+    alone, batch = prefill_and_merge(m, prompts)
     monkeypatch.setattr(BatchTQCache, "update_and_fetch", keep)
     for j in range(len(steps[0])):
         mx.eval(m(mx.array([[s[j]] for s in steps]), cache=batch))
@@ -188,12 +189,7 @@ def batch_paths(m, kv: str) -> dict:
     install_cache(m, kv)
     prompts = [tokens(n, seed=s)[0].tolist() for n, s in PROMPTS]
     with emulate_decode_lane(), route_attention("auto"):
-        singles = []
-        for p in prompts:
-            c = mlx_cache.make_prompt_cache(m)
-            mx.eval(m(mx.array([p]), cache=c))
-            singles.append(c)
-        batch = [singles[0][i].merge([c[i] for c in singles]) for i in range(len(singles[0]))]
+        _, batch = prefill_and_merge(m, prompts)
         for b in batch:
             b.template.paths.clear()
         mx.eval(m(mx.array([[1]] * len(prompts)), cache=batch))
