@@ -222,7 +222,7 @@ class DecodeLaunch:
         if buf is None:
             if not 0 <= length <= self.l_max:
                 raise AttentionError(f"length {length} is outside 0..{self.l_max} (the cache's L_max)")
-            st = check_starts(0 if starts is None else starts, (length,) * self.batch)
+            st = (0,) * self.batch if starts is None else check_starts(starts, (length,) * self.batch)
             import mlx.core as mx
 
             if len(self._ip1) > 64:
