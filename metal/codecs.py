@@ -45,11 +45,11 @@ def quantizer(fmt, use_kernel: bool = True) -> tuple[Callable[[mx.array], mx.arr
         return (lambda x: x.astype(dt).view(mx.uint8)), "mlx-view"
     gpu = gpu_backend() if use_kernel else None
     if gpu is not None:
-        from .quantize_append import quantize_append, supported
+        from .quantize_append import quantize_rows, supported
 
         if supported(fmt):
-            return (lambda x: quantize_append(fmt.key, x, backend=gpu, check_finite=False, search=False)), \
-                f"append-kernel:{gpu}"
+            key = fmt.key
+            return (lambda x: quantize_rows(key, x, gpu)), f"append-kernel:{gpu}"
     opts = dict(fmt.cache_options)   # the bytes llama.cpp writes into its cache (iq4_nl: no scale search)
     if getattr(fmt.codec, "mlx_quantize_blocks", None) is not None:
         from tqbridge.bridge import mlx_quantize

@@ -11,7 +11,7 @@ dtypes are converted to float32 first, as the reference does.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -171,13 +171,51 @@ def quantize_append(fmt: "str | Format", rows: Any, *, backend: str = "auto", ch
     import mlx.core as mx
 
     x = rows if _is_mx(rows) else mx.array(np.asarray(rows))
-    x = x.view(mx.uint16) if src16 else x.astype(mx.float32)
     if check_finite and f.kind != "float":
-        xf = (rows if _is_mx(rows) else mx.array(np.asarray(rows))).astype(mx.float32)
+        xf = x.astype(mx.float32)
         if not bool(mx.all(mx.isfinite(xf)).item()):
             _refuse_nonfinite(f, np.array(xf))
     record_path(path)
     if n_blocks == 0:
         return mx.zeros(out_shape, dtype=mx.uint8)
-    (out,) = kern([x.reshape(-1), _mx_table(f), _mx_params(n_blocks)], [(n_blocks * f.type_size,)], grid, THREADS)
-    return out.reshape(out_shape)
+    return prepared(f.key, shape, dt, path, search)(x)
+
+
+def quantize_rows(fmt: str, rows: Any, backend: str) -> Any:
+    """``quantize_append(fmt, rows, backend=backend, check_finite=False, search=False)``; MLX rows on
+    "metal" / "cuda" go through :func:`prepared` (what a cache's quantizer calls on a GPU)."""
+    if backend not in ("metal", "cuda") or rows.ndim == 0 or rows.size == 0:
+        return quantize_append(fmt, rows, backend=backend, check_finite=False, search=False)
+    return prepared(fmt, rows.shape, _dtype_name(rows), backend)(rows)
+
+
+@lru_cache(maxsize=512)
+def prepared(fmt: str, shape: tuple, dtype: str, backend: str, search: bool = False) -> Callable[[Any], Any]:
+    """The GPU quantize of MLX rows of one shape and dtype, every buffer and the launch geometry made once:
+    what :func:`quantize_append` runs on "metal" / "cuda" (no finiteness check), and what a cache's
+    decode step calls directly (a few microseconds of Python instead of the checks and lookups above)."""
+    import mlx.core as mx
+
+    f = get_format(fmt)
+    if backend not in ("metal", "cuda"):
+        raise FormatError(f"{f.key}: a prepared quantize runs on a GPU backend, not {backend!r}")
+    f.check_length(shape[-1])
+    static, _ = static_and_table(f, search)
+    static = dict(static)
+    src16 = dtype in ("float16", "bfloat16")
+    static["QA_SRC"] = _SRC.get(dtype, 0)
+    n_blocks = int(np.prod(shape, dtype=np.int64)) // f.block_size
+    per_group = THREADS // 32 if static["QA_FMT"] == _TURBO else THREADS
+    grid = (max(1, -(-n_blocks // per_group)) * THREADS, 1, 1)
+    raw = build(quantize_kernel(src16), static, backend).raw
+    inputs = [_mx_table(f), _mx_params(n_blocks)]
+    out_shapes, out_dtypes = [(n_blocks * f.type_size,)], [mx.uint8]
+    out_shape = (*shape[:-1], f.row_bytes(shape[-1]))
+    tg = (THREADS, 1, 1)
+
+    def run(x):
+        x = x.view(mx.uint16) if src16 else x.astype(mx.float32)
+        (out,) = raw(inputs=[x.reshape(-1), *inputs], output_shapes=out_shapes, output_dtypes=out_dtypes, grid=grid,
+                     threadgroup=tg)
+        return out.reshape(out_shape)
+    return run

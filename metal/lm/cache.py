@@ -863,6 +863,7 @@ class BatchTQCache(_mlx_cache._BaseCache):
         self._ends: "list[int] | None" = None    # stored rows each sequence's prompt ends at (right padding)
         self.dropped = 0                          # rows a window dropped (then no longer trimmable)
         self._starts_memo = None                  # (id of left_padding, its values as ints): see _starts
+        self._launch_memo = None                  # (signature, the prepared fused attention): see attend
 
     @property
     def window(self) -> "int | None":
@@ -1080,15 +1081,23 @@ class BatchTQCache(_mlx_cache._BaseCache):
         t = self.template
         if (queries.shape[2] == 1 and mode in ("auto", "kernel") and not t.calibration and self.keys is not None
                 and _decode_backend(mode) in ("auto", "kernel") and not t.decode_fallback):
-            from ..attention.kernel import prepare_decode
+            sig = (queries.shape, queries.dtype, self.keys.shape, self.values.shape, scale,
+                   None if sinks is None else sinks.shape, t.decode_options)
+            memo = self._launch_memo
+            if memo is not None and memo[0] == sig:
+                launch = memo[1]
+            else:
+                from ..attention.kernel import prepare_decode
 
-            try:
-                launch = prepare_decode(queries, self.keys, self.values, k_format=t.k_format, v_format=t.v_format,
-                                        scale=scale, window=t.window, sinks=sinks, rotation=(t.k_rot, t.v_rot),
-                                        backend="cpu-emulator" if gpu_backend() == "cpu-emulator" else "auto",
-                                        options=t.decode_options)
-            except Exception as e:   # a shape the kernel does not take: said once, then the ops path
-                t.decode_fallback, launch = f"{type(e).__name__}: {e}", None
+                try:
+                    launch = prepare_decode(queries, self.keys, self.values, k_format=t.k_format,
+                                            v_format=t.v_format, scale=scale, window=t.window, sinks=sinks,
+                                            rotation=(t.k_rot, t.v_rot),
+                                            backend="cpu-emulator" if gpu_backend() == "cpu-emulator" else "auto",
+                                            options=t.decode_options)
+                except Exception as e:   # a shape the kernel does not take: said once, then the ops path
+                    t.decode_fallback, launch = f"{type(e).__name__}: {e}", None
+                self._launch_memo = (sig, launch)
             if launch is not None:
                 t.paths[f"decode:{launch.backend}"] += 1
                 return launch(queries, self.keys, self.values, self._idx, sinks=sinks, starts=self._starts())
