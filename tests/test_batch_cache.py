@@ -400,6 +400,63 @@ def test_an_extracted_cache_decodes_on_without_touching_the_batch():
     assert e.offset == 6 and _bytes(e)[:10] == _bytes(_cache("q8_0", "q4_0", 5, 1))[:10]
 
 
+# ---- the decode lane: rows appended in place ------------------------------------------------------------
+
+def _lane_steps(batch, seeds, lane: bool) -> None:
+    """Decode steps of ``batch``: one K/V row per sequence from each seed, through the routing (the lane:
+    in-place appends on the emulator) or through MLX ops (no routing)."""
+    from tqbridge.metal.backend import emulate_decode_lane
+
+    B = batch.offset.shape[0]
+    for s in seeds:
+        k, v = _rows(s, 1, h=2), _rows(s + 1000, 1, h=2)
+        k, v = mx.concatenate([k * (i + 1) for i in range(B)]), mx.concatenate([v - i for i in range(B)])
+        if lane:
+            with emulate_decode_lane(), route_attention("auto"):
+                batch.update_and_fetch(k, v)
+        else:
+            batch.update_and_fetch(k, v)
+
+
+@pytest.mark.parametrize("kf,vf", [("q8_0", "turbo3"), ("f16", "f16"), ("q8_0", "q4_0")])
+def test_the_lane_appends_in_place_the_bytes_mlx_ops_store(kf, vf, cpu_device):
+    """Emulated GPU lane: a merged batch's decode steps write their rows with the in-place append kernel
+    (the merged buffers copied once into its own), byte for byte what the MLX-ops append stores from the
+    same rows; filter, extract, a deep copy and a later MLX-ops step see every row."""
+    a = [_cache(kf, vf, n, s) for n, s in ((5, 1), (9, 2), (3, 3))]
+    lane, ops = TQCache.merge(a), TQCache.merge(a)
+    lane.template.paths.clear()
+    _lane_steps(lane, (11, 12, 13), True)
+    _lane_steps(ops, (11, 12, 13), False)
+    assert lane.template.paths["append:in-place"] == 3
+    assert _bytes(lane) == _bytes(ops) and lane._idx == ops._idx == 12
+    twin = copy.deepcopy(lane)
+    _lane_steps(twin, (20,), True)
+    _lane_steps(lane, (14,), False)     # a step off the lane after in-place ones
+    _lane_steps(ops, (14,), False)
+    assert _bytes(lane) == _bytes(ops), "the original after its twin decoded"
+    for x in (lane, ops):
+        x.filter([2, 0])
+    _lane_steps(lane, (15,), True)
+    _lane_steps(ops, (15,), False)
+    assert _bytes(lane) == _bytes(ops)
+    assert _bytes(lane.extract(1)) == _bytes(ops.extract(1))
+
+
+def test_nonfinite_rows_appended_in_place_are_reported_when_read(cpu_device):
+    from tqbridge.bridge import FormatError
+
+    batch = TQCache.merge([_cache("q8_0", "turbo3", n, s) for n, s in ((4, 1), (6, 2))])
+    k = mx.concatenate([_rows(1, 1), mx.full((1, 2, 1, 64), float("nan"))])
+    from tqbridge.metal.backend import emulate_decode_lane
+
+    with emulate_decode_lane(), route_attention("auto"):
+        batch.update_and_fetch(k, mx.concatenate([_rows(2, 1)] * 2))
+    assert batch.template.paths["append:in-place"] == 1
+    with pytest.raises(FormatError, match="NaN or infinite"):
+        batch.blocks()
+
+
 # ---- masks and the protocol's small parts ---------------------------------------------------------------
 
 def test_mask_after_a_right_padded_prompt_masks_the_padding_rows():

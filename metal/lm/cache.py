@@ -864,6 +864,9 @@ class BatchTQCache(_mlx_cache._BaseCache):
         self.dropped = 0                          # rows a window dropped (then no longer trimmable)
         self._starts_memo = None                  # (id of left_padding, its values as ints): see _starts
         self._launch_memo = None                  # (signature, the prepared fused attention): see attend
+        self._flag = None          # the in-place appends' flag (device-side NaN/inf of their rows): see _settle
+        self._unsettled = False    # in-place appends nothing but the flag orders (see _settle)
+        self._owned = False        # the buffers are this batch's own allocations (in-place appends write there)
 
     @property
     def window(self) -> "int | None":
@@ -945,6 +948,7 @@ class BatchTQCache(_mlx_cache._BaseCache):
                 seg.append(mx.zeros((1, H, cap - n, rb), mx.uint8))
                 parts.append(mx.concatenate(seg, axis=2))
         out.keys, out.values = mx.concatenate(ks, axis=0), mx.concatenate(vs, axis=0)
+        out._owned = True   # concatenate allocated them
         out._idx = n
         return out
 
@@ -954,6 +958,7 @@ class BatchTQCache(_mlx_cache._BaseCache):
         c = TQCache(t.k_format, t.v_format, window=t.window, rotation=t.rotation, calibration=t.calibration)
         c.grow_phase, c.decode_options = t.grow_phase, t.decode_options
         c.k_dim, c.v_dim, c.k_rot, c.v_rot, c.k_mu, c.k_scale = t.k_dim, t.v_dim, t.k_rot, t.v_rot, t.k_mu, t.k_scale
+        self._settle()
         mx.eval(self.left_padding, self.offset)
         offset = int(self.offset[idx].item())
         pad = max(0, int(self.left_padding[idx].item())) if self.keys is not None else 0
@@ -974,9 +979,13 @@ class BatchTQCache(_mlx_cache._BaseCache):
         return c
 
     def __deepcopy__(self, memo: dict) -> "BatchTQCache":
+        self._settle()
         twin = object.__new__(type(self))
         memo[id(self)] = twin
         twin.__dict__.update(self.__dict__)
+        # neither batch writes in place again before it has copied its buffers into allocations of its
+        # own (what mx.array makes of a lazy array is not promised to be a new buffer)
+        self._owned = twin._owned = False
         twin.template = self.template._twin()
         for name in ("keys", "values", "left_padding", "offset"):
             a = getattr(self, name)
@@ -1017,6 +1026,9 @@ class BatchTQCache(_mlx_cache._BaseCache):
         t = self.template
         B, H, S, dk = keys.shape
         self._setup_dims(int(dk), int(values.shape[-1]))
+        if S == 1 and self._append_in_place(keys, values):
+            return keys, values
+        self._settle()
         if S > 1:
             t._refuse_nonfinite(keys, values)
         kb = t._encode(t._key_rows(keys), t.k_format, t._kq)
@@ -1048,8 +1060,57 @@ class BatchTQCache(_mlx_cache._BaseCache):
             return keys, values
         return self.fetch(keys.dtype)
 
+    def _append_in_place(self, keys: mx.array, values: mx.array) -> bool:
+        """A decode step's rows (one per sequence) written into the buffers by the template's in-place
+        append kernel (the GPU lane, or the emulator's), ordered before the fused attention by its flag:
+        one kernel instead of two quantize kernels and two slice updates. False where it does not apply
+        (not routed, calibrated keys, a window drop or a right-padded prompt due, no kernel for these
+        rows, the attention off the kernel); then MLX ops append."""
+        t = self.template
+        if (self.keys is None or t.calibration or t.decode_fallback or self._right_padding is not None
+                or not routing_active() or _decode_backend("auto") != "auto" or self._drop_for()):
+            return False
+        app = t.decoder.in_place_append(keys, values)
+        if app is None:
+            return False
+        B, H = keys.shape[:2]
+        prev, cap = self._idx, self.keys.shape[2]
+        if not self._owned or prev + 1 > cap:
+            self._settle()
+            new = max(cap, -(-(prev + 1) // self.step) * self.step)
+            # concatenate allocates its output: buffers no other array shares, which the kernel may write
+            self.keys = mx.concatenate([self.keys[..., :prev, :],
+                                        mx.zeros((B, H, new - prev, self.keys.shape[-1]), mx.uint8)], axis=2)
+            self.values = mx.concatenate([self.values[..., :prev, :],
+                                          mx.zeros((B, H, new - prev, self.values.shape[-1]), mx.uint8)], axis=2)
+            self._owned = True
+        slots = app.flag_slots(B * H)
+        if self._flag is None or self._flag.shape[0] != slots:
+            self._settle()
+            self._flag = mx.zeros((slots,), mx.uint32)
+        self._flag = app(keys, values, self.keys, self.values, prev, self._flag)
+        self._unsettled = True
+        self._idx = prev + 1
+        self.offset = self.offset + 1
+        t.paths["append:in-place"] += 1
+        return True
+
+    def _settle(self) -> None:
+        """Before MLX ops read or replace the buffers: wait for the in-place appends (MLX orders nothing
+        after them but what takes their flag) and raise :class:`FormatError` if they appended NaN/inf rows
+        (their blocks are unspecified). One synchronisation; decode steps on the lane never call it."""
+        if not self._unsettled:
+            return
+        self._unsettled = False
+        flag, self._flag = self._flag, None
+        if bool(mx.any(flag).item()):
+            t = self.template
+            raise FormatError(f"BatchTQCache({t.k_format}/{t.v_format}): a decode step appended NaN or infinite "
+                              f"K/V rows (stored rows before {self._idx}); their blocks are unspecified")
+
     def fetch(self, dtype=mx.float32) -> tuple[mx.array, mx.array]:
         """Dequantized K and V of the stored rows of every sequence (lazy)."""
+        self._settle()
         t = self.template
         kb, vb = self.keys[..., :self._idx, :], self.values[..., :self._idx, :]
         k = t._decode(kb, t.k_format, t._kd, t.k_dim, mx.float32)
@@ -1059,6 +1120,7 @@ class BatchTQCache(_mlx_cache._BaseCache):
 
     def blocks(self) -> tuple[mx.array, mx.array]:
         """The K and V blocks of the stored rows (every sequence, padding rows included)."""
+        self._settle()
         return self.keys[..., :self._idx, :], self.values[..., :self._idx, :]
 
     # ------------------------------------------------------------ attention (the routing's)
@@ -1100,7 +1162,8 @@ class BatchTQCache(_mlx_cache._BaseCache):
                 self._launch_memo = (sig, launch)
             if launch is not None:
                 t.paths[f"decode:{launch.backend}"] += 1
-                return launch(queries, self.keys, self.values, self._idx, sinks=sinks, starts=self._starts())
+                return launch(queries, self.keys, self.values, self._idx, sinks=sinks, starts=self._starts(),
+                              after=self._flag)
         keys, values = self.fetch(queries.dtype)
         t.paths["decode:dequant-sdpa" if queries.shape[2] == 1 else "prefill:dequant-sdpa"] += 1
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
@@ -1122,6 +1185,7 @@ class BatchTQCache(_mlx_cache._BaseCache):
         stored end and the padding rows become left padding."""
         if self._right_padding is None:
             return
+        self._settle()
         pad = mx.array(self._right_padding, dtype=mx.int32)
         if self.keys is not None:
             n = self._idx
@@ -1142,9 +1206,11 @@ class BatchTQCache(_mlx_cache._BaseCache):
     # ------------------------------------------------------------ the batch
     def filter(self, batch_indices) -> None:
         """Keep the sequences ``batch_indices`` (in that order); drop the padding columns all of them share."""
+        self._settle()
         idx = mx.array([int(i) for i in batch_indices], dtype=mx.int32)
         if self.keys is not None:
             self.keys, self.values = self.keys[idx], self.values[idx]
+            self._owned = True   # the gather allocated them
         self.offset, self.left_padding = self.offset[idx], self.left_padding[idx]
         if self._right_padding is not None:
             self._right_padding = [self._right_padding[int(i)] for i in batch_indices]
@@ -1170,6 +1236,8 @@ class BatchTQCache(_mlx_cache._BaseCache):
             raise BatchError("BatchTQCache.extend: the two batches hold different key calibrations")
         if self._right_padding is not None or other._right_padding is not None:
             raise BatchError("BatchTQCache.extend: a right-padded prompt is not finalized")
+        self._settle()
+        other._settle()
         if a.k_dim is None:
             self.template = b
         if self.keys is None and other.keys is None:
@@ -1190,6 +1258,7 @@ class BatchTQCache(_mlx_cache._BaseCache):
         krb, vrb = ref.keys.shape[-1], ref.values.shape[-1]
         self.keys = mx.concatenate([padded(self, self.keys, krb), padded(other, other.keys, krb)])
         self.values = mx.concatenate([padded(self, self.values, vrb), padded(other, other.values, vrb)])
+        self._owned = True   # concatenate allocated them
         self.left_padding = mx.concatenate([self.left_padding + (n - self._idx), other.left_padding + (n - other._idx)])
         self.offset = mx.concatenate([self.offset, other.offset])
         self._idx = n
@@ -1206,6 +1275,11 @@ class BatchTQCache(_mlx_cache._BaseCache):
         return not self.window or (self.dropped == 0 and self._idx < self.window)
 
     def trim(self, n: int) -> int:
+        # rows past the new end get overwritten by later in-place appends: every kernel that may still
+        # read them finishes first
+        self._settle()
+        if self._owned:
+            mx.synchronize()
         n = min(self._idx, int(n))
         self._idx -= n
         self.offset = self.offset - n
