@@ -295,3 +295,24 @@ def test_70b_geometry_has_the_70b_attention_and_layer_shapes():
     assert tuple(layer.self_attn.q_proj.weight.shape) == (8192, 8192)
     assert tuple(layer.self_attn.k_proj.weight.shape) == (1024, 8192)
     assert tuple(layer.mlp.gate_proj.weight.shape) == (28672, 8192)
+
+
+def test_a_round_is_timed_by_its_mean_interval(monkeypatch):
+    """Uneven intervals (a cache at the host/device boundary): ms/token is the mean interval, what tokens/s
+    a user sees; the median, which reads faster, is kept beside it. Fake rounds: fp16 three 1 ms intervals
+    and one 9 ms (mean 3, median 1), the other cache four 2.5 ms."""
+    import mlx.core as mx
+
+    from tqbridge.metal.lm import decode_bench
+
+    model, _ = decode_bench.build_model("tiny", mx.float16)
+    from tqbridge.metal.lm.cache import TQCache
+
+    deltas = {False: [1e-3, 1e-3, 9e-3, 1e-3], True: [2.5e-3] * 4}   # by: is it a TQCache
+    monkeypatch.setattr(decode_bench, "decode_tokens",
+                        lambda m, cache, n: (deltas[isinstance(cache[0], TQCache)], 0.0))
+    monkeypatch.setattr(decode_bench, "device_profile", lambda m, cache: "not measured here")
+    rows = {r["cache"]: r for r in decode_bench.decode_group(model, ["fp16", "q8_0/turbo3"], 64, 4, 2)}
+    assert rows["fp16"]["ms_per_token_rounds"] == pytest.approx([3.0, 3.0])
+    assert rows["fp16"]["median_interval_ms_rounds"] == pytest.approx([1.0, 1.0])
+    assert rows["q8_0/turbo3"]["speedup_vs_fp16"] == pytest.approx(3.0 / 2.5)
