@@ -8,7 +8,7 @@ fp16, :class:`~tqbridge.metal.lm.cache.BatchTQCache` for TQCache), and decoded `
 :func:`~tqbridge.metal.lm.routing.route_attention`. Rounds are interleaved (each round runs every kind
 and batch size in turn); every run builds its batch afresh.
 
-Per run: aggregate decode tokens/s (B over the median step time, the first 2 steps dropped), MLX's peak
+Per run: aggregate decode tokens/s (B over the mean step time, the first 2 steps dropped; the median beside it), MLX's peak
 memory while the batch decodes (reset after the batch is formed) and over the whole run (prefill and
 merge included). Per kind and context: the KV bytes one sequence holds after its prefill (``nbytes`` of
 its caches, measured) and the largest number of such sequences a KV budget holds. A run that would not
@@ -78,7 +78,8 @@ def _decode(model, kind: str, context: int, batch: int, tokens: int, dtype) -> d
             row["decode_peak_bytes"] = mx.get_peak_memory()
     finally:
         gen.close()
-    row["step_s"] = statistics.median(steps[WARMUP_STEPS:])
+    row["step_s"] = statistics.fmean(steps[WARMUP_STEPS:])   # the mean: what tokens/s a server sees
+    row["step_median_ms"] = statistics.median(steps[WARMUP_STEPS:]) * 1e3
     row["run_peak_bytes"] = max(mx.get_peak_memory(), row["decode_peak_bytes"])
     return row
 
@@ -129,6 +130,7 @@ def serve_group(model, kinds: list[str], context: int, batches: list[int], token
                     row["error"] = f"{type(e).__name__}: {e}"[:300]
                     continue
                 steps[(k, b)].append(got.pop("step_s"))
+                row.setdefault("step_median_ms_rounds", []).append(got.pop("step_median_ms"))
                 for name in ("decode_peak_bytes", "run_peak_bytes"):
                     row[name] = max(row.get(name, 0), got.pop(name))
                 row.update(got)
@@ -151,7 +153,7 @@ def run(models: list[str], contexts: list[int], batches: list[int], caches: list
     """The whole benchmark: every model x context (:func:`serve_group`); ratios against the first cache."""
     out = report_head(prefill="model-shaped random K/V rows (N(0,1), model dtype) per sequence",
                       decode=f"mlx_lm.generate.BatchGenerator under route_attention(), {rounds} interleaved rounds "
-                             f"of {tokens} steps per cache and batch size, median step time ({WARMUP_STEPS} warm-up "
+                             f"of {tokens} steps per cache and batch size, mean step time ({WARMUP_STEPS} warm-up "
                              "steps dropped); tokens/s = batch / step time",
                       budget="KV bytes only (the model's weights not counted)", runs=[], budgets=[])
     for name in models:
