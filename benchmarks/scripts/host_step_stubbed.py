@@ -53,7 +53,9 @@ def _child(kv: str, batch: int, steps: int) -> dict:
     from tqbridge.metal.lm.cache import TQCache
     from tqbridge.metal.lm.routing import route_attention
 
-    kf, vf = kv.split("/")
+    from tqbridge.bridge.blocks.kv_spec import split_kv
+
+    kf, vf = split_kv(kv)
 
     def filled(i):
         c = TQCache(kf, vf)
