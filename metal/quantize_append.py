@@ -140,45 +140,44 @@ def quantize_append(fmt: "str | Format", rows: Any, *, backend: str = "auto", ch
         record_path("reference")
         return quantize(f, x, **({} if search else f.cache_options))
 
+    n_blocks = int(np.prod(shape, dtype=np.int64)) // f.block_size
+    if path != "cpu-emulator":   # metal / cuda: MLX rows, the prepared launch
+        import mlx.core as mx
+
+        x = rows if _is_mx(rows) else mx.array(np.asarray(rows))
+        if check_finite and f.kind != "float":
+            xf = x.astype(mx.float32)
+            if not bool(mx.all(mx.isfinite(xf)).item()):
+                _refuse_nonfinite(f, np.array(xf))
+        record_path(path)
+        if n_blocks == 0:
+            return mx.zeros(out_shape, dtype=mx.uint8)
+        return prepared(f.key, shape, dt, path, search)(x)
+
     static, tab = static_and_table(f, search)
     static = dict(static)
     src16 = dt in ("float16", "bfloat16")
     static["QA_SRC"] = _SRC.get(dt, 0)
-    n_blocks = int(np.prod(shape, dtype=np.int64)) // f.block_size
     kern = build(quantize_kernel(src16), static, path)
     params = np.array([n_blocks], np.uint32)
     per_group = THREADS // 32 if static["QA_FMT"] == _TURBO else THREADS  # turbo: a simdgroup per block
     grid = (max(1, -(-n_blocks // per_group)), 1, 1)
+    if _is_mx(rows):
+        import mlx.core as mx
 
-    if path == "cpu-emulator":
-        if _is_mx(rows):
-            import mlx.core as mx
-
-            x = np.array(rows.view(mx.uint16)) if src16 else np.array(rows.astype(mx.float32))
-        else:
-            x = np.asarray(rows)
-            x = x.view(np.uint16) if src16 else np.asarray(x, dtype=np.float32)
-        if check_finite and f.kind != "float":
-            xf = _widen(x, dt) if src16 else x
-            if not np.isfinite(xf).all():
-                _refuse_nonfinite(f, xf)
-        record_path(path)
-        if n_blocks == 0:
-            return np.zeros(out_shape, np.uint8)
-        (out,) = kern([x.reshape(-1), tab, params], [(n_blocks * f.type_size,)], grid, THREADS, **run_options)
-        return out.reshape(out_shape)
-
-    import mlx.core as mx
-
-    x = rows if _is_mx(rows) else mx.array(np.asarray(rows))
+        x = np.array(rows.view(mx.uint16)) if src16 else np.array(rows.astype(mx.float32))
+    else:
+        x = np.asarray(rows)
+        x = x.view(np.uint16) if src16 else np.asarray(x, dtype=np.float32)
     if check_finite and f.kind != "float":
-        xf = x.astype(mx.float32)
-        if not bool(mx.all(mx.isfinite(xf)).item()):
-            _refuse_nonfinite(f, np.array(xf))
+        xf = _widen(x, dt) if src16 else x
+        if not np.isfinite(xf).all():
+            _refuse_nonfinite(f, xf)
     record_path(path)
     if n_blocks == 0:
-        return mx.zeros(out_shape, dtype=mx.uint8)
-    return prepared(f.key, shape, dt, path, search)(x)
+        return np.zeros(out_shape, np.uint8)
+    (out,) = kern([x.reshape(-1), tab, params], [(n_blocks * f.type_size,)], grid, THREADS, **run_options)
+    return out.reshape(out_shape)
 
 
 def quantize_rows(fmt: str, rows: Any, backend: str) -> Any:

@@ -27,7 +27,8 @@ FIELDS = ("ms_per_token", "speedup_vs_fp16", "kv_path_python_us_per_layer", "kv_
           "kv_path_host_syncs_per_step")
 
 
-def _shim(tree: Path, where: Path) -> Path:
+def shim(tree: Path, where: Path) -> Path:
+    """A namespace directory under ``where`` whose ``tqbridge`` links to ``tree``'s packages (put it on PYTHONPATH)."""
     pkg = where / "tqbridge"
     pkg.mkdir(parents=True)
     for part in ("bridge", "metal", "parity", "tools"):
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
     runs: dict = {"old": [], "new": []}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        paths = {"old": _shim(Path(args.old).resolve(), tmp / "old"), "new": _shim(HERE, tmp / "new")}
+        paths = {"old": shim(Path(args.old).resolve(), tmp / "old"), "new": shim(HERE, tmp / "new")}
         for i in range(args.alternations):
             for tree in (("old", "new") if i % 2 == 0 else ("new", "old")):
                 rows = _bench(paths[tree], args, tmp / f"{tree}-{i}.json")

@@ -82,14 +82,6 @@ def _child(kv: str, batch: int, steps: int) -> dict:
     return {"single_us_per_layer": single, f"batch{batch}_us_per_layer": merged}
 
 
-def _shim(tree: Path, where: Path) -> Path:
-    pkg = where / "tqbridge"
-    pkg.mkdir(parents=True)
-    for part in ("bridge", "metal", "parity", "tools"):
-        (pkg / part).symlink_to(tree / part, target_is_directory=True)
-    return where
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", default=None, help="another checkout's root, measured in alternating processes")
@@ -106,7 +98,9 @@ def main(argv=None) -> int:
     trees = {"new": HERE} if args.old is None else {"old": Path(args.old).resolve(), "new": HERE}
     runs: dict = {t: [] for t in trees}
     with tempfile.TemporaryDirectory() as tmp:
-        paths = {t: _shim(p, Path(tmp) / t) for t, p in trees.items()}
+        from ab_trees import shim   # the sibling script's tree links (this script's folder is on sys.path)
+
+        paths = {t: shim(p, Path(tmp) / t) for t, p in trees.items()}
         for i in range(args.processes):
             for t in (list(trees) if i % 2 == 0 else list(trees)[::-1]):
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(paths[t]), os.environ.get("PYTHONPATH", "")]))

@@ -222,13 +222,7 @@ class DecodeLaunch:
         if buf is None:
             if not 0 <= length <= self.l_max:
                 raise AttentionError(f"length {length} is outside 0..{self.l_max} (the cache's L_max)")
-            if starts is None:
-                st = (0,) * self.batch
-            elif (type(starts) is tuple and len(starts) == self.batch and all(type(x) is int for x in starts)
-                  and 0 <= min(starts) and max(starts) <= length):
-                st = starts   # a batch's left padding as ints, in range: checked in one pass
-            else:
-                st = check_starts(starts, (length,) * self.batch)
+            st = (0,) * self.batch if starts is None else check_starts(starts, (length,) * self.batch)
             import mlx.core as mx
 
             if len(self._ip1) > 64:

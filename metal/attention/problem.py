@@ -219,10 +219,13 @@ def check_starts(start: Any, lengths: "tuple[int, ...]") -> tuple[int, ...]:
     if isinstance(start, (int, np.integer)):
         starts = (int(start),) * b
     else:
-        try:
-            starts = tuple(int(x) for x in np.asarray(start).reshape(-1))
-        except (TypeError, ValueError):
-            raise AttentionError(f"start must be an int or one int per batch row; got {start!r}") from None
+        if type(start) is tuple and all(type(x) is int for x in start):   # a batch's left padding, as it comes
+            starts = start
+        else:
+            try:
+                starts = tuple(int(x) for x in np.asarray(start).reshape(-1))
+            except (TypeError, ValueError):
+                raise AttentionError(f"start must be an int or one int per batch row; got {start!r}") from None
         if len(starts) != b:
             raise AttentionError(f"start has {len(starts)} entries for a batch of {b}")
     for i, (s, n) in enumerate(zip(starts, lengths)):
