@@ -460,10 +460,19 @@ def test_the_lane_appends_in_place_the_bytes_mlx_ops_store(kf, vf, cpu_device):
 _GPU = mx.metal.is_available() or (getattr(mx, "cuda", None) is not None and mx.cuda.is_available())
 
 
+@pytest.fixture
+def gpu_device():
+    """MLX's GPU as the default device for the test that asks (after this module's autouse CPU default)."""
+    prev = mx.default_device()
+    mx.set_default_device(mx.gpu)
+    yield
+    mx.set_default_device(prev)
+
+
 @pytest.mark.parametrize("kv", ["q8_0/turbo3", "q8_0/q4_0"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not _GPU, reason="no MLX GPU backend (Metal or CUDA) here")
-def test_gpu_batch_step_on_the_lane_keeps_its_kernels_and_no_sync(kv):
+def test_gpu_batch_step_on_the_lane_keeps_its_kernels_and_no_sync(kv, gpu_device):
     """A merged batch's decode steps on a GPU: the in-place append, pass 1 and the combine (and the offset's
     add), no host synchronisation; the stored bytes those of the MLX-ops append from the same rows."""
     from tqbridge.bridge.blocks.kv_spec import split_kv
@@ -473,21 +482,22 @@ def test_gpu_batch_step_on_the_lane_keeps_its_kernels_and_no_sync(kv):
     a = [_cache(kf, vf, n, s) for n, s in ((5, 1), (9, 2), (3, 3))]
     lane, ops = TQCache.merge(a), TQCache.merge(a)
     q = mx.array(np.random.default_rng(3).standard_normal((3, 4, 1, 64)).astype(np.float32))
-    with route_attention("auto"):
-        for i in range(5):
-            k = mx.concatenate([_rows(30 + i, 1, h=2) * (b + 1) for b in range(3)])
-            v = mx.concatenate([_rows(60 + i, 1, h=2) - b for b in range(3)])
-            mx.eval(k, v)
-            with count_syncs() as n:
-                kk, vv = lane.update_and_fetch(k, v)
-                out = lane.attend(q, scale=0.125, mode="auto")
-            # the first step reads the batch's left padding once and runs the kernels' first-use self-check
-            assert i == 0 or n["n"] == 0, f"{kv}: {n['n']} host synchronisations in step {i}"
-            if i > 1:   # the first steps copy the merged buffers once and materialise the flag
-                kernels = [p for p in graph_primitives(out, lane._flag, lane.offset) if not is_view(p)]
-                assert len(kernels) <= 4, f"{kv}: {kernels}"
-            mx.eval(out, lane.offset)
-            ops.update_and_fetch(k, v)     # not routed: MLX ops quantize and slice
+    for i in range(5):
+        k = mx.concatenate([_rows(30 + i, 1, h=2) * (b + 1) for b in range(3)])
+        v = mx.concatenate([_rows(60 + i, 1, h=2) - b for b in range(3)])
+        mx.eval(k, v)
+        with route_attention("auto"), count_syncs() as n:
+            kk, vv = lane.update_and_fetch(k, v)
+            out = lane.attend(q, scale=0.125, mode="auto")
+        # the first step reads the batch's left padding once and runs the kernels' first-use self-check
+        assert i == 0 or n["n"] == 0, f"{kv}: {n['n']} host synchronisations in step {i}"
+        t = lane.template
+        assert lane._flag is not None, f"{kv}: step {i} off the lane: {dict(t.paths)} {dict(t.codec_paths)}"
+        if i > 1:   # the first steps copy the merged buffers once and materialise the flag
+            kernels = [p for p in graph_primitives(out, lane._flag, lane.offset) if not is_view(p)]
+            assert len(kernels) <= 4, f"{kv}: {kernels}"
+        mx.eval(out, lane.offset)
+        ops.update_and_fetch(k, v)     # not routed: MLX ops quantize and slice
     assert lane.template.paths["append:in-place"] == 5
     # the bytes the ops path wrote, up to the rotation's rounding (the kernel's butterfly against MLX's
     # matmul on the GPU), as for a single sequence (test_decode_step.py)
