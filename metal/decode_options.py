@@ -80,10 +80,6 @@ class DecodeOptions:
       (see the backend tables above).
     - ``chunks``: kernel int8-mma's 16-key chunks per SIMD-group step (1 or 2).
     - ``target_groups``: pass-1 threadgroups a GPU plan aims for (instead of per-unit targets).
-    - ``split_keys``: kernel int8-mma on a GPU: the fewest keys a split takes (None: the planner's
-      :data:`~tqbridge.metal.attention.plan.INT8_MMA_MIN_SPLIT_KEYS`); short contexts only. Splits are whole
-      tiles, so a length that does not divide into ``target_groups`` such splits rounds up to fewer, longer
-      ones (a 4K decode buffer: 38 splits of 128 keys either way); raise ``target_groups`` with it.
     - ``v_decode``: ``"fast"`` (the byte-permute decoders where they apply) or ``"generic"`` (the
       per-value decoder for every format: bit-identical, the fast paths' reference).
     - ``dynamic_shared``: kernel int8-mma declares its staging area as dynamic threadgroup memory even where
@@ -97,7 +93,6 @@ class DecodeOptions:
     defer_append: "bool | None" = None
     chunks: "int | None" = None
     target_groups: "int | None" = None
-    split_keys: "int | None" = None
     v_decode: str = "fast"
     dynamic_shared: bool = False
 
@@ -115,9 +110,6 @@ class DecodeOptions:
         if self.target_groups is not None and (isinstance(self.target_groups, bool)
                                                or not isinstance(self.target_groups, int) or self.target_groups < 1):
             raise AttentionError(f"DecodeOptions.target_groups must be a positive int; got {self.target_groups!r}")
-        if self.split_keys is not None and (isinstance(self.split_keys, bool) or not isinstance(self.split_keys, int)
-                                            or self.split_keys < 1):
-            raise AttentionError(f"DecodeOptions.split_keys must be a positive int; got {self.split_keys!r}")
         if self.v_decode not in V_DECODES:
             raise AttentionError(f"DecodeOptions.v_decode must be one of {', '.join(V_DECODES)}; got {self.v_decode!r}")
 
@@ -154,7 +146,7 @@ class DecodeOptions:
                 if raw not in ("0", "1"):
                     raise AttentionError(f"decode option {name}={raw!r}: 0 or 1")
                 values[name] = raw == "1"
-            elif name in ("chunks", "target_groups", "split_keys"):
+            elif name in ("chunks", "target_groups"):
                 if not raw.isdigit():
                     raise AttentionError(f"decode option {name}={raw!r}: a positive integer")
                 values[name] = int(raw)

@@ -234,39 +234,6 @@ def test_cuda_plans_take_six_threadgroups_per_sm_only_for_long_splits(length, sp
     assert half <= 4 * 66 // 8 and half <= metal and (length < 32768 or half < metal)
 
 
-def test_split_keys_sets_the_fewest_keys_per_split_at_short_contexts(monkeypatch):
-    """``DecodeOptions.split_keys``: a 4K plan of 8 KV heads on 132 SMs takes 32 splits of 128 keys by default, 64
-    of 64 with split_keys=64 (still within the 4-per-SM target); at 32K the target decides either way; splits stay
-    whole tiles, so at a decode buffer's capacity only split_keys with a larger target_groups gives one-tile splits;
-    a non-positive value is refused and the option round-trips through its label."""
-    import dataclasses
-
-    monkeypatch.setattr(attention_plan, "compute_units", lambda backend: 132)
-    rng = np.random.default_rng(0)
-    q = rng.standard_normal((1, 32, 128)).astype(np.float32)
-    kb, vb = quantized_cache(rng, "q8_0", (1, 8, 64, 128)), quantized_cache(rng, "turbo3", (1, 8, 64, 128))
-    base = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=64)
-    short = DecodeOptions(split_keys=64)
-    at4k = dataclasses.replace(base, lengths=(4096,))
-    default, fine = (attention_plan.make_plan(at4k, "cuda", kernel="int8-mma", options=o) for o in (None, short))
-    assert (default.splits, default.split_len) == (32, 128)
-    assert (fine.splits, fine.split_len) == (64, 64) and fine.split_len % fine.tile == 0
-    at32k = dataclasses.replace(base, lengths=(32768,))
-    assert (attention_plan.make_plan(at32k, "cuda", kernel="int8-mma", options=short).splits
-            == attention_plan.make_plan(at32k, "cuda", kernel="int8-mma").splits)
-    # a decode buffer's capacity (4864 rows at 4K): 66 target splits of 74 keys round up to whole 64-key tiles,
-    # 38 splits of 128 keys, with or without split_keys; one-tile splits need the target raised as well
-    cap = dataclasses.replace(base, lengths=(4864,))
-    assert attention_plan.make_plan(cap, "cuda", kernel="int8-mma", options=short).splits == 38
-    tiles = attention_plan.make_plan(cap, "cuda", kernel="int8-mma",
-                                     options=DecodeOptions(split_keys=64, target_groups=8 * 76))
-    assert (tiles.splits, tiles.split_len) == (76, 64)
-    for bad in (0, -64, True, 64.0):
-        with pytest.raises(AttentionError, match="split_keys"):
-            DecodeOptions(split_keys=bad)
-    assert DecodeOptions.parse(short.label()) == short and short.label() == "split_keys=64"
-
-
 def test_cuda_grid_stays_within_one_wave_of_resident_threadgroups(monkeypatch):
     """A CUDA plan's pass-1 grid per compute unit never exceeds the threadgroups one unit holds at once
     (by threadgroup memory): head dim 256 takes 3 per SM at 128K with its 71 KB wide-row plan and 5 with

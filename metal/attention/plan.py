@@ -422,7 +422,7 @@ def _make_plan_int8_mma(prob: Problem, backend: str, splits, warps, tile, chunks
             splits = -(-l_used // EMU_SPLIT_KEYS)
         else:
             smem = need(nw, tl, ns)
-            splits = max(1, min(-(-l_used // (opts.split_keys or INT8_MMA_MIN_SPLIT_KEYS)),
+            splits = max(1, min(-(-l_used // INT8_MMA_MIN_SPLIT_KEYS),
                                 int8_mma_target_groups(opts, backend, l_used, heads, smem) // heads))
     splits = int(splits)
     if splits < 1:
