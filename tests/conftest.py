@@ -50,6 +50,20 @@ def emulated_decode_lane():
 
 
 @pytest.fixture
+def gpu_device():
+    """MLX's GPU as the default device for the test that asks (also where a module's autouse fixture made it
+    the CPU); skipped, with the reason, where MLX has no GPU backend."""
+    import mlx.core as mx
+
+    if not mx.is_available(mx.gpu):
+        pytest.skip("no MLX GPU backend (Metal or CUDA) here")
+    prev = mx.default_device()
+    mx.set_default_device(mx.gpu)
+    yield
+    mx.set_default_device(prev)
+
+
+@pytest.fixture
 def cpu_device():
     """MLX's CPU device for the test that asks (its GPU tests keep the default device); a module that
     imports tiny_models' fixture of this name has it for every test instead."""

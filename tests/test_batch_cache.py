@@ -457,21 +457,8 @@ def test_the_lane_appends_in_place_the_bytes_mlx_ops_store(kf, vf, cpu_device):
     assert _bytes(lane.extract(1)) == _bytes(ops.extract(1))
 
 
-_GPU = mx.metal.is_available() or (getattr(mx, "cuda", None) is not None and mx.cuda.is_available())
-
-
-@pytest.fixture
-def gpu_device():
-    """MLX's GPU as the default device for the test that asks (after this module's autouse CPU default)."""
-    prev = mx.default_device()
-    mx.set_default_device(mx.gpu)
-    yield
-    mx.set_default_device(prev)
-
-
 @pytest.mark.parametrize("kv", ["q8_0/turbo3", "q8_0/q4_0"])
 @pytest.mark.gpu
-@pytest.mark.skipif(not _GPU, reason="no MLX GPU backend (Metal or CUDA) here")
 def test_gpu_batch_step_on_the_lane_keeps_its_kernels_and_no_sync(kv, gpu_device):
     """A merged batch's decode steps on a GPU: the in-place append, pass 1 and the combine (and the offset's
     add), no host synchronisation; the stored bytes those of the MLX-ops append from the same rows."""

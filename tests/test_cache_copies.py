@@ -164,15 +164,12 @@ def test_mlx_lm_lru_prompt_cache_reuses_a_tqcache_prefix(kf, vf):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kf,vf", PAIRS)
-def test_copies_on_the_gpu_decode_lane(kf, vf):
+def test_copies_on_the_gpu_decode_lane(kf, vf, gpu_device):
     """On a GPU (in-place append kernels, the fused attention over the buffers): the original and a
     trimmed deep copy decode in turn; each one's layer-0 blocks (rows no attention output feeds) are a
     fresh cache's over its own tokens, byte for byte."""
     from tqbridge.metal.codecs import gpu_backend
 
-    if not mx.is_available(mx.gpu):
-        pytest.skip("no MLX GPU backend (Metal or CUDA) here")
-    mx.set_default_device(mx.gpu)   # the module's cpu_device fixture puts the default back after
     assert gpu_backend() is not None
     m = tiny_llama()
     cache, twin, (prompt, a, b) = _with_trimmed_twin(m, kf, vf, True)
