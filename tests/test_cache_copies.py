@@ -184,3 +184,43 @@ def test_copies_on_the_gpu_decode_lane(kf, vf, gpu_device):
         assert got.offset == want.offset
         for g, w in zip(_bytes(got), _bytes(want)):
             assert np.array_equal(g, w)
+
+
+def _freed_by_refcount(make) -> bool:
+    """Whether the caches ``make()`` returns (a list) are freed as soon as the last reference goes, with
+    Python's cyclic collector off: a reference cycle would hold their block buffers until it ran."""
+    import gc
+    import weakref
+
+    gc.collect()
+    gc.disable()
+    try:
+        caches = make()
+        refs = [weakref.ref(c) for c in caches] + [weakref.ref(c.decoder) for c in caches if hasattr(c, "decoder")]
+        del caches
+        return all(r() is None for r in refs)
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("lane", [False, True], ids=["ops", "emulated-lane"])
+def test_a_dropped_cache_frees_its_blocks_without_the_cycle_collector(lane, request):
+    """A server evicting prompt caches gets their memory back at once: a TQCache that decoded (routed,
+    on the ops path or the decode lane), its deep copy and a merged batch of them hold no reference cycle."""
+    if lane:
+        request.getfixturevalue("emulated_decode_lane")
+    m = tiny_llama()
+
+    def decoded():
+        cache, twin, _ = _with_trimmed_twin(m, "q8_0", "turbo3", True)
+        return list(cache) + list(twin)
+
+    def batch():
+        a = make_cache(m, "q8_0", "turbo3")
+        b = make_cache(m, "q8_0", "turbo3")
+        _decode(m, a, [tokens(5, seed=1)[0].tolist()], True)
+        _decode(m, b, [tokens(7, seed=2)[0].tolist()], True)
+        return [TQCache.merge([x, y]) for x, y in zip(a, b)]
+
+    assert _freed_by_refcount(decoded)
+    assert _freed_by_refcount(batch)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
+import weakref
 from typing import Any, Callable, Iterator, NamedTuple
 
 import mlx.core as mx
@@ -115,7 +116,10 @@ class LayerDecoder:
     flag = _written_first("_flagbuf")
 
     def __init__(self, layer: Any, grow_phase: float = 0.0):
-        self.layer = layer
+        # held weakly: the cache holds its decoder, and a cycle between them would keep a dropped cache's
+        # blocks allocated until Python's cyclic collector ran (a server evicting caches would not get
+        # their memory back; a benchmark's next batch ran out of it)
+        self._layer = weakref.ref(layer)
         # Where in its growth step this layer grows, as a fraction of ``step`` (make_cache spreads a
         # model's layers over it): a layer grows ``grow_lead`` rows before its buffers are full, so the
         # layers of one model grow in different decode steps and a step holds one layer's old buffers.
@@ -124,6 +128,14 @@ class LayerDecoder:
         self.offset = 0
         self.start = 0
         self._clear()
+
+    @property
+    def layer(self) -> Any:
+        """The cache this decoder serves (its configuration and reports)."""
+        layer = self._layer()
+        if layer is None:
+            raise RuntimeError("this layer decoder's cache no longer exists")
+        return layer
 
     def _clear(self) -> None:
         self._flagbuf = None        # device-side NaN/inf flag of the rows appended since the last check

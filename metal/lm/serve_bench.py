@@ -18,6 +18,7 @@ says so.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 
@@ -51,6 +52,7 @@ def _decode(model, kind: str, context: int, batch: int, tokens: int, dtype) -> d
 
     from .routing import route_attention
 
+    gc.collect()                           # the previous run's batch is gone before this one's is built
     mx.synchronize()
     mx.clear_cache()
     mx.reset_peak_memory()
