@@ -116,9 +116,8 @@ class LayerDecoder:
     flag = _written_first("_flagbuf")
 
     def __init__(self, layer: Any, grow_phase: float = 0.0):
-        # held weakly: the cache holds its decoder, and a cycle between them would keep a dropped cache's
-        # blocks allocated until Python's cyclic collector ran (a server evicting caches would not get
-        # their memory back; a benchmark's next batch ran out of it)
+        # held weakly: the cache holds its decoder, so a dropped cache (a server's evicted prompt cache)
+        # frees its blocks by reference counting, not when Python's cyclic collector next runs
         self._layer = weakref.ref(layer)
         # Where in its growth step this layer grows, as a fraction of ``step`` (make_cache spreads a
         # model's layers over it): a layer grows ``grow_lead`` rows before its buffers are full, so the
