@@ -45,14 +45,20 @@ def flag_slots(rows: int, flag_min: int = FLAG_MIN) -> int:
 @lru_cache(maxsize=None)
 def append_kernel(src16: bool, calibrated: bool = False) -> Kernel:
     """The K/V append kernel: float32 or 16-bit (``src16``) rows, with key calibration or without."""
-    qa = (KERNEL_DIR / "quantize_append.h").read_text().split(BODY_MARKER, 1)[0]
     x = "uint16" if src16 else "float32"
     return Kernel("kv_append" + ("_u16" if src16 else "_f32") + ("_cal" if calibrated else ""),
                   (("k", x), ("v", x), ("kc", "uint8"), ("vc", "uint8"), ("ktab", "float32"),
                    ("vtab", "float32"), ("params", "uint32"), ("flag_in", "uint32"))
                   + ((("kcal", "float32"),) if calibrated else ()),
-                  (("flag", "uint32"),), (KERNEL_DIR / "kv_append.cpp").read_text(), qa,
-                  inplace=("kc", "vc"))
+                  (("flag", "uint32"),), (KERNEL_DIR / "kv_append.cpp").read_text(),
+                  append_row_header("tq_barrier()"), inplace=("kc", "vc"))
+
+
+def append_row_header(sync: str) -> str:
+    """quantize_append.h's helpers and kv_append_row.h's ``kva_row``, its lanes synchronised by ``sync``
+    (``tq_barrier()`` where the threadgroup is the row's SIMD group, ``tq_simd_barrier()`` beside others)."""
+    qa = (KERNEL_DIR / "quantize_append.h").read_text().split(BODY_MARKER, 1)[0]
+    return qa + f"\n#define KVA_SYNC() {sync}\n" + (KERNEL_DIR / "kv_append_row.h").read_text()
 
 
 def calibration_rows(mu, s, heads: int, k_dim: int) -> np.ndarray:
@@ -125,12 +131,15 @@ class KVAppend:
                   **side_static("KA", kf, k_dim, k_dp, k_rot), **side_static("VA", vf, v_dim, v_dp, v_rot)}
         kern = append_kernel(src_dtype != "float32", self.calibrated)
         self._kern = build(kern, static, backend)
+        self.static = static   # what kernel int8-mma's folded append builds with (attention.launch.FoldedStep)
 
         ktab, vtab = static_and_table(kf, False)[1], static_and_table(vf, False)[1]
+        self.tables_np = (ktab, vtab)
         if backend == "cpu-emulator":
             self._ktab, self._vtab = ktab, vtab
         else:
             self._ktab, self._vtab = const_buffer(ktab, opts.device_consts), const_buffer(vtab, opts.device_consts)
+        self.device_tables = (self._ktab, self._vtab)   # the quantizers' tables as the kernels take them
 
         self.compiled = backend != "cpu-emulator" and opts.compile
         self._compiled = None

@@ -97,8 +97,10 @@ inline float exp2(float a) { return std::exp2(a); }
 template <typename T> T simd_shuffle(T v, ushort) { return v; }
 template <typename T> T simd_shuffle_xor(T v, ushort) { return v; }
 template <typename T> T simd_broadcast(T v, ushort) { return v; }
-enum class mem_flags { mem_threadgroup };
+enum class mem_flags { mem_device = 1, mem_threadgroup = 2 };
+inline mem_flags operator|(mem_flags a, mem_flags b) { return (mem_flags)((int)a | (int)b); }
 inline void threadgroup_barrier(mem_flags) {}
+inline void simdgroup_barrier(mem_flags) {}
 using std::fma; using std::trunc; using std::floor;
 }
 """

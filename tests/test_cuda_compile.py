@@ -41,7 +41,11 @@ def _attention_cases():
     from tqbridge.metal.attention.build import kernel_defs, static_params
     from tqbridge.metal.attention.plan import make_plan
     from tqbridge.metal.attention.problem import KERNELS, AttentionError
+    from tqbridge.bridge.blocks.padding import padded_dim
+    from tqbridge.metal.codecs import rotation_group
     from tqbridge.metal.decode_options import DecodeOptions
+    from tqbridge.metal.kernel import KernelError
+    from tqbridge.metal.kv_append import prepared
 
     cases = []
     # (K, V, head dim, q type, query heads per KV head, options): CUDA's default plans (two chunks in static
@@ -73,6 +77,16 @@ def _attention_cases():
                 cases.append((f"int8-mma-phases-{kf}-{vf}-d{d}-q{qtype}" + (f"-{opts}" if opts else ""),
                               kernel_defs(qtype, plan.kernel, False, True)[0],
                               {**static_params(prob, plan, qtype, False)[0], "TQA_PHASES": 1}))
+                # the decode step's append folded into pass 1 (TQA_FOLD, kv_append's static parameters)
+                try:
+                    app = prepared(kf, vf, d, d, padded_dim(kf, d), padded_dim(vf, d), rotation_group(kf, d, "k"),
+                                   rotation_group(vf, d, "v"), "float16", "cpu-emulator")
+                except KernelError:   # a format the append kernel does not write
+                    app = None
+                if app is not None:
+                    cases.append((f"int8-mma-fold-{kf}-{vf}-d{d}-q{qtype}" + (f"-{opts}" if opts else ""),
+                                  kernel_defs(qtype, plan.kernel, False, False, "uint16")[0],
+                                  {**static_params(prob, plan, qtype, False)[0], **app.static, "TQA_FOLD": 1}))
     # one build of each kernel and static parameters is enough (the combine pass repeats across kernels)
     seen, out = set(), []
     for tag, kern, static in cases:

@@ -159,3 +159,35 @@ def test_gpu_fused_step_is_bit_identical(kv, monkeypatch):
     assert len(spy) > 20 and all(c.decoder.launch.compiled for c in cache)
     assert np.array_equal(got, want)
     assert all(np.array_equal(a, b) for a, b in zip(got_blocks, want_blocks))
+
+
+@pytest.mark.parametrize("model_name", ["llama", "gemma3"])
+def test_folded_lane_is_bit_identical(model_name, emulated_lane):
+    """The append folded into kernel int8-mma's pass 1 (``fold_append``) on the emulated lane: the same logits
+    and blocks as the append kernel then the same pass 1, through growth and window slides."""
+    emulated_lane.setattr(TQCache, "step", 8)
+    folds = []
+    real = attention_kernel._EmulatedDecodeLaunch._folded
+
+    def spy(self, *a, **kw):
+        got = real(self, *a, **kw)
+        folds.append(got is not None)
+        return got
+
+    emulated_lane.setattr(attention_kernel._EmulatedDecodeLaunch, "_folded", spy)
+
+    def decode(fold: bool):
+        m = tiny_llama(head_dim=128) if model_name == "llama" else tiny_gemma3(window=8)
+        cache = make_cache(m, "q8_0", "turbo3")
+        for c in cache:
+            if isinstance(c, TQCache):
+                c.decode_options = DecodeOptions(defer_append=True, fold_append=fold, q_precision="int8")
+        out = forced_decode(m, tokens(25, seed=11), cache)
+        return out, [np.array(b) for c in cache if isinstance(c, TQCache) for b in c.blocks()]
+
+    want, want_blocks = decode(False)
+    assert not folds
+    got, got_blocks = decode(True)
+    assert sum(folds) > 20, folds   # the folded pass 1 ran (not the append kernel then pass 1)
+    assert np.array_equal(got, want)
+    assert len(got_blocks) == len(want_blocks) and all(np.array_equal(a, b) for a, b in zip(got_blocks, want_blocks))

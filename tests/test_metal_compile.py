@@ -68,8 +68,10 @@ float exp2(float a);
 template <typename T> T simd_shuffle(T v, ushort lane);
 template <typename T> T simd_shuffle_xor(T v, ushort mask);
 template <typename T> T simd_broadcast(T v, ushort lane);
-enum class mem_flags { mem_none, mem_device, mem_threadgroup };
+enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2 };
+mem_flags operator|(mem_flags a, mem_flags b);
 void threadgroup_barrier(mem_flags flags);
+void simdgroup_barrier(mem_flags flags);
 float fma(float a, float b, float c);
 float trunc(float a);
 float floor(float a);
@@ -106,6 +108,9 @@ def _attention_cases():
     from tqbridge.metal.attention.build import kernel_defs, static_params
     from tqbridge.metal.attention.plan import make_plan
     from tqbridge.metal.attention.problem import KERNELS, AttentionError
+    from tqbridge.bridge.blocks.padding import padded_dim
+    from tqbridge.metal.codecs import rotation_group
+    from tqbridge.metal.kv_append import prepared
 
     cases = []
     for kf, vf, d, qtype in [("q8_0", "turbo3", 128, 0), ("q4_1", "q5_0", 128, 1), ("turbo4@g64", "q5_1", 128, 2),
@@ -125,6 +130,12 @@ def _attention_cases():
             # pass 1 multiplying q by a key-calibrated cache's channel scales (TQA_QSC, one input more)
             cases.append((f"{plan.kernel}-qscale-{kf}-{vf}-d{d}-q{qtype}", kernel_defs(qtype, plan.kernel, True)[0],
                           static_params(prob, plan, qtype, False, True)[0]))
+            if plan.kernel == "int8-mma" and kf == "q8_0":   # the decode step's append folded into pass 1
+                app = prepared(kf, vf, d, d, padded_dim(kf, d), padded_dim(vf, d), rotation_group(kf, d, "k"),
+                               rotation_group(vf, d, "v"), "float16", "cpu-emulator")
+                cases.append((f"int8-mma-fold-{kf}-{vf}-d{d}-q{qtype}", kernel_defs(qtype, plan.kernel, False, False,
+                                                                                   "uint16")[0],
+                              {**static_params(prob, plan, qtype, False)[0], **app.static, "TQA_FOLD": 1}))
     return cases
 
 

@@ -90,8 +90,14 @@ SPLIT_SOURCES = {"lanes": "attention_kernel_split_lanes.cpp", "tiles": "attentio
                  "int8-mma": "attention_kernel_split_int8_mma.cpp"}
 
 
+# the buffers kernel int8-mma's folded append adds to pass 1 (kv_append.cpp's, renamed apart from pass 1's own):
+# the step's K and V rows, the quantizers' tables, the append parameters, the previous flag; and one output, the flag
+FOLD_INPUTS = ("ak", "av", "aktab", "avtab", "ap", "aflag_in")
+
+
 @lru_cache(maxsize=None)
-def kernel_defs(qtype: int, kernel: str = "lanes", qscale: bool = False, phases: bool = False):
+def kernel_defs(qtype: int, kernel: str = "lanes", qscale: bool = False, phases: bool = False,
+                fold: "str | None" = None):
     """(pass 1, pass 2) kernel definitions for q's element type and the pass-1 kernel (one of
     :data:`~.attention_problem.KERNELS`); ``qscale``: pass 1 takes the input ``qsc`` too (its builds
     have the static parameter ``TQA_QSC``, :func:`static_params`); ``phases`` (int8-mma, builds with the
@@ -102,20 +108,33 @@ def kernel_defs(qtype: int, kernel: str = "lanes", qscale: bool = False, phases:
     ``fp1`` are pass 1's): ``ip`` / ``fp`` the int / float launch parameters (``TQA_SPLIT_PARAMS`` in
     attention_kernel.h lists pass 1's), ``tabs`` the value and rotation tables, ``dep`` the array the
     pass must run after, ``qsc`` the keys' channel scales q is multiplied by (float32, (Hq, D)), ``po``
-    the partial outputs of every split, ``pml`` their (running max, sum of weights) pairs."""
+    the partial outputs of every split, ``pml`` their (running max, sum of weights) pairs.
+
+    ``fold`` (int8-mma, builds with the static parameter ``TQA_FOLD`` and those of kv_append.cpp): pass 1 also
+    appends the decode step's rows, of element type ``fold`` ("float32" or "uint16"), into ``kb`` / ``vb`` in
+    place (:data:`FOLD_INPUTS`, one more output ``aflag``: the append's flag)."""
     from ..kernel import Kernel
+    from ..kv_append import append_row_header
 
     header = (KERNEL_DIR / "attention_kernel.h").read_text()
     qdt = "float32" if qtype == 0 else "uint16"
     if phases and kernel != "int8-mma":
         raise ValueError(f"phase timestamps are a build of kernel int8-mma, not {kernel!r}")
+    if fold is not None and (kernel != "int8-mma" or fold not in ("float32", "uint16")):
+        raise ValueError(f"the folded append is a build of kernel int8-mma over float32 or uint16 rows, not "
+                         f"{kernel!r} over {fold!r}")
+    fold_ins = () if fold is None else tuple((n, fold if n in ("ak", "av") else "float32" if "tab" in n else "uint32")
+                                             for n in FOLD_INPUTS)
     split = Kernel(
-        "tq_attention_split_" + kernel.replace("-", "_"),
+        "tq_attention_split_" + kernel.replace("-", "_") + ("_fold" if fold else ""),
         (("q", qdt), ("kb", "uint8"), ("vb", "uint8"), ("ip", "int32"), ("fp", "float32"), ("tabs", "float32"),
-         ("dep", "uint32")) + ((("qsc", "float32"),) if qscale else ()),
-        (("po", "float32"), ("pml", "float32")) + ((("clk", "uint32"),) if phases else ()),
+         ("dep", "uint32")) + ((("qsc", "float32"),) if qscale else ()) + fold_ins,
+        (("po", "float32"), ("pml", "float32")) + ((("clk", "uint32"),) if phases else ())
+        + ((("aflag", "uint32"),) if fold else ()),
         (KERNEL_DIR / SPLIT_SOURCES[kernel]).read_text(),
-        header + ("\n" + (KERNEL_DIR / "attention_mma.h").read_text() if kernel == "int8-mma" else ""))
+        header + ("\n" + (KERNEL_DIR / "attention_mma.h").read_text() if kernel == "int8-mma" else "")
+        + ("\n" + append_row_header("tq_simd_barrier()") if fold else ""),
+        inplace=("kb", "vb") if fold else ())
     combine = Kernel(
         "tq_attention_combine",
         (("po", "float32"), ("pml", "float32"), ("ip", "int32"), ("sinks", "float32"), ("tabs", "float32")),
@@ -128,10 +147,11 @@ def built(backend: str, which: int, qtype: int, static: dict, kernel: str = "lan
     """Pass 1 (``which`` 0) or the combine pass (1), compiled for ``backend`` by the one kernel builder
     and cache (:func:`.dispatch.build`): the emulator's kernel, or MLX's raw callable on a GPU. A static
     ``TQA_QSC`` picks pass 1's definition with the input ``qsc``, a static ``TQA_PHASES`` the one with the
-    output ``clk``."""
+    output ``clk``, a static ``TQA_FOLD`` the one with the folded append (its rows' type from ``QA_SRC``)."""
     from ..dispatch import build
 
-    kern = build(kernel_defs(qtype, kernel, bool(static.get("TQA_QSC")), bool(static.get("TQA_PHASES")))[which],
+    fold = ("uint16" if static.get("QA_SRC") else "float32") if static.get("TQA_FOLD") and which == 0 else None
+    kern = build(kernel_defs(qtype, kernel, bool(static.get("TQA_QSC")), bool(static.get("TQA_PHASES")), fold)[which],
                  static, backend)
     return kern if backend == "cpu-emulator" else kern.raw
 

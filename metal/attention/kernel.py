@@ -22,8 +22,15 @@ from ..decode_options import DecodeOptions, as_options
 PLAN_OVERRIDES = ("splits", "lanes_per_key", "warps", "tile", "kernel")
 
 
-def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=None, dyn=True, q_scale=None):
+def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=None, dyn=True, q_scale=None,
+                  fold=None):
+    """The two passes on the emulator: the output (rows, head dim) in q's element type. ``fold``: the decode
+    step's append inside pass 1 (kernel int8-mma's TQA_FOLD build), ``(append, k_rows, v_rows, ap, flag_in)``
+    as numpy (the rows as the kernel reads them, ``ap`` the append's parameters); kb / vb are written in place
+    and the result is ``(out, flag)``."""
     split_s, comb_s, _, extra2 = static_params(prob, plan, qtype, dyn_build(prob, plan, dyn), q_scale is not None)
+    if fold is not None:
+        split_s = {**split_s, **fold[0].static, "TQA_FOLD": 1}
     if qtype == 2:  # bfloat16 exists only as MLX arrays: take the bits
         import mlx.core as mx
 
@@ -40,15 +47,22 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
     tabs = tables(prob)
     sk = np.zeros(prob.q_heads, np.float32) if sinks is None else to_numpy(sinks).astype(np.float32).reshape(-1)
     k1 = built("cpu-emulator", 0, qtype, split_s, plan.kernel)
-    ins = [qn, np.ascontiguousarray(to_numpy(kb)), np.ascontiguousarray(to_numpy(vb)), ip1, fp1, tabs, np.zeros(1, np.uint32)]
+    kb = kb if fold is not None else np.ascontiguousarray(to_numpy(kb))   # a fold writes the caller's buffers
+    vb = vb if fold is not None else np.ascontiguousarray(to_numpy(vb))
+    ins = [qn, kb, vb, ip1, fp1, tabs, np.zeros(1, np.uint32)]
+    shapes = [(rows, np_, prob.v_dim), (rows, np_, 2)]
     if q_scale is not None:
         ins.append(q_scale)
+    if fold is not None:
+        app, k_rows, v_rows, ap, flag_in = fold
+        ins += [k_rows, v_rows, *app.tables_np, ap, flag_in]
+        shapes.append((app.flag_slots(int(ap[0])),))
     grid1 = (prob.batch * prob.kv_heads * plan.splits, 1, 1)
-    po, pml = launch(k1, ins, [(rows, np_, prob.v_dim), (rows, np_, 2)], grid1, 32 * plan.warps, seed=seed)
+    po, pml, *flag = launch(k1, ins, shapes, grid1, 32 * plan.warps, seed=seed)
     ip2 = np.array([np_, prob.q_heads, int(sinks is not None), *extra2], np.int32)
     k2 = built("cpu-emulator", 1, qtype, comb_s)
     (out,) = launch(k2, [po, pml, ip2, sk, tabs], [(rows, prob.head_dim)], (rows, 1, 1), COMBINE_THREADS, seed=seed)
-    return out
+    return out if fold is None else (out, flag[0])
 
 
 def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: str, dyn: bool, consts: bool,
@@ -205,9 +219,42 @@ class _EmulatedDecodeLaunch:
 
     def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None,
                     starts=None):
-        """:meth:`DecodeLaunch.with_append`'s contract: the append, then this attention (two calls here)."""
+        """:meth:`DecodeLaunch.with_append`'s contract: the append, then this attention (two calls here), or
+        both in one pass 1 where the options fold them and a decode launch would (:func:`.launch.fold_refusal`)."""
+        if self.options.fold_append and q_scale is None and starts is None:
+            got = self._folded(append, k_rows, v_rows, q, kb, vb, pos, flag_in, length)
+            if got is not None:
+                return got
         flag = append(k_rows, v_rows, kb, vb, pos, flag_in)
         return flag, self(q, kb, vb, length, after=flag, q_scale=q_scale, starts=starts)
+
+    def _folded(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int):
+        """The folded step on the emulator, planned as a decode launch plans it (for the whole buffer);
+        None where that plan refuses the fold."""
+        import mlx.core as mx
+
+        from .launch import fold_refusal
+
+        mx.eval(q, kb, vb, k_rows, v_rows, flag_in)
+        whole = check_problem(q, kb, vb, length=self.l_max, **self._kw)
+        plan = plan_cached(whole, self.backend, None, None, None, None,
+                           resolve_kernel(whole, self.backend, None, self.options.q_precision), False, self.options)
+        if fold_refusal(plan, self.l_max, append, int(kb.shape[-1]), int(vb.shape[-1]), self.backend):
+            return None
+        step = check_problem(q, kb, vb, length=length, **self._kw)
+        qdt = str(q.dtype).replace("mlx.core.", "")
+        rows = [np.array(mx.view(r, mx.uint16)) if append.static["QA_SRC"] else np.array(r) for r in (k_rows, v_rows)]
+        B, H, S = (int(x) for x in k_rows.shape[:3])
+        ap = np.array([B * H * S, S, self.l_max, pos, H, int(flag_in.shape[0])], np.uint32)
+        # numpy views of the MLX buffers' memory: the kernel writes the step's rows there, as on a GPU
+        out, flag = _run_emulator(q, np.asarray(kb), np.asarray(vb), step, None, plan, QTYPES[qdt], None, False, None,
+                                  (append, rows[0].reshape(-1), rows[1].reshape(-1), ap, np.array(flag_in)))
+        shape = (step.batch, step.q_heads, step.head_dim) if step.squeeze_rows else (
+            step.batch, step.q_heads, step.rows, step.head_dim)
+        out = out.view(np.float16) if QTYPES[qdt] == 1 else out
+        out = mx.array(out.reshape(shape))
+        self.run_info = {"backend": self.backend, "kernel": plan.kernel, "splits": plan.splits, "fold_append": True}
+        return mx.array(flag), (mx.view(out, mx.bfloat16) if QTYPES[qdt] == 2 else out)
 
     def __call__(self, q, kb, vb, length: int, after=None, sinks=None, q_scale=None, starts=None):
         """:meth:`DecodeLaunch.__call__`'s contract: q in its own dtype (the kernels of that dtype), the

@@ -137,9 +137,53 @@ class Launches:
         po, pml = launch(self.k1, inputs=[q, kb, vb, ip1, self.fp1, self.tabs, dep, *(() if qsc is None else (qsc,))],
                          output_shapes=self.out1, output_dtypes=[mx.float32, mx.float32], grid=self.grid1,
                          threadgroup=self.tg1)
+        return self.combine(po, pml, sk, q.dtype)
+
+    def combine(self, po, pml, sk, dtype):
+        """The combine pass over pass 1's partials (``sk``: the sinks, float32)."""
         (out,) = launch(self.k2, inputs=[po, pml, self.ip2, sk, self.tabs], output_shapes=self.shape,
-                        output_dtypes=[q.dtype], grid=self.grid2, threadgroup=(COMBINE_THREADS, 1, 1))
+                        output_dtypes=[dtype], grid=self.grid2, threadgroup=(COMBINE_THREADS, 1, 1))
         return out
+
+    def launch_folded(self, k1f, append, q, kb, vb, ip1, k_rows, v_rows, params, flag_in):
+        """Pass 1 with the decode step's append folded in (``k1f``: :func:`folded_pass1`'s build for
+        ``append``, a :class:`~tqbridge.metal.kv_append.KVAppend`; ``params`` its step parameters), then the
+        combine pass: ``(flag, out)``, as the append and :meth:`launch` give them."""
+        import mlx.core as mx
+
+        B, H, S = k_rows.shape[:3]
+        kt, vt = append.device_tables
+        po, pml, flag = launch(k1f, inputs=[q, kb, vb, ip1, self.fp1, self.tabs, flag_in, k_rows, v_rows, kt, vt, params,
+                                            flag_in],
+                               output_shapes=self.out1 + [(append.flag_slots(B * H * S),)],
+                               output_dtypes=[mx.float32, mx.float32, mx.uint32], grid=self.grid1, threadgroup=self.tg1)
+        return flag, self.combine(po, pml, self.zero_sinks, q.dtype)
+
+
+@lru_cache(maxsize=64)
+def folded_pass1(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, append_static: tuple):
+    """Kernel int8-mma's pass 1 with the append folded in (static ``TQA_FOLD``), built for one call signature
+    (:func:`_mlx_setup`'s) and one append's static parameters (``append_static``: its items, sorted)."""
+    split_s = static_params(shape_prob, shape_plan, qtype, False)[0]
+    return built(backend, 0, qtype, {**split_s, **dict(append_static), "TQA_FOLD": 1}, shape_plan.kernel)
+
+
+def fold_refusal(plan: Plan, l_max: int, append, k_row_bytes: int, v_row_bytes: int, backend: str) -> "str | None":
+    """Why the decode step's ``append`` cannot run inside this plan's pass 1 (None: it can): the kernel must be
+    int8-mma, the append an uncalibrated KVAppend of this backend writing rows of the buffers' width, and the
+    splits must cover the buffer in even lengths (a split's tiles start at even rows: it reads no row of the
+    split before it, so no threadgroup reads a row another one writes)."""
+    if plan.kernel != "int8-mma":
+        return f"pass 1 runs kernel {plan.kernel}, not int8-mma"
+    if getattr(append, "calibrated", True) or not hasattr(append, "static"):
+        return "the append calibrates keys"
+    if append.backend != backend:
+        return f"the append runs on {append.backend}, the attention on {backend}"
+    if (append.k_row_bytes, append.v_row_bytes) != (k_row_bytes, v_row_bytes):
+        return "the append writes rows of another width than the buffers'"
+    if plan.split_len % 2 or plan.splits * plan.split_len < l_max:
+        return f"the plan's {plan.splits} splits of {plan.split_len} rows do not cover {l_max} rows in even lengths"
+    return None
 
 
 @lru_cache(maxsize=1024)
@@ -211,7 +255,8 @@ class DecodeLaunch:
         self._run_scaled = None
         self._qsc_size = prob.q_heads * prob.head_dim
         self.fuses_append = opts.defer_append
-        self._with_append: dict = {}   # prepared append -> the compiled append + attention
+        self._with_append: dict = {}   # (prepared append, q_scale given) -> the compiled append + attention
+        self.run_info["fold_append"] = False   # whether the latest step with an append ran it inside pass 1
 
     def ip1(self, length: int, starts: "tuple[int, ...] | None" = None):
         """The pass-1 int parameters for ``length`` and ``starts`` (each batch row's first visible key: its
@@ -275,20 +320,32 @@ class DecodeLaunch:
         ``starts`` as in :meth:`__call__`. Compiled launches trace it all as one function: one
         replay of three kernels per layer, with or without ``q_scale``."""
         key = (append, q_scale is not None)
-        fn = self._with_append.get(key)
+        got = self._with_append.get(key)
         run = self._launches(q_scale)
-        if fn is None:
+        if got is None:
             import mlx.core as mx
 
-            def both(k_rows, v_rows, q, kb, vb, params, flag_in, ip1, *qsc):
-                flag = append.launch(k_rows, v_rows, kb, vb, params, flag_in)
-                return flag, run.launch(q, kb, vb, None, ip1, flag, *qsc)
-            fn = self._with_append[key] = mx.compile(both) if self.compiled else both
+            why = "off in the decode options" if not self.options.fold_append else "q is scaled" if q_scale is not None \
+                else fold_refusal(self.plan, self.l_max, append, kb.shape[-1], vb.shape[-1], self.backend)
+            if why is None:   # one pass 1 that appends too, then the combine: two kernels
+                k1f = folded_pass1(dataclasses.replace(self._prob, lengths=(), starts=()),
+                                   dataclasses.replace(self.plan, splits=0, split_len=0), self._qtype, self.backend,
+                                   tuple(sorted(append.static.items())))
+
+                def both(k_rows, v_rows, q, kb, vb, params, flag_in, ip1, *qsc):
+                    return run.launch_folded(k1f, append, q, kb, vb, ip1, k_rows, v_rows, params, flag_in)
+            else:
+                def both(k_rows, v_rows, q, kb, vb, params, flag_in, ip1, *qsc):
+                    flag = append.launch(k_rows, v_rows, kb, vb, params, flag_in)
+                    return flag, run.launch(q, kb, vb, None, ip1, flag, *qsc)
+            got = self._with_append[key] = (mx.compile(both) if self.compiled else both, why is None)
+        fn, folded = got
+        self.run_info["fold_append"] = folded
         return fn(k_rows, v_rows, q, kb, vb, append.step_params(k_rows, kb, pos, flag_in), flag_in, self.ip1(length, starts),
                   *(() if q_scale is None else (q_scale,)))
 
 
 def clear_caches() -> None:
     """Forget every prepared launch and kernel setup of this module."""
-    for f in (launches, _mlx_setup, _no_dep, _int_buffer):
+    for f in (launches, _mlx_setup, _no_dep, _int_buffer, folded_pass1):
         f.cache_clear()

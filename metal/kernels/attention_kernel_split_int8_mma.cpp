@@ -112,6 +112,34 @@ const size_t voff = (size_t)(b * hkv + h) * (size_t)l_max * (size_t)VRB;
 const bool stage16 = tq_aligned16_shared(stage);   // (tqa_stage_tile checks the rest, tile by tile)
 const int first = start - (start & 1);
 
+#if TQA_FOLD
+// The decode step's append, folded in (DecodeOptions.fold_append; kv_append.cpp's static parameters and
+// buffers ak, av, aktab, avtab, ap, aflag_in, out aflag; kb and vb written in place): the threadgroup whose
+// split holds buffer row ap[3] + s of its (batch row, KV head) quantizes that row's K and V into the
+// buffers (kva_row: SIMD group 0 the K row, group 1 the V row, one group both in turn; scratch in the
+// staging area, before q and the first tiles use it), then reads them like any other row. aflag as
+// kv_append.cpp writes it. Splits never read past their own rows, so no other threadgroup waits for it.
+{
+    static_assert(2 * KV_MAX_DP * 4 <= TQA_STB, "the folded append's scratch must fit the staging area");
+    const uint aR = ap[0], aS = ap[1], apos = ap[3];
+    bool mine = false;   // uniform over the threadgroup
+    for (uint s = 0u; s < aS; ++s) {
+        if ((int)(apos + s) / split_len != split) continue;
+        mine = true;
+        const uint r = (uint)bh * aS + s;
+        for (uint side = warp; side < 2u; side += (uint)TQA_NW) {   // uniform per SIMD group
+            const uint row = side == 0u ? r : aR + r;
+            const uint bad = kva_row(row, lane, aR, aS, ap[2], apos, ap[4], (TQ_CONST_DEVICE KVA_ROW_T*)(ak),
+                                     (TQ_CONST_DEVICE KVA_ROW_T*)(av), kb_w, vb_w, aktab, avtab, aktab,
+                                     (TQ_SHARED float*)stage + (side % 2u) * KV_MAX_DP);
+            if (lane == 0u) aflag[row] = aflag_in[row % ap[5]] | bad;
+            tq_simd_barrier();   // the next row of this SIMD group rewrites its scratch
+        }
+    }
+    if (tq_gx == 0u && tid == 0u) for (uint i = 2u * aR; i < (uint)KV_FLAG_MIN; ++i) aflag[i] = 0u;
+    if (mine) tq_barrier_device();   // the rows written before this threadgroup copies them
+}
+#endif
 if (tid < 16u) { ktab[tid] = tabs[tid]; vtab[tid] = tabs[16u + tid]; }
 // V23: the 8 (turbo2: 4) binary16 centroids as low bytes (clo0: entries 0..3, clo1: 4..7) and high bytes
 uint clo0 = 0u, clo1 = 0u, chi0 = 0u, chi1 = 0u;

@@ -78,6 +78,9 @@ template <typename T> inline T simd(int op, T v, uint arg, int line) {
 #define tq_simd_shuffle_xor(v, mask) tqemu::simd(tqemu::OP_SHUFFLE_XOR, (v), (uint)(mask), __LINE__)
 #define tq_simd_broadcast(v, lane) tqemu::simd(tqemu::OP_BROADCAST, (v), (uint)(lane), __LINE__)
 #define tq_barrier() tqemu::sync_barrier(__LINE__)
+#define tq_barrier_device() tqemu::sync_barrier(__LINE__)
+// the SIMD group's lanes meet (a SIMD op without a value): a scheduling point like any other
+#define tq_simd_barrier() ((void)tqemu::simd(tqemu::OP_MAX, 0u, 0u, __LINE__))
 #define TQ_SHARED_ARRAY(T, name, n) T* name = (T*)tqemu::shared_alloc(sizeof(T) * (size_t)(n), alignof(T), __LINE__)
 // dynamic threadgroup memory (TQ_DSMEM bytes): from the same arena, under the same limit
 #define TQ_DYN_SHARED_ARRAY(T, name) T* name = (T*)tqemu::shared_alloc((size_t)(TQ_DSMEM), 16, __LINE__)

@@ -47,6 +47,10 @@ TQ_FUNC float tq_simd_sum(float v) { for (int o = 16; o > 0; o >>= 1) v = __fadd
 TQ_FUNC int tq_simd_sum(int v) { for (int o = 16; o > 0; o >>= 1) v = v + __shfl_xor_sync(0xffffffffu, v, o); return v; }
 TQ_FUNC uint tq_simd_sum(uint v) { for (int o = 16; o > 0; o >>= 1) v = v + __shfl_xor_sync(0xffffffffu, v, o); return v; }
 #define tq_barrier() __syncthreads()
+// a barrier that also orders the threadgroup's device-memory writes before its later reads (and copies)
+#define tq_barrier_device() __syncthreads()
+// one SIMD group's lanes meet; their threadgroup-memory writes before it are visible to each other after
+#define tq_simd_barrier() __syncwarp()
 #define TQ_SHARED_ARRAY(T, name, n) __shared__ T name[n]
 // the kernel's dynamic threadgroup memory (TQ_DSMEM bytes, a static parameter the launch requests): one
 // array per kernel; CUDA's static shared memory stops at 48 KB, the dynamic one may go beyond

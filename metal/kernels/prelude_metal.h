@@ -47,6 +47,8 @@ TQ_FUNC float tq_simd_sum(float v) { for (ushort o = 16; o > 0; o >>= 1) v = v +
 TQ_FUNC int tq_simd_sum(int v) { for (ushort o = 16; o > 0; o >>= 1) v = v + simd_shuffle_xor(v, o); return v; }
 TQ_FUNC uint tq_simd_sum(uint v) { for (ushort o = 16; o > 0; o >>= 1) v = v + simd_shuffle_xor(v, o); return v; }
 #define tq_barrier() threadgroup_barrier(mem_flags::mem_threadgroup)
+#define tq_barrier_device() threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup)
+#define tq_simd_barrier() simdgroup_barrier(mem_flags::mem_threadgroup)
 #define TQ_SHARED_ARRAY(T, name, n) threadgroup T name[n]
 // MLX's Metal kernels take no dynamic threadgroup memory: a kernel built with TQ_DSMEM fails here, loudly
 #define TQ_DYN_SHARED_ARRAY(T, name) static_assert(false, "no dynamic threadgroup memory on Metal (TQ_DSMEM)")
