@@ -41,7 +41,7 @@ COMPILE_BACKENDS = ("cuda",)
 DEVICE_PARAMS_BACKENDS = ("cuda",)
 DEVICE_CONSTS_BACKENDS = ("cuda",)
 DEFER_APPEND_BACKENDS = ("cuda",)
-FOLD_APPEND_BACKENDS: "tuple[str, ...]" = ()
+FOLD_APPEND_BACKENDS = ("cuda",)
 
 # kernel int8-mma's 16-key chunks per SIMD-group step where the options leave it to the planner: 2 on CUDA (two
 # chunks in 2 SIMD groups of 64-key tiles beat one in 4: pass 1 at 32K / 128K 25.8 / 67.2 us vs 26.7 / 70.9),

@@ -15,16 +15,18 @@ from tqbridge.metal.attention import build as ab
 from tqbridge.metal.attention import check_problem
 from tqbridge.metal.attention.plan import make_plan
 from tqbridge.metal.codecs import rotation_group
-from tqbridge.metal.kv_append import prepared
+from tqbridge.metal.kv_append import calibration_rows, prepared
 
 
-def _step(kf, vf, d, B, Hkv, G, cap, pos, src, warps, splits, seed=3, nan_row=False):
+def _step(kf, vf, d, B, Hkv, G, cap, pos, src, warps, splits, seed=3, nan_row=False, cal=False):
     """(plain: kc, vc, po, pml, flag), (folded: the same), split_len: the step row at buffer row ``pos``,
-    length pos + 1."""
+    length pos + 1. ``cal``: keys calibrated (the append's kcal, pass 1's q scales)."""
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((B, Hkv * G, d)).astype(np.float32)
     k_rot, v_rot = rotation_group(kf, d, "k"), rotation_group(vf, d, "v")
-    app = prepared(kf, vf, d, d, padded_dim(kf, d), padded_dim(vf, d), k_rot, v_rot, src, "cpu-emulator")
+    app = prepared(kf, vf, d, d, padded_dim(kf, d), padded_dim(vf, d), k_rot, v_rot, src, "cpu-emulator", calibrated=cal)
+    kcal = calibration_rows(rng.standard_normal((Hkv, d)) * 0.1, rng.uniform(0.5, 2, (Hkv, d)), Hkv, d) if cal else None
+    qsc = (np.repeat(kcal[1], G, axis=0).reshape(-1) if cal else None)
     kc = bridge.quantize(kf, rng.standard_normal((B, Hkv, cap, d)).astype(np.float32))
     vc = bridge.quantize(vf, rng.standard_normal((B, Hkv, cap, d)).astype(np.float32))
     # rows past the step hold garbage, as in a buffer that grew
@@ -40,7 +42,8 @@ def _step(kf, vf, d, B, Hkv, G, cap, pos, src, warps, splits, seed=3, nan_row=Fa
     prob = check_problem(q, kc, vc, k_format=kf, v_format=vf, length=cap, rotation=(k_rot, v_rot))
     plan = make_plan(prob, "cpu-emulator", kernel="int8-mma", splits=splits, warps=warps)
     step = check_problem(q, kc, vc, k_format=kf, v_format=vf, length=pos + 1, rotation=(k_rot, v_rot))
-    split_s, _, _, _ = ab.static_params(prob, plan, 0, False)
+    split_s, _, _, _ = ab.static_params(prob, plan, 0, False, cal)
+    extra = [qsc] if cal else []
     rows = B * Hkv * G
     shapes = [(rows, plan.partials, d), (rows, plan.partials, 2)]
     grid = (B * Hkv * plan.splits, 1, 1)
@@ -49,17 +52,18 @@ def _step(kf, vf, d, B, Hkv, G, cap, pos, src, warps, splits, seed=3, nan_row=Fa
     rows16 = (lambda a: a.view(np.uint16)) if src == "float16" else (lambda a: a)
 
     kc1, vc1 = kc.copy(), vc.copy()
-    flag1 = app(k, v, kc1, vc1, pos, flag_in.copy())
+    flag1 = app(k, v, kc1, vc1, pos, flag_in.copy(), *([kcal.reshape(-1)] if cal else []))
     k1 = ab.built("cpu-emulator", 0, 0, split_s, "int8-mma")
-    po1, pml1 = k1([q, kc1, vc1, ip1, fp1, ab.tables(prob), np.zeros(1, np.uint32)], shapes, grid, 32 * plan.warps,
-                   seed=seed)
+    po1, pml1 = k1([q, kc1, vc1, ip1, fp1, ab.tables(prob), np.zeros(1, np.uint32), *extra], shapes, grid,
+                   32 * plan.warps, seed=seed)
 
     kc2, vc2 = kc.copy(), vc.copy()
     ap = np.array([B * Hkv, 1, cap, pos, Hkv, flag_in.size], np.uint32)
     kt, vt = app.tables_np
     kf2 = ab.built("cpu-emulator", 0, 0, {**split_s, **app.static, "TQA_FOLD": 1}, "int8-mma")
-    po2, pml2, flag2 = kf2([q, kc2, vc2, ip1, fp1, ab.tables(prob), np.zeros(1, np.uint32),
-                            rows16(k.reshape(-1)), rows16(v.reshape(-1)), kt, vt, ap, flag_in.copy()],
+    po2, pml2, flag2 = kf2([q, kc2, vc2, ip1, fp1, ab.tables(prob), np.zeros(1, np.uint32), *extra,
+                            rows16(k.reshape(-1)), rows16(v.reshape(-1)), kt, vt, ap, flag_in.copy(),
+                            *([kcal.reshape(-1)] if cal else [])],
                            shapes + [(app.flag_slots(B * Hkv),)], grid, 32 * plan.warps, seed=seed + 1)
     return (kc1, vc1, po1, pml1, flag1), (kc2, vc2, po2, pml2, flag2), plan
 
@@ -85,6 +89,14 @@ def test_the_step_row_anywhere_in_a_split(pos):
     plain, folded, plan = _step("q8_0", "turbo3", 128, B=2, Hkv=2, G=2, cap=256, pos=pos, src="float32", warps=2,
                                 splits=4)
     assert plan.split_len == 64
+    _same(plain, folded)
+
+
+@pytest.mark.parametrize("pos", [31, 64])
+def test_a_calibrated_step_folds_too(pos):
+    """Key calibration: the append stores (x - mu) / s (kv_append's kcal), pass 1 attends with q * s (TQA_QSC)."""
+    plain, folded, _ = _step("q8_0", "turbo3", 128, B=1, Hkv=2, G=4, cap=128, pos=pos, src="float16", warps=2,
+                             splits=2, cal=True)
     _same(plain, folded)
 
 

@@ -227,6 +227,36 @@ def test_calibrated_lane_with_the_append_in_the_attention_call_is_bit_identical(
     assert all(np.array_equal(a, b) for a, b in zip(runs[True][1], runs[False][1]))
 
 
+def test_calibrated_lane_with_the_append_folded_into_pass_1_is_bit_identical(emulated_decode_lane, cpu_device,
+                                                                            monkeypatch):
+    """The append folded into kernel int8-mma's pass 1 (``fold_append``) on a key-calibrated cache: the append's
+    (x - mu) / s and q * s in the same call; the same logits and blocks as the append kernel then pass 1."""
+    from tqbridge.metal.attention import kernel as attention_kernel
+    from tqbridge.metal.decode_options import DecodeOptions
+
+    monkeypatch.setattr(TQCache, "step", 8)
+    folds = []
+    real = attention_kernel._EmulatedDecodeLaunch._folded
+
+    def spy(self, *a, **kw):
+        got = real(self, *a, **kw)
+        folds.append(got is not None)
+        return got
+
+    monkeypatch.setattr(attention_kernel._EmulatedDecodeLaunch, "_folded", spy)
+    m, toks = tiny_llama(head_dim=128), tokens(24, seed=9)
+    runs = {}
+    for fold in (False, True):
+        k, v, cal = parse_kv_spec("q5_1+mean+scale/q5_0")
+        cache = make_cache(m, k, v, calibration=cal)
+        for c in cache:
+            c.decode_options = DecodeOptions(defer_append=True, fold_append=fold, q_precision="int8")
+        runs[fold] = (forced_decode(m, toks, cache), [np.array(b) for c in cache for b in c.blocks()])
+        assert (sum(folds) > 15) == fold, folds
+    assert np.array_equal(runs[True][0], runs[False][0])
+    assert all(np.array_equal(a, b) for a, b in zip(runs[True][1], runs[False][1]))
+
+
 def _registry_pairs():
     from tqbridge.bridge.blocks.registry import names
 

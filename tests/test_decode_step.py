@@ -169,8 +169,8 @@ def test_gpu_decode_step_three_kernels_no_sync(kv, dtype):
 @pytest.mark.skipif(not _GPU, reason="no MLX GPU backend (Metal or CUDA) here")
 def test_gpu_calibrated_decode_step_runs_the_kernels_of_an_uncalibrated_one(dtype):
     """Key calibration on the lane: pass 1 multiplies q by the key scales as it loads q, so a calibrated
-    step's KV path has the kernels of an uncalibrated one (3 on CUDA: append, pass 1, combine; no
-    elementwise kernel for q * s)."""
+    step's KV path has the kernels of an uncalibrated one (2 on CUDA: pass 1 with the append folded in, the
+    combine; no elementwise kernel for q * s)."""
     kernels = {}
     for kv in ("q5_1/q5_0", "q5_1+mean+scale/q5_0"):
         c = _selfchecked(_prefilled(kv), dtype)

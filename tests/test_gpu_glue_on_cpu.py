@@ -130,8 +130,8 @@ def test_decode_options_refuse_other_values_and_fill_the_backend_defaults():
     with pytest.raises(attention.AttentionError, match="compile must be True, False or None"):
         DecodeOptions(compile="yes")
     cuda, metal = DecodeOptions().resolve("cuda"), DecodeOptions().resolve("metal")
-    assert (cuda.compile, cuda.device_params, cuda.device_consts, cuda.defer_append) == (True,) * 4
-    assert (metal.compile, metal.device_params, metal.device_consts, metal.defer_append) == (False,) * 4
+    assert (cuda.compile, cuda.device_params, cuda.device_consts, cuda.defer_append, cuda.fold_append) == (True,) * 5
+    assert (metal.compile, metal.device_params, metal.device_consts, metal.defer_append, metal.fold_append) == (False,) * 5
     assert DecodeOptions(compile=False).resolve("cuda").compile is False   # a value given wins
 
 
@@ -330,10 +330,13 @@ def test_spread_layers_build_each_capacity_once(fake_cuda, monkeypatch):
     assert len(attention_kernel.prepared_launches()) == len(seen)
     assert counts["append table"] == counts["attention table"] == len(seen), (counts, seen)
     # traced once per capacity (compiled launches run their Python, and so the recorder, at the trace only):
-    # the append alone and the attention alone (the growth step), then the two in one call (later steps)
+    # the append alone and the attention alone (the growth step), then the two in one call (later steps: with
+    # fold_append, CUDA's default, pass 1's folded build appends)
     names = [name for name, *_ in CALLS]
     appends, attention = (sum(x.startswith(p) for x in names) for p in ("tq_kv_append", "tq_attention"))
-    assert appends == 2 * len(seen) and attention == 2 * 2 * len(seen), names   # attention: pass 1 and combine
+    folds = sum(x.startswith("tq_attention_split_int8_mma_fold") for x in names)
+    assert appends == len(seen) and folds == len(seen), names
+    assert attention == 2 * 2 * len(seen), names   # attention: pass 1 (plain or folded) and combine
     assert all(got == {"append row": m, "attention row": m} for m, got in per_step), per_step
     kv_append.prepared.cache_clear()
 
@@ -380,15 +383,17 @@ def _lane_step_kernels(kv: str, monkeypatch, steps: int = 4) -> list:
 
 def test_calibrated_decode_step_runs_the_kernels_of_an_uncalibrated_one(fake_cuda, monkeypatch):
     """A key-calibrated cache's decode step on CUDA's lane (append fused into the attention call): the
-    append, pass 1 (which multiplies q by the key scales as it loads q) and the combine pass, 3 kernels as
-    without calibration; no elementwise kernel scales q. The first step also makes the flag and the
-    prepared launches' tables."""
+    append folded into pass 1 (which also multiplies q by the key scales as it loads q) and the combine pass,
+    2 kernels as without calibration (CUDA's fold_append); no elementwise kernel scales q. The first step
+    also makes the flag and the prepared launches' tables."""
     kv_append.prepared.cache_clear()
     plain = _lane_step_kernels("q5_1/q5_0", monkeypatch)
     calibrated = _lane_step_kernels("q5_1+mean+scale/q5_0", monkeypatch)
-    assert plain[1:] == calibrated[1:] == [3, 3, 3], (plain, calibrated)
-    scaled = [shapes for name, shapes, _, _ in CALLS if "split" in name and len(shapes) == 8]
+    assert plain[1:] == calibrated[1:] == [2, 2, 2], (plain, calibrated)
+    # pass 1 with the scales: 8 inputs, its folded build 15 (the append's 6 and kcal after them)
+    scaled = [shapes for name, shapes, _, _ in CALLS if "split" in name and len(shapes) in (8, 15)]
     assert scaled and all(s[7] == (1, 8, 1, 128) for s in scaled)   # pass 1's 8th input: the heads' scales
+    assert any(len(s) == 15 for s in scaled)
     kv_append.prepared.cache_clear()
 
 

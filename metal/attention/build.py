@@ -97,7 +97,7 @@ FOLD_INPUTS = ("ak", "av", "aktab", "avtab", "ap", "aflag_in")
 
 @lru_cache(maxsize=None)
 def kernel_defs(qtype: int, kernel: str = "lanes", qscale: bool = False, phases: bool = False,
-                fold: "str | None" = None):
+                fold: "str | None" = None, fold_cal: bool = False):
     """(pass 1, pass 2) kernel definitions for q's element type and the pass-1 kernel (one of
     :data:`~.attention_problem.KERNELS`); ``qscale``: pass 1 takes the input ``qsc`` too (its builds
     have the static parameter ``TQA_QSC``, :func:`static_params`); ``phases`` (int8-mma, builds with the
@@ -112,7 +112,8 @@ def kernel_defs(qtype: int, kernel: str = "lanes", qscale: bool = False, phases:
 
     ``fold`` (int8-mma, builds with the static parameter ``TQA_FOLD`` and those of kv_append.cpp): pass 1 also
     appends the decode step's rows, of element type ``fold`` ("float32" or "uint16"), into ``kb`` / ``vb`` in
-    place (:data:`FOLD_INPUTS`, one more output ``aflag``: the append's flag)."""
+    place (:data:`FOLD_INPUTS`, one more output ``aflag``: the append's flag); ``fold_cal``: a key-calibrated
+    append (static ``KV_CAL``), one more input ``akcal`` (kv_append.cpp's ``kcal``)."""
     from ..kernel import Kernel
     from ..kv_append import append_row_header
 
@@ -124,7 +125,7 @@ def kernel_defs(qtype: int, kernel: str = "lanes", qscale: bool = False, phases:
         raise ValueError(f"the folded append is a build of kernel int8-mma over float32 or uint16 rows, not "
                          f"{kernel!r} over {fold!r}")
     fold_ins = () if fold is None else tuple((n, fold if n in ("ak", "av") else "float32" if "tab" in n else "uint32")
-                                             for n in FOLD_INPUTS)
+                                             for n in FOLD_INPUTS) + ((("akcal", "float32"),) if fold_cal else ())
     split = Kernel(
         "tq_attention_split_" + kernel.replace("-", "_") + ("_fold" if fold else ""),
         (("q", qdt), ("kb", "uint8"), ("vb", "uint8"), ("ip", "int32"), ("fp", "float32"), ("tabs", "float32"),
@@ -151,7 +152,8 @@ def built(backend: str, which: int, qtype: int, static: dict, kernel: str = "lan
     from ..dispatch import build
 
     fold = ("uint16" if static.get("QA_SRC") else "float32") if static.get("TQA_FOLD") and which == 0 else None
-    kern = build(kernel_defs(qtype, kernel, bool(static.get("TQA_QSC")), bool(static.get("TQA_PHASES")), fold)[which],
+    kern = build(kernel_defs(qtype, kernel, bool(static.get("TQA_QSC")), bool(static.get("TQA_PHASES")), fold,
+                             bool(fold and static.get("KV_CAL")))[which],
                  static, backend)
     return kern if backend == "cpu-emulator" else kern.raw
 

@@ -25,9 +25,9 @@ PLAN_OVERRIDES = ("splits", "lanes_per_key", "warps", "tile", "kernel")
 def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=None, dyn=True, q_scale=None,
                   fold=None):
     """The two passes on the emulator: the output (rows, head dim) in q's element type. ``fold``: the decode
-    step's append inside pass 1 (kernel int8-mma's TQA_FOLD build), ``(append, k_rows, v_rows, ap, flag_in)``
-    as numpy (the rows as the kernel reads them, ``ap`` the append's parameters); kb / vb are written in place
-    and the result is ``(out, flag)``."""
+    step's append inside pass 1 (kernel int8-mma's TQA_FOLD build), ``(append, k_rows, v_rows, ap, flag_in, kcal)``
+    as numpy (the rows as the kernel reads them, ``ap`` the append's parameters, ``kcal`` a calibrated append's
+    buffer or None); kb / vb are written in place and the result is ``(out, flag)``."""
     split_s, comb_s, _, extra2 = static_params(prob, plan, qtype, dyn_build(prob, plan, dyn), q_scale is not None)
     if fold is not None:
         split_s = {**split_s, **fold[0].static, "TQA_FOLD": 1}
@@ -54,8 +54,8 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
     if q_scale is not None:
         ins.append(q_scale)
     if fold is not None:
-        app, k_rows, v_rows, ap, flag_in = fold
-        ins += [k_rows, v_rows, *app.tables_np, ap, flag_in]
+        app, k_rows, v_rows, ap, flag_in, kcal = fold
+        ins += [k_rows, v_rows, *app.tables_np, ap, flag_in, *(() if kcal is None else (kcal,))]
         shapes.append((app.flag_slots(int(ap[0])),))
     grid1 = (prob.batch * prob.kv_heads * plan.splits, 1, 1)
     po, pml, *flag = launch(k1, ins, shapes, grid1, 32 * plan.warps, seed=seed)
@@ -221,21 +221,21 @@ class _EmulatedDecodeLaunch:
                     starts=None):
         """:meth:`DecodeLaunch.with_append`'s contract: the append, then this attention (two calls here), or
         both in one pass 1 where the options fold them and a decode launch would (:func:`.launch.fold_refusal`)."""
-        if self.options.fold_append and q_scale is None and starts is None:
-            got = self._folded(append, k_rows, v_rows, q, kb, vb, pos, flag_in, length)
+        if self.options.fold_append and starts is None:
+            got = self._folded(append, k_rows, v_rows, q, kb, vb, pos, flag_in, length, q_scale)
             if got is not None:
                 return got
         flag = append(k_rows, v_rows, kb, vb, pos, flag_in)
         return flag, self(q, kb, vb, length, after=flag, q_scale=q_scale, starts=starts)
 
-    def _folded(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int):
+    def _folded(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None):
         """The folded step on the emulator, planned as a decode launch plans it (for the whole buffer);
         None where that plan refuses the fold."""
         import mlx.core as mx
 
         from .launch import fold_refusal
 
-        mx.eval(q, kb, vb, k_rows, v_rows, flag_in)
+        mx.eval(q, kb, vb, k_rows, v_rows, flag_in, *([] if q_scale is None else [q_scale]))
         whole = check_problem(q, kb, vb, length=self.l_max, **self._kw)
         plan = plan_cached(whole, self.backend, None, None, None, None,
                            resolve_kernel(whole, self.backend, None, self.options.q_precision), False, self.options)
@@ -247,8 +247,11 @@ class _EmulatedDecodeLaunch:
         B, H, S = (int(x) for x in k_rows.shape[:3])
         ap = np.array([B * H * S, S, self.l_max, pos, H, int(flag_in.shape[0])], np.uint32)
         # numpy views of the MLX buffers' memory: the kernel writes the step's rows there, as on a GPU
-        out, flag = _run_emulator(q, np.asarray(kb), np.asarray(vb), step, None, plan, QTYPES[qdt], None, False, None,
-                                  (append, rows[0].reshape(-1), rows[1].reshape(-1), ap, np.array(flag_in)))
+        kcal = getattr(append, "kcal", None)
+        out, flag = _run_emulator(q, np.asarray(kb), np.asarray(vb), step, None, plan, QTYPES[qdt], None, False,
+                                  None if q_scale is None else _query_scale(q_scale, step),
+                                  (append, rows[0].reshape(-1), rows[1].reshape(-1), ap, np.array(flag_in),
+                                   None if kcal is None else np.array(kcal, np.float32).reshape(-1)))
         shape = (step.batch, step.q_heads, step.head_dim) if step.squeeze_rows else (
             step.batch, step.q_heads, step.rows, step.head_dim)
         out = out.view(np.float16) if QTYPES[qdt] == 1 else out

@@ -145,38 +145,45 @@ class Launches:
                         output_dtypes=[dtype], grid=self.grid2, threadgroup=(COMBINE_THREADS, 1, 1))
         return out
 
-    def launch_folded(self, k1f, append, q, kb, vb, ip1, k_rows, v_rows, params, flag_in):
+    def launch_folded(self, k1f, append, q, kb, vb, ip1, k_rows, v_rows, params, flag_in, qsc=None):
         """Pass 1 with the decode step's append folded in (``k1f``: :func:`folded_pass1`'s build for
-        ``append``, a :class:`~tqbridge.metal.kv_append.KVAppend`; ``params`` its step parameters), then the
-        combine pass: ``(flag, out)``, as the append and :meth:`launch` give them."""
+        ``append``, a :class:`~tqbridge.metal.kv_append.KVAppend` or a calibrated one; ``params`` its step
+        parameters; ``qsc`` as in :meth:`launch`), then the combine pass: ``(flag, out)``, as the append and
+        :meth:`launch` give them."""
         import mlx.core as mx
 
+        if (qsc is None) == self.qscale:
+            raise AttentionError("the channel scales q is multiplied by go with a pass 1 built for them "
+                                 f"(this one: qscale={self.qscale})")
         B, H, S = k_rows.shape[:3]
         kt, vt = append.device_tables
-        po, pml, flag = launch(k1f, inputs=[q, kb, vb, ip1, self.fp1, self.tabs, flag_in, k_rows, v_rows, kt, vt, params,
-                                            flag_in],
+        kcal = getattr(append, "kcal", None)
+        po, pml, flag = launch(k1f, inputs=[q, kb, vb, ip1, self.fp1, self.tabs, flag_in, *(() if qsc is None else (qsc,)),
+                                            k_rows, v_rows, kt, vt, params, flag_in, *(() if kcal is None else (kcal,))],
                                output_shapes=self.out1 + [(append.flag_slots(B * H * S),)],
                                output_dtypes=[mx.float32, mx.float32, mx.uint32], grid=self.grid1, threadgroup=self.tg1)
         return flag, self.combine(po, pml, self.zero_sinks, q.dtype)
 
 
 @lru_cache(maxsize=64)
-def folded_pass1(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, append_static: tuple):
+def folded_pass1(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, append_static: tuple,
+                 qscale: bool = False):
     """Kernel int8-mma's pass 1 with the append folded in (static ``TQA_FOLD``), built for one call signature
-    (:func:`_mlx_setup`'s) and one append's static parameters (``append_static``: its items, sorted)."""
-    split_s = static_params(shape_prob, shape_plan, qtype, False)[0]
+    (:func:`_mlx_setup`'s) and one append's static parameters (``append_static``: its items, sorted);
+    ``qscale``: the build that multiplies q by the keys' channel scales."""
+    split_s = static_params(shape_prob, shape_plan, qtype, False, qscale)[0]
     return built(backend, 0, qtype, {**split_s, **dict(append_static), "TQA_FOLD": 1}, shape_plan.kernel)
 
 
 def fold_refusal(plan: Plan, l_max: int, append, k_row_bytes: int, v_row_bytes: int, backend: str) -> "str | None":
     """Why the decode step's ``append`` cannot run inside this plan's pass 1 (None: it can): the kernel must be
-    int8-mma, the append an uncalibrated KVAppend of this backend writing rows of the buffers' width, and the
+    int8-mma, the append a (calibrated or plain) KVAppend of this backend writing rows of the buffers' width, and the
     splits must cover the buffer in even lengths (a split's tiles start at even rows: it reads no row of the
     split before it, so no threadgroup reads a row another one writes)."""
     if plan.kernel != "int8-mma":
         return f"pass 1 runs kernel {plan.kernel}, not int8-mma"
-    if getattr(append, "calibrated", True) or not hasattr(append, "static"):
-        return "the append calibrates keys"
+    if not hasattr(append, "static"):
+        return f"the append is a {type(append).__name__}, not a prepared KVAppend"
     if append.backend != backend:
         return f"the append runs on {append.backend}, the attention on {backend}"
     if (append.k_row_bytes, append.v_row_bytes) != (k_row_bytes, v_row_bytes):
@@ -318,22 +325,23 @@ class DecodeLaunch:
         cache's prepared :class:`~tqbridge.metal.kv_append.KVAppend`, ``flag_in`` its flag) and then this
         attention at ``length``, ordered after it by the append's flag: ``(flag, out)``. ``q_scale`` and
         ``starts`` as in :meth:`__call__`. Compiled launches trace it all as one function: one
-        replay of three kernels per layer, with or without ``q_scale``."""
+        replay of three kernels per layer, with or without ``q_scale``; two where the options fold the append
+        into pass 1 and :func:`fold_refusal` finds nothing against it (``run_info["fold_append"]``)."""
         key = (append, q_scale is not None)
         got = self._with_append.get(key)
         run = self._launches(q_scale)
         if got is None:
             import mlx.core as mx
 
-            why = "off in the decode options" if not self.options.fold_append else "q is scaled" if q_scale is not None \
+            why = "off in the decode options" if not self.options.fold_append \
                 else fold_refusal(self.plan, self.l_max, append, kb.shape[-1], vb.shape[-1], self.backend)
             if why is None:   # one pass 1 that appends too, then the combine: two kernels
                 k1f = folded_pass1(dataclasses.replace(self._prob, lengths=(), starts=()),
                                    dataclasses.replace(self.plan, splits=0, split_len=0), self._qtype, self.backend,
-                                   tuple(sorted(append.static.items())))
+                                   tuple(sorted(append.static.items())), q_scale is not None)
 
                 def both(k_rows, v_rows, q, kb, vb, params, flag_in, ip1, *qsc):
-                    return run.launch_folded(k1f, append, q, kb, vb, ip1, k_rows, v_rows, params, flag_in)
+                    return run.launch_folded(k1f, append, q, kb, vb, ip1, k_rows, v_rows, params, flag_in, *qsc)
             else:
                 def both(k_rows, v_rows, q, kb, vb, params, flag_in, ip1, *qsc):
                     flag = append.launch(k_rows, v_rows, kb, vb, params, flag_in)

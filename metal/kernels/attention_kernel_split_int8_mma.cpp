@@ -114,7 +114,7 @@ const int first = start - (start & 1);
 
 #if TQA_FOLD
 // The decode step's append, folded in (DecodeOptions.fold_append; kv_append.cpp's static parameters and
-// buffers ak, av, aktab, avtab, ap, aflag_in, out aflag; kb and vb written in place): the threadgroup whose
+// buffers ak, av, aktab, avtab, ap, aflag_in, with KV_CAL akcal, out aflag; kb and vb written in place): the threadgroup whose
 // split holds buffer row ap[3] + s of its (batch row, KV head) quantizes that row's K and V into the
 // buffers (kva_row: SIMD group 0 the K row, group 1 the V row, one group both in turn; scratch in the
 // staging area, before q and the first tiles use it), then reads them like any other row. aflag as
@@ -129,8 +129,13 @@ const int first = start - (start & 1);
         const uint r = (uint)bh * aS + s;
         for (uint side = warp; side < 2u; side += (uint)TQA_NW) {   // uniform per SIMD group
             const uint row = side == 0u ? r : aR + r;
+#if KV_CAL
+            TQ_CONST_DEVICE float* cal = akcal;
+#else
+            TQ_CONST_DEVICE float* cal = aktab;   // not read
+#endif
             const uint bad = kva_row(row, lane, aR, aS, ap[2], apos, ap[4], (TQ_CONST_DEVICE KVA_ROW_T*)(ak),
-                                     (TQ_CONST_DEVICE KVA_ROW_T*)(av), kb_w, vb_w, aktab, avtab, aktab,
+                                     (TQ_CONST_DEVICE KVA_ROW_T*)(av), kb_w, vb_w, aktab, avtab, cal,
                                      (TQ_SHARED float*)stage + (side % 2u) * KV_MAX_DP);
             if (lane == 0u) aflag[row] = aflag_in[row % ap[5]] | bad;
             tq_simd_barrier();   // the next row of this SIMD group rewrites its scratch
