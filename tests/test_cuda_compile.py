@@ -87,6 +87,13 @@ def _attention_cases():
                     cases.append((f"int8-mma-fold-{kf}-{vf}-d{d}-q{qtype}" + (f"-{opts}" if opts else ""),
                                   kernel_defs(qtype, plan.kernel, False, False, "uint16")[0],
                                   {**static_params(prob, plan, qtype, False)[0], **app.static, "TQA_FOLD": 1}))
+                    # a key-calibrated cache's: the append's kcal, q's channel scales (TQA_QSC)
+                    cal = prepared(kf, vf, d, d, padded_dim(kf, d), padded_dim(vf, d), rotation_group(kf, d, "k"),
+                                   rotation_group(vf, d, "v"), "float16" if qtype else "float32", "cpu-emulator",
+                                   calibrated=True)
+                    cases.append((f"int8-mma-fold-cal-{kf}-{vf}-d{d}-q{qtype}" + (f"-{opts}" if opts else ""),
+                                  kernel_defs(qtype, plan.kernel, True, False, "uint16" if qtype else "float32", True)[0],
+                                  {**static_params(prob, plan, qtype, False, True)[0], **cal.static, "TQA_FOLD": 1}))
     # one build of each kernel and static parameters is enough (the combine pass repeats across kernels)
     seen, out = set(), []
     for tag, kern, static in cases:
