@@ -316,3 +316,26 @@ def test_a_round_is_timed_by_its_mean_interval(monkeypatch):
     assert rows["fp16"]["ms_per_token_rounds"] == pytest.approx([3.0, 3.0])
     assert rows["fp16"]["median_interval_ms_rounds"] == pytest.approx([1.0, 1.0])
     assert rows["q8_0/turbo3"]["speedup_vs_fp16"] == pytest.approx(3.0 / 2.5)
+
+
+def test_a_context_whose_caches_do_not_fit_says_so(tmp_path, monkeypatch, capsys):
+    """The device out of memory at the second context (as MLX's CUDA allocator raises it): one line naming the
+    context and the caches and what to do, exit 2, the first context's rows kept in --json."""
+    from tqbridge.metal.lm import decode_bench
+
+    real = decode_bench.decode_group
+
+    def group(model, kinds, context, *a, **kw):
+        if context == 96:
+            raise RuntimeError("cudaMallocAsync(&data, size, stream) failed: out of memory")
+        return real(model, kinds, context, *a, **kw)
+
+    monkeypatch.setattr(decode_bench, "decode_group", group)
+    out = tmp_path / "decode.json"
+    rc = main(["bench", "decode", "--models", "tiny", "--context", "80,96", "--caches", "fp16,q8_0/turbo3",
+               "--tokens", "4", "--rounds", "1", "--json", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "tiny at 96 tokens of context" in err and "fp16, q8_0/turbo3" in err and "fewer --caches" in err
+    assert "Traceback" not in err
+    assert {r["context"] for r in json.loads(out.read_text())["runs"]} == {80}

@@ -276,8 +276,11 @@ def _run_decode(args) -> int:
     from ..bridge.mlx_blas import slow_blas_notice
 
     slow_blas_notice()  # the models run on MLX's CPU with the bundled reference BLAS: say so, once
-    results = decode_bench.run(models, contexts, caches, args.tokens, args.rounds, log=log, save=save,
-                               dtype=getattr(mx, args.dtype))
+    try:
+        results = decode_bench.run(models, contexts, caches, args.tokens, args.rounds, log=log, save=save,
+                                   dtype=getattr(mx, args.dtype))
+    except decode_bench.OutOfDeviceMemory as e:
+        raise CliError(f"bench decode: {e}") from None
     save(results)
     if args.markdown:
         from ..bridge.atomic import write_atomic

@@ -404,10 +404,19 @@ def report_head(**what) -> dict:
             "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, **what}
 
 
+class OutOfDeviceMemory(RuntimeError):
+    """A context's caches did not fit the device together (the message says which and what to do)."""
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    return isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
+
+
 def run(models: list[str], contexts: list[int], caches: list[str], tokens: int, rounds: int = 3, log=print,
         save=None, dtype=mx.float16) -> dict:
     """The whole benchmark: every model x context, its caches interleaved (:func:`decode_group`);
-    speed-ups are against the first cache (fp16). ``save(results)`` is called after every group."""
+    speed-ups are against the first cache (fp16). ``save(results)`` is called after every group. A group the
+    device's memory does not hold raises :class:`OutOfDeviceMemory` (the groups before it saved)."""
     out = report_head(prefill="model-shaped random K/V rows (N(0,1), model dtype), one update_and_fetch per layer",
                       decode=f"mlx_lm.generate.generate_step, greedy, {rounds} interleaved rounds of {tokens} tokens "
                              "per cache, mean ms/token (2 warm-up tokens dropped per round)", runs=[])
@@ -415,7 +424,18 @@ def run(models: list[str], contexts: list[int], caches: list[str], tokens: int, 
         model, desc = build_model(name, dtype)
         out.setdefault("models", {})[name] = desc
         for ctx in contexts:
-            for row in decode_group(model, caches, ctx, tokens, rounds, dtype=dtype):
+            try:
+                group = decode_group(model, caches, ctx, tokens, rounds, dtype=dtype)
+            except RuntimeError as e:
+                if not _out_of_memory(e):
+                    raise
+                mx.clear_cache()
+                raise OutOfDeviceMemory(
+                    f"{name} at {ctx} tokens of context: the device ran out of memory with {len(caches)} caches "
+                    f"({', '.join(caches)}); a context's caches stay resident together through its interleaved "
+                    f"rounds: run fewer --caches at this context"
+                    + ("; the contexts before it are in the report" if out["runs"] else "")) from None
+            for row in group:
                 row = {"model": name, **row}
                 out["runs"].append(row)
                 log(row)
