@@ -21,8 +21,8 @@ from ..bridge import FormatError, get_format, quantize
 from ..bridge.blocks.format_types import Format
 from .attention.launch import const_buffer, param_table, table_row
 from .decode_options import DEFAULT_OPTIONS, DecodeOptions
-from .kernel import KERNEL_DIR, BODY_MARKER, Kernel, KernelError
-from .quantize_append import static_and_table, supported
+from .kernel import KERNEL_DIR, Kernel, KernelError
+from .quantize_append import append_row_header, static_and_table, supported
 
 THREADS = 32
 MAX_DP = 256                 # widest stored row (values) the kernel holds in threadgroup memory
@@ -53,12 +53,6 @@ def append_kernel(src16: bool, calibrated: bool = False) -> Kernel:
                   (("flag", "uint32"),), (KERNEL_DIR / "kv_append.cpp").read_text(),
                   append_row_header("tq_barrier()"), inplace=("kc", "vc"))
 
-
-def append_row_header(sync: str) -> str:
-    """quantize_append.h's helpers and kv_append_row.h's ``kva_row``, its lanes synchronised by ``sync``
-    (``tq_barrier()`` where the threadgroup is the row's SIMD group, ``tq_simd_barrier()`` beside others)."""
-    qa = (KERNEL_DIR / "quantize_append.h").read_text().split(BODY_MARKER, 1)[0]
-    return qa + f"\n#define KVA_SYNC() {sync}\n" + (KERNEL_DIR / "kv_append_row.h").read_text()
 
 
 def calibration_rows(mu, s, heads: int, k_dim: int) -> np.ndarray:

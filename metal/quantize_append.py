@@ -18,7 +18,7 @@ import numpy as np
 from ..bridge import FormatError, get_format, quantize
 from ..bridge.blocks.format_types import Format
 from .dispatch import build, record_path, resolve
-from .kernel import KERNEL_DIR, Kernel, KernelError
+from .kernel import BODY_MARKER, KERNEL_DIR, Kernel, KernelError
 
 THREADS = 64
 # The kernel's encoder ids (quantize_append.h, QA_*): a format encoded one block per thread has its
@@ -218,3 +218,11 @@ def prepared(fmt: str, shape: tuple, dtype: str, backend: str, search: bool = Fa
                      threadgroup=tg)
         return out.reshape(out_shape)
     return run
+
+
+def append_row_header(sync: str) -> str:
+    """quantize_append.h's helpers and kv_append_row.h's ``kva_row`` (one row of the in-place K/V append), its
+    lanes synchronised by ``sync`` (``tq_barrier()`` where the threadgroup is the row's SIMD group,
+    ``tq_simd_barrier()`` beside others: kernel int8-mma's folded append)."""
+    qa = (KERNEL_DIR / "quantize_append.h").read_text().split(BODY_MARKER, 1)[0]
+    return qa + f"\n#define KVA_SYNC() {sync}\n" + (KERNEL_DIR / "kv_append_row.h").read_text()

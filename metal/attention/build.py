@@ -115,7 +115,7 @@ def kernel_defs(qtype: int, kernel: str = "lanes", qscale: bool = False, phases:
     place (:data:`FOLD_INPUTS`, one more output ``aflag``: the append's flag); ``fold_cal``: a key-calibrated
     append (static ``KV_CAL``), one more input ``akcal`` (kv_append.cpp's ``kcal``)."""
     from ..kernel import Kernel
-    from ..kv_append import append_row_header
+    from ..quantize_append import append_row_header
 
     header = (KERNEL_DIR / "attention_kernel.h").read_text()
     qdt = "float32" if qtype == 0 else "uint16"
