@@ -149,3 +149,28 @@ def test_the_folded_decode_lane_on_a_gpu_is_bit_identical(kv, gpu_device, monkey
     assert np.array_equal(got, want)
     assert all(np.array_equal(a, b) for a, b in zip(got_blocks, want_blocks))
     mx.clear_cache()
+
+
+def test_fold_refusal_says_why():
+    """Where the options ask for the fold and a decode launch cannot take it, one reason (``run_info["fold_refused"]``)."""
+    import dataclasses
+
+    from tqbridge.metal.attention.launch import fold_refusal
+
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 8, 128)).astype(np.float32)
+    kb = bridge.quantize("q8_0", np.zeros((1, 2, 256, 128), np.float32))
+    vb = bridge.quantize("turbo3", np.zeros((1, 2, 256, 128), np.float32))
+    prob = check_problem(q, kb, vb, k_format="q8_0", v_format="turbo3", length=256)
+    plan = make_plan(prob, "cpu-emulator", kernel="int8-mma", splits=4)
+    app = prepared("q8_0", "turbo3", 128, 128, 128, 128, rotation_group("q8_0", 128, "k"),
+                   rotation_group("turbo3", 128, "v"), "float16", "cpu-emulator")
+    widths = (kb.shape[-1], vb.shape[-1])
+    assert fold_refusal(plan, 256, app, *widths, "cpu-emulator") is None
+    tiles = make_plan(prob, "cpu-emulator", kernel="tiles")
+    assert "not int8-mma" in fold_refusal(tiles, 256, app, *widths, "cpu-emulator")
+    assert "even lengths" in fold_refusal(dataclasses.replace(plan, split_len=63), 256, app, *widths, "cpu-emulator")
+    assert "do not cover" in fold_refusal(plan, 320, app, *widths, "cpu-emulator")
+    assert "runs on cpu-emulator" in fold_refusal(plan, 256, app, *widths, "cuda")
+    assert "another width" in fold_refusal(plan, 256, app, widths[0] + 2, widths[1], "cpu-emulator")
+    assert "not a prepared KVAppend" in fold_refusal(plan, 256, object(), *widths, "cpu-emulator")

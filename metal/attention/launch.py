@@ -346,9 +346,13 @@ class DecodeLaunch:
                 def both(k_rows, v_rows, q, kb, vb, params, flag_in, ip1, *qsc):
                     flag = append.launch(k_rows, v_rows, kb, vb, params, flag_in)
                     return flag, run.launch(q, kb, vb, None, ip1, flag, *qsc)
-            got = self._with_append[key] = (mx.compile(both) if self.compiled else both, why is None)
-        fn, folded = got
-        self.run_info["fold_append"] = folded
+            got = self._with_append[key] = (mx.compile(both) if self.compiled else both, why)
+        fn, why = got
+        self.run_info["fold_append"] = why is None
+        if self.options.fold_append and why is not None:
+            self.run_info["fold_refused"] = why
+        else:
+            self.run_info.pop("fold_refused", None)
         return fn(k_rows, v_rows, q, kb, vb, append.step_params(k_rows, kb, pos, flag_in), flag_in, self.ip1(length, starts),
                   *(() if q_scale is None else (q_scale,)))
 

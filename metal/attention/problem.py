@@ -61,6 +61,7 @@ class RunRecord:
     device_params: "bool | None" = None   # its per-step ints as views of a device table (DecodeOptions.device_params)
     device_consts: "bool | None" = None   # its constant inputs as device copies of >= 16 bytes (DecodeOptions.device_consts)
     fold_append: "bool | None" = None     # its latest step with an append ran it inside pass 1 (DecodeOptions.fold_append)
+    fold_refused: "str | None" = None     # why not, where the options asked for it (launch.fold_refusal)
 
     def as_dict(self) -> dict:
         """The fields that are set (the form :func:`last_run` returns)."""
