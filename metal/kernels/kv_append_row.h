@@ -18,6 +18,26 @@
 #define KVA_ROW_T ushort
 #endif
 
+// A stored row's blocks from the rotated values xs (dp of them): turbo formats one block per SIMD-group pass
+// (vpl values per lane), the others (blocks of at most 32 values) one block per lane.
+TQ_FUNC void kva_blocks(const int fmt, const int block, const int ts, const int dp, const int bits, const int vpl,
+                        const int qs, const int sg, const int rn, TQ_SHARED const float* xs, TQ_DEVICE uchar* dst,
+                        TQ_CONST_DEVICE float* tab, const uint lane) {
+    if (fmt == QA_TURBO) {
+        for (int blk = 0; blk < dp / block; ++blk) {
+            float vv[QA_MAX_VPL];
+            for (int i = 0; i < vpl; ++i) vv[i] = xs[blk * block + (int)lane * vpl + i];
+            qa_turbo_block(bits, vpl, qs, sg, rn, vv, dst + blk * ts, tab, lane);
+        }
+    } else {
+        for (int blk = (int)lane; blk < dp / block; blk += 32) {
+            float vv[32];
+            for (int j = 0; j < block; ++j) vv[j] = xs[blk * block + j];
+            qa_plain_block(fmt, block, vv, dst + blk * ts, tab);
+        }
+    }
+}
+
 TQ_FUNC uint kva_row(const uint g, const uint lane, const uint R, const uint S, const uint cap, const uint pos,
                      const uint H, TQ_CONST_DEVICE KVA_ROW_T* k, TQ_CONST_DEVICE KVA_ROW_T* v, TQ_DEVICE uchar* kc_w,
                      TQ_DEVICE uchar* vc_w, TQ_CONST_DEVICE float* ktab, TQ_CONST_DEVICE float* vtab,
@@ -60,34 +80,7 @@ TQ_FUNC uint kva_row(const uint g, const uint lane, const uint R, const uint S, 
     }
     const size_t row_bytes = is_k ? (size_t)(KA_DP / KA_BLOCK * KA_TS) : (size_t)(VA_DP / VA_BLOCK * VA_TS);
     TQ_DEVICE uchar* dst = (is_k ? kc_w : vc_w) + ((size_t)bh * (size_t)cap + (size_t)(pos + s)) * row_bytes;
-    if (is_k) {
-#if KA_FMT == QA_TURBO
-        for (int blk = 0; blk < KA_DP / KA_BLOCK; ++blk) {
-            float vv[QA_MAX_VPL];
-            for (int i = 0; i < KA_VPL; ++i) vv[i] = xs[blk * KA_BLOCK + (int)lane * KA_VPL + i];
-            qa_turbo_block(KA_BITS, KA_VPL, KA_QS, KA_SG, KA_RN, vv, dst + blk * KA_TS, ktab, lane);
-        }
-#else
-        for (int blk = (int)lane; blk < KA_DP / KA_BLOCK; blk += 32) {
-            float vv[KA_BLOCK];
-            for (int j = 0; j < KA_BLOCK; ++j) vv[j] = xs[blk * KA_BLOCK + j];
-            qa_plain_block(KA_FMT, KA_BLOCK, vv, dst + blk * KA_TS, ktab);
-        }
-#endif
-    } else {
-#if VA_FMT == QA_TURBO
-        for (int blk = 0; blk < VA_DP / VA_BLOCK; ++blk) {
-            float vv[QA_MAX_VPL];
-            for (int i = 0; i < VA_VPL; ++i) vv[i] = xs[blk * VA_BLOCK + (int)lane * VA_VPL + i];
-            qa_turbo_block(VA_BITS, VA_VPL, VA_QS, VA_SG, VA_RN, vv, dst + blk * VA_TS, vtab, lane);
-        }
-#else
-        for (int blk = (int)lane; blk < VA_DP / VA_BLOCK; blk += 32) {
-            float vv[VA_BLOCK];
-            for (int j = 0; j < VA_BLOCK; ++j) vv[j] = xs[blk * VA_BLOCK + j];
-            qa_plain_block(VA_FMT, VA_BLOCK, vv, dst + blk * VA_TS, vtab);
-        }
-#endif
-    }
+    if (is_k) kva_blocks(KA_FMT, KA_BLOCK, KA_TS, KA_DP, KA_BITS, KA_VPL, KA_QS, KA_SG, KA_RN, xs, dst, ktab, lane);
+    else kva_blocks(VA_FMT, VA_BLOCK, VA_TS, VA_DP, VA_BITS, VA_VPL, VA_QS, VA_SG, VA_RN, xs, dst, vtab, lane);
     return bad;
 }
