@@ -125,21 +125,24 @@ class KVAppend:
                   **side_static("KA", kf, k_dim, k_dp, k_rot), **side_static("VA", vf, v_dim, v_dp, v_rot)}
         kern = append_kernel(src_dtype != "float32", self.calibrated)
         self._kern = build(kern, static, backend)
-        self.static = static   # what kernel int8-mma's folded append builds with (attention.launch.FoldedStep)
+        self.static = static   # what kernel int8-mma's folded append builds with (attention.launch.folded_pass1)
 
         ktab, vtab = static_and_table(kf, False)[1], static_and_table(vf, False)[1]
-        self.tables_np = (ktab, vtab)
         if backend == "cpu-emulator":
             self._ktab, self._vtab = ktab, vtab
         else:
             self._ktab, self._vtab = const_buffer(ktab, opts.device_consts), const_buffer(vtab, opts.device_consts)
-        self.device_tables = (self._ktab, self._vtab)   # the quantizers' tables as the kernels take them
 
         self.compiled = backend != "cpu-emulator" and opts.compile
         self._compiled = None
         self.device_params = backend != "cpu-emulator" and opts.device_params
         self._ptable: dict = {}   # (R, S, cap, H, n_in) -> device table over the row position (device_params)
         self._prow: dict = {}     # its rows in use (views), shared by the layers of a step
+
+    @property
+    def device_tables(self) -> tuple:
+        """The quantizers' K and V tables as this backend's kernels take them (kernel int8-mma's folded append)."""
+        return self._ktab, self._vtab
 
     def flag_slots(self, rows: int) -> int:
         """This append's flag length for ``rows`` rows per side (:func:`flag_slots`)."""

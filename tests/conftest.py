@@ -50,6 +50,24 @@ def emulated_decode_lane():
 
 
 @pytest.fixture
+def folded_steps(monkeypatch):
+    """The emulated decode lane's offers to fold a step's append into pass 1 (``fold_append``), in order: True
+    where the step ran folded, False where the plan refused and the append kernel ran."""
+    from tqbridge.metal.attention import kernel as attention_kernel
+
+    seen = []
+    real = attention_kernel._EmulatedDecodeLaunch._folded
+
+    def spy(self, *a, **kw):
+        got = real(self, *a, **kw)
+        seen.append(got is not None)
+        return got
+
+    monkeypatch.setattr(attention_kernel._EmulatedDecodeLaunch, "_folded", spy)
+    return seen
+
+
+@pytest.fixture
 def gpu_device():
     """MLX's GPU as the default device for the test that asks (also where a module's autouse fixture made it
     the CPU); skipped, with the reason, where MLX has no GPU backend."""

@@ -59,7 +59,7 @@ def _step(kf, vf, d, B, Hkv, G, cap, pos, src, warps, splits, seed=3, nan_row=Fa
 
     kc2, vc2 = kc.copy(), vc.copy()
     ap = np.array([B * Hkv, 1, cap, pos, Hkv, flag_in.size], np.uint32)
-    kt, vt = app.tables_np
+    kt, vt = app.device_tables
     kf2 = ab.built("cpu-emulator", 0, 0, {**split_s, **app.static, "TQA_FOLD": 1}, "int8-mma")
     po2, pml2, flag2 = kf2([q, kc2, vc2, ip1, fp1, ab.tables(prob), np.zeros(1, np.uint32), *extra,
                             rows16(k.reshape(-1)), rows16(v.reshape(-1)), kt, vt, ap, flag_in.copy(),

@@ -228,22 +228,13 @@ def test_calibrated_lane_with_the_append_in_the_attention_call_is_bit_identical(
 
 
 def test_calibrated_lane_with_the_append_folded_into_pass_1_is_bit_identical(emulated_decode_lane, cpu_device,
-                                                                            monkeypatch):
+                                                                            monkeypatch, folded_steps):
     """The append folded into kernel int8-mma's pass 1 (``fold_append``) on a key-calibrated cache: the append's
     (x - mu) / s and q * s in the same call; the same logits and blocks as the append kernel then pass 1."""
-    from tqbridge.metal.attention import kernel as attention_kernel
     from tqbridge.metal.decode_options import DecodeOptions
 
     monkeypatch.setattr(TQCache, "step", 8)
-    folds = []
-    real = attention_kernel._EmulatedDecodeLaunch._folded
-
-    def spy(self, *a, **kw):
-        got = real(self, *a, **kw)
-        folds.append(got is not None)
-        return got
-
-    monkeypatch.setattr(attention_kernel._EmulatedDecodeLaunch, "_folded", spy)
+    folds = folded_steps
     m, toks = tiny_llama(head_dim=128), tokens(24, seed=9)
     runs = {}
     for fold in (False, True):

@@ -162,19 +162,11 @@ def test_gpu_fused_step_is_bit_identical(kv, monkeypatch):
 
 
 @pytest.mark.parametrize("model_name", ["llama", "gemma3"])
-def test_folded_lane_is_bit_identical(model_name, emulated_lane):
+def test_folded_lane_is_bit_identical(model_name, emulated_lane, folded_steps):
     """The append folded into kernel int8-mma's pass 1 (``fold_append``) on the emulated lane: the same logits
     and blocks as the append kernel then the same pass 1, through growth and window slides."""
     emulated_lane.setattr(TQCache, "step", 8)
-    folds = []
-    real = attention_kernel._EmulatedDecodeLaunch._folded
-
-    def spy(self, *a, **kw):
-        got = real(self, *a, **kw)
-        folds.append(got is not None)
-        return got
-
-    emulated_lane.setattr(attention_kernel._EmulatedDecodeLaunch, "_folded", spy)
+    folds = folded_steps
 
     def decode(fold: bool):
         m = tiny_llama(head_dim=128) if model_name == "llama" else tiny_gemma3(window=8)

@@ -91,8 +91,10 @@ SPLIT_SOURCES = {"lanes": "attention_kernel_split_lanes.cpp", "tiles": "attentio
 
 
 # the buffers kernel int8-mma's folded append adds to pass 1 (kv_append.cpp's, renamed apart from pass 1's own):
-# the step's K and V rows, the quantizers' tables, the append parameters, the previous flag; and one output, the flag
-FOLD_INPUTS = ("ak", "av", "aktab", "avtab", "ap", "aflag_in")
+# the step's K and V rows (None: the rows' element type), the quantizers' tables, the append parameters, the
+# previous flag; and one output, the flag
+FOLD_INPUTS = (("ak", None), ("av", None), ("aktab", "float32"), ("avtab", "float32"), ("ap", "uint32"),
+               ("aflag_in", "uint32"))
 
 
 @lru_cache(maxsize=None)
@@ -124,8 +126,8 @@ def kernel_defs(qtype: int, kernel: str = "lanes", qscale: bool = False, phases:
     if fold is not None and (kernel != "int8-mma" or fold not in ("float32", "uint16")):
         raise ValueError(f"the folded append is a build of kernel int8-mma over float32 or uint16 rows, not "
                          f"{kernel!r} over {fold!r}")
-    fold_ins = () if fold is None else tuple((n, fold if n in ("ak", "av") else "float32" if "tab" in n else "uint32")
-                                             for n in FOLD_INPUTS) + ((("akcal", "float32"),) if fold_cal else ())
+    fold_ins = () if fold is None else tuple((n, t or fold) for n, t in FOLD_INPUTS) + ((("akcal", "float32"),) if fold_cal
+                                                                                       else ())
     split = Kernel(
         "tq_attention_split_" + kernel.replace("-", "_") + ("_fold" if fold else ""),
         (("q", qdt), ("kb", "uint8"), ("vb", "uint8"), ("ip", "int32"), ("fp", "float32"), ("tabs", "float32"),

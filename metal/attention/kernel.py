@@ -55,7 +55,7 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
         ins.append(q_scale)
     if fold is not None:
         app, k_rows, v_rows, ap, flag_in, kcal = fold
-        ins += [k_rows, v_rows, *app.tables_np, ap, flag_in, *(() if kcal is None else (kcal,))]
+        ins += [k_rows, v_rows, *app.device_tables, ap, flag_in, *(() if kcal is None else (kcal,))]
         shapes.append((app.flag_slots(int(ap[0])),))
     grid1 = (prob.batch * prob.kv_heads * plan.splits, 1, 1)
     po, pml, *flag = launch(k1, ins, shapes, grid1, 32 * plan.warps, seed=seed)
@@ -63,6 +63,19 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
     k2 = built("cpu-emulator", 1, qtype, comb_s)
     (out,) = launch(k2, [po, pml, ip2, sk, tabs], [(rows, prob.head_dim)], (rows, 1, 1), COMBINE_THREADS, seed=seed)
     return out if fold is None else (out, flag[0])
+
+
+def _emulator_output(out: np.ndarray, prob: Problem, qtype: int, as_mlx: bool):
+    """The emulator's output rows as the caller's result: q's shape and dtype, an MLX array for MLX callers
+    (bfloat16 travels as its bits)."""
+    shape = (prob.batch, prob.q_heads, prob.head_dim) if prob.squeeze_rows else (
+        prob.batch, prob.q_heads, prob.rows, prob.head_dim)
+    out = (out.view(np.float16) if qtype == 1 else out).reshape(shape)
+    if not as_mlx:
+        return out
+    import mlx.core as mx
+
+    return mx.array(out) if qtype != 2 else mx.view(mx.array(out), mx.bfloat16)
 
 
 def _run_mlx(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, backend: str, dyn: bool, consts: bool,
@@ -114,17 +127,9 @@ def kernel_attention(q, k_blocks, v_blocks, prob: Problem, sinks=None, *, backen
     plan = plan_cached(prob, bk, splits, lanes_per_key, warps, tile, kernel, bool(generic), opts)
     qsc = None if q_scale is None else _query_scale(q_scale, prob)
     launches0 = LAUNCHES[0]
-    shape = (prob.batch, prob.q_heads, prob.head_dim) if prob.squeeze_rows else (
-        prob.batch, prob.q_heads, prob.rows, prob.head_dim)
     if bk == "cpu-emulator":
-        out = _run_emulator(q, k_blocks, v_blocks, prob, sinks, plan, qtype, seed, generic, qsc)
-        if qtype == 1:
-            out = out.view(np.float16)
-        out = out.reshape(shape)
-        if _is_mlx(q):
-            import mlx.core as mx
-
-            out = mx.array(out) if qtype != 2 else mx.view(mx.array(out), mx.bfloat16)
+        out = _emulator_output(_run_emulator(q, k_blocks, v_blocks, prob, sinks, plan, qtype, seed, generic, qsc),
+                               prob, qtype, _is_mlx(q))
     else:
         out = _run_mlx(q, k_blocks, v_blocks, prob, sinks, plan, qtype, bk, dyn_build(prob, plan, generic),
                        opts.device_consts, qsc)
@@ -252,12 +257,8 @@ class _EmulatedDecodeLaunch:
                                   None if q_scale is None else _query_scale(q_scale, step),
                                   (append, rows[0].reshape(-1), rows[1].reshape(-1), ap, np.array(flag_in),
                                    None if kcal is None else np.array(kcal, np.float32).reshape(-1)))
-        shape = (step.batch, step.q_heads, step.head_dim) if step.squeeze_rows else (
-            step.batch, step.q_heads, step.rows, step.head_dim)
-        out = out.view(np.float16) if QTYPES[qdt] == 1 else out
-        out = mx.array(out.reshape(shape))
         self.run_info = {"backend": self.backend, "kernel": plan.kernel, "splits": plan.splits, "fold_append": True}
-        return mx.array(flag), (mx.view(out, mx.bfloat16) if QTYPES[qdt] == 2 else out)
+        return mx.array(flag), _emulator_output(out, step, QTYPES[qdt], True)
 
     def __call__(self, q, kb, vb, length: int, after=None, sinks=None, q_scale=None, starts=None):
         """:meth:`DecodeLaunch.__call__`'s contract: q in its own dtype (the kernels of that dtype), the
