@@ -289,6 +289,31 @@ def test_links_and_cited_files_exist(doc):
     assert not missing, f"{doc.name}: {missing}"
 
 
+def dialect_names_missing(page: str, sources: str) -> list:
+    """The dialect's names a table row of ``page`` documents (`tq_*` / `TQ_*` in its first cell) that
+    ``sources`` never spells."""
+    missing = []
+    for line in page.splitlines():
+        if not line.startswith("| `"):
+            continue
+        for name in re.findall(r"`((?:tq|TQ)_\w+)", line.split(" | ")[0]):
+            if not re.search(r"\b" + re.escape(name) + r"\b", sources):
+                missing.append(name)
+    return missing
+
+
+def test_the_dialect_page_names_only_what_the_kernels_define():
+    # the preludes and headers, and the thread-id bindings the kernel builder writes (metal/kernel.py)
+    sources = "\n".join(p.read_text() for p in [*sorted((ROOT / "metal" / "kernels").glob("*.h")),
+                                                  ROOT / "metal" / "kernel.py"])
+    page = (ROOT / "docs" / "kernels.md").read_text()
+    assert page.count("| `tq_") > 20   # the tables are where this test reads them
+    assert not dialect_names_missing(page, sources)
+    # a row for a primitive that was deleted with its kernel fails
+    assert dialect_names_missing(page + "\n| `tq_device_fence()`, `tq_atomic_inc(p)` | a fence |\n", sources) == \
+        ["tq_device_fence", "tq_atomic_inc"]
+
+
 def test_nothing_names_work_by_an_ordinal():
     # history is dated and tied to commits and records (issue 50): no work session named by its ordinal in any page,
     # test, script, source or record of the repository
