@@ -60,7 +60,7 @@ def folded_steps(monkeypatch):
 
     def spy(self, *a, **kw):
         got = real(self, *a, **kw)
-        seen.append(got is not None)
+        seen.append(not isinstance(got, str))   # a string: why the plan refused
         return got
 
     monkeypatch.setattr(attention_kernel._EmulatedDecodeLaunch, "_folded", spy)

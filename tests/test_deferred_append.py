@@ -183,3 +183,29 @@ def test_folded_lane_is_bit_identical(model_name, emulated_lane, folded_steps):
     assert sum(folds) > 20, folds   # the folded pass 1 ran (not the append kernel then pass 1)
     assert np.array_equal(got, want)
     assert len(got_blocks) == len(want_blocks) and all(np.array_equal(a, b) for a, b in zip(got_blocks, want_blocks))
+
+
+def test_reports_say_whether_the_append_ran_inside_pass_1(emulated_lane, folded_steps):
+    """The cache report and the CLI's paths line name the folded step ("append fused into pass 1"), and where the
+    options asked for the fold and the plan refused it, why (here: q in float32 plans kernel tiles)."""
+    from tqbridge.metal.lm import decode_bench
+    from tqbridge.metal.lm.report import cache_report, paths_line
+
+    def decode(**opts):
+        m = tiny_llama(head_dim=128)
+        cache = make_cache(m, "q8_0", "turbo3")
+        for c in cache:
+            c.decode_options = DecodeOptions(defer_append=True, **opts)
+        forced_decode(m, tokens(10, seed=3), cache)
+        return cache_report(cache)["layers"][0]["decode_kernel"], paths_line(cache)
+
+    info, line = decode(fold_append=True, q_precision="int8")
+    assert info["fold_append"] is True and "fold_refused" not in info and any(folded_steps)
+    assert "append fused into pass 1" in line and "not into pass 1" not in line
+    assert "append in pass 1" in decode_bench.plan_label({"decode_kernel": info})
+    info, line = decode(fold_append=True, q_precision="exact")
+    assert not info.get("fold_append") and info["fold_refused"] == "pass 1 runs kernel tiles, not int8-mma"
+    assert "append fused (not into pass 1: pass 1 runs kernel tiles, not int8-mma)" in line
+    assert "pass 1" not in decode_bench.plan_label({"decode_kernel": info})
+    info, line = decode(fold_append=False, q_precision="int8")   # not asked: nothing to explain
+    assert not info.get("fold_append") and "fold_refused" not in info and "pass 1" not in line

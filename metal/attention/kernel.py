@@ -226,16 +226,22 @@ class _EmulatedDecodeLaunch:
                     starts=None):
         """:meth:`DecodeLaunch.with_append`'s contract: the append, then this attention (two calls here), or
         both in one pass 1 where the options fold them and a decode launch would (:func:`.launch.fold_refusal`)."""
-        if self.options.fold_append and starts is None:
-            got = self._folded(append, k_rows, v_rows, q, kb, vb, pos, flag_in, length, q_scale)
-            if got is not None:
+        why = None
+        if self.options.fold_append:
+            got = self._folded(append, k_rows, v_rows, q, kb, vb, pos, flag_in, length, q_scale) if starts is None \
+                else "the emulated lane folds steps without left padding only"
+            if not isinstance(got, str):
                 return got
+            why = got
         flag = append(k_rows, v_rows, kb, vb, pos, flag_in)
-        return flag, self(q, kb, vb, length, after=flag, q_scale=q_scale, starts=starts)
+        out = self(q, kb, vb, length, after=flag, q_scale=q_scale, starts=starts)
+        if why is not None:
+            self.run_info["fold_refused"] = why
+        return flag, out
 
     def _folded(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None):
-        """The folded step on the emulator, planned as a decode launch plans it (for the whole buffer);
-        None where that plan refuses the fold."""
+        """The folded step on the emulator, planned as a decode launch plans it (for the whole buffer); where
+        that plan refuses the fold, why (:func:`.launch.fold_refusal`)."""
         import mlx.core as mx
 
         from .launch import fold_refusal
@@ -244,8 +250,9 @@ class _EmulatedDecodeLaunch:
         whole = check_problem(q, kb, vb, length=self.l_max, **self._kw)
         plan = plan_cached(whole, self.backend, None, None, None, None,
                            resolve_kernel(whole, self.backend, None, self.options.q_precision), False, self.options)
-        if fold_refusal(plan, self.l_max, append, int(kb.shape[-1]), int(vb.shape[-1]), self.backend):
-            return None
+        why = fold_refusal(plan, self.l_max, append, int(kb.shape[-1]), int(vb.shape[-1]), self.backend)
+        if why is not None:
+            return why
         step = check_problem(q, kb, vb, length=length, **self._kw)
         qdt = str(q.dtype).replace("mlx.core.", "")
         rows = [np.array(mx.view(r, mx.uint16)) if append.static["QA_SRC"] else np.array(r) for r in (k_rows, v_rows)]

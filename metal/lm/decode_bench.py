@@ -453,6 +453,8 @@ def plan_label(row: dict) -> str:
             parts.append(f"{k['splits']} splits")
         if k.get("q_precision"):
             parts.append(f"q {k['q_precision']}")
+        if k.get("fold_append"):
+            parts.append("append in pass 1")
         return ", ".join(parts)
     return str(k)
 
