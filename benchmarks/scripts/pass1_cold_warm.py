@@ -1,0 +1,89 @@
+"""Pass 1 and the combine inside a decode (cold) against the same launches repeated right after (warm), on CUDA.
+
+    python benchmarks/scripts/pass1_cold_warm.py [--model llama-3.1-8b] [--context 4096,32768]
+        [--cache q8_0/turbo3] [--tokens 16] [--json out.json]
+
+Each layer's decode step runs as usual (on CUDA: pass 1 with the step's append folded in, then the combine),
+then once more without the append over the same buffers (ordered after the append's flag): plain pass 1 and
+the combine, whose output is added times 0 to the layer's, so it runs and changes nothing. The second pair
+finds the kernel's code, the tables and the layer's blocks just used; the first meets them after the
+weights' matrix-vector products. Per context, from CUPTI (PyTorch's profiler) over a decode of ``--tokens``
+tokens through mlx-lm: the median duration of the folded pass 1, of the plain pass 1 after it, of the first
+and of the second combine. The second pass 1 does not wait for the first combine, so the two may overlap:
+the first combine's duration can include that overlap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+
+def main(argv=None) -> int:
+    import mlx.core as mx
+    import torch
+    from mlx_lm.generate import generate_step
+    from torch.profiler import ProfilerActivity, profile
+
+    from tqbridge.metal.attention import launch as attention_launch
+    from tqbridge.metal.lm import decode_bench
+    from tqbridge.metal.lm.routing import route_attention
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--context", default="4096,32768")
+    ap.add_argument("--cache", default="q8_0/turbo3")
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    folded = attention_launch.Launches.launch_folded
+
+    def twice(self, k1f, append, q, kb, vb, ip1, k_rows, v_rows, params, flag_in, *qsc):
+        flag, out = folded(self, k1f, append, q, kb, vb, ip1, k_rows, v_rows, params, flag_in, *qsc)
+        again = self.launch(q, kb, vb, None, ip1, flag, *qsc)
+        return flag, out + 0 * again
+
+    attention_launch.Launches.launch_folded = twice
+    model, _ = decode_bench.build_model(args.model, mx.float16)
+    report = {"model": args.model, "cache": args.cache, "tokens": args.tokens, "contexts": {}}
+    for ctx in (int(c) for c in args.context.split(",")):
+        row, cache = decode_bench.prepare_cache(model, args.cache, ctx, mx.float16)
+        if cache is None:
+            raise SystemExit(f"{args.cache} at {ctx}: {row}")
+
+        def decode(n):
+            with route_attention():
+                for _ in generate_step(mx.array([1], mx.uint32), model, prompt_cache=cache, max_tokens=n):
+                    pass
+            mx.synchronize()
+
+        decode(4)   # builds and first-step allocations
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            decode(args.tokens)
+            torch.cuda.synchronize()
+        ev = sorted(((e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+                     if "CUDA" in str(getattr(e, "device_type", ""))), key=lambda x: x[1])
+        p1 = [(n, e - s) for n, s, e in ev if "tq_attention_split" in n]
+        comb = [e - s for n, s, e in ev if "tq_attention_combine" in n]
+        first = [d for n, d in p1 if "_fold" in n]
+        if not first:
+            raise SystemExit(f"no folded pass 1 ran at {ctx} (fold_append off or refused: see the cache report)")
+        got = {"pass1_folded_us": statistics.median(first),
+               "pass1_plain_after_us": statistics.median(d for n, d in p1 if "_fold" not in n),
+               "combine_first_us": statistics.median(comb[0::2]), "combine_second_us": statistics.median(comb[1::2]),
+               "pass1_launches": len(p1)}
+        report["contexts"][str(ctx)] = got
+        print(ctx, json.dumps(got), flush=True)
+        del cache
+        mx.clear_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
