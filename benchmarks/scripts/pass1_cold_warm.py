@@ -1,16 +1,18 @@
 """Pass 1 and the combine inside a decode (cold) against the same launches repeated right after (warm), on CUDA.
 
     python benchmarks/scripts/pass1_cold_warm.py [--model llama-3.1-8b] [--context 4096,32768]
-        [--cache q8_0/turbo3] [--tokens 16] [--json out.json]
+        [--cache q8_0/turbo3] [--tokens 16] [--no-fold] [--json out.json]
 
 Each layer's decode step runs as usual (on CUDA: pass 1 with the step's append folded in, then the combine),
 then once more without the append over the same buffers (ordered after the append's flag): plain pass 1 and
 the combine, whose output is added times 0 to the layer's, so it runs and changes nothing. The second pair
 finds the kernel's code, the tables and the layer's blocks just used; the first meets them after the
 weights' matrix-vector products. Per context, from CUPTI (PyTorch's profiler) over a decode of ``--tokens``
-tokens through mlx-lm: the median duration of the folded pass 1, of the plain pass 1 after it, of the first
+tokens through mlx-lm: the median duration of the first (folded) pass 1, of the plain pass 1 after it, of the first
 and of the second combine. The second pass 1 does not wait for the first combine, so the two may overlap:
-the first combine's duration can include that overlap.
+the first combine's duration can include that overlap. ``--no-fold``: the cache's append kernel runs first
+(``fold_append`` off) and both pairs are plain: their first pass 1 against the folded one measures what the
+fold adds to pass 1's critical path.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from tqbridge.metal.attention import launch as attention_launch
+    from tqbridge.metal.decode_options import DecodeOptions
     from tqbridge.metal.lm import decode_bench
     from tqbridge.metal.lm.routing import route_attention
 
@@ -35,6 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context", default="4096,32768")
     ap.add_argument("--cache", default="q8_0/turbo3")
     ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--no-fold", action="store_true", help="the append kernel, then two plain pairs")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -45,11 +49,23 @@ def main(argv=None) -> int:
         again = self.launch(q, kb, vb, None, ip1, flag, *qsc)
         return flag, out + 0 * again
 
-    attention_launch.Launches.launch_folded = twice
+    plain = attention_launch.Launches.launch
+
+    def plain_twice(self, q, kb, vb, sinks, ip1, dep, *qsc):
+        out = plain(self, q, kb, vb, sinks, ip1, dep, *qsc)
+        after = mx.view(out, mx.uint32)   # the second pair runs after the first (a view: no kernel)
+        return out + 0 * plain(self, q, kb, vb, sinks, ip1, after, *qsc)
+
+    if args.no_fold:
+        attention_launch.Launches.launch = plain_twice
+    else:
+        attention_launch.Launches.launch_folded = twice
+    options = DecodeOptions(fold_append=False) if args.no_fold else None
     model, _ = decode_bench.build_model(args.model, mx.float16)
-    report = {"model": args.model, "cache": args.cache, "tokens": args.tokens, "contexts": {}}
+    report = {"model": args.model, "cache": args.cache, "tokens": args.tokens, "fold": not args.no_fold,
+              "contexts": {}}
     for ctx in (int(c) for c in args.context.split(",")):
-        row, cache = decode_bench.prepare_cache(model, args.cache, ctx, mx.float16)
+        row, cache = decode_bench.prepare_cache(model, args.cache, ctx, mx.float16, options)
         if cache is None:
             raise SystemExit(f"{args.cache} at {ctx}: {row}")
 
@@ -68,11 +84,14 @@ def main(argv=None) -> int:
                      if "CUDA" in str(getattr(e, "device_type", ""))), key=lambda x: x[1])
         p1 = [(n, e - s) for n, s, e in ev if "tq_attention_split" in n]
         comb = [e - s for n, s, e in ev if "tq_attention_combine" in n]
-        first = [d for n, d in p1 if "_fold" in n]
-        if not first:
+        if args.no_fold:
+            first, second = [d for _, d in p1[0::2]], [d for _, d in p1[1::2]]
+        else:
+            first, second = [d for n, d in p1 if "_fold" in n], [d for n, d in p1 if "_fold" not in n]
+        if not first or (not args.no_fold and len(first) != len(second)):
             raise SystemExit(f"no folded pass 1 ran at {ctx} (fold_append off or refused: see the cache report)")
-        got = {"pass1_folded_us": statistics.median(first),
-               "pass1_plain_after_us": statistics.median(d for n, d in p1 if "_fold" not in n),
+        got = {("pass1_first_us" if args.no_fold else "pass1_folded_us"): statistics.median(first),
+               "pass1_plain_after_us": statistics.median(second),
                "combine_first_us": statistics.median(comb[0::2]), "combine_second_us": statistics.median(comb[1::2]),
                "pass1_launches": len(p1)}
         report["contexts"][str(ctx)] = got
