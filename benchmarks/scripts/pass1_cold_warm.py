@@ -22,6 +22,24 @@ import json
 import statistics
 
 
+def cold_warm(events: list, no_fold: bool) -> "dict | None":
+    """The medians of :func:`main`'s decode from ``(name, start_us, end_us)`` kernel stamps (by start): each
+    layer's first pass 1 (the folded build, or with ``no_fold`` the first of two plain ones) and the plain
+    one after it, the first and second combine; None where no first pass 1 ran (or, folded, unpaired)."""
+    p1 = [(n, e - s) for n, s, e in events if "tq_attention_split" in n]
+    comb = [e - s for n, s, e in events if "tq_attention_combine" in n]
+    if no_fold:
+        first, second = [d for _, d in p1[0::2]], [d for _, d in p1[1::2]]
+    else:
+        first, second = [d for n, d in p1 if "_fold" in n], [d for n, d in p1 if "_fold" not in n]
+    if not first or not second or (not no_fold and len(first) != len(second)):
+        return None
+    return {("pass1_first_us" if no_fold else "pass1_folded_us"): statistics.median(first),
+            "pass1_plain_after_us": statistics.median(second),
+            "combine_first_us": statistics.median(comb[0::2]), "combine_second_us": statistics.median(comb[1::2]),
+            "pass1_launches": len(p1)}
+
+
 def main(argv=None) -> int:
     import mlx.core as mx
     import torch
@@ -82,18 +100,10 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
         ev = sorted(((e.name, e.time_range.start, e.time_range.end) for e in prof.events()
                      if "CUDA" in str(getattr(e, "device_type", ""))), key=lambda x: x[1])
-        p1 = [(n, e - s) for n, s, e in ev if "tq_attention_split" in n]
-        comb = [e - s for n, s, e in ev if "tq_attention_combine" in n]
-        if args.no_fold:
-            first, second = [d for _, d in p1[0::2]], [d for _, d in p1[1::2]]
-        else:
-            first, second = [d for n, d in p1 if "_fold" in n], [d for n, d in p1 if "_fold" not in n]
-        if not first or (not args.no_fold and len(first) != len(second)):
-            raise SystemExit(f"no folded pass 1 ran at {ctx} (fold_append off or refused: see the cache report)")
-        got = {("pass1_first_us" if args.no_fold else "pass1_folded_us"): statistics.median(first),
-               "pass1_plain_after_us": statistics.median(second),
-               "combine_first_us": statistics.median(comb[0::2]), "combine_second_us": statistics.median(comb[1::2]),
-               "pass1_launches": len(p1)}
+        got = cold_warm(ev, args.no_fold)
+        if got is None:
+            raise SystemExit(f"no {'plain' if args.no_fold else 'folded'} pass 1 pairs at {ctx} (a fold off or refused "
+                             "where asked: the cache report says why)")
         report["contexts"][str(ctx)] = got
         print(ctx, json.dumps(got), flush=True)
         del cache
