@@ -46,6 +46,7 @@ def main(argv=None) -> int:
     from mlx_lm.generate import generate_step
     from torch.profiler import ProfilerActivity, profile
 
+    from decode_token_timeline import kernel_events   # the sibling script's CUPTI stamps (run from this folder)
     from tqbridge.metal.attention import launch as attention_launch
     from tqbridge.metal.decode_options import DecodeOptions
     from tqbridge.metal.lm import decode_bench
@@ -98,9 +99,7 @@ def main(argv=None) -> int:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             decode(args.tokens)
             torch.cuda.synchronize()
-        ev = sorted(((e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-                     if "CUDA" in str(getattr(e, "device_type", ""))), key=lambda x: x[1])
-        got = cold_warm(ev, args.no_fold)
+        got = cold_warm(kernel_events(prof), args.no_fold)
         if got is None:
             raise SystemExit(f"no {'plain' if args.no_fold else 'folded'} pass 1 pairs at {ctx} (a fold off or refused "
                              "where asked: the cache report says why)")
