@@ -26,6 +26,9 @@ def test_bench_serve_smoke(tmp_path, capsys):
     for (cache, b), r in runs.items():
         assert "error" not in r, r
         assert r["batch_cache"] == ("BatchKVCache" if cache == "fp16" else "BatchTQCache")
+        # the batch's paths (on the CPU: the dequantized rows through MLX's attention), counted per layer (4)
+        # over the 3 timed steps, the 2 warm-up steps and the first (which merges the caches)
+        assert cache == "fp16" or f"decode:dequant-sdpa x{4 * (3 + 2 + 1)}" in r["paths"], r.get("paths")
         assert len(r["step_ms_rounds"]) == 2 and r["tokens_per_s"] == pytest.approx(b * 1e3 / r["step_ms"])
         assert 0 < r["decode_peak_bytes"] <= r["run_peak_bytes"]
         assert r["batch_kv_bytes"] >= b * r["kv_bytes_per_sequence"] * 0.5 and r["tokens_per_s_vs_fp16"] > 0

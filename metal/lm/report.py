@@ -1,4 +1,5 @@
-"""What a prompt cache of :class:`~tqbridge.metal.lm.cache.TQCache` layers holds and which paths ran:
+"""What a prompt cache of :class:`~tqbridge.metal.lm.cache.TQCache` layers (or a batch's
+:class:`~tqbridge.metal.lm.cache.BatchTQCache` layers) holds and which paths ran:
 :func:`cache_report` (a dict, for JSON reports) and :func:`paths_line` (one line, for the CLI).
 """
 
@@ -6,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .cache import TQCache
+from .cache import BatchTQCache, TQCache
 
 __all__ = ["cache_report", "paths_line"]
 
@@ -67,6 +68,13 @@ def cache_report(cache: list) -> dict:
                            "decode_fallback": c.decode_fallback,
                            "decode_kernel": _kernel_info(c.decoder.launch)})
             paths.update(c.paths)
+        elif isinstance(c, BatchTQCache):   # a batch's layer: its template holds the configuration and paths
+            t = c.template
+            layers.append({"layer": i, "kind": "tqbridge-batch", "kv": f"{t.k_format}/{t.v_format}",
+                           "window": t.window, "batch": int(c.offset.shape[0]), "codecs": dict(t.codec_paths),
+                           "decode_fallback": t.decode_fallback,
+                           "decode_kernel": _kernel_info(c._launch_memo[1] if c._launch_memo else None)})
+            paths.update(t.paths)
         else:
             layers.append({"layer": i, "kind": type(c).__name__, "kv": "float",
                            "window": getattr(c, "max_size", None)})

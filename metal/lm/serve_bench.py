@@ -50,6 +50,7 @@ def _decode(model, kind: str, context: int, batch: int, tokens: int, dtype) -> d
     """One run: ``batch`` sequences of ``context`` positions decoding ``tokens`` steps as one batch."""
     from mlx_lm.generate import BatchGenerator
 
+    from .report import paths_line
     from .routing import route_attention
 
     gc.collect()                           # the previous run's batch is gone before this one's is built
@@ -78,6 +79,8 @@ def _decode(model, kind: str, context: int, batch: int, tokens: int, dtype) -> d
                     raise RuntimeError(f"a step answered {len(got)} of {batch} sequences")
             mx.synchronize()
             row["decode_peak_bytes"] = mx.get_peak_memory()
+            if row["batch_cache"] == "BatchTQCache":   # which paths and kernels the batch's steps ran
+                row["paths"] = paths_line(gen._generation_batch.prompt_cache)
     finally:
         gen.close()
     row["step_s"] = statistics.fmean(steps[WARMUP_STEPS:])   # the mean: what tokens/s a server sees
