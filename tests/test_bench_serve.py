@@ -50,7 +50,20 @@ def test_a_run_that_does_not_fit_the_device_says_so(tmp_path):
         assert r["error"].startswith("not run: 2 sequences need about"), r
 
 
+def test_bench_serve_takes_decode_options_and_per_layer_pairs(tmp_path):
+    """A TQCache spelling with decode options in braces (the A/B of a decode option under batches) and one with
+    per-layer pairs (its commas inside brackets) run as their own caches."""
+    out = tmp_path / "serve.json"
+    kinds = ["fp16", "q8_0/turbo3{fold_append=0}", "q8_0/turbo3[0,-1=q8_0/q8_0]"]
+    assert main(["bench", "serve", "--models", "tiny", "--contexts", "64", "--batches", "2", "--tokens", "2",
+                 "--rounds", "1", "--dtype", "float32", "--caches", ",".join(kinds), "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["cache"] for r in runs] == kinds and not any("error" in r for r in runs), runs
+
+
 @pytest.mark.parametrize("args,says", [
+    (["--caches", "fp16,fp16{fold_append=0}"], "decode options apply to TQCache"),
+    (["--caches", "fp16,q8_0/turbo3{nope=1}"], "nope"),
     (["--caches", "q8_0/turbo3"], "fp16 first"),
     (["--caches", "fp16,q8_0/nope"], "nope"),
     (["--batches", "0"], "positive"),

@@ -114,23 +114,39 @@ def run(args) -> int:
     return _run_attention(args)
 
 
+def _cache_kinds(spec: str, mlx_lm_caches) -> list[str]:
+    """``--caches`` split at its top-level commas, each checked: one of ``mlx_lm_caches`` (mlx-lm's own) or a
+    TQCache spelling, which may carry decode options in braces (``q8_0/turbo3{fold_append=0}``)."""
+    from ..bridge import FormatError
+    from ..bridge.blocks.kv_spec import parse_layered_kv_spec, split_top
+    from ..metal.profiling import SettingsError, split_options
+
+    try:
+        caches = split_top(spec)
+        split = [split_options(c) for c in caches]
+    except (FormatError, SettingsError) as e:
+        raise CliError(f"--caches: {e}") from None
+    for c, (b, opts) in zip(caches, split):
+        if b in mlx_lm_caches:
+            if opts.changed():
+                raise CliError(f"--caches: {c!r}: decode options apply to TQCache spellings, not {b}")
+            continue
+        try:
+            parse_layered_kv_spec(b)
+        except FormatError as e:
+            raise CliError(f"--caches: {e}") from None
+    return caches
+
+
 def _run_serve(args) -> int:
     try:
         import mlx.core as mx
         import mlx_lm  # noqa: F401
     except ImportError as e:
         raise CliError(f"needs mlx and mlx-lm: {e}")
-    from ..bridge import FormatError
     from ..metal.lm import serve_bench
-    from ..bridge.blocks.kv_spec import parse_layered_kv_spec
 
-    caches = [c for c in args.caches.split(",") if c]
-    for c in caches:
-        if c != "fp16":
-            try:
-                parse_layered_kv_spec(c)
-            except FormatError as e:
-                raise CliError(f"--caches: {e}") from None
+    caches = _cache_kinds(args.caches, ("fp16",))
     if not caches or caches[0] != "fp16":
         raise CliError("--caches: fp16 first (the ratios are against it), then TQCache pairs")
     try:
@@ -228,26 +244,10 @@ def _run_decode(args) -> int:
         import mlx_lm  # noqa: F401
     except ImportError as e:
         raise CliError(f"needs mlx and mlx-lm: {e}")
-    from ..bridge import FormatError
-    from ..bridge.blocks.kv_spec import parse_layered_kv_spec, split_top
     from ..metal.lm import decode_bench
-    from ..metal.profiling import SettingsError, split_options
 
     models = [m for m in args.models.split(",") if m]
-    try:
-        caches = split_top(args.caches)
-        split = [split_options(c) for c in caches]
-    except (FormatError, SettingsError) as e:
-        raise CliError(f"--caches: {e}") from None
-    for c, (b, opts) in zip(caches, split):
-        if b in decode_bench.MLX_LM_CACHES:
-            if opts.changed():
-                raise CliError(f"--caches: {c!r}: decode options apply to TQCache spellings, not {b}")
-            continue
-        try:
-            parse_layered_kv_spec(b)
-        except FormatError as e:
-            raise CliError(f"--caches: {e}") from None
+    caches = _cache_kinds(args.caches, decode_bench.MLX_LM_CACHES)
     try:
         contexts = [int(x) for x in args.context.split(",") if x]
     except ValueError:

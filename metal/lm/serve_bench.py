@@ -37,9 +37,12 @@ def fits(budget_bytes: int, per_sequence: int) -> int:
 
 
 def _sequences(model, kind: str, context: int, batch: int, dtype) -> list:
+    from ..profiling import split_options
+
+    base, opts = split_options(kind)   # "q8_0/turbo3{fold_append=0}": that cache with those decode options
     out = []
     for i in range(batch):
-        cache = make_caches(model, kind)
+        cache = make_caches(model, base, opts)
         prefill(cache, model, context, dtype, seed=1 + i)
         mx.eval([c.state for c in cache])
         out.append(cache)
