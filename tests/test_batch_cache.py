@@ -599,128 +599,23 @@ def test_the_fused_batch_step_equals_mlx_lms_attention_on_the_same_rows(kf, vf):
     assert err <= FUSED_VS_OPS_RTOL * scale, (err, scale)
 
 
-# ---- the deferred / folded append of a batch's decode step -----------------------------------------------
-# With ``DecodeOptions.defer_append`` the step's rows wait in the batch (``_staged``) for the fused attention,
-# which appends them in its own call; with ``fold_append`` too, inside pass 1 (on CUDA: two kernels a layer
-# instead of three). The same kernels run on the same rows in another order of calls: exact equality.
 
-def _staged_decode(opts, n_steps=5, attend_last=True, kv="q8_0/turbo3", lane=None):
-    """Prompts of PROMPTS prefilled alone (the tiny Llama, head dim 128), merged, then forced decode steps
-    as one batch on the emulated lane (``lane``: another context, e.g. the GPU's) with the caches' decode
-    options ``opts``: per-step logits, the batch's layers."""
-    from tqbridge.metal.attention import kernel as attention_kernel
+def test_the_cache_report_names_a_batchs_layers(cpu_device):
+    """cache_report / paths_line on a batch's layers (what bench serve records): the pair, the batch size and
+    the paths its steps ran (here the emulated lane: the in-place append, the fused kernel), not "float"."""
+    from tqbridge.metal.lm.report import cache_report, paths_line
+
+    m = tiny_llama()
+    paths = batch_paths(m, "q8_0/turbo3")
+    assert paths.get("decode:cpu-emulator") == 2, paths
+    install_cache(m, "q8_0/turbo3")
     from tqbridge.metal.backend import emulate_decode_lane
 
-    attention_kernel.clear_launch_caches()
-    m = tiny_llama(head_dim=128)
-    install_cache(m, kv)
-    prompts = [tokens(n, seed=s)[0].tolist() for n, s in PROMPTS]
-    steps = [tokens(n_steps, seed=50 + i)[0].tolist() for i in range(len(prompts))]
-    out = []
-    with lane or emulate_decode_lane(), route_attention("auto"):
-        singles = []
-        for p in prompts:
-            c = mlx_cache.make_prompt_cache(m)
-            for layer in c:
-                layer.decode_options = opts
-            mx.eval(m(mx.array([p]), cache=c))
-            singles.append(c)
-        batch = [singles[0][i].merge([c[i] for c in singles]) for i in range(len(singles[0]))]
-        for j in range(n_steps):
-            lg = m(mx.array([[s[j]] for s in steps]), cache=batch)[:, -1].astype(mx.float32)
-            mx.eval(lg)
-            out.append(np.array(lg))
-        if not attend_last:   # a step whose attention never comes: its rows stay staged
-            for layer in batch:
-                layer.update_and_fetch(*(mx.ones((len(prompts), 2, 1, 128)) * x for x in (0.5, -0.25)))
-    attention_kernel.clear_launch_caches()
-    return np.stack(out), batch
-
-
-@pytest.mark.parametrize("fold", [False, True], ids=["deferred", "folded"])
-def test_a_batch_step_appending_inside_its_attention_is_bit_identical(fold, cpu_device, folded_steps, monkeypatch):
-    from tqbridge.metal.attention import kernel as attention_kernel
-    from tqbridge.metal.decode_options import DecodeOptions
-
-    fused = []
-    real = attention_kernel._EmulatedDecodeLaunch.with_append
-    monkeypatch.setattr(attention_kernel._EmulatedDecodeLaunch, "with_append",
-                        lambda self, *a, **kw: fused.append(kw.get("starts")) or real(self, *a, **kw))
-    want, ref = _staged_decode(DecodeOptions(defer_append=False, fold_append=False, q_precision="int8"))
-    assert not folded_steps and not fused
-    got, batch = _staged_decode(DecodeOptions(defer_append=True, fold_append=fold, q_precision="int8"))
-    # every step after the first (which prepares the launch) of both layers: one call, each row from its start
-    assert fused == [(7, 0, 9, 3)] * 8, fused
-    assert folded_steps == [fold] * 8 if fold else not folded_steps, folded_steps
-    # the report of the batch's layers says so
-    from tqbridge.metal.lm.report import paths_line
-
-    words = ("append fused into pass 1" if fold else "append fused", "decode:cpu-emulator x10")
-    assert all(w in paths_line(batch) for w in words) and "append fused" not in paths_line(ref), paths_line(batch)
-    assert all(b._staged is None for b in batch)
-    assert np.array_equal(got, want)
-    assert [_bytes(b) for b in batch] == [_bytes(b) for b in ref]
-
-
-@pytest.mark.parametrize("reader", ["state", "blocks", "fetch", "trim", "filter", "extract", "deepcopy", "extend",
-                                    "update"])
-def test_every_batch_reader_sees_the_staged_rows(reader, cpu_device):
-    from tqbridge.metal.decode_options import DecodeOptions
-
-    def read(b):
-        if reader == "state":
-            mx.eval(b.state)
-        elif reader == "blocks":
-            b.blocks()
-        elif reader == "fetch":
-            b.fetch()
-        elif reader == "trim":
-            b.trim(0)
-        elif reader == "filter":
-            b.filter([3, 2, 1, 0])
-        elif reader == "extract":
-            return _bytes(b.extract(2))
-        elif reader == "deepcopy":
-            return _bytes(copy.deepcopy(b))
-        elif reader == "extend":
-            b.extend(copy.deepcopy(b))
-        else:   # a prompt chunk after the staged step (MLX ops append)
-            b.update_and_fetch(mx.ones((4, 2, 2, 128)), mx.ones((4, 2, 2, 128)))
-        return _bytes(b)
-
-    _, ref = _staged_decode(DecodeOptions(defer_append=False, q_precision="int8"), n_steps=3, attend_last=False)
-    _, batch = _staged_decode(DecodeOptions(defer_append=True, fold_append=True, q_precision="int8"), n_steps=3,
-                              attend_last=False)
-    assert all(b._staged is not None for b in batch)
-    for b, r in zip(batch, ref):
-        assert read(b) == read(r)
-        assert b._staged is None and b._idx == r._idx
-
-
-def test_planted_lost_staged_batch_row_is_caught(cpu_device, monkeypatch):
-    """The comparison above with a planted bug: the staged rows dropped instead of written."""
-    from tqbridge.metal.decode_options import DecodeOptions
-
-    _, ref = _staged_decode(DecodeOptions(defer_append=False, q_precision="int8"), n_steps=3, attend_last=False)
-    monkeypatch.setattr(BatchTQCache, "_write_staged", lambda self: setattr(self, "_staged", None))
-    _, batch = _staged_decode(DecodeOptions(defer_append=True, fold_append=True, q_precision="int8"), n_steps=3,
-                              attend_last=False)
-    assert [_bytes(b) for b in batch] != [_bytes(b) for b in ref]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kv", ["q8_0/turbo3", "q8_0/q4_0"])
-def test_the_folded_batch_step_on_a_gpu_is_bit_identical(kv, gpu_device):
-    """A merged batch decoding on CUDA with the step's append folded into pass 1 (the default) and with the append
-    kernel first: the same logits and blocks, bit for bit; the fold ran."""
-    from tqbridge.metal.codecs import gpu_backend
-    from tqbridge.metal.decode_options import DecodeOptions
-
-    if gpu_backend() != "cuda":
-        pytest.skip(f"the GPU here runs {gpu_backend()}: kernel int8-mma (which the fold is a build of) is CUDA's default")
-    want, ref = _staged_decode(DecodeOptions(defer_append=False, fold_append=False), kv=kv, lane=_Nothing())
-    got, batch = _staged_decode(DecodeOptions(), kv=kv, lane=_Nothing())
-    folded = [b._launch_memo[1].run_info.get("fold_append") for b in batch]
-    assert folded == [True] * len(batch), folded
-    assert np.array_equal(got, want)
-    assert [_bytes(b) for b in batch] == [_bytes(b) for b in ref]
+    with emulate_decode_lane(), route_attention("auto"):
+        _, batch = prefill_and_merge(m, [tokens(n, seed=s)[0].tolist() for n, s in PROMPTS])
+        mx.eval(m(mx.array([[1]] * len(PROMPTS)), cache=batch))
+    layers = cache_report(batch)["layers"]
+    assert [(l["kind"], l["kv"], l["batch"]) for l in layers] == [("tqbridge-batch", "q8_0/turbo3", 4)] * 2, layers
+    assert all(l["decode_kernel"]["backend"] == "cpu-emulator" for l in layers), layers
+    line = paths_line(batch)
+    assert "decode:cpu-emulator x2" in line and "kv-append:cpu-emulator" in line, line

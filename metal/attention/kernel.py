@@ -228,7 +228,8 @@ class _EmulatedDecodeLaunch:
         both in one pass 1 where the options fold them and a decode launch would (:func:`.launch.fold_refusal`)."""
         why = None
         if self.options.fold_append:
-            got = self._folded(append, k_rows, v_rows, q, kb, vb, pos, flag_in, length, q_scale, starts)
+            got = self._folded(append, k_rows, v_rows, q, kb, vb, pos, flag_in, length, q_scale) if starts is None \
+                else "the emulated lane folds steps without left padding only"
             if not isinstance(got, str):
                 return got
             why = got
@@ -238,9 +239,9 @@ class _EmulatedDecodeLaunch:
             self.run_info["fold_refused"] = why
         return flag, out
 
-    def _folded(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None, starts=None):
-        """The folded step on the emulator, planned as a decode launch plans it (for the whole buffer; ``starts``
-        each batch row's first visible key); where that plan refuses the fold, why (:func:`.launch.fold_refusal`)."""
+    def _folded(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None):
+        """The folded step on the emulator, planned as a decode launch plans it (for the whole buffer); where
+        that plan refuses the fold, why (:func:`.launch.fold_refusal`)."""
         import mlx.core as mx
 
         from .launch import fold_refusal
@@ -252,7 +253,7 @@ class _EmulatedDecodeLaunch:
         why = fold_refusal(plan, self.l_max, append, int(kb.shape[-1]), int(vb.shape[-1]), self.backend)
         if why is not None:
             return why
-        step = check_problem(q, kb, vb, length=length, start=0 if starts is None else starts, **self._kw)
+        step = check_problem(q, kb, vb, length=length, **self._kw)
         qdt = str(q.dtype).replace("mlx.core.", "")
         rows = [np.array(mx.view(r, mx.uint16)) if append.static["QA_SRC"] else np.array(r) for r in (k_rows, v_rows)]
         B, H, S = (int(x) for x in k_rows.shape[:3])

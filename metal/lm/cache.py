@@ -866,7 +866,6 @@ class BatchTQCache(_mlx_cache._BaseCache):
         self._launch_memo = None                  # (signature, the prepared fused attention): see attend
         self._flag = None          # the in-place appends' flag (device-side NaN/inf of their rows): see _settle
         self._unsettled = False    # in-place appends nothing but the flag orders (see _settle)
-        self._staged = None        # a decode step's rows the fused attention appends in its own call: see attend
         self._owned = False        # the buffers are this batch's own allocations (in-place appends write there)
 
     @property
@@ -1066,12 +1065,8 @@ class BatchTQCache(_mlx_cache._BaseCache):
         append kernel (the GPU lane, or the emulator's), ordered before the fused attention by its flag:
         one kernel instead of two quantize kernels and two slice updates. False where it does not apply
         (not routed, calibrated keys, a window drop or a right-padded prompt due, no kernel for these
-        rows, the attention off the kernel); then MLX ops append. Where the layer's prepared fused attention
-        takes the append into its own call (``DecodeOptions.defer_append``; on CUDA also into pass 1 with
-        ``fold_append``) the rows are staged for :meth:`attend` instead; every other reader writes them first
-        (:meth:`_settle`)."""
+        rows, the attention off the kernel); then MLX ops append."""
         t = self.template
-        self._write_staged()   # the last step's rows, if their attention never came
         if (self.keys is None or t.calibration or t.decode_fallback or self._right_padding is not None
                 or not routing_active() or _decode_backend("auto") != "auto" or self._drop_for()):
             return False
@@ -1093,30 +1088,17 @@ class BatchTQCache(_mlx_cache._BaseCache):
         if self._flag is None or self._flag.shape[0] != slots:
             self._settle()
             self._flag = mx.zeros((slots,), mx.uint32)
-        memo = self._launch_memo
-        if memo is not None and memo[1] is not None and memo[1].fuses_append:
-            self._staged = (app, keys, values, prev)
-        else:
-            self._flag = app(keys, values, self.keys, self.values, prev, self._flag)
+        self._flag = app(keys, values, self.keys, self.values, prev, self._flag)
         self._unsettled = True
         self._idx = prev + 1
         self.offset = self.offset + 1
         t.paths["append:in-place"] += 1
         return True
 
-    def _write_staged(self) -> None:
-        """The staged decode rows appended on their own (the append kernel; no synchronisation)."""
-        staged, self._staged = self._staged, None
-        if staged is not None:
-            app, keys, values, row = staged
-            self._flag = app(keys, values, self.keys, self.values, row, self._flag)
-
     def _settle(self) -> None:
-        """Before MLX ops read or replace the buffers: write the staged rows, wait for the in-place appends
-        (MLX orders nothing after them but what takes their flag) and raise :class:`FormatError` if they
-        appended NaN/inf rows (their blocks are unspecified). One synchronisation; decode steps on the lane
-        never call it."""
-        self._write_staged()
+        """Before MLX ops read or replace the buffers: wait for the in-place appends (MLX orders nothing
+        after them but what takes their flag) and raise :class:`FormatError` if they appended NaN/inf rows
+        (their blocks are unspecified). One synchronisation; decode steps on the lane never call it."""
         if not self._unsettled:
             return
         self._unsettled = False
@@ -1180,14 +1162,6 @@ class BatchTQCache(_mlx_cache._BaseCache):
                 self._launch_memo = (sig, launch)
             if launch is not None:
                 t.paths[f"decode:{launch.backend}"] += 1
-                staged = self._staged
-                if staged is not None and sinks is None:   # the step's append and attention in one call
-                    self._staged = None
-                    app, k_rows, v_rows, row = staged
-                    self._flag, out = launch.with_append(app, k_rows, v_rows, queries, self.keys, self.values, row,
-                                                         self._flag, self._idx, starts=self._starts())
-                    return out
-                self._write_staged()
                 return launch(queries, self.keys, self.values, self._idx, sinks=sinks, starts=self._starts(),
                               after=self._flag)
         keys, values = self.fetch(queries.dtype)
