@@ -873,6 +873,11 @@ class BatchTQCache(_mlx_cache._BaseCache):
         return self.template.window
 
     @property
+    def launch(self):
+        """The prepared fused attention of the latest decode step (None before one, or off the kernel)."""
+        return self._launch_memo[1] if self._launch_memo else None
+
+    @property
     def k_format(self) -> str:
         return self.template.k_format
 

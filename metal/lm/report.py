@@ -73,7 +73,7 @@ def cache_report(cache: list) -> dict:
             layers.append({"layer": i, "kind": "tqbridge-batch", "kv": f"{t.k_format}/{t.v_format}",
                            "window": t.window, "batch": int(c.offset.shape[0]), "codecs": dict(t.codec_paths),
                            "decode_fallback": t.decode_fallback,
-                           "decode_kernel": _kernel_info(c._launch_memo[1] if c._launch_memo else None)})
+                           "decode_kernel": _kernel_info(c.launch)})
             paths.update(t.paths)
         else:
             layers.append({"layer": i, "kind": type(c).__name__, "kv": "float",
