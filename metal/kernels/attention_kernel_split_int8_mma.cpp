@@ -575,3 +575,78 @@ for (int x = (int)tid; x < Q * TQA_DV; x += NT) {
 }
 TQA_PHASE(4);
 TQA_PHASES_WRITE();
+#if TQA_FOLDC
+// The combine pass, folded in (DecodeOptions.fold_combine; the combine's static TQA_CT, its threads, and its
+// output out; in place: cnt, one counter per (batch row, KV head), 0 between launches). Each threadgroup, its
+// partial written, counts itself in; the last one of its (batch row, KV head) merges the group's Q rows as
+// attention_kernel_combine.cpp does, its TQA_CT threads played by this threadgroup's NT: every maximum and
+// sum is taken in the same order, so the rows are the combine's bits. It resets the counter for the next
+// launch. No sinks (the decode step's attention has none). Scratch in the staging area, free by now.
+{
+    static_assert(4 * (4 + TQA_MAXP + TQA_DV) <= TQA_STB, "the folded combine's scratch must fit the staging area");
+    tq_barrier();   // the partial's reads of the merge area are done
+    TQ_SHARED uint* fc_last = stage;
+    TQ_SHARED float* fw = (TQ_SHARED float*)stage + 4;   // the partials' weights (n_splits of them)
+    TQ_SHARED float* fo = fw + TQA_MAXP;          // the merged row
+    tq_fence_device();   // this threadgroup's partial visible device-wide before it counts itself in
+    tq_barrier();
+    if (tid == 0u) fc_last[0] = tq_atomic_add(cnt_w + bh, 1u) == (uint)(n_splits - 1) ? 1u : 0u;
+    tq_barrier();
+    if (fc_last[0] != 0u) {   // uniform over the threadgroup
+        tq_fence_device();    // the partials of the threadgroups counted before this one, visible here
+        if (tid == 0u) cnt_w[bh] = 0u;
+        const int np = n_splits;
+        constexpr int CSG = TQA_CT / 32;          // the combine's SIMD groups
+        constexpr int PG = TQA_CT / TQA_DV;       // its groups of threads splitting the partials
+        constexpr int PR = 64;                    // its partials per thread held in registers
+        for (int r = 0; r < Q; ++r) {
+            const size_t base = (row0 + (size_t)r) * (size_t)np;
+            // the maximum, the weights and the denominator: SIMD group 0 plays the combine's groups in turn
+            if (warp == 0u) {
+                float mx = TQA_NEG_BIG;
+                for (int sg = 0; sg < CSG; ++sg) {
+                    const int v = sg * 32 + (int)lane;
+                    float m = v < np ? tq_ld_l2(pml + (base + (size_t)v) * 2) : TQA_NEG_BIG;
+                    for (int i = v + TQA_CT; i < np; i += TQA_CT) { const float mi = tq_ld_l2(pml + (base + (size_t)i) * 2); m = mi > m ? mi : m; }
+                    m = tq_simd_max(m);
+                    mx = sg == 0 ? m : (m > mx ? m : mx);
+                }
+                float den = 0.0f;
+                for (int sg = 0; sg < CSG; ++sg) {
+                    const int v = sg * 32 + (int)lane;
+                    float dp = 0.0f;
+                    if (v < np) { const float w = tq_exp(tq_ld_l2(pml + (base + (size_t)v) * 2) - mx); fw[v] = w; dp = tq_mul(tq_ld_l2(pml + (base + (size_t)v) * 2 + 1), w); }
+                    for (int i = v + TQA_CT; i < np; i += TQA_CT) {
+                        const float w = tq_exp(tq_ld_l2(pml + (base + (size_t)i) * 2) - mx);
+                        fw[i] = w;
+                        dp = tq_add(dp, tq_mul(tq_ld_l2(pml + (base + (size_t)i) * 2 + 1), w));
+                    }
+                    den = tq_add(den, tq_simd_sum(dp));
+                }
+                if (lane == 0u) fc_last[1] = tq_as_uint(den);
+            }
+            tq_barrier();
+            const float den = tq_as_float(fc_last[1]);
+            // the weighted sum: per column, the combine's PG threads' two running sums, then their total
+            for (int dcol = (int)tid; dcol < TQA_DV; dcol += NT) {
+                float a = 0.0f;
+                for (int gg = 0; gg < PG; ++gg) {
+                    float a0 = 0.0f, a1 = 0.0f;
+                    for (int j = 0; j < PR; j += 2) {
+                        const int i = gg + j * PG;
+                        if (i < np) a0 = tq_add(a0, tq_mul(tq_ld_l2(po + (base + (size_t)i) * TQA_DV + dcol), fw[i]));
+                        if (i + PG < np) a1 = tq_add(a1, tq_mul(tq_ld_l2(po + (base + (size_t)(i + PG)) * TQA_DV + dcol), fw[i + PG]));
+                    }
+                    for (int i = gg + PR * PG; i < np; i += PG) a0 = tq_add(a0, tq_mul(tq_ld_l2(po + (base + (size_t)i) * TQA_DV + dcol), fw[i]));
+                    a = tq_add(a, tq_add(a0, a1));
+                }
+                fo[dcol] = den > 0.0f ? tq_div(a, den) : 0.0f;
+            }
+            tq_barrier();
+            tqa_rotate_back_row(fo, TQA_VROT, tabs, tid, (uint)NT);
+            for (int d = (int)tid; d < TQA_D; d += NT) TQA_OUT(out)[(row0 + (size_t)r) * TQA_D + d] = TQA_QSTORE(fo[d]);
+            tq_barrier();   // fw and fo are the next row's
+        }
+    }
+}
+#endif
