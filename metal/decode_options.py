@@ -37,15 +37,12 @@ INT8_DEFAULT_MAX_V_BITS = 8.0    # the int8 default applies to V formats of fewe
 # - defer_append: the decode step's in-place append and attention as one compiled call per layer;
 # - fold_append: that append inside kernel int8-mma's pass 1 (two kernels per layer instead of three; where
 #   the step's attention runs int8-mma and the plan's splits cover the buffer: attention.launch.fold_refusal;
-#   record h100/2026-12-06-fold-append-ab: 0.16 ms less per token at the median);
-# - fold_combine: the combine pass inside that folded pass 1 as well (the last threadgroup of each KV head
-#   merges its partials: one kernel per layer; attention.launch.fold_combine_refusal). Off until measured.
+#   record h100/2026-12-06-fold-append-ab: 0.16 ms less per token at the median).
 COMPILE_BACKENDS = ("cuda",)
 DEVICE_PARAMS_BACKENDS = ("cuda",)
 DEVICE_CONSTS_BACKENDS = ("cuda",)
 DEFER_APPEND_BACKENDS = ("cuda",)
 FOLD_APPEND_BACKENDS = ("cuda",)
-FOLD_COMBINE_BACKENDS: tuple = ()
 
 # kernel int8-mma's 16-key chunks per SIMD-group step where the options leave it to the planner: 2 on CUDA (two
 # chunks in 2 SIMD groups of 64-key tiles beat one in 4: pass 1 at 32K / 128K 25.8 / 67.2 us vs 26.7 / 70.9),
@@ -74,8 +71,7 @@ FALLBACK_UNITS = 132
 # capability 9.0)
 FALLBACK_SHARED_PER_UNIT = (233472, 1024)
 
-BOOL_FIELDS = ("compile", "device_params", "device_consts", "defer_append", "fold_append", "fold_combine",
-               "dynamic_shared")
+BOOL_FIELDS = ("compile", "device_params", "device_consts", "defer_append", "fold_append", "dynamic_shared")
 
 
 @dataclass(frozen=True)
@@ -84,8 +80,8 @@ class DecodeOptions:
 
     - ``q_precision``: ``"exact"`` (float32 q: kernels lanes / tiles) or ``"int8"`` (q8_0 / q8_1 q: kernel int8-mma);
       None: :data:`DEFAULT_Q_PRECISION`, int8 only where int8-mma serves the problem and V has < 8 bits.
-    - ``compile``, ``device_params``, ``device_consts``, ``defer_append``, ``fold_append``, ``fold_combine``: how
-      prepared launches run (see the backend tables above).
+    - ``compile``, ``device_params``, ``device_consts``, ``defer_append``, ``fold_append``: how prepared launches
+      run (see the backend tables above).
     - ``chunks``: kernel int8-mma's 16-key chunks per SIMD-group step (1 or 2).
     - ``target_groups``: pass-1 threadgroups a GPU plan aims for (instead of per-unit targets).
     - ``v_decode``: ``"fast"`` (the byte-permute decoders where they apply) or ``"generic"`` (the
@@ -100,7 +96,6 @@ class DecodeOptions:
     device_consts: "bool | None" = None
     defer_append: "bool | None" = None
     fold_append: "bool | None" = None
-    fold_combine: "bool | None" = None
     chunks: "int | None" = None
     target_groups: "int | None" = None
     v_decode: str = "fast"
@@ -129,7 +124,7 @@ class DecodeOptions:
         :func:`tqbridge.metal.attention.plan.make_plan`)."""
         fill = dict(compile=backend in COMPILE_BACKENDS, device_params=backend in DEVICE_PARAMS_BACKENDS,
                     device_consts=backend in DEVICE_CONSTS_BACKENDS, defer_append=backend in DEFER_APPEND_BACKENDS,
-                    fold_append=backend in FOLD_APPEND_BACKENDS, fold_combine=backend in FOLD_COMBINE_BACKENDS)
+                    fold_append=backend in FOLD_APPEND_BACKENDS)
         changes = {k: v for k, v in fill.items() if getattr(self, k) is None}
         return dataclasses.replace(self, **changes) if changes else self
 

@@ -99,7 +99,7 @@ FOLD_INPUTS = (("ak", None), ("av", None), ("aktab", "float32"), ("avtab", "floa
 
 @lru_cache(maxsize=None)
 def kernel_defs(qtype: int, kernel: str = "lanes", qscale: bool = False, phases: bool = False,
-                fold: "str | None" = None, fold_cal: bool = False, fold_combine: bool = False):
+                fold: "str | None" = None, fold_cal: bool = False):
     """(pass 1, pass 2) kernel definitions for q's element type and the pass-1 kernel (one of
     :data:`~.attention_problem.KERNELS`); ``qscale``: pass 1 takes the input ``qsc`` too (its builds
     have the static parameter ``TQA_QSC``, :func:`static_params`); ``phases`` (int8-mma, builds with the
@@ -115,10 +115,7 @@ def kernel_defs(qtype: int, kernel: str = "lanes", qscale: bool = False, phases:
     ``fold`` (int8-mma, builds with the static parameter ``TQA_FOLD`` and those of kv_append.cpp): pass 1 also
     appends the decode step's rows, of element type ``fold`` ("float32" or "uint16"), into ``kb`` / ``vb`` in
     place (:data:`FOLD_INPUTS`, one more output ``aflag``: the append's flag); ``fold_cal``: a key-calibrated
-    append (static ``KV_CAL``), one more input ``akcal`` (kv_append.cpp's ``kcal``); ``fold_combine`` (a folded
-    build, static ``TQA_FOLDC``): the combine pass inside pass 1 too, one more input ``cnt`` (uint32, one
-    counter per batch row and KV head, 0 between launches; written in place) and one more output ``out``, the
-    combine's."""
+    append (static ``KV_CAL``), one more input ``akcal`` (kv_append.cpp's ``kcal``)."""
     from ..kernel import Kernel
     from ..quantize_append import append_row_header
 
@@ -129,21 +126,18 @@ def kernel_defs(qtype: int, kernel: str = "lanes", qscale: bool = False, phases:
     if fold is not None and (kernel != "int8-mma" or fold not in ("float32", "uint16")):
         raise ValueError(f"the folded append is a build of kernel int8-mma over float32 or uint16 rows, not "
                          f"{kernel!r} over {fold!r}")
-    if fold_combine and fold is None:
-        raise ValueError("the folded combine is a build of the folded pass 1 (fold=...)")
     fold_ins = () if fold is None else tuple((n, t or fold) for n, t in FOLD_INPUTS) + ((("akcal", "float32"),) if fold_cal
                                                                                        else ())
     split = Kernel(
-        "tq_attention_split_" + kernel.replace("-", "_") + ("_fold" if fold else "") + ("_combine" if fold_combine else ""),
+        "tq_attention_split_" + kernel.replace("-", "_") + ("_fold" if fold else ""),
         (("q", qdt), ("kb", "uint8"), ("vb", "uint8"), ("ip", "int32"), ("fp", "float32"), ("tabs", "float32"),
-         ("dep", "uint32")) + ((("qsc", "float32"),) if qscale else ()) + fold_ins
-        + ((("cnt", "uint32"),) if fold_combine else ()),
+         ("dep", "uint32")) + ((("qsc", "float32"),) if qscale else ()) + fold_ins,
         (("po", "float32"), ("pml", "float32")) + ((("clk", "uint32"),) if phases else ())
-        + ((("aflag", "uint32"),) if fold else ()) + ((("out", qdt),) if fold_combine else ()),
+        + ((("aflag", "uint32"),) if fold else ()),
         (KERNEL_DIR / SPLIT_SOURCES[kernel]).read_text(),
         header + ("\n" + (KERNEL_DIR / "attention_mma.h").read_text() if kernel == "int8-mma" else "")
         + ("\n" + append_row_header("tq_simd_barrier()") if fold else ""),
-        inplace=(("kb", "vb") if fold else ()) + (("cnt",) if fold_combine else ()))
+        inplace=("kb", "vb") if fold else ())
     combine = Kernel(
         "tq_attention_combine",
         (("po", "float32"), ("pml", "float32"), ("ip", "int32"), ("sinks", "float32"), ("tabs", "float32")),
@@ -156,21 +150,14 @@ def built(backend: str, which: int, qtype: int, static: dict, kernel: str = "lan
     """Pass 1 (``which`` 0) or the combine pass (1), compiled for ``backend`` by the one kernel builder
     and cache (:func:`.dispatch.build`): the emulator's kernel, or MLX's raw callable on a GPU. A static
     ``TQA_QSC`` picks pass 1's definition with the input ``qsc``, a static ``TQA_PHASES`` the one with the
-    output ``clk``, a static ``TQA_FOLD`` the one with the folded append (its rows' type from ``QA_SRC``), with
-    ``TQA_FOLDC`` the folded combine too."""
+    output ``clk``, a static ``TQA_FOLD`` the one with the folded append (its rows' type from ``QA_SRC``)."""
     from ..dispatch import build
 
     fold = ("uint16" if static.get("QA_SRC") else "float32") if static.get("TQA_FOLD") and which == 0 else None
     kern = build(kernel_defs(qtype, kernel, bool(static.get("TQA_QSC")), bool(static.get("TQA_PHASES")), fold,
-                             bool(fold and static.get("KV_CAL")), bool(fold and static.get("TQA_FOLDC")))[which],
+                             bool(fold and static.get("KV_CAL")))[which],
                  static, backend)
     return kern if backend == "cpu-emulator" else kern.raw
-
-
-def fold_combine_static() -> dict:
-    """The static parameters a folded pass 1 adds for the folded combine: the combine pass's thread count
-    (whose sums it reproduces) and its most partials."""
-    return {"TQA_FOLDC": 1, "TQA_CT": COMBINE_THREADS, "TQA_MAXP": MAX_PARTIALS}
 
 
 def dyn_build(prob: Problem, plan: Plan, generic: bool) -> bool:

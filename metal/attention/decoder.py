@@ -145,7 +145,6 @@ class LayerDecoder:
         self._qscale = None         # calibrated keys: the scales shaped against the decode step's q
         self.launch = None          # the prepared fused attention of this layer
         self._launch_sig = None
-        self._counter = None        # the folded combine's counters (one per batch row and KV head), kept zero
         self.forget_steps()
 
     def forget_steps(self) -> None:
@@ -464,24 +463,9 @@ class LayerDecoder:
         # the common step, inline: the staged rows appended and attended in one call
         self.staged = None
         self._flagbuf, out = hot.launch.with_append(d.append, d.keys, d.values, q, self._kbuf, self._vbuf, d.row,
-                                                    self._flagbuf, self.offset - self.start,
-                                                    counter=self.combine_counter(hot.launch))
+                                                    self._flagbuf, self.offset - self.start)
         self.unsettled = True
         return out
-
-    def combine_counter(self, launch) -> "mx.array | None":
-        """The folded combine's counters for ``launch`` where its options fold the combine (else None): this
-        layer's own uint32 zeros, one per batch row and KV head of the buffers, made once (the kernel that
-        counts in them leaves them zero)."""
-        if not getattr(launch, "options", None) or not launch.options.fold_combine:
-            return None
-        import numpy as np
-
-        n = int(self._kbuf.shape[0]) * int(self._kbuf.shape[1])
-        c = self._counter
-        if c is None or c.size != n:
-            c = self._counter = mx.array(np.zeros(n, np.uint32))
-        return c
 
     def _run(self, launch, q):
         d = self.staged
@@ -489,8 +473,7 @@ class LayerDecoder:
             return launch(q, self.keys, self.values, self.offset - self.start, self.flag, q_scale=self.query_scale(q))
         self.staged = None
         self._flagbuf, out = launch.with_append(d.append, d.keys, d.values, q, self._kbuf, self._vbuf, d.row,
-                                                self._flagbuf, self.offset - self.start, self.query_scale(q),
-                                                counter=self.combine_counter(launch))
+                                                self._flagbuf, self.offset - self.start, self.query_scale(q))
         self.unsettled = True
         return out
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .build import LAUNCHES, QTYPES, built, dyn_build, fold_combine_static, launch, pass1_params, static_params, tables
+from .build import LAUNCHES, QTYPES, built, dyn_build, launch, pass1_params, static_params, tables
 from .launch import DecodeLaunch, clear_caches as _clear_launches, launches, int8_mma_report
 from .plan import COMBINE_THREADS, Plan, plan_cached, resolve_kernel
 from .problem import (AttentionError, Problem, RunRecord, to_numpy, check_problem, last_run, record_run)
@@ -23,15 +23,14 @@ PLAN_OVERRIDES = ("splits", "lanes_per_key", "warps", "tile", "kernel")
 
 
 def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=None, dyn=True, q_scale=None,
-                  fold=None, fold_combine: bool = False):
+                  fold=None):
     """The two passes on the emulator: the output (rows, head dim) in q's element type. ``fold``: the decode
     step's append inside pass 1 (kernel int8-mma's TQA_FOLD build), ``(append, k_rows, v_rows, ap, flag_in, kcal)``
     as numpy (the rows as the kernel reads them, ``ap`` the append's parameters, ``kcal`` a calibrated append's
-    buffer or None); kb / vb are written in place and the result is ``(out, flag)``. ``fold_combine`` (with
-    ``fold``): the combine inside that pass 1 too (TQA_FOLDC), one launch in all."""
+    buffer or None); kb / vb are written in place and the result is ``(out, flag)``."""
     split_s, comb_s, _, extra2 = static_params(prob, plan, qtype, dyn_build(prob, plan, dyn), q_scale is not None)
     if fold is not None:
-        split_s = {**split_s, **fold[0].static, "TQA_FOLD": 1, **(fold_combine_static() if fold_combine else {})}
+        split_s = {**split_s, **fold[0].static, "TQA_FOLD": 1}
     if qtype == 2:  # bfloat16 exists only as MLX arrays: take the bits
         import mlx.core as mx
 
@@ -58,16 +57,8 @@ def _run_emulator(q, kb, vb, prob: Problem, sinks, plan: Plan, qtype: int, seed=
         app, k_rows, v_rows, ap, flag_in, kcal = fold
         ins += [k_rows, v_rows, *app.device_tables, ap, flag_in, *(() if kcal is None else (kcal,))]
         shapes.append((app.flag_slots(int(ap[0])),))
-        if fold_combine:
-            cnt = np.zeros(prob.batch * prob.kv_heads, np.uint32)
-            ins.append(cnt)
-            shapes.append((rows, prob.head_dim))
     grid1 = (prob.batch * prob.kv_heads * plan.splits, 1, 1)
     po, pml, *flag = launch(k1, ins, shapes, grid1, 32 * plan.warps, seed=seed)
-    if fold is not None and fold_combine:
-        if cnt.any():
-            raise AttentionError(f"the folded combine left its counters at {cnt.tolist()}, not 0")
-        return flag[1], flag[0]
     ip2 = np.array([np_, prob.q_heads, int(sinks is not None), *extra2], np.int32)
     k2 = built("cpu-emulator", 1, qtype, comb_s)
     (out,) = launch(k2, [po, pml, ip2, sk, tabs], [(rows, prob.head_dim)], (rows, 1, 1), COMBINE_THREADS, seed=seed)
@@ -232,10 +223,9 @@ class _EmulatedDecodeLaunch:
         self.run_info = {"backend": self.backend}   # what its latest call ran (a DecodeLaunch's is its plan)
 
     def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None,
-                    starts=None, counter=None):
+                    starts=None):
         """:meth:`DecodeLaunch.with_append`'s contract: the append, then this attention (two calls here), or
-        both in one pass 1 where the options fold them and a decode launch would (:func:`.launch.fold_refusal`),
-        with the combine too where they fold that (each call's counters fresh here: ``counter`` is not read)."""
+        both in one pass 1 where the options fold them and a decode launch would (:func:`.launch.fold_refusal`)."""
         why = None
         if self.options.fold_append:
             got = self._folded(append, k_rows, v_rows, q, kb, vb, pos, flag_in, length, q_scale) if starts is None \
@@ -254,7 +244,7 @@ class _EmulatedDecodeLaunch:
         that plan refuses the fold, why (:func:`.launch.fold_refusal`)."""
         import mlx.core as mx
 
-        from .launch import fold_combine_refusal, fold_refusal
+        from .launch import fold_refusal
 
         mx.eval(q, kb, vb, k_rows, v_rows, flag_in, *([] if q_scale is None else [q_scale]))
         whole = check_problem(q, kb, vb, length=self.l_max, **self._kw)
@@ -264,7 +254,6 @@ class _EmulatedDecodeLaunch:
         if why is not None:
             return why
         step = check_problem(q, kb, vb, length=length, **self._kw)
-        fold_combine = bool(self.options.fold_combine) and fold_combine_refusal(step, self.backend) is None
         qdt = str(q.dtype).replace("mlx.core.", "")
         rows = [np.array(mx.view(r, mx.uint16)) if append.static["QA_SRC"] else np.array(r) for r in (k_rows, v_rows)]
         B, H, S = (int(x) for x in k_rows.shape[:3])
@@ -274,9 +263,8 @@ class _EmulatedDecodeLaunch:
         out, flag = _run_emulator(q, np.asarray(kb), np.asarray(vb), step, None, plan, QTYPES[qdt], None, False,
                                   None if q_scale is None else _query_scale(q_scale, step),
                                   (append, rows[0].reshape(-1), rows[1].reshape(-1), ap, np.array(flag_in),
-                                   None if kcal is None else np.array(kcal, np.float32).reshape(-1)), fold_combine)
-        self.run_info = {"backend": self.backend, "kernel": plan.kernel, "splits": plan.splits, "fold_append": True,
-                         "fold_combine": fold_combine}
+                                   None if kcal is None else np.array(kcal, np.float32).reshape(-1)))
+        self.run_info = {"backend": self.backend, "kernel": plan.kernel, "splits": plan.splits, "fold_append": True}
         return mx.array(flag), _emulator_output(out, step, QTYPES[qdt], True)
 
     def __call__(self, q, kb, vb, length: int, after=None, sinks=None, q_scale=None, starts=None):

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .build import built, fold_combine_static, launch, param_head, static_params, tables
+from .build import built, launch, param_head, static_params, tables
 from .plan import COMBINE_THREADS, Plan, plan_cached, resolve_kernel
 from .problem import AttentionError, Problem, check_starts
 from ..decode_options import DecodeOptions
@@ -145,12 +145,11 @@ class Launches:
                         output_dtypes=[dtype], grid=self.grid2, threadgroup=(COMBINE_THREADS, 1, 1))
         return out
 
-    def launch_folded(self, k1f, append, q, kb, vb, ip1, k_rows, v_rows, params, flag_in, qsc=None, counter=None):
+    def launch_folded(self, k1f, append, q, kb, vb, ip1, k_rows, v_rows, params, flag_in, qsc=None):
         """Pass 1 with the decode step's append folded in (``k1f``: :func:`folded_pass1`'s build for
         ``append``, a :class:`~tqbridge.metal.kv_append.KVAppend` or a calibrated one; ``params`` its step
         parameters; ``qsc`` as in :meth:`launch`), then the combine pass: ``(flag, out)``, as the append and
-        :meth:`launch` give them. With ``counter`` (uint32, one per batch row and KV head, zeros; ``k1f``
-        built with ``fold_combine``) the combine runs inside that pass 1: one launch."""
+        :meth:`launch` give them."""
         import mlx.core as mx
 
         if (qsc is None) == self.qscale:
@@ -159,38 +158,21 @@ class Launches:
         B, H, S = k_rows.shape[:3]
         kt, vt = append.device_tables
         kcal = getattr(append, "kcal", None)
-        inputs = [q, kb, vb, ip1, self.fp1, self.tabs, flag_in, *(() if qsc is None else (qsc,)),
-                  k_rows, v_rows, kt, vt, params, flag_in, *(() if kcal is None else (kcal,))]
-        shapes, dtypes = self.out1 + [(append.flag_slots(B * H * S),)], [mx.float32, mx.float32, mx.uint32]
-        if counter is not None:
-            _, _, flag, out = launch(k1f, inputs=inputs + [counter], output_shapes=shapes + self.shape,
-                                     output_dtypes=dtypes + [q.dtype], grid=self.grid1, threadgroup=self.tg1)
-            return flag, out
-        po, pml, flag = launch(k1f, inputs=inputs, output_shapes=shapes, output_dtypes=dtypes, grid=self.grid1,
-                               threadgroup=self.tg1)
+        po, pml, flag = launch(k1f, inputs=[q, kb, vb, ip1, self.fp1, self.tabs, flag_in, *(() if qsc is None else (qsc,)),
+                                            k_rows, v_rows, kt, vt, params, flag_in, *(() if kcal is None else (kcal,))],
+                               output_shapes=self.out1 + [(append.flag_slots(B * H * S),)],
+                               output_dtypes=[mx.float32, mx.float32, mx.uint32], grid=self.grid1, threadgroup=self.tg1)
         return flag, self.combine(po, pml, self.zero_sinks, q.dtype)
 
 
 @lru_cache(maxsize=64)
 def folded_pass1(shape_prob: Problem, shape_plan: Plan, qtype: int, backend: str, append_static: tuple,
-                 qscale: bool = False, fold_combine: bool = False):
+                 qscale: bool = False):
     """Kernel int8-mma's pass 1 with the append folded in (static ``TQA_FOLD``), built for one call signature
     (:func:`_mlx_setup`'s) and one append's static parameters (``append_static``: its items, sorted);
-    ``qscale``: the build that multiplies q by the keys' channel scales; ``fold_combine``: the combine pass
-    folded in too (:func:`~.build.fold_combine_static`)."""
+    ``qscale``: the build that multiplies q by the keys' channel scales."""
     split_s = static_params(shape_prob, shape_plan, qtype, False, qscale)[0]
-    return built(backend, 0, qtype, {**split_s, **dict(append_static), "TQA_FOLD": 1,
-                                     **(fold_combine_static() if fold_combine else {})}, shape_plan.kernel)
-
-
-def fold_combine_refusal(prob: Problem, backend: str) -> "str | None":
-    """Why a folded pass 1 cannot take the combine pass in too (None: it can): the combine with sinks stays
-    a pass of its own, and Metal's device-scope fences (Metal 3.2) are not verified on Apple hardware."""
-    if prob.has_sinks:
-        return "the attention has sinks (the folded combine takes none)"
-    if backend == "metal":
-        return "not verified on Metal (device-scope fences between threadgroups)"
-    return None
+    return built(backend, 0, qtype, {**split_s, **dict(append_static), "TQA_FOLD": 1}, shape_plan.kernel)
 
 
 def fold_refusal(plan: Plan, l_max: int, append, k_row_bytes: int, v_row_bytes: int, backend: str) -> "str | None":
@@ -338,17 +320,14 @@ class DecodeLaunch:
         return run.launch(q, kb, vb, sinks, ip1, dep, *qsc)
 
     def with_append(self, append, k_rows, v_rows, q, kb, vb, pos: int, flag_in, length: int, q_scale=None,
-                    starts=None, counter=None):
+                    starts=None):
         """The decode step's in-place append of ``k_rows`` / ``v_rows`` at row ``pos`` (``append``: the
         cache's prepared :class:`~tqbridge.metal.kv_append.KVAppend`, ``flag_in`` its flag) and then this
         attention at ``length``, ordered after it by the append's flag: ``(flag, out)``. ``q_scale`` and
         ``starts`` as in :meth:`__call__`. Compiled launches trace it all as one function: one
         replay of three kernels per layer, with or without ``q_scale``; two where the options fold the append
-        into pass 1 and :func:`fold_refusal` finds nothing against it (``run_info["fold_append"]``); one where
-        they fold the combine too (``fold_combine``, :func:`fold_combine_refusal`), which needs ``counter``:
-        the caller's uint32 array of batch x KV heads zeros, kept for its later steps (the kernel leaves it
-        zero; one per layer, so that no two launches share one)."""
-        key = (append, q_scale is not None, counter is not None)
+        into pass 1 and :func:`fold_refusal` finds nothing against it (``run_info["fold_append"]``)."""
+        key = (append, q_scale is not None)
         got = self._with_append.get(key)
         run = self._launches(q_scale)
         if got is None:
@@ -356,36 +335,26 @@ class DecodeLaunch:
 
             why = "off in the decode options" if not self.options.fold_append \
                 else fold_refusal(self.plan, self.l_max, append, kb.shape[-1], vb.shape[-1], self.backend)
-            why_c = "off in the decode options" if not self.options.fold_combine else (
-                "the append is not folded" if why is not None else "no counter given" if counter is None
-                else fold_combine_refusal(self._prob, self.backend))
-            if why is None:   # one pass 1 that appends too, then the combine: two kernels (one with the combine)
+            if why is None:   # one pass 1 that appends too, then the combine: two kernels
                 k1f = folded_pass1(dataclasses.replace(self._prob, lengths=(), starts=()),
                                    dataclasses.replace(self.plan, splits=0, split_len=0), self._qtype, self.backend,
-                                   tuple(sorted(append.static.items())), q_scale is not None, why_c is None)
-                if why_c is None:
-                    def both(k_rows, v_rows, q, kb, vb, params, flag_in, ip1, counter, *qsc):
-                        return run.launch_folded(k1f, append, q, kb, vb, ip1, k_rows, v_rows, params, flag_in, *qsc,
-                                                 counter=counter)
-                else:
-                    def both(k_rows, v_rows, q, kb, vb, params, flag_in, ip1, *qsc):
-                        return run.launch_folded(k1f, append, q, kb, vb, ip1, k_rows, v_rows, params, flag_in, *qsc)
+                                   tuple(sorted(append.static.items())), q_scale is not None)
+
+                def both(k_rows, v_rows, q, kb, vb, params, flag_in, ip1, *qsc):
+                    return run.launch_folded(k1f, append, q, kb, vb, ip1, k_rows, v_rows, params, flag_in, *qsc)
             else:
                 def both(k_rows, v_rows, q, kb, vb, params, flag_in, ip1, *qsc):
                     flag = append.launch(k_rows, v_rows, kb, vb, params, flag_in)
                     return flag, run.launch(q, kb, vb, None, ip1, flag, *qsc)
-            got = self._with_append[key] = (mx.compile(both) if self.compiled else both, why, why_c)
-        fn, why, why_c = got
+            got = self._with_append[key] = (mx.compile(both) if self.compiled else both, why)
+        fn, why = got
         self.run_info["fold_append"] = why is None
-        self.run_info["fold_combine"] = why_c is None
-        for name, on, reason in (("fold_refused", self.options.fold_append, why),
-                                 ("fold_combine_refused", self.options.fold_combine, why_c)):
-            if on and reason is not None:
-                self.run_info[name] = reason
-            else:
-                self.run_info.pop(name, None)
+        if self.options.fold_append and why is not None:
+            self.run_info["fold_refused"] = why
+        else:
+            self.run_info.pop("fold_refused", None)
         return fn(k_rows, v_rows, q, kb, vb, append.step_params(k_rows, kb, pos, flag_in), flag_in, self.ip1(length, starts),
-                  *(() if why_c is not None else (counter,)), *(() if q_scale is None else (q_scale,)))
+                  *(() if q_scale is None else (q_scale,)))
 
 
 def clear_caches() -> None:

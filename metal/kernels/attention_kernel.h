@@ -265,22 +265,6 @@ TQ_FUNC void tqa_rotate_simd(TQ_SHARED float* x, const int group, TQ_CONST_DEVIC
     }
 }
 
-// A merged output row of DV values in threadgroup memory rotated back (V's rotation group vrot, 0: none):
-// by the first SIMD group in registers where the row is 32 x a power of 2 up to 8 values, else by the
-// threadgroup (nthreads threads, each calls it). The combine pass and kernel int8-mma's folded combine.
-TQ_FUNC void tqa_rotate_back_row(TQ_SHARED float* x, const int vrot, TQ_CONST_DEVICE float* tabs, const uint tid,
-                                 const uint nthreads) {
-    constexpr int RVPL = TQA_DV / 32;
-    constexpr bool SIMD_ROT = TQA_DV % 32 == 0 && RVPL >= 1 && RVPL <= 8 && (RVPL & (RVPL - 1)) == 0;
-    if (vrot && SIMD_ROT) {
-        if (tid < 32u)
-            tqa_rotate_simd<SIMD_ROT ? RVPL : 1>(x, vrot, tabs + TQA_TAB_VS2, tabs + TQA_TAB_VS1, tabs[TQA_TAB_VSCALE], tid);
-        tq_barrier();
-    } else if (vrot) {
-        tqa_rotate(x, TQA_DV, vrot, tabs + TQA_TAB_VS2, tabs + TQA_TAB_VS1, tabs[TQA_TAB_VSCALE], tid, nthreads);
-    }
-}
-
 // ----- kernel int8-mma (attention_kernel_split_int8_mma.cpp) -----
 
 // P is scaled by 2^15 before it is rounded to binary16 (weights in [0, 1] stay normal numbers down

@@ -52,39 +52,47 @@ const float sink = has_sinks ? sinks[hq] : TQA_NEG_BIG;
 if (has_sinks && sink > mx) mx = sink;
 // weights of the partials and the softmax denominator (same layout)
 float dp = 0.0f;
-if ((int)tid < np) { const float w = tq_exp(m0 - mx); wsh[tid] = w; dp = tq_mul(l0, w); }
+if ((int)tid < np) { const float w = tq_exp(m0 - mx); wsh[tid] = w; dp = l0 * w; }
 if (!one) {
     for (int i = (int)tid + TQA_NT; i < np; i += TQA_NT) {
         const float w = tq_exp(pml[(base + i) * 2] - mx);
         wsh[i] = w;
-        dp = tq_add(dp, tq_mul(pml[(base + i) * 2 + 1], w));
+        dp += pml[(base + i) * 2 + 1] * w;
     }
 }
 dp = tq_simd_sum(dp);
 if (lane == 0u) sg_den[sg] = dp;
 tq_barrier();
 float den = 0.0f;
-for (int w = 0; w < NSG; ++w) den = tq_add(den, sg_den[w]);
-den = tq_add(den, has_sinks ? tq_exp(sink - mx) : 0.0f);
+for (int w = 0; w < NSG; ++w) den += sg_den[w];
+den += has_sinks ? tq_exp(sink - mx) : 0.0f;
 // weighted sum of the partial outputs: PG groups of threads split the partials, then add up
 if (summer) {
     float a0 = 0.0f, a1 = 0.0f;
     TQ_UNROLL
     for (int j = 0; j < PR; j += 2) {
         const int i = g + j * PG;
-        if (i < np) a0 = tq_add(a0, tq_mul(pv[j], wsh[i]));
-        if (i + PG < np) a1 = tq_add(a1, tq_mul(pv[j + 1], wsh[i + PG]));
+        if (i < np) a0 += pv[j] * wsh[i];
+        if (i + PG < np) a1 += pv[j + 1] * wsh[i + PG];
     }
-    for (int i = g + PR * PG; i < np; i += PG) a0 = tq_add(a0, tq_mul(po[(base + i) * TQA_DV + dcol], wsh[i]));
-    red[tid] = tq_add(a0, a1);
+    for (int i = g + PR * PG; i < np; i += PG) a0 += po[(base + i) * TQA_DV + dcol] * wsh[i];
+    red[tid] = a0 + a1;
 }
 tq_barrier();
 if ((int)tid < TQA_DV) {
     float a = 0.0f;
-    for (int gg = 0; gg < PG; ++gg) a = tq_add(a, red[gg * TQA_DV + (int)tid]);
-    osh[tid] = den > 0.0f ? tq_div(a, den) : 0.0f;
+    for (int gg = 0; gg < PG; ++gg) a += red[gg * TQA_DV + (int)tid];
+    osh[tid] = den > 0.0f ? a / den : 0.0f;
 }
 tq_barrier();
-// the rotation back (attention_kernel.h)
-tqa_rotate_back_row(osh, vrot, tabs, tid, (uint)TQA_NT);
+// the rotation back: by SIMD group 0 in registers where the row is 32 x a power of 2 up to 8 values
+// (bit-identical to tqa_rotate, without its barrier per stage), else by the threadgroup
+constexpr int RVPL = TQA_DV / 32;
+constexpr bool SIMD_ROT = TQA_DV % 32 == 0 && RVPL >= 1 && RVPL <= 8 && (RVPL & (RVPL - 1)) == 0;
+if (vrot && SIMD_ROT) {
+    if (sg == 0u) tqa_rotate_simd<SIMD_ROT ? RVPL : 1>(osh, vrot, tabs + TQA_TAB_VS2, tabs + TQA_TAB_VS1, tabs[TQA_TAB_VSCALE], lane);
+    tq_barrier();
+} else if (vrot) {
+    tqa_rotate(osh, TQA_DV, vrot, tabs + TQA_TAB_VS2, tabs + TQA_TAB_VS1, tabs[TQA_TAB_VSCALE], tid, (uint)TQA_NT);
+}
 for (int d = (int)tid; d < TQA_D; d += TQA_NT) TQA_OUT(out)[(size_t)row * TQA_D + d] = TQA_QSTORE(osh[d]);

@@ -81,11 +81,6 @@ template <typename T> inline T simd(int op, T v, uint arg, int line) {
 #define tq_barrier_device() tqemu::sync_barrier(__LINE__)
 // the SIMD group's lanes meet (a SIMD op without a value): a scheduling point like any other
 #define tq_simd_barrier() ((void)tqemu::simd(tqemu::OP_MAX, 0u, 0u, __LINE__))
-// device-wide ordering and a device atomic (prelude_cuda.h): threadgroups run one after another here, in a
-// seeded random order, so a plain read-modify-write is atomic and the fence has nothing to order
-#define tq_fence_device() ((void)0)
-TQ_FUNC uint tq_atomic_add(uint* p, uint v) { const uint old = *p; *p = old + v; return old; }
-#define tq_ld_l2(p) (*(p))
 #define TQ_SHARED_ARRAY(T, name, n) T* name = (T*)tqemu::shared_alloc(sizeof(T) * (size_t)(n), alignof(T), __LINE__)
 // dynamic threadgroup memory (TQ_DSMEM bytes): from the same arena, under the same limit
 #define TQ_DYN_SHARED_ARRAY(T, name) T* name = (T*)tqemu::shared_alloc((size_t)(TQ_DSMEM), 16, __LINE__)

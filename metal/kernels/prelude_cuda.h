@@ -51,13 +51,6 @@ TQ_FUNC uint tq_simd_sum(uint v) { for (int o = 16; o > 0; o >>= 1) v = v + __sh
 #define tq_barrier_device() __syncthreads()
 // one SIMD group's lanes meet; their threadgroup-memory writes before it are visible to each other after
 #define tq_simd_barrier() __syncwarp()
-// device-wide ordering for threadgroups that hand results to each other within one launch (kernel int8-mma's
-// folded combine): the calling thread's device-memory writes before it are visible to every thread that
-// sees its later writes or atomics; tq_atomic_add returns the old value of *p (a uint in device memory)
-#define tq_fence_device() __threadfence()
-#define tq_atomic_add(p, v) atomicAdd((p), (v))
-// a load another threadgroup of this launch wrote (after the fences above): from L2, past this SM's L1
-#define tq_ld_l2(p) __ldcg(p)
 #define TQ_SHARED_ARRAY(T, name, n) __shared__ T name[n]
 // the kernel's dynamic threadgroup memory (TQ_DSMEM bytes, a static parameter the launch requests): one
 // array per kernel; CUDA's static shared memory stops at 48 KB, the dynamic one may go beyond

@@ -49,11 +49,6 @@ TQ_FUNC uint tq_simd_sum(uint v) { for (ushort o = 16; o > 0; o >>= 1) v = v + s
 #define tq_barrier() threadgroup_barrier(mem_flags::mem_threadgroup)
 #define tq_barrier_device() threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup)
 #define tq_simd_barrier() simdgroup_barrier(mem_flags::mem_threadgroup)
-// device-wide ordering between threadgroups of one launch and a device atomic (prelude_cuda.h); macros, so
-// only the builds that use them (kernel int8-mma's folded combine, a CUDA plan) need Metal 3.2's fences
-#define tq_fence_device() atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst, thread_scope_device)
-#define tq_atomic_add(p, v) atomic_fetch_add_explicit((device atomic_uint*)(p), (v), memory_order_relaxed)
-#define tq_ld_l2(p) (*(p))
 #define TQ_SHARED_ARRAY(T, name, n) threadgroup T name[n]
 // MLX's Metal kernels take no dynamic threadgroup memory: a kernel built with TQ_DSMEM fails here, loudly
 #define TQ_DYN_SHARED_ARRAY(T, name) static_assert(false, "no dynamic threadgroup memory on Metal (TQ_DSMEM)")

@@ -454,7 +454,7 @@ def plan_label(row: dict) -> str:
         if k.get("q_precision"):
             parts.append(f"q {k['q_precision']}")
         if k.get("fold_append"):
-            parts.append("append and combine in pass 1" if k.get("fold_combine") else "append in pass 1")
+            parts.append("append in pass 1")
         return ", ".join(parts)
     return str(k)
 

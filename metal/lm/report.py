@@ -12,15 +12,14 @@ from .cache import BatchTQCache, TQCache
 __all__ = ["cache_report", "paths_line"]
 
 _KERNEL_INFO = ("backend", "kernel", "q_precision", "v_decode", "chunks", "stages", "dyn_smem", "warps", "tile",
-                "dispatches", "splits", "compiled", "fused_append", "fold_append", "fold_refused", "fold_combine",
-                "fold_combine_refused", "device_params", "device_consts")
+                "dispatches", "splits", "compiled", "fused_append", "fold_append", "fold_refused", "device_params",
+                "device_consts")
 
 
 def _kernel_info(launch) -> "dict | None":
     """What a layer's prepared decode attention runs (its plan: backend, kernel, q precision, V decode,
     int8-mma's chunks / stages / dynamic memory, SIMD groups and tile, dispatches, splits, whether under
-    mx.compile, whether the step's append runs in its call and, there, inside pass 1 (or why not), whether the
-    combine pass runs inside that pass 1 too (or why not), whether its
+    mx.compile, whether the step's append runs in its call and, there, inside pass 1 (or why not), whether its
     per-step ints are device views and its constants device copies), None
     before the layer's first decode step on a kernel lane."""
     info = getattr(launch, "run_info", None)
@@ -48,10 +47,6 @@ def _kernel_words(info: dict) -> str:
         words.append("append fused into pass 1" if info.get("fold_append") else "append fused")
     if info.get("fold_refused"):
         words.append(f"(not into pass 1: {info['fold_refused']})")
-    if info.get("fold_combine"):
-        words.append("combine in pass 1")
-    if info.get("fold_combine_refused"):
-        words.append(f"(combine not in pass 1: {info['fold_combine_refused']})")
     if info.get("device_params"):
         words.append("device params")
     if info.get("device_consts"):
