@@ -599,18 +599,16 @@ def test_the_fused_batch_step_equals_mlx_lms_attention_on_the_same_rows(kf, vf):
     assert err <= FUSED_VS_OPS_RTOL * scale, (err, scale)
 
 
-
 def test_the_cache_report_names_a_batchs_layers(cpu_device):
     """cache_report / paths_line on a batch's layers (what bench serve records): the pair, the batch size and
     the paths its steps ran (here the emulated lane: the in-place append, the fused kernel), not "float"."""
+    from tqbridge.metal.backend import emulate_decode_lane
     from tqbridge.metal.lm.report import cache_report, paths_line
 
     m = tiny_llama()
     paths = batch_paths(m, "q8_0/turbo3")
     assert paths.get("decode:cpu-emulator") == 2, paths
     install_cache(m, "q8_0/turbo3")
-    from tqbridge.metal.backend import emulate_decode_lane
-
     with emulate_decode_lane(), route_attention("auto"):
         _, batch = prefill_and_merge(m, [tokens(n, seed=s)[0].tolist() for n, s in PROMPTS])
         mx.eval(m(mx.array([[1]] * len(PROMPTS)), cache=batch))
