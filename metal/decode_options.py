@@ -51,12 +51,6 @@ FOLD_APPEND_BACKENDS = ("cuda",)
 INT8_MMA_CHUNKS = (1, 2)
 INT8_MMA_DEFAULT_CHUNKS = {"cuda": 2}
 
-# kernel int8-mma's L2 prefetch where the options leave it to the planner: tiles of keys beyond the copy ring a
-# threadgroup asks the L2 cache to fetch ahead (CUDA sm_90's bulk prefetch; a no-op elsewhere): 0 (off) until
-# measured better
-INT8_MMA_MAX_PREFETCH = 8
-INT8_MMA_DEFAULT_PREFETCH = {"cuda": 0}
-
 V_DECODES = ("fast", "generic")   # kernel int8-mma's V decode: the fastest path that applies, or the generic decoder
 
 # Threadgroups per compute unit the GPU plans aim for (H200: 132 SMs). lanes: 8 per SM; tiles: 10 (5 resident,
@@ -90,8 +84,6 @@ class DecodeOptions:
       run (see the backend tables above).
     - ``chunks``: kernel int8-mma's 16-key chunks per SIMD-group step (1 or 2).
     - ``target_groups``: pass-1 threadgroups a GPU plan aims for (instead of per-unit targets).
-    - ``prefetch``: kernel int8-mma's tiles of keys prefetched into the L2 cache beyond its copy ring
-      (0 to 8; 0 off; CUDA sm_90 and later, a no-op elsewhere).
     - ``v_decode``: ``"fast"`` (the byte-permute decoders where they apply) or ``"generic"`` (the
       per-value decoder for every format: bit-identical, the fast paths' reference).
     - ``dynamic_shared``: kernel int8-mma declares its staging area as dynamic threadgroup memory even where
@@ -106,7 +98,6 @@ class DecodeOptions:
     fold_append: "bool | None" = None
     chunks: "int | None" = None
     target_groups: "int | None" = None
-    prefetch: "int | None" = None
     v_decode: str = "fast"
     dynamic_shared: bool = False
 
@@ -124,10 +115,6 @@ class DecodeOptions:
         if self.target_groups is not None and (isinstance(self.target_groups, bool)
                                                or not isinstance(self.target_groups, int) or self.target_groups < 1):
             raise AttentionError(f"DecodeOptions.target_groups must be a positive int; got {self.target_groups!r}")
-        if self.prefetch is not None and (isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int)
-                                          or not 0 <= self.prefetch <= INT8_MMA_MAX_PREFETCH):
-            raise AttentionError(f"DecodeOptions.prefetch must be an int from 0 to {INT8_MMA_MAX_PREFETCH}; "
-                                 f"got {self.prefetch!r}")
         if self.v_decode not in V_DECODES:
             raise AttentionError(f"DecodeOptions.v_decode must be one of {', '.join(V_DECODES)}; got {self.v_decode!r}")
 
@@ -165,10 +152,9 @@ class DecodeOptions:
                 if raw not in ("0", "1"):
                     raise AttentionError(f"decode option {name}={raw!r}: 0 or 1")
                 values[name] = raw == "1"
-            elif name in ("chunks", "target_groups", "prefetch"):
+            elif name in ("chunks", "target_groups"):
                 if not raw.isdigit():
-                    kind = "non-negative" if name == "prefetch" else "positive"
-                    raise AttentionError(f"decode option {name}={raw!r}: a {kind} integer")
+                    raise AttentionError(f"decode option {name}={raw!r}: a positive integer")
                 values[name] = int(raw)
             else:
                 values[name] = raw

@@ -261,8 +261,7 @@ def _attention_context(mx, bench, ctx, kf, vf, backend, configs, regimes, measur
             rec = last_run()
             checked(tag, lambda: fused(ctx, kern, lpk, nw, un, ch, layers=1), rec.get("q_precision"))
             row[tag + "_plan"] = {k: rec.get(k) for k in ("kernel", "splits", "lanes_per_key", "warps", "tile",
-                                                          "dispatches", "q_precision", "chunks", "stages", "prefetch",
-                                                          "dyn_smem")
+                                                          "dispatches", "q_precision", "chunks", "stages", "dyn_smem")
                                   if k in rec}
             for regime in regimes:
                 timed(tag, lambda n: fused(n, kern, lpk, nw, un, ch), regime)
@@ -272,8 +271,8 @@ def _attention_context(mx, bench, ctx, kf, vf, backend, configs, regimes, measur
     if launch is not None and "growing" in regimes:
         info = getattr(launch, "run_info", None) or {"backend": launch.backend}
         row["cache_path_plan"] = {k: info[k] for k in ("backend", "kernel", "splits", "warps", "tile", "dispatches",
-                                                       "q_precision", "v_decode", "chunks", "stages", "prefetch",
-                                                       "dyn_smem", "compiled", "device_params", "device_consts")
+                                                       "q_precision", "v_decode", "chunks", "stages", "dyn_smem",
+                                                       "compiled", "device_params", "device_consts")
                                  if k in info}
         checked("cache_path", lambda: launch(q0[:, :, 0], kb[0], vb[0], ctx), info.get("q_precision"))
         timed("cache_path", cache_path, "growing")
@@ -338,8 +337,7 @@ def _variant_rounds(mx, bench, ctx, row, q0, kb, vb, kf, vf, backend, sdpa, chec
             entry = {"variant": i, "options": opts.label(), "round": rnd, "wall_us": wall, "build_us": build,
                      "pipelined_us": profiling.pipelined_wall(mx, chain, lengths, nl),
                      "plan": {k: info[k] for k in ("kernel", "splits", "dispatches", "q_precision", "v_decode", "chunks",
-                                                   "stages", "prefetch", "compiled", "device_params", "device_consts")
-                              if k in info},
+                                                   "stages", "compiled", "device_params", "device_consts") if k in info},
                      "wrong": bool(row.get(tag + "_wrong"))}
             if measure_device:
                 entry["device_us"] = profiling.device_us_per_call(

@@ -66,7 +66,7 @@ def static_params(prob: Problem, plan: Plan, qtype: int, dyn: bool,
         split.update(TQA_KM=int(prob.k_format.layout.has_m),   # q4_1 / q5_1: a minimum m per block
                      TQA_VB=turbo_index_bits(prob.v_format),
                      TQA_STB=int8_mma_stage_bytes(prob, plan.warps, tile, plan.stages), TQA_NS=plan.stages,
-                     TQA_KC=plan.chunks, TQ_DSMEM=plan.dyn_smem, TQA_PF=plan.prefetch,
+                     TQA_KC=plan.chunks, TQ_DSMEM=plan.dyn_smem,
                      TQA_V23=int(plan.v_decode == "turbo-permute"), TQA_VCODE=int(plan.v_decode == "codes-permute"))
     elif plan.kernel == "tiles":
         split.update(TQA_QA=plan.rows_room or rows_room(prob, dyn), TQA_KS=tiles_key_slots(prob))

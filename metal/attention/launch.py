@@ -224,8 +224,7 @@ def int8_mma_report(plan: Plan) -> dict:
     """What a run record and ``run_info`` say of an int8-mma build (None for the other kernels)."""
     mma = plan.kernel == "int8-mma"
     return dict(v_decode=plan.v_decode if mma else None, chunks=plan.chunks if mma else None,
-                stages=plan.stages if mma else None, dyn_smem=plan.dyn_smem if mma else None,
-                prefetch=plan.prefetch if mma else None)
+                stages=plan.stages if mma else None, dyn_smem=plan.dyn_smem if mma else None)
 
 
 class DecodeLaunch:

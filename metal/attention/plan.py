@@ -30,8 +30,7 @@ from .formats import format_params
 from .problem import AttentionError, Problem, kernel_name
 from ..decode_options import (DEFAULT_OPTIONS, DEFAULT_Q_PRECISION, FILL_PER_UNIT_TILES, GROUPS_PER_UNIT_INT8_MMA,
                              GROUPS_PER_UNIT_INT8_MMA_LONG, GROUPS_PER_UNIT_LANES, GROUPS_PER_UNIT_TILES,
-                             INT8_DEFAULT_MAX_V_BITS, INT8_MMA_CHUNKS, INT8_MMA_DEFAULT_CHUNKS,
-                             INT8_MMA_DEFAULT_PREFETCH, INT8_MMA_LONG_SPLIT_KEYS,
+                             INT8_DEFAULT_MAX_V_BITS, INT8_MMA_CHUNKS, INT8_MMA_DEFAULT_CHUNKS, INT8_MMA_LONG_SPLIT_KEYS,
                              DecodeOptions, compute_units, resident_groups)
 
 MAX_PARTIALS = 1024          # pass 2 keeps one weight per partial in threadgroup memory
@@ -78,7 +77,6 @@ class Plan:
     chunks: int = 1           # int8-mma: 16-key chunks a SIMD group takes per online-softmax step (TQA_KC)
     dyn_smem: int = 0         # int8-mma: bytes of dynamic threadgroup memory for the staging area (TQ_DSMEM; 0: static)
     v_decode: str = ""        # int8-mma: how V rows become fragments (:func:`int8_mma_v_decode`)
-    prefetch: int = 0         # int8-mma: tiles prefetched into L2 beyond the copy ring (TQA_PF)
 
     dispatches = 2            # pass 1 and the combine pass
 
@@ -438,8 +436,7 @@ def _make_plan_int8_mma(prob: Problem, backend: str, splits, warps, tile, chunks
     if dyn:
         stb = -(-int8_mma_stage_bytes(prob, nw, tl, ns) // 16) * 16
         dsmem = stb if backend != "cuda" else max(stb, DSMEM_MIN)
-    pf = opts.prefetch if opts.prefetch is not None else INT8_MMA_DEFAULT_PREFETCH.get(backend, 0)
-    return Plan(1, nw, splits, split_len, tl, "int8-mma", INT8_MMA_MAX_ROWS, ns, kc, dsmem, v_decode, pf)
+    return Plan(1, nw, splits, split_len, tl, "int8-mma", INT8_MMA_MAX_ROWS, ns, kc, dsmem, v_decode)
 
 
 def resolve_kernel(prob: Problem, backend: str, kernel: "str | None", q_precision: "str | None") -> "str | None":

@@ -57,7 +57,6 @@ class RunRecord:
     chunks: "int | None" = None     # int8-mma: 16-key chunks per SIMD-group step (attention_plan.Plan.chunks)
     stages: "int | None" = None     # int8-mma: tiles in the copy ring (attention_plan.Plan.stages)
     dyn_smem: "int | None" = None   # int8-mma: bytes of dynamic threadgroup memory (0: static; Plan.dyn_smem)
-    prefetch: "int | None" = None   # int8-mma: tiles prefetched into L2 past the copy ring (Plan.prefetch)
     compiled: "bool | None" = None  # a prepared decode launch: whether it ran under mx.compile (COMPILE_BACKENDS)
     device_params: "bool | None" = None   # its per-step ints as views of a device table (DecodeOptions.device_params)
     device_consts: "bool | None" = None   # its constant inputs as device copies of >= 16 bytes (DecodeOptions.device_consts)

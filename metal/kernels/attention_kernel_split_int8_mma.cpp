@@ -21,8 +21,7 @@
 // Compile-time (each name prefixed TQA_): as tiles (KF VF KBB VBB KGRP VGRP KQS VQS KSG VSG DK DV D G
 // T NW TILE KTB VTB KROT VROT QTYPE QSC; buffers as theirs), KM (K has an offset m: q8_1 q), STB (bytes of the staging /
 // merge area), VB (turbo V: bits per index, 2 / 3 / 4; 0: another V format), V23 / VCODE (1: the byte-permute
-// decodes of turbo2 / turbo3 and of q4_0 / q5_0 / q8_0 where they apply; attention_kernel.int8_mma_v_decode), NS (tiles in the copy ring), KC (16-key chunks per SIMD-group step), PF (tiles prefetched into L2 past the
-// ring: tqa_prefetch_tile). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
+// decodes of turbo2 / turbo3 and of q4_0 / q5_0 / q8_0 where they apply; attention_kernel.int8_mma_v_decode), NS (tiles in the copy ring), KC (16-key chunks per SIMD-group step). K formats: q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (32-value blocks); V: any block format
 // whose values fit binary16, or f16; G*T <= 8; DK % 32 == 0; DV % 64 == 0. No TQA_DYN build.
 const int kf = TQA_KF, vf = TQA_VF, kbb = TQA_KBB, vbb = TQA_VBB, vgrp = TQA_VGRP;
 const int vqs = TQA_VQS, vsg = TQA_VSG, krot = TQA_KROT;
@@ -173,10 +172,6 @@ for (int x = (int)tid; x < 8 * TQA_DK; x += NT) {
 // the ring's first NS - 1 tiles (see the prologue's note above)
 tqa_stage_ring_head<TQA_TILE, KRB, VRB, TQA_KTB, TQA_VTB, NT, TQA_NS>(stage, kb, koff, vb, voff, first, end,
                                                                                stage16, tid);
-// TQA_PF tiles past the ring asked of the L2 cache (tqa_prefetch_tile); the key loop then asks for one more per tile
-constexpr uint PF_TV = NT > 32 ? 32u : 0u;   // the V side's thread: lane 0 of the second SIMD group where there is one
-for (int j = 0; j < TQA_PF; ++j)
-    tqa_prefetch_tile<TQA_TILE, KRB, VRB>(kb, koff, vb, voff, first + (TQA_NS - 1 + j) * TQA_TILE, end, tid, 0u, PF_TV);
 tq_barrier();
 if (krot) tqa_rotate(qf, 8 * TQA_DK, krot, tabs + TQA_TAB_KS1, tabs + TQA_TAB_KS2, tabs[TQA_TAB_KSCALE], tid, (uint)NT);
 // q to int8 per 32 values, as ggml's quantize_row_q8_0_ref / q8_1_ref. A block's slot j holds value
@@ -260,8 +255,6 @@ for (int t0 = first; t0 < end; t0 += TQA_TILE) {   // uniform across the threadg
                                                                  koff, vb, voff, t1,
                                                                  end - t1 < TQA_TILE ? end - t1 : TQA_TILE, stage16, tid);
     tq_cp_commit();
-    if (TQA_PF > 0)
-        tqa_prefetch_tile<TQA_TILE, KRB, VRB>(kb, koff, vb, voff, t1 + TQA_PF * TQA_TILE, end, tid, 0u, PF_TV);
     TQ_SHARED const uchar* kts = (TQ_SHARED const uchar*)(stage + buf * HALF);
     TQ_SHARED const uchar* vts = kts + TQA_KTB;
     // TQA_KC chunks of 16 keys per step of a SIMD group (kc = k0, k0 + 16, ..): their scores, one online-softmax

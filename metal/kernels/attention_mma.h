@@ -134,33 +134,6 @@ TQ_FUNC bool tq_aligned16_shared(TQ_SHARED const void* p) { (void)p; return fals
 #endif
 #endif
 
-// The L2 prefetch of one tile of keys (kernel int8-mma's TQA_PF): rows ts .. min(ts + TILE, end) - 1 of the K and
-// V row blocks at koff / voff, asked of the L2 cache ahead of their copies into threadgroup memory, so that more
-// bytes are on their way from DRAM than the copy ring holds. CUDA sm_90 and later: one bulk prefetch per side
-// (cp.async.bulk.prefetch.L2: thread tid_k the K rows, tid_v the V rows), each range rounded inward to 16 bytes
-// as the instruction needs; no thread waits for it and it changes no result. Elsewhere a no-op.
-#if defined(TQ_BACKEND_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-TQ_FUNC void tq_prefetch_l2_inward(TQ_CONST_DEVICE uchar* p, size_t n) {
-    const size_t a = ((size_t)p + 15u) & ~(size_t)15u, e = ((size_t)p + n) & ~(size_t)15u;
-    if (e > a)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(a), "r"((unsigned)(e - a)) : "memory");
-}
-template <int TILE, int KRB, int VRB>
-TQ_FUNC void tqa_prefetch_tile(TQ_CONST_DEVICE uchar* kb, size_t koff, TQ_CONST_DEVICE uchar* vb, size_t voff, int ts,
-                               int end, uint tid, uint tid_k, uint tid_v) {
-    if (ts >= end) return;
-    const size_t n = (size_t)(end - ts < TILE ? end - ts : TILE);
-    if (tid == tid_k) tq_prefetch_l2_inward(kb + koff + (size_t)ts * (size_t)KRB, n * (size_t)KRB);
-    if (tid == tid_v) tq_prefetch_l2_inward(vb + voff + (size_t)ts * (size_t)VRB, n * (size_t)VRB);
-}
-#else
-template <int TILE, int KRB, int VRB>
-TQ_FUNC void tqa_prefetch_tile(TQ_CONST_DEVICE uchar* kb, size_t koff, TQ_CONST_DEVICE uchar* vb, size_t voff, int ts,
-                               int end, uint tid, uint tid_k, uint tid_v) {
-    (void)kb; (void)koff; (void)vb; (void)voff; (void)ts; (void)end; (void)tid; (void)tid_k; (void)tid_v;
-}
-#endif
-
 // Stage one whole tile of NBYTES (a multiple of 16) from 16-aligned device memory into 16-aligned
 // threadgroup words, all NT threads together, asynchronously: NBYTES / 16 copies of 16 bytes, thread
 // tid taking copies tid, tid + NT, ..; the trip count is static, so the loop unrolls into straight

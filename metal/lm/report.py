@@ -11,8 +11,8 @@ from .cache import BatchTQCache, TQCache
 
 __all__ = ["cache_report", "paths_line"]
 
-_KERNEL_INFO = ("backend", "kernel", "q_precision", "v_decode", "chunks", "stages", "prefetch", "dyn_smem", "warps",
-                "tile", "dispatches", "splits", "compiled", "fused_append", "fold_append", "fold_refused", "device_params",
+_KERNEL_INFO = ("backend", "kernel", "q_precision", "v_decode", "chunks", "stages", "dyn_smem", "warps", "tile",
+                "dispatches", "splits", "compiled", "fused_append", "fold_append", "fold_refused", "device_params",
                 "device_consts")
 
 
@@ -39,8 +39,6 @@ def _kernel_words(info: dict) -> str:
         words.append(f"{info['chunks']} chunk{'s' if info['chunks'] != 1 else ''}")
     if info.get("stages"):
         words.append(f"{info['stages']} stages")
-    if info.get("prefetch"):
-        words.append(f"{info['prefetch']} tiles prefetched")
     if "dispatches" in info:
         words.append(f"{info['dispatches']} dispatch{'es' if info['dispatches'] != 1 else ''}")
     if info.get("compiled"):
