@@ -56,3 +56,11 @@ def test_token_breakdown_per_token():
     assert got["span_ms"] == round((860.0 - 200.0) / 7 / 1e3, 4)
     assert got["gap_ms"] == round((660.0 - 420.0) / 7 / 1e3, 4)
     assert got["wall_ms"] == pytest.approx(0.1) and got["unprofiled_wall_ms"] == pytest.approx(0.2)
+
+
+def test_ceilings_issue_formula_and_busy():
+    """fp16: 12 ms busy, 6 of them attention; the cache: 8 ms of other kernels summed (overlaps in full),
+    2 GB of KV at 1 TB/s (2 ms): issue 49's ceiling (8 + 6) / (8 + 2) = 1.4, the busy one 12 / (6 + 2) = 1.5."""
+    fp = {"busy_ms": 12.0, "attention_ms": 6.0}
+    row = {"kv_bytes": 2e9, "other_ms": 8.0}
+    assert tl.ceilings(row, fp, 1e12) == {"ceiling": 1.4, "ceiling_busy": 1.5}
