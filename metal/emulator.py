@@ -10,6 +10,7 @@ fails if any output differs (a race). See emu_runtime.h for the scheduling.
 
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import os
 import shutil
@@ -72,6 +73,46 @@ def _aligned(nbytes: int, fill: "int | np.ndarray") -> tuple[np.ndarray, int]:
     return buf, buf.ctypes.data + GUARD
 
 
+def _launch_symbol(lib: Path):
+    """``lib``'s entry point ``tq_emu_launch`` (holding the library in ``._lib``), or None where the file
+    loads without it or does not load."""
+    try:
+        dll = ctypes.CDLL(str(lib))
+    except OSError:
+        return None
+    try:
+        fn = dll.tq_emu_launch
+    except AttributeError:
+        _ctypes.dlclose(dll._handle)   # else a rebuilt file at the same path would load as this handle again
+        return None
+    fn._lib = dll
+    return fn
+
+
+def _build(name: str, src: str, cxx: str, flags: list, srcfile: Path, lib: Path) -> None:
+    """Compile ``src`` into ``lib``. Processes building the same library at once each compile a source
+    file of their own and rename their result over ``lib`` (the last rename wins; every one is whole):
+    no compiler reads a file another build is writing (one that did read a truncated source built a
+    library without its entry point, and the cache kept it). ``srcfile``: the source, kept for reading."""
+    d = lib.parent
+    fd, tmp_src = tempfile.mkstemp(prefix=f".{srcfile.name}.", suffix=".cpp", dir=d)
+    with os.fdopen(fd, "w") as f:
+        f.write(src)
+    fd, tmp = tempfile.mkstemp(prefix=f".{lib.name}.", suffix=".so", dir=d)
+    os.close(fd)
+    try:
+        proc = subprocess.run([cxx, *flags, tmp_src, "-o", tmp], capture_output=True, text=True)
+        os.replace(tmp_src, srcfile)
+        if proc.returncode != 0:
+            msg = "\n".join((proc.stderr or proc.stdout).replace(tmp_src, str(srcfile)).splitlines()[:40])
+            raise EmulatorError(f"kernel {name}: the C++ compiler failed on {srcfile}:\n{msg}")
+        os.replace(tmp, lib)
+    finally:
+        for t in (tmp_src, tmp):
+            if os.path.exists(t):
+                os.unlink(t)
+
+
 class EmulatedKernel:
     """A kernel compiled for the emulator (one static-parameter set)."""
 
@@ -89,19 +130,13 @@ class EmulatedKernel:
         d = cache_dir()
         d.mkdir(parents=True, exist_ok=True)
         lib = d / f"{kernel.name}-{key}.so"
-        if not lib.exists():
-            srcfile = d / f"{kernel.name}-{key}.cpp"
-            srcfile.write_text(src)
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
-            os.close(fd)
-            proc = subprocess.run([cxx, *flags, str(srcfile), "-o", tmp], capture_output=True, text=True)
-            if proc.returncode != 0:
-                os.unlink(tmp)
-                msg = "\n".join((proc.stderr or proc.stdout).splitlines()[:40])
-                raise EmulatorError(f"kernel {kernel.name}: the C++ compiler failed on {srcfile}:\n{msg}")
-            os.replace(tmp, lib)
-        self._lib = ctypes.CDLL(str(lib))
-        fn = self._lib.tq_emu_launch
+        fn = _launch_symbol(lib) if lib.exists() else None
+        if fn is None:   # not built yet, or a library without the entry point (left by an older build)
+            _build(kernel.name, src, cxx, flags, d / f"{kernel.name}-{key}.cpp", lib)
+            fn = _launch_symbol(lib)
+            if fn is None:
+                raise EmulatorError(f"kernel {kernel.name}: {lib} has no tq_emu_launch after a build")
+        self._lib = fn._lib
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint, ctypes.c_uint,
                        ctypes.c_uint, ctypes.c_uint, ctypes.c_ulonglong, ctypes.c_char_p, ctypes.c_int]

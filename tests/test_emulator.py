@@ -300,3 +300,52 @@ def test_metal_source_is_well_formed(tmp_path):
         assert proc.returncode == 0, f"{kern.name} {static}:\n{proc.stderr[:3000]}"
     # the check bites: a CUDA-only spelling is not Metal
     assert check(Kernel("cuda_only", X, Y, "__syncthreads(); y[tq_tid] = x[tq_tid];"), {}).returncode != 0
+
+
+def test_a_build_never_compiles_a_source_another_build_is_writing(tmp_path, monkeypatch):
+    """Processes building one kernel at once (pytest-xdist workers, campaign workers): while one compiles,
+    another rewrites the kernel's source file in the cache, and writing a file truncates it first. Played
+    here in order: each compile starts just after every kept source in the cache was truncated. The build
+    must still load and give the exact answer (compiling the shared file built an empty library, which
+    the cache then kept: AttributeError on every later use)."""
+    from tqbridge.metal import emulator
+
+    monkeypatch.setenv("TQBRIDGE_CACHE", str(tmp_path))
+    real = emulator.subprocess.run
+
+    def racing(cmd, *a, **kw):
+        for f in (tmp_path / "emu").glob("*.cpp"):
+            if not f.name.startswith("."):
+                f.write_text("")
+        return real(cmd, *a, **kw)
+
+    monkeypatch.setattr(emulator.subprocess, "run", racing)
+    x = _x(256 * 2, 3)
+    (y,) = EmulatedKernel(Kernel("race_probe", X, Y, REVERSE_SUM), {})([x], [x.shape], (2, 1, 1), 256)
+    want = _butterfly(x.reshape(2, 256)[:, ::-1].reshape(2, 8, 32), np.add).reshape(-1)
+    assert np.array_equal(y.view(np.uint32), want.view(np.uint32))
+    kept = [f for f in (tmp_path / "emu").glob("race_probe-*.cpp")]
+    assert len(kept) == 1 and "tq_emu_launch" in kept[0].read_text()
+    assert not [f for f in (tmp_path / "emu").iterdir() if f.name.startswith(".")], "temporary files left"
+
+
+def test_a_cached_library_without_its_entry_point_is_rebuilt(tmp_path, monkeypatch):
+    """A library under the cache's name that loads but lacks tq_emu_launch (what the race above left in
+    caches of earlier versions) is rebuilt, not used."""
+    import subprocess
+
+    from tqbridge.metal.emulator import find_compiler
+
+    kern = Kernel("poison_probe", X, Y, REVERSE_SUM)
+    monkeypatch.setenv("TQBRIDGE_CACHE", str(tmp_path / "a"))
+    EmulatedKernel(kern, {})
+    name = next((tmp_path / "a" / "emu").glob("poison_probe-*.so")).name
+    monkeypatch.setenv("TQBRIDGE_CACHE", str(tmp_path / "b"))   # a name this process has not loaded
+    (tmp_path / "b" / "emu").mkdir(parents=True)
+    (tmp_path / "empty.cpp").write_text("")
+    subprocess.run([find_compiler(), "-shared", "-fPIC", str(tmp_path / "empty.cpp"), "-o",
+                    str(tmp_path / "b" / "emu" / name)], check=True)
+    x = _x(256, 4)
+    (y,) = EmulatedKernel(kern, {})([x], [x.shape], (1, 1, 1), 256)
+    want = _butterfly(x.reshape(1, 256)[:, ::-1].reshape(1, 8, 32), np.add).reshape(-1)
+    assert np.array_equal(y.view(np.uint32), want.view(np.uint32))
