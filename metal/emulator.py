@@ -10,7 +10,6 @@ fails if any output differs (a race). See emu_runtime.h for the scheduling.
 
 from __future__ import annotations
 
-import _ctypes
 import ctypes
 import os
 import shutil
@@ -73,6 +72,13 @@ def _aligned(nbytes: int, fill: "int | np.ndarray") -> tuple[np.ndarray, int]:
     return buf, buf.ctypes.data + GUARD
 
 
+def _dlclose(dll) -> None:
+    """Unload a library loaded by ctypes (POSIX dlclose, from the process's own symbols)."""
+    libc = ctypes.CDLL(None)
+    libc.dlclose.argtypes = [ctypes.c_void_p]
+    libc.dlclose(dll._handle)
+
+
 def _launch_symbol(lib: Path):
     """``lib``'s entry point ``tq_emu_launch`` (holding the library in ``._lib``), or None where the file
     loads without it or does not load."""
@@ -83,7 +89,7 @@ def _launch_symbol(lib: Path):
     try:
         fn = dll.tq_emu_launch
     except AttributeError:
-        _ctypes.dlclose(dll._handle)   # else a rebuilt file at the same path would load as this handle again
+        _dlclose(dll)   # else a rebuilt file at the same path would load as this handle again
         return None
     fn._lib = dll
     return fn
