@@ -79,27 +79,23 @@ def _dlclose(dll) -> None:
     libc.dlclose(dll._handle)
 
 
-def _launch_symbol(lib: Path):
-    """``lib``'s entry point ``tq_emu_launch`` (holding the library in ``._lib``), or None where the file
-    loads without it or does not load."""
+def _load(lib: Path) -> "ctypes.CDLL | None":
+    """``lib`` loaded, or None where the file does not load or lacks the entry point ``tq_emu_launch``."""
     try:
         dll = ctypes.CDLL(str(lib))
     except OSError:
         return None
-    try:
-        fn = dll.tq_emu_launch
-    except AttributeError:
+    if not hasattr(dll, "tq_emu_launch"):
         _dlclose(dll)   # else a rebuilt file at the same path would load as this handle again
         return None
-    fn._lib = dll
-    return fn
+    return dll
 
 
 def _build(name: str, src: str, cxx: str, flags: list, srcfile: Path, lib: Path) -> None:
     """Compile ``src`` into ``lib``. Processes building the same library at once each compile a source
     file of their own and rename their result over ``lib`` (the last rename wins; every one is whole):
-    no compiler reads a file another build is writing (one that did read a truncated source built a
-    library without its entry point, and the cache kept it). ``srcfile``: the source, kept for reading."""
+    no compiler reads a file another build is writing (a source read while another build truncates it
+    compiles into a library without its entry point). ``srcfile``: the source, kept for reading."""
     d = lib.parent
     fd, tmp_src = tempfile.mkstemp(prefix=f".{srcfile.name}.", suffix=".cpp", dir=d)
     with os.fdopen(fd, "w") as f:
@@ -136,13 +132,13 @@ class EmulatedKernel:
         d = cache_dir()
         d.mkdir(parents=True, exist_ok=True)
         lib = d / f"{kernel.name}-{key}.so"
-        fn = _launch_symbol(lib) if lib.exists() else None
-        if fn is None:   # not built yet, or a library without the entry point (left by an older build)
+        self._lib = _load(lib) if lib.exists() else None
+        if self._lib is None:   # not built yet, or a library without the entry point
             _build(kernel.name, src, cxx, flags, d / f"{kernel.name}-{key}.cpp", lib)
-            fn = _launch_symbol(lib)
-            if fn is None:
+            self._lib = _load(lib)
+            if self._lib is None:
                 raise EmulatorError(f"kernel {kernel.name}: {lib} has no tq_emu_launch after a build")
-        self._lib = fn._lib
+        fn = self._lib.tq_emu_launch
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint, ctypes.c_uint,
                        ctypes.c_uint, ctypes.c_uint, ctypes.c_ulonglong, ctypes.c_char_p, ctypes.c_int]

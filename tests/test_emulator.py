@@ -324,7 +324,7 @@ def test_a_build_never_compiles_a_source_another_build_is_writing(tmp_path, monk
     (y,) = EmulatedKernel(Kernel("race_probe", X, Y, REVERSE_SUM), {})([x], [x.shape], (2, 1, 1), 256)
     want = _butterfly(x.reshape(2, 256)[:, ::-1].reshape(2, 8, 32), np.add).reshape(-1)
     assert np.array_equal(y.view(np.uint32), want.view(np.uint32))
-    kept = [f for f in (tmp_path / "emu").glob("race_probe-*.cpp")]
+    kept = list((tmp_path / "emu").glob("race_probe-*.cpp"))
     assert len(kept) == 1 and "tq_emu_launch" in kept[0].read_text()
     assert not [f for f in (tmp_path / "emu").iterdir() if f.name.startswith(".")], "temporary files left"
 

@@ -250,8 +250,8 @@ def main(argv=None) -> int:
             r.update(ceilings(r, fp, out["copy_bandwidth_Bps"]))
             r["device_ratio"] = round(fp["busy_ms"] / r["busy_ms"], 4)
             r["span_ratio"] = round(fp["span_ms"] / r["span_ms"], 4)
-            print(f"{ctx} {r['cache']}: ceiling {r['ceiling']} (busy {r['ceiling_busy']}), busy ratio {r['device_ratio']}, span ratio "
-                  f"{r['span_ratio']}", flush=True)
+            print(f"{ctx} {r['cache']}: ceiling {r['ceiling']} (busy {r['ceiling_busy']}), busy ratio "
+                  f"{r['device_ratio']}, span ratio {r['span_ratio']}", flush=True)
         out["runs"] += rows
     if args.json:
         with open(args.json, "w") as f:
